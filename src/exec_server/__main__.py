@@ -1,0 +1,3 @@
+from exec_server.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""Every error the exec-server raises, and the JSON-RPC code each one maps to.
+
+Handlers raise these typed exceptions; the RPC layer turns them into JSON-RPC
+error objects in exactly one place (``ExecServerError.code`` / ``.message``).
+Codes and texts are fixed by spec/PROTOCOL.md §3.3 and CLIENT_COMPAT.md §6.5.
+
+Tree::
+
+    ExecServerError                      base, never raised directly
+    ├── InvalidRequestError     -32600   protocol-state violations, permission
+    │   │                                problems, sandbox denials
+    │   └── AlreadyAttachedError -32010  resume of an attached session (current client)
+    ├── MethodNotFoundError     -32601
+    ├── InvalidParamsError      -32602   params that do not decode / validate
+    ├── InternalError           -32603   spawn failures, other OS errors
+    └── NotFoundError           -32004   filesystem "not found"
+
+``ProtocolClosedError`` is not a wire error: it tells the transport to close
+the connection without replying (spec §3.5).
+"""
+
+from __future__ import annotations
+
+import enum
+import errno as _errno
+import os
+from typing import ClassVar
+
+__all__ = [
+    "AlreadyAttachedError",
+    "ErrorCode",
+    "ExecServerError",
+    "InternalError",
+    "InvalidParamsError",
+    "InvalidRequestError",
+    "MethodNotFoundError",
+    "NotFoundError",
+    "ProtocolClosedError",
+    "error_for_code",
+    "os_error_message",
+]
+
+
+class ErrorCode(enum.IntEnum):
+    """JSON-RPC error codes the server produces (PROTOCOL.md §3.3)."""
+
+    INVALID_REQUEST = -32600
+    METHOD_NOT_FOUND = -32601
+    INVALID_PARAMS = -32602
+    INTERNAL_ERROR = -32603
+    NOT_FOUND = -32004
+    ALREADY_ATTACHED = -32010
+
+
+class ExecServerError(Exception):
+    """Base of every error that becomes a JSON-RPC error object."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL_ERROR
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequestError(ExecServerError):
+    code = ErrorCode.INVALID_REQUEST
+
+
+class AlreadyAttachedError(InvalidRequestError):
+    code = ErrorCode.ALREADY_ATTACHED
+
+
+class MethodNotFoundError(ExecServerError):
+    code = ErrorCode.METHOD_NOT_FOUND
+
+
+class InvalidParamsError(ExecServerError):
+    code = ErrorCode.INVALID_PARAMS
+
+
+class InternalError(ExecServerError):
+    code = ErrorCode.INTERNAL_ERROR
+
+
+class NotFoundError(ExecServerError):
+    code = ErrorCode.NOT_FOUND
+
+
+class ProtocolClosedError(Exception):
+    """The peer broke the protocol in a way that closes the connection unanswered."""
+
+
+_BY_CODE: dict[int, type[ExecServerError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequestError,
+        AlreadyAttachedError,
+        MethodNotFoundError,
+        InvalidParamsError,
+        InternalError,
+        NotFoundError,
+    )
+}
+
+
+def error_for_code(code: int, message: str) -> ExecServerError:
+    """Rebuild a typed error from a received code; unknown codes become the base."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        err = ExecServerError(message)
+        err.code = code  # type: ignore[misc]
+        return err
+    return cls(message)
+
+
+def os_error_message(exc: OSError) -> str:
+    """Format an OSError the way upstream (Rust std) does: ``<strerror> (os error N)``."""
+    if exc.errno is None:
+        return str(exc)
+    return f"{os.strerror(exc.errno)} (os error {exc.errno})"
+
+
+#: errno values that upstream maps to "permission denied" (-32600).
+PERMISSION_ERRNOS = frozenset({_errno.EACCES, _errno.EPERM, _errno.EROFS})

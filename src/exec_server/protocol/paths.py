@@ -1,0 +1,106 @@
+"""Path fields on the wire: plain absolute strings (legacy) or ``file://`` URIs (current).
+
+Both generations are accepted in every path field (CLIENT_COMPAT.md §1.2–§1.3);
+answers use the form the request used. Absolute paths are normalised
+lexically: ``.`` dropped, ``..`` pops the previous component without looking at
+the filesystem (PROTOCOL.md §5.2).
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import urllib.parse
+from dataclasses import dataclass
+
+from exec_server.exceptions import InvalidParamsError, InvalidRequestError
+
+__all__ = ["PathForm", "WirePath", "normalize_absolute", "parse_wire_path", "render_path"]
+
+_URI_SAFE = "/:@=,;!$&'()*+[]^|~"
+
+
+class PathForm(enum.Enum):
+    """How a client spelled a path: decides how we answer."""
+
+    PLAIN = "plain"
+    URI = "uri"
+
+
+@dataclass(frozen=True, slots=True)
+class WirePath:
+    """A decoded, lexically normalised absolute path and the form it arrived in."""
+
+    path: str
+    form: PathForm
+
+    def render(self, path: str | None = None) -> str:
+        """Render ``path`` (default: this path) in this path's form."""
+        return render_path(self.path if path is None else path, self.form)
+
+
+def normalize_absolute(path: str) -> str:
+    """Lexically normalise an absolute POSIX path (``..`` applied before symlinks)."""
+    if not path.startswith("/"):
+        raise InvalidParamsError("path must be absolute")
+    out: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if out:
+                out.pop()
+            continue
+        out.append(part)
+    return "/" + "/".join(out)
+
+
+def is_uri(value: str) -> bool:
+    return value[:5].lower() == "file:"
+
+
+def _parse_uri(value: str) -> str:
+    parsed = urllib.parse.urlsplit(value)
+    scheme = parsed.scheme.lower()
+    if scheme != "file":
+        raise InvalidParamsError(f"unsupported path URI scheme `{scheme}`")
+    if parsed.query or value.rstrip().endswith("?"):
+        raise InvalidParamsError("query parameters are not allowed in path URIs")
+    if parsed.fragment or "#" in value:
+        raise InvalidParamsError("fragments are not allowed in path URIs")
+    host = parsed.netloc
+    if host not in ("", "localhost"):
+        raise InvalidRequestError(f"'{value}' is invalid on '{sys.platform}'")
+    path = urllib.parse.unquote(parsed.path, errors="surrogateescape")
+    if not path.startswith("/"):
+        raise InvalidParamsError("invalid URI: relative URL without a base")
+    return path
+
+
+def parse_wire_path(value: str, *, normalize: bool = True) -> WirePath:
+    """Decode one path field.
+
+    Raises:
+        InvalidParamsError: not absolute, bad URI (-32602).
+        InvalidRequestError: a ``file://`` URI naming another host (-32600).
+    """
+    if is_uri(value):
+        path = _parse_uri(value)
+        form = PathForm.URI
+    else:
+        path = value
+        form = PathForm.PLAIN
+    if "\x00" in path:
+        raise InvalidParamsError("path must not contain NUL bytes")
+    if normalize:
+        path = normalize_absolute(path)
+    elif not path.startswith("/"):
+        raise InvalidParamsError("path must be absolute")
+    return WirePath(path, form)
+
+
+def render_path(path: str, form: PathForm) -> str:
+    """Render an absolute path as the client expects it."""
+    if form is PathForm.PLAIN:
+        return path
+    return "file://" + urllib.parse.quote(path, safe=_URI_SAFE, errors="surrogateescape")
