@@ -1,0 +1,226 @@
+"""Wire structs of the ``process/*`` methods and notifications, both generations.
+
+Legacy clients (PROTOCOL.md §8) and the current Codex client (CLIENT_COMPAT.md
+§4-§5) share one set of structs: members only the current client sends or
+receives default to ``UNSET`` so they are omitted on the wire unless set, and
+their presence is how the server tells the generations apart (CLIENT_COMPAT
+§1.2 rule 4). Byte payloads are ``bytes`` fields: msgspec encodes and decodes
+them as standard padded base64 in C, which keeps output notifications cheap.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+__all__ = [
+    "METHOD_READ",
+    "METHOD_SIGNAL",
+    "METHOD_START",
+    "METHOD_TERMINATE",
+    "METHOD_WRITE",
+    "NOTIFY_CLOSED",
+    "NOTIFY_EXITED",
+    "NOTIFY_OUTPUT",
+    "ClosedNotification",
+    "EnvPolicy",
+    "ExitedNotification",
+    "ManagedNetwork",
+    "OutputChunk",
+    "OutputNotification",
+    "ProcessMetadata",
+    "ProcessStream",
+    "ReadParams",
+    "ReadResult",
+    "SignalParams",
+    "SignalResult",
+    "StartParams",
+    "StartResult",
+    "TerminateParams",
+    "TerminateResult",
+    "WriteParams",
+    "WriteResult",
+    "WriteStatus",
+]
+
+METHOD_START = "process/start"
+METHOD_READ = "process/read"
+METHOD_WRITE = "process/write"
+METHOD_TERMINATE = "process/terminate"
+METHOD_SIGNAL = "process/signal"
+NOTIFY_OUTPUT = "process/output"
+NOTIFY_EXITED = "process/exited"
+NOTIFY_CLOSED = "process/closed"
+
+
+class ProcessStream(enum.Enum):
+    """Label of an output chunk: pipes give stdout/stderr, a PTY gives ``pty``."""
+
+    STDOUT = "stdout"
+    STDERR = "stderr"
+    PTY = "pty"
+
+
+class WriteStatus(enum.Enum):
+    """Result of ``process/write`` (PROTOCOL.md §8.5, CLIENT_COMPAT.md §5.1)."""
+
+    ACCEPTED = "accepted"
+    UNKNOWN_PROCESS = "unknownProcess"
+    STARTING = "starting"
+    STDIN_CLOSED = "stdinClosed"
+
+
+class EnvPolicy(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Current client's shell-environment policy (CLIENT_COMPAT.md §4.1); all members required."""
+
+    inherit: Literal["all", "core", "none"]
+    ignore_default_excludes: bool
+    exclude: list[str]
+    set: dict[str, str]
+    include_only: list[str]
+
+
+class ProcessMetadata(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Attribution only; accepted and ignored."""
+
+    thread_id: str | None = None
+    tool_call_id: str | None = None
+
+
+class ManagedNetwork(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Managed-network details of the current client (not implemented by this server)."""
+
+    loopback_ports: list[int] | None = None
+    allow_local_binding: bool | None = None
+
+
+class StartParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/start`` params.
+
+    ``sandbox`` stays raw JSON: the sandbox manager decodes it (legacy
+    ``SandboxLaunchConfig`` or current permission context). Absent and ``null``
+    both mean "no sandbox"; use :meth:`sandbox_raw`.
+    """
+
+    process_id: str
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    tty: bool
+    arg0: str | None = None
+    sandbox: msgspec.Raw | UnsetType = UNSET
+    # Current-client members (their presence marks the current generation).
+    env_policy: EnvPolicy | UnsetType | None = UNSET
+    metadata: ProcessMetadata | UnsetType | None = UNSET
+    pipe_stdin: bool | UnsetType | None = UNSET
+    enforce_managed_network: bool | UnsetType | None = UNSET
+    managed_network: ManagedNetwork | UnsetType | None = UNSET
+    network_proxy: msgspec.Raw | UnsetType = UNSET
+    shell_snapshot: msgspec.Raw | UnsetType = UNSET
+
+    def sandbox_raw(self) -> msgspec.Raw | None:
+        """The sandbox JSON, or ``None`` when absent or ``null``."""
+        raw = self.sandbox
+        if raw is UNSET or bytes(raw).strip() == b"null":
+            return None
+        return raw
+
+
+class StartResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/start`` result.
+
+    Legacy: ``{processId, sandbox}`` with a kebab-case type; current:
+    ``{processId, sandboxType}`` camelCase. Exactly one of the two is set.
+    """
+
+    process_id: str
+    sandbox: str | UnsetType = UNSET
+    sandbox_type: str | UnsetType = UNSET
+
+
+class ReadParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/read`` params (PROTOCOL.md §8.4)."""
+
+    process_id: str
+    after_seq: int | None = None
+    max_bytes: int | None = None
+    wait_ms: int | None = None
+
+
+class OutputChunk(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One retained chunk in a read result; ``chunk`` travels as base64."""
+
+    seq: int
+    stream: ProcessStream
+    chunk: bytes
+
+
+class ReadResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/read`` result; ``sandboxDenied`` only for current-generation processes."""
+
+    chunks: list[OutputChunk]
+    next_seq: int
+    exited: bool
+    exit_code: int | None
+    closed: bool
+    failure: str | None = None
+    sandbox_denied: bool | UnsetType = UNSET
+
+
+class WriteParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/write`` params; ``writeId`` present marks the current generation."""
+
+    process_id: str
+    chunk: bytes
+    write_id: str | UnsetType = UNSET
+
+
+class WriteResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    status: WriteStatus
+
+
+class TerminateParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    process_id: str
+
+
+class TerminateResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    running: bool
+
+
+class SignalParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/signal`` (current client): only ``interrupt`` (SIGINT to the group) exists."""
+
+    process_id: str
+    signal: Literal["interrupt"]
+
+
+class SignalResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Empty object."""
+
+
+class OutputNotification(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/output``."""
+
+    process_id: str
+    seq: int
+    stream: ProcessStream
+    chunk: bytes
+
+
+class ExitedNotification(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/exited``; ``sandboxDenied`` only for current-generation processes."""
+
+    process_id: str
+    seq: int
+    exit_code: int
+    sandbox_denied: bool | UnsetType = UNSET
+
+
+class ClosedNotification(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/closed``."""
+
+    process_id: str
+    seq: int
