@@ -1,0 +1,584 @@
+"""Shared benchmark harness: start servers, talk raw JSON-RPC over WebSocket, print tables.
+
+Used by ``bench_exec.py`` (processes), ``bench_fs.py`` and ``bench_sandbox.py``. It
+deliberately does *not* use ``exec_server.client``: the figures compare servers, so
+the client side is one small, identical raw client for ours and upstream's.
+
+Typical use::
+
+    async def bench_one(server: RunningServer, quickack: bool) -> dict[str, Summary]:
+        async with await RawClient.connect(server.url, quickack=quickack) as c:
+            await c.handshake()
+            ...
+
+    targets = available_targets()            # ours, plus upstream codex when installed
+    report = Report("exec", targets)
+    for t in targets:
+        async with start_server(t) as srv:
+            report.add_all(t.name, await bench_one(srv, quickack=True))
+    report.print()
+
+Upstream's exec-server speaks only ``file://`` URIs (CLIENT_COMPAT.md §1.3), ours
+accepts both, so every path goes through ``RawClient.path()`` (URI form by default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import sys
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+__all__ = [
+    "MIB",
+    "OURS",
+    "UPSTREAM",
+    "ProcState",
+    "RawClient",
+    "Report",
+    "RpcError",
+    "RunningServer",
+    "ServerTarget",
+    "Summary",
+    "available_targets",
+    "default_env",
+    "ours_target",
+    "rss_kib",
+    "start_server",
+    "summarize",
+    "upstream_codex_path",
+    "upstream_target",
+]
+
+MIB = 1024 * 1024
+OURS = "ours"
+UPSTREAM = "upstream"
+_URL_RE = re.compile(rb"(wss?://[^\s\"']+)")
+_TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", 12)
+
+JSON = Any  # raw JSON values: this module is a wire-level test client by design
+
+
+# --------------------------------------------------------------------------- servers
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerTarget:
+    """A server implementation to benchmark: a name and the argv that starts it on port 0."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str] | None = None
+
+
+def ours_target(*extra_args: str) -> ServerTarget:
+    """This project's server, started through the same interpreter."""
+    return ServerTarget(
+        OURS,
+        (sys.executable, "-m", "exec_server", "serve", "--listen", "ws://127.0.0.1:0", *extra_args),
+    )
+
+
+def upstream_codex_path() -> str | None:
+    """Path of the upstream ``codex`` binary from ``pip install openai-codex-cli-bin``, if any."""
+    try:
+        import codex_cli_bin  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        return shutil.which("codex")
+    path = os.path.join(os.path.dirname(codex_cli_bin.__file__), "bin", "codex")
+    return path if os.access(path, os.X_OK) else None
+
+
+def upstream_target() -> ServerTarget | None:
+    codex = upstream_codex_path()
+    if codex is None:
+        return None
+    return ServerTarget(UPSTREAM, (codex, "exec-server", "--listen", "ws://127.0.0.1:0"))
+
+
+def available_targets(*, upstream: bool = True) -> list[ServerTarget]:
+    """Ours first, then upstream when installed and wanted."""
+    out = [ours_target()]
+    up = upstream_target() if upstream else None
+    if up is not None:
+        out.append(up)
+    return out
+
+
+@dataclasses.dataclass
+class RunningServer:
+    """A started server: its URL and pid (for RSS). Stop with ``aclose()``."""
+
+    target: ServerTarget
+    url: str
+    proc: asyncio.subprocess.Process
+    _drain: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def rss_mib(self) -> float | None:
+        kib = rss_kib(self.pid)
+        return None if kib is None else kib / 1024
+
+    async def aclose(self) -> None:
+        if self.proc.returncode is None:
+            for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, sig)
+                try:
+                    await asyncio.wait_for(self.proc.wait(), grace)
+                    break
+                except TimeoutError:
+                    continue
+        if self._drain is not None:
+            self._drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain
+
+
+@contextlib.asynccontextmanager
+async def start_server(
+    target: ServerTarget, *, cwd: str | None = None, limit_s: float = 30.0
+) -> AsyncIterator[RunningServer]:
+    """Start ``target`` in its own process group, read the ws:// URL it prints, yield it."""
+    env = None if target.env is None else {**os.environ, **target.env}
+    proc = await asyncio.create_subprocess_exec(
+        *target.argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=cwd,
+        env=env,
+    )
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    server = RunningServer(target, "", proc)
+    try:
+        async with asyncio.timeout(limit_s):
+            while True:
+                line = await stdout.readline()
+                if not line:
+                    raise RuntimeError(f"{target.name} server exited without printing a URL")
+                m = _URL_RE.search(line)
+                if m:
+                    server.url = m.group(1).decode()
+                    break
+
+        async def drain() -> None:
+            while await stdout.readline():
+                pass
+
+        server._drain = asyncio.create_task(drain())
+        yield server
+    finally:
+        await server.aclose()
+
+
+def rss_kib(pid: int) -> int | None:
+    """VmRSS of ``pid`` in KiB (Linux ``/proc``), ``None`` if unavailable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+# --------------------------------------------------------------------------- raw client
+
+
+class RpcError(Exception):
+    """A JSON-RPC error reply."""
+
+    def __init__(self, method: str, error: JSON) -> None:
+        super().__init__(f"{method}: {error}")
+        self.method = method
+        self.error = error
+        self.code: int | None = error.get("code") if isinstance(error, dict) else None
+
+
+class _QuickAckConnection(ClientConnection):
+    """Re-arm TCP_QUICKACK on every receive so the client never delays ACKs.
+
+    Upstream never sets TCP_NODELAY; with delayed ACKs on the client, its small
+    writes stall ~40 ms in Nagle. QuickACK gives the fair figures.
+    """
+
+    def data_received(self, data: bytes) -> None:
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
+        super().data_received(data)
+
+
+class ProcState:
+    """What the client has seen of one process through notifications."""
+
+    __slots__ = ("changed", "closed", "data", "exit_code", "exited", "keep", "nbytes", "seq")
+
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
+        self.data = bytearray()
+        self.nbytes = 0
+        self.seq = 0
+        self.exited = False
+        self.exit_code: int | None = None
+        self.closed = False
+        self.changed = asyncio.Event()
+
+
+class RawClient:
+    """Minimal JSON-RPC-over-WebSocket client; notifications tracked per processId."""
+
+    def __init__(self, ws: ClientConnection, *, uri_paths: bool = True) -> None:
+        self.ws = ws
+        self.uri_paths = uri_paths
+        self._next_id = 0
+        self._pending: dict[int, asyncio.Future[JSON]] = {}
+        self.procs: dict[str, ProcState] = {}
+        self.init_result: JSON = None
+        self._reader = asyncio.create_task(self._read_loop())
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, quickack: bool = False, uri_paths: bool = True
+    ) -> RawClient:
+        ws = await websockets.connect(
+            url,
+            max_size=None,
+            max_queue=None,
+            compression=None,
+            ping_interval=None,
+            open_timeout=30,
+            close_timeout=2,
+            proxy=None,
+            create_connection=_QuickAckConnection if quickack else None,
+        )
+        return cls(ws, uri_paths=uri_paths)
+
+    async def __aenter__(self) -> RawClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(), 3)
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+    def path(self, p: str) -> str:
+        """A path in the wire form this client uses (``file://`` URI by default)."""
+        return "file://" + urllib.parse.quote(p) if self.uri_paths else p
+
+    async def _read_loop(self) -> None:
+        err: BaseException | None = None
+        try:
+            async for raw in self.ws:
+                msg = json.loads(raw)
+                mid = msg.get("id")
+                if mid is not None and ("result" in msg or "error" in msg):
+                    fut = self._pending.pop(mid, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                    continue
+                self._on_notification(msg.get("method"), msg.get("params") or {})
+        except websockets.ConnectionClosed as exc:
+            err = exc
+        finally:
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionError(f"connection lost: {err!r}"))
+            self._pending.clear()
+
+    def _on_notification(self, method: str | None, params: JSON) -> None:
+        st = self.procs.get(params.get("processId"))
+        if st is None:
+            return
+        if method == "process/output":
+            chunk: str = params.get("chunk") or ""
+            if st.keep:
+                b = base64.b64decode(chunk)
+                st.data += b
+                st.nbytes += len(b)
+            else:
+                st.nbytes += b64_len(chunk)
+            st.seq = max(st.seq, params.get("seq", 0))
+        elif method == "process/exited":
+            st.exited = True
+            st.exit_code = params.get("exitCode")
+        elif method == "process/closed":
+            st.closed = True
+        st.changed.set()
+
+    async def call(self, method: str, params: JSON = None, *, limit_s: float = 120.0) -> JSON:
+        self._next_id += 1
+        mid = self._next_id
+        fut: asyncio.Future[JSON] = asyncio.get_running_loop().create_future()
+        self._pending[mid] = fut
+        msg: dict[str, JSON] = {"id": mid, "method": method}
+        if params is not None:
+            msg["params"] = params
+        await self.ws.send(json.dumps(msg))
+        try:
+            reply = await asyncio.wait_for(fut, limit_s)
+        finally:
+            self._pending.pop(mid, None)
+        if "error" in reply:
+            raise RpcError(method, reply["error"])
+        return reply["result"]
+
+    async def notify(self, method: str, params: JSON = None) -> None:
+        msg: dict[str, JSON] = {"method": method}
+        if params is not None:
+            msg["params"] = params
+        await self.ws.send(json.dumps(msg))
+
+    async def handshake(self, client_name: str = "exec-bench") -> JSON:
+        self.init_result = await self.call("initialize", {"clientName": client_name})
+        await self.notify("initialized", {})
+        return self.init_result
+
+    # ---- process helpers
+
+    def track(self, pid: str, *, keep: bool = True) -> ProcState:
+        st = ProcState(keep)
+        self.procs[pid] = st
+        return st
+
+    async def start(
+        self,
+        pid: str,
+        argv: Sequence[str],
+        cwd: str,
+        *,
+        tty: bool = False,
+        env: dict[str, str] | None = None,
+        keep: bool = True,
+        extra: dict[str, JSON] | None = None,
+    ) -> ProcState:
+        """``process/start`` (current-client shape, no sandbox); tracks notifications."""
+        st = self.track(pid, keep=keep)
+        params: dict[str, JSON] = {
+            "processId": pid,
+            "argv": list(argv),
+            "cwd": self.path(cwd),
+            "env": default_env() if env is None else env,
+            "tty": tty,
+            "arg0": None,
+        }
+        if extra:
+            params.update(extra)
+        await self.call("process/start", params)
+        return st
+
+    async def wait_closed(self, pid: str, limit_s: float = 120.0) -> ProcState:
+        """Wait for ``process/closed`` of ``pid`` via notifications."""
+        st = self.procs[pid]
+        async with asyncio.timeout(limit_s):
+            while not st.closed:
+                st.changed.clear()
+                await st.changed.wait()
+        return st
+
+    async def wait_output(self, pid: str, predicate: Callable[[ProcState], bool],
+                          limit_s: float = 30.0) -> ProcState:
+        """Wait until ``predicate(state)`` holds for ``pid``'s notification state."""
+        st = self.procs[pid]
+        async with asyncio.timeout(limit_s):
+            while not predicate(st):
+                st.changed.clear()
+                await st.changed.wait()
+        return st
+
+    async def read_until_closed(self, pid: str, *, max_bytes: int = MIB,
+                                wait_ms: int = 5000) -> tuple[bytes, int | None]:
+        """Follow ``pid`` with ``process/read`` using the PROTOCOL §8.4 cursor convention."""
+        after: int | None = None
+        out = bytearray()
+        while True:
+            r = await self.call("process/read", {"processId": pid, "afterSeq": after,
+                                                 "maxBytes": max_bytes, "waitMs": wait_ms})
+            for ch in r["chunks"]:
+                out += base64.b64decode(ch["chunk"])
+            after = r["nextSeq"] - 1
+            if r["closed"]:
+                return bytes(out), r.get("exitCode")
+
+    def forget(self, pid: str) -> None:
+        self.procs.pop(pid, None)
+
+
+def b64_len(s: str) -> int:
+    """Decoded length of a padded base64 string without decoding it."""
+    if not s:
+        return 0
+    pad = 2 if s.endswith("==") else (1 if s.endswith("=") else 0)
+    return len(s) * 3 // 4 - pad
+
+
+def default_env() -> dict[str, str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C"}
+    if "HOME" in os.environ:
+        env["HOME"] = os.environ["HOME"]
+    return env
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """Median / p90 / n of a sample set, in the metric's unit."""
+
+    median: float
+    p90: float
+    n: int
+
+    def __str__(self) -> str:
+        return f"{self.median:.3f}"
+
+
+def summarize(samples: Iterable[float]) -> Summary:
+    xs = sorted(samples)
+    if not xs:
+        raise ValueError("no samples")
+    k = (len(xs) - 1) * 0.9
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return Summary(statistics.median(xs), xs[lo] + (xs[hi] - xs[lo]) * (k - lo), len(xs))
+
+
+async def time_many(n: int, fn: Callable[[], Any], *, scale: float = 1000.0) -> Summary:
+    """Run ``await fn()`` n times sequentially; summary of durations (ms by default)."""
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await fn()
+        samples.append((time.perf_counter() - t0) * scale)
+    return summarize(samples)
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclasses.dataclass
+class _Row:
+    metric: str
+    unit: str
+    target: float | None
+    higher_is_better: bool
+    values: dict[str, Summary | float] = dataclasses.field(default_factory=dict)
+
+
+class Report:
+    """Side-by-side table: one row per metric, one column per server, ratio ours/upstream.
+
+    ``target`` is the wanted ratio ours/upstream (≤ target when lower is better,
+    ≥ target when higher is better); the last column says whether it is met.
+    """
+
+    def __init__(self, title: str, servers: Sequence[str]) -> None:
+        self.title = title
+        self.servers = list(servers)
+        self._rows: dict[str, _Row] = {}
+        self.notes: list[str] = []
+
+    def metric(self, metric: str, unit: str, *, target: float | None = None,
+               higher_is_better: bool = False) -> None:
+        """Declare a row (order of declaration is the print order)."""
+        if metric not in self._rows:
+            self._rows[metric] = _Row(metric, unit, target, higher_is_better)
+
+    def add(self, server: str, metric: str, value: Summary | float, *, unit: str = "ms",
+            target: float | None = None, higher_is_better: bool = False) -> None:
+        self.metric(metric, unit, target=target, higher_is_better=higher_is_better)
+        self._rows[metric].values[server] = value
+
+    @staticmethod
+    def _median(v: Summary | float | None) -> float | None:
+        if v is None:
+            return None
+        return v.median if isinstance(v, Summary) else float(v)
+
+    def ratio(self, metric: str) -> float | None:
+        row = self._rows.get(metric)
+        if row is None:
+            return None
+        a = self._median(row.values.get(OURS))
+        b = self._median(row.values.get(UPSTREAM))
+        if a is None or b is None or b == 0:
+            return None
+        return a / b
+
+    def as_dict(self) -> dict[str, JSON]:
+        out: dict[str, JSON] = {}
+        for row in self._rows.values():
+            out[row.metric] = {
+                "unit": row.unit,
+                "target": row.target,
+                "ratio": self.ratio(row.metric),
+                **{
+                    s: (dataclasses.asdict(v) if isinstance(v, Summary) else v)
+                    for s, v in row.values.items()
+                },
+            }
+        return out
+
+    def render(self) -> str:
+        head = ["metric", *self.servers, "unit"]
+        show_ratio = OURS in self.servers and UPSTREAM in self.servers
+        if show_ratio:
+            head += ["ours/up", "target"]
+        lines: list[list[str]] = [head]
+        for row in self._rows.values():
+            cells = [row.metric]
+            for s in self.servers:
+                v = self._median(row.values.get(s))
+                cells.append("-" if v is None else f"{v:.3f}" if v < 100 else f"{v:.1f}")
+            cells.append(row.unit)
+            if show_ratio:
+                ratio = self.ratio(row.metric)
+                cells.append("-" if ratio is None else f"{ratio:.2f}x")
+                if row.target is None or ratio is None:
+                    cells.append("")
+                else:
+                    ok = (ratio >= row.target) if row.higher_is_better else (ratio <= row.target)
+                    cmp = ">=" if row.higher_is_better else "<="
+                    cells.append(f"{cmp}{row.target:g} {'ok' if ok else 'MISS'}")
+            lines.append(cells)
+        widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+        text = [f"== {self.title} =="]
+        for i, cells_ in enumerate(lines):
+            text.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                                  for j, (c, w) in enumerate(zip(cells_, widths, strict=True))))
+            if i == 0:
+                text.append("-" * (sum(widths) + 2 * (len(widths) - 1)))
+        text += [f"note: {n}" for n in self.notes]
+        return "\n".join(text)
+
+    def print(self) -> None:
+        print(self.render(), flush=True)
