@@ -1,0 +1,188 @@
+"""Wire structs of the ``fs/*`` methods, both generations (PROTOCOL.md §9.2, CLIENT_COMPAT.md §6).
+
+Every params struct carries ``sandbox`` as raw JSON: the sandbox-policy layer
+decodes it (legacy ``FileSystemSandboxContext`` or the current permission
+context); absent and ``null`` both mean "no sandbox" (use :func:`sandbox_raw`).
+``msgspec.Raw | None`` cannot be used for that member: msgspec then accepts
+only ``null``, so the member is ``Raw | UNSET`` like ``process/start``'s.
+
+Path members are plain ``str``: the handler parses them with
+:func:`exec_server.protocol.paths.parse_wire_path`, which accepts a plain
+absolute path (legacy) or a ``file://`` URI (current) and remembers the form so
+answers use the request's form.
+
+``fs/writeFile``'s ``dataBase64`` is decoded from a ``msgspec.Raw`` slice of the
+inbound message (no intermediate ``str``) so that invalid base64 can be
+reported with upstream's ``-32600`` text instead of a generic decode error;
+the client side encodes from ``bytes`` (:class:`WriteFileRequest`), and
+``fs/readFile`` results are ``bytes`` fields that msgspec turns into base64 in C.
+
+``fs/getMetadata``'s ``isSymlink``/``size`` exist only in the current
+generation; they are ``UNSET`` (omitted) for legacy requests (CLIENT_COMPAT
+§1.2 rule 6 and §6.1): the server fills them when the request path was a URI.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+__all__ = [
+    "FS_METHODS",
+    "METHOD_CANONICALIZE",
+    "METHOD_COPY",
+    "METHOD_CREATE_DIRECTORY",
+    "METHOD_GET_METADATA",
+    "METHOD_READ_DIRECTORY",
+    "METHOD_READ_FILE",
+    "METHOD_REMOVE",
+    "METHOD_WRITE_FILE",
+    "CanonicalizeParams",
+    "CanonicalizeResult",
+    "CopyParams",
+    "CreateDirectoryParams",
+    "DirectoryEntry",
+    "EmptyResult",
+    "GetMetadataParams",
+    "GetMetadataResult",
+    "ReadDirectoryParams",
+    "ReadDirectoryResult",
+    "ReadFileParams",
+    "ReadFileResult",
+    "RemoveParams",
+    "WriteFileParams",
+    "WriteFileRequest",
+    "sandbox_raw",
+]
+
+METHOD_READ_FILE = "fs/readFile"
+METHOD_WRITE_FILE = "fs/writeFile"
+METHOD_CREATE_DIRECTORY = "fs/createDirectory"
+METHOD_GET_METADATA = "fs/getMetadata"
+METHOD_READ_DIRECTORY = "fs/readDirectory"
+METHOD_REMOVE = "fs/remove"
+METHOD_COPY = "fs/copy"
+METHOD_CANONICALIZE = "fs/canonicalize"
+
+FS_METHODS = (
+    METHOD_READ_FILE,
+    METHOD_WRITE_FILE,
+    METHOD_CREATE_DIRECTORY,
+    METHOD_GET_METADATA,
+    METHOD_READ_DIRECTORY,
+    METHOD_REMOVE,
+    METHOD_COPY,
+    METHOD_CANONICALIZE,
+)
+
+SandboxField = msgspec.Raw | UnsetType
+
+
+def sandbox_raw(raw: SandboxField) -> msgspec.Raw | None:
+    """The ``sandbox`` JSON of a params struct, or ``None`` when absent or ``null``."""
+    if raw is UNSET:
+        return None
+    if bytes(raw).strip() == b"null":
+        return None
+    return raw
+
+
+class EmptyResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``{}``: the result of writeFile, createDirectory, remove and copy."""
+
+
+class ReadFileParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    path: str
+    sandbox: SandboxField = UNSET
+
+
+class ReadFileResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    data_base64: bytes
+
+
+class WriteFileParams(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
+):
+    """Server-side decode shape; ``data_base64`` is the raw JSON token (see module doc)."""
+
+    path: str
+    data_base64: msgspec.Raw
+    sandbox: SandboxField = UNSET
+
+
+class WriteFileRequest(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
+):
+    """Client-side encode shape of ``fs/writeFile``: bytes become base64 in C."""
+
+    path: str
+    data_base64: bytes
+    sandbox: SandboxField = UNSET
+
+
+class CreateDirectoryParams(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
+):
+    path: str
+    recursive: bool | None = None
+    sandbox: SandboxField = UNSET
+
+
+class GetMetadataParams(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
+):
+    path: str
+    sandbox: SandboxField = UNSET
+
+
+class GetMetadataResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Field order as upstream sends it; the two current-only members omitted when unset."""
+
+    is_directory: bool
+    is_file: bool
+    is_symlink: bool | UnsetType = UNSET
+    size: int | UnsetType = UNSET
+    created_at_ms: int
+    modified_at_ms: int
+
+
+class ReadDirectoryParams(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
+):
+    path: str
+    sandbox: SandboxField = UNSET
+
+
+class DirectoryEntry(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    file_name: str
+    is_directory: bool
+    is_file: bool
+
+
+class ReadDirectoryResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    entries: list[DirectoryEntry]
+
+
+class RemoveParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    path: str
+    recursive: bool | None = None
+    force: bool | None = None
+    sandbox: SandboxField = UNSET
+
+
+class CopyParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    source_path: str
+    destination_path: str
+    recursive: bool
+    sandbox: SandboxField = UNSET
+
+
+class CanonicalizeParams(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
+):
+    path: str
+    sandbox: SandboxField = UNSET
+
+
+class CanonicalizeResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    path: str
