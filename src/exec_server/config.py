@@ -1,0 +1,84 @@
+"""Server configuration: one frozen value built by the CLI and passed down.
+
+The library never reads the environment or argv; ``cli/serve.py`` builds a
+:class:`ServerConfig` from flags. Every limit is a named default here
+(STYLE.md §2.12). Other areas may append fields, always with defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+__all__ = [
+    "DEFAULT_CLOSED_RETENTION",
+    "DEFAULT_DETACH_TTL",
+    "DEFAULT_FS_HELPER_TIMEOUT",
+    "DEFAULT_LISTEN",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_OUTPUT_CAP",
+    "MIN_MAX_MESSAGE_SIZE",
+    "SandboxBackendName",
+    "ServerConfig",
+]
+
+#: PROTOCOL.md §14: port 0 lets the OS choose; the bound URL is printed.
+DEFAULT_LISTEN: Final = "ws://127.0.0.1:0"
+#: PROTOCOL.md §4.4: a detached session survives this long (seconds).
+DEFAULT_DETACH_TTL: Final = 10.0
+#: PROTOCOL.md §14: a closed process id is kept (and readable) this long (seconds).
+DEFAULT_CLOSED_RETENTION: Final = 30.0
+#: PROTOCOL.md §8.3: retained output per process (bytes).
+DEFAULT_OUTPUT_CAP: Final = 1_048_576
+#: Largest inbound message (bytes). ``fs/writeFile`` may carry a 512 MiB file
+#: (the §14 read limit, mirrored for writes), which base64 inflates to 683 MiB
+#: plus envelope; 1 GiB accepts that with room and still bounds memory.
+DEFAULT_MAX_MESSAGE_SIZE: Final = 1 << 30
+#: The issue requires at least 64 MiB to be accepted.
+MIN_MAX_MESSAGE_SIZE: Final = 64 << 20
+#: Seconds a sandboxed filesystem helper may run before it is killed.
+DEFAULT_FS_HELPER_TIMEOUT: Final = 30.0
+
+SandboxBackendName = Literal["auto", "bwrap", "landlock"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    """Everything the server needs to know, fixed at start-up.
+
+    Attributes:
+        listen: ``ws://IP:PORT`` or ``stdio``.
+        detach_ttl: seconds a detached session keeps its processes.
+        closed_retention: seconds a closed process stays addressable.
+        output_cap: retained output bytes per process.
+        lossless_output: a full output buffer pauses the child instead of
+            dropping the oldest bytes.
+        max_message_size: largest inbound message; larger ones get an error.
+        allow_unsandboxed: permit running without a working platform sandbox.
+        sandbox_backend: which Linux mechanism to use.
+        fs_helper_timeout: seconds before a sandboxed fs helper is killed.
+    """
+
+    listen: str = DEFAULT_LISTEN
+    detach_ttl: float = DEFAULT_DETACH_TTL
+    closed_retention: float = DEFAULT_CLOSED_RETENTION
+    output_cap: int = DEFAULT_OUTPUT_CAP
+    lossless_output: bool = False
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    allow_unsandboxed: bool = False
+    sandbox_backend: SandboxBackendName = "auto"
+    fs_helper_timeout: float = DEFAULT_FS_HELPER_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if self.detach_ttl < 0:
+            raise ValueError("detach_ttl must be >= 0")
+        if self.closed_retention < 0:
+            raise ValueError("closed_retention must be >= 0")
+        if self.output_cap <= 0:
+            raise ValueError("output_cap must be > 0")
+        if self.max_message_size <= 0:
+            raise ValueError("max_message_size must be > 0")
+        if self.sandbox_backend not in ("auto", "bwrap", "landlock"):
+            raise ValueError(f"unknown sandbox backend {self.sandbox_backend!r}")
+        if self.fs_helper_timeout <= 0:
+            raise ValueError("fs_helper_timeout must be > 0")

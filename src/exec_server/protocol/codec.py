@@ -1,0 +1,190 @@
+"""Bytes/text <-> envelope structs, with no I/O (PROTOCOL.md §3).
+
+Decoding follows upstream's untagged enum: the first shape that fits wins, in
+the order Request (``id`` + ``method``), Notification (``method``), Response
+(``id`` + ``result``), Error (``id`` + ``error``). Anything else - invalid
+JSON, a JSON array (batch), a scalar - raises :class:`ProtocolError` whose
+``message`` is the parser's text; the transport turns it into an error with
+id ``-1`` (§3.6).
+
+Encoding builds compact JSON with members in upstream's order and omits
+``params`` when absent. Payload structs are encoded as they are (they carry
+their own camelCase renames).
+"""
+
+from __future__ import annotations
+
+from typing import Final, TypeVar
+
+import msgspec
+from msgspec import UNSET, Raw, UnsetType
+
+from exec_server.protocol.messages import (
+    ErrorObject,
+    ErrorResponse,
+    Message,
+    Notification,
+    Request,
+    RequestId,
+    Response,
+)
+
+__all__ = [
+    "ProtocolError",
+    "decode_message",
+    "decode_params",
+    "decode_result",
+    "encode_error",
+    "encode_notification",
+    "encode_request",
+    "encode_result",
+]
+
+T = TypeVar("T")
+
+_NULL: Final = b"null"
+_EMPTY_OBJECT: Final = b"{}"
+_NO_SHAPE: Final = "data did not match any variant of untagged enum JSONRPCMessage"
+
+
+class ProtocolError(Exception):
+    """The peer sent bytes that are not a JSON-RPC message.
+
+    ``message`` is the parser's explanation, without any connection label;
+    the transport prefixes it (§3.6).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class _Envelope(msgspec.Struct):
+    """Every member we look at, still raw; an empty Raw means "absent"."""
+
+    id: Raw = Raw()
+    method: Raw = Raw()
+    params: Raw = Raw()
+    result: Raw = Raw()
+    error: Raw = Raw()
+
+
+class _OutRequest(msgspec.Struct, omit_defaults=True):
+    id: RequestId
+    method: str
+    params: object = UNSET
+
+
+class _OutNotification(msgspec.Struct, omit_defaults=True):
+    method: str
+    params: object = UNSET
+
+
+class _OutResult(msgspec.Struct):
+    id: RequestId
+    result: object
+
+
+class _OutErrorObject(msgspec.Struct):
+    code: int
+    message: str
+
+
+class _OutError(msgspec.Struct):
+    id: RequestId
+    error: _OutErrorObject
+
+
+_envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
+_id_decoder: Final = msgspec.json.Decoder(int | str)
+_str_decoder: Final = msgspec.json.Decoder(str)
+_error_decoder: Final = msgspec.json.Decoder(ErrorObject)
+_encoder: Final = msgspec.json.Encoder()
+
+
+def _member(raw: Raw, decoder: msgspec.json.Decoder[T]) -> T | UnsetType:
+    """Decode one raw member, or UNSET when it is absent or does not fit."""
+    if not raw:
+        return UNSET
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError:
+        return UNSET
+
+
+def decode_message(data: bytes | str) -> Message:
+    """Decode one inbound frame or line.
+
+    Raises:
+        ProtocolError: not JSON, not an object, or no shape fits.
+    """
+    try:
+        env = _envelope_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(str(exc)) from None
+    msg_id = _member(env.id, _id_decoder)
+    method = _member(env.method, _str_decoder)
+    params = env.params if env.params else None
+    if not isinstance(method, UnsetType):
+        if not isinstance(msg_id, UnsetType):
+            return Request(msg_id, method, params)
+        return Notification(method, params)
+    if not isinstance(msg_id, UnsetType):
+        if env.result:
+            return Response(msg_id, env.result)
+        error = _member(env.error, _error_decoder)
+        if not isinstance(error, UnsetType):
+            return ErrorResponse(msg_id, error)
+    raise ProtocolError(_NO_SHAPE)
+
+
+def decode_params(raw: Raw | None, params_type: type[T]) -> T:
+    """Decode request params the upstream way (§3.2).
+
+    Missing params decode as ``null``; if ``{}`` does not fit, ``null`` is
+    tried instead (so ``{}`` works for parameterless methods).
+
+    Raises:
+        msgspec.ValidationError: the params do not fit (message is msgspec's).
+    """
+    data = bytes(raw) if raw else _NULL
+    try:
+        return msgspec.json.decode(data, type=params_type)
+    except msgspec.ValidationError:
+        if data.strip() == _EMPTY_OBJECT:
+            try:
+                return msgspec.json.decode(_NULL, type=params_type)
+            except msgspec.ValidationError:
+                pass
+        raise
+
+
+def decode_result(raw: Raw, result_type: type[T]) -> T:
+    """Decode a Response's ``result`` (client side).
+
+    Raises:
+        msgspec.ValidationError: the result does not fit ``result_type``.
+    """
+    return msgspec.json.decode(raw, type=result_type)
+
+
+def encode_request(
+    request_id: RequestId, method: str, params: msgspec.Struct | Raw | None = None
+) -> bytes:
+    """``{"id":..,"method":..,"params":..}``; ``params`` omitted when None."""
+    return _encoder.encode(_OutRequest(request_id, method, UNSET if params is None else params))
+
+
+def encode_notification(method: str, params: msgspec.Struct | Raw | None = None) -> bytes:
+    """``{"method":..,"params":..}``; ``params`` omitted when None."""
+    return _encoder.encode(_OutNotification(method, UNSET if params is None else params))
+
+
+def encode_result(request_id: RequestId, result: msgspec.Struct | Raw) -> bytes:
+    """``{"id":..,"result":..}``."""
+    return _encoder.encode(_OutResult(request_id, result))
+
+
+def encode_error(request_id: RequestId, code: int, message: str) -> bytes:
+    """``{"id":..,"error":{"code":..,"message":..}}`` (``data`` never sent)."""
+    return _encoder.encode(_OutError(request_id, _OutErrorObject(code, message)))

@@ -1,0 +1,115 @@
+"""Server-side handshake state of one connection, and the lifecycle error texts.
+
+Sans-I/O (STYLE.md §2.3): the rules of PROTOCOL.md §4.1-§4.3 as one small
+state machine. The server's connection driver owns one :class:`Handshake`
+per connection and asks it before dispatching; session attachment itself is
+tracked by ``server/session.py``, which feeds the result in.
+
+States::
+
+    NEW --initialize--> REQUESTED --ok--> ACCEPTED --initialized--> READY
+                             \\--failed--> NEW   (client may retry)
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final, Literal, TypeAlias
+
+from exec_server.exceptions import InvalidRequestError, ProtocolClosedError
+
+__all__ = [
+    "INITIALIZED_BEFORE_INITIALIZE",
+    "INITIALIZE_ONCE",
+    "NO_SESSION",
+    "SESSION_RESUMED",
+    "Family",
+    "Handshake",
+    "HandshakeState",
+    "already_attached_text",
+    "method_not_found_text",
+    "unknown_session_text",
+]
+
+#: Which gate a method passes through (§4.3); ``None`` means "no gating".
+Family: TypeAlias = Literal["exec", "filesystem"] | None
+
+INITIALIZE_ONCE: Final = "initialize may only be sent once per connection"
+INITIALIZED_BEFORE_INITIALIZE: Final = "received `initialized` notification before `initialize`"
+NO_SESSION: Final = "client must call initialize before using methods"
+SESSION_RESUMED: Final = "session has been resumed by another connection"
+
+
+def unknown_session_text(session_id: str) -> str:
+    return f"unknown session id {session_id}"
+
+
+def already_attached_text(session_id: str) -> str:
+    return f"session {session_id} is already attached to another connection"
+
+
+def method_not_found_text(method: str) -> str:
+    return f"exec-server stub does not implement `{method}` yet"
+
+
+class HandshakeState(enum.Enum):
+    NEW = "new"
+    REQUESTED = "requested"
+    ACCEPTED = "accepted"
+    READY = "ready"
+
+
+class Handshake:
+    """``initialize`` -> ``initialized`` ordering for one connection."""
+
+    def __init__(self) -> None:
+        self.state = HandshakeState.NEW
+
+    def begin_initialize(self) -> None:
+        """Mark ``initialize`` requested (§4.1 step 1-2).
+
+        Raises:
+            InvalidRequestError: ``initialize`` was already requested/accepted.
+        """
+        if self.state is not HandshakeState.NEW:
+            raise InvalidRequestError(INITIALIZE_ONCE)
+        self.state = HandshakeState.REQUESTED
+
+    def initialize_failed(self) -> None:
+        """Attaching failed: the client may send ``initialize`` again (§4.1 step 3)."""
+        if self.state is HandshakeState.REQUESTED:
+            self.state = HandshakeState.NEW
+
+    def initialize_succeeded(self) -> None:
+        if self.state is HandshakeState.REQUESTED:
+            self.state = HandshakeState.ACCEPTED
+
+    def on_initialized(self, *, attached: bool) -> None:
+        """Handle the ``initialized`` notification (§4.2); idempotent.
+
+        Raises:
+            ProtocolClosedError: before ``initialize``, or after eviction;
+                the connection must be closed without a reply.
+        """
+        if self.state in (HandshakeState.NEW, HandshakeState.REQUESTED):
+            raise ProtocolClosedError(INITIALIZED_BEFORE_INITIALIZE)
+        if not attached:
+            raise ProtocolClosedError(SESSION_RESUMED)
+        self.state = HandshakeState.READY
+
+    def gate(self, family: Family, *, has_session: bool, attached: bool) -> None:
+        """Run the §4.3 checks for a ``family`` method, in the spec's order.
+
+        Raises:
+            InvalidRequestError: with the exact upstream text.
+        """
+        if family is None:
+            return
+        if self.state in (HandshakeState.NEW, HandshakeState.REQUESTED):
+            raise InvalidRequestError(f"client must call initialize before using {family} methods")
+        if not has_session:
+            raise InvalidRequestError(NO_SESSION)
+        if not attached:
+            raise InvalidRequestError(SESSION_RESUMED)
+        if self.state is not HandshakeState.READY:
+            raise InvalidRequestError(f"client must send initialized before using {family} methods")

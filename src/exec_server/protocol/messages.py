@@ -1,0 +1,140 @@
+"""JSON-RPC-lite envelopes exactly as upstream sends them (PROTOCOL.md §3.1).
+
+No ``"jsonrpc"`` member is required or sent. ``id`` is an integer or a string
+and is echoed with its JSON type. Payloads (``params``, ``result``,
+``error.data``) stay :class:`msgspec.Raw` here: typed decoding happens where
+the method is known (the server router, the client's typed calls), so the
+envelope decoder never builds dicts.
+
+These are the decoded (inbound) shapes. Outbound messages are built by the
+``encode_*`` helpers of :mod:`exec_server.protocol.codec`.
+"""
+
+from __future__ import annotations
+
+from typing import Final, TypeAlias
+
+import msgspec
+
+__all__ = [
+    "MALFORMED_ID",
+    "EnvironmentCapabilities",
+    "EnvironmentInfo",
+    "ErrorObject",
+    "ErrorResponse",
+    "InitializeParams",
+    "InitializeResult",
+    "Message",
+    "Notification",
+    "Request",
+    "RequestId",
+    "Response",
+    "ShellInfo",
+]
+
+#: An id is a JSON integer (64-bit signed) or a JSON string, echoed unchanged.
+RequestId: TypeAlias = int | str
+
+#: The id used when answering a message that could not be parsed (§3.5).
+MALFORMED_ID: Final[int] = -1
+
+
+class Request(msgspec.Struct, frozen=True):
+    """A call that expects a Response or ErrorResponse with the same ``id``.
+
+    ``params`` is ``None`` when the member was absent; an explicit JSON
+    ``null`` arrives as ``Raw(b"null")``.
+    """
+
+    id: RequestId
+    method: str
+    params: msgspec.Raw | None = None
+
+
+class Notification(msgspec.Struct, frozen=True):
+    """A one-way message (no ``id``)."""
+
+    method: str
+    params: msgspec.Raw | None = None
+
+
+class Response(msgspec.Struct, frozen=True):
+    """A successful answer; ``result`` is any JSON (kept raw)."""
+
+    id: RequestId
+    result: msgspec.Raw
+
+
+class ErrorObject(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The ``error`` member of an error answer; the server never sets ``data``."""
+
+    code: int
+    message: str
+    data: msgspec.Raw | None = None
+
+
+class ErrorResponse(msgspec.Struct, frozen=True):
+    """A failed answer carrying an :class:`ErrorObject`."""
+
+    id: RequestId
+    error: ErrorObject
+
+
+#: Every inbound message shape, in decoding order (§3.1 "first shape that fits").
+Message: TypeAlias = Request | Notification | Response | ErrorResponse
+
+
+# ---------------------------------------------------------------------------
+# Lifecycle and environment payloads (PROTOCOL.md §4.1, CLIENT_COMPAT.md §2-§3)
+# ---------------------------------------------------------------------------
+
+
+class InitializeParams(msgspec.Struct, frozen=True, rename="camel"):
+    """``initialize`` params; ``clientName`` is only logged."""
+
+    client_name: str
+    resume_session_id: str | None = None
+
+
+class ShellInfo(msgspec.Struct, frozen=True):
+    """The login shell the current client wraps commands in (plain path, not a URI)."""
+
+    name: str
+    path: str
+
+
+class EnvironmentCapabilities(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """Optional features; every flag defaults to false and is omitted when false."""
+
+    network_proxy_launch: bool = False
+    capability_discovery_sandbox: bool = False
+    capability_discovery_v2: bool = False
+    environment_config_read: bool = False
+    http_header_env_vars: bool = False
+    sandboxed_file_streaming: bool = False
+    file_write_streaming: bool = False
+    shell_snapshot_v2: bool = False
+    windows_mxc: bool = False
+    linux_root_write_preserves_devices: bool = False
+    linux_approved_root_write_preserves_restrictions: bool = False
+
+
+class EnvironmentInfo(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """``environmentInfo`` / ``environment/info`` result (CLIENT_COMPAT.md §2); paths are URIs."""
+
+    shell: ShellInfo
+    executor_version: str = "0.0.0"
+    cwd: str | None = None
+    user_home_dir: str | None = None
+    platform_os: str | None = None
+    prepend_path_dirs: list[str] = msgspec.field(default_factory=list)
+    temporary_directories: list[str] | None = None
+    temp_dir: str | None = None
+    capabilities: EnvironmentCapabilities = msgspec.field(default_factory=EnvironmentCapabilities)
+
+
+class InitializeResult(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """``initialize`` result; ``environmentInfo`` is for the current client generation."""
+
+    session_id: str
+    environment_info: EnvironmentInfo | None = None

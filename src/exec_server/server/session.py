@@ -1,0 +1,205 @@
+"""Resumable sessions ("contexts") and which connection each is attached to.
+
+PROTOCOL.md §4.4-§4.5. One :class:`SessionRegistry` per server process maps
+``sessionId`` to a :class:`Session` owning a process manager. A connection
+gets an :class:`Attachment` (its internal id and notification sink); a
+session is attached to at most one connection. On disconnect the session is
+detached: notifications stop, processes keep running and buffering for
+``config.detach_ttl``, then an expiry task shuts them down unless a
+connection resumed the session in the meantime.
+
+Choice (CLIENT_COMPAT.md §1.1): resuming an attached session answers
+``-32600`` (the target/legacy code, which PROTOCOL.md's tests expect). The
+current client never resumes in the recorded scenarios and the message text
+is identical, so one code serves both; ``already_attached_code`` switches to
+``-32010`` if a client needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from exec_server.config import ServerConfig
+from exec_server.exceptions import AlreadyAttachedError, InvalidRequestError
+
+try:
+    from exec_server.process.manager import ProcessManager  # type: ignore[import-not-found]
+except ImportError:  # until the processes area lands; removed then
+
+    class ProcessManager:  # type: ignore[no-redef]
+        def __init__(self, config: ServerConfig) -> None:
+            self.config = config
+
+        def set_sink(self, sink: object) -> None:
+            pass
+
+        async def shutdown(self) -> None:
+            pass
+
+
+from exec_server.protocol.connection import (
+    Handshake,
+    already_attached_text,
+    unknown_session_text,
+)
+
+__all__ = ["Attachment", "NotificationSink", "Session", "SessionRegistry"]
+
+logger = logging.getLogger("exec_server.server")
+
+#: ``await sink(method, params)`` delivers one notification (awaiting = backpressure).
+NotificationSink = Callable[[str, msgspec.Struct], Awaitable[None]]
+
+
+class Session:
+    """A resumable context: a process manager plus attachment bookkeeping."""
+
+    def __init__(self, session_id: str, processes: ProcessManager) -> None:
+        self.session_id = session_id
+        self.processes = processes
+        self.attached_to: str | None = None
+        self.last_detached: str | None = None
+        self.detach_deadline: float | None = None
+        #: set whenever the attachment changes, so long polls can re-check.
+        self.attachment_changed = asyncio.Event()
+
+    def is_attached_to(self, connection_id: str) -> bool:
+        return self.attached_to == connection_id
+
+    def __repr__(self) -> str:
+        return f"<Session {self.session_id} attached_to={self.attached_to}>"
+
+
+class Attachment:
+    """Per-connection state: handshake, attached session, notification sink."""
+
+    def __init__(self, label: str, sink: NotificationSink) -> None:
+        self.connection_id = uuid.uuid4().hex
+        self.label = label
+        self.sink = sink
+        self.handshake = Handshake()
+        self.session: Session | None = None
+
+    @property
+    def attached(self) -> bool:
+        """True while this connection is the one attached to its session."""
+        return self.session is not None and self.session.is_attached_to(self.connection_id)
+
+    @property
+    def evicted(self) -> bool:
+        """Another connection resumed our session (§4.5)."""
+        s = self.session
+        return s is not None and s.attached_to is not None and s.attached_to != self.connection_id
+
+
+class SessionRegistry:
+    """Process-wide ``sessionId -> Session`` map with detach/expiry (§4.4)."""
+
+    def __init__(self, config: ServerConfig, *, already_attached_code: int = -32600) -> None:
+        self._config = config
+        self._sessions: dict[str, Session] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._already_attached_code = already_attached_code
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    def create(self, attachment: Attachment) -> Session:
+        """Create a fresh session (UUID v4) and attach ``attachment`` to it."""
+        session = Session(str(uuid.uuid4()), ProcessManager(self._config))
+        self._sessions[session.session_id] = session
+        self._attach(session, attachment)
+        return session
+
+    async def resume(self, session_id: str, attachment: Attachment) -> Session:
+        """Reattach a detached session (§4.1).
+
+        Raises:
+            InvalidRequestError: unknown or expired id, or attached elsewhere.
+        """
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise InvalidRequestError(unknown_session_text(session_id))
+        if session.attached_to is not None:
+            if self._already_attached_code == AlreadyAttachedError.code:
+                raise AlreadyAttachedError(already_attached_text(session_id))
+            raise InvalidRequestError(already_attached_text(session_id))
+        deadline = session.detach_deadline
+        if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+            await self._remove(session)
+            raise InvalidRequestError(unknown_session_text(session_id))
+        self._attach(session, attachment)
+        return session
+
+    def detach(self, attachment: Attachment) -> None:
+        """The connection ended: stop notifications, start the TTL (§4.4)."""
+        session = attachment.session
+        if session is None or not session.is_attached_to(attachment.connection_id):
+            return
+        session.processes.set_sink(None)
+        session.attached_to = None
+        session.last_detached = attachment.connection_id
+        loop = asyncio.get_running_loop()
+        session.detach_deadline = loop.time() + self._config.detach_ttl
+        session.attachment_changed.set()
+        session.attachment_changed = asyncio.Event()
+        task = loop.create_task(self._expire_later(session, attachment.connection_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        logger.debug("session %s detached from %s", session.session_id, attachment.label)
+
+    async def aclose(self) -> None:
+        """Server shutdown: cancel expiry timers, kill every session's processes."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        sessions = list(self._sessions.values())
+        self._sessions.clear()
+        for session in sessions:
+            await self._shutdown_processes(session)
+
+    def _attach(self, session: Session, attachment: Attachment) -> None:
+        session.attached_to = attachment.connection_id
+        session.detach_deadline = None
+        session.processes.set_sink(attachment.sink)
+        attachment.session = session
+        session.attachment_changed.set()
+        session.attachment_changed = asyncio.Event()
+
+    async def _expire_later(self, session: Session, connection_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            deadline = session.detach_deadline
+            if (
+                self._sessions.get(session.session_id) is not session
+                or session.attached_to is not None
+                or session.last_detached != connection_id
+                or deadline is None
+            ):
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await asyncio.sleep(remaining)
+        logger.info("session %s expired after detach", session.session_id)
+        await self._remove(session)
+
+    async def _remove(self, session: Session) -> None:
+        if self._sessions.get(session.session_id) is session:
+            del self._sessions[session.session_id]
+        await self._shutdown_processes(session)
+
+    @staticmethod
+    async def _shutdown_processes(session: Session) -> None:
+        try:
+            await session.processes.shutdown()
+        except Exception:
+            logger.exception("shutting down processes of session %s failed", session.session_id)
