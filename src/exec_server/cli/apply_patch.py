@@ -1,0 +1,128 @@
+"""The ``apply_patch`` program: alias form, hidden-flag form, ``exec-server apply-patch``.
+
+Behaviour follows APPLY_PATCH.md §10-§11: the patch comes from the single
+argument or, in the alias form only, from stdin; the summary goes to stdout,
+one error line to stderr; exit 0 success, 1 error, 2 usage. The standalone
+program always uses the local file system with no sandbox context (§14).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from exec_server.exceptions import os_error_message
+from exec_server.patch.apply import apply_patch
+from exec_server.patch.errors import PatchError
+from exec_server.patch.localfs import LocalPatchFileSystem
+
+__all__ = ["APPLY_PATCH_FLAG", "console_main", "hidden_flag_main", "register", "run_patch"]
+
+APPLY_PATCH_FLAG = "--codex-run-as-apply-patch"
+
+_USAGE = "Usage: apply_patch 'PATCH'\n       echo 'PATCH' | apply_patch\n"
+
+
+def _is_utf8(arg: str) -> bool:
+    """Python decodes argv with surrogateescape; lone surrogates mean invalid UTF-8."""
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def run_patch(patch: str, *, stdout: TextIO, stderr: TextIO) -> int:
+    """Apply ``patch`` in the current directory on the local file system; return the exit code."""
+    try:
+        cwd = Path(os.getcwd())
+    except OSError as exc:
+        stderr.write(f"Error: Failed to determine current directory.\n{os_error_message(exc)}\n")
+        return 1
+    try:
+        affected = asyncio.run(apply_patch(patch, cwd, LocalPatchFileSystem()))
+    except PatchError as exc:
+        stderr.write(f"{exc}\n")
+        stderr.flush()
+        return 1
+    stdout.write(affected.summary())
+    stdout.flush()
+    return 0
+
+
+def _read_stdin_and_run(stdout: TextIO, stderr: TextIO) -> int:
+    data = sys.stdin.buffer.read()
+    try:
+        patch = data.decode("utf-8")
+    except UnicodeDecodeError:
+        stderr.write(
+            "Error: Failed to read PATCH from stdin.\nstream did not contain valid UTF-8\n"
+        )
+        return 1
+    if not patch:
+        stderr.write(_USAGE)
+        return 2
+    return run_patch(patch, stdout=stdout, stderr=stderr)
+
+
+def hidden_flag_main(args: Sequence[str]) -> int:
+    """``<exe> --codex-run-as-apply-patch PATCH``: args are what follows the flag.
+
+    stdin is never read and extra arguments are ignored (§11).
+    """
+    if not args or not _is_utf8(args[0]):
+        sys.stderr.write(f"Error: {APPLY_PATCH_FLAG} requires a UTF-8 PATCH argument.\n")
+        return 1
+    return run_patch(args[0], stdout=sys.stdout, stderr=sys.stderr)
+
+
+def _invoked_via_hidden_flag(args: Sequence[str]) -> bool:
+    """cli/main.py strips the hidden flag before calling `console_main`; recognise that."""
+    return len(sys.argv) >= 2 and sys.argv[1] == APPLY_PATCH_FLAG and list(args) == sys.argv[2:]
+
+
+def console_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``apply_patch`` / ``applypatch`` console scripts (alias form).
+
+    Args:
+        argv: the arguments after the program name; None means ``sys.argv[1:]``.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if argv is not None and _invoked_via_hidden_flag(args):
+        return hidden_flag_main(args)
+    if len(args) > 1:
+        sys.stderr.write("Error: apply_patch accepts exactly one argument.\n")
+        return 2
+    if args:
+        if not _is_utf8(args[0]):
+            sys.stderr.write("Error: apply_patch requires a UTF-8 PATCH argument.\n")
+            return 1
+        return run_patch(args[0], stdout=sys.stdout, stderr=sys.stderr)
+    return _read_stdin_and_run(sys.stdout, sys.stderr)
+
+
+def _subcommand(ns: argparse.Namespace) -> int:
+    patch: str | None = ns.patch
+    if patch is None:
+        return _read_stdin_and_run(sys.stdout, sys.stderr)
+    if not _is_utf8(patch):
+        sys.stderr.write("Error: apply_patch requires a UTF-8 PATCH argument.\n")
+        return 1
+    return run_patch(patch, stdout=sys.stdout, stderr=sys.stderr)
+
+
+def register(subparsers: Any) -> None:
+    """Add ``exec-server apply-patch [PATCH]`` (patch from the argument, else stdin)."""
+    parser = subparsers.add_parser(
+        "apply-patch",
+        help="apply a Codex-format patch in the current directory",
+        description="Apply a Codex-format patch (*** Begin Patch ... *** End Patch) to files "
+        "under the current directory. The patch is the argument, or stdin when omitted.",
+    )
+    parser.add_argument("patch", nargs="?", metavar="PATCH", help="the patch text")
+    parser.set_defaults(func=_subcommand)

@@ -1,0 +1,198 @@
+"""Applying parsed hunks through a `PatchFileSystem` (APPLY_PATCH.md §6, §7, §10).
+
+Hunks run one at a time in patch order with no rollback: the first failure
+stops the run and earlier hunks stay applied (§7.1). Within one Update hunk all
+chunks are resolved before anything is written, so a failing chunk leaves that
+file untouched. The sandbox context is passed unchanged to every call (§14).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exec_server.exceptions import ExecServerError
+from exec_server.patch.content import derive_new_contents
+from exec_server.patch.errors import ApplyError
+from exec_server.patch.fs import PatchFileSystem, SandboxT, describe_error, is_not_found
+from exec_server.patch.parse import AddFile, DeleteFile, Hunk, UpdateFile, parse_patch
+
+__all__ = [
+    "AffectedPaths",
+    "apply_hunks",
+    "apply_patch",
+    "decode_utf8",
+    "read_text",
+    "resolve_path",
+]
+
+#: errors a file-system call may raise; anything else is a bug and propagates.
+_FS_ERRORS = (ExecServerError, OSError)
+
+
+@dataclass
+class AffectedPaths:
+    """Paths as the patch spelled them, per kind, in patch order (§10)."""
+
+    added: list[str] = field(default_factory=list)
+    modified: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """The success text printed to stdout, every line ending in ``\\n``."""
+        lines = ["Success. Updated the following files:"]
+        lines += [f"A {p}" for p in self.added]
+        lines += [f"M {p}" for p in self.modified]
+        lines += [f"D {p}" for p in self.deleted]
+        return "\n".join(lines) + "\n"
+
+
+def resolve_path(cwd: Path, path: str) -> Path:
+    """Join ``path`` to ``cwd`` (absolute paths win) and normalise lexically (§6).
+
+    ``.`` segments are dropped and ``..`` removes the previous one; symlinks are
+    not resolved.
+    """
+    joined = path if path.startswith("/") else f"{cwd}/{path}"
+    out: list[str] = []
+    for part in joined.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if out:
+                out.pop()
+            continue
+        out.append(part)
+    return Path("/" + "/".join(out))
+
+
+def decode_utf8(data: bytes) -> str:
+    """Strict UTF-8 decode; the error text matches Rust's ``Utf8Error`` display."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.reason == "unexpected end of data":
+            raise ValueError(f"incomplete utf-8 byte sequence from index {exc.start}") from None
+        raise ValueError(
+            f"invalid utf-8 sequence of {exc.end - exc.start} bytes from index {exc.start}"
+        ) from None
+
+
+async def read_text(fs: PatchFileSystem[SandboxT], path: Path, sandbox: SandboxT | None) -> str:
+    """Read a regular file as strict UTF-8.
+
+    Raises:
+        ValueError: with the cause text (I/O error text, ``path `…` is not a file``
+            or the UTF-8 error).
+    """
+    try:
+        meta = await fs.get_metadata(path, sandbox=sandbox)
+        if not meta.is_file:
+            raise ValueError(f"path `{path}` is not a file")
+        data = await fs.read_file(path, sandbox=sandbox)
+    except _FS_ERRORS as exc:
+        raise ValueError(describe_error(exc)) from exc
+    return decode_utf8(data)
+
+
+async def _write_with_parents(
+    fs: PatchFileSystem[SandboxT], path: Path, data: bytes, sandbox: SandboxT | None
+) -> None:
+    """Write, creating parents once on *not found* (§7.2)."""
+    try:
+        await fs.write_file(path, data, sandbox=sandbox)
+        return
+    except _FS_ERRORS as exc:
+        if not is_not_found(exc):
+            raise ApplyError(f"Failed to write file {path}") from exc
+    try:
+        await fs.create_directory(path.parent, recursive=True, sandbox=sandbox)
+    except _FS_ERRORS as exc:
+        raise ApplyError(f"Failed to create parent directories for {path}") from exc
+    try:
+        await fs.write_file(path, data, sandbox=sandbox)
+    except _FS_ERRORS as exc:
+        raise ApplyError(f"Failed to write file {path}") from exc
+
+
+async def _remove_file(
+    fs: PatchFileSystem[SandboxT], path: Path, sandbox: SandboxT | None, message: str
+) -> None:
+    """Remove a non-directory, failing on a missing path or a directory (§7.3)."""
+    try:
+        meta = await fs.get_metadata(path, sandbox=sandbox)
+        if meta.is_directory:
+            raise ApplyError(message)
+        await fs.remove(path, recursive=False, force=False, sandbox=sandbox)
+    except _FS_ERRORS as exc:
+        raise ApplyError(message) from exc
+
+
+async def _apply_update(
+    hunk: UpdateFile, cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None
+) -> None:
+    source = resolve_path(cwd, hunk.path)
+    try:
+        original = await read_text(fs, source, sandbox)
+    except ValueError as exc:
+        raise ApplyError(f"Failed to read file to update {source}: {exc}") from exc
+    data = derive_new_contents(original, hunk.chunks, str(source)).encode("utf-8")
+    dest = resolve_path(cwd, hunk.move_path) if hunk.move_path is not None else source
+    if dest == source:
+        # A move onto itself is an in-place update (later upstream; 0.163.0 lost the file).
+        try:
+            await fs.write_file(source, data, sandbox=sandbox)
+        except _FS_ERRORS as exc:
+            raise ApplyError(f"Failed to write file {source}") from exc
+        return
+    await _write_with_parents(fs, dest, data, sandbox)
+    await _remove_file(fs, source, sandbox, f"Failed to remove original {source}")
+
+
+async def apply_hunks(
+    hunks: Sequence[Hunk],
+    cwd: Path,
+    fs: PatchFileSystem[SandboxT],
+    sandbox: SandboxT | None = None,
+) -> AffectedPaths:
+    """Apply hunks in order, stopping at the first failure (no rollback).
+
+    Raises:
+        ApplyError: the message to print; hunks before the failing one stay applied.
+    """
+    if not hunks:
+        raise ApplyError("No files were modified.")
+    affected = AffectedPaths()
+    for hunk in hunks:
+        if isinstance(hunk, AddFile):
+            path = resolve_path(cwd, hunk.path)
+            await _write_with_parents(fs, path, hunk.contents.encode("utf-8"), sandbox)
+            affected.added.append(hunk.path)
+        elif isinstance(hunk, DeleteFile):
+            path = resolve_path(cwd, hunk.path)
+            await _remove_file(fs, path, sandbox, f"Failed to delete file {path}")
+            affected.deleted.append(hunk.path)
+        else:
+            await _apply_update(hunk, cwd, fs, sandbox)
+            affected.modified.append(hunk.move_path if hunk.move_path is not None else hunk.path)
+    return affected
+
+
+async def apply_patch(
+    patch: str,
+    cwd: Path,
+    fs: PatchFileSystem[SandboxT],
+    sandbox: SandboxT | None = None,
+) -> AffectedPaths:
+    """Parse and apply patch text against ``cwd``.
+
+    Returns:
+        The affected paths; ``.summary()`` is the text for stdout.
+
+    Raises:
+        ParseError: nothing was touched.
+        ApplyError: earlier hunks stay applied.
+    """
+    parsed = parse_patch(patch)
+    return await apply_hunks(parsed.hunks, cwd, fs, sandbox)

@@ -1,0 +1,132 @@
+"""Computing an updated file from its text and a hunk's chunks (pure; APPLY_PATCH.md §8).
+
+Line model (0.163.0): split on ``\\n``; a ``\\r`` before it makes that line CRLF.
+Context lines are kept verbatim from the file, inserted lines take the file's
+first line ending, and the result always ends with a line break.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exec_server.patch.errors import ApplyError
+from exec_server.patch.parse import UpdateChunk
+from exec_server.patch.seek import seek_sequence
+
+__all__ = ["Line", "derive_new_contents", "split_file_lines"]
+
+
+@dataclass(frozen=True)
+class Line:
+    """A file line: text without terminator, and the terminator (``\\n``, ``\\r\\n`` or ``""``)."""
+
+    text: str
+    ending: str
+
+
+def split_file_lines(content: str) -> list[Line]:
+    """Split file contents into lines per §8.1 (never ``str.splitlines()``)."""
+    pieces = content.split("\n")
+    tail = pieces.pop()
+    lines = [Line(p[:-1], "\r\n") if p.endswith("\r") else Line(p, "\n") for p in pieces]
+    if tail:
+        lines.append(Line(tail, ""))
+    return lines
+
+
+def _preferred_ending(lines: Sequence[Line]) -> str:
+    for line in lines:
+        if line.ending:
+            return line.ending
+    return "\n"
+
+
+def _drop_trailing_empty(ops: list[tuple[str, str]], drop_new: bool) -> list[tuple[str, str]]:
+    """Remove the last old line and, if ``drop_new``, the last new line from ``ops``.
+
+    A context op has both roles; removing one role turns it into a ``+`` or ``-`` op.
+    """
+    ops = list(ops)
+
+    def remove_role(index: int, role: str) -> None:
+        kind, text = ops[index]
+        if kind == " ":
+            ops[index] = ("+" if role == "old" else "-", text)
+        else:
+            del ops[index]
+
+    last_old = max(i for i, (k, _) in enumerate(ops) if k != "+")
+    last_new = max((i for i, (k, _) in enumerate(ops) if k != "-"), default=None)
+    targets = [(last_old, "old")]
+    if drop_new and last_new is not None:
+        if last_new == last_old:
+            del ops[last_old]
+            return ops
+        targets.append((last_new, "new"))
+    for index, role in sorted(targets, reverse=True):
+        remove_role(index, role)
+    return ops
+
+
+def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_path: str) -> str:
+    """Return the new contents of a file after applying ``chunks``.
+
+    Args:
+        original: the file's current text.
+        chunks: the Update hunk's chunks, in patch order.
+        display_path: the absolute path used in error messages.
+
+    Raises:
+        ApplyError: an anchor or a chunk's old lines cannot be found (§8.6).
+    """
+    lines = split_file_lines(original)
+    texts = [line.text for line in lines]
+    preferred = _preferred_ending(lines)
+    # (position, number of file lines replaced, replacement lines)
+    replacements: list[tuple[int, int, list[Line]]] = []
+    cursor = 0
+    for chunk in chunks:
+        if chunk.anchor is not None:
+            found = seek_sequence(texts, [chunk.anchor], cursor, end_of_file=False)
+            if found is None:
+                raise ApplyError(f"Failed to find context '{chunk.anchor}' in {display_path}")
+            cursor = found + 1
+        if not chunk.old_lines:
+            # Pure addition: appended at end of file whatever the anchor (§8.2.2).
+            added = [Line(text, preferred) for text in chunk.new_lines]
+            replacements.append((len(lines), 0, added))
+            continue
+        ops = list(chunk.ops)
+        pattern = list(chunk.old_lines)
+        found = seek_sequence(texts, pattern, cursor, end_of_file=chunk.is_end_of_file)
+        if found is None and pattern[-1] == "":
+            drop_new = bool(chunk.new_lines) and chunk.new_lines[-1] == ""
+            ops = _drop_trailing_empty(ops, drop_new)
+            pattern = pattern[:-1]
+            found = seek_sequence(texts, pattern, cursor, end_of_file=chunk.is_end_of_file)
+        if found is None:
+            old = "\n".join(chunk.old_lines)
+            raise ApplyError(f"Failed to find expected lines in {display_path}:\n{old}")
+        out: list[Line] = []
+        position = found
+        for kind, text in ops:
+            if kind == " ":
+                out.append(lines[position])
+                position += 1
+            elif kind == "-":
+                position += 1
+            else:
+                out.append(Line(text, preferred))
+        replacements.append((found, len(pattern), out))
+        cursor = found + len(pattern)
+
+    replacements.sort(key=lambda r: r[0])
+    result: list[Line] = []
+    index = 0
+    for start, count, new in replacements:
+        result.extend(lines[index:start])
+        result.extend(new)
+        index = max(index, start + count)
+    result.extend(lines[index:])
+    return "".join(line.text + (line.ending or preferred) for line in result)

@@ -1,0 +1,67 @@
+"""Errors raised by the apply_patch package; ``str(err)`` is the exact text to print.
+
+Tree::
+
+    PatchError                base, never raised directly
+    ├── ParseError            the patch text breaks the grammar (parse.py)
+    │   ├── InvalidPatchError     ``Invalid patch: …``
+    │   └── InvalidHunkError      ``Invalid patch hunk on line N: …``
+    ├── ApplyError            a hunk could not be applied (I/O or unmatched context)
+    └── CorrectnessError      verified parse of a shell command failed (§12.2)
+
+Agents read these messages, so the texts are part of the contract
+(APPLY_PATCH.md §7, §8.6, §10, §12.2).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ApplyError",
+    "CorrectnessError",
+    "InvalidHunkError",
+    "InvalidPatchError",
+    "ParseError",
+    "PatchError",
+]
+
+
+class PatchError(Exception):
+    """Base of every error this package raises."""
+
+
+class ParseError(PatchError):
+    """A patch that does not follow the grammar."""
+
+
+class InvalidPatchError(ParseError):
+    """Envelope-level error: ``Invalid patch: <message>``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"Invalid patch: {message}")
+        self.message = message
+
+
+class InvalidHunkError(ParseError):
+    """Hunk-level error: ``Invalid patch hunk on line N: <message>`` (Begin is line 1)."""
+
+    def __init__(self, message: str, line_number: int) -> None:
+        super().__init__(f"Invalid patch hunk on line {line_number}: {message}")
+        self.message = message
+        self.line_number = line_number
+
+
+class ApplyError(PatchError):
+    """Applying a hunk failed; earlier hunks stay applied (no rollback, §7.1)."""
+
+
+class CorrectnessError(PatchError):
+    """A command was recognised as apply_patch but cannot be turned into a plan (§12.2).
+
+    ``kind`` is ``"implicit_invocation"``, ``"parse"``, ``"io"`` or ``"compute"``;
+    ``cause`` is the underlying error when there is one.
+    """
+
+    def __init__(self, kind: str, message: str, cause: Exception | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.cause = cause
