@@ -1,0 +1,159 @@
+"""What every Linux backend offers, and pieces they share (server side only)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+from exec_server.process.spec import LaunchSpec
+from exec_server.sandbox.plan import SandboxPlan, SandboxType
+
+__all__ = [
+    "NETWORK_DISABLED_ENV",
+    "LinuxBackend",
+    "PlaceholderRegistry",
+    "chain_cleanup",
+    "first_missing_component",
+    "is_inside",
+    "sandbox_env",
+]
+
+#: set in the child's env when the network is restricted (PROTOCOL.md §7.5).
+NETWORK_DISABLED_ENV = "CODEX_SANDBOX_NETWORK_DISABLED"
+
+
+class LinuxBackend(ABC):
+    """Turns a plain ``LaunchSpec`` into one that runs confined per a ``SandboxPlan``."""
+
+    #: ``"bwrap"`` or ``"landlock"``.
+    name: str
+
+    @abstractmethod
+    def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
+        """Return the launch to spawn instead of ``spec``.
+
+        The result carries the rewritten argv/env/arg0, fds the child must
+        inherit (``pass_fds``, closed by the spawner after the spawn) and a
+        ``cleanup`` the spawner must call once the child is reaped.
+        ``sandbox_type`` is ``LINUX_SECCOMP``. Pure preparation: no process is
+        started and nothing is confined here.
+        """
+
+    def describe(self) -> dict[str, object]:
+        """What the probe found, for logs and ``--help`` style reports."""
+        return {"name": self.name}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe()}>"
+
+
+def is_inside(path: str, root: str) -> bool:
+    """Component-wise prefix test on normalised absolute paths."""
+    if root == "/":
+        return path.startswith("/")
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def first_missing_component(path: str) -> str | None:
+    """The shallowest missing path on the way to ``path``; None if it exists."""
+    if os.path.lexists(path):
+        return None
+    missing = path
+    parent = os.path.dirname(path)
+    while parent != missing and not os.path.lexists(parent):
+        missing = parent
+        parent = os.path.dirname(parent)
+    return missing
+
+
+def sandbox_env(spec: LaunchSpec, plan: SandboxPlan) -> dict[str, str]:
+    """The request env plus the plan's markers (PROTOCOL.md §7.5)."""
+    env = dict(spec.env)
+    env.update(plan.extra_env)
+    if not plan.network:
+        env[NETWORK_DISABLED_ENV] = "1"
+    return env
+
+
+def chain_cleanup(*steps: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One callback running every non-None step, each at most once, errors swallowed per step."""
+    real = [s for s in steps if s is not None]
+    if not real:
+        return None
+    done = threading.Event()
+
+    def run() -> None:
+        if done.is_set():
+            return
+        done.set()
+        for step in real:
+            with contextlib.suppress(OSError):
+                step()
+
+    return run
+
+
+class PlaceholderRegistry:
+    """Counts live launches per placeholder mountpoint and removes it after the last one.
+
+    Binding over a missing protected path makes an empty directory appear on
+    the host (SANDBOX.md §3.3/§9.4). We only ever remove an *empty* directory
+    or empty file, and only once no launch of this process still uses it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[str, int] = {}
+
+    def acquire(self, paths: Iterable[str]) -> Callable[[], None] | None:
+        """Register ``paths`` for one launch; return its release callback."""
+        held = tuple(dict.fromkeys(paths))
+        if not held:
+            return None
+        with self._lock:
+            for p in held:
+                self._live[p] = self._live.get(p, 0) + 1
+
+        def release() -> None:
+            with self._lock:
+                gone = []
+                for p in held:
+                    n = self._live.get(p, 0) - 1
+                    if n <= 0:
+                        self._live.pop(p, None)
+                        gone.append(p)
+                    else:
+                        self._live[p] = n
+            for p in gone:
+                _remove_if_empty(p)
+
+        return release
+
+
+def _remove_if_empty(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    import stat
+
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            os.rmdir(path)
+        elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def finish_spec(spec: LaunchSpec, *, argv: list[str], env: dict[str, str], arg0: str | None,
+                pass_fds: tuple[int, ...], cleanup: Callable[[], None] | None) -> LaunchSpec:
+    """Copy ``spec`` with the wrapped launch fields; chains any existing cleanup."""
+    return replace(spec, argv=argv, env=env, arg0=arg0,
+                   pass_fds=tuple(spec.pass_fds) + pass_fds,
+                   cleanup=chain_cleanup(cleanup, spec.cleanup),
+                   sandbox_type=SandboxType.LINUX_SECCOMP)

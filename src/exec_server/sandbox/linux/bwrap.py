@@ -1,0 +1,141 @@
+"""bubblewrap backend: plan → ``bwrap`` argv (SANDBOX.md §3.3, §3.4, §8).
+
+Upstream-equivalent filesystem arguments plus ``--cap-drop ALL`` (root
+callers keep capabilities otherwise, §3.2), user/pid/ipc namespaces, a fresh
+``/proc``, ``--unshare-net`` when the network is restricted, and our seccomp
+BPF handed over through ``--seccomp FD`` (no second interpreter inside).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from exec_server.process.spec import LaunchSpec
+from exec_server.sandbox.linux import seccomp
+from exec_server.sandbox.linux.base import (
+    LinuxBackend,
+    PlaceholderRegistry,
+    finish_spec,
+    first_missing_component,
+    is_inside,
+    sandbox_env,
+)
+from exec_server.sandbox.plan import SandboxPlan
+
+__all__ = ["BwrapBackend", "BwrapInfo", "build_args"]
+
+
+@dataclass(frozen=True, slots=True)
+class BwrapInfo:
+    """What the probe learnt about the bwrap binary."""
+
+    path: str
+    proc: bool = True
+    argv0: bool = False
+    version: str = ""
+
+
+def _depth(path: str) -> int:
+    return len([p for p in path.split("/") if p])
+
+
+def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
+               seccomp_fd: int | None = None) -> tuple[list[str], list[str]]:
+    """bwrap options (without the binary and ``--``) for ``plan``.
+
+    Returns:
+        (args, placeholders): placeholders are host paths bwrap will create as
+        empty mountpoints for protected paths that do not exist yet; remove
+        them after the run.
+    """
+    args = ["--new-session", "--die-with-parent"]
+    placeholders: list[str] = []
+    if plan.full_write:
+        args += ["--bind", "/", "/", "--dev", "/dev"]
+    else:
+        if plan.full_read:
+            args += ["--ro-bind", "/", "/"]
+        else:
+            args += ["--tmpfs", "/"]
+            for root in plan.readable_roots:
+                if os.path.exists(root):
+                    args += ["--ro-bind", root, root]
+        args += ["--dev", "/dev"]
+        writable = sorted((w for w in plan.writable_roots if os.path.isdir(w)), key=_depth)
+        for root in writable:
+            args += ["--bind", root, root]
+            for sub in plan.read_only_subpaths:
+                if not is_inside(sub, root) or sub == root:
+                    continue
+                # a deeper writable root that also holds `sub` re-protects it later
+                missing = first_missing_component(sub)
+                if missing is None:
+                    args += ["--ro-bind", sub, sub]
+                elif is_inside(missing, root) and missing != root:
+                    args += ["--perms", "555", "--tmpfs", missing, "--remount-ro", missing]
+                    placeholders.append(missing)
+        for denied in plan.denied_paths:
+            if os.path.isdir(denied):
+                args += ["--perms", "000", "--tmpfs", denied, "--remount-ro", denied]
+            elif os.path.lexists(denied):
+                args += ["--ro-bind", "/dev/null", denied]
+    args += ["--unshare-user", "--unshare-pid", "--unshare-ipc"]
+    if not plan.network:
+        args.append("--unshare-net")
+    if proc:
+        args += ["--proc", "/proc"]
+    args += ["--cap-drop", "ALL"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    if cwd:
+        args += ["--chdir", cwd]
+    return args, placeholders
+
+
+def _seccomp_pipe(program: bytes) -> int:
+    """A pipe's read end holding ``program``; the writer is closed (bwrap reads to EOF)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, program)
+    finally:
+        os.close(w)
+    return r
+
+
+class BwrapBackend(LinuxBackend):
+    """Launches through a system bubblewrap found outside any workspace."""
+
+    name = "bwrap"
+
+    def __init__(self, info: BwrapInfo, *, fallback: LinuxBackend | None = None) -> None:
+        self.info = info
+        self._fallback = fallback
+        self._placeholders = PlaceholderRegistry()
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "path": self.info.path, "proc": self.info.proc,
+                "version": self.info.version}
+
+    def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
+        if not plan.full_write and any(is_inside(self.info.path, w) for w in plan.writable_roots):
+            # a bwrap the sandboxed command could replace is no boundary (SANDBOX.md §9.17)
+            if self._fallback is not None:
+                return self._fallback.wrap(spec, plan)
+            from exec_server.sandbox.select import SandboxUnavailableError
+
+            raise SandboxUnavailableError(
+                f"bwrap at {self.info.path} lies inside a writable root; refusing to use it")
+        mode = seccomp.MODE_RESTRICTED if not plan.network else seccomp.MODE_VSOCK
+        fd = _seccomp_pipe(seccomp.build_filter(mode))
+        args, placeholders = build_args(plan, spec.cwd, proc=self.info.proc, seccomp_fd=fd)
+        command = list(spec.argv)
+        if spec.arg0 is not None and spec.arg0 != command[0]:
+            if self.info.argv0:
+                args += ["--argv0", spec.arg0]
+            elif os.path.exists("/bin/bash"):
+                command = ["/bin/bash", "-c", 'exec -a "$0" "$@"', spec.arg0, *command]
+        argv = [self.info.path, *args, "--", *command]
+        release = self._placeholders.acquire(placeholders)
+        return finish_spec(spec, argv=argv, env=sandbox_env(spec, plan), arg0=None,
+                           pass_fds=(fd,), cleanup=release)

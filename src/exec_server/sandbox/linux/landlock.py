@@ -1,0 +1,241 @@
+"""Landlock rulesets from a ``SandboxPlan`` (SANDBOX.md §1), stdlib only.
+
+``restrict_self`` confines the *calling thread* and everything it later
+executes. Call it only in a fresh single-threaded child (the landlock
+launcher, or a zygote's per-request fork) — never in the server, which is
+multi-threaded (Landlock is per-thread, SANDBOX.md §9.1).
+
+Best effort per ABI (§1.4): rights the running kernel does not know are
+dropped; what ends up enforced is reported in the returned
+``LandlockStatus``. Landlock cannot subtract (§1.7): read-only subpaths and
+denied paths inside granted roots need a mount namespace on top.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+
+from exec_server.sandbox.linux._libc import call_syscall
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from exec_server.sandbox.plan import SandboxPlan
+
+__all__ = [
+    "LandlockError",
+    "LandlockStatus",
+    "abi_version",
+    "restrict_self",
+]
+
+_CREATE_RULESET_VERSION = 1 << 0
+_RULE_PATH_BENEATH = 1
+
+EXECUTE = 1 << 0
+WRITE_FILE = 1 << 1
+READ_FILE = 1 << 2
+READ_DIR = 1 << 3
+REMOVE_DIR = 1 << 4
+REMOVE_FILE = 1 << 5
+MAKE_CHAR = 1 << 6
+MAKE_DIR = 1 << 7
+MAKE_REG = 1 << 8
+MAKE_SOCK = 1 << 9
+MAKE_FIFO = 1 << 10
+MAKE_BLOCK = 1 << 11
+MAKE_SYM = 1 << 12
+REFER = 1 << 13
+TRUNCATE = 1 << 14
+IOCTL_DEV = 1 << 15
+
+NET_BIND_TCP = 1 << 0
+NET_CONNECT_TCP = 1 << 1
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
+SCOPE_SIGNAL = 1 << 1
+
+#: rights allowed on a non-directory rule (measured: others give EINVAL).
+_FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+_READ_RIGHTS = EXECUTE | READ_FILE | READ_DIR
+_KNOWN_ABI = 7
+
+
+def _fs_mask(abi: int) -> int:
+    if abi <= 0:
+        return 0
+    if abi == 1:
+        return 0x1FFF
+    if abi == 2:
+        return 0x3FFF
+    if abi <= 4:
+        return 0x7FFF
+    return 0xFFFF
+
+
+#: device nodes everyday tools need (SANDBOX.md §1.9); granted when writes are confined.
+_DEVICE_RULES: tuple[tuple[str, int], ...] = (
+    ("/dev/null", READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV),
+    ("/dev/zero", READ_FILE | WRITE_FILE | TRUNCATE),
+    ("/dev/full", READ_FILE | WRITE_FILE | TRUNCATE),
+    ("/dev/random", READ_FILE),
+    ("/dev/urandom", READ_FILE),
+    ("/dev/tty", READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV),
+    ("/dev/ptmx", READ_FILE | WRITE_FILE | IOCTL_DEV),
+    ("/dev/pts", READ_FILE | WRITE_FILE | READ_DIR | IOCTL_DEV),
+    ("/dev/shm", 0xFFFF),
+)
+
+
+class LandlockError(OSError):
+    """Landlock was required but could not be applied."""
+
+
+class LandlockStatus:
+    """What ``restrict_self`` actually enforced.
+
+    Attributes:
+        abi: Landlock ABI of the kernel (0 = unavailable).
+        fs: filesystem access was restricted.
+        net: TCP bind/connect were restricted (ABI >= 4, network off).
+        scopes: bitmask of scopes applied (ABI >= 6).
+        skipped: rule paths that did not exist and were skipped.
+    """
+
+    __slots__ = ("abi", "fs", "net", "scopes", "skipped")
+
+    def __init__(self, abi: int, fs: bool = False, net: bool = False, scopes: int = 0,
+                 skipped: tuple[str, ...] = ()) -> None:
+        self.abi = abi
+        self.fs = fs
+        self.net = net
+        self.scopes = scopes
+        self.skipped = skipped
+
+    @property
+    def enforced(self) -> bool:
+        return self.fs or self.net or bool(self.scopes)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"abi": self.abi, "fs": self.fs, "net": self.net, "scopes": self.scopes,
+                "skipped": list(self.skipped)}
+
+    def __repr__(self) -> str:
+        return (f"LandlockStatus(abi={self.abi}, fs={self.fs}, net={self.net}, "
+                f"scopes={self.scopes:#x})")
+
+
+def abi_version() -> int:
+    """The kernel's Landlock ABI; 0 when not compiled in or disabled at boot."""
+    try:
+        return call_syscall("landlock_create_ruleset", None, ctypes.c_size_t(0),
+                            ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    except OSError:
+        return 0
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64),
+                ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _add_path_rule(ruleset_fd: int, path: str, rights: int, handled: int) -> bool:
+    """Add one path rule; False when the path does not exist (skipped)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        allowed = rights & handled
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            allowed &= _FILE_RIGHTS
+        if not allowed:
+            return True
+        attr = _PathBeneathAttr(allowed, fd)
+        call_syscall("landlock_add_rule", ctypes.c_int(ruleset_fd),
+                     ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(attr), ctypes.c_uint32(0))
+        return True
+    finally:
+        os.close(fd)
+
+
+def _rules_for(plan: SandboxPlan, extra_read: Iterable[str],
+               extra_write: Iterable[str]) -> list[tuple[str, int]]:
+    rules: list[tuple[str, int]] = []
+    if plan.full_read:
+        rules.append(("/", _READ_RIGHTS))
+    else:
+        rules.extend((root, _READ_RIGHTS) for root in plan.readable_roots)
+    rules.extend((root, _READ_RIGHTS) for root in extra_read)
+    rules.extend((root, 0xFFFF) for root in plan.writable_roots)
+    rules.extend((root, 0xFFFF) for root in extra_write)
+    rules.extend(_DEVICE_RULES)
+    return rules
+
+
+def restrict_self(plan: SandboxPlan, *, required: bool = True, extra_read: Iterable[str] = (),
+                  extra_write: Iterable[str] = (), abi: int | None = None) -> LandlockStatus:
+    """Confine the calling (single-threaded) process per ``plan``, best effort per ABI.
+
+    Sets ``PR_SET_NO_NEW_PRIVS``. Writes are allowed only under
+    ``plan.writable_roots`` (+ ``extra_write`` and device nodes), reads only
+    under readable roots unless ``plan.full_read``; TCP bind/connect are
+    handled with no rules when ``plan.network`` is false (ABI >= 4); signal
+    scoping (and abstract-unix scoping when the network is off) on ABI >= 6.
+
+    Args:
+        plan: the resolved plan (only its attributes are read).
+        required: raise instead of returning an unenforced status.
+        extra_read / extra_write: additional roots (e.g. a helper's own files).
+        abi: override the probed ABI (tests; must not exceed the kernel's).
+
+    Raises:
+        LandlockError: Landlock unusable or a syscall failed while ``required``.
+    """
+    if abi is None:
+        abi = abi_version()
+    abi = min(abi, _KNOWN_ABI)
+    if abi <= 0:
+        if required:
+            raise LandlockError(38, "Landlock is not available in this kernel")
+        return LandlockStatus(0)
+    confine_fs = not (plan.full_read and plan.full_write)
+    handled_fs = _fs_mask(abi) if confine_fs else 0
+    handled_net = NET_BIND_TCP | NET_CONNECT_TCP if (abi >= 4 and not plan.network) else 0
+    scoped = 0
+    if abi >= 6:
+        scoped = SCOPE_SIGNAL | (0 if plan.network else SCOPE_ABSTRACT_UNIX_SOCKET)
+    if not (handled_fs or handled_net or scoped):
+        if required:
+            raise LandlockError(95, f"Landlock ABI {abi} cannot express this plan")
+        return LandlockStatus(abi)
+    skipped: list[str] = []
+    try:
+        attr = _RulesetAttr(handled_fs, handled_net, scoped)
+        ruleset_fd = call_syscall("landlock_create_ruleset", ctypes.byref(attr),
+                                  ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+        try:
+            if handled_fs:
+                for path, rights in _rules_for(plan, extra_read, extra_write):
+                    if not _add_path_rule(ruleset_fd, path, rights, handled_fs):
+                        skipped.append(path)
+            from exec_server.sandbox.linux.seccomp import set_no_new_privs
+
+            set_no_new_privs()
+            call_syscall("landlock_restrict_self", ctypes.c_int(ruleset_fd), ctypes.c_uint32(0))
+        finally:
+            os.close(ruleset_fd)
+    except OSError as exc:
+        if required:
+            raise LandlockError(exc.errno or 1, f"applying Landlock: {exc.strerror}") from exc
+        return LandlockStatus(abi)
+    return LandlockStatus(abi, fs=bool(handled_fs), net=bool(handled_net), scopes=scoped,
+                          skipped=tuple(skipped))

@@ -1,0 +1,131 @@
+"""Landlock backend: wrap a launch in the stdlib-only launcher (SANDBOX.md §8)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from exec_server.process.spec import LaunchSpec
+from exec_server.sandbox.linux.base import (
+    LinuxBackend,
+    PlaceholderRegistry,
+    chain_cleanup,
+    finish_spec,
+    first_missing_component,
+    is_inside,
+    sandbox_env,
+)
+from exec_server.sandbox.plan import SandboxPlan
+
+__all__ = ["LAUNCHER_PATH", "LandlockBackend", "launcher_argv"]
+
+logger = logging.getLogger("exec_server.sandbox")
+
+#: absolute path of the launcher script, run as ``python -I -S``.
+LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
+
+
+def launcher_argv(plan: SandboxPlan, command: list[str], *, cwd: str | None,
+                  arg0: str | None = None, status_fd: int | None = None,
+                  strict_mounts: bool = False,
+                  python: str | None = None) -> list[str]:
+    """The launcher command line for ``plan`` (flags documented in launcher.py)."""
+    argv = [python or sys.executable, "-I", "-S", LAUNCHER_PATH]
+    if status_fd is not None:
+        argv += ["--status-fd", str(status_fd)]
+    if plan.full_read:
+        argv.append("--full-read")
+    else:
+        for r in plan.readable_roots:
+            argv += ["--read", r]
+    if plan.full_write:
+        argv.append("--full-write")
+    else:
+        for w in plan.writable_roots:
+            argv += ["--write", w]
+        for p in plan.read_only_subpaths:
+            argv += ["--ro", p]
+        for p in plan.denied_paths:
+            argv += ["--deny", p]
+    if plan.network:
+        argv.append("--network")
+    if plan.cwd:
+        argv += ["--sandbox-policy-cwd", plan.cwd]
+    if cwd:
+        argv += ["--command-cwd", cwd]
+    if arg0 is not None:
+        argv += ["--arg0", arg0]
+    if strict_mounts:
+        argv.append("--strict-mounts")
+    argv.append("--")
+    argv += command
+    return argv
+
+
+def _status_reader(fd: int) -> Callable[[], None]:
+    """Cleanup step: log what the launcher reported on its status pipe, then close it."""
+
+    def read() -> None:
+        try:
+            os.set_blocking(fd, False)
+            chunks = []
+            while True:
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+        finally:
+            os.close(fd)
+        for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue
+            if "error" in report:
+                logger.warning("sandbox launcher failed at %s: %s", report.get("stage"),
+                               report["error"])
+            elif "warning" in report:
+                logger.warning("sandbox degraded at %s: %s", report.get("stage"),
+                               report["warning"])
+
+    return read
+
+
+class LandlockBackend(LinuxBackend):
+    """Landlock + mount-namespace rebinds + capability drop + seccomp, in a launcher."""
+
+    name = "landlock"
+
+    def __init__(self, abi: int, *, mount_ns: bool = True, strict_mounts: bool = False,
+                 python: str | None = None) -> None:
+        self.abi = abi
+        self.mount_ns = mount_ns
+        self.strict_mounts = strict_mounts
+        self.python = python or sys.executable
+        self._placeholders = PlaceholderRegistry()
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "abi": self.abi, "mount_ns": self.mount_ns}
+
+    def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
+        arg0 = spec.arg0 if spec.arg0 is not None and spec.arg0 != spec.argv[0] else None
+        r, w = os.pipe()
+        argv = launcher_argv(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0, status_fd=w,
+                             strict_mounts=self.strict_mounts, python=self.python)
+        placeholders: list[str] = []
+        if self.mount_ns and not plan.full_write:
+            for sub in plan.read_only_subpaths:
+                missing = first_missing_component(sub)
+                if missing is not None and any(is_inside(missing, root) and missing != root
+                                               for root in plan.writable_roots):
+                    placeholders.append(missing)
+        release = self._placeholders.acquire(placeholders)
+        # the write end is closed by the spawner after the spawn (pass_fds contract)
+        return finish_spec(spec, argv=argv, env=sandbox_env(spec, plan), arg0=None,
+                           pass_fds=(w,), cleanup=chain_cleanup(_status_reader(r), release))

@@ -1,0 +1,183 @@
+"""Hand-built seccomp BPF network filter (SANDBOX.md §2.3), stdlib only.
+
+The same program bytes are used by both Linux backends: the landlock
+launcher installs them on itself right before ``execve``; the bwrap backend
+hands them to bubblewrap through ``--seccomp FD``. Building needs no OS call;
+installing must happen in a single-threaded child, never in the server.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+from exec_server.sandbox.linux._libc import call_prctl, machine
+
+__all__ = [
+    "MODE_RESTRICTED",
+    "MODE_VSOCK",
+    "SeccompError",
+    "build_filter",
+    "install_filter",
+    "install_network_filter",
+    "set_no_new_privs",
+    "supported",
+]
+
+#: network restricted: everything but AF_UNIX sockets blocked (upstream "Restricted").
+MODE_RESTRICTED = "restricted"
+#: network allowed, filesystem confined: only AF_VSOCK blocked (upstream "VmSocketRestricted").
+MODE_VSOCK = "vsock"
+
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JGE_K = 0x35
+_RET_K = 0x06
+_RET_ALLOW = 0x7FFF0000
+_RET_KILL_PROCESS = 0x80000000
+_EPERM = 1
+_RET_EPERM = 0x00050000 | _EPERM
+_AF_UNIX = 1
+_AF_VSOCK = 40
+_X32_BIT = 0x40000000
+
+_ARCH = {
+    "x86_64": (0xC000003E, {
+        "socket": 41, "socketpair": 53, "connect": 42, "accept": 43, "accept4": 288,
+        "bind": 49, "listen": 50, "getsockname": 51, "getpeername": 52, "shutdown": 48,
+        "sendto": 44, "sendmmsg": 307, "recvmmsg": 299, "setsockopt": 54, "getsockopt": 55,
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    }),
+    "aarch64": (0xC00000B7, {
+        "socket": 198, "socketpair": 199, "connect": 203, "accept": 202, "accept4": 242,
+        "bind": 200, "listen": 201, "getsockname": 204, "getpeername": 205, "shutdown": 210,
+        "sendto": 206, "sendmmsg": 269, "recvmmsg": 243, "setsockopt": 208, "getsockopt": 209,
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    }),
+}
+
+#: denied outright when the network is restricted (upstream Restricted mode).
+_DENY_RESTRICTED = (
+    "connect", "accept", "accept4", "bind", "listen", "getpeername", "getsockname",
+    "shutdown", "sendto", "sendmmsg", "recvmmsg", "getsockopt", "setsockopt",
+    "ptrace", "process_vm_readv", "process_vm_writev",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+)
+#: io_uring can create sockets without socket(): deny it in every mode.
+_DENY_VSOCK = ("io_uring_setup", "io_uring_enter", "io_uring_register")
+
+_cache: dict[tuple[str, str], bytes] = {}
+
+
+class SeccompError(OSError):
+    """The filter could not be built or installed (unsupported arch, kernel refusal)."""
+
+
+def supported(arch: str | None = None) -> bool:
+    """Whether we can build a filter for ``arch`` (default: this machine)."""
+    return (arch or machine) in _ARCH
+
+
+def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("HBBI", code, jt, jf, k)
+
+
+def build_filter(mode: str = MODE_RESTRICTED, arch: str | None = None) -> bytes:
+    """Return the BPF program (concatenated ``struct sock_filter``) for ``mode``.
+
+    Raises:
+        SeccompError: unsupported architecture or unknown mode.
+    """
+    arch = arch or machine
+    key = (mode, arch)
+    cached = _cache.get(key)
+    if cached is not None:
+        return cached
+    if arch not in _ARCH:
+        raise SeccompError(38, f"seccomp filter: unsupported architecture {arch}")
+    audit_arch, nrs = _ARCH[arch]
+    deny: tuple[str, ...]
+    family_ok: int | None
+    family_bad: int | None
+    if mode == MODE_RESTRICTED:
+        deny, family_ok, family_bad = _DENY_RESTRICTED, _AF_UNIX, None
+    elif mode == MODE_VSOCK:
+        deny, family_ok, family_bad = _DENY_VSOCK, None, _AF_VSOCK
+    else:
+        raise SeccompError(22, f"seccomp filter: unknown mode {mode!r}")
+    prog = [
+        _ins(_LD_W_ABS, 0, 0, 4),
+        _ins(_JEQ_K, 1, 0, audit_arch),
+        _ins(_RET_K, 0, 0, _RET_KILL_PROCESS),
+        _ins(_LD_W_ABS, 0, 0, 0),
+    ]
+    if arch == "x86_64":
+        prog += [_ins(_JGE_K, 0, 1, _X32_BIT), _ins(_RET_K, 0, 0, _RET_EPERM)]
+    for name in deny:
+        prog += [_ins(_JEQ_K, 0, 1, nrs[name]), _ins(_RET_K, 0, 0, _RET_EPERM)]
+    for name in ("socket", "socketpair"):
+        if family_ok is not None:
+            # domain != AF_UNIX -> EPERM
+            prog += [
+                _ins(_JEQ_K, 0, 4, nrs[name]),
+                _ins(_LD_W_ABS, 0, 0, 16),
+                _ins(_JEQ_K, 1, 0, family_ok),
+                _ins(_RET_K, 0, 0, _RET_EPERM),
+                _ins(_RET_K, 0, 0, _RET_ALLOW),
+            ]
+        elif family_bad is not None:
+            # domain == AF_VSOCK -> EPERM
+            prog += [
+                _ins(_JEQ_K, 0, 4, nrs[name]),
+                _ins(_LD_W_ABS, 0, 0, 16),
+                _ins(_JEQ_K, 0, 1, family_bad),
+                _ins(_RET_K, 0, 0, _RET_EPERM),
+                _ins(_RET_K, 0, 0, _RET_ALLOW),
+            ]
+    prog.append(_ins(_RET_K, 0, 0, _RET_ALLOW))
+    data = b"".join(prog)
+    _cache[key] = data
+    return data
+
+
+def set_no_new_privs() -> None:
+    """``PR_SET_NO_NEW_PRIVS``: required before an unprivileged filter; irreversible."""
+    call_prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_filter(program: bytes) -> None:
+    """Set NNP and install ``program`` on the calling thread (single-threaded child only).
+
+    Raises:
+        SeccompError: the kernel refused the filter.
+    """
+    buf = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    try:
+        set_no_new_privs()
+        call_prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
+    except OSError as exc:
+        raise SeccompError(exc.errno or 1, f"installing seccomp filter: {exc.strerror}") from exc
+
+
+def install_network_filter(mode: str = MODE_RESTRICTED) -> None:
+    """Block network access for this process and its descendants (SANDBOX.md §2.3).
+
+    TCP/UDP/raw/netlink sockets and io_uring are refused with EPERM; AF_UNIX
+    socketpairs keep working. Call only in an already-forked single-threaded
+    child: seccomp is per-thread and cannot be removed.
+
+    Raises:
+        SeccompError: unsupported architecture or the kernel refused the filter.
+    """
+    install_filter(build_filter(mode))
