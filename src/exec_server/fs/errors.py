@@ -1,0 +1,70 @@
+"""The one place where filesystem failures become typed errors (PROTOCOL.md §9.1).
+
+| kind                                              | error                 | code   |
+|---------------------------------------------------|-----------------------|--------|
+| not found (ENOENT)                                | ``NotFoundError``     | -32004 |
+| invalid input (EINVAL, our own validation)        | ``InvalidRequestError`` | -32600 |
+| permission denied (EACCES, EPERM)                 | ``InvalidRequestError`` | -32600 |
+| anything else (EISDIR, ENOTDIR, EEXIST, EROFS, …) | ``InternalError``     | -32603 |
+
+The message is the OS error text in Rust's format, ``<strerror> (os error N)``
+(PROTOCOL.md §5.3). EROFS is deliberately *not* a permission error: upstream
+answers ``-32603 Read-only file system (os error 30)`` (CLIENT_COMPAT.md §6.5).
+The current Codex client depends on -32004 for a missing parent in
+``fs/writeFile`` to create the directory and retry.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from exec_server.exceptions import (
+    ExecServerError,
+    InternalError,
+    InvalidRequestError,
+    NotFoundError,
+    os_error_message,
+)
+
+__all__ = [
+    "INVALID_INPUT_ERRNOS",
+    "NOT_FOUND_ERRNOS",
+    "PERMISSION_ERRNOS",
+    "fs_error_from_os",
+    "os_error",
+    "translate_os_errors",
+]
+
+NOT_FOUND_ERRNOS = frozenset({errno.ENOENT})
+#: Rust's ``ErrorKind::PermissionDenied`` (EACCES, EPERM).
+PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+#: Rust's ``ErrorKind::InvalidInput`` (EINVAL).
+INVALID_INPUT_ERRNOS = frozenset({errno.EINVAL})
+
+
+def fs_error_from_os(exc: OSError) -> ExecServerError:
+    """Translate one ``OSError`` into the typed error the wire expects."""
+    message = os_error_message(exc)
+    code = exc.errno
+    if code in NOT_FOUND_ERRNOS:
+        return NotFoundError(message)
+    if code in PERMISSION_ERRNOS or code in INVALID_INPUT_ERRNOS:
+        return InvalidRequestError(message)
+    return InternalError(message)
+
+
+def os_error(code: int) -> OSError:
+    """An ``OSError`` for ``code`` (for failures we detect before the kernel would)."""
+    return OSError(code, os.strerror(code))
+
+
+@contextmanager
+def translate_os_errors() -> Iterator[None]:
+    """Re-raise any ``OSError`` in the block as its typed error, cause chained."""
+    try:
+        yield
+    except OSError as exc:
+        raise fs_error_from_os(exc) from exc

@@ -1,0 +1,434 @@
+"""Direct (unsandboxed) filesystem operations with upstream semantics (PROTOCOL.md §9.3).
+
+Everything here is synchronous and blocking on purpose: callers run it in a
+worker thread (:mod:`exec_server.fs.direct`) so the event loop never stalls.
+Paths are absolute, already lexically normalised ``str`` paths (non-UTF-8
+bytes as surrogate escapes, which ``os`` functions turn back into bytes).
+Every failure leaves as a typed :class:`~exec_server.exceptions.ExecServerError`
+mapped in :mod:`exec_server.fs.errors`.
+
+Choices beyond the spec:
+
+* ``write_file`` replaces a regular file atomically (temp file in the same
+  directory, then ``rename``), keeping the old file's mode and owner, so a
+  failed write never leaves a half-written file where a complete one stood.
+  Non-regular targets (devices, FIFOs) are written in place. A write through a
+  symlink replaces the link's final target, never the link. Hard links to the
+  old file keep the old contents (the inode is replaced). No ``fsync``: atomic
+  against failures of this process, not against power loss.
+* ``read_file`` never blocks on a FIFO and never reads more than the cap, even
+  from files whose ``st_size`` is 0 (``/proc``, devices).
+* ``copy`` of a file onto itself is refused instead of truncating it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from exec_server.exceptions import InvalidRequestError
+from exec_server.fs.errors import os_error, translate_os_errors
+
+__all__ = [
+    "COPY_DIR_WITHOUT_RECURSIVE",
+    "COPY_INTO_SELF",
+    "COPY_UNSUPPORTED_TYPE",
+    "READ_LIMIT",
+    "DirEntry",
+    "Metadata",
+    "canonicalize",
+    "copy",
+    "create_directory",
+    "get_metadata",
+    "read_directory",
+    "read_file",
+    "remove",
+    "resolve_existing_prefix",
+    "write_file",
+]
+
+#: ``fs/readFile`` refuses files larger than this (PROTOCOL.md §9.3).
+READ_LIMIT = 512 * 1024 * 1024
+
+COPY_DIR_WITHOUT_RECURSIVE = "fs/copy requires recursive: true when sourcePath is a directory"
+COPY_INTO_SELF = "fs/copy cannot copy a directory to itself or one of its descendants"
+COPY_UNSUPPORTED_TYPE = "fs/copy only supports regular files, directories, and symlinks"
+COPY_SAME_FILE = "fs/copy source and destination are the same file"
+
+_CHUNK = 1024 * 1024
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """What ``fs/getMetadata`` reports; ``is_symlink``/``size`` are ``None`` when unknown."""
+
+    is_directory: bool
+    is_file: bool
+    created_at_ms: int
+    modified_at_ms: int
+    is_symlink: bool | None = None
+    size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    """One ``fs/readDirectory`` entry; flags describe the symlink-followed target."""
+
+    file_name: str
+    is_directory: bool
+    is_file: bool
+
+
+def too_large_message(limit: int) -> str:
+    return f"file is too large to read: limit is {limit} bytes"
+
+
+def not_a_file_message(path: str) -> str:
+    return f"path `{path}` is not a file"
+
+
+# --------------------------------------------------------------------- read
+
+
+def read_file(path: str, *, limit: int = READ_LIMIT, directory_is_invalid: bool = False) -> bytes:
+    """Read a whole file, following symlinks.
+
+    Args:
+        limit: refuse (``-32600``) files larger than this many bytes.
+        directory_is_invalid: the current client's answer for a directory
+            (``-32600 path `/x` is not a file``) instead of the legacy OS error
+            (``-32603 Is a directory``) (CLIENT_COMPAT.md §6.4).
+    """
+    with translate_os_errors():
+        # O_NONBLOCK: opening a FIFO without a writer must not hang the worker.
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                if directory_is_invalid:
+                    raise InvalidRequestError(not_a_file_message(path))
+                raise os_error(errno.EISDIR)
+            if st.st_size > limit:
+                raise InvalidRequestError(too_large_message(limit))
+            return _read_all(fd, st.st_size if stat.S_ISREG(st.st_mode) else 0, limit)
+        finally:
+            os.close(fd)
+
+
+def _read_all(fd: int, size: int, limit: int) -> bytes:
+    """Read to EOF with one file-sized allocation in the common case."""
+    if size > 0:
+        # A short read of size+1 means EOF: the bytes object is the only copy.
+        first = os.read(fd, size + 1)
+        if len(first) <= size:
+            return first
+        chunks = [first]
+        total = len(first)
+    else:
+        chunks = []
+        total = 0
+    while True:
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > limit:
+            raise InvalidRequestError(too_large_message(limit))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# -------------------------------------------------------------------- write
+
+
+def write_file(path: str, data: bytes | bytearray | memoryview) -> None:
+    """Create or replace ``path`` with ``data``; parents are not created (``-32004``)."""
+    with translate_os_errors():
+        target = path
+        try:
+            st: os.stat_result | None = os.lstat(path)
+        except FileNotFoundError:
+            st = None  # missing: creating the temp file tells a missing parent
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            # Follow the link: replace its final target, keep the link.
+            target = os.path.realpath(path)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                st = None  # dangling: create the target
+        if st is not None:
+            if stat.S_ISDIR(st.st_mode):
+                raise os_error(errno.EISDIR)
+            if not stat.S_ISREG(st.st_mode):
+                _write_in_place(target, data, _O_NONBLOCK)
+                return
+        _write_atomic(target, data, st)
+
+
+def _write_in_place(path: str, data: bytes | bytearray | memoryview, extra_flags: int = 0) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC | extra_flags, 0o666)
+    try:
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _temp_name(target: str) -> str:
+    directory, base = os.path.split(target)
+    # Keep the name under NAME_MAX however long the target's name is.
+    stem = os.fsencode(base)[:100].decode("utf-8", "surrogateescape")
+    return os.path.join(directory, f".{stem}.{secrets.token_hex(6)}.tmp")
+
+
+def _write_atomic(
+    target: str, data: bytes | bytearray | memoryview, old: os.stat_result | None
+) -> None:
+    tmp = _temp_name(target)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
+    except PermissionError:
+        if old is None:
+            raise
+        # The directory refuses new entries but the file itself may be
+        # writable: behave like upstream and truncate in place.
+        _write_in_place(target, data)
+        return
+    try:
+        try:
+            _write_all(fd, data)
+            if old is not None:
+                os.fchmod(fd, stat.S_IMODE(old.st_mode))
+                if (old.st_uid, old.st_gid) != (os.getuid(), os.getgid()):
+                    with contextlib.suppress(PermissionError):
+                        os.fchown(fd, old.st_uid, old.st_gid)
+        finally:
+            os.close(fd)
+        os.rename(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# ------------------------------------------------------------ directories
+
+
+def create_directory(path: str, *, recursive: bool = True) -> None:
+    """Create ``path``; recursive creates ancestors and accepts an existing directory."""
+    with translate_os_errors():
+        if recursive:
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.mkdir(path)
+
+
+def get_metadata(path: str) -> Metadata:
+    """Stat following symlinks; ``is_symlink`` comes from ``lstat`` of the path itself."""
+    with translate_os_errors():
+        lst = os.lstat(path)
+        is_symlink = stat.S_ISLNK(lst.st_mode)
+        st = os.stat(path) if is_symlink else lst
+    birth = getattr(st, "st_birthtime", None)
+    return Metadata(
+        is_directory=stat.S_ISDIR(st.st_mode),
+        is_file=stat.S_ISREG(st.st_mode),
+        is_symlink=is_symlink,
+        size=st.st_size,
+        created_at_ms=int(birth * 1000) if birth else 0,
+        modified_at_ms=st.st_mtime_ns // 1_000_000,
+    )
+
+
+def lossy_name(name: str) -> str:
+    """An entry name as upstream renders it: invalid UTF-8 becomes U+FFFD."""
+    if name.isascii():
+        return name
+    return os.fsencode(name).decode("utf-8", "replace")
+
+
+def read_directory(path: str) -> list[DirEntry]:
+    """List entries (no ``.``/``..``); symlinks are followed and dangling ones skipped."""
+    entries: list[DirEntry] = []
+    with translate_os_errors(), os.scandir(path) as it:
+        for entry in it:
+            try:
+                if entry.is_symlink():
+                    st = entry.stat()
+                    is_dir = stat.S_ISDIR(st.st_mode)
+                    is_file = stat.S_ISREG(st.st_mode)
+                else:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    is_file = entry.is_file(follow_symlinks=False)
+            except OSError:
+                continue
+            entries.append(DirEntry(lossy_name(entry.name), is_dir, is_file))
+    return entries
+
+
+# ------------------------------------------------------------------ remove
+
+
+def remove(path: str, *, recursive: bool = True, force: bool = True) -> None:
+    """Remove a file, link or directory; a symlink is unlinked, never followed."""
+    with translate_os_errors():
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            if force:
+                return
+            raise
+        if stat.S_ISDIR(st.st_mode):
+            if recursive:
+                shutil.rmtree(path, onerror=_rmtree_error)
+            else:
+                os.rmdir(path)
+        else:
+            os.unlink(path)
+
+
+def _rmtree_error(func: Callable[..., Any], path: str, exc_info: Any) -> None:
+    """Entries that vanish while we delete the tree are fine; anything else is not."""
+    exc = exc_info[1]
+    if isinstance(exc, FileNotFoundError):
+        return
+    raise exc
+
+
+# -------------------------------------------------------------------- copy
+
+
+def resolve_existing_prefix(path: str) -> str:
+    """Canonicalise the deepest existing ancestor and re-append the rest (PROTOCOL.md §10.3)."""
+    missing: list[str] = []
+    current = path
+    while not os.path.exists(current):
+        parent, name = os.path.split(current)
+        if parent == current:
+            break
+        missing.append(name)
+        current = parent
+    resolved = os.path.realpath(current)
+    for name in reversed(missing):
+        resolved = os.path.join(resolved, name)
+    return resolved
+
+
+def _is_same_or_descendant(candidate: str, ancestor: str) -> bool:
+    if candidate == ancestor:
+        return True
+    prefix = ancestor if ancestor.endswith("/") else ancestor + "/"
+    return candidate.startswith(prefix)
+
+
+def copy(source: str, destination: str, *, recursive: bool) -> None:
+    """Copy a file, a symlink (as a link) or, with ``recursive``, a directory tree."""
+    with translate_os_errors():
+        st = os.lstat(source)
+        mode = st.st_mode
+        if stat.S_ISDIR(mode):
+            if not recursive:
+                raise InvalidRequestError(COPY_DIR_WITHOUT_RECURSIVE)
+            real_source = os.path.realpath(source)
+            if _is_same_or_descendant(resolve_existing_prefix(destination), real_source):
+                raise InvalidRequestError(COPY_INTO_SELF)
+            _copy_tree(source, destination)
+        elif stat.S_ISLNK(mode):
+            os.symlink(os.readlink(source), destination)
+        elif stat.S_ISREG(mode):
+            _copy_file(source, destination, st)
+        else:
+            raise InvalidRequestError(COPY_UNSUPPORTED_TYPE)
+
+
+def _copy_tree(source: str, destination: str) -> None:
+    os.makedirs(destination, exist_ok=True)
+    pending = [(source, destination)]
+    while pending:
+        src_dir, dst_dir = pending.pop()
+        with os.scandir(src_dir) as it:
+            for entry in it:
+                target = os.path.join(dst_dir, entry.name)
+                if entry.is_dir(follow_symlinks=False):
+                    try:
+                        os.mkdir(target)
+                    except FileExistsError:
+                        if not os.path.isdir(target):
+                            raise
+                    pending.append((entry.path, target))
+                elif entry.is_symlink():
+                    os.symlink(os.readlink(entry.path), target)
+                elif entry.is_file(follow_symlinks=False):
+                    _copy_file(entry.path, target, entry.stat(follow_symlinks=False))
+                # FIFOs, sockets and devices inside a tree are skipped (§9.3).
+
+
+def _copy_file(source: str, destination: str, src_stat: os.stat_result) -> None:
+    """Like Rust's ``std::fs::copy``: overwrite, copy the permission bits, kernel-side copy."""
+    try:
+        dst_stat: os.stat_result | None = os.stat(destination)
+    except FileNotFoundError:
+        dst_stat = None
+    if dst_stat is not None and os.path.samestat(src_stat, dst_stat):
+        raise InvalidRequestError(COPY_SAME_FILE)
+    perm = stat.S_IMODE(src_stat.st_mode)
+    src_fd = os.open(source, os.O_RDONLY | _O_CLOEXEC)
+    try:
+        dst_fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, perm)
+        try:
+            os.fchmod(dst_fd, perm)
+            _copy_contents(src_fd, dst_fd)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
+
+
+def _copy_contents(src_fd: int, dst_fd: int) -> None:
+    copy_range = getattr(os, "copy_file_range", None)
+    if copy_range is not None:
+        try:
+            while copy_range(src_fd, dst_fd, 1 << 30):
+                pass
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+    offset = os.lseek(dst_fd, 0, os.SEEK_CUR)
+    os.lseek(src_fd, offset, os.SEEK_SET)
+    try:
+        while os.sendfile(dst_fd, src_fd, None, 1 << 30):
+            pass
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+            raise
+    while chunk := os.read(src_fd, _CHUNK):
+        _write_all(dst_fd, chunk)
+
+
+# ------------------------------------------------------------ canonicalize
+
+
+def canonicalize(path: str) -> str:
+    """``realpath`` of an existing path (symlinks and ``..`` resolved physically)."""
+    with translate_os_errors():
+        return os.path.realpath(path, strict=True)

@@ -1,0 +1,157 @@
+"""Route one filesystem call: run it directly in a worker thread, or confined.
+
+Shared by the server's ``fs/*`` handlers and the client's in-process
+``LocalFileSystem`` so both behave identically (PROTOCOL.md §9.1 routing):
+
+| sandbox context                                           | route    |
+|-----------------------------------------------------------|----------|
+| absent / ``null``                                         | direct   |
+| legacy ``danger-full-access`` / ``external-sandbox``      | direct   |
+| current ``disabled`` / ``external`` / managed+unrestricted | direct   |
+| legacy ``read-only`` / ``workspace-write``, current managed+restricted | confined |
+
+Confined calls go to the sandboxed-filesystem service (``fs/sandboxed.py``);
+when none is configured they fail closed with ``-32600`` and the upstream text
+(PROTOCOL.md §10.7) - never unconfined.
+
+Direct calls run :mod:`exec_server.fs.ops` in a worker thread so a big copy
+or remove never stalls the event loop (other connections keep being served).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Protocol
+
+from exec_server.exceptions import InvalidRequestError
+from exec_server.fs import ops
+from exec_server.fs.ops import DirEntry, Metadata
+
+__all__ = [
+    "DIRECT",
+    "NO_RUNTIME_PATHS",
+    "ConfinedFileSystem",
+    "FileSystemService",
+    "FsRoute",
+]
+
+NO_RUNTIME_PATHS = "sandboxed filesystem operations require configured runtime paths"
+
+
+@dataclass(frozen=True, slots=True)
+class FsRoute:
+    """Where one call runs.
+
+    Attributes:
+        confined: the call must run under the platform sandbox.
+        context: the sandbox-policy layer's decoded context, handed to the
+            confined service untouched (``None`` for direct calls).
+    """
+
+    confined: bool
+    context: object = None
+
+
+DIRECT = FsRoute(confined=False)
+
+
+class ConfinedFileSystem(Protocol):
+    """What the sandboxed-filesystem service offers (one call per operation)."""
+
+    async def read_file(self, context: object, path: str) -> bytes: ...
+
+    async def write_file(self, context: object, path: str, data: bytes) -> None: ...
+
+    async def create_directory(self, context: object, path: str, recursive: bool) -> None: ...
+
+    async def get_metadata(self, context: object, path: str) -> Metadata: ...
+
+    async def read_directory(self, context: object, path: str) -> list[DirEntry]: ...
+
+    async def remove(self, context: object, path: str, recursive: bool, force: bool) -> None: ...
+
+    async def copy(
+        self, context: object, source: str, destination: str, recursive: bool
+    ) -> None: ...
+
+    async def canonicalize(self, context: object, path: str) -> str: ...
+
+
+class FileSystemService:
+    """Typed async filesystem API; every method takes the call's :class:`FsRoute`.
+
+    Args:
+        confined: the sandboxed-filesystem service, or ``None`` (confined
+            calls then fail closed).
+    """
+
+    def __init__(self, confined: ConfinedFileSystem | None = None) -> None:
+        self._confined = confined
+
+    def _confined_or_refuse(self, route: FsRoute) -> ConfinedFileSystem:
+        if self._confined is None:
+            raise InvalidRequestError(NO_RUNTIME_PATHS)
+        return self._confined
+
+    async def read_file(
+        self, path: str, route: FsRoute = DIRECT, *, directory_is_invalid: bool = False
+    ) -> bytes:
+        """Whole file contents (cap :data:`~exec_server.fs.ops.READ_LIMIT`)."""
+        if route.confined:
+            return await self._confined_or_refuse(route).read_file(route.context, path)
+        return await asyncio.to_thread(
+            ops.read_file, path, directory_is_invalid=directory_is_invalid
+        )
+
+    async def write_file(
+        self, path: str, data: bytes | bytearray | memoryview, route: FsRoute = DIRECT
+    ) -> None:
+        """Create or atomically replace ``path``."""
+        if route.confined:
+            return await self._confined_or_refuse(route).write_file(
+                route.context, path, bytes(data) if not isinstance(data, bytes) else data
+            )
+        await asyncio.to_thread(ops.write_file, path, data)
+
+    async def create_directory(
+        self, path: str, route: FsRoute = DIRECT, *, recursive: bool = True
+    ) -> None:
+        if route.confined:
+            return await self._confined_or_refuse(route).create_directory(
+                route.context, path, recursive
+            )
+        await asyncio.to_thread(ops.create_directory, path, recursive=recursive)
+
+    async def get_metadata(self, path: str, route: FsRoute = DIRECT) -> Metadata:
+        if route.confined:
+            return await self._confined_or_refuse(route).get_metadata(route.context, path)
+        return await asyncio.to_thread(ops.get_metadata, path)
+
+    async def read_directory(self, path: str, route: FsRoute = DIRECT) -> list[DirEntry]:
+        if route.confined:
+            return await self._confined_or_refuse(route).read_directory(route.context, path)
+        return await asyncio.to_thread(ops.read_directory, path)
+
+    async def remove(
+        self, path: str, route: FsRoute = DIRECT, *, recursive: bool = True, force: bool = True
+    ) -> None:
+        if route.confined:
+            return await self._confined_or_refuse(route).remove(
+                route.context, path, recursive, force
+            )
+        await asyncio.to_thread(ops.remove, path, recursive=recursive, force=force)
+
+    async def copy(
+        self, source: str, destination: str, route: FsRoute = DIRECT, *, recursive: bool
+    ) -> None:
+        if route.confined:
+            return await self._confined_or_refuse(route).copy(
+                route.context, source, destination, recursive
+            )
+        await asyncio.to_thread(ops.copy, source, destination, recursive=recursive)
+
+    async def canonicalize(self, path: str, route: FsRoute = DIRECT) -> str:
+        if route.confined:
+            return await self._confined_or_refuse(route).canonicalize(route.context, path)
+        return await asyncio.to_thread(ops.canonicalize, path)

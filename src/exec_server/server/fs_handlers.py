@@ -1,0 +1,180 @@
+"""``fs/*`` request handlers: wire structs <-> :class:`FileSystemService` calls.
+
+Each handler parses its path members (plain absolute path or ``file://`` URI,
+lexically normalised; PROTOCOL.md §5.2, CLIENT_COMPAT.md §1.3), turns the raw
+``sandbox`` member into a route, and calls the shared service. Answers follow
+the generation of the request's primary path (CLIENT_COMPAT.md §1.2): a URI
+request gets ``isSymlink``/``size`` in ``fs/getMetadata`` and ``-32600 path
+`/x` is not a file`` for ``fs/readFile`` of a directory; paths in results use
+the request's form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+
+import msgspec
+
+from exec_server.exceptions import InvalidParamsError, InvalidRequestError
+from exec_server.fs.context import route_from_wire
+from exec_server.fs.ops import lossy_name
+from exec_server.fs.service import FileSystemService, FsRoute
+from exec_server.protocol import fs_types as t
+from exec_server.protocol.paths import PathForm, parse_wire_path
+from exec_server.server.router import RequestContext, Router
+
+__all__ = ["decode_data_base64", "register"]
+
+_B64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+
+
+def _service(ctx: RequestContext) -> FileSystemService:
+    return FileSystemService(ctx.services.fs_sandbox)
+
+
+def _route(raw: t.SandboxField) -> FsRoute:
+    sandbox = t.sandbox_raw(raw)
+    return route_from_wire(None if sandbox is None else bytes(sandbox))
+
+
+def _base64_error_text(data: bytes) -> str:
+    """Upstream's (Rust ``base64`` crate) wording for the first defect in ``data``."""
+    end = len(data)
+    while end and data[end - 1] == ord("="):
+        end -= 1
+    for offset, byte in enumerate(data):
+        if byte not in _B64_ALPHABET and not (byte == ord("=") and offset >= end):
+            return f"Invalid symbol {byte}, offset {offset}."
+    if end % 4 == 1:
+        return "Invalid input length."
+    if len(data) % 4 != 0 or len(data) - end > 2:
+        return "Invalid padding"
+    return f"Invalid last symbol {data[end - 1]}, offset {end - 1}."
+
+
+def decode_data_base64(raw: msgspec.Raw) -> bytes:
+    """Decode ``dataBase64`` from its raw JSON token without an intermediate ``str``.
+
+    Raises:
+        InvalidParamsError: the member is not a JSON string (-32602).
+        InvalidRequestError: the string is not strict, padded base64 (-32600,
+            ``fs/writeFile requires valid base64 dataBase64: <error>``).
+    """
+    view = memoryview(raw)
+    if len(view) < 2 or view[0] != ord('"') or view[-1] != ord('"'):
+        try:
+            msgspec.json.decode(raw, type=str)
+        except msgspec.ValidationError as exc:
+            raise InvalidParamsError(f"{exc} - at `$.dataBase64`") from exc
+    try:
+        return binascii.a2b_base64(view[1:-1], strict_mode=True)
+    except binascii.Error:
+        pass
+    # Slow path: JSON escapes (``\/``), or really invalid base64.
+    text = msgspec.json.decode(raw, type=str).encode("utf-8", "surrogatepass")
+    try:
+        return binascii.a2b_base64(text, strict_mode=True)
+    except binascii.Error as exc:
+        raise InvalidRequestError(
+            f"fs/writeFile requires valid base64 dataBase64: {_base64_error_text(text)}"
+        ) from exc
+
+
+async def read_file(ctx: RequestContext, params: t.ReadFileParams) -> t.ReadFileResult:
+    path = parse_wire_path(params.path)
+    data = await _service(ctx).read_file(
+        path.path, _route(params.sandbox), directory_is_invalid=path.form is PathForm.URI
+    )
+    return t.ReadFileResult(data_base64=data)
+
+
+async def write_file(ctx: RequestContext, params: t.WriteFileParams) -> t.EmptyResult:
+    path = parse_wire_path(params.path)
+    route = _route(params.sandbox)
+    # Decoding tens of MiB takes a while: keep it off the event loop.
+    data = await asyncio.to_thread(decode_data_base64, params.data_base64)
+    await _service(ctx).write_file(path.path, data, route)
+    return t.EmptyResult()
+
+
+async def create_directory(ctx: RequestContext, params: t.CreateDirectoryParams) -> t.EmptyResult:
+    path = parse_wire_path(params.path)
+    recursive = True if params.recursive is None else params.recursive
+    await _service(ctx).create_directory(path.path, _route(params.sandbox), recursive=recursive)
+    return t.EmptyResult()
+
+
+async def get_metadata(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetMetadataResult:
+    path = parse_wire_path(params.path)
+    meta = await _service(ctx).get_metadata(path.path, _route(params.sandbox))
+    if path.form is PathForm.URI:
+        return t.GetMetadataResult(
+            is_directory=meta.is_directory,
+            is_file=meta.is_file,
+            is_symlink=bool(meta.is_symlink),
+            size=meta.size or 0,
+            created_at_ms=meta.created_at_ms,
+            modified_at_ms=meta.modified_at_ms,
+        )
+    return t.GetMetadataResult(
+        is_directory=meta.is_directory,
+        is_file=meta.is_file,
+        created_at_ms=meta.created_at_ms,
+        modified_at_ms=meta.modified_at_ms,
+    )
+
+
+async def read_directory(
+    ctx: RequestContext, params: t.ReadDirectoryParams
+) -> t.ReadDirectoryResult:
+    path = parse_wire_path(params.path)
+    entries = await _service(ctx).read_directory(path.path, _route(params.sandbox))
+    return t.ReadDirectoryResult(
+        entries=[
+            t.DirectoryEntry(
+                file_name=lossy_name(e.file_name), is_directory=e.is_directory, is_file=e.is_file
+            )
+            for e in entries
+        ]
+    )
+
+
+async def remove(ctx: RequestContext, params: t.RemoveParams) -> t.EmptyResult:
+    path = parse_wire_path(params.path)
+    await _service(ctx).remove(
+        path.path,
+        _route(params.sandbox),
+        recursive=True if params.recursive is None else params.recursive,
+        force=True if params.force is None else params.force,
+    )
+    return t.EmptyResult()
+
+
+async def copy(ctx: RequestContext, params: t.CopyParams) -> t.EmptyResult:
+    source = parse_wire_path(params.source_path)
+    destination = parse_wire_path(params.destination_path)
+    await _service(ctx).copy(
+        source.path, destination.path, _route(params.sandbox), recursive=params.recursive
+    )
+    return t.EmptyResult()
+
+
+async def canonicalize(ctx: RequestContext, params: t.CanonicalizeParams) -> t.CanonicalizeResult:
+    path = parse_wire_path(params.path)
+    resolved = await _service(ctx).canonicalize(path.path, _route(params.sandbox))
+    if path.form is PathForm.PLAIN:
+        resolved = lossy_name(resolved)  # JSON strings cannot carry raw bytes
+    return t.CanonicalizeResult(path=path.render(resolved))
+
+
+def register(router: Router) -> None:
+    """Add every ``fs/*`` method (family ``filesystem``, PROTOCOL.md §4.3)."""
+    router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem")
+    router.add(t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem")
+    router.add(t.METHOD_CREATE_DIRECTORY, t.CreateDirectoryParams, create_directory, "filesystem")
+    router.add(t.METHOD_GET_METADATA, t.GetMetadataParams, get_metadata, "filesystem")
+    router.add(t.METHOD_READ_DIRECTORY, t.ReadDirectoryParams, read_directory, "filesystem")
+    router.add(t.METHOD_REMOVE, t.RemoveParams, remove, "filesystem")
+    router.add(t.METHOD_COPY, t.CopyParams, copy, "filesystem")
+    router.add(t.METHOD_CANONICALIZE, t.CanonicalizeParams, canonicalize, "filesystem")
