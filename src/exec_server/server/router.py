@@ -173,5 +173,3 @@ class Router:
         except Exception:
             logger.exception("handler for %s (id %r) failed", request.method, request.id)
             return encode_error(request.id, ErrorCode.INTERNAL_ERROR, INTERNAL_ERROR_TEXT)
-        finally:
-            ctx.released.set()

@@ -1,0 +1,150 @@
+"""``exec-server serve``: flags -> :class:`ServerConfig`, logging to stderr, run.
+
+The bound ``ws://IP:PORT`` is the only line ever written to stdout (flushed at
+once, PROTOCOL.md §2.3); with ``--listen stdio`` stdout carries the protocol
+and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from exec_server.config import (
+    DEFAULT_CLOSED_RETENTION,
+    DEFAULT_DETACH_TTL,
+    DEFAULT_LISTEN,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    ServerConfig,
+)
+from exec_server.rpc.listen import ListenUrlError, parse_listen_url
+from exec_server.server.app import run_server
+
+__all__ = ["register", "run"]
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional K/M/G suffix (binary units)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    text = text.strip().lower().removesuffix("ib").removesuffix("b")
+    factor = units.get(text[-1:], 1)
+    if factor != 1:
+        text = text[:-1]
+    try:
+        value = int(float(text) * factor)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("size must be positive")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("seconds must be >= 0")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``serve`` subcommand."""
+    p = subparsers.add_parser(
+        "serve",
+        help="serve the exec-server protocol over WebSocket or stdio",
+        description="Serve the exec-server JSON-RPC protocol. Prints the bound "
+        "ws://IP:PORT as the only line on stdout.",
+    )
+    p.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="URL",
+        help=f"ws://IP:PORT (port 0 = any) or stdio (default {DEFAULT_LISTEN})",
+    )
+    p.add_argument(
+        "--detach-ttl",
+        type=_seconds,
+        default=DEFAULT_DETACH_TTL,
+        metavar="SECONDS",
+        help="keep a disconnected session's processes this long for resume "
+        f"(default {DEFAULT_DETACH_TTL:g})",
+    )
+    p.add_argument(
+        "--closed-retention",
+        type=_seconds,
+        default=DEFAULT_CLOSED_RETENTION,
+        metavar="SECONDS",
+        help=f"keep closed processes readable this long (default {DEFAULT_CLOSED_RETENTION:g})",
+    )
+    p.add_argument(
+        "--lossless-output",
+        action="store_true",
+        help="pause a child's output instead of dropping the oldest bytes when its "
+        "1 MiB buffer is full",
+    )
+    p.add_argument(
+        "--max-message-size",
+        type=_size,
+        default=DEFAULT_MAX_MESSAGE_SIZE,
+        metavar="BYTES",
+        help="largest inbound message (K/M/G suffixes; default 1G); larger ones get an error",
+    )
+    p.add_argument(
+        "--allow-unsandboxed",
+        action="store_true",
+        help="allow running when no platform sandbox is available",
+    )
+    p.add_argument(
+        "--sandbox-backend",
+        choices=("auto", "bwrap", "landlock"),
+        default="auto",
+        help="Linux sandbox mechanism (default auto)",
+    )
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("EXEC_SERVER_LOG", "warning"),
+        choices=("debug", "info", "warning", "error"),
+        help="stderr log level (default: $EXEC_SERVER_LOG or warning)",
+    )
+    p.set_defaults(func=run)
+
+
+def _announce(url: str) -> None:
+    sys.stdout.write(url + "\n")
+    sys.stdout.flush()
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Run the server until SIGTERM/SIGINT; 0 on a clean stop, 1 on start-up errors."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, str(ns.log_level).upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        parse_listen_url(ns.listen)
+        config = ServerConfig(
+            listen=ns.listen,
+            detach_ttl=ns.detach_ttl,
+            closed_retention=ns.closed_retention,
+            lossless_output=ns.lossless_output,
+            max_message_size=ns.max_message_size,
+            allow_unsandboxed=ns.allow_unsandboxed,
+            sandbox_backend=ns.sandbox_backend,
+        )
+    except (ListenUrlError, ValueError) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(run_server(config, announce=_announce))
+    except OSError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

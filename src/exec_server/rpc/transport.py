@@ -1,0 +1,217 @@
+"""Message transports: one JSON-RPC message per WebSocket message or per line.
+
+The only module that imports ``websockets``. A transport moves whole
+messages as bytes; it neither parses JSON nor knows about methods. Both the
+server (``server/app.py``) and clients can use these adapters.
+
+Size limit (issue 2 "larger ones get a clear error, not a dropped
+connection"): websockets' own ``max_size`` fails the connection with close
+code 1009, so the WebSocket transport instead receives messages fragment by
+fragment and, once a message grows past ``max_message_size``, discards the
+rest of it and reports :class:`OversizedMessage`. A single *frame* is still
+buffered whole by websockets before we see it, so frames larger than
+``frame_hard_limit`` (default: twice the message limit) still close the
+connection with 1009: that is the memory guard. The line transport discards
+oversized lines chunk by chunk and never buffers more than the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from dataclasses import dataclass
+from typing import Final, Protocol, TypeAlias
+
+from websockets.asyncio.connection import Connection
+from websockets.exceptions import ConnectionClosed
+
+__all__ = [
+    "HEAD_SIZE",
+    "Inbound",
+    "MessageTransport",
+    "OversizedMessage",
+    "StreamTransport",
+    "WebSocketTransport",
+    "set_nodelay",
+]
+
+#: bytes of an oversized message kept so its ``id`` can still be answered.
+HEAD_SIZE: Final = 256
+_READ_CHUNK: Final = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class OversizedMessage:
+    """A message larger than the limit; its body was discarded.
+
+    Attributes:
+        size: bytes received for it (at least ``limit + 1``).
+        limit: the configured maximum.
+        head: its first bytes, to recover the request id.
+    """
+
+    size: int
+    limit: int
+    head: bytes
+
+
+#: What ``receive`` returns: a message, an oversized marker, or None at EOF.
+Inbound: TypeAlias = bytes | OversizedMessage | None
+
+
+class MessageTransport(Protocol):
+    """A bidirectional, message-framed connection."""
+
+    #: human label used in logs and parse-error texts (PROTOCOL.md §3.6).
+    label: str
+    #: ``"websocket"`` or ``"line"``; picks the parse-error wording.
+    kind: str
+
+    async def receive(self) -> Inbound:
+        """Next inbound message; None once the peer is gone."""
+        ...
+
+    async def send(self, data: bytes) -> None:
+        """Send one UTF-8 JSON message (waits for buffer space: backpressure).
+
+        Raises:
+            ConnectionError: the connection is closed.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Close; idempotent."""
+        ...
+
+
+def set_nodelay(sock: socket.socket | None) -> None:
+    """Disable Nagle on a TCP socket (small request/response messages)."""
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class WebSocketTransport:
+    """Adapter over a websockets asyncio connection (server or client side).
+
+    Sends Text frames; accepts Text and Binary frames.
+    """
+
+    kind = "websocket"
+
+    def __init__(self, ws: Connection, *, label: str, max_message_size: int) -> None:
+        self.ws = ws
+        self.label = label
+        self.max_message_size = max_message_size
+
+    async def receive(self) -> Inbound:
+        limit = self.max_message_size
+        parts: list[bytes] = []
+        size = 0
+        head = b""
+        try:
+            async for fragment in self.ws.recv_streaming(decode=False):
+                size += len(fragment)
+                if size > limit:
+                    if not head:
+                        head = (b"".join(parts) + fragment)[:HEAD_SIZE]
+                        parts.clear()
+                    continue
+                parts.append(fragment)
+        except ConnectionClosed:
+            return None
+        if size > limit:
+            return OversizedMessage(size, limit, head)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self.ws.send(data, text=True)
+        except ConnectionClosed as exc:
+            raise ConnectionResetError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        await self.ws.close()
+
+
+class StreamTransport:
+    """Newline-delimited JSON over a byte stream (PROTOCOL.md §2.6).
+
+    Blank lines are ignored; EOF means disconnect; each write is flushed.
+    """
+
+    kind = "line"
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        label: str,
+        max_message_size: int,
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.label = label
+        self.max_message_size = max_message_size
+        self._buffer = bytearray()
+        self._eof = False
+
+    async def receive(self) -> Inbound:
+        limit = self.max_message_size
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline >= 0:
+                if newline > limit:
+                    head = bytes(self._buffer[:HEAD_SIZE])
+                    del self._buffer[: newline + 1]
+                    return OversizedMessage(newline, limit, head)
+                line = bytes(self._buffer[:newline])
+                del self._buffer[: newline + 1]
+                if line.strip():
+                    return line
+                continue
+            if self._eof:
+                if self._buffer.strip():
+                    line = bytes(self._buffer)
+                    self._buffer.clear()
+                    return line
+                return None
+            if len(self._buffer) > limit:
+                return await self._discard_line()
+            chunk = await self.reader.read(_READ_CHUNK)
+            if not chunk:
+                self._eof = True
+            else:
+                self._buffer += chunk
+
+    async def _discard_line(self) -> OversizedMessage:
+        head = bytes(self._buffer[:HEAD_SIZE])
+        size = len(self._buffer)
+        self._buffer.clear()
+        while True:
+            chunk = await self.reader.read(_READ_CHUNK)
+            if not chunk:
+                self._eof = True
+                return OversizedMessage(size, self.max_message_size, head)
+            newline = chunk.find(b"\n")
+            if newline >= 0:
+                size += newline
+                self._buffer += chunk[newline + 1 :]
+                return OversizedMessage(size, self.max_message_size, head)
+            size += len(chunk)
+
+    async def send(self, data: bytes) -> None:
+        if self.writer.is_closing():
+            raise ConnectionResetError("stream closed")
+        self.writer.write(data)
+        self.writer.write(b"\n")
+        await self.writer.drain()
+
+    async def aclose(self) -> None:
+        if not self.writer.is_closing():
+            self.writer.close()
+        with contextlib.suppress(OSError, ConnectionError):
+            await self.writer.wait_closed()

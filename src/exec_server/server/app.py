@@ -1,0 +1,376 @@
+"""The exec-server: accept connections, run one processor per connection.
+
+:class:`ConnectionProcessor` drives one connection (PROTOCOL.md §2.7, §3.5,
+§4): a reader task pulls messages off the transport into a bounded queue
+(128, §14); the dispatcher handles them in arrival order. Requests start in
+order and, by default, each is finished (and answered) before the next one
+starts - the reference behaviour, which keeps pipelined ``process/start`` +
+``process/write`` ordered. A handler that is about to block (a long-poll
+``process/read``) calls ``ctx.unblock()`` so later requests proceed while it
+waits; its answer is sent whenever it is ready (answers are matched by id).
+``initialize`` and ``initialized`` are always handled inline, so their
+ordering holds.
+
+A disconnect aborts in-flight handlers at once, then detaches the session
+(processes keep running for the detach TTL). Closing on protocol violations
+(unexpected notifications, client responses, eviction) ends the connection
+the same way, without a reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+from collections.abc import Callable
+from typing import Final
+
+import msgspec
+from websockets.asyncio.server import Server, ServerConnection, serve
+
+from exec_server.config import ServerConfig
+from exec_server.exceptions import ErrorCode, ProtocolClosedError
+from exec_server.protocol.codec import ProtocolError, decode_message, encode_error
+from exec_server.protocol.codec import encode_notification as _encode_notification
+from exec_server.protocol.messages import (
+    MALFORMED_ID,
+    ErrorResponse,
+    InitializeParams,
+    InitializeResult,
+    Notification,
+    Request,
+    RequestId,
+    Response,
+)
+from exec_server.rpc.listen import STDIO, ListenAddress, format_ws_url, parse_listen_url
+from exec_server.rpc.transport import (
+    MessageTransport,
+    OversizedMessage,
+    StreamTransport,
+    WebSocketTransport,
+    set_nodelay,
+)
+from exec_server.server import env_handlers
+from exec_server.server.router import RequestContext, Router
+from exec_server.server.services import ServerServices
+from exec_server.server.session import Attachment, SessionRegistry
+
+__all__ = [
+    "ConnectionProcessor",
+    "ExecServer",
+    "build_router",
+    "handle_initialize",
+    "run_server",
+]
+
+logger = logging.getLogger("exec_server.server")
+
+#: inbound queue depth per connection (PROTOCOL.md §14).
+INBOUND_QUEUE: Final = 128
+_ID_PREFIX: Final = re.compile(rb'^\s*\{\s*"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
+
+
+async def handle_initialize(ctx: RequestContext, params: InitializeParams) -> InitializeResult:
+    """Create or resume a session and attach this connection (§4.1)."""
+    att = ctx.attachment
+    att.handshake.begin_initialize()
+    try:
+        if params.resume_session_id is None:
+            session = ctx.registry.create(att)
+        else:
+            session = await ctx.registry.resume(params.resume_session_id, att)
+    except BaseException:
+        att.handshake.initialize_failed()
+        raise
+    att.handshake.initialize_succeeded()
+    logger.info(
+        "%s: client %r attached to session %s", att.label, params.client_name, session.session_id
+    )
+    return InitializeResult(session.session_id, env_handlers.environment_info())
+
+
+def build_router() -> Router:
+    """The full method table: lifecycle plus every feature module."""
+    router = Router()
+    router.add("initialize", InitializeParams, handle_initialize, None)
+    env_handlers.register(router)
+    for name in ("process_handlers", "fs_handlers"):
+        # Interim: feature modules of other areas may not have landed yet.
+        try:
+            module = __import__(f"exec_server.server.{name}", fromlist=["register"])
+        except ImportError as exc:
+            if exc.name != f"exec_server.server.{name}":
+                raise
+            logger.warning("feature module %s missing", name)
+            continue
+        module.register(router)
+    return router
+
+
+def _sniff_id(head: bytes) -> RequestId:
+    """The id of a message we refuse to parse, if it comes first; else -1."""
+    match = _ID_PREFIX.match(head)
+    if match is None:
+        return MALFORMED_ID
+    try:
+        value: RequestId = msgspec.json.decode(match.group(1), type=int | str)
+    except msgspec.DecodeError:
+        return MALFORMED_ID
+    return value
+
+
+class ConnectionProcessor:
+    """One connection: handshake, ordered dispatch, notifications, teardown."""
+
+    def __init__(
+        self,
+        transport: MessageTransport,
+        *,
+        router: Router,
+        services: ServerServices,
+        registry: SessionRegistry,
+    ) -> None:
+        self.transport = transport
+        self.router = router
+        self.services = services
+        self.registry = registry
+        self.attachment = Attachment(transport.label, self._notify)
+        self._inbound: asyncio.Queue[bytes | OversizedMessage | None] = asyncio.Queue(INBOUND_QUEUE)
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._close_reason: str | None = None
+        self._close_requested = asyncio.Event()
+
+    # -- outbound ---------------------------------------------------------
+
+    async def _send(self, data: bytes) -> None:
+        if self._closed:
+            return
+        try:
+            await self.transport.send(data)
+        except (ConnectionError, OSError) as exc:
+            logger.debug("%s: send failed: %s", self.transport.label, exc)
+            self._closed = True
+
+    async def _notify(self, method: str, params: msgspec.Struct) -> None:
+        """The session's notification sink while we are attached."""
+        await self._send(_encode_notification(method, params))
+
+    # -- main loop --------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until the peer disconnects or the protocol says close."""
+        reader = asyncio.create_task(self._read_loop())
+        dispatcher = asyncio.create_task(self._dispatch_loop())
+        closer = asyncio.create_task(self._close_requested.wait())
+        try:
+            await asyncio.wait({reader, dispatcher, closer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._closed = True
+            tasks = [reader, dispatcher, closer, *self._handlers]
+            for task in tasks:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for result in results:
+                if isinstance(result, Exception):
+                    logger.error("%s: task failed", self.transport.label, exc_info=result)
+            self.registry.detach(self.attachment)
+            with contextlib.suppress(Exception):
+                await self.transport.aclose()
+            logger.debug("%s: closed (%s)", self.transport.label, self._close_reason or "eof")
+
+    async def _read_loop(self) -> None:
+        while True:
+            item = await self.transport.receive()
+            if item is None:
+                return
+            await self._inbound.put(item)
+
+    def _request_close(self, reason: str) -> None:
+        if self._close_reason is None:
+            self._close_reason = reason
+        self._close_requested.set()
+
+    async def _dispatch_loop(self) -> None:
+        while not self._close_requested.is_set():
+            item = await self._inbound.get()
+            if self.attachment.evicted:
+                self._request_close("session resumed by another connection")
+                return
+            try:
+                await self._handle(item)
+            except ProtocolClosedError as exc:
+                self._request_close(str(exc))
+                return
+            if self._closed:
+                return
+
+    async def _handle(self, item: bytes | OversizedMessage | None) -> None:
+        if isinstance(item, OversizedMessage):
+            await self._send(
+                encode_error(
+                    _sniff_id(item.head),
+                    ErrorCode.INVALID_REQUEST,
+                    f"JSON-RPC message from {self.transport.label} is too large: "
+                    f"{item.size} bytes exceeds the limit of {item.limit} bytes",
+                )
+            )
+            return
+        assert item is not None
+        try:
+            message = decode_message(item)
+        except ProtocolError as exc:
+            prefix = (
+                "failed to parse websocket JSON-RPC message from"
+                if self.transport.kind == "websocket"
+                else "failed to parse JSON-RPC message from"
+            )
+            await self._send(
+                encode_error(
+                    MALFORMED_ID,
+                    ErrorCode.INVALID_REQUEST,
+                    f"{prefix} {self.transport.label}: {exc.message}",
+                )
+            )
+            return
+        if isinstance(message, Request):
+            await self._start_request(message)
+        elif isinstance(message, Notification):
+            if message.method != "initialized":
+                raise ProtocolClosedError(f"unexpected notification `{message.method}`")
+            att = self.attachment
+            att.handshake.on_initialized(attached=att.attached)
+        else:
+            assert isinstance(message, (Response, ErrorResponse))
+            raise ProtocolClosedError("unexpected response from client")
+
+    async def _start_request(self, request: Request) -> None:
+        ctx = RequestContext(
+            request.id, request.method, self.attachment, self.services, self.registry
+        )
+        task = asyncio.create_task(self._run_request(ctx, request))
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+        await ctx.released.wait()
+
+    async def _run_request(self, ctx: RequestContext, request: Request) -> None:
+        try:
+            reply = await self.router.dispatch(ctx, request)
+            await self._send(reply)
+        except ProtocolClosedError as exc:
+            self._request_close(str(exc))
+        finally:
+            ctx.released.set()
+
+
+class ExecServer:
+    """Shared state of one server process: config, services, sessions, router."""
+
+    def __init__(self, config: ServerConfig, services: ServerServices | None = None) -> None:
+        self.config = config
+        self.services = services if services is not None else ServerServices.create(config)
+        self.registry = SessionRegistry(config)
+        self.router = build_router()
+        self._connections: set[asyncio.Task[None]] = set()
+
+    def processor(self, transport: MessageTransport) -> ConnectionProcessor:
+        return ConnectionProcessor(
+            transport, router=self.router, services=self.services, registry=self.registry
+        )
+
+    async def handle_websocket(self, ws: ServerConnection) -> None:
+        """websockets connection handler: one processor per socket."""
+        set_nodelay(ws.transport.get_extra_info("socket"))
+        peer = ws.remote_address
+        label = f"exec-server websocket {peer[0]}:{peer[1]}" if peer else "exec-server websocket"
+        if peer and ":" in str(peer[0]):
+            label = f"exec-server websocket [{peer[0]}]:{peer[1]}"
+        transport = WebSocketTransport(
+            ws, label=label, max_message_size=self.config.max_message_size
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await self.processor(transport).run()
+        finally:
+            self._connections.discard(task)
+
+    async def listen_websocket(self, address: ListenAddress) -> Server:
+        """Bind and start accepting; the caller closes the returned server."""
+        limit = self.config.max_message_size
+        return await serve(
+            self.handle_websocket,
+            address.host,
+            address.port,
+            compression=None,
+            ping_interval=None,
+            max_size=(None, 2 * limit + (1 << 20)),
+            write_limit=1 << 20,
+            server_header=None,
+        )
+
+    async def aclose(self) -> None:
+        """Kill every session's processes and release services."""
+        await self.registry.aclose()
+        await self.services.aclose()
+
+
+async def _open_stdio(label: str, max_message_size: int) -> StreamTransport:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 16)
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", buffering=0, closefd=False)
+    )
+    w_transport, w_protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, os.fdopen(1, "wb", buffering=0, closefd=False)
+    )
+    writer = asyncio.StreamWriter(w_transport, w_protocol, None, loop)
+    return StreamTransport(reader, writer, label=label, max_message_size=max_message_size)
+
+
+async def run_server(
+    config: ServerConfig, *, announce: Callable[[str], None] | None = None
+) -> None:
+    """Run until SIGTERM/SIGINT (or stdin EOF with ``--listen stdio``).
+
+    ``announce`` receives the bound ``ws://IP:PORT`` (the CLI prints it).
+
+    Raises:
+        ListenUrlError: bad ``config.listen``.
+        OSError: the address cannot be bound.
+    """
+    target = parse_listen_url(config.listen)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = ExecServer(config)
+    try:
+        if target == STDIO:
+            transport = await _open_stdio("exec-server stdio", config.max_message_size)
+            conn = asyncio.create_task(server.processor(transport).run())
+            stopper = asyncio.create_task(stop.wait())
+            await asyncio.wait({conn, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (conn, stopper):
+                task.cancel()
+            await asyncio.gather(conn, stopper, return_exceptions=True)
+        else:
+            assert isinstance(target, ListenAddress)
+            ws_server = await server.listen_websocket(target)
+            sock = next(iter(ws_server.sockets))
+            host, port = sock.getsockname()[:2]
+            if announce is not None:
+                announce(format_ws_url(host, port))
+            try:
+                await stop.wait()
+            finally:
+                ws_server.close(close_connections=True)
+                await ws_server.wait_closed()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await server.aclose()
