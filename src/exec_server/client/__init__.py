@@ -1,1 +1,45 @@
-"""client package."""
+"""Async client library: talk to an exec-server, or run the same API locally.
+
+Entry points: :class:`ExecServerClient` (one connection), :class:`ProcessHandle`
+(one process), :class:`ExecBackend` with remote and local implementations, and
+:class:`EnvironmentManager` (choose remote/local from a URL). The filesystem
+half lives in :mod:`exec_server.client.fs`.
+"""
+
+from exec_server.client.backend import ExecBackend as ExecBackend
+from exec_server.client.backend import LocalExecBackend as LocalExecBackend
+from exec_server.client.backend import RemoteExecBackend as RemoteExecBackend
+from exec_server.client.connection import ExecServerClient as ExecServerClient
+from exec_server.client.environment import Environment as Environment
+from exec_server.client.environment import EnvironmentManager as EnvironmentManager
+from exec_server.client.environment import RuntimePaths as RuntimePaths
+from exec_server.client.environment import (
+    normalize_exec_server_url as normalize_exec_server_url,
+)
+from exec_server.client.errors import ClientClosedError as ClientClosedError
+from exec_server.client.errors import ClientError as ClientError
+from exec_server.client.errors import ConnectionLostError as ConnectionLostError
+from exec_server.client.errors import HandshakeError as HandshakeError
+from exec_server.client.process import CompletedProcess as CompletedProcess
+from exec_server.client.process import ProcessHandle as ProcessHandle
+from exec_server.client.process import RemoteProcess as RemoteProcess
+from exec_server.client.process import Signal as Signal
+
+__all__ = [
+    "ClientClosedError",
+    "ClientError",
+    "CompletedProcess",
+    "ConnectionLostError",
+    "Environment",
+    "EnvironmentManager",
+    "ExecBackend",
+    "ExecServerClient",
+    "HandshakeError",
+    "LocalExecBackend",
+    "ProcessHandle",
+    "RemoteExecBackend",
+    "RemoteProcess",
+    "RuntimePaths",
+    "Signal",
+    "normalize_exec_server_url",
+]

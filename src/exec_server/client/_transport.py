@@ -1,0 +1,176 @@
+"""Message transports for the client: WebSocket and a spawned stdio server.
+
+A transport moves whole JSON-RPC messages (one WebSocket text frame or one line
+each, PROTOCOL.md §2.5-§2.6). ``recv()`` returns ``None`` at a clean end of
+stream and raises :class:`ConnectionLostError` when the peer breaks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+from exec_server.client.errors import ConnectionLostError, HandshakeError
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "StdioTransport",
+    "Transport",
+    "WebSocketTransport",
+    "default_stdio_argv",
+]
+
+#: Largest inbound message the client accepts (a 512 MiB ``fs/readFile`` reply in base64).
+DEFAULT_MAX_MESSAGE_SIZE: Final = 1 << 30
+#: Seconds a spawned stdio server gets to exit after its stdin is closed.
+_STDIO_EXIT_GRACE: Final = 5.0
+
+
+class Transport(Protocol):
+    """A bidirectional message pipe."""
+
+    async def send(self, data: bytes) -> None: ...
+
+    async def recv(self) -> bytes | str | None: ...
+
+    async def aclose(self) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+class WebSocketTransport:
+    """One WebSocket connection; TCP_NODELAY so small requests are not held by Nagle."""
+
+    def __init__(self, ws: ClientConnection, url: str) -> None:
+        self._ws = ws
+        self._url = url
+
+    @classmethod
+    async def open(
+        cls, url: str, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    ) -> WebSocketTransport:
+        """Connect to ``url`` (``ws://HOST:PORT``).
+
+        Raises:
+            HandshakeError: bad URL, refused, or the WebSocket upgrade failed.
+        """
+        try:
+            ws = await websockets.connect(
+                url,
+                max_size=max_message_size,
+                compression=None,
+                ping_interval=None,
+                close_timeout=2,
+                proxy=None,
+            )
+        except (OSError, websockets.WebSocketException) as exc:
+            raise HandshakeError(f"cannot connect to {url}: {exc}") from exc
+        sock = ws.transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(ws, url)
+
+    async def send(self, data: bytes) -> None:
+        try:
+            # Text frame (the upstream framing), without a decode/encode round trip.
+            await self._ws.send(data, text=True)
+        except websockets.ConnectionClosed as exc:
+            raise ConnectionLostError(_close_reason(exc)) from exc
+
+    async def recv(self) -> bytes | str | None:
+        try:
+            return await self._ws.recv(decode=False)
+        except websockets.ConnectionClosedOK:
+            return None
+        except websockets.ConnectionClosed as exc:
+            raise ConnectionLostError(_close_reason(exc)) from exc
+
+    async def aclose(self) -> None:
+        await self._ws.close()
+
+    def describe(self) -> str:
+        return self._url
+
+
+def _close_reason(exc: websockets.ConnectionClosed) -> str:
+    rcvd = exc.rcvd
+    if rcvd is None:
+        return "connection closed without a close frame"
+    return f"connection closed ({rcvd.code}{': ' + rcvd.reason if rcvd.reason else ''})"
+
+
+def default_stdio_argv() -> list[str]:
+    """``python -m exec_server serve --listen stdio`` with this interpreter."""
+    return [sys.executable, "-m", "exec_server", "serve", "--listen", "stdio"]
+
+
+class StdioTransport:
+    """A child ``exec-server serve --listen stdio``; newline-delimited JSON on its pipes."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, argv: Sequence[str]) -> None:
+        self._proc = proc
+        self._argv = list(argv)
+        assert proc.stdin is not None and proc.stdout is not None
+        self._stdin = proc.stdin
+        self._stdout = proc.stdout
+
+    @classmethod
+    async def spawn(
+        cls,
+        argv: Sequence[str] | None = None,
+        *,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> StdioTransport:
+        """Start the server child; its stderr is inherited so its logs stay visible."""
+        args = list(argv) if argv is not None else default_stdio_argv()
+        proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=max_message_size,
+        )
+        return cls(proc, args)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    async def send(self, data: bytes) -> None:
+        try:
+            self._stdin.write(data + b"\n")
+            await self._stdin.drain()
+        except (ConnectionError, BrokenPipeError) as exc:
+            raise ConnectionLostError("stdio server closed its stdin") from exc
+
+    async def recv(self) -> bytes | str | None:
+        try:
+            line = await self._stdout.readline()
+        except (ValueError, asyncio.LimitOverrunError) as exc:
+            raise ConnectionLostError("message exceeds the size limit") from exc
+        if not line:
+            return None
+        return line
+
+    async def aclose(self) -> None:
+        """Close stdin (the server exits at EOF), then reap it; kill if it lingers."""
+        if not self._stdin.is_closing():
+            self._stdin.close()
+        with contextlib.suppress(ConnectionError):
+            await self._stdin.wait_closed()
+        try:
+            await asyncio.wait_for(self._proc.wait(), _STDIO_EXIT_GRACE)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            await self._proc.wait()
+
+    def describe(self) -> str:
+        return f"stdio server pid {self._proc.pid}"

@@ -1,0 +1,221 @@
+"""``ExecBackend``: one interface to start processes, remotely or in this process.
+
+:class:`RemoteExecBackend` goes through an :class:`ExecServerClient`;
+:class:`LocalExecBackend` drives the server's own
+:class:`~exec_server.process.manager.ProcessManager` in-process, feeding its
+notifications to the same :class:`ProcessHandle` class, so callers (and tests)
+cannot tell them apart (SWE-ReX's one-interface / many-runtimes split).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, final, runtime_checkable
+
+from exec_server.client.connection import ExecServerClient
+from exec_server.client.errors import ClientClosedError
+from exec_server.client.process import DEFAULT_POLL_INTERVAL, ProcessHandle, Signal
+from exec_server.config import ServerConfig
+from exec_server.protocol.process_types import (
+    NOTIFY_CLOSED,
+    NOTIFY_EXITED,
+    NOTIFY_OUTPUT,
+    ClosedNotification,
+    EnvPolicy,
+    ExitedNotification,
+    OutputNotification,
+    ReadParams,
+    ReadResult,
+    WriteStatus,
+)
+
+if TYPE_CHECKING:
+    from exec_server.process.manager import ProcessManager
+
+__all__ = ["ExecBackend", "LocalExecBackend", "RemoteExecBackend"]
+
+
+@runtime_checkable
+class ExecBackend(Protocol):
+    """Starts processes and hands back :class:`ProcessHandle` objects."""
+
+    @property
+    def is_remote(self) -> bool: ...
+
+    async def start(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        env_policy: EnvPolicy | None = None,
+        tty: bool = False,
+        pipe_stdin: bool = False,
+        arg0: str | None = None,
+        process_id: str | None = None,
+    ) -> ProcessHandle:
+        """Start ``argv``; see :meth:`ExecServerClient.spawn` for the arguments."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the backend (remote: close the connection; local: kill children)."""
+        ...
+
+
+@final
+class RemoteExecBackend:
+    """Processes on an exec-server, through ``client``."""
+
+    def __init__(self, client: ExecServerClient, *, owns_client: bool = True) -> None:
+        self.client = client
+        self._owns_client = owns_client
+
+    @property
+    def is_remote(self) -> bool:
+        return True
+
+    async def start(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        env_policy: EnvPolicy | None = None,
+        tty: bool = False,
+        pipe_stdin: bool = False,
+        arg0: str | None = None,
+        process_id: str | None = None,
+    ) -> ProcessHandle:
+        return await self.client.spawn(
+            argv,
+            cwd=cwd,
+            env=env,
+            env_policy=env_policy,
+            tty=tty,
+            pipe_stdin=pipe_stdin,
+            arg0=arg0,
+            process_id=process_id,
+        )
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self.client.aclose()
+
+
+@final
+class LocalExecBackend:
+    """Processes run by an in-process :class:`ProcessManager` (no server, no socket)."""
+
+    def __init__(
+        self,
+        config: ServerConfig | None = None,
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> None:
+        from exec_server.process.manager import ProcessManager
+
+        self._manager: ProcessManager = ProcessManager(config or ServerConfig())
+        self._manager.set_sink(self._sink)
+        self._handles: dict[str, ProcessHandle] = {}
+        self._poll_interval = poll_interval
+        self._closed = False
+
+    @property
+    def is_remote(self) -> bool:
+        return False
+
+    async def _sink(self, method: str, params: object) -> None:
+        if method in (NOTIFY_OUTPUT, NOTIFY_EXITED, NOTIFY_CLOSED):
+            assert isinstance(params, OutputNotification | ExitedNotification | ClosedNotification)
+            handle = self._handles.get(params.process_id)
+            if handle is not None:
+                handle._on_event(params)
+
+    async def start(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        env_policy: EnvPolicy | None = None,
+        tty: bool = False,
+        pipe_stdin: bool = False,
+        arg0: str | None = None,
+        process_id: str | None = None,
+    ) -> ProcessHandle:
+        from exec_server.process.envpolicy import build_child_env
+        from exec_server.process.spec import LaunchSpec
+
+        if self._closed:
+            raise ClientClosedError("backend closed")
+        pid = process_id if process_id is not None else uuid.uuid4().hex
+        if pid in self._handles:
+            raise ValueError(f"process {pid} already has a handle")
+        child_env = dict(env or {})
+        if env_policy is not None:
+            # Local mode: "the server's environment" is this process's.
+            child_env = build_child_env(
+                inherit=env_policy.inherit,
+                ignore_default_excludes=env_policy.ignore_default_excludes,
+                exclude=env_policy.exclude,
+                set_vars=env_policy.set,
+                include_only=env_policy.include_only,
+                env=child_env,
+                server_env=os.environ,
+            )
+        spec = LaunchSpec(
+            argv=list(argv),
+            cwd=os.getcwd() if cwd is None else cwd,
+            env=child_env,
+            tty=tty,
+            arg0=arg0,
+            pipe_stdin=pipe_stdin,
+        )
+        handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval)
+        self._handles[pid] = handle
+        try:
+            await self._manager.start(pid, spec)
+        except BaseException:
+            self._handles.pop(pid, None)
+            raise
+        return handle
+
+    async def aclose(self) -> None:
+        """Kill every process this backend started (PROTOCOL.md §8.11)."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._manager.shutdown()
+        for handle in self._handles.values():
+            handle._on_failure(ClientClosedError("backend closed"))
+        self._handles.clear()
+
+    def _release(self, process_id: str) -> None:
+        self._handles.pop(process_id, None)
+
+
+@final
+class _LocalOps:
+    def __init__(self, backend: LocalExecBackend) -> None:
+        self._backend = backend
+
+    async def read(self, process_id: str, after_seq: int, max_bytes: int) -> ReadResult:
+        return await self._backend._manager.read(
+            ReadParams(process_id=process_id, after_seq=after_seq, max_bytes=max_bytes, wait_ms=0)
+        )
+
+    async def write(self, process_id: str, data: bytes, write_id: str) -> WriteStatus:
+        return await self._backend._manager.write(process_id, data)
+
+    async def terminate(self, process_id: str) -> bool:
+        return await self._backend._manager.terminate(process_id)
+
+    async def signal(self, process_id: str, signal: Signal) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            await self._backend._manager.interrupt(process_id)
+
+    def release(self, process_id: str) -> None:
+        self._backend._release(process_id)

@@ -1,0 +1,546 @@
+"""``ExecServerClient``: an asyncio JSON-RPC client for an exec-server.
+
+One reader task owns the transport's inbound side: it resolves pending calls by
+id (out-of-order replies are fine, PROTOCOL.md §13.3) and routes
+``process/*`` notifications to the :class:`ProcessHandle` registered for the
+``processId``. Request ids are integers from 1. When the transport drops, every
+pending call and every handle fails with :class:`ConnectionLostError`;
+``reconnect()`` resumes the session (``resumeSessionId``) on a new connection
+and the handles catch up with ``process/read``.
+
+The client speaks the current Codex generation (``file://`` cwd, ``writeId``,
+``sandbox: null``), which both this project's server and upstream accept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Final, TypeVar, final
+
+import msgspec
+
+from exec_server.client._transport import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    StdioTransport,
+    Transport,
+    WebSocketTransport,
+)
+from exec_server.client.errors import (
+    ClientClosedError,
+    ConnectionLostError,
+    HandshakeError,
+)
+from exec_server.client.process import DEFAULT_POLL_INTERVAL, ProcessHandle, Signal
+from exec_server.exceptions import error_for_code
+from exec_server.protocol.codec import (
+    ProtocolError,
+    decode_message,
+    decode_result,
+    encode_notification,
+    encode_request,
+)
+from exec_server.protocol.messages import ErrorResponse, Notification, Response
+from exec_server.protocol.paths import PathForm, render_path
+from exec_server.protocol.process_types import (
+    METHOD_READ,
+    METHOD_SIGNAL,
+    METHOD_START,
+    METHOD_TERMINATE,
+    METHOD_WRITE,
+    NOTIFY_CLOSED,
+    NOTIFY_EXITED,
+    NOTIFY_OUTPUT,
+    ClosedNotification,
+    EnvPolicy,
+    ExitedNotification,
+    OutputNotification,
+    ReadParams,
+    ReadResult,
+    SignalParams,
+    SignalResult,
+    StartParams,
+    StartResult,
+    TerminateParams,
+    TerminateResult,
+    WriteParams,
+    WriteResult,
+    WriteStatus,
+)
+
+__all__ = [
+    "DEFAULT_CLIENT_NAME",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_INITIALIZE_TIMEOUT",
+    "ExecServerClient",
+    "InitializeParams",
+    "InitializeResult",
+]
+
+logger = logging.getLogger("exec_server.client")
+
+T = TypeVar("T")
+
+DEFAULT_CLIENT_NAME: Final = "exec-server-client"
+#: PROTOCOL.md §14: client connect / initialize timeouts (seconds).
+DEFAULT_CONNECT_TIMEOUT: Final = 5.0
+DEFAULT_INITIALIZE_TIMEOUT: Final = 5.0
+
+_METHOD_INITIALIZE: Final = "initialize"
+_NOTIFY_INITIALIZED: Final = "initialized"
+
+
+class InitializeParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``initialize`` params (PROTOCOL.md §4.1)."""
+
+    client_name: str
+    resume_session_id: str | None = None
+
+
+class InitializeResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``initialize`` result; ``environmentInfo`` only from current-generation servers."""
+
+    session_id: str
+    environment_info: msgspec.Raw | None = None
+
+
+class _Empty(msgspec.Struct, frozen=True):
+    """``{}`` params for ``initialized``."""
+
+
+_output_decoder: Final = msgspec.json.Decoder(OutputNotification)
+_exited_decoder: Final = msgspec.json.Decoder(ExitedNotification)
+_closed_decoder: Final = msgspec.json.Decoder(ClosedNotification)
+
+_Event = OutputNotification | ExitedNotification | ClosedNotification
+
+
+@final
+class ExecServerClient:
+    """A connection (plus session) to one exec-server.
+
+    Create with :meth:`connect` (WebSocket URL) or :meth:`spawn_stdio` (child server
+    on stdio); close with :meth:`aclose` or ``async with``.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        client_name: str,
+        reconnect_url: str | None,
+        max_message_size: int,
+        poll_interval: float,
+    ) -> None:
+        self._transport = transport
+        self._client_name = client_name
+        self._url = reconnect_url
+        self._max_message_size = max_message_size
+        self._poll_interval = poll_interval
+        self._next_id = 0
+        self._pending: dict[int | str, asyncio.Future[Response | ErrorResponse]] = {}
+        self._handles: dict[str, ProcessHandle] = {}
+        self._lost: ConnectionLostError | None = None
+        self._closed = False
+        self._session_id: str | None = None
+        self.initialize_result: InitializeResult | None = None
+        self._reader = asyncio.create_task(self._read_loop(transport))
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        client_name: str = DEFAULT_CLIENT_NAME,
+        resume_session_id: str | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> ExecServerClient:
+        """Connect to ``ws://HOST:PORT`` and run the initialize handshake.
+
+        Args:
+            resume_session_id: reattach to a detached session (its processes keep
+                their ids); the server rejects ids it does not know.
+
+        Raises:
+            HandshakeError: connect or initialize timed out, or the connection failed.
+            InvalidRequestError: the server refused the resume (unknown/attached id).
+        """
+        transport = await _open_ws(url, connect_timeout, max_message_size)
+        client = cls(
+            transport,
+            client_name=client_name,
+            reconnect_url=url,
+            max_message_size=max_message_size,
+            poll_interval=poll_interval,
+        )
+        await client._handshake_or_close(resume_session_id, initialize_timeout)
+        return client
+
+    @classmethod
+    async def spawn_stdio(
+        cls,
+        argv: Sequence[str] | None = None,
+        *,
+        client_name: str = DEFAULT_CLIENT_NAME,
+        initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> ExecServerClient:
+        """Start ``python -m exec_server serve --listen stdio`` (or ``argv``) and connect.
+
+        The child server lives as long as the client; ``aclose()`` ends it.
+        """
+        transport = await StdioTransport.spawn(argv, max_message_size=max_message_size)
+        client = cls(
+            transport,
+            client_name=client_name,
+            reconnect_url=None,
+            max_message_size=max_message_size,
+            poll_interval=poll_interval,
+        )
+        await client._handshake_or_close(None, initialize_timeout)
+        return client
+
+    async def _handshake_or_close(self, resume: str | None, limit: float) -> None:
+        try:
+            await self._handshake(resume, limit)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _handshake(self, resume: str | None, limit: float) -> None:
+        params = InitializeParams(client_name=self._client_name, resume_session_id=resume)
+        try:
+            async with asyncio.timeout(limit):
+                result = await self.call(_METHOD_INITIALIZE, params, InitializeResult)
+        except TimeoutError as exc:
+            raise HandshakeError(f"initialize timed out after {limit} s") from exc
+        except ConnectionLostError as exc:
+            raise HandshakeError(f"connection lost during initialize: {exc}") from exc
+        self.initialize_result = result
+        self._session_id = result.session_id
+        await self.notify(_NOTIFY_INITIALIZED, _Empty())
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def session_id(self) -> str:
+        """The server-side session (for ``resume_session_id``)."""
+        assert self._session_id is not None
+        return self._session_id
+
+    @property
+    def url(self) -> str | None:
+        """The WebSocket URL, or None for a stdio server."""
+        return self._url
+
+    @property
+    def connected(self) -> bool:
+        return not self._closed and self._lost is None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "lost" if self._lost else "connected"
+        return (
+            f"<ExecServerClient {self._transport.describe()} {state} "
+            f"session={self._session_id} processes={len(self._handles)}>"
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def aclose(self) -> None:
+        """Close the connection; pending calls fail with :class:`ClientClosedError`.
+
+        The server keeps the session's processes for its detach TTL (PROTOCOL.md
+        §4.6); terminate them first if they should not outlive the client.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            await self._transport.aclose()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        self._fail_all(ClientClosedError("client closed"))
+
+    async def __aenter__(self) -> ExecServerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def disconnect(self) -> None:
+        """Drop the transport without closing the client (e.g. to test resume).
+
+        Pending calls and handles fail with :class:`ConnectionLostError`; call
+        :meth:`reconnect` to continue.
+        """
+        with contextlib.suppress(Exception):
+            await self._transport.aclose()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+    async def reconnect(
+        self,
+        *,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
+    ) -> None:
+        """Open a new connection and resume this client's session on it.
+
+        Process handles keep working: each catches up from its cursor with
+        ``process/read``, so output produced while disconnected is not lost
+        (within the server's retention).
+
+        Raises:
+            ClientClosedError: the client was closed.
+            HandshakeError / InvalidRequestError: as for :meth:`connect`; the
+                session may have expired (detach TTL).
+        """
+        if self._closed:
+            raise ClientClosedError("client closed")
+        if self._url is None:
+            raise HandshakeError("a stdio client cannot reconnect")
+        await self.disconnect()
+        transport = await _open_ws(self._url, connect_timeout, self._max_message_size)
+        self._transport = transport
+        self._lost = None
+        self._reader = asyncio.create_task(self._read_loop(transport))
+        try:
+            await self._handshake(self.session_id, initialize_timeout)
+        except BaseException:
+            await self.disconnect()
+            raise
+        for handle in list(self._handles.values()):
+            handle._on_resumed()
+
+    # ------------------------------------------------------------------ RPC core
+
+    async def call(self, method: str, params: msgspec.Struct | None, result_type: type[T]) -> T:
+        """Send one request and decode its result as ``result_type``.
+
+        Raises:
+            ExecServerError subclass: the server answered with an error (class
+                chosen by code via ``error_for_code``).
+            ConnectionLostError: the transport dropped before the answer.
+            ClientClosedError: the client is closed.
+        """
+        if self._closed:
+            raise ClientClosedError("client closed")
+        if self._lost is not None:
+            raise ConnectionLostError(self._lost.reason)
+        self._next_id += 1
+        request_id = self._next_id
+        fut: asyncio.Future[Response | ErrorResponse] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = fut
+        try:
+            await self._transport.send(encode_request(request_id, method, params))
+            reply = await fut
+        finally:
+            self._pending.pop(request_id, None)
+        if isinstance(reply, ErrorResponse):
+            raise error_for_code(reply.error.code, reply.error.message)
+        return decode_result(reply.result, result_type)
+
+    async def notify(self, method: str, params: msgspec.Struct | None = None) -> None:
+        """Send a notification (the protocol only has ``initialized``)."""
+        if self._closed:
+            raise ClientClosedError("client closed")
+        await self._transport.send(encode_notification(method, params))
+
+    async def _read_loop(self, transport: Transport) -> None:
+        reason: str | None = None
+        try:
+            while True:
+                data = await transport.recv()
+                if data is None:
+                    reason = "server closed the connection"
+                    break
+                try:
+                    msg = decode_message(data)
+                except ProtocolError as exc:
+                    logger.warning("ignoring malformed message from server: %s", exc.message)
+                    continue
+                if isinstance(msg, Notification):
+                    self._dispatch(msg)
+                elif isinstance(msg, Response | ErrorResponse):
+                    fut = self._pending.get(msg.id)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                # The server sends no requests; anything else is ignored.
+        except ConnectionLostError as exc:
+            reason = exc.reason
+        finally:
+            if transport is self._transport and not self._closed:
+                self._lost = ConnectionLostError(reason)
+                self._fail_all(self._lost)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        for handle in self._handles.values():
+            handle._on_failure(exc)
+
+    def _dispatch(self, msg: Notification) -> None:
+        if msg.params is None:
+            return
+        event: _Event
+        try:
+            if msg.method == NOTIFY_OUTPUT:
+                event = _output_decoder.decode(msg.params)
+            elif msg.method == NOTIFY_EXITED:
+                event = _exited_decoder.decode(msg.params)
+            elif msg.method == NOTIFY_CLOSED:
+                event = _closed_decoder.decode(msg.params)
+            else:
+                logger.debug("ignoring notification %s", msg.method)
+                return
+        except msgspec.ValidationError as exc:
+            logger.warning("ignoring malformed %s notification: %s", msg.method, exc)
+            return
+        handle = self._handles.get(event.process_id)
+        if handle is not None:
+            handle._on_event(event)
+
+    # ------------------------------------------------------------------ typed process RPCs
+
+    async def start_process(self, params: StartParams) -> StartResult:
+        """``process/start`` as is; prefer :meth:`spawn`, which also returns a handle."""
+        return await self.call(METHOD_START, params, StartResult)
+
+    async def read_process(self, params: ReadParams) -> ReadResult:
+        """``process/read``."""
+        return await self.call(METHOD_READ, params, ReadResult)
+
+    async def write_process(self, params: WriteParams) -> WriteResult:
+        """``process/write``."""
+        return await self.call(METHOD_WRITE, params, WriteResult)
+
+    async def terminate_process(self, params: TerminateParams) -> TerminateResult:
+        """``process/terminate``."""
+        return await self.call(METHOD_TERMINATE, params, TerminateResult)
+
+    async def signal_process(self, params: SignalParams) -> SignalResult:
+        """``process/signal`` (current-generation servers)."""
+        return await self.call(METHOD_SIGNAL, params, SignalResult)
+
+    # ------------------------------------------------------------------ handles
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        env_policy: EnvPolicy | None = None,
+        tty: bool = False,
+        pipe_stdin: bool = False,
+        arg0: str | None = None,
+        process_id: str | None = None,
+    ) -> ProcessHandle:
+        """Start a process and return its handle.
+
+        Args:
+            argv: program and arguments; a bare name is looked up in ``env``'s PATH.
+            cwd: absolute remote working directory (default: this process's cwd).
+            env: the child's environment on top of ``env_policy`` (default: empty;
+                with no ``env_policy`` it is the complete environment).
+            env_policy: inherit/filter the *server's* environment first
+                (CLIENT_COMPAT.md §4.1).
+            tty: run on a PTY (output stream ``pty``, writable).
+            pipe_stdin: non-tty processes get a writable stdin pipe.
+            process_id: the wire id (default: a random UUID).
+        """
+        pid = process_id if process_id is not None else uuid.uuid4().hex
+        if pid in self._handles:
+            raise ValueError(f"process {pid} already has a handle")
+        handle = ProcessHandle(_RemoteOps(self), pid, tty=tty, poll_interval=self._poll_interval)
+        # Register before starting: notifications may beat the start reply.
+        self._handles[pid] = handle
+        params = StartParams(
+            process_id=pid,
+            argv=list(argv),
+            cwd=render_path(os.getcwd() if cwd is None else cwd, PathForm.URI),
+            env=dict(env or {}),
+            tty=tty,
+            arg0=arg0,
+            sandbox=msgspec.Raw(b"null"),
+            env_policy=env_policy if env_policy is not None else msgspec.UNSET,
+            pipe_stdin=pipe_stdin,
+        )
+        try:
+            await self.start_process(params)
+        except BaseException:
+            self._handles.pop(pid, None)
+            raise
+        return handle
+
+    def adopt(self, process_id: str, *, tty: bool = False, after_seq: int = 0) -> ProcessHandle:
+        """A handle for a process started earlier in this session (e.g. before a resume).
+
+        The handle reads from ``after_seq`` (0: from the oldest retained output).
+        """
+        if process_id in self._handles:
+            raise ValueError(f"process {process_id} already has a handle")
+        handle = ProcessHandle(
+            _RemoteOps(self),
+            process_id,
+            tty=tty,
+            after_seq=after_seq,
+            poll_interval=self._poll_interval,
+        )
+        handle._need_read = True
+        self._handles[process_id] = handle
+        return handle
+
+    def _release(self, process_id: str) -> None:
+        self._handles.pop(process_id, None)
+
+
+async def _open_ws(url: str, limit: float, max_message_size: int) -> WebSocketTransport:
+    try:
+        async with asyncio.timeout(limit):
+            return await WebSocketTransport.open(url, max_message_size=max_message_size)
+    except TimeoutError as exc:
+        raise HandshakeError(f"connecting to {url} timed out after {limit} s") from exc
+
+
+@final
+class _RemoteOps:
+    """:class:`ProcessOps` over an :class:`ExecServerClient`."""
+
+    def __init__(self, client: ExecServerClient) -> None:
+        self._client = client
+
+    async def read(self, process_id: str, after_seq: int, max_bytes: int) -> ReadResult:
+        return await self._client.read_process(
+            ReadParams(process_id=process_id, after_seq=after_seq, max_bytes=max_bytes, wait_ms=0)
+        )
+
+    async def write(self, process_id: str, data: bytes, write_id: str) -> WriteStatus:
+        result = await self._client.write_process(
+            WriteParams(process_id=process_id, chunk=data, write_id=write_id)
+        )
+        return result.status
+
+    async def terminate(self, process_id: str) -> bool:
+        result = await self._client.terminate_process(TerminateParams(process_id=process_id))
+        return result.running
+
+    async def signal(self, process_id: str, signal: Signal) -> None:
+        await self._client.signal_process(
+            SignalParams(process_id=process_id, signal=signal.value)
+        )
+
+    def release(self, process_id: str) -> None:
+        self._client._release(process_id)

@@ -1,0 +1,254 @@
+"""Where an agent's commands run: a remote exec-server or this machine (PROTOCOL.md §13).
+
+:class:`EnvironmentManager` holds the normalised server URL and lazily creates
+one shared :class:`Environment`. The URL comes from the caller, or - only in
+:meth:`EnvironmentManager.from_env` - from ``EXEC_SERVER_URL`` /
+``CODEX_EXEC_SERVER_URL``. Normalisation (§13.1): unset/blank means local,
+``none`` (any case) disables execution, anything else is a WebSocket URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, final
+
+from exec_server.client.backend import ExecBackend, LocalExecBackend, RemoteExecBackend
+from exec_server.client.connection import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_INITIALIZE_TIMEOUT,
+    ExecServerClient,
+)
+from exec_server.config import ServerConfig
+
+if TYPE_CHECKING:
+    from exec_server.client.fs import LocalFileSystem, RemoteFileSystem
+
+__all__ = [
+    "DISABLED_VALUE",
+    "ENVIRONMENT_CLIENT_NAME",
+    "URL_ENV_VARS",
+    "Environment",
+    "EnvironmentManager",
+    "RuntimePaths",
+    "normalize_exec_server_url",
+]
+
+#: Checked in this order by :meth:`EnvironmentManager.from_env`; the first one set wins.
+URL_ENV_VARS: Final = ("EXEC_SERVER_URL", "CODEX_EXEC_SERVER_URL")
+#: The value that disables execution altogether (case-insensitive).
+DISABLED_VALUE: Final = "none"
+#: PROTOCOL.md §13.2: the client name a remote environment announces.
+ENVIRONMENT_CLIENT_NAME: Final = "codex-environment"
+
+
+def normalize_exec_server_url(value: str | None) -> tuple[str | None, bool]:
+    """Apply §13.1: returns ``(url, disabled)``.
+
+    ``None``/blank -> ``(None, False)`` (local); ``none`` -> ``(None, True)``;
+    anything else -> ``(trimmed, False)`` (remote).
+    """
+    if value is None:
+        return None, False
+    trimmed = value.strip()
+    if not trimmed:
+        return None, False
+    if trimmed.lower() == DISABLED_VALUE:
+        return None, True
+    return trimmed, False
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimePaths:
+    """PROTOCOL.md §12.1: executables a local environment needs for sandboxed helpers."""
+
+    self_exe: str
+    linux_sandbox_exe: str | None = None
+
+    def __post_init__(self) -> None:
+        for path in (self.self_exe, self.linux_sandbox_exe):
+            if path is not None and not os.path.isabs(path):
+                raise ValueError("path must be absolute")
+
+
+@final
+class Environment:
+    """One execution environment: an :class:`ExecBackend` plus its filesystem.
+
+    Build with :meth:`create`; the manager shares one instance.
+    """
+
+    def __init__(
+        self,
+        backend: ExecBackend,
+        *,
+        url: str | None,
+        runtime_paths: RuntimePaths | None = None,
+    ) -> None:
+        self._backend = backend
+        self._url = url
+        self._runtime_paths = runtime_paths
+
+    @classmethod
+    async def create(
+        cls,
+        url: str | None,
+        *,
+        runtime_paths: RuntimePaths | None = None,
+        local_config: ServerConfig | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
+    ) -> Environment:
+        """Create a remote environment for ``url`` or a local one for None/blank.
+
+        Remote: connects as ``codex-environment`` (5 s connect / initialize
+        timeouts, no resume). Local: never opens a connection.
+
+        Raises:
+            ValueError: ``url`` is ``none`` (``disabled mode does not create an Environment``).
+            HandshakeError: the remote server is unreachable.
+        """
+        normalized, disabled = normalize_exec_server_url(url)
+        if disabled:
+            raise ValueError("disabled mode does not create an Environment")
+        if normalized is None:
+            return cls(LocalExecBackend(local_config), url=None, runtime_paths=runtime_paths)
+        client = await ExecServerClient.connect(
+            normalized,
+            client_name=ENVIRONMENT_CLIENT_NAME,
+            connect_timeout=connect_timeout,
+            initialize_timeout=initialize_timeout,
+        )
+        return cls(RemoteExecBackend(client), url=normalized, runtime_paths=runtime_paths)
+
+    @property
+    def url(self) -> str | None:
+        """The exec-server URL, or None for a local environment."""
+        return self._url
+
+    @property
+    def is_remote(self) -> bool:
+        return self._url is not None
+
+    @property
+    def runtime_paths(self) -> RuntimePaths | None:
+        return self._runtime_paths
+
+    @property
+    def exec_backend(self) -> ExecBackend:
+        """Where ``start()`` runs processes."""
+        return self._backend
+
+    @property
+    def remote_client(self) -> ExecServerClient | None:
+        """The connection of a remote environment (None when local)."""
+        if isinstance(self._backend, RemoteExecBackend):
+            return self._backend.client
+        return None
+
+    def get_filesystem(self) -> LocalFileSystem | RemoteFileSystem:
+        """The filesystem of this environment (local calls, or ``fs/*`` over the client)."""
+        client = self.remote_client
+        if client is None:
+            from exec_server.client.fs import LocalFileSystem
+
+            return LocalFileSystem()
+        from exec_server.client.fs import RemoteFileSystem
+
+        return RemoteFileSystem(client)
+
+    async def aclose(self) -> None:
+        await self._backend.aclose()
+
+    async def __aenter__(self) -> Environment:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<Environment {'remote ' + self._url if self._url else 'local'}>"
+
+
+@final
+class EnvironmentManager:
+    """Chooses local vs remote once, and lazily creates one shared :class:`Environment`."""
+
+    def __init__(
+        self,
+        exec_server_url: str | None = None,
+        *,
+        runtime_paths: RuntimePaths | None = None,
+        local_config: ServerConfig | None = None,
+    ) -> None:
+        self._url, self._disabled = normalize_exec_server_url(exec_server_url)
+        self._runtime_paths = runtime_paths
+        self._local_config = local_config
+        self._current: Environment | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        runtime_paths: RuntimePaths | None = None,
+    ) -> EnvironmentManager:
+        """Build from ``EXEC_SERVER_URL``, else ``CODEX_EXEC_SERVER_URL`` (the only env read).
+
+        Args:
+            environ: the mapping to read (default ``os.environ``).
+        """
+        env = os.environ if environ is None else environ
+        value = next((env[name] for name in URL_ENV_VARS if name in env), None)
+        return cls(value, runtime_paths=runtime_paths)
+
+    @classmethod
+    def from_environment(cls, environment: Environment | None) -> EnvironmentManager:
+        """A manager with ``environment``'s URL and runtime paths; None -> disabled."""
+        if environment is None:
+            return cls(DISABLED_VALUE)
+        return cls(environment.url, runtime_paths=environment.runtime_paths)
+
+    @property
+    def url(self) -> str | None:
+        """The normalised remote URL (None when local or disabled)."""
+        return self._url
+
+    @property
+    def disabled(self) -> bool:
+        return self._disabled
+
+    @property
+    def is_remote(self) -> bool:
+        return self._url is not None
+
+    @property
+    def runtime_paths(self) -> RuntimePaths | None:
+        return self._runtime_paths
+
+    async def current(self) -> Environment | None:
+        """The shared environment (created on first call), or None when disabled."""
+        if self._disabled:
+            return None
+        if self._current is None:
+            async with self._lock:
+                if self._current is None:
+                    self._current = await Environment.create(
+                        self._url,
+                        runtime_paths=self._runtime_paths,
+                        local_config=self._local_config,
+                    )
+        return self._current
+
+    async def aclose(self) -> None:
+        """Close the shared environment, if one was created."""
+        if self._current is not None:
+            env, self._current = self._current, None
+            await env.aclose()
+
+    def __repr__(self) -> str:
+        mode = "disabled" if self._disabled else f"remote {self._url}" if self._url else "local"
+        return f"<EnvironmentManager {mode}>"

@@ -1,0 +1,53 @@
+"""Client-side errors that are not wire errors.
+
+Wire errors come back as the :mod:`exec_server.exceptions` classes (rebuilt from
+their code by ``error_for_code``). These classes describe the client's own
+connection state: closed by us (:class:`ClientClosedError`) versus broken by the
+peer or the network (:class:`ConnectionLostError`), after trio's Closed/Broken
+split.
+
+Tree::
+
+    ClientError
+    ├── ClientClosedError       the client was closed by the caller
+    ├── ConnectionLostError     transport dropped (also a builtin ConnectionError)
+    └── HandshakeError          connect/initialize failed or timed out
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TRANSPORT_DISCONNECTED",
+    "ClientClosedError",
+    "ClientError",
+    "ConnectionLostError",
+    "HandshakeError",
+]
+
+#: PROTOCOL.md §13.3: the failure text reported for a dropped transport.
+TRANSPORT_DISCONNECTED = "exec-server transport disconnected"
+
+
+class ClientError(Exception):
+    """Base of the client's own (non-wire) errors."""
+
+
+class ClientClosedError(ClientError):
+    """The client was closed with ``aclose()``; no further calls are possible."""
+
+
+class ConnectionLostError(ClientError, ConnectionError):
+    """The transport dropped; pending calls fail with this.
+
+    Message: ``exec-server transport disconnected`` optionally followed by
+    ``: <reason>`` (PROTOCOL.md §13.3).
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        msg = TRANSPORT_DISCONNECTED if not reason else f"{TRANSPORT_DISCONNECTED}: {reason}"
+        super().__init__(msg)
+        self.reason = reason
+
+
+class HandshakeError(ClientError):
+    """Connecting or the ``initialize`` handshake failed (or timed out)."""
