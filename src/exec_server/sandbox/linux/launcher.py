@@ -349,6 +349,26 @@ def _probe() -> int:
     return 0
 
 
+def _execvp(program: str, argv: list[str]) -> None:
+    """``execvp`` without ``os.get_exec_path`` (it imports ``warnings``, unreadable under
+    restricted reads once Landlock is on). Same search rules as ``os.execvp``."""
+    if "/" in program:
+        os.execv(program, argv)
+    path = os.environ.get("PATH") or os.defpath
+    saved: OSError | None = None
+    last: OSError | None = None
+    for directory in path.split(os.pathsep):
+        try:
+            os.execv(os.path.join(directory or ".", program), argv)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            last = exc
+        except OSError as exc:
+            last = exc
+            if saved is None:
+                saved = exc
+    raise saved or last or FileNotFoundError(2, "No such file or directory", program)
+
+
 def _pdeathsig() -> None:
     from exec_server.sandbox.linux._libc import call_prctl
 
@@ -391,8 +411,7 @@ def main(argv: list[str]) -> int:
     program = command[0]
     visible = [arg0 if isinstance(arg0, str) else program, *command[1:]]
     try:
-        sys.stdout.flush()
-        os.execvp(program, visible)
+        _execvp(program, visible)
     except OSError as exc:
         sys.stderr.write(f"exec-server sandbox: {program}: {exc.strerror}\n")
         return EXIT_NOTFOUND if isinstance(exc, FileNotFoundError) else EXIT_NOEXEC

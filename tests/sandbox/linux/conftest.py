@@ -1,0 +1,182 @@
+"""Fixtures for the Linux sandbox tests: a backend per leg and a confined runner.
+
+Every launch goes through ``backend.wrap()`` so the real argv/env/pass_fds/
+cleanup path is exercised, then is spawned on pipes or a PTY (the process
+layer's spawners when present, otherwise ``subprocess``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from exec_server.process.spec import LaunchSpec
+from exec_server.sandbox.linux.base import LinuxBackend
+from exec_server.sandbox.plan import SandboxPlan
+from exec_server.sandbox.select import SandboxUnavailableError, select_backend
+
+BACKENDS = ("bwrap", "landlock")
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+#: read roots a restricted-read plan needs to run system tools (platform defaults).
+SYSTEM_READ_ROOTS = tuple(p for p in ("/bin", "/sbin", "/usr", "/etc", "/lib", "/lib64")
+                          if os.path.exists(p))
+
+
+def _backend_or_skip(name: str) -> LinuxBackend:
+    try:
+        backend = select_backend(name)
+    except SandboxUnavailableError as exc:
+        pytest.skip(f"{name} backend unusable: {exc}")
+    assert backend is not None
+    return backend
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> LinuxBackend:
+    """Each test runs under both backends; skipped with the probe's reason if unusable."""
+    b = _backend_or_skip(request.param)
+    assert b.name == request.param
+    return b
+
+
+@dataclass
+class Result:
+    code: int
+    output: str
+
+
+def _read_all(fds: list[int], deadline: float) -> bytes:
+    chunks: list[bytes] = []
+    open_fds = list(fds)
+    while open_fds:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("sandboxed child did not finish")
+        ready, _, _ = select.select(open_fds, [], [], remaining)
+        for fd in ready:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if exc.errno != errno.EIO:
+                    raise
+                data = b""
+            if data:
+                chunks.append(data)
+            else:
+                open_fds.remove(fd)
+    return b"".join(chunks)
+
+
+def _spawn(spec: LaunchSpec) -> tuple[subprocess.Popen[bytes], list[int]]:
+    try:
+        if spec.tty:
+            from exec_server.process.pty import spawn_pty as spawn
+        else:
+            from exec_server.process.pipes import spawn_pipes as spawn
+    except ImportError:
+        spawn = None
+    if spawn is not None:
+        child = spawn(spec)
+        assert child.popen is not None
+        if child.stdin_fd is not None:
+            os.close(child.stdin_fd)
+        return child.popen, [fd for _, fd in child.outputs]
+    if spec.tty:
+        master, slave = os.openpty()
+        try:
+            popen = subprocess.Popen(spec.argv, stdin=slave, stdout=slave, stderr=slave,
+                                     cwd=spec.cwd, env=spec.env, pass_fds=spec.pass_fds,
+                                     start_new_session=True)
+        finally:
+            os.close(slave)
+        return popen, [master]
+    r, w = os.pipe()
+    try:
+        popen = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=w, stderr=w,
+                                 cwd=spec.cwd, env=spec.env, pass_fds=spec.pass_fds,
+                                 start_new_session=True)
+    finally:
+        os.close(w)
+    return popen, [r]
+
+
+def run_confined(backend: LinuxBackend, plan: SandboxPlan, argv: list[str], *, cwd: str,
+                 env: dict[str, str] | None = None, tty: bool = False,
+                 timeout: float = 30.0) -> Result:
+    """Wrap, spawn, drain and reap one confined command; runs the wrap's cleanup."""
+    spec = LaunchSpec(argv=argv, cwd=cwd, env=env if env is not None else {"PATH": SYSTEM_PATH},
+                      tty=tty)
+    wrapped = backend.wrap(spec, plan)
+    try:
+        popen, fds = _spawn(wrapped)
+    finally:
+        for fd in wrapped.pass_fds:
+            os.close(fd)
+    try:
+        out = _read_all(fds, time.monotonic() + timeout)
+        code = popen.wait(timeout=timeout)
+    finally:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait()
+        if wrapped.cleanup is not None:
+            wrapped.cleanup()
+    return Result(code, out.decode("utf-8", "replace"))
+
+
+@dataclass
+class Workspace:
+    root: str
+    outside: str
+
+
+@pytest.fixture
+def ws(tmp_path: os.PathLike[str]) -> Iterator[Workspace]:
+    root = os.path.join(str(tmp_path), "work")
+    outside = os.path.join(str(tmp_path), "outside")
+    os.mkdir(root)
+    os.mkdir(outside)
+    yield Workspace(root, outside)
+
+
+def workspace_plan(ws: Workspace, *, network: bool = False, full_read: bool = True,
+                   extra_write: tuple[str, ...] = (),
+                   readable: tuple[str, ...] = ()) -> SandboxPlan:
+    """A workspace-write plan with the protected names under the workspace root."""
+    protected = tuple(os.path.join(ws.root, n) for n in (".git", ".codex", ".agents"))
+    return SandboxPlan(full_read=full_read, full_write=False, network=network, cwd=ws.root,
+                       readable_roots=readable, writable_roots=(ws.root, *extra_write),
+                       read_only_subpaths=protected)
+
+
+@pytest.fixture
+def run() -> object:
+    """The confined runner: ``run(backend, plan, argv, cwd=..., env=..., tty=...)``."""
+    return run_confined
+
+
+@pytest.fixture
+def plan_for() -> object:
+    """``plan_for(ws, network=..., full_read=..., extra_write=..., readable=...)``."""
+    return workspace_plan
+
+
+@pytest.fixture
+def py() -> str:
+    """An interpreter usable inside full-read sandboxes."""
+    return sys.executable

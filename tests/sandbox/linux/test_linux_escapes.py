@@ -1,0 +1,280 @@
+"""Escape-regression suite: each attempt must be refused by the kernel.
+
+Every test runs under both backends (bwrap, and the Landlock launcher which
+never invokes bwrap) and checks the *effect*, not only the exit code: the
+file really does not exist afterwards, the listener really saw no
+connection, the outside process really is still alive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from typing import Any
+
+import pytest
+
+from exec_server.sandbox.plan import SandboxPlan
+
+SYSTEM_READ_ROOTS = tuple(p for p in ("/bin", "/sbin", "/usr", "/etc", "/lib", "/lib64")
+                          if os.path.exists(p))
+
+Run = Any
+PlanFor = Any
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "pty"])
+def test_write_outside_workspace_denied(backend: Any, run: Run, plan_for: PlanFor, ws: Any,
+                                        tty: bool) -> None:
+    target = os.path.join(ws.outside, "escaped")
+    inside = os.path.join(ws.root, "inside")
+    res = run(backend, plan_for(ws), ["sh", "-c", f"echo ok > {inside}; echo bad > {target}"],
+              cwd=ws.root, tty=tty)
+    assert res.code != 0
+    assert not os.path.exists(target)
+    with open(inside) as f:
+        assert f.read() == "ok\n"
+
+
+def test_landlock_leg_never_uses_bwrap(backend: Any, plan_for: PlanFor, ws: Any) -> None:
+    from exec_server.process.spec import LaunchSpec
+
+    wrapped = backend.wrap(LaunchSpec(argv=["true"], cwd=ws.root, env={}), plan_for(ws))
+    for fd in wrapped.pass_fds:
+        os.close(fd)
+    if wrapped.cleanup is not None:
+        wrapped.cleanup()
+    uses_bwrap = any(os.path.basename(a) == "bwrap" for a in wrapped.argv)
+    assert uses_bwrap == (backend.name == "bwrap")
+    assert wrapped.sandbox_type.value == "linux-seccomp"
+    assert wrapped.env["CODEX_SANDBOX_NETWORK_DISABLED"] == "1"
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "pty"])
+def test_write_into_existing_git_denied(backend: Any, run: Run, plan_for: PlanFor, ws: Any,
+                                        tty: bool) -> None:
+    git = os.path.join(ws.root, ".git")
+    os.mkdir(git)
+    with open(os.path.join(git, "config"), "w") as f:
+        f.write("orig\n")
+    script = (f"echo pwned > {git}/config; echo x > {git}/hook; mkdir {git}/sub; "
+              f"rm -f {git}/config; mv {git} {ws.root}/moved; echo done")
+    res = run(backend, plan_for(ws), ["sh", "-c", script], cwd=ws.root, tty=tty)
+    assert "done" in res.output
+    with open(os.path.join(git, "config")) as f:
+        assert f.read() == "orig\n"
+    assert sorted(os.listdir(git)) == ["config"]
+    assert not os.path.exists(os.path.join(ws.root, "moved"))
+
+
+def test_create_missing_git_denied_and_placeholder_removed(backend: Any, run: Run,
+                                                           plan_for: PlanFor, ws: Any) -> None:
+    git = os.path.join(ws.root, ".git")
+    codex = os.path.join(ws.root, ".codex")
+    script = (f"mkdir {git}; echo x > {git}/config; mkdir -p {codex}/sub; "
+              f"echo y > {codex}/config.toml; echo ok > {ws.root}/normal")
+    res = run(backend, plan_for(ws), ["sh", "-c", script], cwd=ws.root)
+    assert "Read-only file system" in res.output or "File exists" in res.output
+    assert not os.path.exists(os.path.join(git, "config"))
+    assert not os.path.exists(os.path.join(codex, "config.toml"))
+    # placeholder mountpoints are gone once the run is cleaned up
+    assert not os.path.lexists(git)
+    assert not os.path.lexists(codex)
+    assert os.path.exists(os.path.join(ws.root, "normal"))
+
+
+def test_read_outside_readable_roots_denied(backend: Any, run: Run, plan_for: PlanFor,
+                                            ws: Any) -> None:
+    secret = os.path.join(ws.outside, "secret.txt")
+    with open(secret, "w") as f:
+        f.write("TOPSECRET\n")
+    with open(os.path.join(ws.root, "mine.txt"), "w") as f:
+        f.write("visible\n")
+    plan = plan_for(ws, full_read=False, readable=SYSTEM_READ_ROOTS)
+    script = (f"cat mine.txt; cat {secret} || echo cat-failed; "
+              f"ls {ws.outside} || echo ls-failed")
+    res = run(backend, plan, ["sh", "-c", script], cwd=ws.root)
+    assert "visible" in res.output
+    assert "TOPSECRET" not in res.output
+    assert "cat-failed" in res.output
+    assert "ls-failed" in res.output
+
+
+def test_read_everything_when_full_read(backend: Any, run: Run, plan_for: PlanFor,
+                                        ws: Any) -> None:
+    secret = os.path.join(ws.outside, "secret.txt")
+    with open(secret, "w") as f:
+        f.write("READABLE\n")
+    res = run(backend, plan_for(ws), ["cat", secret], cwd=ws.root)
+    assert res.code == 0
+    assert "READABLE" in res.output
+
+
+@pytest.fixture
+def tcp_listener() -> Any:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    sock.setblocking(False)
+    yield sock
+    sock.close()
+
+
+def _pending_connection(listener: socket.socket) -> bool:
+    try:
+        conn, _ = listener.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
+
+
+_TCP = ("import socket,sys\n"
+        "s=socket.create_connection(('127.0.0.1',{port}),timeout=5)\n"
+        "s.sendall(b'hi'); print('connected')\n")
+
+
+def test_tcp_loopback_connect_denied(backend: Any, run: Run, plan_for: PlanFor, ws: Any,
+                                     py: str, tcp_listener: socket.socket) -> None:
+    port = tcp_listener.getsockname()[1]
+    res = run(backend, plan_for(ws), [py, "-I", "-S", "-c", _TCP.format(port=port)],
+              cwd=ws.root)
+    assert res.code != 0
+    assert "connected" not in res.output
+    assert not _pending_connection(tcp_listener)
+
+
+def test_tcp_loopback_connect_allowed_with_network(backend: Any, run: Run, plan_for: PlanFor,
+                                                   ws: Any, py: str,
+                                                   tcp_listener: socket.socket) -> None:
+    port = tcp_listener.getsockname()[1]
+    res = run(backend, plan_for(ws, network=True), [py, "-I", "-S", "-c",
+                                                    _TCP.format(port=port)], cwd=ws.root)
+    assert res.code == 0, res.output
+    assert "connected" in res.output
+    assert _pending_connection(tcp_listener)
+
+
+def test_udp_send_denied(backend: Any, run: Run, plan_for: PlanFor, ws: Any, py: str) -> None:
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.setblocking(False)
+    try:
+        port = rx.getsockname()[1]
+        code = (f"import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+                f"s.sendto(b'leak',('127.0.0.1',{port})); print('sent')\n")
+        res = run(backend, plan_for(ws), [py, "-I", "-S", "-c", code], cwd=ws.root)
+        assert res.code != 0
+        assert "sent" not in res.output
+        with pytest.raises(BlockingIOError):
+            rx.recvfrom(100)
+    finally:
+        rx.close()
+
+
+@pytest.mark.parametrize("family,kind,proto", [
+    ("AF_INET", "SOCK_RAW", 1),
+    ("AF_INET6", "SOCK_STREAM", 0),
+    ("AF_NETLINK", "SOCK_RAW", 0),
+    ("AF_PACKET", "SOCK_RAW", 0),
+])
+def test_other_socket_families_denied(backend: Any, run: Run, plan_for: PlanFor, ws: Any,
+                                      py: str, family: str, kind: str, proto: int) -> None:
+    code = (f"import socket\nsocket.socket(socket.{family},socket.{kind},{proto})\n"
+            "print('created')\n")
+    res = run(backend, plan_for(ws), [py, "-I", "-S", "-c", code], cwd=ws.root)
+    assert res.code != 0
+    assert "created" not in res.output
+    assert "Operation not permitted" in res.output
+
+
+def test_unix_socketpair_still_works(backend: Any, run: Run, plan_for: PlanFor, ws: Any,
+                                     py: str) -> None:
+    code = ("import socket\na,b=socket.socketpair()\nimport os\nos.write(a.fileno(),b'x')\n"
+            "print('pair', os.read(b.fileno(),1))\n")
+    res = run(backend, plan_for(ws), [py, "-I", "-S", "-c", code], cwd=ws.root)
+    assert res.code == 0, res.output
+    assert "pair b'x'" in res.output
+
+
+def test_signal_to_outside_process_denied(backend: Any, run: Run, plan_for: PlanFor,
+                                          ws: Any) -> None:
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        res = run(backend, plan_for(ws), ["sh", "-c", f"kill -TERM {victim.pid}; kill -KILL "
+                                          f"{victim.pid}; echo rc=$?"], cwd=ws.root)
+        assert "rc=0" not in res.output
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+
+
+def test_signal_to_own_child_allowed(backend: Any, run: Run, plan_for: PlanFor,
+                                     ws: Any) -> None:
+    res = run(backend, plan_for(ws), ["sh", "-c", "sleep 60 & kill -TERM $!; wait $!; "
+                                      "echo status=$?"], cwd=ws.root)
+    assert "status=143" in res.output
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="remount/unmount escapes matter for root callers")
+def test_remount_and_unmount_as_root_denied(backend: Any, run: Run, plan_for: PlanFor,
+                                            ws: Any) -> None:
+    git = os.path.join(ws.root, ".git")
+    os.mkdir(git)
+    target = os.path.join(ws.outside, "after-remount")
+    script = (f"umount -l {git}; mount -o remount,rw,bind {git}; mount -o remount,rw /; "
+              f"mount -t tmpfs none {ws.outside}; echo x > {git}/pwned; echo y > {target}; "
+              "cat /proc/self/status | grep CapEff")
+    res = run(backend, plan_for(ws), ["sh", "-c", script], cwd=ws.root)
+    assert "CapEff:\t0000000000000000" in res.output
+    assert not os.path.exists(os.path.join(git, "pwned"))
+    assert not os.path.exists(target)
+
+
+def test_child_process_inherits_confinement(backend: Any, run: Run, plan_for: PlanFor,
+                                            ws: Any, py: str) -> None:
+    target = os.path.join(ws.outside, "grandchild")
+    inner = f"open({target!r}, 'w').write('x')"
+    script = f"sh -c \"setsid {py} -I -S -c \\\"{inner}\\\"\"; (sh -c 'echo z > {target}2') &"
+    res = run(backend, plan_for(ws), ["sh", "-c", script + " wait"], cwd=ws.root)
+    assert not os.path.exists(target), res.output
+    assert not os.path.exists(target + "2")
+
+
+@pytest.mark.parametrize("tmp_writable", [True, False], ids=["tmp-writable", "tmp-excluded"])
+def test_tmpdir_writability_follows_plan(backend: Any, run: Run, plan_for: PlanFor, ws: Any,
+                                         tmp_writable: bool) -> None:
+    tmpdir = os.path.join(os.path.dirname(ws.root), "tmpdir")
+    os.mkdir(tmpdir)
+    plan = plan_for(ws, extra_write=(tmpdir,) if tmp_writable else ())
+    target = os.path.join(tmpdir, "scratch")
+    res = run(backend, plan, ["sh", "-c", 'echo data > "$TMPDIR/scratch"'], cwd=ws.root,
+              env={"PATH": "/usr/bin:/bin", "TMPDIR": tmpdir})
+    assert os.path.exists(target) == tmp_writable, res.output
+    assert (res.code == 0) == tmp_writable
+
+
+@pytest.mark.parametrize("tmp_writable", [True, False], ids=["slash-tmp", "no-slash-tmp"])
+def test_slash_tmp_writability_follows_plan(backend: Any, run: Run, plan_for: PlanFor,
+                                            ws: Any, tmp_writable: bool) -> None:
+    name = f"/tmp/exec-server-sandbox-test-{os.getpid()}-{backend.name}-{tmp_writable}"
+    plan = plan_for(ws, extra_write=("/tmp",) if tmp_writable else ())
+    try:
+        res = run(backend, plan, ["sh", "-c", f"echo x > {name}"], cwd=ws.root)
+        assert os.path.exists(name) == tmp_writable, res.output
+    finally:
+        if os.path.exists(name):
+            os.unlink(name)
+
+
+def test_read_only_plan_denies_all_writes(backend: Any, run: Run, ws: Any) -> None:
+    plan = SandboxPlan(full_read=True, full_write=False, network=False, cwd=ws.root)
+    target = os.path.join(ws.root, "nope")
+    res = run(backend, plan, ["sh", "-c", f"echo x > {target}; echo ok > /dev/null && "
+                              "echo devnull-ok"], cwd=ws.root)
+    assert not os.path.exists(target)
+    assert "devnull-ok" in res.output
