@@ -20,6 +20,7 @@ from exec_server.client.errors import ClientClosedError as ClientClosedError
 from exec_server.client.errors import ClientError as ClientError
 from exec_server.client.errors import ConnectionLostError as ConnectionLostError
 from exec_server.client.errors import HandshakeError as HandshakeError
+from exec_server.client.errors import ServerProtocolError as ServerProtocolError
 from exec_server.client.process import CompletedProcess as CompletedProcess
 from exec_server.client.process import ProcessHandle as ProcessHandle
 from exec_server.client.process import RemoteProcess as RemoteProcess
@@ -40,6 +41,7 @@ __all__ = [
     "RemoteExecBackend",
     "RemoteProcess",
     "RuntimePaths",
+    "ServerProtocolError",
     "Signal",
     "normalize_exec_server_url",
 ]

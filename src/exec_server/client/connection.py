@@ -34,6 +34,7 @@ from exec_server.client.errors import (
     ClientClosedError,
     ConnectionLostError,
     HandshakeError,
+    ServerProtocolError,
 )
 from exec_server.client.process import DEFAULT_POLL_INTERVAL, ProcessHandle, Signal
 from exec_server.exceptions import error_for_code
@@ -102,10 +103,11 @@ class InitializeParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"
 
 
 class InitializeResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``initialize`` result; ``environmentInfo`` only from current-generation servers."""
+    """``initialize`` result; ``environmentInfo`` (raw JSON) only from current-generation
+    servers, else empty."""
 
     session_id: str
-    environment_info: msgspec.Raw | None = None
+    environment_info: msgspec.Raw = msgspec.Raw()
 
 
 class _Empty(msgspec.Struct, frozen=True):
@@ -349,7 +351,10 @@ class ExecServerClient:
             self._pending.pop(request_id, None)
         if isinstance(reply, ErrorResponse):
             raise error_for_code(reply.error.code, reply.error.message)
-        return decode_result(reply.result, result_type)
+        try:
+            return decode_result(reply.result, result_type)
+        except msgspec.ValidationError as exc:
+            raise ServerProtocolError(f"unexpected {method} result: {exc}") from exc
 
     async def notify(self, method: str, params: msgspec.Struct | None = None) -> None:
         """Send a notification (the protocol only has ``initialized``)."""

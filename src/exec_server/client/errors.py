@@ -11,7 +11,8 @@ Tree::
     ClientError
     ├── ClientClosedError       the client was closed by the caller
     ├── ConnectionLostError     transport dropped (also a builtin ConnectionError)
-    └── HandshakeError          connect/initialize failed or timed out
+    ├── HandshakeError          connect/initialize failed or timed out
+    └── ServerProtocolError     the server's reply does not have the expected shape
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "ClientError",
     "ConnectionLostError",
     "HandshakeError",
+    "ServerProtocolError",
 ]
 
 #: PROTOCOL.md §13.3: the failure text reported for a dropped transport.
@@ -51,3 +53,7 @@ class ConnectionLostError(ClientError, ConnectionError):
 
 class HandshakeError(ClientError):
     """Connecting or the ``initialize`` handshake failed (or timed out)."""
+
+
+class ServerProtocolError(ClientError):
+    """The server answered with a result that does not fit the method's result type."""

@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""Process benchmarks: this project's exec-server side by side with upstream's.
+
+Starts our server (``python -m exec_server serve``) and, when installed
+(``pip install openai-codex-cli-bin``), the upstream Rust ``codex exec-server``,
+one after the other, and measures over a raw WebSocket JSON-RPC client:
+
+  handshake           connect + initialize + initialized (new connection each)
+  true start->closed  process/start of ``true`` until process/closed arrives
+  echo start->closed  same for ``sh -c 'echo hi'`` (output checked)
+  throughput          ``head -c 64MiB /dev/zero`` via process/output notifications
+                      (bytes received must equal bytes written)
+  32 concurrent       32 ``sh -c 'echo done'`` started at once, wall time to all closed
+  pty echo            tty ``cat``: one process/write, latency until the echo arrives
+  RSS                 server VmRSS idle (after the first handshake) and after the load
+
+Every client-side figure is taken twice: with a client that re-arms TCP_QUICKACK
+(fair: upstream never sets TCP_NODELAY, so a delayed-ACK client stalls its small
+writes in Nagle) and with a plain client. Targets (ours/upstream, quickack medians)
+are printed next to the ratios.
+
+Usage: python benchmarks/bench_exec.py [--quick] [--no-upstream] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import (
+    MIB,
+    UPSTREAM,
+    RawClient,
+    Report,
+    RunningServer,
+    ServerTarget,
+    Summary,
+    available_targets,
+    ours_target,
+    start_server,
+    summarize,
+)
+
+MODES = ("quickack", "plain")
+
+
+@dataclass(frozen=True)
+class Counts:
+    handshake: int = 30
+    true: int = 50
+    echo: int = 50
+    throughput_mib: int = 64
+    throughput_reps: int = 3
+    concurrent: int = 32
+    concurrent_reps: int = 5
+    pty_writes: int = 200
+
+
+QUICK = Counts(
+    handshake=3,
+    true=3,
+    echo=3,
+    throughput_mib=1,
+    throughput_reps=1,
+    concurrent=4,
+    concurrent_reps=1,
+    pty_writes=3,
+)
+
+
+def _pid(tag: str) -> str:
+    return f"{tag}-{uuid.uuid4().hex[:12]}"
+
+
+async def bench_handshake(url: str, quickack: bool, n: int) -> Summary:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        client = await RawClient.connect(url, quickack=quickack)
+        await client.handshake()
+        samples.append((time.perf_counter() - t0) * 1000)
+        await client.aclose()
+    return summarize(samples)
+
+
+async def bench_roundtrip(
+    c: RawClient, workdir: str, argv: list[str], n: int, expect: bytes | None
+) -> Summary:
+    """process/start -> process/closed notification, sequentially."""
+    samples = []
+    for _ in range(n):
+        pid = _pid("rt")
+        t0 = time.perf_counter()
+        await c.start(pid, argv, workdir)
+        st = await c.wait_closed(pid)
+        samples.append((time.perf_counter() - t0) * 1000)
+        c.forget(pid)
+        if expect is not None and bytes(st.data) != expect:
+            raise AssertionError(f"{argv}: got {bytes(st.data)!r}, want {expect!r}")
+        if st.exit_code != 0:
+            raise AssertionError(f"{argv}: exit code {st.exit_code}")
+    return summarize(samples)
+
+
+async def bench_throughput(c: RawClient, workdir: str, mib: int, reps: int) -> Summary:
+    """MB/s of ``head -c`` output received through notifications; totals verified."""
+    expect = mib * MIB
+    samples = []
+    for _ in range(reps):
+        pid = _pid("tp")
+        t0 = time.perf_counter()
+        await c.start(pid, ["head", "-c", str(expect), "/dev/zero"], workdir, keep=False)
+        st = await c.wait_closed(pid, limit_s=300)
+        dt = time.perf_counter() - t0
+        c.forget(pid)
+        if st.nbytes != expect:
+            raise AssertionError(f"throughput: received {st.nbytes} of {expect} bytes")
+        samples.append(expect / MIB / dt)
+    return summarize(samples)
+
+
+async def bench_concurrent(c: RawClient, workdir: str, k: int, reps: int) -> Summary:
+    """Wall time from the first start to the last close of k short processes."""
+    samples = []
+    for _ in range(reps):
+        pids = [_pid("cc") for _ in range(k)]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(c.start(p, ["sh", "-c", "echo done"], workdir) for p in pids))
+        states = await asyncio.gather(*(c.wait_closed(p) for p in pids))
+        samples.append((time.perf_counter() - t0) * 1000)
+        for p, st in zip(pids, states, strict=True):
+            c.forget(p)
+            if bytes(st.data) != b"done\n" or st.exit_code != 0:
+                raise AssertionError(f"concurrent: {bytes(st.data)!r} exit {st.exit_code}")
+    return summarize(samples)
+
+
+async def bench_pty_echo(c: RawClient, workdir: str, n: int) -> Summary:
+    """process/write of one short line to tty ``cat`` until its echo arrives."""
+    pid = _pid("pty")
+    st = await c.start(pid, ["cat"], workdir, tty=True)
+    samples = []
+    try:
+        for i in range(n):
+            token = f"x{i}y"
+            want = token.encode()
+            t0 = time.perf_counter()
+            await c.call(
+                "process/write",
+                {"processId": pid, "chunk": _b64(want + b"\n"), "writeId": str(i + 1)},
+            )
+            await c.wait_output(pid, lambda s, w=want: w in s.data)
+            samples.append((time.perf_counter() - t0) * 1000)
+            st.data.clear()
+    finally:
+        await c.call("process/terminate", {"processId": pid})
+        await c.wait_closed(pid)
+        c.forget(pid)
+    return summarize(samples)
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
+
+
+async def bench_server(
+    target: ServerTarget, counts: Counts, report: Report, modes: tuple[str, ...]
+) -> None:
+    workdir = tempfile.mkdtemp(prefix="bench_exec_")
+    name = target.name
+    async with start_server(target, cwd=workdir) as srv:
+        for mode in modes:
+            quick = mode == "quickack"
+            sfx = f" [{mode}]"
+            report.add(name, "handshake" + sfx, await bench_handshake(srv.url, quick,
+                                                                    counts.handshake))
+            async with await RawClient.connect(srv.url, quickack=quick) as c:
+                await c.handshake()
+                if mode == modes[0]:
+                    _rss(report, srv, "RSS idle", target=0.6)
+                report.add(name, "true start->closed" + sfx,
+                           await bench_roundtrip(c, workdir, ["true"], counts.true, None),
+                           target=0.5 if quick else None)
+                report.add(name, "echo hi start->closed" + sfx,
+                           await bench_roundtrip(c, workdir, ["sh", "-c", "echo hi"],
+                                                 counts.echo, b"hi\n"))
+                report.add(name, f"{counts.throughput_mib} MiB stdout via notif" + sfx,
+                           await bench_throughput(c, workdir, counts.throughput_mib,
+                                                  counts.throughput_reps),
+                           unit="MiB/s", target=1.0 if quick else None, higher_is_better=True)
+                report.add(name, f"{counts.concurrent} concurrent sh echo" + sfx,
+                           await bench_concurrent(c, workdir, counts.concurrent,
+                                                  counts.concurrent_reps),
+                           target=0.8 if quick else None)
+                report.add(name, "pty write->echo" + sfx,
+                           await bench_pty_echo(c, workdir, counts.pty_writes),
+                           target=1.0 if quick else None)
+        _rss(report, srv, "RSS after load", target=None)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _rss(report: Report, srv: RunningServer, metric: str, *, target: float | None) -> None:
+    mib = srv.rss_mib()
+    if mib is not None:
+        report.add(srv.target.name, metric, mib, unit="MiB", target=target)
+
+
+def declare_rows(report: Report, counts: Counts, modes: tuple[str, ...]) -> None:
+    """Fix the row order: per metric, quickack then plain."""
+    report.metric("RSS idle", "MiB", target=0.6)
+    for metric, unit, target, hib in (
+        ("handshake", "ms", None, False),
+        ("true start->closed", "ms", 0.5, False),
+        ("echo hi start->closed", "ms", None, False),
+        (f"{counts.throughput_mib} MiB stdout via notif", "MiB/s", 1.0, True),
+        (f"{counts.concurrent} concurrent sh echo", "ms", 0.8, False),
+        ("pty write->echo", "ms", 1.0, False),
+    ):
+        for mode in modes:
+            report.metric(f"{metric} [{mode}]", unit,
+                          target=target if mode == "quickack" else None, higher_is_better=hib)
+    report.metric("RSS after load", "MiB")
+
+
+async def run(args: argparse.Namespace) -> Report:
+    counts = QUICK if args.quick else Counts()
+    targets = [ours_target()] if args.no_upstream else available_targets()
+    targets = [t for t in targets if t.name in args.servers.split(",")]
+    modes = tuple(m for m in MODES if m in args.modes.split(","))
+    report = Report("exec-server process benchmarks (medians)", [t.name for t in targets])
+    declare_rows(report, counts, modes)
+    if UPSTREAM not in report.servers:
+        report.notes.append("upstream codex not installed: pip install openai-codex-cli-bin")
+    for target in targets:
+        print(f"[bench_exec] {target.name}: {' '.join(target.argv)}", file=sys.stderr, flush=True)
+        await bench_server(target, counts, report, modes)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny iteration counts (smoke test)")
+    ap.add_argument("--no-upstream", action="store_true", help="benchmark only our server")
+    ap.add_argument("--servers", default="ours,upstream", help="which servers to run")
+    ap.add_argument("--modes", default=",".join(MODES), help="quickack,plain (default both)")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = ap.parse_args(argv)
+    report = asyncio.run(run(args))
+    report.print()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.as_dict(), f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
