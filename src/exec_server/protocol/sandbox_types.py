@@ -1,0 +1,399 @@
+"""Wire structs of sandbox policies, both protocol generations.
+
+Legacy clients (PROTOCOL.md §6) send ``SandboxLaunchConfig`` on
+``process/start`` and ``FileSystemSandboxContext`` on ``fs/*``; the current
+Codex client (CLIENT_COMPAT.md §1.4) sends a context carrying
+``permissions``. Casing differs per struct and is a classic source of bugs
+(PROTOCOL.md §6 table): legacy policies are snake_case with kebab-case tags,
+the two context structs are camelCase, the current ``permissions`` objects
+are snake_case again.
+
+Every path inside a policy is an :class:`AbsPath`: a plain absolute path or a
+``file://`` URI, lexically normalised at decode time. Decode with
+:func:`decode_sandbox` (it installs the hook that validates paths, so a bad
+path is reported with its location); encode with :func:`encode_sandbox`.
+Unknown members are ignored; unknown tags and enum values are decode errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from exec_server.exceptions import InvalidParamsError
+from exec_server.protocol.paths import parse_wire_path
+
+__all__ = [
+    "AbsPath",
+    "CurrentSandboxContext",
+    "DangerFullAccessPolicy",
+    "ExternalSandboxPolicy",
+    "FileSystemAccess",
+    "FileSystemGlobPath",
+    "FileSystemPath",
+    "FileSystemPathEntry",
+    "FileSystemPermissions",
+    "FileSystemSandboxContext",
+    "FileSystemSandboxEntry",
+    "FileSystemSandboxPolicy",
+    "FileSystemSpecialPath",
+    "FileSystemSpecialPathEntry",
+    "ManagedFileSystem",
+    "ManagedPermissions",
+    "NetworkAccess",
+    "NetworkPermissions",
+    "NetworkSandboxPolicy",
+    "PermissionProfile",
+    "Permissions",
+    "PermissionsDisabled",
+    "PermissionsExternal",
+    "PolicyContext",
+    "ReadOnlyAccess",
+    "ReadOnlyAccessFull",
+    "ReadOnlyAccessRestricted",
+    "ReadOnlyPolicy",
+    "RestrictedFileSystem",
+    "SandboxLaunchConfig",
+    "SandboxPolicy",
+    "SandboxTypeName",
+    "SandboxablePreference",
+    "SpecialCurrentWorkingDirectory",
+    "SpecialMinimal",
+    "SpecialProjectRoots",
+    "SpecialRoot",
+    "SpecialSlashTmp",
+    "SpecialTmpdir",
+    "SpecialUnknown",
+    "UnrestrictedFileSystem",
+    "WindowsSandboxLevel",
+    "WorkspaceWritePolicy",
+    "decode_sandbox",
+    "encode_sandbox",
+]
+
+
+class AbsPath(str):
+    """An absolute, lexically normalised path decoded from a plain path or a ``file://`` URI."""
+
+    __slots__ = ()
+
+
+NetworkAccess = Literal["restricted", "enabled"]
+NetworkSandboxPolicy = Literal["restricted", "enabled"]
+WindowsSandboxLevel = Literal["disabled", "restricted-token", "elevated", "mxc"]
+SandboxablePreference = Literal["auto", "require", "forbid"]
+SandboxTypeName = Literal["none", "macos-seatbelt", "linux-seccomp", "windows-restricted-token"]
+#: ``deny`` is the current client's canonical spelling of ``none``.
+FileSystemAccess = Literal["read", "write", "none", "deny"]
+
+_LEGACY = {"tag_field": "type", "frozen": True, "kw_only": True, "omit_defaults": True}
+
+
+# --- legacy SandboxPolicy (PROTOCOL.md §6.1): tag "type", kebab tags, snake_case ---
+
+
+class ReadOnlyAccessFull(msgspec.Struct, tag="full-access", **_LEGACY):
+    """Everything readable (the default ``ReadOnlyAccess``)."""
+
+
+class ReadOnlyAccessRestricted(msgspec.Struct, tag="restricted", **_LEGACY):
+    """Reads limited to roots (+ platform defaults, which default to on: PROTOCOL §17 trap)."""
+
+    include_platform_defaults: bool = True
+    readable_roots: list[AbsPath] = msgspec.field(default_factory=list)
+
+
+ReadOnlyAccess = ReadOnlyAccessFull | ReadOnlyAccessRestricted
+_FULL_ACCESS = ReadOnlyAccessFull()
+
+
+class DangerFullAccessPolicy(msgspec.Struct, tag="danger-full-access", **_LEGACY):
+    """No restrictions."""
+
+
+class ReadOnlyPolicy(msgspec.Struct, tag="read-only", **_LEGACY):
+    """Reads per ``access``; no writes."""
+
+    access: ReadOnlyAccess = _FULL_ACCESS
+    network_access: bool = False
+
+
+class ExternalSandboxPolicy(msgspec.Struct, tag="external-sandbox", **_LEGACY):
+    """Already confined by the caller; full disk, network per ``network_access``."""
+
+    network_access: NetworkAccess = "restricted"
+
+
+class WorkspaceWritePolicy(msgspec.Struct, tag="workspace-write", **_LEGACY):
+    """Writes to cwd, writable roots, /tmp and $TMPDIR (unless excluded)."""
+
+    writable_roots: list[AbsPath] = msgspec.field(default_factory=list)
+    read_only_access: ReadOnlyAccess = _FULL_ACCESS
+    network_access: bool = False
+    exclude_tmpdir_env_var: bool = False
+    exclude_slash_tmp: bool = False
+
+
+SandboxPolicy = (
+    DangerFullAccessPolicy | ReadOnlyPolicy | ExternalSandboxPolicy | WorkspaceWritePolicy
+)
+
+
+# --- FileSystemSandboxPolicy entries (PROTOCOL.md §6.2, CLIENT_COMPAT.md §1.4) ---
+
+_SPECIAL = {"tag_field": "kind", "frozen": True, "kw_only": True, "omit_defaults": True}
+
+
+class SpecialRoot(msgspec.Struct, tag="root", **_SPECIAL):
+    """The filesystem root (``/``)."""
+
+
+class SpecialMinimal(msgspec.Struct, tag="minimal", **_SPECIAL):
+    """Platform default readable locations; never matches a path check."""
+
+
+class SpecialCurrentWorkingDirectory(msgspec.Struct, tag="current_working_directory", **_SPECIAL):
+    """The policy cwd (current client: every workspace root)."""
+
+
+class SpecialProjectRoots(msgspec.Struct, tag="project_roots", **_SPECIAL):
+    """Every workspace root, optionally joined with a relative ``subpath``."""
+
+    subpath: str | None = None
+
+
+class SpecialTmpdir(msgspec.Struct, tag="tmpdir", **_SPECIAL):
+    """``$TMPDIR`` when set, non-empty and absolute."""
+
+
+class SpecialSlashTmp(msgspec.Struct, tag="slash_tmp", **_SPECIAL):
+    """``/tmp`` when it is a directory."""
+
+
+class SpecialUnknown(msgspec.Struct, tag="unknown", **_SPECIAL):
+    """Forward-compatibility placeholder for config tokens; resolves to nothing."""
+
+    path: str = ""
+    subpath: str | None = None
+
+
+FileSystemSpecialPath = (
+    SpecialRoot
+    | SpecialMinimal
+    | SpecialCurrentWorkingDirectory
+    | SpecialProjectRoots
+    | SpecialTmpdir
+    | SpecialSlashTmp
+    | SpecialUnknown
+)
+
+
+class FileSystemPathEntry(msgspec.Struct, tag="path", **_LEGACY):
+    """A concrete absolute path."""
+
+    path: AbsPath
+
+
+class FileSystemGlobPath(msgspec.Struct, tag="glob_pattern", **_LEGACY):
+    """A glob (current client only), e.g. ``**/*.env``."""
+
+    pattern: str
+
+
+class FileSystemSpecialPathEntry(msgspec.Struct, tag="special", **_LEGACY):
+    """A special path resolved against the policy scope."""
+
+    value: FileSystemSpecialPath
+
+
+FileSystemPath = FileSystemPathEntry | FileSystemGlobPath | FileSystemSpecialPathEntry
+
+
+class FileSystemSandboxEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One entry: a path and its access."""
+
+    path: FileSystemPath
+    access: FileSystemAccess
+    missing_path_behavior: Literal["skip"] | None = None
+
+
+class FileSystemSandboxPolicy(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Legacy derived filesystem policy (PROTOCOL.md §6.2)."""
+
+    kind: Literal["restricted", "unrestricted", "external-sandbox"] = "restricted"
+    entries: list[FileSystemSandboxEntry] = msgspec.field(default_factory=list)
+
+
+# --- PermissionProfile ("additional permissions", PROTOCOL.md §6.4), snake_case ---
+
+
+class NetworkPermissions(msgspec.Struct, frozen=True, kw_only=True):
+    enabled: bool | None = None
+
+
+class FileSystemPermissions(msgspec.Struct, frozen=True, kw_only=True):
+    read: list[AbsPath] | None = None
+    write: list[AbsPath] | None = None
+
+
+class PermissionProfile(msgspec.Struct, frozen=True, kw_only=True):
+    network: NetworkPermissions | None = None
+    file_system: FileSystemPermissions | None = None
+
+
+# --- legacy contexts (camelCase) ---
+
+
+class SandboxLaunchConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/start.sandbox`` of a legacy client (PROTOCOL.md §6.7).
+
+    ``sandbox_preference`` is required unless the older ``sandbox`` member
+    (a pre-selected type, PROTOCOL.md §6.7 variant) is sent instead;
+    :mod:`exec_server.sandbox.convert` enforces that.
+    """
+
+    policy: SandboxPolicy
+    file_system_policy: FileSystemSandboxPolicy
+    network_policy: NetworkSandboxPolicy
+    sandbox_policy_cwd: str
+    enforce_managed_network: bool
+    windows_sandbox_level: WindowsSandboxLevel
+    windows_sandbox_private_desktop: bool
+    use_legacy_landlock: bool
+    sandbox_preference: SandboxablePreference | None = None
+    sandbox: SandboxTypeName | None = None
+    additional_permissions: PermissionProfile | None = None
+
+
+class FileSystemSandboxContext(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``fs/*.sandbox`` of a legacy client (PROTOCOL.md §6.8)."""
+
+    sandbox_policy: SandboxPolicy
+    windows_sandbox_level: WindowsSandboxLevel
+    windows_sandbox_private_desktop: bool = False
+    use_legacy_landlock: bool = False
+    additional_permissions: PermissionProfile | None = None
+
+
+# --- current client's permission context (CLIENT_COMPAT.md §1.4) ---
+
+_PERM = {"tag_field": "type", "frozen": True, "kw_only": True}
+
+
+class UnrestrictedFileSystem(msgspec.Struct, tag="unrestricted", **_PERM):
+    """No filesystem confinement."""
+
+
+class RestrictedFileSystem(msgspec.Struct, tag="restricted", **_PERM):
+    """Filesystem confined to ``entries``."""
+
+    entries: list[FileSystemSandboxEntry]
+    glob_scan_max_depth: int | None = None
+
+
+ManagedFileSystem = UnrestrictedFileSystem | RestrictedFileSystem
+
+
+class PermissionsDisabled(msgspec.Struct, tag="disabled", **_PERM):
+    """No restrictions (like legacy ``danger-full-access``)."""
+
+
+class PermissionsExternal(msgspec.Struct, tag="external", **_PERM):
+    """Already sandboxed externally; full disk; network per ``network``."""
+
+    network: NetworkSandboxPolicy
+
+
+class ManagedPermissions(msgspec.Struct, tag="managed", **_PERM):
+    """Enforce ``file_system`` and ``network``."""
+
+    file_system: ManagedFileSystem
+    network: NetworkSandboxPolicy
+
+
+Permissions = PermissionsDisabled | PermissionsExternal | ManagedPermissions
+
+
+class PolicyContext(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Overrides the context's ``cwd``/``workspaceRoots`` when present (CLIENT_COMPAT §1.5)."""
+
+    cwd: AbsPath | None = None
+    workspace_roots: list[AbsPath] | None = None
+
+
+class CurrentSandboxContext(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``sandbox`` of the current client, on ``process/start`` and ``fs/*``."""
+
+    permissions: Permissions
+    windows_sandbox_level: WindowsSandboxLevel
+    cwd: AbsPath | None = None
+    workspace_roots: list[AbsPath] = msgspec.field(default_factory=list)
+    policy_context: PolicyContext | None = None
+    user_home_dir: AbsPath | None = None
+    temporary_directories: list[AbsPath] | None = None
+    windows_sandbox_private_desktop: bool = False
+    windows_sandbox_proxy_settings_mode: Literal["reconcile", "preserve"] | None = None
+    use_legacy_landlock: bool = False
+    # Informational record of the client's decision; never widens permissions.
+    sandbox_override: msgspec.Raw | None = None
+
+
+# --- codec ---
+
+
+def _dec_hook(tp: type, obj: Any) -> Any:
+    if tp is AbsPath:
+        if not isinstance(obj, str):
+            raise TypeError(f"Expected `str`, got `{type(obj).__name__}`")
+        try:
+            return AbsPath(parse_wire_path(obj).path)
+        except InvalidParamsError as exc:
+            # ValueError lets msgspec attach the field location to the message.
+            raise ValueError(exc.message) from exc
+    raise NotImplementedError(f"unsupported type {tp!r}")
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, AbsPath):
+        return str(obj)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_T = TypeVar("_T")
+
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+
+def decode_sandbox(data: bytes | str | msgspec.Raw, tp: type[_T], *, field: str = "sandbox") -> _T:
+    """Decode one sandbox struct, reporting errors against ``field``.
+
+    Raises:
+        InvalidParamsError: malformed input; the message names the offending
+            member, e.g. ``sandbox.policy.writable_roots[0]: path must be absolute``.
+        InvalidRequestError: a ``file://`` URI naming another host.
+    """
+    decoder = _decoders.get(tp)
+    if decoder is None:
+        decoder = msgspec.json.Decoder(tp, dec_hook=_dec_hook)
+        _decoders[tp] = decoder
+    try:
+        return decoder.decode(data)  # type: ignore[no-any-return]
+    except msgspec.ValidationError as exc:
+        raise InvalidParamsError(_locate(str(exc), field)) from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidParamsError(f"{field}: {exc}") from exc
+
+
+def encode_sandbox(obj: object) -> bytes:
+    """Encode a sandbox struct (``AbsPath`` values become plain strings)."""
+    return _encoder.encode(obj)
+
+
+def _locate(message: str, field: str) -> str:
+    """Turn msgspec's ``<text> - at `$.a.b``` into ``<field>.a.b: <text>``."""
+    text, sep, where = message.rpartition(" - at `$")
+    if not sep:
+        return f"{field}: {message}"
+    return f"{field}{where.rstrip('`')}: {text}"

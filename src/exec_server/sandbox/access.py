@@ -1,0 +1,302 @@
+"""Access resolution (PROTOCOL.md §6.11) and policy → :class:`SandboxPlan`.
+
+A :class:`FileSystemPolicy` names paths indirectly (``current_working_directory``,
+``tmpdir``, …). :class:`ResolvedPolicy` pins every entry to concrete absolute
+paths for one :class:`PolicyScope`, adds the protected subpaths of each
+writable root (§6.10), and answers two questions:
+
+* ``resolve_access(path)``: the server-side check for sandboxed fs calls;
+* ``plan(...)``: the fully resolved description mechanisms enforce.
+
+Both use the same rule: the most specific matching path wins, ties broken
+``none`` > ``write`` > ``read``, no match means ``none``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+from exec_server.sandbox.plan import SandboxPlan
+from exec_server.sandbox.policy import (
+    Access,
+    FileSystemPolicy,
+    FsKind,
+    FsProbe,
+    GlobTarget,
+    Network,
+    OsProbe,
+    PathTarget,
+    PolicyScope,
+    SpecialKind,
+    SpecialTarget,
+    Target,
+    depth,
+    is_within,
+    join_normalized,
+    protected_subpaths,
+)
+
+__all__ = [
+    "LINUX_PLATFORM_DEFAULTS",
+    "ResolvedPolicy",
+    "has_full_disk_read",
+    "has_full_disk_write",
+    "includes_platform_defaults",
+    "resolve_access",
+    "resolve_target",
+]
+
+logger = logging.getLogger("exec_server.sandbox")
+
+#: Upstream's Linux platform-default read roots (SANDBOX.md §1.7); missing ones are dropped.
+LINUX_PLATFORM_DEFAULTS = (
+    "/bin",
+    "/sbin",
+    "/usr",
+    "/etc",
+    "/lib",
+    "/lib64",
+    "/nix/store",
+    "/run/current-system/sw",
+)
+
+
+def resolve_target(target: Target, scope: PolicyScope, probe: FsProbe) -> tuple[str, ...]:
+    """Concrete absolute paths an entry target names (§6.11 step 3, CLIENT_COMPAT §1.6).
+
+    ``minimal``, ``unknown`` and globs name no concrete path.
+    """
+    if isinstance(target, PathTarget):
+        return (target.path,)
+    if isinstance(target, GlobTarget):
+        return ()
+    kind = target.kind
+    if kind is SpecialKind.ROOT:
+        return ("/",)
+    if kind in (SpecialKind.CURRENT_WORKING_DIRECTORY, SpecialKind.PROJECT_ROOTS):
+        return tuple(dict.fromkeys(join_normalized(r, target.subpath) for r in scope.roots))
+    if kind is SpecialKind.TMPDIR:
+        tmpdir = scope.effective_tmpdir
+        return (tmpdir,) if tmpdir is not None else ()
+    if kind is SpecialKind.SLASH_TMP:
+        return ("/tmp",) if probe.is_dir("/tmp") else ()
+    return ()
+
+
+def _best(rules: Iterable[tuple[str, Access]], path: str) -> Access | None:
+    best: tuple[int, int] | None = None
+    access: Access | None = None
+    for rule_path, rule_access in rules:
+        if not is_within(path, rule_path):
+            continue
+        key = (depth(rule_path), rule_access.precedence)
+        if best is None or key > best:
+            best, access = key, rule_access
+    return access
+
+
+def _absolute(path: str, cwd: str) -> str:
+    return join_normalized(cwd, path)
+
+
+def resolve_access(
+    policy: FileSystemPolicy, path: str, scope: PolicyScope, probe: FsProbe | None = None
+) -> Access:
+    """``resolve_access_with_cwd`` exactly as PROTOCOL.md §6.11 (no protected subpaths)."""
+    if policy.kind is not FsKind.RESTRICTED:
+        return Access.WRITE
+    probe = probe or OsProbe()
+    rules = [
+        (p, entry.access)
+        for entry in policy.entries
+        for p in resolve_target(entry.target, scope, probe)
+    ]
+    return _best(rules, _absolute(path, scope.cwd)) or Access.NONE
+
+
+# --- predicates (§6.11 "Other predicates") ---
+
+
+def has_full_disk_read(policy: FileSystemPolicy) -> bool:
+    if policy.kind is not FsKind.RESTRICTED:
+        return True
+    root_reads = any(
+        _is_special(e.target, SpecialKind.ROOT) and e.access is not Access.NONE
+        for e in policy.entries
+    )
+    return root_reads and not any(e.access is Access.NONE for e in policy.entries)
+
+
+def has_full_disk_write(policy: FileSystemPolicy) -> bool:
+    if policy.kind is not FsKind.RESTRICTED:
+        return True
+    entries = policy.entries
+    if not any(
+        _is_special(e.target, SpecialKind.ROOT) and e.access is Access.WRITE for e in entries
+    ):
+        return False
+    writes = {e.target for e in entries if e.access is Access.WRITE}
+    for entry in entries:
+        if entry.access is Access.WRITE or _is_special(entry.target, SpecialKind.MINIMAL):
+            continue
+        if _is_special(entry.target, SpecialKind.ROOT):
+            if entry.access is Access.NONE:
+                return False
+            continue
+        if entry.target not in writes:
+            return False
+    return True
+
+
+def includes_platform_defaults(policy: FileSystemPolicy) -> bool:
+    return (
+        policy.kind is FsKind.RESTRICTED
+        and not has_full_disk_read(policy)
+        and any(
+            _is_special(e.target, SpecialKind.MINIMAL) and e.access is not Access.NONE
+            for e in policy.entries
+        )
+    )
+
+
+def _is_special(target: Target, kind: SpecialKind) -> bool:
+    return isinstance(target, SpecialTarget) and target.kind is kind
+
+
+# --- resolved view ---
+
+
+class ResolvedPolicy:
+    """A filesystem policy pinned to concrete paths for one scope.
+
+    Args:
+        policy: the effective filesystem policy.
+        scope: cwd, workspace roots, ``$TMPDIR``.
+        probe: filesystem probe (protected subpaths and ``/tmp`` existence).
+        protect: add the §6.10 protected subpaths of every writable root as
+            read-only rules.
+    """
+
+    __slots__ = (
+        "full_read",
+        "full_write",
+        "platform_defaults",
+        "policy",
+        "protected",
+        "rules",
+        "scope",
+    )
+
+    def __init__(
+        self,
+        policy: FileSystemPolicy,
+        scope: PolicyScope,
+        *,
+        probe: FsProbe | None = None,
+        protect: bool = True,
+    ) -> None:
+        probe = probe or OsProbe()
+        self.policy = policy
+        self.scope = scope
+        merged: dict[str, Access] = {}
+        if policy.kind is FsKind.RESTRICTED:
+            for entry in policy.entries:
+                if isinstance(entry.target, GlobTarget):
+                    logger.warning(
+                        "glob sandbox entry %r is not materialised; ignored", entry.target.pattern
+                    )
+                for path in resolve_target(entry.target, scope, probe):
+                    old = merged.get(path)
+                    if old is None or entry.access.precedence > old.precedence:
+                        merged[path] = entry.access
+        self.rules: tuple[tuple[str, Access], ...] = tuple(merged.items())
+        self.full_read = has_full_disk_read(policy)
+        self.full_write = has_full_disk_write(policy)
+        self.platform_defaults = includes_platform_defaults(policy)
+        protected: list[str] = []
+        if protect and not self.full_write:
+            for path, access in self.rules:
+                if access is Access.WRITE:
+                    protected.extend(protected_subpaths(path, probe))
+        self.protected: tuple[str, ...] = tuple(dict.fromkeys(protected))
+
+    def _rules(self, exclude: str | None = None) -> list[tuple[str, Access]]:
+        rules = [(p, a) for p, a in self.rules if p != exclude]
+        rules.extend((p, Access.READ) for p in self.protected if p != exclude)
+        return rules
+
+    def resolve_access(self, path: str) -> Access:
+        """Access for ``path`` (relative paths join the policy cwd), §6.11 + protected subpaths."""
+        if self.policy.kind is not FsKind.RESTRICTED:
+            return Access.WRITE
+        target = _absolute(path, self.scope.cwd)
+        # Protected subpaths rank as read entries: explicit deeper grants still win.
+        return _best(self._rules(), target) or Access.NONE
+
+    def can_read(self, path: str) -> bool:
+        return self.resolve_access(path) is not Access.NONE
+
+    def can_write(self, path: str) -> bool:
+        return self.resolve_access(path) is Access.WRITE
+
+    def _context_access(self, path: str) -> Access:
+        """Access ``path`` would have without its own rules (what its parents grant)."""
+        return _best(self._rules(exclude=path), path) or Access.NONE
+
+    def plan(
+        self,
+        network: Network,
+        *,
+        platform_defaults: Sequence[str] = (),
+        extra_read_roots: Sequence[str] = (),
+        probe: FsProbe | None = None,
+    ) -> SandboxPlan:
+        """The :class:`SandboxPlan` mechanisms enforce.
+
+        Args:
+            network: effective network policy.
+            platform_defaults: the platform's default read roots, added when the
+                policy has a readable ``minimal`` entry and reads are restricted.
+            extra_read_roots: additional read roots (e.g. the fs helper's runtime).
+            probe: used to drop platform defaults that do not exist.
+        """
+        net = network is Network.ENABLED
+        cwd = self.scope.cwd
+        if self.policy.kind is not FsKind.RESTRICTED:
+            return SandboxPlan(full_read=True, full_write=True, network=net, cwd=cwd)
+        probe = probe or OsProbe()
+        writable: list[str] = []
+        read_only: list[str] = []
+        readable: list[str] = []
+        denied: list[str] = []
+        for path, access in sorted(self.rules, key=lambda r: (depth(r[0]), r[0])):
+            context = self._context_access(path)
+            if access is Access.WRITE:
+                if context is not Access.WRITE:
+                    writable.append(path)
+            elif access is Access.READ:
+                if context is Access.WRITE:
+                    read_only.append(path)
+                elif context is Access.NONE and not self.full_read:
+                    readable.append(path)
+            elif context is not Access.NONE:
+                denied.append(path)
+        if not self.full_write:
+            read_only.extend(p for p in self.protected if p not in read_only)
+        else:
+            writable = []
+        if not self.full_read:
+            if self.platform_defaults:
+                readable.extend(p for p in platform_defaults if probe.is_dir(p))
+            readable.extend(extra_read_roots)
+        return SandboxPlan(
+            full_read=self.full_read,
+            full_write=self.full_write,
+            network=net,
+            cwd=cwd,
+            readable_roots=tuple(dict.fromkeys(readable)),
+            writable_roots=tuple(writable),
+            read_only_subpaths=tuple(sorted(dict.fromkeys(read_only), key=depth)),
+            denied_paths=tuple(denied),
+        )

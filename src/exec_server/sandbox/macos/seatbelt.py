@@ -1,0 +1,390 @@
+"""macOS Seatbelt: a :class:`SandboxPlan` → profile text + ``sandbox-exec`` argv.
+
+Layout follows SANDBOX.md §4 (upstream ``seatbelt.rs``): the profile is
+sections joined with ``"\\n"`` — base policy, read policy, write policy,
+denials, network policy, platform-default reads — and every path travels as a
+``-D<KEY>=<value>`` parameter, never inside the profile text (except the
+per-root regex guards that keep ``.git``/``.agents``/``.codex`` read-only even
+when they do not exist yet). Parameter values are canonicalised because
+Seatbelt matches real paths (``/tmp`` is ``/private/tmp``).
+
+Pure text generation: runs (and is golden-tested) on any OS; only executing
+the result needs macOS.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from exec_server.process.spec import LaunchSpec
+from exec_server.sandbox.plan import SandboxPlan, SandboxType
+from exec_server.sandbox.policy import is_within
+
+__all__ = [
+    "BASE_POLICY",
+    "NETWORK_POLICY",
+    "PLATFORM_DEFAULTS_POLICY",
+    "SANDBOX_EXEC",
+    "SeatbeltCommand",
+    "build",
+    "darwin_user_cache_dir",
+    "wrap",
+]
+
+#: Absolute path, never a PATH lookup: a planted binary would defeat the sandbox.
+SANDBOX_EXEC = "/usr/bin/sandbox-exec"
+
+#: Protected metadata names guarded by regex in every writable root.
+PROTECTED_NAMES = (".git", ".agents", ".codex")
+
+BASE_POLICY = """\
+(version 1)
+
+; closed by default
+(deny default)
+
+; processes may spawn children, which inherit this policy
+(allow process-exec)
+(allow process-fork)
+(allow signal (target same-sandbox))
+(allow process-info* (target same-sandbox))
+
+; /dev/null is writable (character device only)
+(allow file-write-data
+  (require-all
+    (path "/dev/null")
+    (vnode-type CHARACTER-DEVICE)))
+
+; system information commonly queried by runtimes
+(allow sysctl-read
+  (sysctl-name "hw.activecpu")
+  (sysctl-name "hw.busfrequency_compat")
+  (sysctl-name "hw.byteorder")
+  (sysctl-name "hw.cacheconfig")
+  (sysctl-name "hw.cachelinesize_compat")
+  (sysctl-name "hw.cpufamily")
+  (sysctl-name "hw.cpufrequency_compat")
+  (sysctl-name "hw.cputype")
+  (sysctl-name "hw.l1dcachesize_compat")
+  (sysctl-name "hw.l1icachesize_compat")
+  (sysctl-name "hw.l2cachesize_compat")
+  (sysctl-name "hw.l3cachesize_compat")
+  (sysctl-name "hw.logicalcpu_max")
+  (sysctl-name "hw.machine")
+  (sysctl-name "hw.memsize")
+  (sysctl-name "hw.ncpu")
+  (sysctl-name "hw.nperflevels")
+  (sysctl-name "hw.packages")
+  (sysctl-name "hw.pagesize_compat")
+  (sysctl-name "hw.pagesize")
+  (sysctl-name "hw.physicalcpu")
+  (sysctl-name "hw.physicalcpu_max")
+  (sysctl-name "hw.logicalcpu")
+  (sysctl-name "hw.tbfrequency_compat")
+  (sysctl-name "hw.vectorunit")
+  (sysctl-name "kern.argmax")
+  (sysctl-name "kern.hostname")
+  (sysctl-name "kern.maxfilesperproc")
+  (sysctl-name "kern.maxproc")
+  (sysctl-name "kern.osproductversion")
+  (sysctl-name "kern.osrelease")
+  (sysctl-name "kern.ostype")
+  (sysctl-name "kern.osvariant_status")
+  (sysctl-name "kern.osversion")
+  (sysctl-name "kern.secure_kernel")
+  (sysctl-name "kern.usrstack64")
+  (sysctl-name "kern.version")
+  (sysctl-name "machdep.cpu.brand_string")
+  (sysctl-name "sysctl.proc_cputype")
+  (sysctl-name "vm.loadavg")
+  (sysctl-name-prefix "hw.optional.arm.")
+  (sysctl-name-prefix "hw.optional.")
+  (sysctl-name-prefix "hw.perflevel")
+  (sysctl-name-prefix "kern.proc.pgrp.")
+  (sysctl-name-prefix "kern.proc.pid.")
+  (sysctl-name-prefix "net.routetable.")
+)
+
+; Rosetta and some runtimes write this one sysctl
+(allow sysctl-write
+  (sysctl-name "kern.grade_cputype"))
+
+; power management queries
+(allow iokit-open
+  (iokit-registry-entry-class "RootDomainUserClient"))
+
+; user/group lookups, power assertions, preferences
+(allow mach-lookup
+  (global-name "com.apple.system.opendirectoryd.libinfo")
+  (global-name "com.apple.PowerManagement.control")
+  (global-name "com.apple.cfprefsd.daemon")
+  (global-name "com.apple.cfprefsd.agent")
+  (local-name "com.apple.cfprefsd.agent"))
+
+; POSIX semaphores (Python multiprocessing)
+(allow ipc-posix-sem)
+
+; OpenMP (KMP) runtime registration
+(allow ipc-posix-shm-read* ipc-posix-shm-write-create ipc-posix-shm-write-unlink
+  (ipc-posix-name-regex #"^/__KMP_REGISTERED_LIB_[0-9]+$"))
+
+; pseudo-terminals
+(allow pseudo-tty)
+(allow file-read* file-write* file-ioctl
+  (literal "/dev/ptmx"))
+(allow file-read* file-write*
+  (require-all
+    (regex #"^/dev/ttys[0-9]+")
+    (extension "com.apple.sandbox.pty")))
+(allow file-ioctl
+  (regex #"^/dev/ttys[0-9]+"))
+
+(allow user-preference-read)
+
+; ps needs privileges it cannot get inside the sandbox
+(allow process-exec
+  (literal "/bin/ps")
+  (with no-sandbox))
+"""
+
+NETWORK_POLICY = """\
+; network services used by resolvers, TLS and proxies
+(allow network-outbound)
+(allow network-inbound)
+(allow system-socket
+  (require-all
+    (socket-domain AF_SYSTEM)
+    (socket-protocol 2)))
+(allow mach-lookup
+  (global-name "com.apple.bsd.dirhelper")
+  (global-name "com.apple.system.opendirectoryd.membership")
+  (global-name "com.apple.SecurityServer")
+  (global-name "com.apple.networkd")
+  (global-name "com.apple.ocspd")
+  (global-name "com.apple.trustd.agent")
+  (global-name "com.apple.SystemConfiguration.DNSConfiguration")
+  (global-name "com.apple.SystemConfiguration.configd"))
+(allow sysctl-read
+  (sysctl-name-prefix "net.routetable"))
+"""
+
+PLATFORM_DEFAULTS_POLICY = """\
+; platform defaults: what dyld, libc and common tools read
+(allow file-read* file-test-existence
+  (subpath "/Library/Apple")
+  (subpath "/Library/Filesystems/NetFSPlugins")
+  (subpath "/Library/Preferences/Logging")
+  (subpath "/System")
+  (subpath "/bin")
+  (subpath "/sbin")
+  (subpath "/usr/bin")
+  (subpath "/usr/lib")
+  (subpath "/usr/libexec")
+  (subpath "/usr/sbin")
+  (subpath "/usr/share")
+  (subpath "/private/var/db/timezone")
+  (subpath "/private/etc")
+  (literal "/etc")
+  (literal "/tmp")
+  (literal "/var")
+  (literal "/private")
+  (literal "/dev/null")
+  (literal "/dev/random")
+  (literal "/dev/urandom")
+  (literal "/dev/zero")
+  (literal "/dev/dtracehelper")
+  (literal "/dev/autofs_nowait")
+  (literal "/dev/tty")
+  (literal "/"))
+(allow file-read-metadata
+  (subpath "/"))
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SeatbeltCommand:
+    """The pieces of a Seatbelt launch.
+
+    Attributes:
+        profile: SBPL text passed with ``-p``.
+        params: ``(KEY, value)`` pairs passed as ``-DKEY=value``, in order.
+    """
+
+    profile: str
+    params: tuple[tuple[str, str], ...]
+
+    def argv(self, command: Sequence[str]) -> list[str]:
+        """``[/usr/bin/sandbox-exec, -p, profile, -D..., --, command...]``."""
+        return [
+            SANDBOX_EXEC,
+            "-p",
+            self.profile,
+            *(f"-D{key}={value}" for key, value in self.params),
+            "--",
+            *command,
+        ]
+
+
+def sbpl_string(value: str) -> str:
+    """An SBPL string literal: backslash and double quote escaped."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _regex_literal(pattern: str) -> str:
+    return '#"' + pattern.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def darwin_user_cache_dir() -> str | None:
+    """``confstr(_CS_DARWIN_USER_CACHE_DIR)`` where the platform has it."""
+    try:
+        value = os.confstr("CS_DARWIN_USER_CACHE_DIR")
+    except (ValueError, OSError):
+        return None
+    return value or None
+
+
+def _dedup(items: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _access_block(action: str, components: Sequence[str]) -> str:
+    return f"(allow {action}\n" + " ".join(components) + "\n)"
+
+
+def _root_component(
+    key: str, excluded: Sequence[str], guards: Sequence[str]
+) -> tuple[str, list[tuple[str, str]]]:
+    params: list[tuple[str, str]] = []
+    if not excluded and not guards:
+        return f'(subpath (param "{key}"))', params
+    parts = [f'(require-all (subpath (param "{key}"))']
+    for j, path in enumerate(excluded):
+        ekey = f"{key}_EXCLUDED_{j}"
+        params.append((ekey, path))
+        # literal closes the gap of creating the protected directory itself
+        parts.append(f'(require-not (literal (param "{ekey}")))')
+        parts.append(f'(require-not (subpath (param "{ekey}")))')
+    parts.extend(guards)
+    return " ".join(parts) + " )", params
+
+
+def _guards(root: str) -> list[str]:
+    base = "" if root == "/" else re.escape(root)
+    return [
+        f"(require-not (regex {_regex_literal('^' + base + '/' + re.escape(name) + '(/.*)?$')}))"
+        for name in PROTECTED_NAMES
+    ]
+
+
+def build(
+    plan: SandboxPlan,
+    *,
+    include_platform_defaults: bool = False,
+    realpath: Callable[[str], str] = os.path.realpath,
+    user_cache_dir: str | None = None,
+) -> SeatbeltCommand:
+    """Profile and parameters for ``plan``.
+
+    Args:
+        plan: what the command may do.
+        include_platform_defaults: add the platform-default read rules (when
+            reads are restricted).
+        realpath: canonicalises parameter values (injectable for tests).
+        user_cache_dir: value of ``DARWIN_USER_CACHE_DIR`` (None: omitted).
+    """
+    params: list[tuple[str, str]] = []
+    writable = [] if plan.full_write else _dedup([realpath(p) for p in plan.writable_roots])
+    read_only = _dedup([realpath(p) for p in plan.read_only_subpaths])
+    denied = _dedup([realpath(p) for p in plan.denied_paths])
+
+    # read policy
+    read_params: list[tuple[str, str]] = []
+    if plan.full_read:
+        read_section = "; allow read-only file operations\n(allow file-read*)"
+    else:
+        readable = _dedup([realpath(p) for p in plan.readable_roots] + writable)
+        components = []
+        for i, root in enumerate(readable):
+            key = f"READABLE_ROOT_{i}"
+            read_params.append((key, root))
+            components.append(f'(subpath (param "{key}"))')
+        read_section = "; allow read-only file operations\n"
+        if components:
+            read_section += _access_block("file-read*", components)
+
+    # write policy
+    write_params: list[tuple[str, str]] = []
+    if plan.full_write:
+        write_section = '(allow file-write* (regex #"^/"))'
+    elif writable:
+        components = []
+        for i, root in enumerate(writable):
+            key = f"WRITABLE_ROOT_{i}"
+            write_params.append((key, root))
+            excluded = [p for p in read_only if p != root and is_within(p, root)]
+            component, extra = _root_component(key, excluded, _guards(root))
+            write_params.extend(extra)
+            components.append(component)
+        write_section = _access_block("file-write*", components)
+    else:
+        write_section = ""
+
+    # denials carved out of readable/writable areas (later rules override earlier ones)
+    deny_params: list[tuple[str, str]] = []
+    if denied:
+        components = []
+        for i, path in enumerate(denied):
+            key = f"DENIED_PATH_{i}"
+            deny_params.append((key, path))
+            components.append(f'(literal (param "{key}")) (subpath (param "{key}"))')
+        deny_section = "(deny file-read* file-write*\n" + " ".join(components) + "\n)"
+    else:
+        deny_section = ""
+
+    network_section = NETWORK_POLICY if plan.network else ""
+    defaults_section = (
+        PLATFORM_DEFAULTS_POLICY if include_platform_defaults and not plan.full_read else ""
+    )
+    params = read_params + write_params + deny_params
+    if user_cache_dir:
+        params.append(("DARWIN_USER_CACHE_DIR", realpath(user_cache_dir)))
+    profile = "\n".join(
+        [BASE_POLICY, read_section, write_section, deny_section, network_section, defaults_section]
+    )
+    return SeatbeltCommand(profile, tuple(params))
+
+
+def wrap(
+    spec: LaunchSpec,
+    plan: SandboxPlan,
+    *,
+    include_platform_defaults: bool = False,
+    realpath: Callable[[str], str] = os.path.realpath,
+    user_cache_dir: str | None = None,
+) -> LaunchSpec:
+    """Run ``spec`` under ``sandbox-exec`` (PROTOCOL.md §7.4, §7.5).
+
+    No argv0 override is possible through ``sandbox-exec``; ``arg0`` is dropped.
+    Adds ``CODEX_SANDBOX=seatbelt`` and, with the network off,
+    ``CODEX_SANDBOX_NETWORK_DISABLED=1``.
+    """
+    command = build(
+        plan,
+        include_platform_defaults=include_platform_defaults,
+        realpath=realpath,
+        user_cache_dir=user_cache_dir if user_cache_dir is not None else darwin_user_cache_dir(),
+    )
+    env = dict(spec.env)
+    env["CODEX_SANDBOX"] = "seatbelt"
+    if not plan.network:
+        env["CODEX_SANDBOX_NETWORK_DISABLED"] = "1"
+    return replace(
+        spec,
+        argv=command.argv(spec.argv),
+        env=env,
+        arg0=None,
+        sandbox_type=SandboxType.MACOS_SEATBELT,
+    )

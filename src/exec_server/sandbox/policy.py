@@ -1,0 +1,533 @@
+"""One internal sandbox policy model for both wire generations (pure data).
+
+Legacy clients describe a sandbox with a ``SandboxPolicy`` (PROTOCOL.md §6.1)
+plus a derived ``FileSystemSandboxPolicy``; the current client sends
+permission entries (CLIENT_COMPAT.md §1.4). Both end up here as a
+:class:`FileSystemPolicy` (entries x access) and a :class:`Network` value,
+resolved against a :class:`PolicyScope` (cwd, workspace roots, ``$TMPDIR``).
+The legacy policy itself is kept too (:data:`LegacyPolicy`) because §6.9 /
+§6.10 / §6.12 are defined on it.
+
+Nothing here touches the OS; conversions that need to know whether a path
+exists (protected subpaths, ``/tmp``) take an :class:`FsProbe`.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+__all__ = [
+    "Access",
+    "DangerFullAccess",
+    "ExternalSandbox",
+    "ExtraPermissions",
+    "FileSystemPolicy",
+    "FsEntry",
+    "FsKind",
+    "FsProbe",
+    "GlobTarget",
+    "LegacyPolicy",
+    "Network",
+    "OsProbe",
+    "PathTarget",
+    "PolicyScope",
+    "ReadOnly",
+    "ReadOnlyAccess",
+    "SpecialKind",
+    "SpecialTarget",
+    "Target",
+    "WorkspaceWrite",
+    "WritableRoot",
+    "base_fs_policy_from_legacy",
+    "effective_fs_policy",
+    "effective_legacy_policy",
+    "effective_network",
+    "fs_policy_from_legacy",
+    "helper_legacy_policy",
+    "is_within",
+    "join_normalized",
+    "legacy_network",
+    "legacy_writable_roots",
+    "protected_subpaths",
+]
+
+
+class Access(enum.Enum):
+    """What an entry grants. ``write`` implies read; ``none`` denies both."""
+
+    NONE = "none"
+    READ = "read"
+    WRITE = "write"
+
+    @property
+    def precedence(self) -> int:
+        """Tie-break between equally specific entries: none > write > read (§6.2)."""
+        return _PRECEDENCE[self]
+
+
+_PRECEDENCE = {Access.READ: 0, Access.WRITE: 1, Access.NONE: 2}
+
+
+class FsKind(enum.Enum):
+    """Filesystem policy kind; only ``restricted`` looks at entries."""
+
+    RESTRICTED = "restricted"
+    UNRESTRICTED = "unrestricted"
+    EXTERNAL = "external-sandbox"
+
+
+class Network(enum.Enum):
+    RESTRICTED = "restricted"
+    ENABLED = "enabled"
+
+
+class SpecialKind(enum.Enum):
+    """Special paths (PROTOCOL.md §6.2); values are the wire spellings."""
+
+    ROOT = "root"
+    MINIMAL = "minimal"
+    CURRENT_WORKING_DIRECTORY = "current_working_directory"
+    PROJECT_ROOTS = "project_roots"
+    TMPDIR = "tmpdir"
+    SLASH_TMP = "slash_tmp"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class PathTarget:
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class SpecialTarget:
+    kind: SpecialKind
+    subpath: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GlobTarget:
+    pattern: str
+
+
+Target = PathTarget | SpecialTarget | GlobTarget
+
+
+@dataclass(frozen=True, slots=True)
+class FsEntry:
+    """One policy entry. ``skip_if_missing`` is informational (CLIENT_COMPAT §1.4)."""
+
+    target: Target
+    access: Access
+    skip_if_missing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FileSystemPolicy:
+    """``FileSystemSandboxPolicy`` (PROTOCOL.md §6.2)."""
+
+    kind: FsKind
+    entries: tuple[FsEntry, ...] = ()
+
+    @classmethod
+    def unrestricted(cls) -> FileSystemPolicy:
+        return cls(FsKind.UNRESTRICTED)
+
+    @classmethod
+    def external(cls) -> FileSystemPolicy:
+        return cls(FsKind.EXTERNAL)
+
+    @classmethod
+    def restricted(cls, entries: Iterable[FsEntry]) -> FileSystemPolicy:
+        return cls(FsKind.RESTRICTED, tuple(entries))
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyScope:
+    """What special paths resolve against.
+
+    Attributes:
+        cwd: the policy cwd (``sandboxPolicyCwd``, server cwd for legacy fs calls).
+        roots: workspace roots; ``current_working_directory`` and
+            ``project_roots`` expand to each of them (CLIENT_COMPAT §1.5).
+            Legacy policies use ``(cwd,)``.
+        tmpdir: the ``$TMPDIR`` that ``tmpdir`` means (child env for processes,
+            server env for fs calls), or None.
+        home: the user's home (current client), for ``~`` in globs.
+    """
+
+    cwd: str
+    roots: tuple[str, ...]
+    tmpdir: str | None = None
+    home: str | None = None
+
+    @classmethod
+    def legacy(cls, cwd: str, tmpdir: str | None) -> PolicyScope:
+        return cls(cwd=cwd, roots=(cwd,), tmpdir=tmpdir)
+
+    @property
+    def effective_tmpdir(self) -> str | None:
+        """``$TMPDIR`` if set, non-empty and absolute (PROTOCOL.md §6.2), normalised."""
+        if self.tmpdir and self.tmpdir.startswith("/"):
+            return normalize(self.tmpdir)
+        return None
+
+
+# --- legacy SandboxPolicy ---
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOnlyAccess:
+    """``ReadOnlyAccess``: ``full`` or restricted to roots (+ platform defaults)."""
+
+    full: bool = True
+    include_platform_defaults: bool = True
+    readable_roots: tuple[str, ...] = ()
+
+    @classmethod
+    def restricted(
+        cls, readable_roots: Iterable[str] = (), *, include_platform_defaults: bool = True
+    ) -> ReadOnlyAccess:
+        return cls(False, include_platform_defaults, tuple(readable_roots))
+
+
+FULL_READ = ReadOnlyAccess()
+
+
+@dataclass(frozen=True, slots=True)
+class DangerFullAccess:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOnly:
+    access: ReadOnlyAccess = FULL_READ
+    network_access: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalSandbox:
+    network_enabled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceWrite:
+    writable_roots: tuple[str, ...] = ()
+    read_only_access: ReadOnlyAccess = FULL_READ
+    network_access: bool = False
+    exclude_tmpdir_env_var: bool = False
+    exclude_slash_tmp: bool = False
+
+
+LegacyPolicy = DangerFullAccess | ReadOnly | ExternalSandbox | WorkspaceWrite
+
+
+@dataclass(frozen=True, slots=True)
+class ExtraPermissions:
+    """``PermissionProfile`` (PROTOCOL.md §6.4): ``None`` members were null on the wire."""
+
+    network_enabled: bool | None = None
+    network_present: bool = False
+    read: tuple[str, ...] | None = None
+    write: tuple[str, ...] | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        """Both members null."""
+        return not self.network_present and self.read is None and self.write is None
+
+    @property
+    def extra_reads(self) -> tuple[str, ...]:
+        return _dedup(self.read or ())
+
+    @property
+    def extra_writes(self) -> tuple[str, ...]:
+        return _dedup(self.write or ())
+
+
+# --- filesystem probing (the one impure seam) ---
+
+
+class FsProbe(Protocol):
+    """What policy conversion needs to know about the filesystem."""
+
+    def is_dir(self, path: str) -> bool: ...
+
+    def is_file(self, path: str) -> bool: ...
+
+    def read_text(self, path: str) -> str | None: ...
+
+
+class OsProbe:
+    """:class:`FsProbe` on the real filesystem."""
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def is_file(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+    def read_text(self, path: str) -> str | None:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                return fh.read(4096)
+        except OSError:
+            return None
+
+
+# --- path helpers ---
+
+
+def normalize(path: str) -> str:
+    """Lexically normalise an absolute path (``..`` pops, PROTOCOL.md §5.2)."""
+    out: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if out:
+                out.pop()
+            continue
+        out.append(part)
+    return "/" + "/".join(out)
+
+
+def join_normalized(base: str, rel: str | None) -> str:
+    """``base`` joined with ``rel`` (absolute ``rel`` replaces it), lexically normalised."""
+    if not rel:
+        return normalize(base)
+    if rel.startswith("/"):
+        return normalize(rel)
+    return normalize(base + "/" + rel)
+
+
+def is_within(path: str, root: str) -> bool:
+    """Component-wise prefix: ``/a/b`` contains ``/a/b`` and ``/a/b/c``, not ``/a/bc``."""
+    if root == "/":
+        return path.startswith("/")
+    return path == root or path.startswith(root + "/")
+
+
+def depth(path: str) -> int:
+    return 0 if path == "/" else path.count("/")
+
+
+def _dedup(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+# --- §6.3 / §6.9: legacy → FileSystemSandboxPolicy ---
+
+
+def legacy_network(policy: LegacyPolicy) -> Network:
+    """``enabled`` iff the legacy policy has full network access (PROTOCOL.md §6.3)."""
+    if isinstance(policy, DangerFullAccess):
+        return Network.ENABLED
+    if isinstance(policy, ExternalSandbox):
+        return Network.ENABLED if policy.network_enabled else Network.RESTRICTED
+    return Network.ENABLED if policy.network_access else Network.RESTRICTED
+
+
+def _special(kind: SpecialKind, access: Access) -> FsEntry:
+    return FsEntry(SpecialTarget(kind), access)
+
+
+def _read_entries(access: ReadOnlyAccess, *, with_cwd: bool) -> list[FsEntry]:
+    if access.full:
+        return [_special(SpecialKind.ROOT, Access.READ)]
+    entries: list[FsEntry] = []
+    if with_cwd:
+        entries.append(_special(SpecialKind.CURRENT_WORKING_DIRECTORY, Access.READ))
+    if access.include_platform_defaults:
+        entries.append(_special(SpecialKind.MINIMAL, Access.READ))
+    entries.extend(FsEntry(PathTarget(root), Access.READ) for root in access.readable_roots)
+    return entries
+
+
+def base_fs_policy_from_legacy(policy: LegacyPolicy) -> FileSystemPolicy:
+    """The cwd-independent conversion of PROTOCOL.md §6.9."""
+    if isinstance(policy, DangerFullAccess):
+        return FileSystemPolicy.unrestricted()
+    if isinstance(policy, ExternalSandbox):
+        return FileSystemPolicy.external()
+    if isinstance(policy, ReadOnly):
+        return FileSystemPolicy.restricted(_read_entries(policy.access, with_cwd=True))
+    entries = _read_entries(policy.read_only_access, with_cwd=False)
+    entries.append(_special(SpecialKind.CURRENT_WORKING_DIRECTORY, Access.WRITE))
+    if not policy.exclude_slash_tmp:
+        entries.append(_special(SpecialKind.SLASH_TMP, Access.WRITE))
+    if not policy.exclude_tmpdir_env_var:
+        entries.append(_special(SpecialKind.TMPDIR, Access.WRITE))
+    entries.extend(FsEntry(PathTarget(root), Access.WRITE) for root in policy.writable_roots)
+    return FileSystemPolicy.restricted(entries)
+
+
+def fs_policy_from_legacy(
+    policy: LegacyPolicy, scope: PolicyScope, probe: FsProbe
+) -> FileSystemPolicy:
+    """``from_legacy_sandbox_policy`` (PROTOCOL.md §6.9).
+
+    For workspace-write, readable roots already writable under a legacy
+    writable root are dropped (unless they sit in a protected subpath).
+    """
+    base = base_fs_policy_from_legacy(policy)
+    if not isinstance(policy, WorkspaceWrite):
+        return base
+    roots = legacy_writable_roots(policy, scope, probe)
+    kept = tuple(
+        entry
+        for entry in base.entries
+        if not (
+            isinstance(entry.target, PathTarget)
+            and entry.access is Access.READ
+            and any(root.allows_write(entry.target.path) for root in roots)
+        )
+    )
+    return FileSystemPolicy(base.kind, kept)
+
+
+# --- §6.10: writable roots and protected subpaths ---
+
+
+@dataclass(frozen=True, slots=True)
+class WritableRoot:
+    """A writable root and the subpaths inside it that stay read-only."""
+
+    root: str
+    read_only_subpaths: tuple[str, ...] = field(default=())
+
+    def allows_write(self, path: str) -> bool:
+        return is_within(path, self.root) and not any(
+            is_within(path, sub) for sub in self.read_only_subpaths
+        )
+
+
+#: Metadata directories kept read-only inside writable roots (PROTOCOL.md §6.10).
+PROTECTED_NAMES = (".git", ".agents", ".codex")
+
+
+def protected_subpaths(root: str, probe: FsProbe) -> tuple[str, ...]:
+    """Read-only subpaths of one writable root (PROTOCOL.md §6.10).
+
+    ``.git`` when it exists as a directory or file, plus the target of a
+    ``gitdir: <path>`` pointer file when that exists; ``.agents`` and
+    ``.codex`` when they are directories.
+    """
+    out: list[str] = []
+    git = join_normalized(root, ".git")
+    if probe.is_dir(git):
+        out.append(git)
+    elif probe.is_file(git):
+        out.append(git)
+        text = probe.read_text(git)
+        if text is not None:
+            first = text.strip().splitlines()[0] if text.strip() else ""
+            if first.startswith("gitdir:"):
+                target = first[len("gitdir:") :].strip()
+                if target:
+                    gitdir = join_normalized(root, target)
+                    if probe.is_dir(gitdir) or probe.is_file(gitdir):
+                        out.append(gitdir)
+    for name in PROTECTED_NAMES[1:]:
+        path = join_normalized(root, name)
+        if probe.is_dir(path):
+            out.append(path)
+    return tuple(out)
+
+
+def legacy_writable_roots(
+    policy: LegacyPolicy, scope: PolicyScope, probe: FsProbe
+) -> list[WritableRoot]:
+    """Writable roots of a workspace-write policy, in §6.10 order, with protections."""
+    if not isinstance(policy, WorkspaceWrite):
+        return []
+    paths: list[str] = list(policy.writable_roots)
+    paths.append(normalize(scope.cwd))
+    if not policy.exclude_slash_tmp and probe.is_dir("/tmp"):
+        paths.append("/tmp")
+    tmpdir = scope.effective_tmpdir
+    if not policy.exclude_tmpdir_env_var and tmpdir is not None:
+        paths.append(tmpdir)
+    return [WritableRoot(root, protected_subpaths(root, probe)) for root in _dedup(paths)]
+
+
+# --- §6.12: effective policies with additional permissions ---
+
+
+def effective_fs_policy(
+    policy: FileSystemPolicy, extra: ExtraPermissions | None
+) -> FileSystemPolicy:
+    """Append extra read/write grants to a restricted policy, skipping exact duplicates."""
+    if extra is None or policy.kind is not FsKind.RESTRICTED:
+        return policy
+    reads, writes = extra.extra_reads, extra.extra_writes
+    if not reads and not writes:
+        return policy
+    entries = list(policy.entries)
+    for access, paths in ((Access.READ, reads), (Access.WRITE, writes)):
+        for path in paths:
+            entry = FsEntry(PathTarget(path), access)
+            if entry not in entries:
+                entries.append(entry)
+    return FileSystemPolicy(policy.kind, tuple(entries))
+
+
+def effective_network(network: Network, extra: ExtraPermissions | None) -> Network:
+    """Network after additional permissions (PROTOCOL.md §6.12)."""
+    if extra is None:
+        return network
+    if network is Network.ENABLED or extra.network_enabled is True:
+        return Network.ENABLED
+    return Network.RESTRICTED
+
+
+def _merge_reads(access: ReadOnlyAccess, reads: Sequence[str]) -> ReadOnlyAccess:
+    if access.full or not reads:
+        return access
+    return replace(access, readable_roots=_dedup((*access.readable_roots, *reads)))
+
+
+def effective_legacy_policy(policy: LegacyPolicy, extra: ExtraPermissions | None) -> LegacyPolicy:
+    """Legacy policy widened by additional permissions (PROTOCOL.md §6.12)."""
+    if extra is None or extra.is_empty:
+        return policy
+    grants_network = extra.network_enabled is True
+    reads, writes = extra.extra_reads, extra.extra_writes
+    if isinstance(policy, DangerFullAccess):
+        return policy
+    if isinstance(policy, ExternalSandbox):
+        return ExternalSandbox(network_enabled=policy.network_enabled or grants_network)
+    if isinstance(policy, WorkspaceWrite):
+        return replace(
+            policy,
+            writable_roots=_dedup((*policy.writable_roots, *writes)),
+            read_only_access=_merge_reads(policy.read_only_access, reads),
+            network_access=policy.network_access or grants_network,
+        )
+    access = _merge_reads(policy.access, reads)
+    network = policy.network_access or grants_network
+    if not writes:
+        return ReadOnly(access=access, network_access=network)
+    # Intentional over-approximation upstream: read-only + writes becomes workspace-write.
+    return WorkspaceWrite(
+        writable_roots=writes,
+        read_only_access=access,
+        network_access=network,
+        exclude_tmpdir_env_var=False,
+        exclude_slash_tmp=False,
+    )
+
+
+def helper_legacy_policy(policy: LegacyPolicy) -> LegacyPolicy:
+    """Force platform-default reads on for the fs helper (PROTOCOL.md §10.1 step 3)."""
+    if isinstance(policy, ReadOnly) and not policy.access.full:
+        return replace(policy, access=replace(policy.access, include_platform_defaults=True))
+    if isinstance(policy, WorkspaceWrite) and not policy.read_only_access.full:
+        return replace(
+            policy,
+            read_only_access=replace(policy.read_only_access, include_platform_defaults=True),
+        )
+    return policy
