@@ -1,0 +1,71 @@
+"""Child environment from the current client's ``envPolicy`` (CLIENT_COMPAT.md §4.1).
+
+Order: inherit (all / core / none) → default excludes (``*KEY*``, ``*SECRET*``,
+``*TOKEN*``) unless ignored → ``exclude`` → ``set`` → ``includeOnly`` (if
+non-empty) → the request ``env`` overlaid last, unfiltered. Without a policy
+the child environment is exactly ``env`` (PROTOCOL.md §8.9).
+
+Patterns match the whole name case-insensitively; ``*`` and ``?`` are the only
+wildcards (``[`` is literal).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import re
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+__all__ = ["CORE_VARIABLES", "DEFAULT_EXCLUDES", "build_child_env", "matches_any"]
+
+CORE_VARIABLES = (
+    "PATH", "SHELL", "TMPDIR", "TEMP", "TMP", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LOGNAME",
+    "USER",
+)
+DEFAULT_EXCLUDES = ("*KEY*", "*SECRET*", "*TOKEN*")
+
+Inherit = Literal["all", "core", "none"]
+
+
+@functools.lru_cache(maxsize=256)
+def _compile(pattern: str) -> re.Pattern[str]:
+    # fnmatch.translate treats [...] as a class; escape it so only * and ? are special.
+    translated = fnmatch.translate(pattern.lower().replace("[", "[[]"))
+    return re.compile(translated)
+
+
+def matches_any(name: str, patterns: Iterable[str]) -> bool:
+    """Case-insensitive whole-name wildcard match against any pattern."""
+    lowered = name.lower()
+    return any(_compile(p).match(lowered) is not None for p in patterns)
+
+
+def build_child_env(
+    *,
+    inherit: Inherit,
+    ignore_default_excludes: bool,
+    exclude: Iterable[str],
+    set_vars: Mapping[str, str],
+    include_only: Iterable[str],
+    env: Mapping[str, str],
+    server_env: Mapping[str, str],
+) -> dict[str, str]:
+    """Apply the policy to ``server_env`` (the exec-server's own environment)."""
+    if inherit == "all":
+        result = dict(server_env)
+    elif inherit == "core":
+        result = {k: server_env[k] for k in CORE_VARIABLES if k in server_env}
+    else:
+        result = {}
+    if not ignore_default_excludes:
+        result = {k: v for k, v in result.items() if not matches_any(k, DEFAULT_EXCLUDES)}
+    exclude = tuple(exclude)
+    if exclude:
+        result = {k: v for k, v in result.items() if not matches_any(k, exclude)}
+    result.update(set_vars)
+    include_only = tuple(include_only)
+    if include_only:
+        result = {k: v for k, v in result.items() if matches_any(k, include_only)}
+    result.update(env)
+    return result

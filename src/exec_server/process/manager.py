@@ -1,0 +1,640 @@
+"""Per-session process table: start, read, write, terminate, signal, notifications.
+
+One :class:`ProcessManager` per session (PROTOCOL.md §8). Each running process
+has three owned tasks: one capture loop per output fd and an exit watcher
+(pidfd). Every event (output chunk, exit, close) takes the next seq of the
+process's :class:`OutputBuffer` and is then sent through the sink, all under a
+per-process lock so notifications leave in seq order; awaiting the sink is
+the backpressure path (a slow client slows the child). ``closed`` is recorded
+only after the exit status was reaped *and* every output stream hit EOF.
+
+Termination (issue 2 overrides §8.6): SIGTERM to the process group, then
+SIGKILL after ``terminate_grace``; the exit code stays observable (143/137).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import signal as _signal
+import subprocess
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from typing import Final, Protocol
+
+import msgspec
+
+from exec_server.exceptions import InternalError, InvalidRequestError, os_error_message
+from exec_server.process.output import RETAINED_OUTPUT_CAP, OutputBuffer
+from exec_server.process.pipes import SpawnedChild, close_quietly, spawn_pipes
+from exec_server.process.pty import spawn_pty
+from exec_server.process.spec import ExitStatus, LaunchSpec
+from exec_server.protocol.process_types import (
+    NOTIFY_CLOSED,
+    NOTIFY_EXITED,
+    NOTIFY_OUTPUT,
+    ClosedNotification,
+    ExitedNotification,
+    OutputNotification,
+    ProcessStream,
+    ReadResult,
+    WriteStatus,
+)
+from exec_server.sandbox.plan import SandboxType
+
+__all__ = [
+    "DEFAULT_READ_SIZE",
+    "DEFAULT_TERMINATE_GRACE",
+    "NotificationSink",
+    "ProcessManager",
+    "exit_status_from_wait",
+    "looks_sandbox_denied",
+]
+
+logger = logging.getLogger("exec_server.process")
+
+#: ``await sink(method, params)`` delivers one notification (awaiting = backpressure).
+NotificationSink = Callable[[str, msgspec.Struct], Awaitable[None]]
+
+#: Bytes per ``os.read`` of a child's output: one read = one chunk (§8.3).
+DEFAULT_READ_SIZE: Final = 8192
+#: Seconds between SIGTERM and SIGKILL on ``process/terminate``.
+DEFAULT_TERMINATE_GRACE: Final = 2.0
+#: Pending stdin writes per process before ``write`` waits (§14).
+WRITE_QUEUE_DEPTH: Final = 128
+#: Remembered ``writeId`` values per process (CLIENT_COMPAT.md §5.1).
+WRITE_ID_MEMORY: Final = 4096
+#: Seconds ``shutdown`` waits for killed children to be reaped.
+SHUTDOWN_REAP_TIMEOUT: Final = 5.0
+
+_DENIAL_WORDS: Final = (
+    "operation not permitted",
+    "permission denied",
+    "read-only file system",
+    "seccomp",
+    "sandbox",
+    "landlock",
+    "failed to write file",
+)
+
+
+class ProcessConfig(Protocol):
+    """The parts of ``ServerConfig`` the manager reads."""
+
+    @property
+    def closed_retention(self) -> float: ...
+    @property
+    def output_cap(self) -> int: ...
+    @property
+    def lossless_output(self) -> bool: ...
+
+
+def exit_status_from_wait(status: int) -> ExitStatus:
+    """``waitpid`` status → exit code (``128 + signal`` for signal deaths)."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return ExitStatus(128 + sig, sig)
+    if os.WIFEXITED(status):
+        return ExitStatus(os.WEXITSTATUS(status))
+    return ExitStatus(-1)
+
+
+def looks_sandbox_denied(sandbox_type: SandboxType, exit_code: int, output: bytes) -> bool:
+    """Upstream's denial heuristic (CLIENT_COMPAT.md §5.2)."""
+    if sandbox_type is SandboxType.NONE or exit_code == 0:
+        return False
+    text = output.decode("utf-8", "replace").lower()
+    if any(word in text for word in _DENIAL_WORDS):
+        return True
+    if exit_code in (2, 126, 127):
+        return False
+    return sandbox_type is SandboxType.LINUX_SECCOMP and exit_code == 128 + 31
+
+
+class _Record:
+    """One entry of the process table (a starting placeholder until ``child`` is set)."""
+
+    __slots__ = (
+        "buffer", "child", "closing_fds", "current", "emit_lock", "open_streams", "process_id",
+        "readable_futs", "reaped", "removal", "sandbox_denied", "sandbox_type", "space_waiters",
+        "spec", "stdin_fd", "stop_reading", "tasks", "terminate_timer", "terminating", "waiters",
+        "write_ids", "write_queue", "write_space", "writer_armed",
+    )
+
+    def __init__(self, process_id: str, buffer: OutputBuffer, current: bool) -> None:
+        self.process_id = process_id
+        self.buffer = buffer
+        self.current = current
+        self.child: SpawnedChild | None = None
+        self.spec: LaunchSpec | None = None
+        self.sandbox_type = SandboxType.NONE
+        self.sandbox_denied = False
+        self.emit_lock = asyncio.Lock()
+        self.open_streams = 2
+        self.waiters: list[asyncio.Future[None]] = []
+        self.space_waiters: list[asyncio.Future[None]] = []
+        self.readable_futs: dict[int, asyncio.Future[None]] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.stdin_fd: int | None = None
+        self.write_queue: deque[memoryview] = deque()
+        self.write_space: list[asyncio.Future[None]] = []
+        self.writer_armed = False
+        self.write_ids: OrderedDict[str, None] = OrderedDict()
+        self.reaped = False
+        self.terminating = False
+        self.terminate_timer: asyncio.TimerHandle | None = None
+        self.removal: asyncio.TimerHandle | None = None
+        self.stop_reading = False
+        self.closing_fds: list[int] = []
+
+    @property
+    def starting(self) -> bool:
+        return self.child is None
+
+    def __repr__(self) -> str:
+        pid = self.child.pid if self.child else None
+        return f"<Process {self.process_id!r} pid={pid} {self.buffer!r}>"
+
+
+def _wake(futures: list[asyncio.Future[None]]) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(None)
+    futures.clear()
+
+
+def _set_if_pending(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class ProcessManager:
+    """All processes of one session.
+
+    Args:
+        config: retention, output cap and lossless mode (``ServerConfig``).
+        terminate_grace: seconds between SIGTERM and SIGKILL on terminate.
+        read_size: bytes per read of a child's output (one chunk each).
+    """
+
+    def __init__(
+        self,
+        config: ProcessConfig,
+        *,
+        terminate_grace: float = DEFAULT_TERMINATE_GRACE,
+        read_size: int = DEFAULT_READ_SIZE,
+    ) -> None:
+        self._config = config
+        self._retention = float(getattr(config, "closed_retention", 30.0))
+        self._cap = int(getattr(config, "output_cap", RETAINED_OUTPUT_CAP))
+        self._lossless = bool(getattr(config, "lossless_output", False))
+        self._grace = terminate_grace
+        self._read_size = read_size
+        self._records: dict[str, _Record] = {}
+        self._sink: NotificationSink | None = None
+        self._closed = False
+
+    # -- sink ----------------------------------------------------------------------
+
+    def set_sink(self, sink: NotificationSink | None) -> None:
+        """Attach (or with ``None`` detach) the notification receiver."""
+        self._sink = sink
+
+    async def _notify(self, method: str, params: msgspec.Struct) -> bool:
+        sink = self._sink
+        if sink is None:
+            return False
+        try:
+            await sink(method, params)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a dead connection must not kill capture (§8.3: failures ignored)
+            logger.debug("dropping %s notification: sink failed", method, exc_info=True)
+            return False
+        return True
+
+    # -- queries ---------------------------------------------------------------------
+
+    def __contains__(self, process_id: object) -> bool:
+        return process_id in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def process_ids(self) -> list[str]:
+        return list(self._records)
+
+    def pid_of(self, process_id: str) -> int | None:
+        """OS pid of a running record (tests and diagnostics)."""
+        rec = self._records.get(process_id)
+        return rec.child.pid if rec is not None and rec.child is not None else None
+
+    # -- start -------------------------------------------------------------------------
+
+    def start(self, process_id: str, spec: LaunchSpec, *, current: bool = False) -> None:
+        """Spawn ``spec`` as ``process_id`` and start capturing it.
+
+        ``current`` selects the current client's notification shapes
+        (``sandboxDenied``). Always consumes ``spec.pass_fds`` (closed here)
+        and runs ``spec.cleanup`` once the child is gone or failed to start.
+
+        Raises:
+            InvalidRequestError: ``process <id> already exists``.
+            InternalError: spawn failure with the OS text.
+        """
+        loop = asyncio.get_running_loop()
+        if process_id in self._records:
+            self._discard_launch(spec)
+            raise InvalidRequestError(f"process {process_id} already exists")
+        rec = _Record(process_id, OutputBuffer(self._cap, lossless=self._lossless), current)
+        self._records[process_id] = rec
+        try:
+            child = spawn_pty(spec) if spec.tty else spawn_pipes(spec)
+        except OSError as exc:
+            del self._records[process_id]
+            self._discard_launch(spec)
+            raise InternalError(os_error_message(exc)) from exc
+        except (subprocess.SubprocessError, ValueError) as exc:
+            del self._records[process_id]
+            self._discard_launch(spec)
+            raise InternalError(f"failed to start process: {exc}") from exc
+        for fd in spec.pass_fds:
+            close_quietly(fd)
+        rec.child = child
+        rec.spec = spec
+        rec.sandbox_type = spec.sandbox_type
+        rec.stdin_fd = child.stdin_fd
+        rec.open_streams = 2
+        if len(child.outputs) == 1:
+            rec.open_streams = 1  # PTY: the empty stderr channel ends at once (§8.3)
+        for stream, fd in child.outputs:
+            self._spawn_task(rec, self._capture(rec, stream, fd), loop)
+        self._spawn_task(rec, self._watch_exit(rec, child), loop)
+
+    @staticmethod
+    def _discard_launch(spec: LaunchSpec) -> None:
+        for fd in spec.pass_fds:
+            close_quietly(fd)
+        if spec.cleanup is not None:
+            try:
+                spec.cleanup()
+            except Exception:
+                logger.exception("launch cleanup failed")
+
+    def _spawn_task(
+        self,
+        rec: _Record,
+        coro: Awaitable[None],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        task: asyncio.Task[None] = loop.create_task(coro)  # type: ignore[arg-type]
+        rec.tasks.add(task)
+        task.add_done_callback(rec.tasks.discard)
+
+    # -- capture -----------------------------------------------------------------------
+
+    async def _wait_readable(self, rec: _Record, fd: int) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        rec.readable_futs[fd] = fut
+        loop.add_reader(fd, _set_if_pending, fut)
+        try:
+            await fut
+        finally:
+            loop.remove_reader(fd)
+            rec.readable_futs.pop(fd, None)
+
+    async def _wait_space(self, rec: _Record) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        rec.space_waiters.append(fut)
+        await fut
+
+    async def _capture(self, rec: _Record, stream: ProcessStream, fd: int) -> None:
+        read_size = self._read_size
+        buffer = rec.buffer
+        try:
+            while not rec.stop_reading:
+                if buffer.full:
+                    await self._wait_space(rec)
+                    continue
+                try:
+                    data = os.read(fd, read_size)
+                except BlockingIOError:
+                    await self._wait_readable(rec, fd)
+                    continue
+                except OSError as exc:
+                    if exc.errno != errno.EIO:  # EIO on a PTY master = every slave closed
+                        logger.debug("read of %r failed", rec, exc_info=True)
+                    break
+                if not data:
+                    break
+                await self._emit_output(rec, stream, data)
+        finally:
+            close_quietly(fd)
+        rec.open_streams -= 1
+        await self._maybe_close(rec)
+
+    async def _emit_output(self, rec: _Record, stream: ProcessStream, data: bytes) -> None:
+        async with rec.emit_lock:
+            chunk = rec.buffer.append(stream, data)
+            _wake(rec.waiters)
+            delivered = await self._notify(
+                NOTIFY_OUTPUT,
+                OutputNotification(
+                    process_id=rec.process_id, seq=chunk.seq, stream=stream, chunk=data
+                ),
+            )
+            if delivered and self._lossless:
+                rec.buffer.mark_delivered(chunk.seq)
+                _wake(rec.space_waiters)
+
+    # -- exit --------------------------------------------------------------------------
+
+    async def _reap(self, pid: int) -> int:
+        """Wait for ``pid`` to exit and reap it; returns the raw wait status (-1: unknown)."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            pidfd = -1
+        if pidfd >= 0:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(pidfd, _set_if_pending, fut)
+            try:
+                await fut
+            finally:
+                loop.remove_reader(pidfd)
+                os.close(pidfd)
+            try:
+                # The pidfd is readable: the child is a zombie, so this returns at once.
+                _, status = os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222
+            except ChildProcessError:
+                return -1
+            return status
+        try:
+            _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+        except ChildProcessError:
+            return -1
+        return status
+
+    async def _watch_exit(self, rec: _Record, child: SpawnedChild) -> None:
+        status = await self._reap(child.pid)
+        rec.reaped = True
+        code = -1 if status == -1 else exit_status_from_wait(status).code
+        if child.popen is not None:
+            child.popen.returncode = code
+        if rec.spec is not None and rec.spec.cleanup is not None:
+            try:
+                rec.spec.cleanup()
+            except Exception:
+                logger.exception("launch cleanup of %r failed", rec)
+        if rec.sandbox_type is not SandboxType.NONE and code != 0:
+            rec.sandbox_denied = looks_sandbox_denied(rec.sandbox_type, code, self._text_of(rec))
+        async with rec.emit_lock:
+            seq = rec.buffer.record_exit(code)
+            _wake(rec.waiters)
+            await self._notify(
+                NOTIFY_EXITED,
+                ExitedNotification(
+                    process_id=rec.process_id,
+                    seq=seq,
+                    exit_code=code,
+                    sandbox_denied=rec.sandbox_denied if rec.current else msgspec.UNSET,
+                ),
+            )
+        if rec.terminating and rec.open_streams > 0:
+            # Escaped group members may hold the pipes: stop reading after a grace.
+            asyncio.get_running_loop().call_later(self._grace, self._force_eof, rec)
+        await self._maybe_close(rec)
+
+    @staticmethod
+    def _text_of(rec: _Record) -> bytes:
+        chunks, _ = rec.buffer.snapshot(0, None)
+        return b"".join(c.chunk for c in chunks)
+
+    async def _maybe_close(self, rec: _Record) -> None:
+        async with rec.emit_lock:
+            buffer = rec.buffer
+            if buffer.closed or rec.open_streams > 0 or buffer.exit_code is None:
+                return
+            seq = buffer.record_close()
+            _wake(rec.waiters)
+            self._close_stdin(rec)
+            if rec.terminate_timer is not None:
+                rec.terminate_timer.cancel()
+                rec.terminate_timer = None
+            if not self._closed:
+                rec.removal = asyncio.get_running_loop().call_later(
+                    self._retention, self._remove_if_closed, rec
+                )
+            closed = ClosedNotification(process_id=rec.process_id, seq=seq)
+            await self._notify(NOTIFY_CLOSED, closed)
+
+    def _remove_if_closed(self, rec: _Record) -> None:
+        if self._records.get(rec.process_id) is rec and rec.buffer.closed:
+            del self._records[rec.process_id]
+            _wake(rec.waiters)
+
+    def _force_eof(self, rec: _Record) -> None:
+        if rec.open_streams <= 0:
+            return
+        rec.stop_reading = True
+        for fut in list(rec.readable_futs.values()):
+            _set_if_pending(fut)
+        _wake(rec.space_waiters)
+
+    # -- read ----------------------------------------------------------------------------
+
+    def _lookup(self, process_id: str) -> _Record:
+        rec = self._records.get(process_id)
+        if rec is None:
+            raise InvalidRequestError(f"unknown process id {process_id}")
+        if rec.starting:
+            raise InvalidRequestError(f"process id {process_id} is starting")
+        return rec
+
+    async def read(
+        self,
+        process_id: str,
+        *,
+        after_seq: int = 0,
+        max_bytes: int | None = None,
+        wait_ms: int = 0,
+    ) -> ReadResult:
+        """``process/read`` (§8.4): a snapshot now, or when something new arrives by ``wait_ms``.
+
+        Raises:
+            InvalidRequestError: unknown or still-starting process.
+        """
+        rec = self._lookup(process_id)
+        buffer = rec.buffer
+        if buffer.lossless and after_seq > 0:
+            buffer.mark_delivered(after_seq)
+            _wake(rec.space_waiters)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(wait_ms, 0) / 1000.0
+        while True:
+            taken, next_seq = buffer.snapshot(after_seq, max_bytes)
+            if buffer.ready(after_seq, taken) or loop.time() >= deadline:
+                break
+            fut: asyncio.Future[None] = loop.create_future()
+            rec.waiters.append(fut)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await fut
+            except TimeoutError:
+                pass
+            finally:
+                if not fut.done():
+                    fut.cancel()
+                    with contextlib.suppress(ValueError):
+                        rec.waiters.remove(fut)
+        return ReadResult(
+            chunks=taken,
+            next_seq=next_seq,
+            exited=buffer.exit_code is not None,
+            exit_code=buffer.exit_code,
+            closed=buffer.closed,
+            failure=None,
+            sandbox_denied=rec.sandbox_denied if rec.current else msgspec.UNSET,
+        )
+
+    # -- write -------------------------------------------------------------------------
+
+    async def write(self, process_id: str, data: bytes, write_id: str | None = None) -> WriteStatus:
+        """``process/write`` (§8.5, CLIENT_COMPAT §5.1): queue ``data`` for the child's stdin."""
+        rec = self._records.get(process_id)
+        if rec is None:
+            return WriteStatus.UNKNOWN_PROCESS
+        if rec.starting or rec.child is None:
+            return WriteStatus.STARTING
+        if rec.child.stdin_fd is None:
+            return WriteStatus.STDIN_CLOSED
+        if write_id is not None:
+            if write_id in rec.write_ids:
+                return WriteStatus.ACCEPTED
+            rec.write_ids[write_id] = None
+            if len(rec.write_ids) > WRITE_ID_MEMORY:
+                rec.write_ids.popitem(last=False)
+        if rec.stdin_fd is None or not data:
+            return WriteStatus.ACCEPTED  # exited/closed: accepted and dropped (obs)
+        while len(rec.write_queue) >= WRITE_QUEUE_DEPTH and rec.stdin_fd is not None:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            rec.write_space.append(fut)
+            await fut
+        if rec.stdin_fd is None:
+            return WriteStatus.ACCEPTED
+        rec.write_queue.append(memoryview(data))
+        self._flush_stdin(rec)
+        return WriteStatus.ACCEPTED
+
+    def _flush_stdin(self, rec: _Record) -> None:
+        fd = rec.stdin_fd
+        queue = rec.write_queue
+        while queue and fd is not None:
+            head = queue[0]
+            try:
+                n = os.write(fd, head)
+            except BlockingIOError:
+                if not rec.writer_armed:
+                    asyncio.get_running_loop().add_writer(fd, self._flush_stdin, rec)
+                    rec.writer_armed = True
+                return
+            except OSError:
+                # EPIPE/EIO: the child stopped reading; upstream ignores write errors.
+                queue.clear()
+                break
+            if n < len(head):
+                queue[0] = head[n:]
+            else:
+                queue.popleft()
+        if rec.writer_armed and fd is not None:
+            asyncio.get_running_loop().remove_writer(fd)
+            rec.writer_armed = False
+        _wake(rec.write_space)
+
+    def _close_stdin(self, rec: _Record) -> None:
+        fd = rec.stdin_fd
+        if fd is None:
+            return
+        if rec.writer_armed:
+            asyncio.get_running_loop().remove_writer(fd)
+            rec.writer_armed = False
+        rec.stdin_fd = None
+        rec.write_queue.clear()
+        close_quietly(fd)
+        _wake(rec.write_space)
+
+    # -- terminate / signal ------------------------------------------------------------
+
+    def terminate(self, process_id: str) -> bool:
+        """``process/terminate``: True when a running process was asked to stop."""
+        rec = self._records.get(process_id)
+        if rec is None or rec.child is None or rec.buffer.exit_code is not None:
+            return False
+        if not rec.terminating:
+            rec.terminating = True
+            self._kill_group(rec, _signal.SIGTERM)
+            rec.terminate_timer = asyncio.get_running_loop().call_later(
+                self._grace, self._escalate, rec
+            )
+        return True
+
+    def _escalate(self, rec: _Record) -> None:
+        rec.terminate_timer = None
+        if rec.buffer.closed:
+            return
+        self._kill_group(rec, _signal.SIGKILL)
+        if rec.reaped:
+            asyncio.get_running_loop().call_later(self._grace, self._force_eof, rec)
+
+    def signal(self, process_id: str, sig: _signal.Signals = _signal.SIGINT) -> None:
+        """``process/signal``: deliver ``sig`` to the group; no-op when gone."""
+        rec = self._records.get(process_id)
+        if rec is None or rec.child is None or rec.buffer.closed:
+            return
+        if rec.reaped and rec.open_streams <= 0:
+            return
+        self._kill_group(rec, sig)
+
+    @staticmethod
+    def _kill_group(rec: _Record, sig: _signal.Signals) -> None:
+        if rec.child is None:
+            return
+        # A reaped leader's group id stays reserved while members live (no reuse).
+        try:
+            os.killpg(rec.child.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            logger.debug("killpg(%d) not permitted", rec.child.pid)
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Kill every process group, reap every child, close every fd; clear the table (§8.11)."""
+        self._closed = True
+        self._sink = None
+        records = list(self._records.values())
+        self._records.clear()
+        for rec in records:
+            if rec.removal is not None:
+                rec.removal.cancel()
+            if rec.terminate_timer is not None:
+                rec.terminate_timer.cancel()
+            if rec.child is not None and not rec.buffer.closed:
+                self._kill_group(rec, _signal.SIGKILL)
+                rec.stop_reading = True
+        tasks = [t for rec in records for t in rec.tasks]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_REAP_TIMEOUT)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        for rec in records:
+            self._close_stdin(rec)
+            _wake(rec.waiters)

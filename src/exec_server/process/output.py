@@ -1,0 +1,144 @@
+"""Sequence-numbered, bounded output buffer of one process (pure: no I/O, no asyncio).
+
+Rules (PROTOCOL.md §8.2, §8.4):
+
+* One counter ``next_seq``, starting at 1, numbers output chunks, the exit
+  event and the close event alike; each event takes the current value.
+* Retention cap (default 1 MiB): after appending a chunk, while the retained
+  byte count exceeds the cap the oldest chunk is dropped (a single chunk larger
+  than the cap drops everything, itself included). No gap marker.
+* ``snapshot`` implements the read byte budget and the ``nextSeq`` rule.
+
+Lossless mode (our extension, ``ServerConfig.lossless_output``): a chunk may
+only be dropped once it has been *delivered* (sent as a notification to an
+attached client, or acknowledged by a read whose ``afterSeq`` covers it).
+Undelivered output is never dropped; instead :attr:`full` tells the capture
+loop to stop reading the child (the pipe then back-pressures the child).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+from exec_server.protocol.process_types import OutputChunk, ProcessStream
+
+__all__ = ["RETAINED_OUTPUT_CAP", "OutputBuffer"]
+
+#: Retained output per process (PROTOCOL.md §14).
+RETAINED_OUTPUT_CAP = 1024 * 1024
+
+
+def _seq_of(chunk: OutputChunk) -> int:
+    return chunk.seq
+
+
+class OutputBuffer:
+    """Events of one process: output chunks, exit code, close flag."""
+
+    __slots__ = ("_chunks", "cap", "closed", "delivered_seq", "exit_code", "lossless", "next_seq",
+                 "retained")
+
+    def __init__(self, cap: int = RETAINED_OUTPUT_CAP, *, lossless: bool = False) -> None:
+        self.cap = cap
+        self.lossless = lossless
+        self.next_seq = 1
+        self.exit_code: int | None = None
+        self.closed = False
+        self.retained = 0
+        #: Highest seq known to have reached the client (lossless bookkeeping).
+        self.delivered_seq = 0
+        self._chunks: deque[OutputChunk] = deque()
+
+    # -- recording -----------------------------------------------------------------
+
+    def append(self, stream: ProcessStream, data: bytes) -> OutputChunk:
+        """Record one chunk; returns it (with its seq) for the notification."""
+        chunk = OutputChunk(seq=self.next_seq, stream=stream, chunk=data)
+        self.next_seq += 1
+        self._chunks.append(chunk)
+        self.retained += len(data)
+        self._trim()
+        return chunk
+
+    def record_exit(self, code: int) -> int:
+        """Record the exit event; returns its seq."""
+        seq = self.next_seq
+        self.next_seq += 1
+        self.exit_code = code
+        return seq
+
+    def record_close(self) -> int:
+        """Record the close event (always last); returns its seq."""
+        seq = self.next_seq
+        self.next_seq += 1
+        self.closed = True
+        return seq
+
+    @property
+    def exited(self) -> bool:
+        return self.exit_code is not None
+
+    # -- lossless bookkeeping ------------------------------------------------------
+
+    def mark_delivered(self, seq: int) -> None:
+        """Everything up to ``seq`` reached the client; lossless mode may now drop it."""
+        if seq > self.delivered_seq:
+            self.delivered_seq = seq
+            if self.lossless:
+                self._trim()
+
+    @property
+    def full(self) -> bool:
+        """Lossless mode: undroppable output fills the cap, stop reading the child."""
+        return self.lossless and self.retained >= self.cap
+
+    def _trim(self) -> None:
+        chunks = self._chunks
+        if self.lossless:
+            limit = self.delivered_seq
+            while self.retained > self.cap and chunks and chunks[0].seq <= limit:
+                self.retained -= len(chunks.popleft().chunk)
+        else:
+            while self.retained > self.cap and chunks:
+                self.retained -= len(chunks.popleft().chunk)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def snapshot(self, after_seq: int, max_bytes: int | None) -> tuple[list[OutputChunk], int]:
+        """Chunks with ``seq > after_seq`` within the byte budget, and the ``nextSeq`` hint.
+
+        At least one chunk is returned when any is available, even if it alone
+        exceeds ``max_bytes`` (``max_bytes == 0`` returns exactly one).
+        """
+        chunks = self._chunks
+        start = bisect.bisect_right(chunks, after_seq, key=_seq_of) if chunks else 0
+        taken: list[OutputChunk] = []
+        if max_bytes is None:
+            taken = [chunks[i] for i in range(start, len(chunks))]
+        else:
+            total = 0
+            for i in range(start, len(chunks)):
+                chunk = chunks[i]
+                size = len(chunk.chunk)
+                if taken and total + size > max_bytes:
+                    break
+                taken.append(chunk)
+                total += size
+                if total >= max_bytes:
+                    break
+        next_seq = taken[-1].seq + 1 if taken else self.next_seq
+        return taken, next_seq
+
+    def ready(self, after_seq: int, taken: list[OutputChunk]) -> bool:
+        """Whether a read with this snapshot returns now (§8.4 step 3, minus the deadline)."""
+        if taken or self.closed:
+            return True
+        return self.exit_code is not None and after_seq < self.next_seq - 1
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def __repr__(self) -> str:
+        return (f"<OutputBuffer next_seq={self.next_seq} chunks={len(self._chunks)} "
+                f"retained={self.retained} exit={self.exit_code} closed={self.closed}>")

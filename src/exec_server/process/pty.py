@@ -1,0 +1,91 @@
+"""Spawn a child on a pseudo-terminal (PROTOCOL.md §8.3, §8.8).
+
+The child calls ``setsid()`` (new session and process group) and takes the
+PTY slave as its controlling terminal (``TIOCSCTTY``), so job control, ``^C``
+via the terminal and ``/dev/tty`` work. It also sets ``PR_SET_PDEATHSIG`` so
+it dies with the server. Both need code in the child, hence ``preexec_fn``
+(a plain ``fork``): it only runs two syscalls, never Python-level locks.
+
+Output is the master side: one ``pty`` stream; ``EIO`` on read means every
+slave holder is gone, i.e. end of file. Writes go to a dup of the master so
+the reader may close its fd independently.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import signal
+import struct
+import subprocess
+import termios
+
+from exec_server.process.pipes import SpawnedChild, child_args, close_quietly
+from exec_server.process.spec import LaunchSpec
+from exec_server.protocol.process_types import ProcessStream
+
+__all__ = ["set_window_size", "spawn_pty"]
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_prctl = _LIBC.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+_SIGKILL = int(signal.SIGKILL)
+_TIOCSCTTY = termios.TIOCSCTTY
+
+
+def _child_setup() -> None:
+    """Runs in the forked child after setsid() and the stdio dup2s."""
+    _prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+    fcntl.ioctl(0, _TIOCSCTTY, 0)
+
+
+def set_window_size(fd: int, rows: int, columns: int) -> None:
+    """Set the terminal size (``TIOCSWINSZ``) on a PTY fd."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+
+
+def spawn_pty(spec: LaunchSpec) -> SpawnedChild:
+    """Spawn ``spec`` on a new PTY; the caller owns the returned fds.
+
+    Raises:
+        OSError: exec or cwd failure (``errno`` set).
+    """
+    argv, program = child_args(spec)
+    master, slave = os.openpty()
+    writer: int | None = None
+    try:
+        set_window_size(slave, spec.rows, spec.columns)
+        writer = os.dup(master)
+        popen = subprocess.Popen(
+            argv,
+            executable=program,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=spec.cwd,
+            env=spec.env,
+            close_fds=True,
+            pass_fds=spec.pass_fds,
+            start_new_session=True,
+            restore_signals=True,
+            preexec_fn=_child_setup,
+        )
+    except BaseException:
+        close_quietly(master)
+        close_quietly(writer)
+        raise
+    finally:
+        close_quietly(slave)
+    os.set_blocking(master, False)
+    os.set_blocking(writer, False)
+    os.set_inheritable(master, False)
+    os.set_inheritable(writer, False)
+    return SpawnedChild(
+        pid=popen.pid,
+        outputs=[(ProcessStream.PTY, master)],
+        stdin_fd=writer,
+        popen=popen,
+    )

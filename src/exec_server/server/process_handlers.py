@@ -1,0 +1,212 @@
+"""``process/*`` handlers: wire structs ↔ :class:`ProcessManager` calls.
+
+Validation order of ``process/start`` follows PROTOCOL.md §8.1: argv, cwd,
+sandbox transform, then the duplicate check and spawn (in the manager). The
+request's generation (CLIENT_COMPAT.md §1.2 rule 4) is decided here and kept
+on the process record: it picks the result member (``sandbox`` kebab-case vs
+``sandboxType`` camelCase) and whether ``sandboxDenied`` is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+
+import msgspec
+
+from exec_server.exceptions import (
+    InternalError,
+    InvalidParamsError,
+)
+from exec_server.process.envpolicy import build_child_env
+from exec_server.process.manager import ProcessManager
+from exec_server.process.spec import LaunchSpec
+from exec_server.protocol.paths import PathForm, parse_wire_path
+from exec_server.protocol.process_types import (
+    METHOD_READ,
+    METHOD_SIGNAL,
+    METHOD_START,
+    METHOD_TERMINATE,
+    METHOD_WRITE,
+    ReadParams,
+    ReadResult,
+    SignalParams,
+    SignalResult,
+    StartParams,
+    StartResult,
+    TerminateParams,
+    TerminateResult,
+    WriteParams,
+    WriteResult,
+)
+from exec_server.server.router import RequestContext, Router
+
+__all__ = ["is_current_start", "register"]
+
+_UNSET = msgspec.UNSET
+_CURRENT_ONLY_FIELDS = (
+    "env_policy",
+    "metadata",
+    "pipe_stdin",
+    "enforce_managed_network",
+    "managed_network",
+    "network_proxy",
+    "shell_snapshot",
+)
+_SandboxKeys = dict[str, msgspec.Raw]
+
+
+def _sandbox_has_permissions(raw: msgspec.Raw) -> bool:
+    try:
+        keys = msgspec.json.decode(raw, type=_SandboxKeys)
+    except msgspec.ValidationError:
+        return False
+    return "permissions" in keys
+
+
+def is_current_start(params: StartParams, cwd_form: PathForm) -> bool:
+    """CLIENT_COMPAT.md §1.2 rule 4: does this ``process/start`` come from the current client?"""
+    if cwd_form is PathForm.URI:
+        return True
+    if any(getattr(params, name) is not _UNSET for name in _CURRENT_ONLY_FIELDS):
+        return True
+    raw = params.sandbox_raw()
+    return raw is None or _sandbox_has_permissions(raw)
+
+
+def _parse_cwd(cwd: str) -> tuple[str, PathForm]:
+    try:
+        wire = parse_wire_path(cwd, normalize=False)
+    except InvalidParamsError as exc:
+        if cwd[:5].lower() == "file:":
+            raise InvalidParamsError(
+                f"cwd URI `{cwd}` is not valid on this exec-server host: {exc.message}"
+            ) from exc
+        raise InvalidParamsError(f"cwd must be absolute: {exc.message}") from exc
+    return wire.path, wire.form
+
+
+def _manager(ctx: RequestContext) -> ProcessManager:
+    processes: ProcessManager = ctx.session.processes
+    return processes
+
+
+def _prepare_sandbox(
+    ctx: RequestContext, spec: LaunchSpec, params: StartParams
+) -> LaunchSpec:
+    raw = params.sandbox_raw()
+    sandbox = ctx.services.sandbox
+    if sandbox is None:
+        if raw is not None:
+            raise InternalError("failed to build sandbox launch: no sandbox support in this server")
+        return spec
+    prepared: LaunchSpec = sandbox.prepare(spec, raw)
+    return prepared
+
+
+async def handle_start(ctx: RequestContext, params: StartParams) -> StartResult:
+    if not params.argv:
+        raise InvalidParamsError("argv must not be empty")
+    cwd, form = _parse_cwd(params.cwd)
+    current = is_current_start(params, form)
+    if params.enforce_managed_network is True:
+        raise InternalError(
+            "failed to build sandbox launch: enforceManagedNetwork is not supported by this "
+            "exec-server (no managed network proxy)"
+        )
+    policy = params.env_policy
+    if isinstance(policy, msgspec.Struct):
+        env = build_child_env(
+            inherit=policy.inherit,
+            ignore_default_excludes=policy.ignore_default_excludes,
+            exclude=policy.exclude,
+            set_vars=policy.set,
+            include_only=policy.include_only,
+            env=params.env,
+            server_env=os.environ,
+        )
+    else:
+        env = dict(params.env)
+    spec = LaunchSpec(
+        argv=list(params.argv),
+        cwd=cwd,
+        env=env,
+        tty=params.tty,
+        arg0=params.arg0,
+        pipe_stdin=params.pipe_stdin is True and not params.tty,
+    )
+    spec = _prepare_sandbox(ctx, spec, params)
+    _manager(ctx).start(params.process_id, spec, current=current)
+    kind = spec.sandbox_type
+    if current:
+        return StartResult(process_id=params.process_id, sandbox_type=kind.camel)
+    return StartResult(process_id=params.process_id, sandbox=kind.value)
+
+
+def _non_negative(value: int | None, name: str) -> int | None:
+    if value is not None and value < 0:
+        raise InvalidParamsError(f"invalid value: integer `{value}`, expected u64 for `{name}`")
+    return value
+
+
+async def handle_read(ctx: RequestContext, params: ReadParams) -> ReadResult:
+    after_seq = _non_negative(params.after_seq, "afterSeq") or 0
+    max_bytes = _non_negative(params.max_bytes, "maxBytes")
+    wait_ms = _non_negative(params.wait_ms, "waitMs") or 0
+    manager = _manager(ctx)
+    if wait_ms <= 0:
+        return await manager.read(params.process_id, after_seq=after_seq, max_bytes=max_bytes)
+    # Long poll: let later requests of this connection proceed, and give up as
+    # soon as another connection resumes the session (PROTOCOL.md §8.4 step 4).
+    read = asyncio.ensure_future(
+        manager.read(params.process_id, after_seq=after_seq, max_bytes=max_bytes, wait_ms=wait_ms)
+    )
+    ctx.unblock()
+    try:
+        while True:
+            watch = asyncio.ensure_future(ctx.session.attachment_changed.wait())
+            try:
+                done, _ = await asyncio.wait((read, watch), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watch.cancel()
+            if read in done:
+                break
+            ctx.ensure_attached()
+    finally:
+        if not read.done():
+            read.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await read
+    result = read.result()
+    ctx.ensure_attached()
+    return result
+
+
+async def handle_write(ctx: RequestContext, params: WriteParams) -> WriteResult:
+    write_id: str | None = None
+    if params.write_id is not _UNSET:
+        write_id = str(params.write_id)
+        if not write_id:
+            raise InvalidParamsError("writeId must not be empty")
+    status = await _manager(ctx).write(params.process_id, params.chunk, write_id)
+    return WriteResult(status=status)
+
+
+async def handle_terminate(ctx: RequestContext, params: TerminateParams) -> TerminateResult:
+    return TerminateResult(running=_manager(ctx).terminate(params.process_id))
+
+
+async def handle_signal(ctx: RequestContext, params: SignalParams) -> SignalResult:
+    _manager(ctx).signal(params.process_id, signal.SIGINT)
+    return SignalResult()
+
+
+def register(router: Router) -> None:
+    """Add the ``process/*`` methods (family ``exec``) to ``router``."""
+    router.add(METHOD_START, StartParams, handle_start, "exec")
+    router.add(METHOD_READ, ReadParams, handle_read, "exec")
+    router.add(METHOD_WRITE, WriteParams, handle_write, "exec")
+    router.add(METHOD_TERMINATE, TerminateParams, handle_terminate, "exec")
+    router.add(METHOD_SIGNAL, SignalParams, handle_signal, "exec")
