@@ -63,12 +63,14 @@ from exec_server.sandbox.policy import (
 )
 
 __all__ = [
+    "FsRouteDecision",
     "FsSandboxRequest",
     "Generation",
     "LaunchSandboxRequest",
     "Preference",
     "cli_launch_request",
     "fs_context_from_wire",
+    "fs_route_from_wire",
     "launch_request_from_wire",
     "legacy_policy_from_wire",
     "root_alias_normalize",
@@ -557,6 +559,34 @@ def fs_context_from_wire(
     else:
         raise InvalidParamsError("sandbox: missing field `permissions`")
     return _legacy_fs_request(legacy_policy_from_wire(policy), extra, cwd, tmp, probe)
+
+
+@dataclass(frozen=True, slots=True)
+class FsRouteDecision:
+    """Where one ``fs/*`` call runs (duck-compatible with ``fs.service.FsRoute``).
+
+    Attributes:
+        confined: the call needs the sandboxed helper.
+        context: the decoded :class:`FsSandboxRequest` (None when absent).
+    """
+
+    confined: bool
+    context: FsSandboxRequest | None = None
+
+
+def fs_route_from_wire(raw: bytes | msgspec.Raw | None) -> FsRouteDecision:
+    """Route of an ``fs/*`` call from its raw ``sandbox`` member (PROTOCOL.md §9.1).
+
+    Direct for absent/``null``, full access, external and disabled contexts;
+    confined otherwise, carrying the decoded request.
+
+    Raises:
+        InvalidParamsError: malformed context; the message names the field.
+    """
+    request = fs_context_from_wire(None if raw is None else msgspec.Raw(raw))
+    if request is None:
+        return FsRouteDecision(confined=False)
+    return FsRouteDecision(confined=not request.direct, context=request)
 
 
 def _legacy_fs_request(
