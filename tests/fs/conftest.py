@@ -1,0 +1,97 @@
+"""Fixtures for the filesystem tests.
+
+``fs`` is parametrized: ``local`` (in-process ``LocalFileSystem``) and
+``remote`` (``RemoteFileSystem`` over a caller that encodes each request as a
+JSON-RPC frame, dispatches it through the real server ``Router`` with the
+``fs/*`` handlers, and decodes the reply exactly as the client does). The same
+tests therefore run against both backends.
+
+``wire`` sends raw JSON text through the same router and returns the decoded
+reply, for tests of shapes, codes and both protocol generations.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import pytest
+
+from exec_server.client.fs import ExecutorFileSystem, LocalFileSystem, RemoteFileSystem
+from exec_server.config import ServerConfig
+from exec_server.exceptions import error_for_code
+from exec_server.protocol.codec import decode_message, decode_result, encode_request
+from exec_server.protocol.connection import HandshakeState
+from exec_server.protocol.messages import ErrorResponse, Request
+from exec_server.server import fs_handlers
+from exec_server.server.router import RequestContext, Router
+from exec_server.server.services import ServerServices
+from exec_server.server.session import Attachment, Session, SessionRegistry
+
+T = TypeVar("T")
+
+
+async def _no_notifications(method: str, params: msgspec.Struct) -> None:
+    raise AssertionError(f"fs methods send no notifications (got {method})")
+
+
+class RouterCaller:
+    """An in-process ``ExecServerClient.call`` stand-in backed by the server router."""
+
+    def __init__(self, services: ServerServices | None = None) -> None:
+        config = ServerConfig()
+        self.services = services or ServerServices(config)
+        self.registry = SessionRegistry(config)
+        self.router = Router()
+        fs_handlers.register(self.router)
+        self.attachment = Attachment("test", _no_notifications)
+        session = Session("session", processes=None)  # type: ignore[arg-type]
+        session.attached_to = self.attachment.connection_id
+        self.attachment.session = session
+        self.attachment.handshake.state = HandshakeState.READY
+        self._next_id = 0
+
+    async def exchange(self, frame: bytes | str) -> bytes:
+        """Dispatch one request frame and return the encoded reply."""
+        request = decode_message(frame)
+        assert isinstance(request, Request)
+        ctx = RequestContext(
+            request.id, request.method, self.attachment, self.services, self.registry
+        )
+        return await self.router.dispatch(ctx, request)
+
+    async def call(self, method: str, params: msgspec.Struct | None, result_type: type[T]) -> T:
+        self._next_id += 1
+        reply = decode_message(await self.exchange(encode_request(self._next_id, method, params)))
+        if isinstance(reply, ErrorResponse):
+            raise error_for_code(reply.error.code, reply.error.message)
+        return decode_result(reply.result, result_type)  # type: ignore[union-attr]
+
+    async def raw(self, method: str, params: Any) -> dict[str, Any]:
+        """Send ``params`` (any JSON value) and return the reply as a dict."""
+        self._next_id += 1
+        frame = msgspec.json.encode({"id": self._next_id, "method": method, "params": params})
+        reply: dict[str, Any] = msgspec.json.decode(await self.exchange(frame))
+        return reply
+
+
+@pytest.fixture
+def wire() -> RouterCaller:
+    return RouterCaller()
+
+
+@pytest.fixture(params=["local", "remote"])
+async def fs(request: pytest.FixtureRequest) -> AsyncIterator[ExecutorFileSystem]:
+    if request.param == "local":
+        yield LocalFileSystem()
+    else:
+        yield RemoteFileSystem(RouterCaller())
+
+
+@pytest.fixture
+def tdir(tmp_path: Path) -> Path:
+    """A temp dir with its symlinks resolved (so realpath comparisons are stable)."""
+    return Path(os.path.realpath(tmp_path))

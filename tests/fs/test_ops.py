@@ -1,0 +1,164 @@
+"""Library-level checks of fs/ops and fs/errors: atomic writes, error mapping, off-loop work."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from exec_server.exceptions import InternalError, InvalidRequestError, NotFoundError
+from exec_server.fs import ops
+from exec_server.fs.errors import fs_error_from_os
+from exec_server.fs.service import FileSystemService
+
+
+@pytest.mark.parametrize(
+    ("code", "cls", "wire"),
+    [
+        (errno.ENOENT, NotFoundError, -32004),
+        (errno.EACCES, InvalidRequestError, -32600),
+        (errno.EPERM, InvalidRequestError, -32600),
+        (errno.EINVAL, InvalidRequestError, -32600),
+        (errno.EROFS, InternalError, -32603),
+        (errno.EISDIR, InternalError, -32603),
+        (errno.ENOTDIR, InternalError, -32603),
+        (errno.EEXIST, InternalError, -32603),
+        (errno.ENOTEMPTY, InternalError, -32603),
+        (errno.EIO, InternalError, -32603),
+    ],
+)
+def test_error_mapping(code: int, cls: type[Exception], wire: int) -> None:
+    err = fs_error_from_os(OSError(code, os.strerror(code), "/some/path"))
+    assert type(err) is cls
+    assert err.code == wire
+    assert err.message == f"{os.strerror(code)} (os error {code})"
+
+
+def test_permission_denied_message_texts() -> None:
+    assert fs_error_from_os(PermissionError(13, "x")).message == "Permission denied (os error 13)"
+    assert fs_error_from_os(PermissionError(1, "x")).message == (
+        "Operation not permitted (os error 1)"
+    )
+
+
+def test_failed_write_keeps_the_complete_file(tdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tdir / "data.txt"
+    target.write_bytes(b"complete old contents")
+    real_write = os.write
+    calls = 0
+
+    def failing_write(fd: int, data: bytes | memoryview) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return real_write(fd, bytes(data)[:3])  # a partial write first
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", failing_write)
+    with pytest.raises(InternalError) as exc:
+        ops.write_file(str(target), b"new contents that never fully land")
+    monkeypatch.undo()
+    assert exc.value.message == "No space left on device (os error 28)"
+    assert target.read_bytes() == b"complete old contents"
+    assert sorted(p.name for p in tdir.iterdir()) == ["data.txt"]  # temp file cleaned up
+
+
+def test_write_preserves_mode_and_replaces_link_target(tdir: Path) -> None:
+    target = tdir / "script.sh"
+    target.write_text("old")
+    os.chmod(target, 0o754)
+    ops.write_file(str(target), b"new")
+    assert target.read_bytes() == b"new"
+    assert target.stat().st_mode & 0o7777 == 0o754
+
+    link = tdir / "link"
+    link.symlink_to("script.sh")
+    ops.write_file(str(link), b"through link")
+    assert link.is_symlink()
+    assert target.read_bytes() == b"through link"
+    assert target.stat().st_mode & 0o7777 == 0o754
+
+    dangling = tdir / "dangling"
+    dangling.symlink_to("created-by-write")
+    ops.write_file(str(dangling), b"made")
+    assert dangling.is_symlink()
+    assert (tdir / "created-by-write").read_bytes() == b"made"
+
+
+def test_write_new_file_honours_umask(tdir: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        ops.write_file(str(tdir / "new"), b"x")
+    finally:
+        os.umask(old)
+    assert (tdir / "new").stat().st_mode & 0o777 == 0o640
+
+
+def test_write_to_character_device_is_in_place() -> None:
+    ops.write_file("/dev/null", b"discarded")
+    assert os.path.exists("/dev/null")
+    assert os.path.isdir("/dev/null") is False
+
+
+def test_read_is_capped_even_without_size(tdir: Path) -> None:
+    with pytest.raises(InvalidRequestError) as exc:
+        ops.read_file("/dev/zero", limit=1024)
+    assert exc.value.message == "file is too large to read: limit is 1024 bytes"
+    (tdir / "f").write_bytes(b"x" * 2048)
+    with pytest.raises(InvalidRequestError):
+        ops.read_file(str(tdir / "f"), limit=1024)
+
+
+def test_copy_file_onto_itself_is_refused(tdir: Path) -> None:
+    (tdir / "f").write_text("keep me")
+    (tdir / "alias").symlink_to("f")
+    with pytest.raises(InvalidRequestError):
+        ops.copy(str(tdir / "f"), str(tdir / "alias"), recursive=False)
+    assert (tdir / "f").read_text() == "keep me"
+
+
+def test_resolve_existing_prefix(tdir: Path) -> None:
+    (tdir / "real").mkdir()
+    (tdir / "alias").symlink_to("real")
+    assert ops.resolve_existing_prefix(f"{tdir}/alias/x/y") == f"{tdir}/real/x/y"
+    (tdir / "dangling").symlink_to("nowhere")
+    assert ops.resolve_existing_prefix(f"{tdir}/dangling/z") == f"{tdir}/dangling/z"
+
+
+async def test_blocking_work_runs_off_the_event_loop(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long copy must not stall other requests: hold one copy inside its worker
+    thread and check that other filesystem calls complete meanwhile."""
+    (tdir / "src").mkdir()
+    (tdir / "src" / "f").write_text("x")
+    entered = threading.Event()
+    release = threading.Event()
+    real_copy_tree = ops._copy_tree
+
+    def slow_copy_tree(source: str, destination: str) -> None:
+        entered.set()
+        assert release.wait(timeout=30)
+        real_copy_tree(source, destination)
+
+    monkeypatch.setattr(ops, "_copy_tree", slow_copy_tree)
+    service = FileSystemService()
+    copy_task = asyncio.create_task(
+        service.copy(str(tdir / "src"), str(tdir / "dst"), recursive=True)
+    )
+    try:
+        assert await asyncio.to_thread(entered.wait, 30)
+        # The copy is blocked in its thread; the loop still serves these.
+        meta = await asyncio.wait_for(service.get_metadata(str(tdir / "src" / "f")), 30)
+        assert meta.is_file
+        await asyncio.wait_for(service.write_file(str(tdir / "other"), b"served"), 30)
+        assert not copy_task.done()
+    finally:
+        release.set()
+    await asyncio.wait_for(copy_task, 30)
+    assert (tdir / "dst" / "f").read_text() == "x"
+    assert (tdir / "other").read_bytes() == b"served"
