@@ -1,0 +1,415 @@
+"""Server side of the fs zygote: start it lazily, fork confined children, read replies.
+
+The server is multi-threaded and must never fork itself to confine a child
+(SANDBOX.md §0.3). Instead one small single-threaded ``python -I -S`` process
+(``zygote_main.py``) is started once and forks one child per request; each child
+applies Landlock + seccomp for its own request and exits after replying.
+
+Per request the server creates a ``SOCK_STREAM`` socketpair, hands one end to
+the zygote over the ``SOCK_SEQPACKET`` control socket (``SCM_RIGHTS``), gets
+back the child's pid and a pidfd, streams the request frame (raw bytes, no
+base64) and reads the reply frame until complete. A hang is bounded by the
+caller's timeout (the child is ``SIGKILL``ed through its pidfd), an early EOF
+or an undecodable frame becomes ``HelperFailure`` with the exit status the
+zygote reports, and a dead zygote is restarted on the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Final
+
+from exec_server.fs.zygote_ops import encode_frame
+
+__all__ = ["HelperFailure", "Zygote", "ZygoteUnavailable", "describe_wait_status"]
+
+logger = logging.getLogger("exec_server.fs.sandbox")
+
+_ID: Final = struct.Struct("!Q")
+_PID: Final = struct.Struct("!i")
+_EXIT: Final = struct.Struct("!ii")
+_FRAME: Final = struct.Struct("!IQ")
+_MAX_REPLY_HEADER: Final = 64 * 1024 * 1024
+_MAX_REPLY_DATA: Final = 1024 * 1024 * 1024
+_FS_DIR: Final = os.path.dirname(os.path.abspath(__file__))
+
+
+class ZygoteUnavailable(Exception):
+    """The zygote could not be started (or Landlock is missing); use another path."""
+
+
+class HelperFailure(Exception):
+    """A child crashed, hung, or answered something that is not a reply frame."""
+
+
+def describe_wait_status(status: int) -> str:
+    """Format like Rust's ``ExitStatus`` Display: ``exit status: 1`` / ``signal: 9 (SIGKILL)``."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            return f"signal: {sig}"
+        return f"signal: {sig} ({name})"
+    return f"exit status: {os.waitstatus_to_exitcode(status)}"
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    started: asyncio.Future[tuple[int, int]]
+    exited: asyncio.Future[int]
+    pid: int | None = None
+    pidfd: int | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Process:
+    proc: asyncio.subprocess.Process
+    ctl: socket.socket
+    abi: int
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    by_pid: dict[int, _Pending] = field(default_factory=dict)
+    dead: bool = False
+
+
+class Zygote:
+    """A lazily started fs zygote. Not thread-safe; use from one event loop.
+
+    Args:
+        start_timeout: seconds to wait for the zygote's ready message.
+        test_hooks: let requests carry ``test_hook`` (crash/garbage/hang) for tests.
+    """
+
+    def __init__(self, *, start_timeout: float = 10.0, test_hooks: bool = False) -> None:
+        self._start_timeout = start_timeout
+        self._test_hooks = test_hooks
+        self._z: _Process | None = None
+        self._lock = asyncio.Lock()
+        self._next_id = 0
+        self._closed = False
+        self._unavailable: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The running zygote's pid (for tests and diagnostics)."""
+        return None if self._z is None or self._z.dead else self._z.proc.pid
+
+    @property
+    def abi(self) -> int:
+        """Landlock ABI the zygote probed (0 before start)."""
+        return 0 if self._z is None else self._z.abi
+
+    def __repr__(self) -> str:
+        return f"<Zygote pid={self.pid} abi={self.abi} closed={self._closed}>"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def ensure_started(self) -> None:
+        """Start (or restart) the zygote if needed.
+
+        Raises:
+            ZygoteUnavailable: it cannot start, or the kernel lacks Landlock.
+        """
+        if self._closed:
+            raise ZygoteUnavailable("the filesystem sandbox is shut down")
+        if self._z is not None and not self._z.dead:
+            return
+        async with self._lock:
+            if self._z is not None and not self._z.dead:
+                return
+            if self._unavailable is not None:
+                raise ZygoteUnavailable(self._unavailable)
+            if self._z is not None:
+                await self._reap(self._z)
+                self._z = None
+            self._z = await self._spawn()
+
+    async def _spawn(self) -> _Process:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            argv = [
+                sys.executable,
+                "-I",
+                "-S",
+                "-B",
+                os.path.join(_FS_DIR, "zygote_main.py"),
+                _FS_DIR,
+                str(theirs.fileno()),
+                str(os.getpid()),
+            ]
+            if self._test_hooks:
+                argv.append("--test-hooks")
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                env={},
+                cwd="/",
+            )
+        except OSError as exc:
+            ours.close()
+            raise ZygoteUnavailable(f"cannot start the fs zygote: {exc}") from exc
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        try:
+            async with asyncio.timeout(self._start_timeout):
+                msg = await loop.sock_recv(ours, 4096)
+        except (TimeoutError, OSError) as exc:
+            ours.close()
+            proc.kill()
+            await proc.wait()
+            raise ZygoteUnavailable(f"the fs zygote did not start: {exc!r}") from exc
+        if msg[:1] != b"R":
+            ours.close()
+            proc.kill()
+            await proc.wait()
+            raise ZygoteUnavailable(f"the fs zygote did not start (exit {proc.returncode})")
+        info = json.loads(msg[1:])
+        z = _Process(proc=proc, ctl=ours, abi=int(info.get("abi", 0)))
+        if z.abi <= 0:
+            self._unavailable = "Landlock is not available in this kernel"
+            await self._shutdown(z)
+            raise ZygoteUnavailable(self._unavailable)
+        loop.add_reader(ours.fileno(), self._on_control, z)
+        logger.debug("fs zygote started: pid %d, Landlock ABI %d", proc.pid, z.abi)
+        return z
+
+    async def aclose(self) -> None:
+        """Kill every child and the zygote, and reap them. Idempotent."""
+        self._closed = True
+        z, self._z = self._z, None
+        if z is not None:
+            await self._shutdown(z)
+
+    async def _shutdown(self, z: _Process) -> None:
+        for p in list(z.pending.values()):
+            _kill(p)
+        self._mark_dead(z, "the filesystem sandbox is shutting down")
+        await self._reap(z)
+
+    async def _reap(self, z: _Process) -> None:
+        try:
+            async with asyncio.timeout(5):
+                await z.proc.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                z.proc.kill()
+            await z.proc.wait()
+
+    def _mark_dead(self, z: _Process, why: str) -> None:
+        if z.dead:
+            return
+        z.dead = True
+        with contextlib.suppress(ValueError, OSError):
+            asyncio.get_running_loop().remove_reader(z.ctl.fileno())
+        z.ctl.close()
+        for p in z.pending.values():
+            for fut in (p.started, p.exited):
+                if not fut.done():
+                    fut.set_exception(HelperFailure(why))
+                    fut.exception()  # mark retrieved: nobody may be waiting
+        if not self._closed:
+            logger.warning("fs zygote %d exited: %s", z.proc.pid, why)
+
+    # ------------------------------------------------------------------ control socket
+
+    def _on_control(self, z: _Process) -> None:
+        while not z.dead:
+            try:
+                msg, anc, _flags, _addr = z.ctl.recvmsg(64, socket.CMSG_SPACE(16))
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._mark_dead(z, f"control socket error: {exc}")
+                return
+            fds = _received_fds(anc)
+            if not msg:
+                for fd in fds:
+                    os.close(fd)
+                self._mark_dead(z, "the fs zygote exited")
+                return
+            kind = msg[:1]
+            if kind == b"P" and len(msg) == 1 + _ID.size + _PID.size and len(fds) == 1:
+                (req_id,) = _ID.unpack(msg[1 : 1 + _ID.size])
+                (pid,) = _PID.unpack(msg[1 + _ID.size :])
+                p = z.pending.get(req_id)
+                if p is None or p.started.done():
+                    os.close(fds[0])
+                    continue
+                p.pid, p.pidfd = pid, fds[0]
+                z.by_pid[pid] = p
+                p.started.set_result((pid, fds[0]))
+                continue
+            for fd in fds:
+                os.close(fd)
+            if kind == b"X" and len(msg) == 1 + _EXIT.size:
+                pid, status = _EXIT.unpack(msg[1:])
+                p = z.by_pid.pop(pid, None)
+                if p is not None and not p.exited.done():
+                    p.exited.set_result(status)
+            elif kind == b"E" and len(msg) == 1 + _ID.size + _PID.size:
+                (req_id,) = _ID.unpack(msg[1 : 1 + _ID.size])
+                (err,) = _PID.unpack(msg[1 + _ID.size :])
+                p = z.pending.get(req_id)
+                if p is not None and not p.started.done():
+                    p.started.set_exception(
+                        HelperFailure(f"cannot fork fs sandbox helper: {os.strerror(err)}")
+                    )
+
+    # ------------------------------------------------------------------ requests
+
+    async def run(
+        self,
+        header: dict[str, object],
+        data: bytes = b"",
+        *,
+        timeout: float,  # noqa: ASYNC109
+    ) -> tuple[dict[str, object], bytes]:
+        """Run one request in a fresh confined child.
+
+        Args:
+            header: the request header (``zygote_ops.OpRequest`` fields + ``plan``).
+            data: raw payload (writeFile contents).
+            timeout: seconds before the child is killed.
+
+        Returns:
+            The reply header (``status`` ok/error …) and the raw reply payload.
+
+        Raises:
+            ZygoteUnavailable: no zygote can run here.
+            HelperFailure: the child crashed, hung or sent garbage.
+        """
+        await self.ensure_started()
+        z = self._z
+        assert z is not None
+        loop = asyncio.get_running_loop()
+        self._next_id += 1
+        req_id = self._next_id
+        p = _Pending(started=loop.create_future(), exited=loop.create_future())
+        z.pending[req_id] = p
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        clean = False
+        try:
+            ours.setblocking(False)
+            try:
+                z.ctl.sendmsg(
+                    [b"F" + _ID.pack(req_id)],
+                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))],
+                )
+            except OSError as exc:
+                self._mark_dead(z, f"cannot reach the fs zygote: {exc}")
+                raise HelperFailure(f"cannot reach the fs zygote: {exc}") from exc
+            finally:
+                theirs.close()
+            raw = json.dumps(header).encode()
+            try:
+                async with asyncio.timeout(timeout):
+                    await p.started
+                    try:
+                        await loop.sock_sendall(ours, encode_frame(raw, len(data)))
+                        if data:
+                            await loop.sock_sendall(ours, data)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the child died early; reading the reply reports how
+                    reply = await self._read_reply(loop, ours, p)
+            except TimeoutError:
+                _kill(p)
+                raise HelperFailure(
+                    f"fs sandbox helper timed out after {timeout:g}s and was killed"
+                ) from None
+            clean = True
+            return reply
+        finally:
+            ours.close()
+            if not clean:
+                _kill(p)
+            z.pending.pop(req_id, None)
+            if p.pidfd is not None:
+                os.close(p.pidfd)
+                p.pidfd = None
+
+    async def _read_reply(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, p: _Pending
+    ) -> tuple[dict[str, object], bytes]:
+        prefix = await _recv_exact(loop, sock, _FRAME.size)
+        if prefix is None:
+            raise await self._crashed(p)
+        hlen, dlen = _FRAME.unpack(prefix)
+        if hlen > _MAX_REPLY_HEADER or dlen > _MAX_REPLY_DATA:
+            raise HelperFailure("failed to encode or decode fs sandbox helper message: bad frame")
+        raw = await _recv_exact(loop, sock, hlen)
+        if raw is None:
+            raise await self._crashed(p)
+        try:
+            header = json.loads(raw)
+        except ValueError as exc:
+            raise HelperFailure(
+                f"failed to encode or decode fs sandbox helper message: {exc}"
+            ) from None
+        if not isinstance(header, dict) or header.get("status") not in ("ok", "error"):
+            raise HelperFailure(
+                "failed to encode or decode fs sandbox helper message: not a reply object"
+            )
+        data = await _recv_exact(loop, sock, dlen)
+        if data is None:
+            raise await self._crashed(p)
+        return header, data
+
+    async def _crashed(self, p: _Pending) -> HelperFailure:
+        try:
+            async with asyncio.timeout(2):
+                status = await p.exited
+        except TimeoutError:
+            return HelperFailure("fs sandbox helper closed its reply without answering")
+        except HelperFailure as exc:
+            return HelperFailure(f"fs sandbox helper failed: {exc}")
+        return HelperFailure(f"fs sandbox helper failed with status {describe_wait_status(status)}")
+
+
+def _kill(p: _Pending) -> None:
+    if p.pidfd is not None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(p.pidfd, signal.SIGKILL)
+
+
+def _received_fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(payload) - len(payload) % 4
+            fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+    return fds
+
+
+async def _recv_exact(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int
+) -> bytes | None:
+    """Receive exactly ``size`` bytes; None on a premature EOF."""
+    if size == 0:
+        return b""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        try:
+            n = await loop.sock_recv_into(sock, view[got:])
+        except (ConnectionResetError, BrokenPipeError):
+            return None
+        if n == 0:
+            return None
+        got += n
+    return bytes(buf)

@@ -1,0 +1,263 @@
+"""The fs zygote process: a small single-threaded Python that forks one child per request.
+
+Started once by ``fs.zygote.Zygote`` as ``python -I -S zygote_main.py <fs dir>
+<control fd> <server pid> [--test-hooks]``: no site-packages, no
+environment-driven imports, only the stdlib plus ``zygote_ops`` and
+``zygote_confine`` loaded by file path (not through the ``exec_server``
+package, whose ``__init__`` modules may grow third-party imports).
+
+Control channel (``SOCK_SEQPACKET``, one message per datagram):
+
+* server → zygote ``F`` + 8-byte request id, with the child's socket in
+  ``SCM_RIGHTS``: fork a child for it.
+* zygote → server ``R`` + JSON ``{"abi", "pid"}`` once ready;
+  ``P`` + id + pid (``!i``) with a pidfd of the child (``SCM_RIGHTS``), right
+  after the fork; ``X`` + pid + wait status (``!ii``) after reaping a child;
+  ``E`` + id + errno when the fork failed.
+
+The child: closes everything of the zygote's, arms ``PDEATHSIG``, reads its
+request frame from its socket, applies Landlock + no_new_privs + the seccomp
+network filter for *that* request's plan, runs the operation in strict mode
+and writes one reply frame, then ``_exit(0)``. EOF on the control socket means
+the server is going away: kill and reap every child, exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import gc
+import importlib.util
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from types import ModuleType
+
+_PR_SET_PDEATHSIG = 1
+_ID = struct.Struct("!Q")
+_PID = struct.Struct("!i")
+_EXIT = struct.Struct("!ii")
+
+
+def _load(name: str, directory: str) -> ModuleType:
+    path = os.path.join(directory, name + ".py")
+    spec = importlib.util.spec_from_file_location("_exec_server_fs_" + name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class Zygote:
+    """State of the zygote process; see the module docstring for the protocol."""
+
+    def __init__(self, ctl_fd: int, server_pid: int, fs_dir: str, test_hooks: bool) -> None:
+        self.ops = _load("zygote_ops", fs_dir)
+        self.confine = _load("zygote_confine", fs_dir)
+        self.abi: int = self.confine.landlock_abi()
+        self.bpf: bytes | None = self.confine.build_network_filter()
+        self.ctl = socket.socket(fileno=ctl_fd)
+        self.server_pid = server_pid
+        self.test_hooks = test_hooks
+        self.children: set[int] = set()
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    # -------------------------------------------------------------- zygote side
+
+    def run(self) -> int:
+        self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != self.server_pid:
+            return 1
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, lambda _s, _f: None)
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        self._warm_up()
+        # Network is always off for the helper (PROTOCOL.md §10.1): filter the
+        # zygote once; every child inherits it (and no_new_privs) across fork.
+        # From here on only sendmsg/recvmsg are used (the filter denies sendto).
+        self.confine.install_network_filter(self.bpf)
+        gc.collect()
+        gc.freeze()
+        self._send(b"R" + json.dumps({"abi": self.abi, "pid": os.getpid()}).encode())
+        try:
+            while True:
+                try:
+                    ready, _, _ = select.select([self.ctl.fileno(), self.wake_r], [], [])
+                except InterruptedError:
+                    continue
+                if self.wake_r in ready:
+                    self._drain_wakeups()
+                    self._reap(block=False)
+                if self.ctl.fileno() in ready and not self._on_control():
+                    break
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            for pid in list(self.children):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self._reap(block=True, report=False)
+        return 0
+
+    def _send(self, msg: bytes, fds: tuple[int, ...] = ()) -> None:
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
+        self.ctl.sendmsg([msg], anc if fds else [])
+
+    def _warm_up(self) -> None:
+        """Run the child's code paths once so forked children start warm."""
+        self.confine.warm_up(self.abi)
+        req = self.ops.OpRequest.from_header({"op": "fs/getMetadata", "path": "/", "expect": "/"})
+        for _ in range(3):
+            self.ops.execute(req, b"", strict=True)
+            json.loads(json.dumps({"status": "ok", "result": {"a": [1, "b"]}}))
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self.wake_r, 256):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _reap(self, *, block: bool, report: bool = True) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                self.children.clear()
+                return
+            except InterruptedError:
+                continue
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            if report:
+                self._send(b"X" + _EXIT.pack(pid, status))
+
+    def _on_control(self) -> bool:
+        try:
+            msg, anc, _flags, _addr = self.ctl.recvmsg(64, socket.CMSG_SPACE(16))
+        except InterruptedError:
+            return True
+        fds: list[int] = []
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % 4
+                fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+        if not msg:
+            for fd in fds:
+                os.close(fd)
+            return False
+        if msg[:1] != b"F" or len(fds) != 1 or len(msg) != 1 + _ID.size:
+            for fd in fds:
+                os.close(fd)
+            return True
+        req_id = msg[1:]
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(fds[0])
+            self._send(b"E" + req_id + _PID.pack(exc.errno or errno.EAGAIN))
+            return True
+        if pid == 0:
+            self._child(fds[0])  # never returns
+        os.close(fds[0])
+        self.children.add(pid)
+        pidfd = os.pidfd_open(pid)
+        try:
+            self._send(b"P" + req_id + _PID.pack(pid), (pidfd,))
+        finally:
+            os.close(pidfd)
+        return True
+
+    # -------------------------------------------------------------- child side
+
+    def _child(self, fd: int) -> None:
+        code = 0
+        try:
+            gc.disable()  # short-lived: a collection would touch (copy) every page
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            self.ctl.close()
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            zygote_pid = os.getppid()
+            self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != zygote_pid:
+                os._exit(1)
+            self._serve(fd)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+
+    def _reply(self, fd: int, header: dict[str, object], payload: bytes = b"") -> None:
+        raw = json.dumps(header).encode()
+        self.ops.write_all(fd, self.ops.encode_frame(raw, len(payload)))
+        if payload:
+            self.ops.write_all(fd, payload)
+
+    def _serve(self, fd: int) -> None:
+        ops = self.ops
+        try:
+            raw, data = ops.read_frame(fd)
+            header = json.loads(raw)
+            if not isinstance(header, dict):
+                raise ops.OpError(-32600, "fs sandbox request is not an object")
+            if self.test_hooks:
+                self._test_hook(fd, header.get("test_hook"))
+            req = ops.OpRequest.from_header(header)
+            plan = header.get("plan")
+            if not isinstance(plan, dict):
+                raise ops.OpError(-32600, "fs sandbox request has no plan")
+            try:
+                self.confine.confine(plan, abi=self.abi)
+            except OSError as exc:
+                raise ops.OpError(-32603, f"failed to confine fs sandbox helper: {exc}") from exc
+            result, payload = ops.execute(req, data, strict=True)
+        except ops.OpError as exc:
+            self._reply(fd, {"status": "error", "code": exc.code, "message": exc.message})
+            return
+        except (ValueError, EOFError) as exc:
+            self._reply(
+                fd,
+                {
+                    "status": "error",
+                    "code": -32603,
+                    "message": f"failed to decode fs sandbox request: {exc}",
+                },
+            )
+            return
+        self._reply(fd, {"status": "ok", "result": result}, payload)
+
+    def _test_hook(self, fd: int, hook: object) -> None:
+        """Failure injection for the test suite (only with ``--test-hooks``)."""
+        if hook == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        elif hook == "garbage":
+            self.ops.write_all(fd, b"\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00\x00{{{{{")
+            os._exit(0)
+        elif hook == "hang":
+            while True:
+                time.sleep(3600)
+        elif hook == "exit":
+            os._exit(3)
+
+
+def main(argv: list[str]) -> int:
+    fs_dir, ctl_fd, server_pid = argv[1], int(argv[2]), int(argv[3])
+    return Zygote(ctl_fd, server_pid, fs_dir, "--test-hooks" in argv[4:]).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,663 @@
+"""The filesystem operations a confined helper performs, plus their framing.
+
+Stdlib only: imported by the zygote (``python -I -S``, no site-packages) and by
+the one-shot ``--codex-run-as-fs-helper`` mode. Both confined paths share this
+one implementation of PROTOCOL.md §9.3's direct semantics.
+
+Two resolution modes:
+
+* ``strict`` (zygote children): the server already resolved every path to its
+  *check path* (§10.3) and sends the real location it expects each parent
+  directory to have. The child opens the parent (``O_PATH``), reads back the
+  kernel's name for that open object (``/proc/self/fd``) and refuses to go on
+  if it differs: a symlink swapped in after the server's check is detected,
+  and everything afterwards is relative to that verified directory fd with
+  ``O_NOFOLLOW`` on the final component. Read-only holes (``.git`` …) and
+  ``none`` carve-outs that Landlock cannot express are enforced here against
+  the verified real location (SANDBOX.md §1.7, §7).
+* non-strict (one-shot helper): plain direct semantics on the given paths;
+  confinement comes entirely from the wrapper (bwrap / launcher).
+
+Errors are ``OpError(code, message)`` with PROTOCOL.md §9.1 codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "MAX_READ_BYTES",
+    "OpError",
+    "OpRequest",
+    "encode_frame",
+    "error_from_os",
+    "execute",
+    "read_frame",
+    "write_all",
+]
+
+#: fs/readFile refuses larger files (PROTOCOL.md §9.3).
+MAX_READ_BYTES = 536_870_912
+_FRAME = struct.Struct("!IQ")
+_MAX_HEADER = 16 * 1024 * 1024
+_MAX_DATA = 2 * MAX_READ_BYTES
+
+_NOT_FOUND = -32004
+_INVALID = -32600
+_INTERNAL = -32603
+
+_COPY_DIR_NEEDS_RECURSIVE = "fs/copy requires recursive: true when sourcePath is a directory"
+_COPY_INTO_ITSELF = "fs/copy cannot copy a directory to itself or one of its descendants"
+_COPY_UNSUPPORTED = "fs/copy only supports regular files, directories, and symlinks"
+
+
+class OpError(Exception):
+    """A failure that travels back to the client as a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def error_from_os(exc: OSError) -> OpError:
+    """Map an OS error per PROTOCOL.md §9.1, with Rust-style text (§5.3)."""
+    num = exc.errno
+    if num is None:
+        return OpError(_INTERNAL, str(exc))
+    text = f"{os.strerror(num)} (os error {num})"
+    if num == errno.ENOENT:
+        return OpError(_NOT_FOUND, text)
+    if num in (errno.EACCES, errno.EPERM):
+        return OpError(_INVALID, text)
+    return OpError(_INTERNAL, text)
+
+
+def _os(num: int) -> OSError:
+    return OSError(num, os.strerror(num))
+
+
+@dataclass(frozen=True, slots=True)
+class OpRequest:
+    """One operation, decoded from the frame header (or a §10.5 helper request).
+
+    ``expect`` / ``dest_expect`` are the real parent directories the server
+    saw at check time (strict mode only).
+    """
+
+    op: str
+    path: str
+    expect: str | None = None
+    dest: str | None = None
+    dest_expect: str | None = None
+    recursive: bool = True
+    force: bool = True
+    writable: tuple[str, ...] = ()
+    read_only: tuple[str, ...] = ()
+    denied: tuple[str, ...] = ()
+    full_write: bool = False
+
+    @staticmethod
+    def from_header(h: Mapping[str, object]) -> OpRequest:
+        """Validate a decoded header; malformed input raises ``OpError(-32600)``."""
+
+        def s(key: str, required: bool = False) -> str | None:
+            v = h.get(key)
+            if v is None and not required:
+                return None
+            if not isinstance(v, str) or not v.startswith("/") or "\x00" in v:
+                raise OpError(_INVALID, f"fs sandbox request has an invalid `{key}`")
+            return v
+
+        def paths(key: str) -> tuple[str, ...]:
+            v = h.get(key) or []
+            if not isinstance(v, list) or not all(
+                isinstance(p, str) and p.startswith("/") for p in v
+            ):
+                raise OpError(_INVALID, f"fs sandbox request has an invalid `{key}`")
+            return tuple(v)
+
+        op = h.get("op")
+        if not isinstance(op, str):
+            raise OpError(_INVALID, "fs sandbox request has no operation")
+        path = s("path", True)
+        assert path is not None
+        return OpRequest(
+            op=op,
+            path=path,
+            expect=s("expect"),
+            dest=s("dest"),
+            dest_expect=s("dest_expect"),
+            recursive=bool(h.get("recursive", True)),
+            force=bool(h.get("force", True)),
+            writable=paths("writable"),
+            read_only=paths("read_only"),
+            denied=paths("denied"),
+            full_write=bool(h.get("full_write", False)),
+        )
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def encode_frame(header: bytes, data_len: int) -> bytes:
+    """Frame prefix: header length, data length (big endian), then the header."""
+    return _FRAME.pack(len(header), data_len) + header
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write everything with ``write(2)`` (``send`` is denied by the seccomp filter)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_exact(fd: int, size: int) -> bytearray:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            raise EOFError("truncated frame")
+        got += n
+    return buf
+
+
+def read_frame(fd: int) -> tuple[bytes, bytearray]:
+    """Read one frame (header bytes, data) from a blocking fd."""
+    hlen, dlen = _FRAME.unpack(bytes(_read_exact(fd, _FRAME.size)))
+    if hlen > _MAX_HEADER or dlen > _MAX_DATA:
+        raise OpError(_INVALID, "fs sandbox frame too large")
+    header = bytes(_read_exact(fd, hlen))
+    return header, _read_exact(fd, dlen)
+
+
+# --------------------------------------------------------------------------- guard
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or root == "/" or path.startswith(root + "/")
+
+
+def _depth(path: str) -> int:
+    return 0 if path == "/" else path.count("/")
+
+
+@dataclass(slots=True)
+class _Guard:
+    """Read-only holes and ``none`` carve-outs, enforced on real locations."""
+
+    rules: list[tuple[str, int]] = field(default_factory=list)  # (path, 0 none/1 ro/2 write)
+
+    @staticmethod
+    def build(req: OpRequest) -> _Guard:
+        rules: list[tuple[str, int]] = []
+        if not req.read_only and not req.denied:
+            return _Guard(rules)
+        for kind, group in ((2, req.writable), (1, req.read_only), (0, req.denied)):
+            for p in group:
+                rules.append((p, kind))
+                real = os.path.realpath(p)
+                if real != p:
+                    rules.append((real, kind))
+        if req.full_write:
+            rules.append(("/", 2))
+        return _Guard(rules)
+
+    def _classify(self, path: str) -> int | None:
+        best: tuple[int, int] | None = None  # (depth, -kind): deeper wins, then lower kind
+        for root, kind in self.rules:
+            if _within(path, root):
+                key = (_depth(root), -kind)
+                if best is None or key > best:
+                    best = key
+        return None if best is None else -best[1]
+
+    def check(self, path: str, *, write: bool) -> None:
+        kind = self._classify(path)
+        if kind == 0:
+            raise _os(errno.EACCES)
+        if write and kind == 1:
+            raise _os(errno.EROFS)
+
+    def check_subtree(self, path: str) -> None:
+        """Refuse removing a tree that contains a protected or denied path."""
+        self.check(path, write=True)
+        for root, kind in self.rules:
+            if kind < 2 and root != path and _within(root, path) and os.path.lexists(root):
+                raise _os(errno.EROFS if kind == 1 else errno.EACCES)
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def _fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+@dataclass(slots=True)
+class _Target:
+    """A final component ``name`` inside the open directory ``dirfd``."""
+
+    dirfd: int
+    name: str
+    real_parent: str
+
+    @property
+    def real(self) -> str:
+        if self.name == ".":
+            return self.real_parent
+        return self.real_parent.rstrip("/") + "/" + self.name
+
+    def close(self) -> None:
+        os.close(self.dirfd)
+
+
+class _Ctx:
+    """Per-request resolution state: strictness, guard, fds to close."""
+
+    def __init__(self, req: OpRequest, *, strict: bool) -> None:
+        self.req = req
+        self.strict = strict
+        self.guard = _Guard.build(req)
+        self.nofollow = os.O_NOFOLLOW if strict else 0
+
+    def changed(self, path: str) -> OpError:
+        return OpError(_INTERNAL, f"{path} changed while the sandboxed operation was running")
+
+    def open_dir(self, path: str, expect: str | None) -> int:
+        """Open an existing directory (``O_PATH``), verifying its real location."""
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        if self.strict:
+            real = _fd_path(fd)
+            if real != (expect if expect is not None else path):
+                os.close(fd)
+                raise self.changed(path)
+        return fd
+
+    def open_any(self, path: str) -> int:
+        """``O_PATH`` fd of an existing path of any type (final symlink not followed)."""
+        t = self.target(path, self.req.expect)
+        try:
+            return os.open(t.name, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=t.dirfd)
+        finally:
+            t.close()
+
+    def target(self, path: str, expect: str | None) -> _Target:
+        if path == "/":
+            return _Target(self.open_dir("/", "/"), ".", "/")
+        parent, name = os.path.split(path)
+        fd = self.open_dir(parent, expect)
+        return _Target(fd, name, _fd_path(fd) if self.strict else parent)
+
+
+def _iter_chunks(fd: int) -> Iterator[bytes]:
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return
+        yield chunk
+
+
+def _read_all(fd: int, size_hint: int) -> bytes:
+    """Read to EOF; one read of the expected size avoids a copy in the common case."""
+    first = os.read(fd, size_hint + 1) if size_hint > 0 else b""
+    rest = b"".join(_iter_chunks(fd))
+    return first + rest if rest else first
+
+
+# --------------------------------------------------------------------------- operations
+
+
+def _read_file(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    t = c.target(c.req.path, c.req.expect)
+    try:
+        c.guard.check(t.real, write=False)
+        fd = os.open(t.name, os.O_RDONLY | os.O_CLOEXEC | c.nofollow, dir_fd=t.dirfd)
+    finally:
+        t.close()
+    try:
+        st = os.fstat(fd)
+        if st.st_size > MAX_READ_BYTES:
+            raise OpError(_INVALID, f"file is too large to read: limit is {MAX_READ_BYTES} bytes")
+        data = _read_all(fd, st.st_size)
+    finally:
+        os.close(fd)
+    return {}, data
+
+
+def _write_file(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
+    t = c.target(c.req.path, c.req.expect)
+    try:
+        c.guard.check(t.real, write=True)
+        fd = os.open(
+            t.name,
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | c.nofollow,
+            0o666,
+            dir_fd=t.dirfd,
+        )
+    finally:
+        t.close()
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+    return {}, b""
+
+
+def _make_dirs(c: _Ctx, path: str, expect: str | None) -> tuple[int, str]:
+    """``mkdir -p`` by directory fds; returns an ``O_PATH`` fd of ``path`` and its real path."""
+    missing: list[str] = []
+    cur = path
+    cur_expect = expect
+    while True:
+        try:
+            fd = c.open_dir(cur, cur_expect if c.strict else None)
+            break
+        except FileNotFoundError:
+            if cur == "/":
+                raise
+            cur, name = os.path.split(cur)
+            missing.append(name)
+            cur_expect = cur if cur_expect is not None else None
+        except NotADirectoryError:
+            if cur == path and os.path.lexists(path):
+                raise _os(errno.EEXIST) from None
+            raise
+    real = _fd_path(fd) if c.strict else cur
+    try:
+        for name in reversed(missing):
+            child_real = real.rstrip("/") + "/" + name
+            c.guard.check(child_real, write=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o777, dir_fd=fd)
+            nfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC | c.nofollow, dir_fd=fd)
+            os.close(fd)
+            fd, real = nfd, child_real
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, real
+
+
+def _create_directory(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    if c.req.recursive:
+        # The expectation for ``path`` itself: in strict mode the check path is
+        # canonical in its existing prefix, so every existing ancestor must
+        # resolve to itself.
+        fd, _ = _make_dirs(c, c.req.path, c.req.path if c.strict else None)
+        os.close(fd)
+        return {}, b""
+    t = c.target(c.req.path, c.req.expect)
+    try:
+        c.guard.check(t.real, write=True)
+        os.mkdir(t.name, 0o777, dir_fd=t.dirfd)
+    finally:
+        t.close()
+    return {}, b""
+
+
+def _get_metadata(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    t = c.target(c.req.path, c.req.expect)
+    try:
+        c.guard.check(t.real, write=False)
+        lst = os.stat(t.name, dir_fd=t.dirfd, follow_symlinks=False)
+        if stat.S_ISLNK(lst.st_mode):
+            if c.strict:
+                raise _os(errno.ELOOP)
+            st = os.stat(t.name, dir_fd=t.dirfd)
+        else:
+            st = lst
+    finally:
+        t.close()
+    return {
+        "isDirectory": stat.S_ISDIR(st.st_mode),
+        "isFile": stat.S_ISREG(st.st_mode),
+        "isSymlink": stat.S_ISLNK(lst.st_mode),
+        "size": st.st_size,
+        "createdAtMs": 0,
+        "modifiedAtMs": st.st_mtime_ns // 1_000_000,
+    }, b""
+
+
+def _lossy(name: str) -> str:
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _read_directory(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    t = c.target(c.req.path, c.req.expect)
+    try:
+        c.guard.check(t.real, write=False)
+        fd = os.open(
+            t.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | c.nofollow, dir_fd=t.dirfd
+        )
+    finally:
+        t.close()
+    real = t.real
+    entries: list[dict[str, object]] = []
+    try:
+        with os.scandir(fd) as it:
+            for entry in it:
+                if c.guard.rules:
+                    try:
+                        c.guard.check(real.rstrip("/") + "/" + entry.name, write=False)
+                    except OSError:
+                        continue
+                try:
+                    st = os.stat(entry.name, dir_fd=fd)
+                except OSError:
+                    continue  # dangling symlinks etc. are skipped (§9.3)
+                entries.append(
+                    {
+                        "fileName": _lossy(entry.name),
+                        "isDirectory": stat.S_ISDIR(st.st_mode),
+                        "isFile": stat.S_ISREG(st.st_mode),
+                    }
+                )
+    finally:
+        os.close(fd)
+    return {"entries": entries}, b""
+
+
+def _remove(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    try:
+        t = c.target(c.req.path, c.req.expect)
+    except FileNotFoundError:
+        if c.req.force:
+            return {}, b""
+        raise
+    try:
+        try:
+            st = os.stat(t.name, dir_fd=t.dirfd, follow_symlinks=False)
+        except FileNotFoundError:
+            if c.req.force:
+                return {}, b""
+            raise
+        if stat.S_ISDIR(st.st_mode):
+            if c.req.recursive:
+                c.guard.check_subtree(t.real)
+                shutil.rmtree(t.name, dir_fd=t.dirfd)
+            else:
+                c.guard.check(t.real, write=True)
+                os.rmdir(t.name, dir_fd=t.dirfd)
+        else:
+            c.guard.check(t.real, write=True)
+            os.unlink(t.name, dir_fd=t.dirfd)
+    finally:
+        t.close()
+    return {}, b""
+
+
+def _copy_file_fd(
+    src_dir: int, name: str, dst_dir: int, dst_name: str, mode: int, nofollow: int
+) -> None:
+    sfd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=src_dir)
+    try:
+        dfd = os.open(
+            dst_name,
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | nofollow,
+            0o666,
+            dir_fd=dst_dir,
+        )
+        try:
+            while True:
+                try:
+                    n = os.copy_file_range(sfd, dfd, 1 << 30)
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                        raise
+                    for chunk in _iter_chunks(sfd):
+                        write_all(dfd, chunk)
+                    break
+                if n == 0:
+                    break
+            os.fchmod(dfd, stat.S_IMODE(mode))
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def _copy_tree(c: _Ctx, src_fd: int, src_real: str, dst_fd: int, dst_real: str) -> None:
+    with os.scandir(src_fd) as it:
+        names = [e.name for e in it]
+    for name in names:
+        s_real = src_real.rstrip("/") + "/" + name
+        d_real = dst_real.rstrip("/") + "/" + name
+        try:
+            st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if c.guard.rules:
+            try:
+                c.guard.check(s_real, write=False)
+            except OSError:
+                continue  # carved-out (`none`) entries are never read
+        if stat.S_ISDIR(st.st_mode):
+            c.guard.check(d_real, write=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o777, dir_fd=dst_fd)
+            sub_src = os.open(
+                name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=src_fd
+            )
+            try:
+                sub_dst = os.open(
+                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dst_fd
+                )
+                try:
+                    _copy_tree(c, sub_src, s_real, sub_dst, d_real)
+                finally:
+                    os.close(sub_dst)
+            finally:
+                os.close(sub_src)
+        elif stat.S_ISREG(st.st_mode):
+            c.guard.check(d_real, write=True)
+            _copy_file_fd(src_fd, name, dst_fd, name, st.st_mode, os.O_NOFOLLOW)
+        elif stat.S_ISLNK(st.st_mode):
+            c.guard.check(d_real, write=True)
+            os.symlink(os.readlink(name, dir_fd=src_fd), name, dir_fd=dst_fd)
+        # FIFOs, sockets and devices are skipped silently (§9.3).
+
+
+def _copy(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    dest = c.req.dest
+    if dest is None:
+        raise OpError(_INVALID, "fs/copy requires destinationPath")
+    s = c.target(c.req.path, c.req.expect)
+    try:
+        c.guard.check(s.real, write=False)
+        st = os.stat(s.name, dir_fd=s.dirfd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            if not c.req.recursive:
+                raise OpError(_INVALID, _COPY_DIR_NEEDS_RECURSIVE)
+            src_real = s.real if c.strict else os.path.realpath(c.req.path)
+            dst_real = dest if c.strict else os.path.realpath(dest)
+            if _within(dst_real, src_real):
+                raise OpError(_INVALID, _COPY_INTO_ITSELF)
+            src_fd = os.open(
+                s.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=s.dirfd
+            )
+            try:
+                dpath_fd, d_real = _make_dirs(c, dest, dest if c.strict else None)
+                try:
+                    dst_fd = os.open(
+                        ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dpath_fd
+                    )
+                finally:
+                    os.close(dpath_fd)
+                try:
+                    _copy_tree(c, src_fd, src_real, dst_fd, d_real)
+                finally:
+                    os.close(dst_fd)
+            finally:
+                os.close(src_fd)
+            return {}, b""
+        if not (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            raise OpError(_INVALID, _COPY_UNSUPPORTED)
+        d = c.target(dest, c.req.dest_expect)
+        try:
+            c.guard.check(d.real, write=True)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(s.name, dir_fd=s.dirfd), d.name, dir_fd=d.dirfd)
+            else:
+                _copy_file_fd(s.dirfd, s.name, d.dirfd, d.name, st.st_mode, c.nofollow)
+        finally:
+            d.close()
+    finally:
+        s.close()
+    return {}, b""
+
+
+def _canonicalize(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    if c.strict:
+        fd = c.open_any(c.req.path)
+        try:
+            real = _fd_path(fd)
+        finally:
+            os.close(fd)
+    else:
+        real = os.path.realpath(c.req.path, strict=True)
+    c.guard.check(real, write=False)
+    return {"path": real}, b""
+
+
+_OPS = {
+    "fs/readFile": _read_file,
+    "fs/createDirectory": _create_directory,
+    "fs/getMetadata": _get_metadata,
+    "fs/readDirectory": _read_directory,
+    "fs/remove": _remove,
+    "fs/copy": _copy,
+    "fs/canonicalize": _canonicalize,
+}
+
+OPERATIONS: Sequence[str] = (*_OPS, "fs/writeFile")
+
+
+def execute(
+    req: OpRequest, data: bytes | bytearray, *, strict: bool
+) -> tuple[dict[str, object], bytes]:
+    """Run one operation; returns (result fields, raw payload for readFile).
+
+    Raises:
+        OpError: every failure, already mapped to a JSON-RPC code and text.
+    """
+    c = _Ctx(req, strict=strict)
+    try:
+        if req.op == "fs/writeFile":
+            return _write_file(c, data)
+        fn = _OPS.get(req.op)
+        if fn is None:
+            raise OpError(_INVALID, f"unknown fs sandbox operation `{req.op}`")
+        return fn(c)
+    except OSError as exc:
+        raise error_from_os(exc) from exc
