@@ -30,7 +30,7 @@ import msgspec
 
 from exec_server.fs.context import route_from_wire
 from exec_server.fs.ops import DirEntry, Metadata
-from exec_server.fs.service import ConfinedFileSystem, FileSystemService, FsRoute
+from exec_server.fs.service import ConfinedFileSystem, FileSystemService, Route
 from exec_server.protocol import fs_types as t
 from exec_server.protocol.paths import PathForm, WirePath, parse_wire_path, render_path
 
@@ -125,7 +125,7 @@ class LocalFileSystem:
         self._service = FileSystemService(confined)
 
     @staticmethod
-    def _route(sandbox: FsSandbox) -> FsRoute:
+    def _route(sandbox: FsSandbox) -> Route:
         return route_from_wire(_sandbox_json(sandbox))
 
     async def read_file(self, path: PathArg, sandbox: FsSandbox = None) -> bytes:

@@ -34,6 +34,7 @@ __all__ = [
     "ConfinedFileSystem",
     "FileSystemService",
     "FsRoute",
+    "Route",
 ]
 
 NO_RUNTIME_PATHS = "sandboxed filesystem operations require configured runtime paths"
@@ -54,6 +55,16 @@ class FsRoute:
 
 
 DIRECT = FsRoute(confined=False)
+
+
+class Route(Protocol):
+    """Anything shaped like :class:`FsRoute` (the policy layer returns its own type)."""
+
+    @property
+    def confined(self) -> bool: ...
+
+    @property
+    def context(self) -> object: ...
 
 
 class ConfinedFileSystem(Protocol):
@@ -89,13 +100,13 @@ class FileSystemService:
     def __init__(self, confined: ConfinedFileSystem | None = None) -> None:
         self._confined = confined
 
-    def _confined_or_refuse(self, route: FsRoute) -> ConfinedFileSystem:
+    def _confined_or_refuse(self, route: Route) -> ConfinedFileSystem:
         if self._confined is None:
             raise InvalidRequestError(NO_RUNTIME_PATHS)
         return self._confined
 
     async def read_file(
-        self, path: str, route: FsRoute = DIRECT, *, directory_is_invalid: bool = False
+        self, path: str, route: Route = DIRECT, *, directory_is_invalid: bool = False
     ) -> bytes:
         """Whole file contents (cap :data:`~exec_server.fs.ops.READ_LIMIT`)."""
         if route.confined:
@@ -105,7 +116,7 @@ class FileSystemService:
         )
 
     async def write_file(
-        self, path: str, data: bytes | bytearray | memoryview, route: FsRoute = DIRECT
+        self, path: str, data: bytes | bytearray | memoryview, route: Route = DIRECT
     ) -> None:
         """Create or atomically replace ``path``."""
         if route.confined:
@@ -115,7 +126,7 @@ class FileSystemService:
         await asyncio.to_thread(ops.write_file, path, data)
 
     async def create_directory(
-        self, path: str, route: FsRoute = DIRECT, *, recursive: bool = True
+        self, path: str, route: Route = DIRECT, *, recursive: bool = True
     ) -> None:
         if route.confined:
             return await self._confined_or_refuse(route).create_directory(
@@ -123,18 +134,18 @@ class FileSystemService:
             )
         await asyncio.to_thread(ops.create_directory, path, recursive=recursive)
 
-    async def get_metadata(self, path: str, route: FsRoute = DIRECT) -> Metadata:
+    async def get_metadata(self, path: str, route: Route = DIRECT) -> Metadata:
         if route.confined:
             return await self._confined_or_refuse(route).get_metadata(route.context, path)
         return await asyncio.to_thread(ops.get_metadata, path)
 
-    async def read_directory(self, path: str, route: FsRoute = DIRECT) -> list[DirEntry]:
+    async def read_directory(self, path: str, route: Route = DIRECT) -> list[DirEntry]:
         if route.confined:
             return await self._confined_or_refuse(route).read_directory(route.context, path)
         return await asyncio.to_thread(ops.read_directory, path)
 
     async def remove(
-        self, path: str, route: FsRoute = DIRECT, *, recursive: bool = True, force: bool = True
+        self, path: str, route: Route = DIRECT, *, recursive: bool = True, force: bool = True
     ) -> None:
         if route.confined:
             return await self._confined_or_refuse(route).remove(
@@ -143,7 +154,7 @@ class FileSystemService:
         await asyncio.to_thread(ops.remove, path, recursive=recursive, force=force)
 
     async def copy(
-        self, source: str, destination: str, route: FsRoute = DIRECT, *, recursive: bool
+        self, source: str, destination: str, route: Route = DIRECT, *, recursive: bool
     ) -> None:
         if route.confined:
             return await self._confined_or_refuse(route).copy(
@@ -151,7 +162,7 @@ class FileSystemService:
             )
         await asyncio.to_thread(ops.copy, source, destination, recursive=recursive)
 
-    async def canonicalize(self, path: str, route: FsRoute = DIRECT) -> str:
+    async def canonicalize(self, path: str, route: Route = DIRECT) -> str:
         if route.confined:
             return await self._confined_or_refuse(route).canonicalize(route.context, path)
         return await asyncio.to_thread(ops.canonicalize, path)

@@ -19,7 +19,7 @@ import msgspec
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs.context import route_from_wire
 from exec_server.fs.ops import lossy_name
-from exec_server.fs.service import FileSystemService, FsRoute
+from exec_server.fs.service import FileSystemService, Route
 from exec_server.protocol import fs_types as t
 from exec_server.protocol.paths import PathForm, parse_wire_path
 from exec_server.server.router import RequestContext, Router
@@ -33,7 +33,7 @@ def _service(ctx: RequestContext) -> FileSystemService:
     return FileSystemService(ctx.services.fs_sandbox)
 
 
-def _route(raw: t.SandboxField) -> FsRoute:
+def _route(raw: t.SandboxField) -> Route:
     sandbox = t.sandbox_raw(raw)
     return route_from_wire(None if sandbox is None else bytes(sandbox))
 
