@@ -82,3 +82,25 @@ async def fake() -> AsyncIterator[tuple[ExecServerClient, MemoryTransport]]:
         yield client, transport
     finally:
         await client.aclose()
+
+
+@pytest.fixture(params=["local", "remote"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """The same tests run against LocalExecBackend and RemoteExecBackend (real server)."""
+    from exec_server.client import LocalExecBackend, RemoteExecBackend
+
+    if request.param == "local":
+        be: Any = LocalExecBackend()
+    else:
+        server = request.getfixturevalue("server")
+        be = RemoteExecBackend(await ExecServerClient.connect(server.url))
+    try:
+        yield be
+    finally:
+        await be.aclose()
+
+
+@pytest.fixture
+def sh_env() -> dict[str, str]:
+    """A minimal child environment with a PATH (PTYs need one to find programs)."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C"}

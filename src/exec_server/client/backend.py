@@ -9,8 +9,8 @@ cannot tell them apart (SWE-ReX's one-interface / many-runtimes split).
 
 from __future__ import annotations
 
-import contextlib
 import os
+import signal as _signal
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, final, runtime_checkable
@@ -19,6 +19,7 @@ from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
 from exec_server.client.process import DEFAULT_POLL_INTERVAL, ProcessHandle, Signal
 from exec_server.config import ServerConfig
+from exec_server.exceptions import InvalidParamsError
 from exec_server.protocol.process_types import (
     NOTIFY_CLOSED,
     NOTIFY_EXITED,
@@ -27,7 +28,6 @@ from exec_server.protocol.process_types import (
     EnvPolicy,
     ExitedNotification,
     OutputNotification,
-    ReadParams,
     ReadResult,
     WriteStatus,
 )
@@ -151,6 +151,12 @@ class LocalExecBackend:
 
         if self._closed:
             raise ClientClosedError("backend closed")
+        # The server validates these in its handler (PROTOCOL.md §8.1 step 2); same here.
+        if not argv:
+            raise InvalidParamsError("argv must not be empty")
+        work_dir = os.getcwd() if cwd is None else cwd
+        if not os.path.isabs(work_dir):
+            raise InvalidParamsError("cwd must be absolute: path must be absolute")
         pid = process_id if process_id is not None else uuid.uuid4().hex
         if pid in self._handles:
             raise ValueError(f"process {pid} already has a handle")
@@ -168,7 +174,7 @@ class LocalExecBackend:
             )
         spec = LaunchSpec(
             argv=list(argv),
-            cwd=os.getcwd() if cwd is None else cwd,
+            cwd=work_dir,
             env=child_env,
             tty=tty,
             arg0=arg0,
@@ -177,7 +183,7 @@ class LocalExecBackend:
         handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval)
         self._handles[pid] = handle
         try:
-            await self._manager.start(pid, spec)
+            self._manager.start(pid, spec, current=True)
         except BaseException:
             self._handles.pop(pid, None)
             raise
@@ -204,18 +210,18 @@ class _LocalOps:
 
     async def read(self, process_id: str, after_seq: int, max_bytes: int) -> ReadResult:
         return await self._backend._manager.read(
-            ReadParams(process_id=process_id, after_seq=after_seq, max_bytes=max_bytes, wait_ms=0)
+            process_id, after_seq=after_seq, max_bytes=max_bytes, wait_ms=0
         )
 
     async def write(self, process_id: str, data: bytes, write_id: str) -> WriteStatus:
-        return await self._backend._manager.write(process_id, data)
+        return await self._backend._manager.write(process_id, data, write_id)
 
     async def terminate(self, process_id: str) -> bool:
-        return await self._backend._manager.terminate(process_id)
+        return self._backend._manager.terminate(process_id)
 
     async def signal(self, process_id: str, signal: Signal) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            await self._backend._manager.interrupt(process_id)
+        # Only ``interrupt`` exists (CLIENT_COMPAT.md §5.4).
+        self._backend._manager.signal(process_id, _signal.SIGINT)
 
     def release(self, process_id: str) -> None:
         self._backend._release(process_id)

@@ -37,7 +37,7 @@ from exec_server.client.errors import (
     ServerProtocolError,
 )
 from exec_server.client.process import DEFAULT_POLL_INTERVAL, ProcessHandle, Signal
-from exec_server.exceptions import error_for_code
+from exec_server.exceptions import InvalidParamsError, error_for_code
 from exec_server.protocol.codec import (
     ProtocolError,
     decode_message,
@@ -466,6 +466,10 @@ class ExecServerClient:
             pipe_stdin: non-tty processes get a writable stdin pipe.
             process_id: the wire id (default: a random UUID).
         """
+        work_dir = os.getcwd() if cwd is None else cwd
+        if not work_dir.startswith("/"):
+            # A relative path has no URI form; fail as the server would (§8.1).
+            raise InvalidParamsError("cwd must be absolute: path must be absolute")
         pid = process_id if process_id is not None else uuid.uuid4().hex
         if pid in self._handles:
             raise ValueError(f"process {pid} already has a handle")
@@ -475,7 +479,7 @@ class ExecServerClient:
         params = StartParams(
             process_id=pid,
             argv=list(argv),
-            cwd=render_path(os.getcwd() if cwd is None else cwd, PathForm.URI),
+            cwd=render_path(work_dir, PathForm.URI),
             env=dict(env or {}),
             tty=tty,
             arg0=arg0,
