@@ -7,6 +7,7 @@ layer's spawners when present, otherwise ``subprocess``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -127,10 +128,8 @@ def run_confined(backend: LinuxBackend, plan: SandboxPlan, argv: list[str], *, c
         code = popen.wait(timeout=timeout)
     finally:
         for fd in fds:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         if popen.poll() is None:
             popen.kill()
             popen.wait()

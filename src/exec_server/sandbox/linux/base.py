@@ -71,11 +71,14 @@ def first_missing_component(path: str) -> str | None:
 
 
 def sandbox_env(spec: LaunchSpec, plan: SandboxPlan) -> dict[str, str]:
-    """The request env plus the plan's markers (PROTOCOL.md §7.5)."""
+    """The request env plus the plan's ``extra_env``.
+
+    ``CODEX_SANDBOX_NETWORK_DISABLED`` is the policy layer's decision
+    (PROTOCOL.md §7.5 vs CLIENT_COMPAT §4: only legacy launches get it), so
+    the mechanism adds nothing on its own.
+    """
     env = dict(spec.env)
     env.update(plan.extra_env)
-    if not plan.network:
-        env[NETWORK_DISABLED_ENV] = "1"
     return env
 
 

@@ -9,6 +9,7 @@ BPF handed over through ``--seccomp FD`` (no second interpreter inside).
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 
 from exec_server.process.spec import LaunchSpec
@@ -93,6 +94,13 @@ def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
     return args, placeholders
 
 
+def _resolvable(program: str, spec: LaunchSpec) -> bool:
+    """Whether ``program`` resolves to an executable on the host (cheap pre-check)."""
+    if "/" in program:
+        return os.access(os.path.join(spec.cwd, program), os.X_OK)
+    return shutil.which(program, path=spec.env.get("PATH", os.defpath)) is not None
+
+
 def _seccomp_pipe(program: bytes) -> int:
     """A pipe's read end holding ``program``; the writer is closed (bwrap reads to EOF)."""
     r, w = os.pipe()
@@ -130,6 +138,9 @@ class BwrapBackend(LinuxBackend):
         fd = _seccomp_pipe(seccomp.build_filter(mode))
         args, placeholders = build_args(plan, spec.cwd, proc=self.info.proc, seccomp_fd=fd)
         command = list(spec.argv)
+        if not _resolvable(command[0], spec):
+            # bwrap reports exec failures as exit 1; let a shell give the usual 126/127
+            command = ["/bin/sh", "-c", 'exec "$0" "$@"', *command]
         if spec.arg0 is not None and spec.arg0 != command[0]:
             if self.info.argv0:
                 args += ["--argv0", spec.arg0]

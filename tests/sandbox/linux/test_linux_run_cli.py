@@ -1,0 +1,122 @@
+"""``exec-server run``: a local command confined end to end, its status passed through."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exec_server.sandbox.select import SandboxUnavailableError, select_backend
+
+
+def _exec_server(args: list[str], cwd: Path, tmpdir: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": str(tmpdir)}
+    return subprocess.run([sys.executable, "-m", "exec_server", "run", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=60, check=False,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(params=["bwrap", "landlock"])
+def backend_name(request: pytest.FixtureRequest) -> str:
+    try:
+        select_backend(request.param)
+    except SandboxUnavailableError as exc:
+        pytest.skip(str(exc))
+    return str(request.param)
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
+    """(cwd, a directory outside every writable root, $TMPDIR).
+
+    workspace-write makes /tmp writable, so "outside" lives under /var/tmp.
+    """
+    work, tmpdir = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir()
+    tmpdir.mkdir()
+    outside = Path(tempfile.mkdtemp(prefix="exec-server-test-", dir="/var/tmp"))
+    try:
+        yield work, outside, tmpdir
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
+
+
+def test_workspace_write_confines_and_passes_status(backend_name: str,
+                                                     dirs: tuple[Path, Path, Path]) -> None:
+    work, outside, tmpdir = dirs
+    (work / ".git").mkdir()
+    script = f"echo in > inside; echo out > {outside}/x; echo c > .git/config; exit 7"
+    res = _exec_server(["--backend", backend_name, "--sandbox", "workspace-write", "--",
+                        "sh", "-c", script], work, tmpdir)
+    assert res.returncode == 7, res.stderr
+    assert (work / "inside").read_text() == "in\n"
+    assert not (outside / "x").exists()
+    assert not (work / ".git" / "config").exists()
+
+
+def test_writable_root_flag_grants_writes(backend_name: str,
+                                          dirs: tuple[Path, Path, Path]) -> None:
+    work, outside, tmpdir = dirs
+    res = _exec_server(["--backend", backend_name, "--sandbox", "workspace-write",
+                        "--writable-root", str(outside), "--", "sh", "-c",
+                        f"echo ok > {outside}/granted"], work, tmpdir)
+    assert res.returncode == 0, res.stderr
+    assert (outside / "granted").read_text() == "ok\n"
+
+
+def test_read_only_denies_cwd_writes(backend_name: str, dirs: tuple[Path, Path, Path]) -> None:
+    work, _, tmpdir = dirs
+    res = _exec_server(["--backend", backend_name, "--", "touch", "nope"], work, tmpdir)
+    assert res.returncode != 0
+    assert not (work / "nope").exists()
+
+
+def test_signal_death_reported_as_128_plus_signal(backend_name: str,
+                                                  dirs: tuple[Path, Path, Path]) -> None:
+    work, _, tmpdir = dirs
+    res = _exec_server(["--backend", backend_name, "--", "sh", "-c", "kill -TERM $$"], work,
+                       tmpdir)
+    assert res.returncode == 128 + 15
+
+
+def test_missing_program_is_127(backend_name: str, dirs: tuple[Path, Path, Path]) -> None:
+    work, _, tmpdir = dirs
+    res = _exec_server(["--backend", backend_name, "--", "no-such-program-xyz"], work, tmpdir)
+    assert res.returncode == 127
+
+
+def test_relative_writable_root_is_refused(dirs: tuple[Path, Path, Path]) -> None:
+    work, _, tmpdir = dirs
+    res = _exec_server(["--sandbox", "workspace-write", "--writable-root", "rel", "--",
+                        "true"], work, tmpdir)
+    assert res.returncode == 125
+    assert "writable-root" in res.stderr
+
+
+def test_missing_command_is_usage_error(dirs: tuple[Path, Path, Path]) -> None:
+    work, _, tmpdir = dirs
+    res = _exec_server([], work, tmpdir)
+    assert res.returncode == 2
+    assert "missing command" in res.stderr
+
+
+def test_danger_full_access_runs_directly(dirs: tuple[Path, Path, Path]) -> None:
+    work, outside, tmpdir = dirs
+    res = _exec_server(["--sandbox", "danger-full-access", "--", "sh", "-c",
+                        f"echo y > {outside}/free"], work, tmpdir)
+    assert res.returncode == 0, res.stderr
+    assert (outside / "free").exists()
+
+
+def test_probe_reports_backends(dirs: tuple[Path, Path, Path]) -> None:
+    work, _, tmpdir = dirs
+    res = _exec_server(["--probe"], work, tmpdir)
+    assert res.returncode == 0
+    assert '"bwrap"' in res.stdout and '"landlock"' in res.stdout
+    assert os.path.isdir(work)
