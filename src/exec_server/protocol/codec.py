@@ -103,13 +103,19 @@ _encoder: Final = msgspec.json.Encoder()
 
 
 def _member(raw: Raw, decoder: msgspec.json.Decoder[T]) -> T | UnsetType:
-    """Decode one raw member, or UNSET when it is absent or does not fit."""
+    """Decode one raw member, or UNSET when it is absent or does not fit.
+
+    Raises:
+        ProtocolError: the member is not valid JSON text (e.g. bad UTF-8).
+    """
     if not raw:
         return UNSET
     try:
         return decoder.decode(raw)
     except msgspec.ValidationError:
         return UNSET
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def decode_message(data: bytes | str) -> Message:
@@ -151,7 +157,7 @@ def decode_params(raw: Raw | None, params_type: type[T]) -> T:
     try:
         return msgspec.json.decode(data, type=params_type)
     except msgspec.ValidationError:
-        if data.strip() == _EMPTY_OBJECT:
+        if b"".join(data.split()) == _EMPTY_OBJECT:
             try:
                 return msgspec.json.decode(_NULL, type=params_type)
             except msgspec.ValidationError:

@@ -29,10 +29,12 @@ from websockets.exceptions import ConnectionClosed
 __all__ = [
     "HEAD_SIZE",
     "Inbound",
+    "MemoryTransport",
     "MessageTransport",
     "OversizedMessage",
     "StreamTransport",
     "WebSocketTransport",
+    "memory_pair",
     "set_nodelay",
 ]
 
@@ -215,3 +217,54 @@ class StreamTransport:
             self.writer.close()
         with contextlib.suppress(OSError, ConnectionError):
             await self.writer.wait_closed()
+
+
+class MemoryTransport:
+    """One end of an in-process pair (tests, embedding); line-framing error texts."""
+
+    kind = "line"
+
+    def __init__(
+        self,
+        inbound: asyncio.Queue[bytes | None],
+        outbound: asyncio.Queue[bytes | None],
+        *,
+        label: str,
+    ) -> None:
+        self.label = label
+        self._inbound = inbound
+        self._outbound = outbound
+        self.closed = False
+
+    async def receive(self) -> Inbound:
+        if self.closed:
+            return None
+        item = await self._inbound.get()
+        if item is None:
+            self.closed = True
+        return item
+
+    async def send(self, data: bytes) -> None:
+        if self.closed:
+            raise ConnectionResetError("transport closed")
+        await self._outbound.put(data)
+
+    async def aclose(self) -> None:
+        """Close both directions: the peer sees EOF, our reader stops."""
+        if not self.closed:
+            self.closed = True
+            for queue in (self._outbound, self._inbound):
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(None)
+
+
+def memory_pair(
+    *, label: str = "memory", maxsize: int = 0
+) -> tuple[MemoryTransport, MemoryTransport]:
+    """Two connected in-process transports (unbounded unless ``maxsize``)."""
+    a_to_b: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
+    b_to_a: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
+    return (
+        MemoryTransport(b_to_a, a_to_b, label=f"{label} a"),
+        MemoryTransport(a_to_b, b_to_a, label=f"{label} b"),
+    )

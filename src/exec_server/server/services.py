@@ -12,10 +12,10 @@ import logging
 from typing import Any
 
 from exec_server.config import ServerConfig
+from exec_server.sandbox.manager import SandboxManager
 
-# Interim: the sandbox areas have not landed yet; replaced by plain imports
-# (``SandboxManager``, ``SandboxedFileSystem``) as soon as they exist.
-SandboxManager = Any
+# Interim: the sandboxed filesystem area has not landed yet; replaced by a
+# plain import of ``exec_server.fs.sandboxed.SandboxedFileSystem`` once it exists.
 SandboxedFileSystem = Any
 
 __all__ = ["ServerServices"]
@@ -45,11 +45,7 @@ class ServerServices:
     @classmethod
     def create(cls, config: ServerConfig) -> ServerServices:
         """Build the default services for ``config``."""
-        try:
-            manager_mod = importlib.import_module("exec_server.sandbox.manager")
-        except ImportError:
-            return cls(config)
-        sandbox = manager_mod.SandboxManager(config)
+        sandbox = SandboxManager(config)
         try:
             fs_mod = importlib.import_module("exec_server.fs.sandboxed")
         except ImportError:

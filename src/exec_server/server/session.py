@@ -26,22 +26,7 @@ import msgspec
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import AlreadyAttachedError, InvalidRequestError
-
-try:
-    from exec_server.process.manager import ProcessManager  # type: ignore[import-not-found]
-except ImportError:  # until the processes area lands; removed then
-
-    class ProcessManager:  # type: ignore[no-redef]
-        def __init__(self, config: ServerConfig) -> None:
-            self.config = config
-
-        def set_sink(self, sink: object) -> None:
-            pass
-
-        async def shutdown(self) -> None:
-            pass
-
-
+from exec_server.process.manager import ProcessManager
 from exec_server.protocol.connection import (
     Handshake,
     already_attached_text,
@@ -67,6 +52,8 @@ class Session:
         self.detach_deadline: float | None = None
         #: set whenever the attachment changes, so long polls can re-check.
         self.attachment_changed = asyncio.Event()
+        #: set once the session is removed and its processes are shut down.
+        self.closed = asyncio.Event()
 
     def is_attached_to(self, connection_id: str) -> bool:
         return self.attached_to == connection_id
@@ -165,6 +152,7 @@ class SessionRegistry:
         self._sessions.clear()
         for session in sessions:
             await self._shutdown_processes(session)
+            session.closed.set()
 
     def _attach(self, session: Session, attachment: Attachment) -> None:
         session.attached_to = attachment.connection_id
@@ -196,6 +184,7 @@ class SessionRegistry:
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
         await self._shutdown_processes(session)
+        session.closed.set()
 
     @staticmethod
     async def _shutdown_processes(session: Session) -> None:
