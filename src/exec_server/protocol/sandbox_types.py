@@ -336,7 +336,7 @@ class CurrentSandboxContext(msgspec.Struct, frozen=True, kw_only=True, rename="c
     windows_sandbox_proxy_settings_mode: Literal["reconcile", "preserve"] | None = None
     use_legacy_landlock: bool = False
     # Informational record of the client's decision; never widens permissions.
-    sandbox_override: msgspec.Raw | None = None
+    sandbox_override: str | dict[str, Any] | None = None
 
 
 # --- codec ---

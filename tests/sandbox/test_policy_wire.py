@@ -1,0 +1,529 @@
+"""Wire decoding of sandbox objects, both generations (PROTOCOL.md §6, CLIENT_COMPAT.md §1.4)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from exec_server.exceptions import InvalidParamsError, InvalidRequestError
+from exec_server.protocol import sandbox_types as wire
+from exec_server.sandbox.convert import (
+    Generation,
+    fs_context_from_wire,
+    launch_request_from_wire,
+    legacy_policy_from_wire,
+)
+from exec_server.sandbox.policy import (
+    Access,
+    DangerFullAccess,
+    ExternalSandbox,
+    FsEntry,
+    FsKind,
+    GlobTarget,
+    Network,
+    PathTarget,
+    ReadOnly,
+    ReadOnlyAccess,
+    SpecialKind,
+    SpecialTarget,
+    WorkspaceWrite,
+)
+
+RECORDINGS = Path("/work/shared/spec/codex-0.163-recordings")
+
+
+def raw(obj: Any) -> msgspec.Raw:
+    return msgspec.Raw(json.dumps(obj).encode())
+
+
+# --- legacy SandboxPolicy examples, PROTOCOL.md §6.1 ---
+
+LEGACY_POLICIES = [
+    ({"type": "danger-full-access"}, DangerFullAccess()),
+    ({"type": "read-only"}, ReadOnly(ReadOnlyAccess(), False)),
+    (
+        {
+            "type": "read-only",
+            "access": {
+                "type": "restricted",
+                "include_platform_defaults": False,
+                "readable_roots": ["/srv/data"],
+            },
+        },
+        ReadOnly(ReadOnlyAccess.restricted(["/srv/data"], include_platform_defaults=False), False),
+    ),
+    ({"type": "external-sandbox", "network_access": "enabled"}, ExternalSandbox(True)),
+    ({"type": "external-sandbox"}, ExternalSandbox(False)),
+    (
+        {
+            "type": "workspace-write",
+            "writable_roots": ["/srv/cache"],
+            "read_only_access": {"type": "restricted", "include_platform_defaults": True},
+            "network_access": False,
+            "exclude_tmpdir_env_var": True,
+            "exclude_slash_tmp": True,
+        },
+        WorkspaceWrite(
+            ("/srv/cache",),
+            ReadOnlyAccess.restricted([], include_platform_defaults=True),
+            False,
+            True,
+            True,
+        ),
+    ),
+    # include_platform_defaults defaults to true when absent (PROTOCOL.md §17 trap 10)
+    (
+        {"type": "read-only", "access": {"type": "restricted"}},
+        ReadOnly(ReadOnlyAccess.restricted([], include_platform_defaults=True), False),
+    ),
+    # file:// URIs and lexical normalisation inside policies
+    (
+        {"type": "workspace-write", "writable_roots": ["file:///srv/a/../b%20c"]},
+        WorkspaceWrite(writable_roots=("/srv/b c",)),
+    ),
+]
+
+
+@pytest.mark.parametrize(("obj", "expected"), LEGACY_POLICIES)
+def test_legacy_policy_decodes(obj: dict[str, Any], expected: object) -> None:
+    decoded = wire.decode_sandbox(json.dumps(obj), wire.SandboxPolicy)
+    assert legacy_policy_from_wire(decoded) == expected
+
+
+def test_legacy_policy_encodes_snake_case_with_kebab_tags() -> None:
+    policy = wire.WorkspaceWritePolicy(
+        writable_roots=[wire.AbsPath("/srv/cache")],
+        read_only_access=wire.ReadOnlyAccessRestricted(include_platform_defaults=False),
+        exclude_slash_tmp=True,
+    )
+    out = json.loads(wire.encode_sandbox(policy))
+    assert out == {
+        "type": "workspace-write",
+        "writable_roots": ["/srv/cache"],
+        "read_only_access": {"type": "restricted", "include_platform_defaults": False},
+        "exclude_slash_tmp": True,
+    }
+    assert json.loads(wire.encode_sandbox(wire.ReadOnlyPolicy())) == {"type": "read-only"}
+
+
+BAD_POLICIES = [
+    ({"type": "full-yolo"}, "sandbox.type: Invalid value 'full-yolo'"),
+    ({}, "sandbox: Object missing required field `type`"),
+    ({"type": "workspace-write", "writable_roots": ["rel/dir"]}, "sandbox.writable_roots[0]"),
+    ({"type": "workspace-write", "writable_roots": ["~/x"]}, "path must be absolute"),
+    ({"type": "read-only", "access": {"type": "partial"}}, "sandbox.access.type"),
+    ({"type": "external-sandbox", "network_access": "sometimes"}, "sandbox.network_access"),
+    ({"type": "read-only", "network_access": "yes"}, "sandbox.network_access"),
+    ({"type": "workspace-write", "writable_roots": "/x"}, "sandbox.writable_roots"),
+    (
+        {"type": "workspace-write", "writable_roots": ["http://x/y"]},
+        "sandbox.writable_roots[0]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("obj", "needle"), BAD_POLICIES)
+def test_bad_legacy_policy_names_the_field(obj: dict[str, Any], needle: str) -> None:
+    with pytest.raises(InvalidParamsError) as info:
+        wire.decode_sandbox(json.dumps(obj), wire.SandboxPolicy)
+    assert needle in info.value.message
+
+
+def test_uri_with_foreign_host_is_invalid_request() -> None:
+    with pytest.raises(InvalidRequestError):
+        wire.decode_sandbox(
+            '{"type":"workspace-write","writable_roots":["file://otherhost/x"]}', wire.SandboxPolicy
+        )
+
+
+# --- SandboxLaunchConfig (process/start, legacy) ---
+
+NO_SANDBOX = {
+    "sandboxPreference": "forbid",
+    "policy": {"type": "danger-full-access"},
+    "fileSystemPolicy": {"kind": "unrestricted"},
+    "networkPolicy": "enabled",
+    "sandboxPolicyCwd": "/srv/proj",
+    "additionalPermissions": None,
+    "enforceManagedNetwork": False,
+    "windowsSandboxLevel": "disabled",
+    "windowsSandboxPrivateDesktop": False,
+    "useLegacyLandlock": False,
+}
+
+PROCESS_START_SANDBOX = {  # PROTOCOL.md §8.1 example
+    "sandboxPreference": "auto",
+    "policy": {
+        "type": "workspace-write",
+        "network_access": False,
+        "exclude_tmpdir_env_var": False,
+        "exclude_slash_tmp": False,
+    },
+    "fileSystemPolicy": {
+        "kind": "restricted",
+        "entries": [
+            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+            {
+                "path": {"type": "special", "value": {"kind": "current_working_directory"}},
+                "access": "write",
+            },
+            {"path": {"type": "special", "value": {"kind": "slash_tmp"}}, "access": "write"},
+            {"path": {"type": "special", "value": {"kind": "tmpdir"}}, "access": "write"},
+        ],
+    },
+    "networkPolicy": "restricted",
+    "sandboxPolicyCwd": "/srv/proj",
+    "additionalPermissions": None,
+    "enforceManagedNetwork": False,
+    "windowsSandboxLevel": "disabled",
+    "windowsSandboxPrivateDesktop": False,
+    "useLegacyLandlock": False,
+}
+
+
+def test_no_sandbox_config() -> None:
+    req = launch_request_from_wire(raw(NO_SANDBOX), command_cwd="/elsewhere")
+    assert req.generation is Generation.LEGACY
+    assert req.preference == "forbid"
+    assert req.fs_policy.kind is FsKind.UNRESTRICTED
+    assert req.network is Network.ENABLED
+    assert req.cwd == "/srv/proj"
+    assert req.roots == ("/srv/proj",)
+    assert req.legacy_policy == DangerFullAccess()
+
+
+def test_process_start_example_decodes() -> None:
+    req = launch_request_from_wire(raw(PROCESS_START_SANDBOX), command_cwd="/srv/proj")
+    assert req.preference == "auto"
+    assert req.network is Network.RESTRICTED
+    kinds = [(e.target, e.access) for e in req.fs_policy.entries]
+    assert kinds == [
+        (SpecialTarget(SpecialKind.ROOT), Access.READ),
+        (SpecialTarget(SpecialKind.CURRENT_WORKING_DIRECTORY), Access.WRITE),
+        (SpecialTarget(SpecialKind.SLASH_TMP), Access.WRITE),
+        (SpecialTarget(SpecialKind.TMPDIR), Access.WRITE),
+    ]
+    assert isinstance(req.legacy_policy, WorkspaceWrite)
+    assert req.needs_platform_sandbox
+
+
+def test_absent_and_null_mean_no_sandbox() -> None:
+    for value in (None, msgspec.Raw(b"null")):
+        req = launch_request_from_wire(value, command_cwd="/w")
+        assert req.generation is None
+        assert not req.needs_platform_sandbox
+
+
+def test_sandbox_alias_member_preselects_type() -> None:
+    obj = dict(PROCESS_START_SANDBOX)
+    del obj["sandboxPreference"]
+    obj["sandbox"] = "linux-seccomp"
+    req = launch_request_from_wire(raw(obj), command_cwd="/srv/proj")
+    assert req.forced_type is not None and req.forced_type.value == "linux-seccomp"
+
+
+def test_sandbox_policy_cwd_accepts_uri() -> None:
+    obj = dict(NO_SANDBOX, sandboxPolicyCwd="file:///srv/p%20q")
+    assert launch_request_from_wire(raw(obj), command_cwd="/x").cwd == "/srv/p q"
+
+
+BAD_LAUNCH = [
+    ({"sandboxPreference": "sometimes"}, "sandbox.sandboxPreference"),
+    ({"sandboxPreference": None}, "missing field `sandboxPreference`"),
+    ({"policy": {"type": "bogus"}}, "sandbox.policy.type: Invalid value 'bogus'"),
+    ({"fileSystemPolicy": {"kind": "weird"}}, "sandbox.fileSystemPolicy.kind"),
+    ({"networkPolicy": "partial"}, "sandbox.networkPolicy"),
+    ({"sandboxPolicyCwd": "relative/dir"}, "sandbox.sandboxPolicyCwd: path must be absolute"),
+    ({"windowsSandboxLevel": "max"}, "sandbox.windowsSandboxLevel"),
+    (
+        {
+            "fileSystemPolicy": {
+                "kind": "restricted",
+                "entries": [{"path": {"type": "path", "path": "docs"}, "access": "read"}],
+            }
+        },
+        "sandbox.fileSystemPolicy.entries[0].path.path: path must be absolute",
+    ),
+    (
+        {
+            "fileSystemPolicy": {
+                "kind": "restricted",
+                "entries": [
+                    {"path": {"type": "special", "value": {"kind": "home"}}, "access": "read"}
+                ],
+            }
+        },
+        "sandbox.fileSystemPolicy.entries[0].path.value.kind: Invalid value 'home'",
+    ),
+    (
+        {
+            "fileSystemPolicy": {
+                "kind": "restricted",
+                "entries": [
+                    {"path": {"type": "special", "value": {"kind": "root"}}, "access": "rw"}
+                ],
+            }
+        },
+        "sandbox.fileSystemPolicy.entries[0].access",
+    ),
+    (
+        {"fileSystemPolicy": {"kind": "restricted", "entries": [{"access": "read"}]}},
+        "missing required field `path` - ",
+    ),
+    (
+        {"additionalPermissions": {"file_system": {"write": ["out"]}}},
+        "sandbox.additionalPermissions.file_system.write[0]",
+    ),
+    (
+        {
+            "policy": {
+                "type": "workspace-write",
+                "writable_roots": ["/ok", "not/absolute"],
+            }
+        },
+        "sandbox.policy.writable_roots[1]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("patch", "needle"), BAD_LAUNCH)
+def test_bad_launch_config_names_the_field(patch: dict[str, Any], needle: str) -> None:
+    obj = {**PROCESS_START_SANDBOX, **patch}
+    if patch.get("sandboxPreference", "") is None:
+        del obj["sandboxPreference"]
+    with pytest.raises(InvalidParamsError) as info:
+        launch_request_from_wire(raw(obj), command_cwd="/srv/proj")
+    assert needle.split(" - ")[0] in info.value.message
+
+
+def test_missing_required_member() -> None:
+    obj = dict(PROCESS_START_SANDBOX)
+    del obj["enforceManagedNetwork"]
+    with pytest.raises(InvalidParamsError, match="enforceManagedNetwork"):
+        launch_request_from_wire(raw(obj), command_cwd="/srv/proj")
+
+
+@pytest.mark.parametrize(
+    "value", [b"[]", b'"auto"', b"42", b"{}", b'{"unrelated":1}', b"{bad json"]
+)
+def test_unrecognisable_sandbox_objects_are_rejected(value: bytes) -> None:
+    with pytest.raises(InvalidParamsError, match="^sandbox"):
+        launch_request_from_wire(msgspec.Raw(value), command_cwd="/w")
+
+
+# --- current-client permission context (CLIENT_COMPAT.md §1.4, recordings) ---
+
+WS = "file:///srv/data/harness/final/sandboxed_shell/workspace"
+WS_PATH = "/srv/data/harness/final/sandboxed_shell/workspace"
+
+RECORDED_START = {
+    "permissions": {
+        "type": "managed",
+        "file_system": {
+            "type": "restricted",
+            "entries": [
+                {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+                {
+                    "path": {"type": "special", "value": {"kind": "project_roots"}},
+                    "access": "write",
+                },
+                {"path": {"type": "special", "value": {"kind": "slash_tmp"}}, "access": "write"},
+                {"path": {"type": "special", "value": {"kind": "tmpdir"}}, "access": "write"},
+                *(
+                    {
+                        "path": {
+                            "type": "special",
+                            "value": {"kind": "project_roots", "subpath": name},
+                        },
+                        "access": "read",
+                        "missing_path_behavior": "skip",
+                    }
+                    for name in (".git", ".agents", ".codex", ".aws")
+                ),
+            ],
+        },
+        "network": "restricted",
+    },
+    "cwd": WS,
+    "workspaceRoots": [WS],
+    "windowsSandboxLevel": "disabled",
+    "windowsSandboxProxySettingsMode": "reconcile",
+    "useLegacyLandlock": False,
+}
+
+
+def test_recorded_current_context_decodes() -> None:
+    req = launch_request_from_wire(raw(RECORDED_START), command_cwd=WS_PATH)
+    assert req.generation is Generation.CURRENT
+    assert req.network is Network.RESTRICTED
+    assert req.cwd == WS_PATH
+    assert req.roots == (WS_PATH,)
+    entries = req.fs_policy.entries
+    assert entries[1] == FsEntry(SpecialTarget(SpecialKind.PROJECT_ROOTS), Access.WRITE)
+    assert entries[4] == FsEntry(
+        SpecialTarget(SpecialKind.PROJECT_ROOTS, ".git"), Access.READ, skip_if_missing=True
+    )
+    assert req.needs_platform_sandbox
+
+
+def _recorded_sandboxes() -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    if not RECORDINGS.is_dir():
+        return out
+    for path in sorted(RECORDINGS.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            msg = json.loads(line).get("msg")
+            if isinstance(msg, dict) and isinstance(msg.get("params"), dict):
+                sandbox = msg["params"].get("sandbox")
+                if isinstance(sandbox, dict):
+                    out.append((f"{path.name}:{msg.get('method')}", sandbox))
+    return out
+
+
+@pytest.mark.skipif(not RECORDINGS.is_dir(), reason="recordings not available")
+def test_every_recorded_sandbox_object_decodes() -> None:
+    seen = _recorded_sandboxes()
+    assert seen
+    for where, sandbox in seen:
+        value = raw(sandbox)
+        if where.endswith("process/start"):
+            assert launch_request_from_wire(value, command_cwd="/").generation is Generation.CURRENT
+        else:
+            req = fs_context_from_wire(value, server_cwd="/srv")
+            assert req is not None and req.generation is Generation.CURRENT, where
+
+
+CURRENT_VARIANTS = [
+    ({"type": "disabled"}, FsKind.UNRESTRICTED, Network.ENABLED),
+    ({"type": "external", "network": "restricted"}, FsKind.EXTERNAL, Network.RESTRICTED),
+    ({"type": "external", "network": "enabled"}, FsKind.EXTERNAL, Network.ENABLED),
+    (
+        {"type": "managed", "file_system": {"type": "unrestricted"}, "network": "restricted"},
+        FsKind.UNRESTRICTED,
+        Network.RESTRICTED,
+    ),
+    (
+        {
+            "type": "managed",
+            "file_system": {"type": "restricted", "entries": []},
+            "network": "enabled",
+        },
+        FsKind.RESTRICTED,
+        Network.ENABLED,
+    ),
+]
+
+
+@pytest.mark.parametrize(("perms", "kind", "network"), CURRENT_VARIANTS)
+def test_current_permission_variants(
+    perms: dict[str, Any], kind: FsKind, network: Network
+) -> None:
+    ctx = {"permissions": perms, "windowsSandboxLevel": "disabled"}
+    req = launch_request_from_wire(raw(ctx), command_cwd="/w")
+    assert (req.fs_policy.kind, req.network) == (kind, network)
+
+
+def test_current_entries_deny_glob_unknown() -> None:
+    ctx = {
+        "permissions": {
+            "type": "managed",
+            "file_system": {
+                "type": "restricted",
+                "entries": [
+                    {"path": {"type": "path", "path": "file:///srv/x"}, "access": "deny"},
+                    {"path": {"type": "glob_pattern", "pattern": "**/*.env"}, "access": "none"},
+                    {
+                        "path": {"type": "special", "value": {"kind": "unknown", "path": ":tok"}},
+                        "access": "read",
+                    },
+                ],
+                "glob_scan_max_depth": 3,
+            },
+            "network": "restricted",
+        },
+        "windowsSandboxLevel": "mxc",
+        "sandboxOverride": {"escalatedSandboxWithRestrictions": {}},
+    }
+    req = launch_request_from_wire(raw(ctx), command_cwd="/w")
+    assert [e.target for e in req.fs_policy.entries] == [
+        PathTarget("/srv/x"),
+        GlobTarget("**/*.env"),
+        SpecialTarget(SpecialKind.UNKNOWN),
+    ]
+    assert [e.access for e in req.fs_policy.entries] == [Access.NONE] * 2 + [Access.READ]
+
+
+BAD_CURRENT = [
+    ({"permissions": {"type": "lenient"}}, "sandbox.permissions.type: Invalid value 'lenient'"),
+    ({"permissions": {"type": "managed", "network": "restricted"}}, "sandbox.permissions"),
+    (
+        {
+            "permissions": {
+                "type": "managed",
+                "file_system": {"type": "partial"},
+                "network": "restricted",
+            }
+        },
+        "sandbox.permissions.file_system.type",
+    ),
+    ({"permissions": {"type": "external"}}, "`network`"),
+    ({"permissions": {"type": "disabled"}, "windowsSandboxLevel": None}, "windowsSandboxLevel"),
+    (
+        {
+            "permissions": {
+                "type": "managed",
+                "file_system": {
+                    "type": "restricted",
+                    "entries": [
+                        {
+                            "path": {
+                                "type": "special",
+                                "value": {"kind": "project_roots", "subpath": "/abs"},
+                            },
+                            "access": "read",
+                        }
+                    ],
+                },
+                "network": "restricted",
+            }
+        },
+        "sandbox.permissions.file_system.entries[0].path.value.subpath",
+    ),
+    (
+        {
+            "permissions": {
+                "type": "managed",
+                "file_system": {
+                    "type": "restricted",
+                    "entries": [
+                        {
+                            "path": {"type": "path", "path": "x"},
+                            "access": "read",
+                            "missing_path_behavior": "create",
+                        }
+                    ],
+                },
+                "network": "restricted",
+            }
+        },
+        "sandbox.permissions.file_system.entries[0]",
+    ),
+    ({"permissions": {"type": "disabled"}, "cwd": "relative"}, "sandbox.cwd"),
+    ({"permissions": {"type": "disabled"}, "workspaceRoots": ["a"]}, "sandbox.workspaceRoots[0]"),
+]
+
+
+@pytest.mark.parametrize(("ctx", "needle"), BAD_CURRENT)
+def test_bad_current_context_names_the_field(ctx: dict[str, Any], needle: str) -> None:
+    ctx = {"windowsSandboxLevel": "disabled", **ctx}
+    if ctx["windowsSandboxLevel"] is None:
+        del ctx["windowsSandboxLevel"]
+    with pytest.raises(InvalidParamsError) as info:
+        launch_request_from_wire(raw(ctx), command_cwd="/w")
+    assert needle in info.value.message
+    with pytest.raises(InvalidParamsError):
+        fs_context_from_wire(raw(ctx), server_cwd="/w")
