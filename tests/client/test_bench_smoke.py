@@ -1,0 +1,31 @@
+"""The benchmark script runs end to end (tiny counts, our server only)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_exec.py"
+
+
+async def test_bench_exec_quick_against_our_server(tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(SCRIPT), "--quick", "--servers", "ours", "--modes", "quickack",
+        "--json", str(out_json),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert b"true start->closed [quickack]" in out
+    figures = json.loads(out_json.read_text())
+    throughput = figures["1 MiB stdout via notif [quickack]"]
+    assert throughput["ours"]["median"] > 0
+    assert figures["RSS idle"]["ours"] > 0
