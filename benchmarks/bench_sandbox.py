@@ -104,7 +104,7 @@ async def bench_target(target: ServerTarget, n: int, outside: str) -> tuple[Summ
             pid = f"deny-{uuid.uuid4().hex[:8]}"
             await _start(c, pid, ["sh", "-c", f"echo x > {probe}"], workspace)
             st = await c.wait_closed(pid)
-            if st.exit_code == 0 or os.path.exists(probe):
+            if st.exit_code == 0 or await asyncio.to_thread(os.path.exists, probe):
                 raise AssertionError(f"{target.name}: write outside the workspace succeeded")
             samples = []
             kind = ""
@@ -202,9 +202,13 @@ async def main() -> int:
                 f["ratio"] = ratio
     print(report.render(), flush=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(figures, fh, indent=2)
+        _write_json(args.json, figures)
     return 0
+
+
+def _write_json(path: str, figures: dict[str, object]) -> None:
+    with open(path, "w") as fh:
+        json.dump(figures, fh, indent=2)
 
 
 if __name__ == "__main__":
