@@ -103,6 +103,7 @@ class OpRequest:
     read_only: tuple[str, ...] = ()
     denied: tuple[str, ...] = ()
     full_write: bool = False
+    not_a_file: str | None = None
 
     @staticmethod
     def from_header(h: Mapping[str, object]) -> OpRequest:
@@ -141,6 +142,7 @@ class OpRequest:
             read_only=paths("read_only"),
             denied=paths("denied"),
             full_write=bool(h.get("full_write", False)),
+            not_a_file=s("not_a_file"),
         )
 
 
@@ -311,8 +313,22 @@ def _iter_chunks(fd: int) -> Iterator[bytes]:
 def _read_all(fd: int, size_hint: int) -> bytes:
     """Read to EOF; one read of the expected size avoids a copy in the common case."""
     first = os.read(fd, size_hint + 1) if size_hint > 0 else b""
-    rest = b"".join(_iter_chunks(fd))
-    return first + rest if rest else first
+    if 0 < len(first) <= size_hint:
+        return first
+    chunks = [first]
+    total = len(first)
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > MAX_READ_BYTES:
+            raise OpError(_INVALID, f"file is too large to read: limit is {MAX_READ_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # --------------------------------------------------------------------------- operations
@@ -322,36 +338,83 @@ def _read_file(c: _Ctx) -> tuple[dict[str, object], bytes]:
     t = c.target(c.req.path, c.req.expect)
     try:
         c.guard.check(t.real, write=False)
-        fd = os.open(t.name, os.O_RDONLY | os.O_CLOEXEC | c.nofollow, dir_fd=t.dirfd)
+        # O_NONBLOCK: a FIFO without a writer must not hang the helper.
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | c.nofollow
+        fd = os.open(t.name, flags, dir_fd=t.dirfd)
     finally:
         t.close()
     try:
         st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            if c.req.not_a_file is not None:
+                raise OpError(_INVALID, f"path `{c.req.not_a_file}` is not a file")
+            raise _os(errno.EISDIR)
         if st.st_size > MAX_READ_BYTES:
             raise OpError(_INVALID, f"file is too large to read: limit is {MAX_READ_BYTES} bytes")
-        data = _read_all(fd, st.st_size)
+        data = _read_all(fd, st.st_size if stat.S_ISREG(st.st_mode) else 0)
     finally:
         os.close(fd)
     return {}, data
 
 
 def _write_file(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
+    """Create or atomically replace (temp file + rename in the same directory)."""
     t = c.target(c.req.path, c.req.expect)
     try:
         c.guard.check(t.real, write=True)
-        fd = os.open(
-            t.name,
-            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | c.nofollow,
-            0o666,
-            dir_fd=t.dirfd,
-        )
+        try:
+            old: os.stat_result | None = os.stat(
+                t.name, dir_fd=t.dirfd, follow_symlinks=not c.strict
+            )
+        except FileNotFoundError:
+            old = None
+        if old is not None and stat.S_ISLNK(old.st_mode):
+            raise _os(errno.ELOOP)
+        if old is not None and stat.S_ISDIR(old.st_mode):
+            raise _os(errno.EISDIR)
+        if (old is not None and not stat.S_ISREG(old.st_mode)) or not c.strict:
+            _write_in_place(t, data, c.nofollow | os.O_NONBLOCK)
+        else:
+            _write_atomic(t, data, old)
     finally:
         t.close()
+    return {}, b""
+
+
+def _write_in_place(t: _Target, data: bytes | bytearray, extra: int) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | extra
+    fd = os.open(t.name, flags, 0o666, dir_fd=t.dirfd)
     try:
         write_all(fd, data)
     finally:
         os.close(fd)
-    return {}, b""
+
+
+def _write_atomic(t: _Target, data: bytes | bytearray, old: os.stat_result | None) -> None:
+    tmp = (
+        f".{os.fsencode(t.name)[:100].decode('utf-8', 'surrogateescape')}.{os.urandom(6).hex()}.tmp"
+    )
+    try:
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666, dir_fd=t.dirfd
+        )
+    except PermissionError:
+        if old is None:
+            raise
+        _write_in_place(t, data, os.O_NOFOLLOW)
+        return
+    try:
+        try:
+            write_all(fd, data)
+            if old is not None:
+                os.fchmod(fd, stat.S_IMODE(old.st_mode))
+        finally:
+            os.close(fd)
+        os.rename(tmp, t.name, src_dir_fd=t.dirfd, dst_dir_fd=t.dirfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=t.dirfd)
+        raise
 
 
 def _make_dirs(c: _Ctx, path: str, expect: str | None) -> tuple[int, str]:
@@ -609,6 +672,9 @@ def _copy(c: _Ctx) -> tuple[dict[str, object], bytes]:
             if stat.S_ISLNK(st.st_mode):
                 os.symlink(os.readlink(s.name, dir_fd=s.dirfd), d.name, dir_fd=d.dirfd)
             else:
+                with contextlib.suppress(FileNotFoundError):
+                    if os.path.samestat(st, os.stat(d.name, dir_fd=d.dirfd)):
+                        raise OpError(_INVALID, "fs/copy source and destination are the same file")
                 _copy_file_fd(s.dirfd, s.name, d.dirfd, d.name, st.st_mode, c.nofollow)
         finally:
             d.close()

@@ -1,0 +1,124 @@
+"""``exec-server --codex-run-as-fs-helper``: one sandboxed fs operation, stdin → stdout.
+
+The upstream-equivalent confinement path (PROTOCOL.md §10.4-§10.6): the server
+launches this mode through the sandbox manager (bwrap or the Landlock
+launcher), writes one §10.5 request and reads one response line. The
+operation runs with the direct semantics of §9.3 (``zygote_ops``); when the
+request carries our ``x-exec-server`` member (the server's expected real
+parents and the read-only holes), the same strict checks as in the zygote
+children apply. Stdlib only: it must start under tight read confinement.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import sys
+from collections.abc import Mapping, Sequence
+
+from exec_server.fs.zygote_ops import OpError, OpRequest, execute
+
+__all__ = ["helper_main"]
+
+_OPERATIONS = frozenset(
+    {
+        "fs/readFile",
+        "fs/writeFile",
+        "fs/createDirectory",
+        "fs/getMetadata",
+        "fs/readDirectory",
+        "fs/remove",
+        "fs/copy",
+        "fs/canonicalize",
+    }
+)
+
+
+def _path(value: object, key: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"`{key}` must be a string path")
+    if value[:5].lower() == "file:":
+        from exec_server.protocol.paths import parse_wire_path
+
+        return parse_wire_path(value).path
+    if not value.startswith("/"):
+        raise ValueError(f"`{key}` must be absolute")
+    return value
+
+
+def _decode(raw: bytes) -> tuple[OpRequest, bytes, bool]:
+    """§10.5 request → operation; ValueError for anything malformed."""
+    msg = json.loads(raw)
+    if not isinstance(msg, dict):
+        raise ValueError("request is not an object")
+    op = msg.get("operation")
+    params = msg.get("params")
+    if op not in _OPERATIONS or not isinstance(params, dict):
+        raise ValueError(f"unknown variant `{op}`")
+    ext = msg.get("x-exec-server")
+    ext = ext if isinstance(ext, dict) else {}
+    header: dict[str, object] = {
+        k: ext[k]
+        for k in (
+            "expect",
+            "dest_expect",
+            "writable",
+            "read_only",
+            "denied",
+            "full_write",
+            "not_a_file",
+        )
+        if k in ext
+    }
+    header["op"] = op
+    if op == "fs/copy":
+        header["path"] = _path(params.get("sourcePath"), "sourcePath")
+        header["dest"] = _path(params.get("destinationPath"), "destinationPath")
+        if not isinstance(params.get("recursive"), bool):
+            raise ValueError("missing field `recursive`")
+    else:
+        header["path"] = _path(params.get("path"), "path")
+    for key in ("recursive", "force"):
+        value = params.get(key)
+        header[key] = True if value is None else bool(value)
+    data = b""
+    if op == "fs/writeFile":
+        try:
+            data = base64.b64decode(str(params.get("dataBase64", "")), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise OpError(-32600, f"fs/writeFile requires valid base64 dataBase64: {exc}") from exc
+    req = OpRequest.from_header(header)
+    return req, data, bool(ext)
+
+
+def _response(op: str, result: Mapping[str, object], payload: bytes) -> dict[str, object]:
+    response = dict(result)
+    if op == "fs/readFile":
+        response = {"dataBase64": base64.b64encode(payload).decode("ascii")}
+    return {"status": "ok", "payload": {"operation": op, "response": response}}
+
+
+def helper_main(argv: Sequence[str]) -> int:
+    """Run one request from stdin; exit 0 with a response (also for failed operations)."""
+    del argv
+    try:
+        raw = sys.stdin.buffer.read()
+        try:
+            req, data, strict = _decode(raw)
+        except OpError as exc:
+            error = {"status": "error", "payload": {"code": exc.code, "message": exc.message}}
+            sys.stdout.write(json.dumps(error) + "\n")
+            return 0
+    except (ValueError, OSError) as exc:
+        sys.stderr.write(f"fs sandbox helper failed: {exc}\n")
+        return 1
+    out: dict[str, object]
+    try:
+        result, payload = execute(req, data, strict=strict)
+        out = _response(req.op, result, payload)
+    except OpError as exc:
+        out = {"status": "error", "payload": {"code": exc.code, "message": exc.message}}
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+    return 0

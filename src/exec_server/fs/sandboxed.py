@@ -1,0 +1,548 @@
+"""Sandboxed ``fs/*`` calls: server-side checks, then a kernel-confined helper.
+
+For a read-only / workspace-write context (PROTOCOL.md §10; current-client
+managed contexts, CLIENT_COMPAT.md §1.4) every operation:
+
+1. computes each path's *check path* (§10.3): a final symlink is preserved for
+   ``remove`` and the ``copy`` source (root-alias normalised), everything else
+   is resolved with "resolve existing prefix";
+2. requires the request policy to allow the access on the check path
+   (``<check path> is not permitted by filesystem sandbox``, ``-32600``);
+3. runs the operation on the check path in a process confined by the kernel
+   with *that request's* helper plan (platform-default reads on, network off).
+
+Two confinement paths (docs/sandboxed-fs.md):
+
+* **zygote** (default on Linux with Landlock): a single-threaded
+  ``python -I -S`` zygote forks one child per request; the child applies
+  Landlock for the request's plan (the zygote already carries no_new_privs and
+  the seccomp network filter), verifies through ``/proc/self/fd`` that every
+  directory it opens is where the server checked it (a symlink swapped in
+  meanwhile is refused), enforces read-only holes (``.git`` …) on the verified
+  real location, replies over a socketpair with raw bytes, and exits.
+* **one-shot helper**: ``exec-server --codex-run-as-fs-helper`` wrapped by the
+  sandbox manager's backend (bwrap or the Landlock launcher) per call, speaking
+  the §10.5 JSON on stdin/stdout - the upstream-equivalent path, used when
+  Landlock is missing (``mode="auto"``) or when asked for (``mode="helper"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Literal
+
+from exec_server.config import ServerConfig
+from exec_server.exceptions import (
+    ExecServerError,
+    InternalError,
+    InvalidRequestError,
+    error_for_code,
+    os_error_message,
+)
+from exec_server.fs.ops import DirEntry, Metadata
+from exec_server.fs.zygote import HelperFailure, Zygote, ZygoteUnavailable, describe_wait_status
+from exec_server.process.spec import LaunchSpec
+from exec_server.sandbox.convert import FsSandboxRequest, Generation, root_alias_normalize
+from exec_server.sandbox.manager import SandboxManager
+from exec_server.sandbox.plan import SandboxPlan
+from exec_server.sandbox.policy import Access
+
+__all__ = ["FsOperation", "SandboxedFileSystem", "check_path"]
+
+logger = logging.getLogger("exec_server.fs.sandbox")
+
+Mode = Literal["auto", "zygote", "helper"]
+
+NOT_PERMITTED = "{} is not permitted by filesystem sandbox"
+NEEDS_POLICY = "sandboxed filesystem operations require ReadOnly or WorkspaceWrite sandbox policy"
+FS_HELPER_FLAG = "--codex-run-as-fs-helper"
+
+_WRITE_OPS = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
+_PRESERVE_OPS = frozenset({"fs/remove", "fs/copy"})
+
+
+@dataclass(frozen=True, slots=True)
+class FsOperation:
+    """One filesystem call, decoded: method, absolute paths, payload, flags."""
+
+    method: str
+    path: str
+    destination: str | None = None
+    data: bytes = b""
+    recursive: bool = True
+    force: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    path: str
+    expect: str
+
+
+# ---------------------------------------------------------------- path checks
+
+
+def _resolve_existing_prefix(path: str) -> str:
+    missing: list[str] = []
+    current = path
+    while not os.path.exists(current):
+        parent, name = os.path.split(current)
+        if parent == current:
+            break
+        missing.append(name)
+        current = parent
+    try:
+        resolved = os.path.realpath(current, strict=True)
+    except OSError as exc:
+        raise InternalError(os_error_message(exc)) from exc
+    for name in reversed(missing):
+        resolved = os.path.join(resolved, name)
+    return resolved
+
+
+def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: bool) -> _Checked:
+    """PROTOCOL.md §10.2-§10.3 for one path; returns the check path and its expected real parent.
+
+    Raises:
+        InvalidRequestError: the policy does not allow the access (-32600).
+        InternalError: canonicalisation failed.
+    """
+    if preserve and os.path.islink(path):
+        checked = root_alias_normalize(path)
+        # The link itself is operated on; its directory must still be where
+        # it is now when the helper opens it.
+        parent = os.path.dirname(checked)
+        try:
+            expect = os.path.realpath(parent, strict=True)
+        except OSError as exc:
+            raise InternalError(os_error_message(exc)) from exc
+    else:
+        checked = _resolve_existing_prefix(path)
+        expect = os.path.dirname(checked)
+    if not os.path.isabs(checked):
+        raise InvalidRequestError(f"resolved sandbox path is not absolute: {checked}")
+    access = request.resolve_access(checked)
+    allowed = access is Access.WRITE if write else access is not Access.NONE
+    if not allowed:
+        raise InvalidRequestError(NOT_PERMITTED.format(checked))
+    return _Checked(checked, expect)
+
+
+def _server_cwd() -> str:
+    """PROTOCOL.md §10.1: the helper runs in the server's canonical cwd."""
+    return os.path.realpath(os.getcwd())
+
+
+def _runtime_read_roots() -> tuple[str, ...]:
+    """What a fresh interpreter running the one-shot helper must be able to read."""
+    import exec_server
+
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(exec_server.__file__)))
+    roots = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+        package_root,
+    }
+    roots.update(p for p in sys.path if p and os.path.isabs(p))
+    return tuple(sorted(r for r in roots if os.path.exists(r)))
+
+
+def _plan_header(plan: SandboxPlan) -> dict[str, object]:
+    return {
+        "full_read": plan.full_read,
+        "full_write": plan.full_write,
+        "network": False,  # PROTOCOL.md §10.1 step 6: never for the helper
+        "readable_roots": list(plan.readable_roots),
+        "writable_roots": list(plan.writable_roots),
+    }
+
+
+# ---------------------------------------------------------------- the service
+
+
+class SandboxedFileSystem:
+    """Runs ``fs/*`` operations under a request's sandbox policy.
+
+    Implements ``fs.service.ConfinedFileSystem``: every method takes the
+    decoded context (``sandbox.convert.FsSandboxRequest``) first.
+
+    Args:
+        config: server config (``fs_helper_timeout``, sandbox backend).
+        sandbox_manager: wraps the one-shot helper (None: zygote only).
+        mode: ``auto`` (zygote when Landlock works, else one-shot helper),
+            ``zygote`` or ``helper``.
+        zygote: inject a zygote (tests use ``Zygote(test_hooks=True)``).
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        sandbox_manager: SandboxManager | None = None,
+        *,
+        mode: Mode = "auto",
+        zygote: Zygote | None = None,
+    ) -> None:
+        self._config = config
+        self._manager = sandbox_manager
+        self._mode: Mode = mode
+        self._zygote = zygote if zygote is not None else Zygote()
+        self._helpers: set[asyncio.subprocess.Process] = set()
+        self._runtime_roots: tuple[str, ...] | None = None
+        self._closed = False
+
+    @property
+    def zygote(self) -> Zygote:
+        return self._zygote
+
+    def __repr__(self) -> str:
+        return f"<SandboxedFileSystem mode={self._mode} {self._zygote!r}>"
+
+    async def aclose(self) -> None:
+        """Kill and reap the zygote, its children and any one-shot helper."""
+        self._closed = True
+        for proc in list(self._helpers):
+            _kill_group(proc)
+        for proc in list(self._helpers):
+            await proc.wait()
+        await self._zygote.aclose()
+
+    # ------------------------------------------------------------- typed API
+
+    async def read_file(self, context: object, path: str) -> bytes:
+        req = _request(context)
+        _, data = await self.run(FsOperation("fs/readFile", path), req)
+        return data
+
+    async def write_file(self, context: object, path: str, data: bytes) -> None:
+        await self.run(FsOperation("fs/writeFile", path, data=data), _request(context))
+
+    async def create_directory(self, context: object, path: str, recursive: bool) -> None:
+        op = FsOperation("fs/createDirectory", path, recursive=recursive)
+        await self.run(op, _request(context))
+
+    async def get_metadata(self, context: object, path: str) -> Metadata:
+        result, _ = await self.run(FsOperation("fs/getMetadata", path), _request(context))
+        return Metadata(
+            is_directory=bool(result.get("isDirectory")),
+            is_file=bool(result.get("isFile")),
+            created_at_ms=_int(result.get("createdAtMs")),
+            modified_at_ms=_int(result.get("modifiedAtMs")),
+            is_symlink=bool(result.get("isSymlink", False)),
+            size=_int(result.get("size")),
+        )
+
+    async def read_directory(self, context: object, path: str) -> list[DirEntry]:
+        result, _ = await self.run(FsOperation("fs/readDirectory", path), _request(context))
+        entries = result.get("entries")
+        if not isinstance(entries, list):
+            raise InternalError("unexpected fs sandbox helper response: no entries")
+        return [
+            DirEntry(
+                file_name=str(e.get("fileName", "")),
+                is_directory=bool(e.get("isDirectory")),
+                is_file=bool(e.get("isFile")),
+            )
+            for e in entries
+            if isinstance(e, dict)
+        ]
+
+    async def remove(self, context: object, path: str, recursive: bool, force: bool) -> None:
+        op = FsOperation("fs/remove", path, recursive=recursive, force=force)
+        await self.run(op, _request(context))
+
+    async def copy(self, context: object, source: str, destination: str, recursive: bool) -> None:
+        op = FsOperation("fs/copy", source, destination=destination, recursive=recursive)
+        await self.run(op, _request(context))
+
+    async def canonicalize(self, context: object, path: str) -> str:
+        result, _ = await self.run(FsOperation("fs/canonicalize", path), _request(context))
+        out = result.get("path")
+        if not isinstance(out, str):
+            raise InternalError("unexpected fs sandbox helper response: no path")
+        return out
+
+    # ------------------------------------------------------------- core
+
+    async def run(
+        self, op: FsOperation, request: FsSandboxRequest
+    ) -> tuple[dict[str, object], bytes]:
+        """Check ``op`` against ``request`` and run it confined.
+
+        Returns:
+            The helper's result fields and raw payload (readFile bytes).
+
+        Raises:
+            ExecServerError: denial, filesystem error (codes per §9.1), helper failure.
+        """
+        if self._closed:
+            raise InternalError("the filesystem sandbox is shut down")
+        if request.direct:
+            raise InvalidRequestError(NEEDS_POLICY)
+        # Checks touch only a handful of inodes (lstat/realpath): cheap enough
+        # to run on the loop, and a thread hop would double the latency.
+        src = check_path(
+            request, op.path, preserve=op.method in _PRESERVE_OPS, write=op.method in _WRITE_OPS
+        )
+        dst: _Checked | None = None
+        if op.method == "fs/copy":
+            if op.destination is None:
+                raise InvalidRequestError("fs/copy requires destinationPath")
+            dst = check_path(request, op.destination, preserve=False, write=True)
+        not_a_file = (
+            op.path
+            if op.method == "fs/readFile" and request.generation is Generation.CURRENT
+            else None
+        )
+        if self._mode != "helper":
+            try:
+                return await self._run_zygote(op, request, src, dst, not_a_file)
+            except ZygoteUnavailable as exc:
+                if self._mode == "zygote" or self._manager is None:
+                    raise InternalError(f"failed to prepare fs sandbox: {exc}") from exc
+                logger.info("fs zygote unavailable (%s); using the one-shot helper", exc)
+                self._mode = "helper"
+        return await self._run_helper(op, request, src, dst, not_a_file)
+
+    def _guard(self, plan: SandboxPlan) -> dict[str, object]:
+        return {
+            "writable": list(plan.writable_roots),
+            "read_only": list(plan.read_only_subpaths),
+            "denied": list(plan.denied_paths),
+            "full_write": plan.full_write,
+        }
+
+    async def _run_zygote(
+        self,
+        op: FsOperation,
+        request: FsSandboxRequest,
+        src: _Checked,
+        dst: _Checked | None,
+        not_a_file: str | None,
+    ) -> tuple[dict[str, object], bytes]:
+        plan = request.helper_plan()
+        header: dict[str, object] = {
+            "op": op.method,
+            "path": src.path,
+            "expect": src.expect,
+            "recursive": op.recursive,
+            "force": op.force,
+            "plan": _plan_header(plan),
+            **self._guard(plan),
+        }
+        if dst is not None:
+            header["dest"] = dst.path
+            header["dest_expect"] = dst.expect
+        if not_a_file is not None:
+            header["not_a_file"] = not_a_file
+        try:
+            reply, payload = await self._zygote.run(
+                header, op.data, timeout=self._config.fs_helper_timeout
+            )
+        except HelperFailure as exc:
+            raise InternalError(str(exc)) from exc
+        return _unpack(reply), payload
+
+    # ------------------------------------------------------------- one-shot helper
+
+    async def _run_helper(
+        self,
+        op: FsOperation,
+        request: FsSandboxRequest,
+        src: _Checked,
+        dst: _Checked | None,
+        not_a_file: str | None,
+    ) -> tuple[dict[str, object], bytes]:
+        if self._manager is None:
+            raise InvalidRequestError(
+                "sandboxed filesystem operations require configured runtime paths"
+            )
+        if self._runtime_roots is None:
+            self._runtime_roots = _runtime_read_roots()
+        plan = request.helper_plan(runtime_read_roots=self._runtime_roots)
+        spec = LaunchSpec(
+            argv=[sys.executable, "-I", "-m", "exec_server", FS_HELPER_FLAG],
+            cwd=_server_cwd(),
+            env={},
+        )
+        try:
+            wrapped = self._manager.wrap_plan(spec, plan)
+        except ExecServerError as exc:
+            raise InvalidRequestError(f"failed to prepare fs sandbox: {exc.message}") from exc
+        if not wrapped.argv:
+            raise InvalidRequestError("fs sandbox command was empty")
+        message = json.dumps(_helper_request(op, src, dst, plan, not_a_file)).encode()
+        try:
+            stdout, stderr, status = await self._spawn(wrapped, message)
+        finally:
+            if wrapped.cleanup is not None:
+                with contextlib.suppress(OSError):
+                    wrapped.cleanup()
+        if status != 0:
+            raise InternalError(
+                f"fs sandbox helper failed with status {describe_wait_status(status)}: "
+                f"{stderr.decode('utf-8', 'replace').strip()}"
+            )
+        return _parse_helper_response(op.method, stdout)
+
+    async def _spawn(self, spec: LaunchSpec, message: bytes) -> tuple[bytes, bytes, int]:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                spec.arg0 or spec.argv[0],
+                *spec.argv[1:],
+                executable=spec.argv[0],
+                cwd=spec.cwd,
+                env=spec.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=spec.pass_fds,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise InternalError(os_error_message(exc)) from exc
+        finally:
+            for fd in spec.pass_fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._helpers.add(proc)
+        try:
+            async with asyncio.timeout(self._config.fs_helper_timeout):
+                stdout, stderr = await proc.communicate(message)
+        except TimeoutError:
+            _kill_group(proc)
+            await proc.wait()
+            raise InternalError(
+                f"fs sandbox helper timed out after {self._config.fs_helper_timeout:g}s "
+                "and was killed"
+            ) from None
+        except BaseException:
+            _kill_group(proc)
+            await proc.wait()
+            raise
+        finally:
+            self._helpers.discard(proc)
+        code = proc.returncode if proc.returncode is not None else -1
+        status = (-code) & 0x7F if code < 0 else (code & 0xFF) << 8
+        return stdout, stderr, status
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _request(context: object) -> FsSandboxRequest:
+    if isinstance(context, FsSandboxRequest):
+        return context
+    if isinstance(context, bytes | bytearray):
+        # The router's fallback hands over the raw member when the policy
+        # layer was missing at import time; decode it now.
+        import msgspec
+
+        from exec_server.sandbox.convert import fs_context_from_wire
+
+        decoded = fs_context_from_wire(msgspec.Raw(bytes(context)))
+        if decoded is not None:
+            return decoded
+    raise InvalidRequestError(NEEDS_POLICY)
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _unpack(reply: dict[str, object]) -> dict[str, object]:
+    if reply.get("status") == "error":
+        code = reply.get("code")
+        message = reply.get("message")
+        if not isinstance(code, int) or not isinstance(message, str):
+            raise InternalError("failed to encode or decode fs sandbox helper message: bad error")
+        raise error_for_code(code, message)
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        raise InternalError("failed to encode or decode fs sandbox helper message: no result")
+    return result
+
+
+def _helper_request(
+    op: FsOperation,
+    src: _Checked,
+    dst: _Checked | None,
+    plan: SandboxPlan,
+    not_a_file: str | None,
+) -> dict[str, object]:
+    """PROTOCOL.md §10.5 request, plus an ``x-exec-server`` member our helper uses
+    for the same strict checks as the zygote (unknown members are ignored)."""
+    params: dict[str, object] = {"sandbox": None}
+    if op.method == "fs/copy":
+        assert dst is not None
+        params.update(sourcePath=src.path, destinationPath=dst.path, recursive=op.recursive)
+    else:
+        params["path"] = src.path
+    if op.method == "fs/writeFile":
+        params["dataBase64"] = base64.b64encode(op.data).decode("ascii")
+    elif op.method == "fs/createDirectory":
+        params["recursive"] = op.recursive
+    elif op.method == "fs/remove":
+        params.update(recursive=op.recursive, force=op.force)
+    ext: dict[str, object] = {
+        "strict": True,
+        "expect": src.expect,
+        "writable": list(plan.writable_roots),
+        "read_only": list(plan.read_only_subpaths),
+        "denied": list(plan.denied_paths),
+        "full_write": plan.full_write,
+    }
+    if dst is not None:
+        ext["dest_expect"] = dst.expect
+    if not_a_file is not None:
+        ext["not_a_file"] = not_a_file
+    return {"operation": op.method, "params": params, "x-exec-server": ext}
+
+
+def _parse_helper_response(method: str, stdout: bytes) -> tuple[dict[str, object], bytes]:
+    try:
+        msg = json.loads(stdout.strip() or b"null")
+    except ValueError as exc:
+        raise InternalError(
+            f"failed to encode or decode fs sandbox helper message: {exc}"
+        ) from None
+    if not isinstance(msg, dict) or msg.get("status") not in ("ok", "error"):
+        raise InternalError(
+            "failed to encode or decode fs sandbox helper message: not a helper response"
+        )
+    payload = msg.get("payload")
+    if not isinstance(payload, dict):
+        raise InternalError("failed to encode or decode fs sandbox helper message: no payload")
+    if msg["status"] == "error":
+        return _unpack({"status": "error", **payload}), b""
+    got = payload.get("operation")
+    if got != method:
+        raise InternalError(f"unexpected fs sandbox helper response: expected {method}, got {got}")
+    response = payload.get("response")
+    if not isinstance(response, dict):
+        raise InternalError("failed to encode or decode fs sandbox helper message: no response")
+    if method == "fs/readFile":
+        try:
+            data = base64.b64decode(str(response.get("dataBase64", "")), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InternalError(f"fs/readFile returned invalid base64 dataBase64: {exc}") from None
+        return {}, data
+    return response, b""
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
