@@ -245,12 +245,16 @@ def test_effective_fs_policy_dedups_and_keeps_order() -> None:
         (Network.RESTRICTED, ExtraPermissions(network_enabled=True), Network.ENABLED),
     ],
 )
-def test_effective_network(base: Network, extra: ExtraPermissions | None, expected: Network) -> None:
+def test_effective_network(
+    base: Network, extra: ExtraPermissions | None, expected: Network
+) -> None:
     assert effective_network(base, extra) is expected
 
 
 def test_effective_legacy_policy_variants() -> None:
-    extra = ExtraPermissions(network_enabled=True, network_present=True, read=("/r",), write=("/w",))
+    extra = ExtraPermissions(
+        network_enabled=True, network_present=True, read=("/r",), write=("/w",)
+    )
     reads_only = ExtraPermissions(read=("/r",))
     assert effective_legacy_policy(DangerFullAccess(), extra) == DangerFullAccess()
     ww = WorkspaceWrite(
@@ -439,7 +443,7 @@ def test_fs_context_accepts_launch_config_shape() -> None:
 def test_fs_context_missing_permissions() -> None:
     with pytest.raises(InvalidParamsError, match="missing field `permissions`"):
         fs_context_from_wire(msgspec.Raw(b'{"windowsSandboxLevel":"disabled"}'))
-    with pytest.raises(InvalidParamsError, match="sandbox.sandboxPolicy.type"):
+    with pytest.raises(InvalidParamsError, match=r"sandbox\.sandboxPolicy\.type"):
         fs_context_from_wire(_ctx({"type": "nope"}))
     with pytest.raises(InvalidParamsError, match="windowsSandboxLevel"):
         fs_context_from_wire(msgspec.Raw(b'{"sandboxPolicy":{"type":"read-only"}}'))
@@ -514,7 +518,10 @@ def test_current_project_roots_expand_to_every_root() -> None:
     [
         ({"type": "disabled"}, True),
         ({"type": "external", "network": "restricted"}, True),
-        ({"type": "managed", "file_system": {"type": "unrestricted"}, "network": "restricted"}, True),
+        (
+            {"type": "managed", "file_system": {"type": "unrestricted"}, "network": "restricted"},
+            True,
+        ),
         (
             {
                 "type": "managed",

@@ -311,7 +311,7 @@ def test_missing_required_member() -> None:
     "value", [b"[]", b'"auto"', b"42", b"{}", b'{"unrelated":1}', b"{bad json"]
 )
 def test_unrecognisable_sandbox_objects_are_rejected(value: bytes) -> None:
-    with pytest.raises(InvalidParamsError, match="^sandbox"):
+    with pytest.raises(InvalidParamsError, match=r"^sandbox"):
         launch_request_from_wire(msgspec.Raw(value), command_cwd="/w")
 
 
@@ -419,9 +419,7 @@ CURRENT_VARIANTS = [
 
 
 @pytest.mark.parametrize(("perms", "kind", "network"), CURRENT_VARIANTS)
-def test_current_permission_variants(
-    perms: dict[str, Any], kind: FsKind, network: Network
-) -> None:
+def test_current_permission_variants(perms: dict[str, Any], kind: FsKind, network: Network) -> None:
     ctx = {"permissions": perms, "windowsSandboxLevel": "disabled"}
     req = launch_request_from_wire(raw(ctx), command_cwd="/w")
     assert (req.fs_policy.kind, req.network) == (kind, network)
