@@ -14,6 +14,7 @@ from exec_server.sandbox.access import (
     resolve_access,
     resolve_target,
 )
+from exec_server.sandbox.plan import SandboxPlan
 from exec_server.sandbox.policy import (
     Access,
     FileSystemPolicy,
@@ -252,7 +253,7 @@ def plan_of(
     probe: FakeProbe | None = None,
     defaults: tuple[str, ...] = (),
     scope: PolicyScope = SCOPE,
-):  # type: ignore[no-untyped-def]
+) -> SandboxPlan:
     probe = probe or FakeProbe(dirs={"/tmp", "/usr", "/bin"})
     view = ResolvedPolicy(FileSystemPolicy.restricted(entries), scope, probe=probe)
     return view.plan(network, platform_defaults=defaults, probe=probe)

@@ -17,7 +17,7 @@ Unknown members are ignored; unknown tags and enum values are decode errors.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import msgspec
 
@@ -366,7 +366,19 @@ _decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
 _encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
 
 
-def decode_sandbox(data: bytes | str | msgspec.Raw, tp: type[_T], *, field: str = "sandbox") -> _T:
+@overload
+def decode_sandbox(
+    data: bytes | str | msgspec.Raw, tp: type[_T], *, field: str = "sandbox"
+) -> _T: ...
+
+
+@overload
+def decode_sandbox(
+    data: bytes | str | msgspec.Raw, tp: object, *, field: str = "sandbox"
+) -> Any: ...
+
+
+def decode_sandbox(data: bytes | str | msgspec.Raw, tp: object, *, field: str = "sandbox") -> Any:
     """Decode one sandbox struct, reporting errors against ``field``.
 
     Raises:
@@ -379,7 +391,7 @@ def decode_sandbox(data: bytes | str | msgspec.Raw, tp: type[_T], *, field: str 
         decoder = msgspec.json.Decoder(tp, dec_hook=_dec_hook)
         _decoders[tp] = decoder
     try:
-        return decoder.decode(data)  # type: ignore[no-any-return]
+        return decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise InvalidParamsError(_locate(str(exc), field)) from exc
     except msgspec.DecodeError as exc:
