@@ -145,7 +145,8 @@ class BwrapBackend(LinuxBackend):
             if self.info.argv0:
                 args += ["--argv0", spec.arg0]
             elif os.path.exists("/bin/bash"):
-                command = ["/bin/bash", "-c", 'exec -a "$0" "$@"', spec.arg0, *command]
+                command = ["/bin/bash", "--norc", "--noprofile", "-c", 'exec -a "$0" "$@"',
+                           spec.arg0, *command]
         argv = [self.info.path, *args, "--", *command]
         release = self._placeholders.acquire(placeholders)
         return finish_spec(spec, argv=argv, env=sandbox_env(spec, plan), arg0=None,
