@@ -14,9 +14,11 @@ one after the other, and measures over a raw WebSocket JSON-RPC client:
   pty echo            tty ``cat``: one process/write, latency until the echo arrives
   RSS                 server VmRSS idle (after the first handshake) and after the load
 
-Every client-side figure is taken twice: with a client that re-arms TCP_QUICKACK
-(fair: upstream never sets TCP_NODELAY, so a delayed-ACK client stalls its small
-writes in Nagle) and with a plain client. Targets (ours/upstream, quickack medians)
+Servers run side by side and each metric alternates between them in ``--rounds``
+rounds, so background load drifts hit both alike. Every client-side figure is
+taken twice: with a client that re-arms TCP_QUICKACK (fair: upstream never sets
+TCP_NODELAY, so a delayed-ACK client stalls its small writes in Nagle) and with a
+plain client. Targets (ours/upstream, quickack medians)
 are printed next to the ratios.
 
 Usage: python benchmarks/bench_exec.py [--quick] [--no-upstream] [--json FILE]
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -33,18 +36,20 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (
     MIB,
     UPSTREAM,
+    ProcState,
     RawClient,
     Report,
     RunningServer,
     ServerTarget,
-    Summary,
     available_targets,
     ours_target,
     start_server,
@@ -82,7 +87,7 @@ def _pid(tag: str) -> str:
     return f"{tag}-{uuid.uuid4().hex[:12]}"
 
 
-async def bench_handshake(url: str, quickack: bool, n: int) -> Summary:
+async def bench_handshake(url: str, quickack: bool, n: int) -> list[float]:
     samples = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -90,13 +95,13 @@ async def bench_handshake(url: str, quickack: bool, n: int) -> Summary:
         await client.handshake()
         samples.append((time.perf_counter() - t0) * 1000)
         await client.aclose()
-    return summarize(samples)
+    return samples
 
 
 async def bench_roundtrip(
     c: RawClient, workdir: str, argv: list[str], n: int, expect: bytes | None
-) -> Summary:
-    """process/start -> process/closed notification, sequentially."""
+) -> list[float]:
+    """process/start -> process/closed notification, sequentially (ms)."""
     samples = []
     for _ in range(n):
         pid = _pid("rt")
@@ -109,11 +114,11 @@ async def bench_roundtrip(
             raise AssertionError(f"{argv}: got {bytes(st.data)!r}, want {expect!r}")
         if st.exit_code != 0:
             raise AssertionError(f"{argv}: exit code {st.exit_code}")
-    return summarize(samples)
+    return samples
 
 
-async def bench_throughput(c: RawClient, workdir: str, mib: int, reps: int) -> Summary:
-    """MB/s of ``head -c`` output received through notifications; totals verified."""
+async def bench_throughput(c: RawClient, workdir: str, mib: int, reps: int) -> list[float]:
+    """MiB/s of ``head -c`` output received through notifications; totals verified."""
     expect = mib * MIB
     samples = []
     for _ in range(reps):
@@ -126,11 +131,11 @@ async def bench_throughput(c: RawClient, workdir: str, mib: int, reps: int) -> S
         if st.nbytes != expect:
             raise AssertionError(f"throughput: received {st.nbytes} of {expect} bytes")
         samples.append(expect / MIB / dt)
-    return summarize(samples)
+    return samples
 
 
-async def bench_concurrent(c: RawClient, workdir: str, k: int, reps: int) -> Summary:
-    """Wall time from the first start to the last close of k short processes."""
+async def bench_concurrent(c: RawClient, workdir: str, k: int, reps: int) -> list[float]:
+    """Wall time from the first start to the last close of k short processes (ms)."""
     samples = []
     for _ in range(reps):
         pids = [_pid("cc") for _ in range(k)]
@@ -142,31 +147,34 @@ async def bench_concurrent(c: RawClient, workdir: str, k: int, reps: int) -> Sum
             c.forget(p)
             if bytes(st.data) != b"done\n" or st.exit_code != 0:
                 raise AssertionError(f"concurrent: {bytes(st.data)!r} exit {st.exit_code}")
-    return summarize(samples)
+    return samples
 
 
-async def bench_pty_echo(c: RawClient, workdir: str, n: int) -> Summary:
-    """process/write of one short line to tty ``cat`` until its echo arrives."""
+async def bench_pty_echo(c: RawClient, workdir: str, n: int) -> list[float]:
+    """process/write of one short line to tty ``cat`` until its echo arrives (ms)."""
     pid = _pid("pty")
     st = await c.start(pid, ["cat"], workdir, tty=True)
     samples = []
     try:
         for i in range(n):
-            token = f"x{i}y"
-            want = token.encode()
+            want = f"x{i}y".encode()
             t0 = time.perf_counter()
             await c.call(
                 "process/write",
                 {"processId": pid, "chunk": _b64(want + b"\n"), "writeId": str(i + 1)},
             )
-            await c.wait_output(pid, lambda s, w=want: w in s.data)
+            await c.wait_output(pid, _contains(want))
             samples.append((time.perf_counter() - t0) * 1000)
             st.data.clear()
     finally:
         await c.call("process/terminate", {"processId": pid})
         await c.wait_closed(pid)
         c.forget(pid)
-    return summarize(samples)
+    return samples
+
+
+def _contains(want: bytes) -> Callable[[ProcState], bool]:
+    return lambda st: want in st.data
 
 
 def _b64(data: bytes) -> str:
@@ -175,46 +183,80 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-async def bench_server(
-    target: ServerTarget, counts: Counts, report: Report, modes: tuple[str, ...]
+@dataclass
+class _Live:
+    """A started server and, per mode, an open client."""
+
+    server: RunningServer
+    workdir: str
+    clients: dict[str, RawClient]
+
+
+def _split(total: int, rounds: int) -> list[int]:
+    """``total`` iterations spread over ``rounds`` (at least one each)."""
+    rounds = max(1, min(rounds, total))
+    return [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
+
+
+async def bench_all(
+    targets: list[ServerTarget], counts: Counts, report: Report, modes: tuple[str, ...],
+    rounds: int,
 ) -> None:
-    workdir = tempfile.mkdtemp(prefix="bench_exec_")
-    name = target.name
-    async with start_server(target, cwd=workdir) as srv:
-        for mode in modes:
-            quick = mode == "quickack"
-            sfx = f" [{mode}]"
-            report.add(name, "handshake" + sfx, await bench_handshake(srv.url, quick,
-                                                                    counts.handshake))
-            async with await RawClient.connect(srv.url, quickack=quick) as c:
+    """Run every benchmark, alternating servers round by round.
+
+    Interleaving spreads background load drift evenly over ours and upstream,
+    which matters on small shared machines.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        live: dict[str, _Live] = {}
+        for t in targets:
+            workdir = tempfile.mkdtemp(prefix="bench_exec_")
+            stack.callback(shutil.rmtree, workdir, True)
+            srv = await stack.enter_async_context(start_server(t, cwd=workdir))
+            live[t.name] = _Live(srv, workdir, {})
+        for lv in live.values():
+            for mode in modes:
+                c = await RawClient.connect(lv.server.url, quickack=mode == "quickack")
+                stack.push_async_callback(c.aclose)
                 await c.handshake()
-                if mode == modes[0]:
-                    _rss(report, srv, "RSS idle", target=0.6)
-                report.add(name, "true start->closed" + sfx,
-                           await bench_roundtrip(c, workdir, ["true"], counts.true, None),
-                           target=0.5 if quick else None)
-                report.add(name, "echo hi start->closed" + sfx,
-                           await bench_roundtrip(c, workdir, ["sh", "-c", "echo hi"],
-                                                 counts.echo, b"hi\n"))
-                report.add(name, f"{counts.throughput_mib} MiB stdout via notif" + sfx,
-                           await bench_throughput(c, workdir, counts.throughput_mib,
-                                                  counts.throughput_reps),
-                           unit="MiB/s", target=1.0 if quick else None, higher_is_better=True)
-                report.add(name, f"{counts.concurrent} concurrent sh echo" + sfx,
-                           await bench_concurrent(c, workdir, counts.concurrent,
-                                                  counts.concurrent_reps),
-                           target=0.8 if quick else None)
-                report.add(name, "pty write->echo" + sfx,
-                           await bench_pty_echo(c, workdir, counts.pty_writes),
-                           target=1.0 if quick else None)
-        _rss(report, srv, "RSS after load", target=None)
-    shutil.rmtree(workdir, ignore_errors=True)
+                lv.clients[mode] = c
+            _rss(report, lv.server, "RSS idle")
+
+        async def run(metric: str, n: int, fn: Callable[[_Live, RawClient, bool, int],
+                                                        Awaitable[list[float]]],
+                      mode: str, **kw: Any) -> None:
+            samples: dict[str, list[float]] = {name: [] for name in live}
+            for part in _split(n, rounds):
+                for name, lv in live.items():
+                    samples[name] += await fn(lv, lv.clients[mode], mode == "quickack", part)
+            for name, xs in samples.items():
+                report.add(name, f"{metric} [{mode}]", summarize(xs), **kw)
+
+        for mode in modes:
+            await run("handshake", counts.handshake,
+                      lambda lv, c, q, n: bench_handshake(lv.server.url, q, n), mode)
+            await run("true start->closed", counts.true,
+                      lambda lv, c, q, n: bench_roundtrip(c, lv.workdir, ["true"], n, None), mode)
+            await run("echo hi start->closed", counts.echo,
+                      lambda lv, c, q, n: bench_roundtrip(c, lv.workdir, ["sh", "-c", "echo hi"],
+                                                          n, b"hi\n"), mode)
+            await run(f"{counts.throughput_mib} MiB stdout via notif", counts.throughput_reps,
+                      lambda lv, c, q, n: bench_throughput(c, lv.workdir, counts.throughput_mib,
+                                                           n),
+                      mode, unit="MiB/s", higher_is_better=True)
+            await run(f"{counts.concurrent} concurrent sh echo", counts.concurrent_reps,
+                      lambda lv, c, q, n: bench_concurrent(c, lv.workdir, counts.concurrent, n),
+                      mode)
+            await run("pty write->echo", counts.pty_writes,
+                      lambda lv, c, q, n: bench_pty_echo(c, lv.workdir, n), mode)
+        for lv in live.values():
+            _rss(report, lv.server, "RSS after load")
 
 
-def _rss(report: Report, srv: RunningServer, metric: str, *, target: float | None) -> None:
+def _rss(report: Report, srv: RunningServer, metric: str) -> None:
     mib = srv.rss_mib()
     if mib is not None:
-        report.add(srv.target.name, metric, mib, unit="MiB", target=target)
+        report.add(srv.target.name, metric, mib, unit="MiB")
 
 
 def declare_rows(report: Report, counts: Counts, modes: tuple[str, ...]) -> None:
@@ -245,7 +287,7 @@ async def run(args: argparse.Namespace) -> Report:
         report.notes.append("upstream codex not installed: pip install openai-codex-cli-bin")
     for target in targets:
         print(f"[bench_exec] {target.name}: {' '.join(target.argv)}", file=sys.stderr, flush=True)
-        await bench_server(target, counts, report, modes)
+    await bench_all(targets, counts, report, modes, 1 if args.quick else args.rounds)
     return report
 
 
@@ -256,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-upstream", action="store_true", help="benchmark only our server")
     ap.add_argument("--servers", default="ours,upstream", help="which servers to run")
     ap.add_argument("--modes", default=",".join(MODES), help="quickack,plain (default both)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="alternate servers this many times per metric (default 5)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args(argv)
     report = asyncio.run(run(args))
