@@ -6,7 +6,6 @@ accept). Nothing here is called inside the server process except the
 read-only Landlock ABI query.
 """
 
-from __future__ import annotations
 
 import ctypes
 import os

@@ -11,7 +11,6 @@ dropped; what ends up enforced is reported in the returned
 denied paths inside granted roots need a mount namespace on top.
 """
 
-from __future__ import annotations
 
 import ctypes
 import os
@@ -167,8 +166,8 @@ def _add_path_rule(ruleset_fd: int, path: str, rights: int, handled: int) -> boo
         os.close(fd)
 
 
-def _rules_for(plan: SandboxPlan, extra_read: Iterable[str],
-               extra_write: Iterable[str]) -> list[tuple[str, int]]:
+def _rules_for(plan: "SandboxPlan", extra_read: "Iterable[str]",
+               extra_write: "Iterable[str]") -> list[tuple[str, int]]:
     rules: list[tuple[str, int]] = []
     if plan.full_read:
         rules.append(("/", _READ_RIGHTS))
@@ -181,8 +180,9 @@ def _rules_for(plan: SandboxPlan, extra_read: Iterable[str],
     return rules
 
 
-def restrict_self(plan: SandboxPlan, *, required: bool = True, extra_read: Iterable[str] = (),
-                  extra_write: Iterable[str] = (), abi: int | None = None) -> LandlockStatus:
+def restrict_self(plan: "SandboxPlan", *, required: bool = True,
+                  extra_read: "Iterable[str]" = (), extra_write: "Iterable[str]" = (),
+                  abi: int | None = None) -> LandlockStatus:
     """Confine the calling (single-threaded) process per ``plan``, best effort per ABI.
 
     Sets ``PR_SET_NO_NEW_PRIVS``. Writes are allowed only under

@@ -15,7 +15,6 @@ Flags: ``--status-fd N``, ``--full-read``, ``--read P``, ``--full-write``,
 ``--sandbox-policy-cwd D``, ``--arg0 NAME``, ``--strict-mounts``, ``--probe``.
 """
 
-from __future__ import annotations
 
 import os
 import sys

@@ -6,7 +6,6 @@ hands them to bubblewrap through ``--seccomp FD``. Building needs no OS call;
 installing must happen in a single-threaded child, never in the server.
 """
 
-from __future__ import annotations
 
 import ctypes
 import struct
