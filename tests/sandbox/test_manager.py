@@ -387,7 +387,7 @@ def test_macos_platform_uses_seatbelt() -> None:
 
 def test_malformed_sandbox_is_invalid_params() -> None:
     mgr, _ = manager(backend=FakeBackend())
-    with pytest.raises(InvalidParamsError, match="sandbox.policy.type"):
+    with pytest.raises(InvalidParamsError, match=r"sandbox\.policy\.type"):
         mgr.prepare(spec(), legacy(policy={"type": "yolo"}))
 
 
