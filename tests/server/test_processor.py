@@ -323,3 +323,38 @@ async def test_disconnect_aborts_in_flight_request_and_resume_is_immediate(
     await asyncio.wait_for(a.task, TIMEOUT)
     b = await srv.connect()
     assert await b.initialize(resume_session_id=session_id) == session_id
+
+
+async def test_process_read_long_poll_fails_after_resume(
+    inprocess_server: Callable[..., Any], tmp_path: Any
+) -> None:
+    """§15.1 test 3 with the real ``process/read`` handler."""
+    srv = inprocess_server()
+    a = await srv.connect()
+    session_id = await a.initialize()
+    await a.call(
+        "process/start",
+        {
+            "processId": "quiet",
+            "argv": ["/bin/sleep", "5"],
+            "cwd": str(tmp_path),
+            "env": {"PATH": "/usr/bin:/bin"},
+            "tty": False,
+            "sandbox": None,
+        },
+    )
+    await a.send(
+        {"id": 50, "method": "process/read", "params": {"processId": "quiet", "waitMs": 5000}}
+    )
+    # the read is in flight once a later request on the same connection is answered
+    assert await a.call("environment/status") == {"status": "ready"}
+    srv.server.registry.detach(a.processor.attachment)
+    b = await srv.connect()
+    await b.initialize(resume_session_id=session_id)
+    reply = await a.response(50, timeout=3.0)
+    assert reply["error"] == {
+        "code": -32600,
+        "message": "session has been resumed by another connection",
+    }
+    assert (await b.call("process/terminate", {"processId": "quiet"}))["running"] is True
+    await b.notification("process/closed")

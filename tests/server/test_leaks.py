@@ -1,0 +1,63 @@
+"""No child process or fd outlives a test; the server does not leak either."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+TIMEOUT = 10.0
+
+
+def _start(pid: str, argv: list[str], cwd: str, tty: bool = False) -> dict[str, Any]:
+    return {
+        "processId": pid,
+        "argv": argv,
+        "cwd": cwd,
+        "env": {"PATH": "/usr/bin:/bin"},
+        "tty": tty,
+        "sandbox": None,
+    }
+
+
+async def test_server_and_its_children_are_gone_after_stop(
+    no_leaks: None,
+    server_factory: Callable[..., Any],
+    rpc: Callable[[str], Awaitable[Any]],
+    tmp_path: Any,
+) -> None:
+    srv = server_factory()
+    client = await rpc(srv.url)
+    await client.initialize()
+    for i in range(3):
+        await client.call("process/start", _start(f"s{i}", ["/bin/sleep", "60"], str(tmp_path)))
+    await client.call("process/start", _start("t", ["/bin/sleep", "60"], str(tmp_path), tty=True))
+    async with asyncio.timeout(TIMEOUT):
+        while len(srv.child_pids()) < 4:
+            await asyncio.sleep(0.02)
+    await client.aclose()
+    assert srv.stop() == 0  # SIGTERM: the server kills its sessions' processes and exits
+
+
+async def test_server_fds_return_to_baseline(
+    server: Any, rpc: Callable[[str], Awaitable[Any]], tmp_path: Any
+) -> None:
+    client = await rpc(server.url)
+    await client.initialize()
+    baseline = server.open_fds()
+    for round_ in range(2):
+        for i in range(10):
+            pid = f"r{round_}-{i}"
+            await client.call(
+                "process/start",
+                _start(
+                    pid, ["/bin/sh", "-c", "echo out; echo err >&2"], str(tmp_path), tty=i % 2 == 0
+                ),
+            )
+        closed: set[str] = set()
+        while len(closed) < 10:
+            note = await client.notification("process/closed")
+            closed.add(note["params"]["processId"])
+    async with asyncio.timeout(TIMEOUT):
+        while server.open_fds() != baseline or server.child_pids():
+            await asyncio.sleep(0.02)

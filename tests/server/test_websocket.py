@@ -1,0 +1,238 @@
+"""A real ``exec-server serve`` child over a real WebSocket (PROTOCOL.md §2-§4, §15.3-§15.4)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+TIMEOUT = 10.0
+Rpc = Callable[[str], Awaitable[Any]]
+
+
+async def test_announces_url_and_handshake(server: Any, rpc: Rpc) -> None:
+    assert server.url.startswith("ws://127.0.0.1:")
+    assert int(server.url.rsplit(":", 1)[1]) > 0
+    client = await rpc(server.url)
+    result = await client.call(
+        "initialize", {"clientName": "codex-environment", "resumeSessionId": None}
+    )
+    assert uuid.UUID(result["sessionId"]).version == 4
+    assert result["environmentInfo"]["shell"]["path"].startswith("/")
+    await client.notify("initialized", {})
+    assert await client.call("environment/status") == {"status": "ready"}
+
+
+async def test_malformed_json_keeps_connection_usable(server: Any, rpc: Rpc) -> None:
+    """§15.3 test 12."""
+    client = await rpc(server.url)
+    await client.send_raw("not-json")
+    reply = await client.response(-1)
+    assert reply["error"]["code"] == -32600
+    assert reply["error"]["message"].startswith(
+        "failed to parse websocket JSON-RPC message from exec-server websocket 127.0.0.1:"
+    )
+    await client.send_raw("[]")  # batches are malformed in the target
+    assert (await client.response(-1))["error"]["code"] == -32600
+    session_id = await client.initialize()
+    assert uuid.UUID(session_id)
+
+
+async def test_unknown_method_and_gating(server: Any, rpc: Rpc) -> None:
+    client = await rpc(server.url)
+    reply = await client.request("no/such", {}, msg_id=7)
+    assert reply == {
+        "id": 7,
+        "error": {"code": -32601, "message": "exec-server stub does not implement `no/such` yet"},
+    }
+    reply = await client.request("fs/getMetadata", {"path": "/"})
+    assert reply["error"] == {
+        "code": -32600,
+        "message": "client must call initialize before using filesystem methods",
+    }
+    reply = await client.request("process/read", {"processId": "p"})
+    assert reply["error"] == {
+        "code": -32600,
+        "message": "client must call initialize before using exec methods",
+    }
+    await client.call("initialize", {"clientName": "t"})
+    reply = await client.request("process/read", {"processId": "p"})
+    assert reply["error"]["message"] == "client must send initialized before using exec methods"
+
+
+async def test_binary_frames_and_jsonrpc_member_accepted(server: Any) -> None:
+    async with connect(server.url, compression=None) as ws:
+        await ws.send(
+            b'{"jsonrpc":"2.0","id":"b1","method":"initialize","params":{"clientName":"t"}}'
+        )
+        raw = await asyncio.wait_for(ws.recv(), TIMEOUT)
+        assert isinstance(raw, str)  # we always answer with text frames
+        msg = json.loads(raw)
+        assert msg["id"] == "b1" and "sessionId" in msg["result"]
+        assert "jsonrpc" not in msg
+
+
+async def test_pipelined_requests_all_answered(server: Any, rpc: Rpc, tmp_path: Any) -> None:
+    """Codex sends ids 2-8 before any reply (CLIENT_COMPAT.md §0.3)."""
+    client = await rpc(server.url)
+    await client.send({"id": 1, "method": "initialize", "params": {"clientName": "c"}})
+    await client.notify("initialized", {})
+    paths = [tmp_path / "a" / ".git", tmp_path / ".git", tmp_path]
+    for i, path in enumerate(paths * 3, start=2):
+        await client.send(
+            {
+                "id": i,
+                "method": "fs/getMetadata",
+                "params": {"path": path.as_uri(), "sandbox": None},
+            }
+        )
+    await client.send({"id": 100, "method": "no/such"})
+    assert "sessionId" in (await client.response(1))["result"]
+    for i, path in enumerate(paths * 3, start=2):
+        reply = await client.response(i)
+        if path == tmp_path:
+            assert reply["result"]["isDirectory"] is True
+        else:
+            assert reply["error"]["code"] == -32004
+    assert (await client.response(100))["error"]["code"] == -32601
+
+
+async def test_oversized_message_gets_error_and_connection_survives(
+    server_factory: Callable[..., Any], rpc: Rpc
+) -> None:
+    srv = server_factory("--max-message-size", "64K")
+    client = await rpc(srv.url)
+    await client.initialize()
+    big = json.dumps({"id": 42, "method": "fs/writeFile", "params": {"dataBase64": "A" * 200_000}})
+    await client.send_raw(big)
+    reply = await client.response(42)
+    assert reply["error"]["code"] == -32600
+    assert "too large" in reply["error"]["message"]
+    assert "65536" in reply["error"]["message"]
+    # id not first: answered with -1
+    await client.send_raw(json.dumps({"method": "x", "id": 43, "params": "B" * 100_000}))
+    assert "too large" in (await client.response(-1))["error"]["message"]
+    assert await client.call("environment/status") == {"status": "ready"}
+
+
+async def test_oversized_fragmented_message_is_discarded(
+    server_factory: Callable[..., Any],
+) -> None:
+    srv = server_factory("--max-message-size", "64K")
+    async with connect(srv.url, compression=None) as ws:
+        head = '{"id":5,"method":"fs/writeFile","params":{"dataBase64":"'
+        fragments = [head] + ["A" * 32768] * 10 + ['"}}']
+        await ws.send(fragments)  # one message in 12 frames (~320 KiB)
+        msg = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+        assert msg["id"] == 5 and "too large" in msg["error"]["message"]
+        await ws.send('{"id":6,"method":"environment/status"}')
+        msg = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+        assert msg == {"id": 6, "result": {"status": "ready"}}
+
+
+async def test_default_limit_accepts_64_mib(server: Any, rpc: Rpc) -> None:
+    client = await rpc(server.url)
+    payload = "x" * (64 << 20)
+    reply = await client.request("environment/status", {"padding": payload}, timeout=60)
+    assert reply["result"] == {"status": "ready"}
+
+
+async def test_many_concurrent_connections(server: Any, rpc: Rpc) -> None:
+    clients = await asyncio.gather(*(rpc(server.url) for _ in range(50)))
+    ids = await asyncio.gather(*(c.initialize() for c in clients))
+    assert len(set(ids)) == 50
+    replies = await asyncio.gather(*(c.call("environment/status") for c in clients))
+    assert all(r == {"status": "ready"} for r in replies)
+
+
+async def test_tcp_nodelay_on_accepted_socket() -> None:
+    """In-process server, so the accepted (server-side) socket can be inspected."""
+    from exec_server.config import ServerConfig
+    from exec_server.rpc.listen import ListenAddress
+    from exec_server.server.app import ExecServer
+    from exec_server.server.services import ServerServices
+
+    config = ServerConfig()
+    srv = ExecServer(config, ServerServices(config))
+    ws_server = await srv.listen_websocket(ListenAddress("127.0.0.1", 0))
+    try:
+        port = next(iter(ws_server.sockets)).getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None) as ws:
+            await ws.send('{"id":1,"method":"environment/status"}')
+            assert json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))["id"] == 1
+            (conn,) = ws_server.connections
+            sock = conn.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        ws_server.close()
+        await ws_server.wait_closed()
+        await srv.aclose()
+
+
+async def test_unexpected_notification_closes(server: Any, rpc: Rpc) -> None:
+    client = await rpc(server.url)
+    await client.initialize()
+    await client.notify("process/output", {})
+    await client.wait_closed()
+
+
+async def _wait_for(predicate: Callable[[], bool]) -> None:
+    """Poll a cheap external condition (e.g. /proc) until true, with a deadline."""
+    async with asyncio.timeout(TIMEOUT):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+async def test_resume_keeps_processes_then_ttl_kills_them(
+    server_factory: Callable[..., Any], rpc: Rpc, tmp_path: Any
+) -> None:
+    srv = server_factory("--detach-ttl", "1")
+    a = await rpc(srv.url)
+    session_id = await a.initialize()
+    start = {
+        "processId": "p1",
+        "argv": ["/bin/sleep", "60"],
+        "cwd": str(tmp_path),
+        "env": {"PATH": "/usr/bin:/bin"},
+        "tty": False,
+        "sandbox": None,
+    }
+    await a.call("process/start", start)
+    await _wait_for(lambda: bool(srv.child_pids()))
+    children = srv.child_pids()
+
+    b = await rpc(srv.url)
+    reply = await b.request("initialize", {"clientName": "t", "resumeSessionId": session_id})
+    assert reply["error"] == {
+        "code": -32600,
+        "message": f"session {session_id} is already attached to another connection",
+    }
+    await a.aclose()
+    # The failed initialize may be retried on the same connection (§4.1 step 3);
+    # it succeeds as soon as the server has processed a's disconnect.
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            reply = await b.request(
+                "initialize", {"clientName": "t", "resumeSessionId": session_id}
+            )
+            if "result" in reply:
+                break
+            assert "already attached" in reply["error"]["message"]
+    assert reply["result"]["sessionId"] == session_id
+    await b.notify("initialized", {})
+    read = await b.call("process/read", {"processId": "p1", "afterSeq": 0, "waitMs": 0})
+    assert read["exited"] is False and read["closed"] is False
+    assert srv.child_pids() == children
+    await b.aclose()
+
+    await _wait_for(lambda: not srv.child_pids())  # killed when the TTL expired
+    c = await rpc(srv.url)
+    reply = await c.request("initialize", {"clientName": "t", "resumeSessionId": session_id})
+    assert reply["error"] == {"code": -32600, "message": f"unknown session id {session_id}"}
