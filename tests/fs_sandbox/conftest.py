@@ -1,0 +1,248 @@
+"""Fixtures for the sandboxed-filesystem tests.
+
+``confinement`` picks how each request is confined: ``zygote`` (the fast
+path), or the one-shot ``--codex-run-as-fs-helper`` through the ``bwrap`` or
+``landlock`` backend of the sandbox manager. ``backend`` picks the client
+side: ``local`` (``LocalFileSystem`` handing confined calls to the service) or
+``remote`` (``RemoteFileSystem`` over the real server router and ``fs/*``
+handlers). ``sfs`` is the service under test; it is closed (zygote, children
+and helpers killed and reaped) at teardown.
+
+``ctx.ro(root)`` / ``ctx.ww(root)`` build §15.6's RO/WW legacy contexts,
+``ctx.current_ww(workspace)`` the current client's managed context.
+``layout`` is PROTOCOL.md §15.6's temp dir ``T`` with ``T/allowed``,
+``T/outside`` and ``T/allowed/link -> T/outside``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import pytest
+
+from exec_server.client.fs import ExecutorFileSystem, LocalFileSystem, RemoteFileSystem
+from exec_server.config import ServerConfig
+from exec_server.exceptions import error_for_code
+from exec_server.fs.sandboxed import SandboxedFileSystem
+from exec_server.fs.zygote import Zygote
+from exec_server.fs.zygote_confine import landlock_abi
+from exec_server.protocol.codec import decode_message, decode_result, encode_request
+from exec_server.protocol.connection import HandshakeState
+from exec_server.protocol.messages import ErrorResponse, Request
+from exec_server.sandbox.manager import SandboxManager
+from exec_server.server import fs_handlers
+from exec_server.server.router import RequestContext, Router
+from exec_server.server.services import ServerServices
+from exec_server.server.session import Attachment, Session, SessionRegistry
+
+T = TypeVar("T")
+
+HAS_LANDLOCK = landlock_abi() > 0
+HAS_BWRAP = shutil.which("bwrap") is not None
+
+needs_landlock = pytest.mark.skipif(not HAS_LANDLOCK, reason="kernel without Landlock")
+
+
+def ro(root: Path | str) -> dict[str, Any]:
+    """PROTOCOL.md §15.6 RO(r)."""
+    return {
+        "sandboxPolicy": {
+            "type": "read-only",
+            "access": {
+                "type": "restricted",
+                "include_platform_defaults": False,
+                "readable_roots": [str(root)],
+            },
+        },
+        "windowsSandboxLevel": "disabled",
+    }
+
+
+def ww(root: Path | str) -> dict[str, Any]:
+    """PROTOCOL.md §15.6 WW(w)."""
+    return {
+        "sandboxPolicy": {
+            "type": "workspace-write",
+            "writable_roots": [str(root)],
+            "read_only_access": {"type": "restricted", "include_platform_defaults": False},
+            "network_access": False,
+            "exclude_tmpdir_env_var": True,
+            "exclude_slash_tmp": True,
+        },
+        "windowsSandboxLevel": "disabled",
+    }
+
+
+def current_ww(workspace: Path | str) -> dict[str, Any]:
+    """The current client's workspace-write context as sent on fs calls (CLIENT_COMPAT §1.4)."""
+    uri = "file://" + str(workspace)
+
+    def special(kind: str, **extra: str) -> dict[str, Any]:
+        return {"type": "special", "value": {"kind": kind, **extra}}
+
+    protected = [
+        {
+            "path": special("project_roots", subpath=name),
+            "access": "read",
+            "missing_path_behavior": "skip",
+        }
+        for name in (".git", ".agents", ".codex", ".aws")
+    ]
+    return {
+        "permissions": {
+            "type": "managed",
+            "file_system": {
+                "type": "restricted",
+                "entries": [
+                    {"path": special("root"), "access": "read"},
+                    {"path": special("project_roots"), "access": "write"},
+                    {"path": special("slash_tmp"), "access": "write"},
+                    {"path": special("tmpdir"), "access": "write"},
+                    *protected,
+                ],
+            },
+            "network": "restricted",
+        },
+        "cwd": uri,
+        "policyContext": {"cwd": uri, "workspaceRoots": [uri]},
+        "workspaceRoots": [uri],
+        "userHomeDir": "file:///home/user",
+        "temporaryDirectories": [],
+        "windowsSandboxLevel": "disabled",
+        "useLegacyLandlock": False,
+    }
+
+
+class Contexts:
+    """The sandbox contexts tests use, as a fixture (tests never import conftest)."""
+
+    ro = staticmethod(ro)
+    ww = staticmethod(ww)
+    current_ww = staticmethod(current_ww)
+
+
+@pytest.fixture
+def ctx() -> Contexts:
+    return Contexts()
+
+
+@dataclass
+class Layout:
+    root: Path
+    allowed: Path
+    outside: Path
+    link: Path
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Layout:
+    root = Path(os.path.realpath(tmp_path))
+    allowed = root / "allowed"
+    outside = root / "outside"
+    allowed.mkdir()
+    outside.mkdir()
+    link = allowed / "link"
+    link.symlink_to(outside)
+    return Layout(root, allowed, outside, link)
+
+
+async def _no_notifications(method: str, params: msgspec.Struct) -> None:
+    raise AssertionError(f"fs methods send no notifications (got {method})")
+
+
+class RouterCaller:
+    """``RemoteFileSystem``'s caller, dispatching through the real router and fs handlers."""
+
+    def __init__(self, services: ServerServices) -> None:
+        self.services = services
+        self.registry = SessionRegistry(services.config)
+        self.router = Router()
+        fs_handlers.register(self.router)
+        self.attachment = Attachment("test", _no_notifications)
+        session = Session("session", processes=None)  # type: ignore[arg-type]
+        session.attached_to = self.attachment.connection_id
+        self.attachment.session = session
+        self.attachment.handshake.state = HandshakeState.READY
+        self._next_id = 0
+
+    async def exchange(self, frame: bytes) -> bytes:
+        request = decode_message(frame)
+        assert isinstance(request, Request)
+        ctx = RequestContext(
+            request.id, request.method, self.attachment, self.services, self.registry
+        )
+        return await self.router.dispatch(ctx, request)
+
+    async def call(self, method: str, params: msgspec.Struct | None, result_type: type[T]) -> T:
+        self._next_id += 1
+        reply = decode_message(await self.exchange(encode_request(self._next_id, method, params)))
+        if isinstance(reply, ErrorResponse):
+            raise error_for_code(reply.error.code, reply.error.message)
+        return decode_result(reply.result, result_type)  # type: ignore[union-attr]
+
+    async def raw(self, method: str, params: Any) -> dict[str, Any]:
+        self._next_id += 1
+        frame = msgspec.json.encode({"id": self._next_id, "method": method, "params": params})
+        reply: dict[str, Any] = msgspec.json.decode(await self.exchange(frame))
+        return reply
+
+
+def make_service(confinement: str, *, test_hooks: bool = False) -> SandboxedFileSystem:
+    if confinement == "zygote":
+        if not HAS_LANDLOCK:
+            pytest.skip("kernel without Landlock")
+        config = ServerConfig(fs_helper_timeout=10)
+        return SandboxedFileSystem(
+            config, SandboxManager(config), mode="zygote", zygote=Zygote(test_hooks=test_hooks)
+        )
+    backend = confinement.removeprefix("helper-")
+    if backend == "bwrap" and not HAS_BWRAP:
+        pytest.skip("bubblewrap not installed")
+    if backend == "landlock" and not HAS_LANDLOCK:
+        pytest.skip("kernel without Landlock")
+    config = ServerConfig(fs_helper_timeout=20, sandbox_backend=backend)  # type: ignore[arg-type]
+    return SandboxedFileSystem(config, SandboxManager(config), mode="helper")
+
+
+@pytest.fixture
+async def zygote_sfs() -> AsyncIterator[SandboxedFileSystem]:
+    """The fast path with failure injection enabled."""
+    service = make_service("zygote", test_hooks=True)
+    yield service
+    await service.aclose()
+
+
+#: (confinement, client backend): the zygote on both backends, each one-shot
+#: helper backend locally (they are ~100x slower; the routing is the same).
+MATRIX = [
+    ("zygote", "local"),
+    ("zygote", "remote"),
+    ("helper-bwrap", "local"),
+    ("helper-landlock", "local"),
+]
+
+
+@pytest.fixture(params=MATRIX, ids=["-".join(p) for p in MATRIX])
+async def sfs_fs(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[SandboxedFileSystem, ExecutorFileSystem]]:
+    confinement, backend = request.param
+    service = make_service(confinement)
+    fs: ExecutorFileSystem
+    if backend == "local":
+        fs = LocalFileSystem(confined=service)
+    else:
+        fs = RemoteFileSystem(RouterCaller(ServerServices(service._config, None, service)))
+    yield service, fs
+    await service.aclose()
+
+
+@pytest.fixture
+async def fs(sfs_fs: tuple[SandboxedFileSystem, ExecutorFileSystem]) -> ExecutorFileSystem:
+    return sfs_fs[1]
