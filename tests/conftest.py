@@ -549,3 +549,16 @@ async def inprocess_server() -> AsyncIterator[Callable[..., InProcessServer]]:
     yield factory
     for srv in servers:
         await srv.aclose()
+
+
+async def _wait_until(predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:  # noqa: ASYNC109
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - external condition (/proc): nothing to await
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def wait_until() -> Callable[..., Awaitable[None]]:
+    """``await wait_until(lambda: cond, timeout=10)``: poll an external condition
+    (``/proc``, files) with a deadline; prefer awaiting an event when there is one."""
+    return _wait_until

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ def _start(pid: str, argv: list[str], cwd: str, tty: bool = False) -> dict[str, 
 
 async def test_server_and_its_children_are_gone_after_stop(
     no_leaks: None,
+    wait_until: Callable[..., Awaitable[None]],
     server_factory: Callable[..., Any],
     rpc: Callable[[str], Awaitable[Any]],
     tmp_path: Any,
@@ -32,15 +32,16 @@ async def test_server_and_its_children_are_gone_after_stop(
     for i in range(3):
         await client.call("process/start", _start(f"s{i}", ["/bin/sleep", "60"], str(tmp_path)))
     await client.call("process/start", _start("t", ["/bin/sleep", "60"], str(tmp_path), tty=True))
-    async with asyncio.timeout(TIMEOUT):
-        while len(srv.child_pids()) < 4:
-            await asyncio.sleep(0.02)
+    await wait_until(lambda: len(srv.child_pids()) >= 4)
     await client.aclose()
     assert srv.stop() == 0  # SIGTERM: the server kills its sessions' processes and exits
 
 
 async def test_server_fds_return_to_baseline(
-    server: Any, rpc: Callable[[str], Awaitable[Any]], tmp_path: Any
+    wait_until: Callable[..., Awaitable[None]],
+    server: Any,
+    rpc: Callable[[str], Awaitable[Any]],
+    tmp_path: Any,
 ) -> None:
     client = await rpc(server.url)
     await client.initialize()
@@ -58,6 +59,4 @@ async def test_server_fds_return_to_baseline(
         while len(closed) < 10:
             note = await client.notification("process/closed")
             closed.add(note["params"]["processId"])
-    async with asyncio.timeout(TIMEOUT):
-        while server.open_fds() != baseline or server.child_pids():
-            await asyncio.sleep(0.02)
+    await wait_until(lambda: server.open_fds() == baseline and not server.child_pids())

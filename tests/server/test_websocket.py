@@ -9,9 +9,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
 
 TIMEOUT = 10.0
 Rpc = Callable[[str], Awaitable[Any]]
@@ -183,15 +181,11 @@ async def test_unexpected_notification_closes(server: Any, rpc: Rpc) -> None:
     await client.wait_closed()
 
 
-async def _wait_for(predicate: Callable[[], bool]) -> None:
-    """Poll a cheap external condition (e.g. /proc) until true, with a deadline."""
-    async with asyncio.timeout(TIMEOUT):
-        while not predicate():
-            await asyncio.sleep(0.02)
-
-
 async def test_resume_keeps_processes_then_ttl_kills_them(
-    server_factory: Callable[..., Any], rpc: Rpc, tmp_path: Any
+    wait_until: Callable[..., Awaitable[None]],
+    server_factory: Callable[..., Any],
+    rpc: Rpc,
+    tmp_path: Any,
 ) -> None:
     srv = server_factory("--detach-ttl", "1")
     a = await rpc(srv.url)
@@ -205,7 +199,7 @@ async def test_resume_keeps_processes_then_ttl_kills_them(
         "sandbox": None,
     }
     await a.call("process/start", start)
-    await _wait_for(lambda: bool(srv.child_pids()))
+    await wait_until(lambda: bool(srv.child_pids()))
     children = srv.child_pids()
 
     b = await rpc(srv.url)
@@ -232,7 +226,7 @@ async def test_resume_keeps_processes_then_ttl_kills_them(
     assert srv.child_pids() == children
     await b.aclose()
 
-    await _wait_for(lambda: not srv.child_pids())  # killed when the TTL expired
+    await wait_until(lambda: not srv.child_pids())  # killed when the TTL expired
     c = await rpc(srv.url)
     reply = await c.request("initialize", {"clientName": "t", "resumeSessionId": session_id})
     assert reply["error"] == {"code": -32600, "message": f"unknown session id {session_id}"}
