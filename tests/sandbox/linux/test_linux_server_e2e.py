@@ -1,0 +1,133 @@
+"""Sandboxed ``process/start`` through a real server, per backend, pipes and PTY.
+
+The wire request is what each client generation sends (current ``permissions``
+shape from the 0.163 recording; legacy ``SandboxLaunchConfig``); the server's
+manager turns it into a plan and our backend confines the child. Effects are
+checked on disk after ``process/closed``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("exec_server.server.process_handlers")
+
+
+def _special(kind: str, subpath: str | None = None) -> dict[str, Any]:
+    value: dict[str, Any] = {"kind": kind}
+    if subpath is not None:
+        value["subpath"] = subpath
+    return {"type": "special", "value": value}
+
+
+def current_sandbox(workspace: str) -> dict[str, Any]:
+    entries = [
+        {"path": _special("root"), "access": "read"},
+        {"path": _special("project_roots"), "access": "write"},
+        {"path": _special("slash_tmp"), "access": "write"},
+        {"path": _special("tmpdir"), "access": "write"},
+    ] + [{"path": _special("project_roots", n), "access": "read",
+          "missing_path_behavior": "skip"} for n in (".git", ".agents", ".codex", ".aws")]
+    uri = "file://" + workspace
+    return {"permissions": {"type": "managed",
+                            "file_system": {"type": "restricted", "entries": entries},
+                            "network": "restricted"},
+            "cwd": uri, "workspaceRoots": [uri], "windowsSandboxLevel": "disabled",
+            "windowsSandboxProxySettingsMode": "reconcile", "useLegacyLandlock": False}
+
+
+def legacy_sandbox(workspace: str) -> dict[str, Any]:
+    return {
+        "sandboxPreference": "require",
+        "policy": {"type": "workspace-write", "writable_roots": [], "network_access": False,
+                   "exclude_tmpdir_env_var": True, "exclude_slash_tmp": True},
+        "fileSystemPolicy": {"kind": "restricted", "entries": [
+            {"path": _special("root"), "access": "read"},
+            {"path": _special("current_working_directory"), "access": "write"}]},
+        "networkPolicy": "restricted",
+        "sandboxPolicyCwd": workspace,
+        "additionalPermissions": None,
+        "enforceManagedNetwork": False,
+        "windowsSandboxLevel": "disabled",
+        "windowsSandboxPrivateDesktop": False,
+        "useLegacyLandlock": False,
+    }
+
+
+@pytest.fixture
+def outside() -> Iterator[str]:
+    """A directory outside every writable root (/tmp is writable under workspace-write)."""
+    path = tempfile.mkdtemp(prefix="exec-server-e2e-", dir="/var/tmp")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def _run(client: Any, params: dict[str, Any]) -> tuple[dict[str, Any], int, bytes]:
+    result = await client.call("process/start", params)
+    out = bytearray()
+    code = None
+    while True:
+        msg = await client.notification(timeout=30)
+        p = msg.get("params") or {}
+        if p.get("processId") != params["processId"]:
+            continue
+        if msg["method"] == "process/output":
+            out += base64.b64decode(p.get("chunk") or "")
+        elif msg["method"] == "process/exited":
+            code = p.get("exitCode")
+        elif msg["method"] == "process/closed":
+            break
+    assert code is not None
+    return result, int(code), bytes(out)
+
+
+def _check_effects(root: str, escaped: str, out: bytes) -> None:
+    assert Path(root, "inside").read_text() == "in\n"
+    assert not os.path.exists(escaped), out
+    assert not os.path.exists(os.path.join(root, ".git", "config")), out
+
+
+@pytest.mark.parametrize("generation", ["current", "legacy"])
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "pty"])
+async def test_sandboxed_process_start(backend: Any, server_factory: Callable[..., Any],
+                                       rpc: Any, ws: Any, outside: str, generation: str,
+                                       tty: bool) -> None:
+    os.mkdir(os.path.join(ws.root, ".git"))
+    srv = server_factory("--sandbox-backend", backend.name, cwd=ws.root)
+    client = await rpc(srv.url)
+    await client.initialize()
+    escaped = os.path.join(outside, "escaped")
+    script = (f"echo in > inside; echo x > {escaped}; echo y > .git/config; "
+              "echo marker-$CODEX_SANDBOX_NETWORK_DISABLED")
+    current = generation == "current"
+    params: dict[str, Any] = {
+        "processId": f"sb-{uuid.uuid4().hex[:8]}",
+        "argv": ["sh", "-c", script],
+        "cwd": ("file://" + ws.root) if current else ws.root,
+        "env": {"PATH": "/usr/bin:/bin"},
+        "tty": tty,
+        "arg0": None,
+        "sandbox": current_sandbox(ws.root) if current else legacy_sandbox(ws.root),
+    }
+    if current:
+        params["pipeStdin"] = False
+    result, code, out = await _run(client, params)
+    if current:
+        assert result["sandboxType"] == "linuxSeccomp"
+    else:
+        assert result["sandbox"] == "linux-seccomp"
+    assert code != 0 or b"marker" in out
+    _check_effects(ws.root, escaped, out)
+    if not current:
+        assert b"marker-1" in out
