@@ -15,7 +15,6 @@ the result needs macOS.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -233,8 +232,17 @@ def sbpl_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+_REGEX_SPECIAL = frozenset(".^$*+?()[]{}|\\")
+
+
+def regex_escape(text: str) -> str:
+    """Escape POSIX regex metacharacters (only those: Seatbelt's matcher is not Python's)."""
+    return "".join("\\" + ch if ch in _REGEX_SPECIAL else ch for ch in text)
+
+
 def _regex_literal(pattern: str) -> str:
-    return '#"' + pattern.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # ``#"..."`` is a raw regex literal: backslashes stay single; only a quote needs escaping.
+    return '#"' + pattern.replace('"', '\\"') + '"'
 
 
 def darwin_user_cache_dir() -> str | None:
@@ -272,9 +280,9 @@ def _root_component(
 
 
 def _guards(root: str) -> list[str]:
-    base = "" if root == "/" else re.escape(root)
+    base = "" if root == "/" else regex_escape(root)
     return [
-        f"(require-not (regex {_regex_literal('^' + base + '/' + re.escape(name) + '(/.*)?$')}))"
+        f"(require-not (regex {_regex_literal('^' + base + '/' + regex_escape(name) + '(/.*)?$')}))"
         for name in PROTECTED_NAMES
     ]
 
@@ -339,7 +347,7 @@ def build(
         for i, path in enumerate(denied):
             key = f"DENIED_PATH_{i}"
             deny_params.append((key, path))
-            components.append(f'(literal (param "{key}")) (subpath (param "{key}"))')
+            components.append(f'(subpath (param "{key}"))')
         deny_section = "(deny file-read* file-write*\n" + " ".join(components) + "\n)"
     else:
         deny_section = ""
