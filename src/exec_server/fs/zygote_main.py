@@ -220,11 +220,19 @@ class Zygote:
             plan = header.get("plan")
             if not isinstance(plan, dict):
                 raise ops.OpError(-32600, "fs sandbox request has no plan")
+            probe = (
+                self._probe_open()
+                if self.test_hooks and header.get("test_hook") == "probe"
+                else None
+            )
             try:
                 self.confine.confine(plan, abi=self.abi)
             except OSError as exc:
                 raise ops.OpError(-32603, f"failed to confine fs sandbox helper: {exc}") from exc
-            result, payload = ops.execute(req, data, strict=True)
+            if probe is not None:
+                result, payload = self._probe(probe), b""
+            else:
+                result, payload = ops.execute(req, data, strict=True)
         except ops.OpError as exc:
             self._reply(fd, {"status": "error", "code": exc.code, "message": exc.message})
             return
@@ -239,6 +247,31 @@ class Zygote:
             )
             return
         self._reply(fd, {"status": "ok", "result": result}, payload)
+
+    @staticmethod
+    def _probe_open() -> int:
+        return os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+
+    @staticmethod
+    def _probe(status_fd: int) -> dict[str, object]:
+        """What the confined child can do (tests): its status, network, a system read."""
+        status = os.pread(status_fd, 65536, 0).decode()
+        out: dict[str, object] = {
+            line.split(":")[0]: line.split(":", 1)[1].strip()
+            for line in status.splitlines()
+            if line.startswith(("NoNewPrivs", "Seccomp"))
+        }
+        try:
+            socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+            out["inet_socket"] = 0
+        except OSError as exc:
+            out["inet_socket"] = exc.errno
+        try:
+            os.close(os.open("/etc/hostname", os.O_RDONLY))
+            out["etc_hostname"] = 0
+        except OSError as exc:
+            out["etc_hostname"] = exc.errno
+        return out
 
     def _test_hook(self, fd: int, hook: object) -> None:
         """Failure injection for the test suite (only with ``--test-hooks``)."""
