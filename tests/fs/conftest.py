@@ -6,12 +6,16 @@ JSON-RPC frame, dispatches it through the real server ``Router`` with the
 ``fs/*`` handlers, and decodes the reply exactly as the client does). The same
 tests therefore run against both backends.
 
+``ws`` is the whole stack: an in-process ``ExecServer`` listening on
+127.0.0.1 and an ``ExecServerClient`` connected over a real WebSocket.
+
 ``wire`` sends raw JSON text through the same router and returns the decoded
 reply, for tests of shapes, codes and both protocol generations.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,14 +23,18 @@ from typing import Any, TypeVar
 
 import msgspec
 import pytest
+from websockets.asyncio.server import Server
 
+from exec_server.client.connection import ExecServerClient
 from exec_server.client.fs import ExecutorFileSystem, LocalFileSystem, RemoteFileSystem
 from exec_server.config import ServerConfig
 from exec_server.exceptions import error_for_code
 from exec_server.protocol.codec import decode_message, decode_result, encode_request
 from exec_server.protocol.connection import HandshakeState
 from exec_server.protocol.messages import ErrorResponse, Request
+from exec_server.rpc.listen import ListenAddress
 from exec_server.server import fs_handlers
+from exec_server.server.app import ExecServer
 from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, Session, SessionRegistry
@@ -83,12 +91,56 @@ def wire() -> RouterCaller:
     return RouterCaller()
 
 
-@pytest.fixture(params=["local", "remote"])
+class LiveServer:
+    """An in-process server on 127.0.0.1 (real WebSocket transport and router)."""
+
+    def __init__(self, server: ExecServer, ws_server: Server, url: str) -> None:
+        self.server = server
+        self.ws_server = ws_server
+        self.url = url
+        self._clients: list[ExecServerClient] = []
+
+    async def client(self) -> ExecServerClient:
+        client = await ExecServerClient.connect(self.url)
+        self._clients.append(client)
+        return client
+
+    async def aclose(self) -> None:
+        for client in self._clients:
+            await client.aclose()
+        self.ws_server.close(close_connections=True)
+        await self.ws_server.wait_closed()
+        await self.server.aclose()
+
+
+@contextlib.asynccontextmanager
+async def open_live_server() -> AsyncIterator[LiveServer]:
+    config = ServerConfig()
+    server = ExecServer(config, services=ServerServices(config))
+    ws_server = await server.listen_websocket(ListenAddress("127.0.0.1", 0))
+    host, port = next(iter(ws_server.sockets)).getsockname()[:2]
+    live = LiveServer(server, ws_server, f"ws://{host}:{port}")
+    try:
+        yield live
+    finally:
+        await live.aclose()
+
+
+@pytest.fixture
+async def live_server() -> AsyncIterator[LiveServer]:
+    async with open_live_server() as live:
+        yield live
+
+
+@pytest.fixture(params=["local", "remote", "ws"])
 async def fs(request: pytest.FixtureRequest) -> AsyncIterator[ExecutorFileSystem]:
     if request.param == "local":
         yield LocalFileSystem()
-    else:
+    elif request.param == "remote":
         yield RemoteFileSystem(RouterCaller())
+    else:
+        async with open_live_server() as live:
+            yield RemoteFileSystem(await live.client())
 
 
 @pytest.fixture

@@ -14,19 +14,20 @@ Confined calls go to the sandboxed-filesystem service (``fs/sandboxed.py``);
 when none is configured they fail closed with ``-32600`` and the upstream text
 (PROTOCOL.md §10.7) - never unconfined.
 
-Direct calls run :mod:`exec_server.fs.ops` in a worker thread so a big copy
-or remove never stalls the event loop (other connections keep being served).
+Direct calls run :mod:`exec_server.fs.ops` in a worker thread
+(:mod:`exec_server.fs.workers`) so a big copy or remove never stalls the event
+loop (other connections keep being served).
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import ops
 from exec_server.fs.ops import DirEntry, Metadata
+from exec_server.fs.workers import WorkerPool, shared_pool
 
 __all__ = [
     "DIRECT",
@@ -95,10 +96,18 @@ class FileSystemService:
     Args:
         confined: the sandboxed-filesystem service, or ``None`` (confined
             calls then fail closed).
+        pool: worker threads for direct calls (default: the shared pool).
     """
 
-    def __init__(self, confined: ConfinedFileSystem | None = None) -> None:
+    def __init__(
+        self, confined: ConfinedFileSystem | None = None, *, pool: WorkerPool | None = None
+    ) -> None:
         self._confined = confined
+        self._pool = pool or shared_pool()
+
+    @property
+    def pool(self) -> WorkerPool:
+        return self._pool
 
     def _confined_or_refuse(self, route: Route) -> ConfinedFileSystem:
         if self._confined is None:
@@ -111,9 +120,7 @@ class FileSystemService:
         """Whole file contents (cap :data:`~exec_server.fs.ops.READ_LIMIT`)."""
         if route.confined:
             return await self._confined_or_refuse(route).read_file(route.context, path)
-        return await asyncio.to_thread(
-            ops.read_file, path, directory_is_invalid=directory_is_invalid
-        )
+        return await self._pool.run(ops.read_file, path, directory_is_invalid=directory_is_invalid)
 
     async def write_file(
         self, path: str, data: bytes | bytearray | memoryview, route: Route = DIRECT
@@ -123,7 +130,7 @@ class FileSystemService:
             return await self._confined_or_refuse(route).write_file(
                 route.context, path, bytes(data) if not isinstance(data, bytes) else data
             )
-        await asyncio.to_thread(ops.write_file, path, data)
+        await self._pool.run(ops.write_file, path, data)
 
     async def create_directory(
         self, path: str, route: Route = DIRECT, *, recursive: bool = True
@@ -132,17 +139,17 @@ class FileSystemService:
             return await self._confined_or_refuse(route).create_directory(
                 route.context, path, recursive
             )
-        await asyncio.to_thread(ops.create_directory, path, recursive=recursive)
+        await self._pool.run(ops.create_directory, path, recursive=recursive)
 
     async def get_metadata(self, path: str, route: Route = DIRECT) -> Metadata:
         if route.confined:
             return await self._confined_or_refuse(route).get_metadata(route.context, path)
-        return await asyncio.to_thread(ops.get_metadata, path)
+        return await self._pool.run(ops.get_metadata, path)
 
     async def read_directory(self, path: str, route: Route = DIRECT) -> list[DirEntry]:
         if route.confined:
             return await self._confined_or_refuse(route).read_directory(route.context, path)
-        return await asyncio.to_thread(ops.read_directory, path)
+        return await self._pool.run(ops.read_directory, path)
 
     async def remove(
         self, path: str, route: Route = DIRECT, *, recursive: bool = True, force: bool = True
@@ -151,7 +158,7 @@ class FileSystemService:
             return await self._confined_or_refuse(route).remove(
                 route.context, path, recursive, force
             )
-        await asyncio.to_thread(ops.remove, path, recursive=recursive, force=force)
+        await self._pool.run(ops.remove, path, recursive=recursive, force=force)
 
     async def copy(
         self, source: str, destination: str, route: Route = DIRECT, *, recursive: bool
@@ -160,9 +167,9 @@ class FileSystemService:
             return await self._confined_or_refuse(route).copy(
                 route.context, source, destination, recursive
             )
-        await asyncio.to_thread(ops.copy, source, destination, recursive=recursive)
+        await self._pool.run(ops.copy, source, destination, recursive=recursive)
 
     async def canonicalize(self, path: str, route: Route = DIRECT) -> str:
         if route.confined:
             return await self._confined_or_refuse(route).canonicalize(route.context, path)
-        return await asyncio.to_thread(ops.canonicalize, path)
+        return await self._pool.run(ops.canonicalize, path)

@@ -11,8 +11,8 @@ the request's form.
 
 from __future__ import annotations
 
-import asyncio
 import binascii
+from typing import Final
 
 import msgspec
 
@@ -25,6 +25,13 @@ from exec_server.protocol.paths import PathForm, parse_wire_path
 from exec_server.server.router import RequestContext, Router
 
 __all__ = ["decode_data_base64", "register"]
+
+#: Payloads up to this size are (de)coded on the event loop; bigger ones in a
+#: worker thread, so a 64 MiB transfer never stalls other connections.
+INLINE_CODEC_LIMIT: Final = 256 * 1024
+
+_bytes_decoder: Final = msgspec.json.Decoder(bytes)
+_encoder: Final = msgspec.json.Encoder()
 
 _B64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 
@@ -54,47 +61,60 @@ def _base64_error_text(data: bytes) -> str:
 
 
 def decode_data_base64(raw: msgspec.Raw) -> bytes:
-    """Decode ``dataBase64`` from its raw JSON token without an intermediate ``str``.
+    """Decode ``dataBase64`` straight from its raw JSON token (no intermediate ``str``).
 
     Raises:
         InvalidParamsError: the member is not a JSON string (-32602).
-        InvalidRequestError: the string is not strict, padded base64 (-32600,
+        InvalidRequestError: the string is not padded standard base64 (-32600,
             ``fs/writeFile requires valid base64 dataBase64: <error>``).
     """
-    view = memoryview(raw)
-    if len(view) < 2 or view[0] != ord('"') or view[-1] != ord('"'):
+    try:
+        return _bytes_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
         try:
-            msgspec.json.decode(raw, type=str)
-        except msgspec.ValidationError as exc:
+            text = msgspec.json.decode(raw, type=str)
+        except msgspec.ValidationError:
             raise InvalidParamsError(f"{exc} - at `$.dataBase64`") from exc
+    data = text.encode("utf-8", "surrogatepass")
     try:
-        return binascii.a2b_base64(view[1:-1], strict_mode=True)
-    except binascii.Error:
-        pass
-    # Slow path: JSON escapes (``\/``), or really invalid base64.
-    text = msgspec.json.decode(raw, type=str).encode("utf-8", "surrogatepass")
-    try:
-        return binascii.a2b_base64(text, strict_mode=True)
+        # msgspec is lenient about the bits of a final partial group; be strict.
+        return binascii.a2b_base64(data, strict_mode=True)
     except binascii.Error as exc:
         raise InvalidRequestError(
-            f"fs/writeFile requires valid base64 dataBase64: {_base64_error_text(text)}"
+            f"fs/writeFile requires valid base64 dataBase64: {_base64_error_text(data)}"
         ) from exc
 
 
-async def read_file(ctx: RequestContext, params: t.ReadFileParams) -> t.ReadFileResult:
+def encode_data_base64(data: bytes) -> msgspec.Raw:
+    """``data`` as a ready JSON base64 string token (done in a worker for big files)."""
+    return msgspec.Raw(_encoder.encode(data))
+
+
+async def read_file(
+    ctx: RequestContext, params: t.ReadFileParams
+) -> t.ReadFileResult | t.ReadFileEncoded:
     path = parse_wire_path(params.path)
-    data = await _service(ctx).read_file(
+    service = _service(ctx)
+    data = await service.read_file(
         path.path, _route(params.sandbox), directory_is_invalid=path.form is PathForm.URI
     )
-    return t.ReadFileResult(data_base64=data)
+    if len(data) <= INLINE_CODEC_LIMIT:
+        return t.ReadFileResult(data_base64=data)
+    encoded = await service.pool.run(encode_data_base64, data)
+    del data  # keep one copy of the file alive, not two
+    return t.ReadFileEncoded(data_base64=encoded)
 
 
 async def write_file(ctx: RequestContext, params: t.WriteFileParams) -> t.EmptyResult:
     path = parse_wire_path(params.path)
     route = _route(params.sandbox)
-    # Decoding tens of MiB takes a while: keep it off the event loop.
-    data = await asyncio.to_thread(decode_data_base64, params.data_base64)
-    await _service(ctx).write_file(path.path, data, route)
+    service = _service(ctx)
+    raw = params.data_base64
+    if len(raw) <= INLINE_CODEC_LIMIT:
+        data = decode_data_base64(raw)
+    else:
+        data = await service.pool.run(decode_data_base64, raw)
+    await service.write_file(path.path, data, route)
     return t.EmptyResult()
 
 
