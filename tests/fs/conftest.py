@@ -114,9 +114,11 @@ class LiveServer:
 
 
 @contextlib.asynccontextmanager
-async def open_live_server() -> AsyncIterator[LiveServer]:
+async def open_live_server(*, full_services: bool = False) -> AsyncIterator[LiveServer]:
+    """Without ``full_services`` no sandboxed filesystem is configured (fail closed)."""
     config = ServerConfig()
-    server = ExecServer(config, services=ServerServices(config))
+    services = ServerServices.create(config) if full_services else ServerServices(config)
+    server = ExecServer(config, services=services)
     ws_server = await server.listen_websocket(ListenAddress("127.0.0.1", 0))
     host, port = next(iter(ws_server.sockets)).getsockname()[:2]
     live = LiveServer(server, ws_server, f"ws://{host}:{port}")
@@ -147,3 +149,14 @@ async def fs(request: pytest.FixtureRequest) -> AsyncIterator[ExecutorFileSystem
 def tdir(tmp_path: Path) -> Path:
     """A temp dir with its symlinks resolved (so realpath comparisons are stable)."""
     return Path(os.path.realpath(tmp_path))
+
+
+@pytest.fixture(params=["local", "ws"])
+async def sandboxed_fs(request: pytest.FixtureRequest) -> AsyncIterator[ExecutorFileSystem]:
+    """A backend that confines read-only / workspace-write contexts (sandboxed-fs service)."""
+    if request.param == "local":
+        async with LocalFileSystem.with_sandbox() as local:
+            yield local
+    else:
+        async with open_live_server(full_services=True) as live:
+            yield RemoteFileSystem(await live.client())

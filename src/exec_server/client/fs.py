@@ -28,6 +28,7 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
+from exec_server.config import ServerConfig
 from exec_server.fs.context import route_from_wire
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import ConfinedFileSystem, FileSystemService, Route
@@ -118,11 +119,41 @@ class LocalFileSystem:
 
     Args:
         confined: the sandboxed-filesystem service for contexts that need
-            confinement; without one such calls fail closed (-32600).
+            confinement; without one such calls fail closed (-32600). Use
+            :meth:`with_sandbox` to get one this object owns.
     """
 
     def __init__(self, *, confined: ConfinedFileSystem | None = None) -> None:
         self._service = FileSystemService(confined)
+        self._owned: _Closable | None = None
+
+    @classmethod
+    def with_sandbox(cls, config: ServerConfig | None = None) -> LocalFileSystem:
+        """A filesystem that confines sandboxed contexts like the server does.
+
+        It owns a ``SandboxedFileSystem`` (helper zygote, one-shot helpers):
+        close it with :meth:`aclose` or ``async with``.
+        """
+        from exec_server.fs.sandboxed import SandboxedFileSystem
+        from exec_server.sandbox.manager import SandboxManager
+
+        cfg = config or ServerConfig()
+        confined = SandboxedFileSystem(cfg, SandboxManager(cfg))
+        fs = cls(confined=confined)
+        fs._owned = confined
+        return fs
+
+    async def aclose(self) -> None:
+        """Release the sandboxed-filesystem service if this object created it."""
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            await owned.aclose()
+
+    async def __aenter__(self) -> LocalFileSystem:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     @staticmethod
     def _route(sandbox: FsSandbox) -> Route:
@@ -179,6 +210,10 @@ class LocalFileSystem:
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str:
         route = self._route(sandbox)
         return await self._service.canonicalize(_wire_path(path).path, route)
+
+
+class _Closable(Protocol):
+    async def aclose(self) -> None: ...
 
 
 class RpcCaller(Protocol):
