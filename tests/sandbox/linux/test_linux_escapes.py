@@ -278,3 +278,24 @@ def test_read_only_plan_denies_all_writes(backend: Any, run: Run, ws: Any) -> No
                               "echo devnull-ok"], cwd=ws.root)
     assert not os.path.exists(target)
     assert "devnull-ok" in res.output
+
+
+def test_denied_path_unreadable(backend: Any, run: Run, ws: Any) -> None:
+    private = os.path.join(ws.outside, "private")
+    os.mkdir(private)
+    with open(os.path.join(private, "key"), "w") as f:
+        f.write("SECRETKEY\n")
+    plan = SandboxPlan(full_read=True, full_write=False, network=False, cwd=ws.root,
+                       writable_roots=(ws.root,), denied_paths=(private,))
+    res = run(backend, plan, ["sh", "-c", f"cat {private}/key; ls {private}; "
+                              f"echo x > {private}/new"], cwd=ws.root)
+    assert "SECRETKEY" not in res.output
+    assert sorted(os.listdir(private)) == ["key"]
+
+
+def test_pty_has_controlling_terminal(backend: Any, run: Run, plan_for: PlanFor,
+                                      ws: Any) -> None:
+    res = run(backend, plan_for(ws), ["sh", "-c", "echo via-tty > /dev/tty && echo ok"],
+              cwd=ws.root, tty=True)
+    assert res.code == 0, res.output
+    assert "via-tty" in res.output and "ok" in res.output

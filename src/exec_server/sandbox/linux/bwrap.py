@@ -42,15 +42,20 @@ def _depth(path: str) -> int:
 
 
 def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
-               seccomp_fd: int | None = None) -> tuple[list[str], list[str]]:
+               seccomp_fd: int | None = None,
+               new_session: bool = True) -> tuple[list[str], list[str]]:
     """bwrap options (without the binary and ``--``) for ``plan``.
+
+    ``new_session=False`` (PTY launches) keeps the command in the PTY's session
+    so it has a controlling terminal (``/dev/tty``, ^C, job control); the only
+    TIOCSTI target is then its own PTY, whose input no one outside reads back.
 
     Returns:
         (args, placeholders): placeholders are host paths bwrap will create as
         empty mountpoints for protected paths that do not exist yet; remove
         them after the run.
     """
-    args = ["--new-session", "--die-with-parent"]
+    args = ["--new-session", "--die-with-parent"] if new_session else ["--die-with-parent"]
     placeholders: list[str] = []
     if plan.full_write:
         args += ["--bind", "/", "/", "--dev", "/dev"]
@@ -76,11 +81,11 @@ def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
                 elif is_inside(missing, root) and missing != root:
                     args += ["--perms", "555", "--tmpfs", missing, "--remount-ro", missing]
                     placeholders.append(missing)
-        for denied in plan.denied_paths:
-            if os.path.isdir(denied):
-                args += ["--perms", "000", "--tmpfs", denied, "--remount-ro", denied]
-            elif os.path.lexists(denied):
-                args += ["--ro-bind", "/dev/null", denied]
+    for denied in plan.denied_paths:
+        if os.path.isdir(denied):
+            args += ["--perms", "000", "--tmpfs", denied, "--remount-ro", denied]
+        elif os.path.lexists(denied):
+            args += ["--ro-bind", "/dev/null", denied]
     args += ["--unshare-user", "--unshare-pid", "--unshare-ipc"]
     if not plan.network:
         args.append("--unshare-net")
@@ -136,7 +141,8 @@ class BwrapBackend(LinuxBackend):
                 f"bwrap at {self.info.path} lies inside a writable root; refusing to use it")
         mode = seccomp.MODE_RESTRICTED if not plan.network else seccomp.MODE_VSOCK
         fd = _seccomp_pipe(seccomp.build_filter(mode))
-        args, placeholders = build_args(plan, spec.cwd, proc=self.info.proc, seccomp_fd=fd)
+        args, placeholders = build_args(plan, spec.cwd, proc=self.info.proc, seccomp_fd=fd,
+                                        new_session=not spec.tty)
         command = list(spec.argv)
         if not _resolvable(command[0], spec):
             # bwrap reports exec failures as exit 1; let a shell give the usual 126/127

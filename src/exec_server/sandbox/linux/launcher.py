@@ -228,7 +228,7 @@ def _placeholder_for(path: str, writable: list[str]) -> str | None:
 
 def _apply_mounts(plan: _Plan) -> None:
     _enter_mount_namespace()
-    for path in plan.read_only_subpaths:
+    for path in () if plan.full_write else plan.read_only_subpaths:
         if os.path.lexists(path):
             _bind_read_only(path, path)
         else:
@@ -283,7 +283,7 @@ def _confine(plan: _Plan, opts: dict[str, object]) -> None:
     except (OSError, ValueError) as exc:
         raise _Setup("rlimit", f"setting RLIMIT_CORE: {exc}") from exc
     confine_fs = not plan.full_write
-    if confine_fs and (plan.read_only_subpaths or plan.denied_paths):
+    if (confine_fs and plan.read_only_subpaths) or plan.denied_paths:
         try:
             _apply_mounts(plan)
         except OSError as exc:
