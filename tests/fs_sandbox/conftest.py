@@ -193,6 +193,16 @@ class RouterCaller:
         return reply
 
 
+@pytest.fixture
+def make_caller() -> Any:
+    """``make_caller(sfs)``: a router caller whose services use ``sfs`` for confined calls."""
+
+    def make(service: SandboxedFileSystem) -> RouterCaller:
+        return RouterCaller(ServerServices(service._config, None, service))
+
+    return make
+
+
 def make_service(confinement: str, *, test_hooks: bool = False) -> SandboxedFileSystem:
     if confinement == "zygote":
         if not HAS_LANDLOCK:

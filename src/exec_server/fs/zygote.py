@@ -42,6 +42,8 @@ _FRAME: Final = struct.Struct("!IQ")
 _MAX_REPLY_HEADER: Final = 64 * 1024 * 1024
 _MAX_REPLY_DATA: Final = 1024 * 1024 * 1024
 _FS_DIR: Final = os.path.dirname(os.path.abspath(__file__))
+#: how long to wait for the zygote to report a killed child as reaped.
+_REAP_TIMEOUT: Final = 5.0
 
 
 class ZygoteUnavailable(Exception):
@@ -50,6 +52,10 @@ class ZygoteUnavailable(Exception):
 
 class HelperFailure(Exception):
     """A child crashed, hung, or answered something that is not a reply frame."""
+
+
+class _NotForked(Exception):
+    """The request never reached a child (the zygote was gone)."""
 
 
 def describe_wait_status(status: int) -> str:
@@ -281,6 +287,9 @@ class Zygote:
     ) -> tuple[dict[str, object], bytes]:
         """Run one request in a fresh confined child.
 
+        When this returns or raises, the child has replied and exits on its
+        own, or it has been killed and reaped (bounded wait).
+
         Args:
             header: the request header (``zygote_ops.OpRequest`` fields + ``plan``).
             data: raw payload (writeFile contents).
@@ -293,6 +302,19 @@ class Zygote:
             ZygoteUnavailable: no zygote can run here.
             HelperFailure: the child crashed, hung or sent garbage.
         """
+        try:
+            return await self._run_once(header, data, timeout)
+        except _NotForked:
+            # The zygote died before it could fork: nothing ran, so one retry
+            # on a fresh zygote is safe.
+            return await self._run_once(header, data, timeout)
+
+    async def _run_once(
+        self,
+        header: dict[str, object],
+        data: bytes,
+        timeout: float,  # noqa: ASYNC109
+    ) -> tuple[dict[str, object], bytes]:
         await self.ensure_started()
         z = self._z
         assert z is not None
@@ -312,22 +334,22 @@ class Zygote:
                 )
             except OSError as exc:
                 self._mark_dead(z, f"cannot reach the fs zygote: {exc}")
-                raise HelperFailure(f"cannot reach the fs zygote: {exc}") from exc
+                raise _NotForked from exc
             finally:
                 theirs.close()
             raw = json.dumps(header).encode()
             try:
                 async with asyncio.timeout(timeout):
-                    await p.started
+                    # The frame goes into the socket buffer while the zygote forks.
                     try:
                         await loop.sock_sendall(ours, encode_frame(raw, len(data)))
                         if data:
                             await loop.sock_sendall(ours, data)
                     except (BrokenPipeError, ConnectionResetError):
                         pass  # the child died early; reading the reply reports how
+                    await p.started
                     reply = await self._read_reply(loop, ours, p)
             except TimeoutError:
-                _kill(p)
                 raise HelperFailure(
                     f"fs sandbox helper timed out after {timeout:g}s and was killed"
                 ) from None
@@ -335,12 +357,21 @@ class Zygote:
             return reply
         finally:
             ours.close()
-            if not clean:
-                _kill(p)
             z.pending.pop(req_id, None)
+            if not clean:
+                await self._kill_and_reap(p)
             if p.pidfd is not None:
                 os.close(p.pidfd)
                 p.pidfd = None
+
+    async def _kill_and_reap(self, p: _Pending) -> None:
+        """SIGKILL a child and wait (bounded) until the zygote has reaped it."""
+        if p.pid is None:
+            return
+        _kill(p)
+        with contextlib.suppress(TimeoutError, HelperFailure):
+            async with asyncio.timeout(_REAP_TIMEOUT):
+                await p.exited
 
     async def _read_reply(
         self, loop: asyncio.AbstractEventLoop, sock: socket.socket, p: _Pending
@@ -371,7 +402,7 @@ class Zygote:
 
     async def _crashed(self, p: _Pending) -> HelperFailure:
         try:
-            async with asyncio.timeout(2):
+            async with asyncio.timeout(_REAP_TIMEOUT):
                 status = await p.exited
         except TimeoutError:
             return HelperFailure("fs sandbox helper closed its reply without answering")

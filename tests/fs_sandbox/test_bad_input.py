@@ -1,0 +1,295 @@
+"""Malformed contexts; helpers that crash, babble or hang; a dying zygote.
+
+Each yields a clear error and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exec_server.client.fs import LocalFileSystem
+from exec_server.config import ServerConfig
+from exec_server.exceptions import InternalError
+from exec_server.fs.sandboxed import SandboxedFileSystem
+from exec_server.fs.zygote import Zygote
+from exec_server.sandbox.manager import SandboxManager
+
+TIMEOUT = 10.0
+
+
+def zygote_children(sfs: SandboxedFileSystem) -> set[int]:
+    pid = sfs.zygote.pid
+    if pid is None:
+        return set()
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return set()
+    return {int(p) for p in text.split()}
+
+
+async def process_gone(pid: int) -> None:
+    """Await the exit of ``pid`` (its pidfd becomes readable), with a deadline."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    loop.add_reader(fd, done.set)
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            await done.wait()
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def inject(sfs: SandboxedFileSystem, hook: str) -> None:
+    """Make every request of ``sfs`` carry a failure-injection hook."""
+    zygote = sfs.zygote
+    original: Callable[..., Awaitable[Any]] = zygote.run
+
+    async def run(
+        header: dict[str, object],
+        data: bytes = b"",
+        *,
+        timeout: float,  # noqa: ASYNC109
+    ) -> Any:
+        return await original({**header, "test_hook": hook}, data, timeout=timeout)
+
+    zygote.run = run  # type: ignore[method-assign]
+
+
+def service(timeout: float = 10.0) -> SandboxedFileSystem:
+    config = ServerConfig(fs_helper_timeout=timeout)
+    return SandboxedFileSystem(
+        config, SandboxManager(config), mode="zygote", zygote=Zygote(test_hooks=True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("context", "fragment"),
+    [
+        ({"sandboxPolicy": {"type": "read-only"}}, "windowsSandboxLevel"),
+        ({"sandboxPolicy": {"type": "sideways"}, "windowsSandboxLevel": "disabled"}, "sideways"),
+        ({"permissions": {"type": "bogus"}, "windowsSandboxLevel": "disabled"}, "bogus"),
+        (
+            {
+                "sandboxPolicy": {"type": "workspace-write", "writable_roots": ["relative/dir"]},
+                "windowsSandboxLevel": "disabled",
+            },
+            "",
+        ),
+        (5, ""),
+    ],
+)
+async def test_malformed_context_is_invalid_params(
+    no_leaks: None, layout: Any, make_caller: Any, context: Any, fragment: str
+) -> None:
+    sfs = service()
+    try:
+        caller = make_caller(sfs)
+        reply = await caller.raw(
+            "fs/readFile", {"path": str(layout.allowed / "x"), "sandbox": context}
+        )
+        assert reply["error"]["code"] == -32602, reply
+        assert fragment in reply["error"]["message"]
+        assert sfs.zygote.pid is None  # nothing was launched
+    finally:
+        await sfs.aclose()
+
+
+@pytest.mark.parametrize(
+    ("hook", "message"),
+    [
+        ("crash", "fs sandbox helper failed with status signal: 11 (SIGSEGV)"),
+        ("exit", "fs sandbox helper failed with status exit status: 3"),
+        ("garbage", "failed to encode or decode fs sandbox helper message"),
+    ],
+)
+async def test_broken_helper_is_a_clear_internal_error(
+    no_leaks: None, layout: Any, ctx: Any, hook: str, message: str
+) -> None:
+    sfs = service()
+    fs = LocalFileSystem(confined=sfs)
+    (layout.allowed / "f").write_text("f")
+    try:
+        await fs.read_file(layout.allowed / "f", sandbox=ctx.ro(layout.allowed))
+        inject(sfs, hook)
+        with pytest.raises(InternalError) as info:
+            await fs.read_file(layout.allowed / "f", sandbox=ctx.ro(layout.allowed))
+        assert info.value.code == -32603
+        assert message in info.value.message
+        # Returned errors come after the child was reaped: nothing is left.
+        assert zygote_children(sfs) == set()
+    finally:
+        await sfs.aclose()
+
+
+async def test_hung_helper_is_killed_after_the_timeout(
+    no_leaks: None, layout: Any, ctx: Any
+) -> None:
+    sfs = service(timeout=0.5)
+    fs = LocalFileSystem(confined=sfs)
+    (layout.allowed / "f").write_text("f")
+    try:
+        inject(sfs, "hang")
+        with pytest.raises(InternalError) as info:
+            await fs.read_file(layout.allowed / "f", sandbox=ctx.ro(layout.allowed))
+        assert info.value.message == "fs sandbox helper timed out after 0.5s and was killed"
+        # Returned errors come after the child was reaped: nothing is left.
+        assert zygote_children(sfs) == set()
+    finally:
+        await sfs.aclose()
+
+
+async def test_dead_zygote_is_restarted(no_leaks: None, layout: Any, ctx: Any) -> None:
+    sfs = service()
+    fs = LocalFileSystem(confined=sfs)
+    (layout.allowed / "f").write_text("f")
+    try:
+        assert await fs.read_file(layout.allowed / "f", sandbox=ctx.ro(layout.allowed)) == b"f"
+        first = sfs.zygote.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        await process_gone(first)
+        assert await fs.read_file(layout.allowed / "f", sandbox=ctx.ro(layout.allowed)) == b"f"
+        assert sfs.zygote.pid not in (None, first)
+    finally:
+        await sfs.aclose()
+
+
+async def test_aclose_during_a_request_leaves_nothing_behind(
+    no_leaks: None, layout: Any, ctx: Any
+) -> None:
+    sfs = service()
+    fs = LocalFileSystem(confined=sfs)
+    (layout.allowed / "f").write_text("f")
+    inject(sfs, "hang")
+    started = asyncio.Event()
+    zygote = sfs.zygote
+    original = zygote._on_control
+
+    def spy(z: Any) -> None:
+        original(z)
+        if zygote_children(sfs):
+            started.set()
+
+    zygote._on_control = spy  # type: ignore[method-assign]
+    task = asyncio.create_task(fs.read_file(layout.allowed / "f", sandbox=ctx.ro(layout.allowed)))
+    async with asyncio.timeout(TIMEOUT):
+        await started.wait()  # the hung child exists
+    zygote_pid = sfs.zygote.pid
+    assert zygote_pid is not None
+    pidfd = os.pidfd_open(zygote_pid)
+    try:
+        await sfs.aclose()
+        with pytest.raises(InternalError):
+            await task
+        with pytest.raises(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, 0)  # the zygote is gone (and reaped)
+    finally:
+        os.close(pidfd)
+
+
+async def test_concurrent_requests(no_leaks: None, layout: Any, ctx: Any) -> None:
+    sfs = service()
+    fs = LocalFileSystem(confined=sfs)
+    for i in range(32):
+        (layout.allowed / f"f{i}").write_text(str(i))
+    try:
+        got = await asyncio.gather(
+            *(
+                fs.read_file(layout.allowed / f"f{i}", sandbox=ctx.ro(layout.allowed))
+                for i in range(32)
+            )
+        )
+        assert got == [str(i).encode() for i in range(32)]
+    finally:
+        await sfs.aclose()
+
+
+async def test_large_payload_round_trip(no_leaks: None, layout: Any, ctx: Any) -> None:
+    sfs = service()
+    fs = LocalFileSystem(confined=sfs)
+    blob = os.urandom(1 << 20) * 24  # 24 MiB, not compressible by accident
+    try:
+        await fs.write_file(layout.allowed / "big.bin", blob, sandbox=ctx.ww(layout.allowed))
+        assert (layout.allowed / "big.bin").stat().st_size == len(blob)
+        got = await fs.read_file(layout.allowed / "big.bin", sandbox=ctx.ww(layout.allowed))
+        assert got == blob
+    finally:
+        await sfs.aclose()
+
+
+async def test_full_access_contexts_never_start_the_helper(no_leaks: None, layout: Any) -> None:
+    sfs = service()
+    fs = LocalFileSystem(confined=sfs)
+    (layout.root / "f").write_text("direct")
+    full = [
+        {"sandboxPolicy": {"type": "danger-full-access"}, "windowsSandboxLevel": "disabled"},
+        {"sandboxPolicy": {"type": "external-sandbox"}, "windowsSandboxLevel": "disabled"},
+        {"permissions": {"type": "disabled"}, "windowsSandboxLevel": "disabled"},
+        None,
+    ]
+    try:
+        for context in full:
+            assert await fs.read_file(layout.root / "f", sandbox=context) == b"direct"
+        assert sfs.zygote.pid is None
+    finally:
+        await sfs.aclose()
+
+
+def test_one_shot_helper_protocol(tmp_path: Path) -> None:
+    """``exec-server --codex-run-as-fs-helper`` speaks PROTOCOL.md §10.5 (run unconfined here)."""
+    (tmp_path / "a.txt").write_bytes(b"hi")
+
+    def helper(stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "exec_server", "--codex-run-as-fs-helper"],
+            input=stdin,
+            capture_output=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+
+    ok = helper(
+        json.dumps(
+            {
+                "operation": "fs/readFile",
+                "params": {"path": str(tmp_path / "a.txt"), "sandbox": None},
+            }
+        ).encode()
+    )
+    assert ok.returncode == 0
+    assert json.loads(ok.stdout) == {
+        "status": "ok",
+        "payload": {"operation": "fs/readFile", "response": {"dataBase64": "aGk="}},
+    }
+    missing = helper(
+        json.dumps(
+            {
+                "operation": "fs/getMetadata",
+                "params": {"path": str(tmp_path / "nope"), "sandbox": None},
+            }
+        ).encode()
+    )
+    assert missing.returncode == 0
+    assert json.loads(missing.stdout) == {
+        "status": "error",
+        "payload": {"code": -32004, "message": "No such file or directory (os error 2)"},
+    }
+    garbage = helper(b"{not json")
+    assert garbage.returncode == 1
+    assert garbage.stderr.decode().startswith("fs sandbox helper failed: ")
