@@ -11,8 +11,11 @@ the shared raw WebSocket client (TCP_QUICKACK client, the fair mode):
                                  (recording sandboxed_shell.rpc.jsonl), until
                                  process/closed; the reply's sandboxType must be
                                  ``linuxSeccomp`` and the exit code 0
+  unsandboxed true start->closed same ``true`` without a sandbox (the floor)
   denied write                   one ``sh -c 'echo > outside'`` checked to fail
                                  (proves the figure is for a real sandbox)
+
+All servers run at once and samples alternate between them round by round.
 
 Also times ``backend.wrap()`` alone in this process (no spawn) for each backend.
 Target: ours/upstream <= 0.25 per backend.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -47,6 +51,7 @@ from harness import (
 )
 
 METRIC = "sandboxed true start->closed"
+PLAIN_METRIC = "unsandboxed true start->closed"
 TARGET_RATIO = 0.25
 
 
@@ -93,36 +98,69 @@ async def _start(c: RawClient, pid: str, argv: list[str], workspace: str) -> dic
     return result
 
 
-async def bench_target(target: ServerTarget, n: int, outside: str) -> tuple[Summary, str]:
-    workspace = tempfile.mkdtemp(prefix="bench_sandbox_ws_", dir="/var/tmp")
-    try:
-        async with start_server(target, cwd=workspace) as srv, \
-                await RawClient.connect(srv.url, quickack=True) as c:
-            await c.handshake()
-            # correctness first: a write outside the workspace must fail
-            probe = os.path.join(outside, f"{target.name}-escape")
-            pid = f"deny-{uuid.uuid4().hex[:8]}"
-            await _start(c, pid, ["sh", "-c", f"echo x > {probe}"], workspace)
-            st = await c.wait_closed(pid)
-            if st.exit_code == 0 or await asyncio.to_thread(os.path.exists, probe):
-                raise AssertionError(f"{target.name}: write outside the workspace succeeded")
-            samples = []
-            kind = ""
-            for i in range(n + 2):
-                pid = f"sbt-{uuid.uuid4().hex[:12]}"
-                t0 = time.perf_counter()
-                res = await _start(c, pid, ["true"], workspace)
-                st = await c.wait_closed(pid)
-                dt = (time.perf_counter() - t0) * 1000
-                c.forget(pid)
-                kind = str(res.get("sandboxType") or res.get("sandbox"))
-                if st.exit_code != 0:
-                    raise AssertionError(f"{target.name}: true exited {st.exit_code}")
-                if i >= 2:  # first launches warm probes and caches
-                    samples.append(dt)
-            return summarize(samples), kind
-    finally:
-        shutil.rmtree(workspace, ignore_errors=True)
+class _Leg:
+    """One started server, its connection and the samples taken so far."""
+
+    def __init__(self, target: ServerTarget, client: RawClient, workspace: str) -> None:
+        self.target = target
+        self.client = client
+        self.workspace = workspace
+        self.samples: list[float] = []
+        self.plain: list[float] = []
+        self.kind = ""
+
+
+async def _check_denied(leg: _Leg, outside: str) -> None:
+    """Correctness first: a write outside the workspace must fail on this server."""
+    probe = os.path.join(outside, f"{leg.target.name}-escape")
+    pid = f"deny-{uuid.uuid4().hex[:8]}"
+    await _start(leg.client, pid, ["sh", "-c", f"echo x > {probe}"], leg.workspace)
+    st = await leg.client.wait_closed(pid)
+    if st.exit_code == 0 or await asyncio.to_thread(os.path.exists, probe):
+        raise AssertionError(f"{leg.target.name}: write outside the workspace succeeded")
+
+
+async def _one(leg: _Leg, *, sandboxed: bool) -> float:
+    c = leg.client
+    pid = f"sbt-{uuid.uuid4().hex[:12]}"
+    t0 = time.perf_counter()
+    if sandboxed:
+        res = await _start(c, pid, ["true"], leg.workspace)
+        leg.kind = str(res.get("sandboxType") or res.get("sandbox"))
+    else:
+        await c.start(pid, ["true"], leg.workspace, env=_env())
+    st = await c.wait_closed(pid)
+    dt = (time.perf_counter() - t0) * 1000
+    c.forget(pid)
+    if st.exit_code != 0:
+        raise AssertionError(f"{leg.target.name}: true exited {st.exit_code}")
+    return dt
+
+
+async def bench_all(targets: list[ServerTarget], n: int, outside: str) -> list[_Leg]:
+    """Start every server, then alternate rounds (one sample per server per round).
+
+    Alternating keeps a noisy machine's load swings out of the ratios.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        legs: list[_Leg] = []
+        for t in targets:
+            workspace = tempfile.mkdtemp(prefix="bench_sandbox_ws_", dir="/var/tmp")
+            stack.callback(shutil.rmtree, workspace, True)
+            srv = await stack.enter_async_context(start_server(t, cwd=workspace))
+            client = await RawClient.connect(srv.url, quickack=True)
+            stack.push_async_callback(client.aclose)
+            await client.handshake()
+            leg = _Leg(t, client, workspace)
+            await _check_denied(leg, outside)
+            for _ in range(2):  # warm probes and caches
+                await _one(leg, sandboxed=True)
+            legs.append(leg)
+        for _ in range(n):
+            for leg in legs:
+                leg.samples.append(await _one(leg, sandboxed=True))
+                leg.plain.append(await _one(leg, sandboxed=False))
+        return legs
 
 
 def wrap_cost(n: int) -> dict[str, Summary]:
@@ -175,16 +213,21 @@ async def main() -> int:
         targets.append(up)
     report = Report("sandbox", [t.name for t in targets])
     report.metric(METRIC, "ms", target=TARGET_RATIO)
+    report.metric(PLAIN_METRIC, "ms")
     outside = tempfile.mkdtemp(prefix="bench_sandbox_outside_", dir="/var/tmp")
     figures: dict[str, object] = {}
     try:
-        for t in targets:
-            summary, kind = await bench_target(t, n, outside)
-            report.add(t.name, METRIC, summary)
-            report.notes.append(f"{t.name}: sandboxType={kind} median={summary.median:.2f} ms "
-                                f"p90={summary.p90:.2f} ms n={summary.n}")
-            figures[t.name] = {"median_ms": summary.median, "p90_ms": summary.p90,
-                               "n": summary.n, "sandboxType": kind}
+        for leg in await bench_all(targets, n, outside):
+            summary, plain = summarize(leg.samples), summarize(leg.plain)
+            name = leg.target.name
+            report.add(name, METRIC, summary)
+            report.add(name, PLAIN_METRIC, plain)
+            report.notes.append(f"{name}: sandboxType={leg.kind} median={summary.median:.2f} ms "
+                                f"p90={summary.p90:.2f} ms n={summary.n}; unsandboxed "
+                                f"{plain.median:.2f} ms")
+            figures[name] = {"median_ms": summary.median, "p90_ms": summary.p90,
+                             "n": summary.n, "sandboxType": leg.kind,
+                             "unsandboxed_median_ms": plain.median}
     finally:
         shutil.rmtree(outside, ignore_errors=True)
     for name, s in wrap_cost(200 if not args.quick else 5).items():
