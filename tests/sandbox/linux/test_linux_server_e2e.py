@@ -96,6 +96,9 @@ def _check_effects(root: str, escaped: str, out: bytes) -> None:
     assert Path(root, "inside").read_text() == "in\n"
     assert not os.path.exists(escaped), out
     assert not os.path.exists(os.path.join(root, ".git", "config")), out
+    # placeholder mountpoints for missing protected names are gone by process/exited
+    for name in (".codex", ".agents", ".aws"):
+        assert not os.path.lexists(os.path.join(root, name))
 
 
 @pytest.mark.parametrize("generation", ["current", "legacy"])
