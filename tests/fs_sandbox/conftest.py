@@ -79,8 +79,12 @@ def ww(root: Path | str) -> dict[str, Any]:
     }
 
 
-def current_ww(workspace: Path | str) -> dict[str, Any]:
-    """The current client's workspace-write context as sent on fs calls (CLIENT_COMPAT §1.4)."""
+def current_ww(workspace: Path | str, *, tmp: bool = True) -> dict[str, Any]:
+    """The current client's workspace-write context as sent on fs calls (CLIENT_COMPAT §1.4).
+
+    ``tmp=False`` drops the ``slash_tmp``/``tmpdir`` write entries (test
+    directories live under /tmp, which those entries would make writable).
+    """
     uri = "file://" + str(workspace)
 
     def special(kind: str, **extra: str) -> dict[str, Any]:
@@ -102,8 +106,14 @@ def current_ww(workspace: Path | str) -> dict[str, Any]:
                 "entries": [
                     {"path": special("root"), "access": "read"},
                     {"path": special("project_roots"), "access": "write"},
-                    {"path": special("slash_tmp"), "access": "write"},
-                    {"path": special("tmpdir"), "access": "write"},
+                    *(
+                        [
+                            {"path": special("slash_tmp"), "access": "write"},
+                            {"path": special("tmpdir"), "access": "write"},
+                        ]
+                        if tmp
+                        else []
+                    ),
                     *protected,
                 ],
             },

@@ -210,3 +210,29 @@ async def test_read_only_context_cannot_write_inside_readable_root(
         await fs.write_file(target, b"x", sandbox=ctx.ro(layout.allowed))
     assert_denied(info.value)
     assert not target.exists()
+
+
+async def test_current_client_context_sequence(
+    fs: ExecutorFileSystem, layout: Any, ctx: Any
+) -> None:
+    """apply_patch/view_image calls with the current client's ``permissions`` context."""
+    c = ctx.current_ww(layout.allowed, tmp=False)
+    (layout.allowed / "edit.txt").write_text("a\n")
+    assert await fs.read_file(layout.allowed / "edit.txt", sandbox=c) == b"a\n"
+    added = layout.allowed / "new" / "file.txt"
+    with pytest.raises(NotFoundError):
+        await fs.get_metadata(added, sandbox=c)
+    with pytest.raises(NotFoundError):
+        await fs.write_file(added, b"n\n", sandbox=c)
+    await fs.create_directory(added.parent, recursive=True, sandbox=c)
+    await fs.write_file(added, b"n\n", sandbox=c)
+    meta = await fs.get_metadata(added, sandbox=c)
+    assert meta.is_file and meta.size == 2
+    await fs.remove(layout.allowed / "edit.txt", recursive=False, force=False, sandbox=c)
+    assert not (layout.allowed / "edit.txt").exists()
+    with pytest.raises(ExecServerError):
+        await fs.write_file(layout.outside / "x.txt", b"x", sandbox=c)
+    assert not (layout.outside / "x.txt").exists()
+    with pytest.raises(ExecServerError):
+        await fs.write_file(layout.link / "x.txt", b"x", sandbox=c)
+    assert not (layout.outside / "x.txt").exists()
