@@ -180,8 +180,8 @@ async def round_trip(target: ServerTarget, workdir: str, mib: int, report: Repor
             await call_large(c, "fs/writeFile", {"path": path, "dataBase64": encoded,
                                                  "sandbox": None})
             r = await c.call("fs/readFile", {"path": path, "sandbox": None}, limit_s=300)
-        except (ConnectionError, RuntimeError, OSError) as exc:
-            report.notes.append(f"{name}: {label} round trip failed: {exc!r}")
+        except Exception as exc:  # upstream drops the connection over 64 MiB
+            report.notes.append(f"{name}: {label} round trip failed: {type(exc).__name__}")
             return
         elapsed = (time.perf_counter() - t0) * 1000
         if r["dataBase64"] != encoded:
