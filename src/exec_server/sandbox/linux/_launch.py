@@ -1,0 +1,399 @@
+"""Landlock-backend launcher body: confine this fresh process, then exec the command.
+
+Run through ``launcher.py`` as
+``[sys.executable, "-I", "-S", <launcher.py>, <flags>, "--", program, args...]``
+(SANDBOX.md §8). Stdlib only and few imports (``os``, ``sys``, ``ctypes``,
+``struct``, ``stat``, ``resource``): interpreter start-up is the cost floor.
+
+Steps, in order: status pipe, parent-death signal, ``RLIMIT_CORE=0``,
+mount-namespace read-only rebinds of protected subpaths (and masks over denied
+paths), Landlock, capability drop when root, seccomp network filter, chdir,
+``execvp`` with arg0. Setup failures write one JSON line to the status fd and
+exit 125; exec failures exit 127 (not found) or 126 (not executable).
+
+Flags: ``--status-fd N``, ``--full-read``, ``--read P``, ``--full-write``,
+``--write P``, ``--ro P``, ``--deny P``, ``--network``, ``--command-cwd D``,
+``--sandbox-policy-cwd D``, ``--arg0 NAME``, ``--strict-mounts``, ``--probe``.
+"""
+
+
+import os
+import sys
+
+EXIT_SETUP = 125
+EXIT_NOEXEC = 126
+EXIT_NOTFOUND = 127
+
+_MS_RDONLY = 1
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MS_NOEXEC = 8
+_MS_REMOUNT = 32
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 262144
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_PR_SET_PDEATHSIG = 1
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+
+class _Plan:
+    """The subset of ``SandboxPlan`` the launcher needs (no dataclasses import)."""
+
+    def __init__(self) -> None:
+        self.full_read = False
+        self.full_write = False
+        self.network = False
+        self.cwd = ""
+        self.readable_roots: list[str] = []
+        self.writable_roots: list[str] = []
+        self.read_only_subpaths: list[str] = []
+        self.denied_paths: list[str] = []
+
+
+class _Setup(Exception):
+    """A setup step failed: report it and exit 125."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.message = message
+
+
+def _json_str(text: str) -> str:
+    out = ['"']
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _report(status_fd: int, kind: str, stage: str, message: str) -> None:
+    if status_fd < 0:
+        return
+    line = f'{{"{kind}":{_json_str(message)},"stage":{_json_str(stage)}}}\n'
+    try:  # noqa: SIM105 - contextlib costs start-up time here
+        os.write(status_fd, line.encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+def _parse(args: list[str]) -> tuple[_Plan, dict[str, object], list[str]]:
+    plan = _Plan()
+    opts: dict[str, object] = {"status_fd": -1, "cwd": None, "arg0": None,
+                               "strict_mounts": False, "probe": False}
+    i = 0
+    multi = {"--read": plan.readable_roots, "--write": plan.writable_roots,
+             "--ro": plan.read_only_subpaths, "--deny": plan.denied_paths}
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return plan, opts, args[i + 1:]
+        if arg in multi:
+            multi[arg].append(args[i + 1])
+            i += 2
+            continue
+        if arg == "--full-read":
+            plan.full_read = True
+        elif arg == "--full-write":
+            plan.full_write = True
+        elif arg == "--network":
+            plan.network = True
+        elif arg == "--strict-mounts":
+            opts["strict_mounts"] = True
+        elif arg == "--probe":
+            opts["probe"] = True
+        elif arg == "--status-fd":
+            opts["status_fd"] = int(args[i + 1])
+            i += 1
+        elif arg == "--command-cwd":
+            opts["cwd"] = args[i + 1]
+            i += 1
+        elif arg == "--sandbox-policy-cwd":
+            plan.cwd = args[i + 1]
+            i += 1
+        elif arg == "--arg0":
+            opts["arg0"] = args[i + 1]
+            i += 1
+        else:
+            raise _Setup("args", f"unknown launcher flag {arg!r}")
+        i += 1
+    return plan, opts, []
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int,
+           data: str | None = None) -> None:
+    import ctypes
+
+    from exec_server.sandbox.linux._libc import call_syscall
+
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else os.fsencode(s)
+
+    call_syscall("mount", enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags),
+                 enc(data))
+
+
+def _enter_mount_namespace() -> None:
+    """Private mount namespace (+ user namespace when not root), SANDBOX.md §1.10."""
+    import ctypes
+
+    from exec_server.sandbox.linux._libc import call_syscall
+
+    uid, gid = os.getuid(), os.getgid()
+    flags = _CLONE_NEWNS | (_CLONE_NEWUSER if uid != 0 else 0)
+    call_syscall("unshare", ctypes.c_int(flags))
+    if uid != 0:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+
+
+def _umount(target: str) -> None:
+    import ctypes
+
+    from exec_server.sandbox.linux._libc import call_syscall
+
+    call_syscall("umount2", os.fsencode(target), ctypes.c_int(2))  # MNT_DETACH
+
+
+def _locked_flags(path: str) -> int:
+    f = os.statvfs(path).f_flag
+    keep = 0
+    if f & os.ST_NOSUID:
+        keep |= _MS_NOSUID
+    if f & os.ST_NODEV:
+        keep |= _MS_NODEV
+    if f & os.ST_NOEXEC:
+        keep |= _MS_NOEXEC
+    return keep
+
+
+def _bind_read_only(src: str, target: str) -> None:
+    _mount(src, target, None, _MS_BIND | _MS_REC)
+    _mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _locked_flags(target))
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _placeholder_for(path: str, writable: list[str]) -> str | None:
+    """First missing component of ``path``, created as an empty dir to mount over.
+
+    Only inside a writable root: elsewhere nothing can create it anyway.
+    """
+    parent, missing = path, path
+    while not os.path.lexists(parent):
+        missing = parent
+        parent = os.path.dirname(parent)
+        if parent == missing:
+            return None
+    if not any(_inside(missing, root) and missing != root for root in writable):
+        return None
+    os.mkdir(missing, 0o555)
+    return missing
+
+
+def _apply_mounts(plan: _Plan) -> None:
+    _enter_mount_namespace()
+    for path in () if plan.full_write else plan.read_only_subpaths:
+        if os.path.lexists(path):
+            _bind_read_only(path, path)
+        else:
+            made = _placeholder_for(path, plan.writable_roots)
+            if made is not None:
+                _bind_read_only(made, made)
+    for path in plan.denied_paths:
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                   "mode=000,size=4k")
+            _mount(None, path, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+                   | _MS_NOEXEC, "mode=000,size=4k")
+        elif os.path.lexists(path):
+            _bind_read_only("/dev/null", path)
+
+
+def _drop_capabilities() -> None:
+    """Root: empty the bounding, ambient and inheritable sets (SANDBOX.md §1.11)."""
+    import ctypes
+
+    from exec_server.sandbox.linux._libc import call_prctl, call_syscall
+
+    try:
+        with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
+        try:
+            call_prctl(_PR_CAPBSET_DROP, cap)
+        except OSError as exc:
+            if exc.errno != 22:  # EINVAL: cap unknown to this kernel
+                raise
+    call_prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (ctypes.c_uint32 * 6)()
+    call_syscall("capget", ctypes.byref(header), ctypes.byref(data))
+    data[2] = 0
+    data[5] = 0
+    call_syscall("capset", ctypes.byref(header), ctypes.byref(data))
+
+
+def _confine(plan: _Plan, opts: dict[str, object]) -> None:
+    import ctypes  # noqa: F401  (loaded once here; the helpers below share it)
+    import resource
+
+    from exec_server.sandbox.linux import landlock, seccomp
+
+    status_fd = int(str(opts["status_fd"]))
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (OSError, ValueError) as exc:
+        raise _Setup("rlimit", f"setting RLIMIT_CORE: {exc}") from exc
+    confine_fs = not plan.full_write
+    if (confine_fs and plan.read_only_subpaths) or plan.denied_paths:
+        try:
+            _apply_mounts(plan)
+        except OSError as exc:
+            if opts["strict_mounts"]:
+                raise _Setup("mounts", f"read-only rebinds: {exc}") from exc
+            _report(status_fd, "warning", "mounts", f"read-only rebinds unavailable: {exc}")
+    try:
+        landlock.restrict_self(plan, required=not (plan.full_read and plan.full_write))  # type: ignore[arg-type]
+    except OSError as exc:
+        raise _Setup("landlock", str(exc)) from exc
+    if os.getuid() == 0:
+        try:
+            _drop_capabilities()
+        except OSError as exc:
+            raise _Setup("capabilities", f"dropping capabilities: {exc}") from exc
+    try:
+        if not plan.network:
+            seccomp.install_network_filter(seccomp.MODE_RESTRICTED)
+        elif confine_fs or not plan.full_read:
+            seccomp.install_network_filter(seccomp.MODE_VSOCK)
+    except OSError as exc:
+        raise _Setup("seccomp", str(exc)) from exc
+
+
+def _probe() -> int:
+    """Report what this kernel lets a fresh process do, as one JSON line on stdout."""
+    import json
+    import tempfile
+
+    from exec_server.sandbox.linux import _libc, landlock, seccomp
+
+    result: dict[str, object] = {"arch": _libc.machine, "uid": os.getuid(),
+                                 "landlock_abi": landlock.abi_version()}
+    try:
+        with tempfile.TemporaryDirectory(prefix="exec-server-probe-") as tmp:
+            try:
+                _enter_mount_namespace()
+                _bind_read_only(tmp, tmp)
+                result["mount_ns"] = True
+                _umount(tmp)
+            except OSError as exc:
+                result["mount_ns"] = False
+                result["mount_ns_error"] = str(exc)
+    except OSError:
+        pass
+    plan = _Plan()
+    plan.full_read = True
+    plan.writable_roots = ["/tmp"]
+    try:
+        status = landlock.restrict_self(plan, required=True)  # type: ignore[arg-type]
+        result["landlock"] = status.as_dict()
+    except OSError as exc:
+        result["landlock"] = None
+        result["landlock_error"] = str(exc)
+    try:
+        seccomp.install_network_filter(seccomp.MODE_RESTRICTED)
+        result["seccomp"] = True
+    except OSError as exc:
+        result["seccomp"] = False
+        result["seccomp_error"] = str(exc)
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+def _execvp(program: str, argv: list[str]) -> None:
+    """``execvp`` without ``os.get_exec_path`` (it imports ``warnings``, unreadable under
+    restricted reads once Landlock is on). Same search rules as ``os.execvp``."""
+    if "/" in program:
+        os.execv(program, argv)
+    path = os.environ.get("PATH") or os.defpath
+    saved: OSError | None = None
+    last: OSError | None = None
+    for directory in path.split(os.pathsep):
+        try:
+            os.execv(os.path.join(directory or ".", program), argv)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            last = exc
+        except OSError as exc:
+            last = exc
+            if saved is None:
+                saved = exc
+    raise saved or last or FileNotFoundError(2, "No such file or directory", program)
+
+
+def _pdeathsig() -> None:
+    from exec_server.sandbox.linux._libc import call_prctl
+
+    before = os.getppid()
+    call_prctl(_PR_SET_PDEATHSIG, 9)
+    if os.getppid() != before:
+        os._exit(EXIT_SETUP)
+
+
+def main(argv: list[str]) -> int:
+    """Launcher entry point; returns only on failure (an exit code)."""
+    status_fd = -1
+    try:
+        plan, opts, command = _parse(argv)
+        status_fd = int(str(opts["status_fd"]))
+        if status_fd >= 0:
+            os.set_inheritable(status_fd, False)
+        if opts["probe"]:
+            return _probe()
+        if not command:
+            raise _Setup("args", "no command given after --")
+        _pdeathsig()
+        _confine(plan, opts)
+        cwd = opts["cwd"]
+        if isinstance(cwd, str):
+            try:
+                os.chdir(cwd)
+            except OSError as exc:
+                raise _Setup("chdir", f"chdir {cwd}: {exc.strerror}") from exc
+    except _Setup as exc:
+        _report(status_fd, "error", exc.stage, exc.message)
+        sys.stderr.write(f"exec-server sandbox: {exc.message}\n")
+        return EXIT_SETUP
+    except (ValueError, IndexError) as exc:
+        _report(status_fd, "error", "args", f"bad launcher arguments: {exc}")
+        sys.stderr.write(f"exec-server sandbox: bad launcher arguments: {exc}\n")
+        return EXIT_SETUP
+    arg0 = opts["arg0"]
+    program = command[0]
+    visible = [arg0 if isinstance(arg0, str) else program, *command[1:]]
+    try:
+        _execvp(program, visible)
+    except OSError as exc:
+        sys.stderr.write(f"exec-server sandbox: {program}: {exc.strerror}\n")
+        return EXIT_NOTFOUND if isinstance(exc, FileNotFoundError) else EXIT_NOEXEC
+    return EXIT_NOEXEC  # pragma: no cover - execvp does not return
+
