@@ -20,7 +20,9 @@ client, ``file://`` URIs, which both servers accept):
 Writes over 1 MiB are sent as fragmented WebSocket messages (1 MiB fragments) to
 both servers: upstream refuses single frames over 16 MiB.
 
-Medians in ms; ``ours/up`` is the ratio of medians (target <= 1.0).
+Both servers run side by side and every metric's samples are taken in alternating
+batches (ours, upstream, ours, ...), so load changes on a shared machine affect
+both alike. Medians in ms; ``ours/up`` is the ratio of medians (target <= 1.0).
 
 Usage: python benchmarks/bench_fs.py [--quick] [--no-upstream] [--json FILE]
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -42,13 +45,12 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (  # noqa: E402
+from harness import (
     MIB,
     UPSTREAM,
     RawClient,
     Report,
     ServerTarget,
-    Summary,
     available_targets,
     ours_target,
     start_server,
@@ -76,15 +78,6 @@ QUICK = Counts(small=5, medium=3, large=1, metadata=5, readdir=2, copy_file=2, t
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-async def _timed(n: int, fn: Callable[[int], Awaitable[Any]]) -> Summary:
-    samples = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        await fn(i)
-        samples.append((time.perf_counter() - t0) * 1000)
-    return summarize(samples)
 
 
 #: Writes larger than this are sent as a fragmented WebSocket message: upstream
@@ -133,6 +126,22 @@ def vm_rss_mib(pid: int) -> float | None:
     return None
 
 
+def _exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def prepare(workdir: str, counts: Counts) -> None:
+    """Untimed fixtures: a 1000-entry directory, a tree to copy, trees to remove."""
+    listing = os.path.join(workdir, "listing")
+    os.mkdir(listing)
+    for i in range(1000):
+        with open(os.path.join(listing, f"entry-{i:04d}.txt"), "wb"):
+            pass
+    build_tree(os.path.join(workdir, "tree"))
+    for i in range(counts.tree):
+        build_tree(os.path.join(workdir, f"victim-{i}"))
+
+
 def build_tree(root: str) -> None:
     for d in range(10):
         sub = os.path.join(root, f"d{d}")
@@ -140,26 +149,6 @@ def build_tree(root: str) -> None:
         for f in range(20):
             with open(os.path.join(sub, f"f{f}.bin"), "wb") as fh:
                 fh.write(b"t" * (4 * KIB))
-
-
-async def bench_rw(c: RawClient, work: str, size: int, n: int) -> tuple[Summary, Summary]:
-    data = os.urandom(size)
-    encoded = _b64(data)
-    path = c.path(os.path.join(work, f"rw-{size}.bin"))
-
-    async def write(_: int) -> None:
-        params = {"path": path, "dataBase64": encoded, "sandbox": None}
-        if len(encoded) > FRAGMENT:
-            await call_large(c, "fs/writeFile", params)
-        else:
-            await c.call("fs/writeFile", params)
-
-    async def read(_: int) -> None:
-        r = await c.call("fs/readFile", {"path": path, "sandbox": None})
-        if r["dataBase64"] != encoded:
-            raise AssertionError("readFile returned different bytes")
-
-    return await _timed(n, write), await _timed(n, read)
 
 
 async def round_trip(target: ServerTarget, workdir: str, mib: int, report: Report) -> None:
@@ -193,84 +182,126 @@ async def round_trip(target: ServerTarget, workdir: str, mib: int, report: Repor
             report.add(name, f"peak RSS, {label} round trip", peak, unit="MiB")
 
 
-async def bench_server(target: ServerTarget, counts: Counts, report: Report) -> None:
-    name = target.name
-    workdir = tempfile.mkdtemp(prefix="bench_fs_")
-    try:
-        async with start_server(target, cwd=workdir) as srv, await RawClient.connect(
-            srv.url, quickack=True
-        ) as c:
-            await c.handshake()
-            for size, n, label in (
-                (KIB, counts.small, "1 KiB"),
-                (MIB, counts.medium, "1 MiB"),
-                (16 * MIB, counts.large, "16 MiB"),
-            ):
-                w, r = await bench_rw(c, workdir, size, n)
-                report.add(name, f"writeFile {label}", w, target=1.0)
-                report.add(name, f"readFile {label}", r, target=1.0)
+@dataclass
+class Side:
+    """One server under test: its client, its own work directory, its samples."""
 
-            meta_path = c.path(os.path.join(workdir, "rw-1024.bin"))
+    name: str
+    client: RawClient
+    workdir: str
+    samples: dict[str, list[float]]
 
-            async def metadata(_: int) -> None:
-                r = await c.call("fs/getMetadata", {"path": meta_path, "sandbox": None})
-                assert r["isFile"] is True
+    def path(self, *parts: str) -> str:
+        return self.client.path(os.path.join(self.workdir, *parts))
 
-            report.add(name, "getMetadata", await _timed(counts.metadata, metadata), target=1.0)
 
-            listing = os.path.join(workdir, "listing")
-            os.mkdir(listing)
-            for i in range(1000):
-                with open(os.path.join(listing, f"entry-{i:04d}.txt"), "wb"):
-                    pass
-            listing_uri = c.path(listing)
+Op = Callable[[Side, int], Awaitable[Any]]
 
-            async def readdir(_: int) -> None:
-                r = await c.call("fs/readDirectory", {"path": listing_uri, "sandbox": None})
-                assert len(r["entries"]) == 1000
 
-            report.add(name, "readDirectory 1000", await _timed(counts.readdir, readdir),
-                       target=1.0)
-
-            src_file = c.path(os.path.join(workdir, f"rw-{MIB}.bin"))
-
-            async def copy_file(i: int) -> None:
-                dst = c.path(os.path.join(workdir, f"copy-{i}.bin"))
-                await c.call("fs/copy", {"sourcePath": src_file, "destinationPath": dst,
-                                         "recursive": False, "sandbox": None})
-
-            report.add(name, "copy 1 MiB file", await _timed(counts.copy_file, copy_file),
-                       target=1.0)
-
-            tree = os.path.join(workdir, "tree")
-            build_tree(tree)
-            tree_uri = c.path(tree)
-
-            async def copy_tree(i: int) -> None:
-                dst = c.path(os.path.join(workdir, f"tree-copy-{i}"))
-                await c.call("fs/copy", {"sourcePath": tree_uri, "destinationPath": dst,
-                                         "recursive": True, "sandbox": None})
-
-            report.add(name, "copy tree (200 files)", await _timed(counts.tree, copy_tree),
-                       target=1.0)
-
-            samples = []
-            for i in range(counts.tree):
-                victim = os.path.join(workdir, f"victim-{i}")
-                build_tree(victim)
+async def interleaved(sides: list[Side], metric: str, n: int, op: Op, rounds: int = 5) -> None:
+    """Run ``n`` samples of ``op`` per server in ``rounds`` alternating batches,
+    so load changes on a shared machine hit every server alike."""
+    done = 0
+    per_round = max(1, -(-n // rounds))
+    while done < n:
+        batch = min(per_round, n - done)
+        for side in sides:
+            out = side.samples.setdefault(metric, [])
+            for i in range(done, done + batch):
                 t0 = time.perf_counter()
-                await c.call("fs/remove", {"path": c.path(victim), "recursive": True,
-                                           "force": True, "sandbox": None})
-                samples.append((time.perf_counter() - t0) * 1000)
-                assert not os.path.exists(victim)
-            report.add(name, "remove tree (200 files)", summarize(samples), target=1.0)
-
-        for mib in counts.round_trips:
-            await round_trip(target, workdir, mib, report)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+                await op(side, i)
+                out.append((time.perf_counter() - t0) * 1000)
+        done += batch
 
 
+def rw_ops(size: int) -> tuple[Op, Op]:
+    data = os.urandom(size)
+    encoded = _b64(data)
+    name = f"rw-{size}.bin"
+
+    async def write(side: Side, _: int) -> None:
+        params = {"path": side.path(name), "dataBase64": encoded, "sandbox": None}
+        if len(encoded) > FRAGMENT:
+            await call_large(side.client, "fs/writeFile", params)
+        else:
+            await side.client.call("fs/writeFile", params)
+
+    async def read(side: Side, _: int) -> None:
+        r = await side.client.call("fs/readFile", {"path": side.path(name), "sandbox": None})
+        if r["dataBase64"] != encoded:
+            raise AssertionError("readFile returned different bytes")
+
+    return write, read
+
+
+async def metadata(side: Side, _: int) -> None:
+    r = await side.client.call("fs/getMetadata", {"path": side.path("rw-1024.bin"),
+                                                  "sandbox": None})
+    assert r["isFile"] is True
+
+
+async def readdir(side: Side, _: int) -> None:
+    r = await side.client.call("fs/readDirectory", {"path": side.path("listing"),
+                                                    "sandbox": None})
+    assert len(r["entries"]) == 1000
+
+
+async def copy_file(side: Side, i: int) -> None:
+    await side.client.call("fs/copy", {"sourcePath": side.path(f"rw-{MIB}.bin"),
+                                       "destinationPath": side.path(f"copy-{i}.bin"),
+                                       "recursive": False, "sandbox": None})
+
+
+async def copy_tree(side: Side, i: int) -> None:
+    await side.client.call("fs/copy", {"sourcePath": side.path("tree"),
+                                       "destinationPath": side.path(f"tree-copy-{i}"),
+                                       "recursive": True, "sandbox": None})
+
+
+async def remove_tree(side: Side, i: int) -> None:
+    victim = os.path.join(side.workdir, f"victim-{i}")
+    await side.client.call("fs/remove", {"path": side.client.path(victim), "recursive": True,
+                                         "force": True, "sandbox": None})
+    assert not _exists(victim)
+
+
+async def bench_all(targets: list[ServerTarget], counts: Counts, report: Report) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        sides: list[Side] = []
+        for target in targets:
+            workdir = tempfile.mkdtemp(prefix="bench_fs_")
+            stack.callback(shutil.rmtree, workdir, True)
+            srv = await stack.enter_async_context(start_server(target, cwd=workdir))
+            client = await RawClient.connect(srv.url, quickack=True)
+            stack.push_async_callback(client.aclose)
+            await client.handshake()
+            sides.append(Side(target.name, client, workdir, {}))
+            prepare(workdir, counts)
+
+        for size, n, label in (
+            (KIB, counts.small, "1 KiB"),
+            (MIB, counts.medium, "1 MiB"),
+            (16 * MIB, counts.large, "16 MiB"),
+        ):
+            write, read = rw_ops(size)
+            await interleaved(sides, f"writeFile {label}", n, write)
+            await interleaved(sides, f"readFile {label}", n, read)
+        await interleaved(sides, "getMetadata", counts.metadata, metadata)
+        await interleaved(sides, "readDirectory 1000", counts.readdir, readdir)
+        await interleaved(sides, "copy 1 MiB file", counts.copy_file, copy_file)
+        await interleaved(sides, "copy tree (200 files)", counts.tree, copy_tree)
+        await interleaved(sides, "remove tree (200 files)", counts.tree, remove_tree)
+        for side in sides:
+            for metric, values in side.samples.items():
+                report.add(side.name, metric, summarize(values), target=1.0)
+
+    for mib in counts.round_trips:
+        for target in targets:
+            workdir = tempfile.mkdtemp(prefix="bench_fs_rt_")
+            try:
+                await round_trip(target, workdir, mib, report)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
 
 
 async def run(args: argparse.Namespace) -> Report:
@@ -282,7 +313,7 @@ async def run(args: argparse.Namespace) -> Report:
     report.notes.append("client: harness RawClient with TCP_QUICKACK, file:// URIs, sandbox null")
     for target in targets:
         print(f"[bench_fs] {target.name}: {' '.join(target.argv)}", file=sys.stderr, flush=True)
-        await bench_server(target, counts, report)
+    await bench_all(targets, counts, report)
     return report
 
 
