@@ -20,6 +20,10 @@ Two confinement paths (docs/sandboxed-fs.md):
   directory it opens is where the server checked it (a symlink swapped in
   meanwhile is refused), enforces read-only holes (``.git`` …) on the verified
   real location, replies over a socketpair with raw bytes, and exits.
+* **direct reads**: a read-only call (readFile, getMetadata, readDirectory,
+  canonicalize) whose request *and* helper policies both read the whole disk
+  with no ``none`` entry runs in a worker thread like an unsandboxed call, as
+  upstream does: the result is provably the same. Writes are always confined.
 * **one-shot helper**: ``exec-server --codex-run-as-fs-helper`` wrapped by the
   sandbox manager's backend (bwrap or the Landlock launcher) per call, speaking
   the §10.5 JSON on stdin/stdout - the upstream-equivalent path, used when
@@ -49,9 +53,11 @@ from exec_server.exceptions import (
     error_for_code,
     os_error_message,
 )
+from exec_server.fs import ops
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.zygote import HelperFailure, Zygote, ZygoteUnavailable, describe_wait_status
 from exec_server.process.spec import LaunchSpec
+from exec_server.sandbox.access import has_full_disk_read
 from exec_server.sandbox.convert import FsSandboxRequest, Generation, root_alias_normalize
 from exec_server.sandbox.manager import SandboxManager
 from exec_server.sandbox.plan import SandboxPlan
@@ -222,6 +228,9 @@ class SandboxedFileSystem:
 
     async def read_file(self, context: object, path: str) -> bytes:
         req = _request(context)
+        if _reads_everything(req):
+            invalid = req.generation is Generation.CURRENT
+            return await asyncio.to_thread(ops.read_file, path, directory_is_invalid=invalid)
         _, data = await self.run(FsOperation("fs/readFile", path), req)
         return data
 
@@ -233,7 +242,10 @@ class SandboxedFileSystem:
         await self.run(op, _request(context))
 
     async def get_metadata(self, context: object, path: str) -> Metadata:
-        result, _ = await self.run(FsOperation("fs/getMetadata", path), _request(context))
+        req = _request(context)
+        if _reads_everything(req):
+            return await asyncio.to_thread(ops.get_metadata, path)
+        result, _ = await self.run(FsOperation("fs/getMetadata", path), req)
         return Metadata(
             is_directory=bool(result.get("isDirectory")),
             is_file=bool(result.get("isFile")),
@@ -244,7 +256,10 @@ class SandboxedFileSystem:
         )
 
     async def read_directory(self, context: object, path: str) -> list[DirEntry]:
-        result, _ = await self.run(FsOperation("fs/readDirectory", path), _request(context))
+        req = _request(context)
+        if _reads_everything(req):
+            return await asyncio.to_thread(ops.read_directory, path)
+        result, _ = await self.run(FsOperation("fs/readDirectory", path), req)
         entries = result.get("entries")
         if not isinstance(entries, list):
             raise InternalError("unexpected fs sandbox helper response: no entries")
@@ -267,7 +282,10 @@ class SandboxedFileSystem:
         await self.run(op, _request(context))
 
     async def canonicalize(self, context: object, path: str) -> str:
-        result, _ = await self.run(FsOperation("fs/canonicalize", path), _request(context))
+        req = _request(context)
+        if _reads_everything(req):
+            return await asyncio.to_thread(ops.canonicalize, path)
+        result, _ = await self.run(FsOperation("fs/canonicalize", path), req)
         out = result.get("path")
         if not isinstance(out, str):
             raise InternalError("unexpected fs sandbox helper response: no path")
@@ -455,6 +473,20 @@ def _request(context: object) -> FsSandboxRequest:
         if decoded is not None:
             return decoded
     raise InvalidRequestError(NEEDS_POLICY)
+
+
+def _reads_everything(request: FsSandboxRequest) -> bool:
+    """A read-only call may run directly, as upstream does, when that is provably equivalent.
+
+    True when the request policy (the pre-check) and the helper policy (what
+    the kernel would enforce) both read the whole disk with no ``none``
+    carve-out: every path then passes the pre-check and is readable in the
+    confined child, so the direct read returns exactly the same bytes. Never
+    for writes.
+    """
+    if request.direct:
+        return False
+    return has_full_disk_read(request.policy) and has_full_disk_read(request.helper_policy)
 
 
 def _int(value: object) -> int:
