@@ -299,3 +299,15 @@ def test_pty_has_controlling_terminal(backend: Any, run: Run, plan_for: PlanFor,
               cwd=ws.root, tty=True)
     assert res.code == 0, res.output
     assert "via-tty" in res.output and "ok" in res.output
+
+
+@pytest.mark.parametrize("network", [False, True], ids=["net-off", "net-on"])
+def test_tiocsti_injection_denied(backend: Any, run: Run, plan_for: PlanFor, ws: Any, py: str,
+                                  network: bool) -> None:
+    code = ("import fcntl, termios\n"
+            "try:\n    fcntl.ioctl(0, termios.TIOCSTI, b'x'); print('injected')\n"
+            "except PermissionError: print('refused')\n")
+    res = run(backend, plan_for(ws, network=network), [py, "-I", "-S", "-c", code],
+              cwd=ws.root, tty=True)
+    assert "refused" in res.output, res.output
+    assert "injected" not in res.output

@@ -33,7 +33,7 @@ def _insns(prog: bytes) -> list[tuple[int, int, int, int]]:
 def test_restricted_filter_layout_x86_64() -> None:
     prog = seccomp.build_filter(seccomp.MODE_RESTRICTED, "x86_64")
     insns = _insns(prog)
-    assert len(insns) == 55  # SANDBOX.md §2.3
+    assert len(insns) == 61  # SANDBOX.md §2.3's 55 + the 6-instruction TIOCSTI guard
     assert insns[0] == (0x20, 0, 0, 4)  # ld arch
     assert insns[1] == (0x15, 1, 0, 0xC000003E)
     assert insns[2] == (0x06, 0, 0, 0x80000000)  # foreign arch: kill
@@ -44,7 +44,7 @@ def test_restricted_filter_layout_x86_64() -> None:
 
 
 def test_aarch64_and_vsock_programs() -> None:
-    assert len(_insns(seccomp.build_filter(seccomp.MODE_RESTRICTED, "aarch64"))) == 53
+    assert len(_insns(seccomp.build_filter(seccomp.MODE_RESTRICTED, "aarch64"))) == 59
     vsock = _insns(seccomp.build_filter(seccomp.MODE_VSOCK, "x86_64"))
     assert (0x15, 0, 1, 40) in vsock  # AF_VSOCK refused
     assert not any(code == 0x15 and k == 42 for code, _, _, k in vsock)  # connect allowed

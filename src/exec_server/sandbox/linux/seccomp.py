@@ -43,6 +43,10 @@ _RET_EPERM = 0x00050000 | _EPERM
 _AF_UNIX = 1
 _AF_VSOCK = 40
 _X32_BIT = 0x40000000
+#: terminal input injection: TIOCSTI pushes bytes into a tty's input queue (the
+#: classic escape into the caller's shell), TIOCLINUX can do the same on VTs.
+_TIOCSTI = 0x5412
+_TIOCLINUX = 0x541C
 
 _ARCH = {
     "x86_64": (0xC000003E, {
@@ -51,6 +55,7 @@ _ARCH = {
         "sendto": 44, "sendmmsg": 307, "recvmmsg": 299, "setsockopt": 54, "getsockopt": 55,
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "ioctl": 16,
     }),
     "aarch64": (0xC00000B7, {
         "socket": 198, "socketpair": 199, "connect": 203, "accept": 202, "accept4": 242,
@@ -58,6 +63,7 @@ _ARCH = {
         "sendto": 206, "sendmmsg": 269, "recvmmsg": 243, "setsockopt": 208, "getsockopt": 209,
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "ioctl": 29,
     }),
 }
 
@@ -120,6 +126,15 @@ def build_filter(mode: str = MODE_RESTRICTED, arch: str | None = None) -> bytes:
         prog += [_ins(_JGE_K, 0, 1, _X32_BIT), _ins(_RET_K, 0, 0, _RET_EPERM)]
     for name in deny:
         prog += [_ins(_JEQ_K, 0, 1, nrs[name]), _ins(_RET_K, 0, 0, _RET_EPERM)]
+    # ioctl(fd, TIOCSTI | TIOCLINUX) -> EPERM; the kernel truncates cmd to 32 bits
+    prog += [
+        _ins(_JEQ_K, 0, 5, nrs["ioctl"]),
+        _ins(_LD_W_ABS, 0, 0, 24),
+        _ins(_JEQ_K, 2, 0, _TIOCSTI),
+        _ins(_JEQ_K, 1, 0, _TIOCLINUX),
+        _ins(_RET_K, 0, 0, _RET_ALLOW),
+        _ins(_RET_K, 0, 0, _RET_EPERM),
+    ]
     for name in ("socket", "socketpair"):
         if family_ok is not None:
             # domain != AF_UNIX -> EPERM
