@@ -90,8 +90,15 @@ class OutputBuffer:
 
     @property
     def full(self) -> bool:
-        """Lossless mode: undroppable output fills the cap, stop reading the child."""
-        return self.lossless and self.retained >= self.cap
+        """Lossless mode: undelivered output fills the cap, stop reading the child.
+
+        When the oldest retained chunk was delivered, the next append can drop
+        it, so reading may go on; retention never exceeds cap + one chunk.
+        """
+        if not self.lossless or self.retained < self.cap:
+            return False
+        chunks = self._chunks
+        return bool(chunks) and chunks[0].seq > self.delivered_seq
 
     def _trim(self) -> None:
         chunks = self._chunks
