@@ -91,6 +91,8 @@ async def call_large(c: RawClient, method: str, params: dict[str, Any],
     c._next_id += 1
     mid = c._next_id
     fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    # Mark a connection-lost exception as retrieved when the send itself fails.
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
     c._pending[mid] = fut
     text = json.dumps({"id": mid, "method": method, "params": params})
     try:

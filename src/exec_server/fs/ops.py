@@ -1,7 +1,8 @@
 """Direct (unsandboxed) filesystem operations with upstream semantics (PROTOCOL.md §9.3).
 
 Everything here is synchronous and blocking on purpose: callers run it in a
-worker thread (:mod:`exec_server.fs.direct`) so the event loop never stalls.
+worker thread (:mod:`exec_server.fs.service`, :mod:`exec_server.fs.workers`) so the
+event loop never stalls.
 Paths are absolute, already lexically normalised ``str`` paths (non-UTF-8
 bytes as surrogate escapes, which ``os`` functions turn back into bytes).
 Every failure leaves as a typed :class:`~exec_server.exceptions.ExecServerError`
