@@ -75,3 +75,45 @@ async def test_missing_command_is_a_usage_error(server: Any) -> None:
     rc, _, err = await _run("--url", server.url)
     assert rc == 2
     assert b"missing command" in err
+
+
+async def test_tty_on_a_terminal_uses_raw_mode_and_restores_it(server: Any) -> None:
+    import os
+    import termios
+
+    master, slave = os.openpty()
+    try:
+        before = termios.tcgetattr(slave)
+        proc = await asyncio.create_subprocess_exec(
+            *EXEC, "--url", server.url, "--tty", "--", "sh", "-c", "read l; echo got:$l",
+            stdin=slave, stdout=slave, stderr=slave,
+        )
+        loop = asyncio.get_running_loop()
+        seen = bytearray()
+        got = asyncio.Event()
+
+        def on_output() -> None:
+            try:
+                seen.extend(os.read(master, 4096))
+            except OSError:
+                loop.remove_reader(master)
+                return
+            if b"got:hi" in seen:
+                got.set()
+
+        os.set_blocking(master, False)
+        loop.add_reader(master, on_output)
+        try:
+            # Raw mode: our terminal neither echoes nor line-buffers; the remote PTY does.
+            os.write(master, b"hi\r")
+            await asyncio.wait_for(got.wait(), 30)
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+        finally:
+            loop.remove_reader(master)
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert termios.tcgetattr(slave) == before
+    finally:
+        os.close(master)
+        os.close(slave)

@@ -107,6 +107,8 @@ async def test_transport_loss_surfaces_on_pending_work(server_factory: Any) -> N
         with pytest.raises(ConnectionLostError):
             await proc.write(b"x")
         assert not client.connected
+        assert proc.failure is not None
+        assert proc.failure.startswith("exec-server transport disconnected")
     finally:
         await client.aclose()
 

@@ -191,7 +191,8 @@ def _raw_stdin(enabled: bool) -> Iterator[None]:
         return
     fd = sys.stdin.fileno()
     saved = termios.tcgetattr(fd)
-    tty_mod.setraw(fd)
+    # TCSANOW, not setraw's default TCSAFLUSH: keep what the user typed ahead.
+    tty_mod.setraw(fd, termios.TCSANOW)
     try:
         yield
     finally:

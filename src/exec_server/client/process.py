@@ -23,6 +23,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Final, Protocol, final
 
+from exec_server.client.errors import ClientClosedError, ConnectionLostError
 from exec_server.process.spec import ExitStatus
 from exec_server.protocol.process_types import (
     ClosedNotification,
@@ -152,6 +153,15 @@ class ProcessHandle:
         return self._closed
 
     @property
+    def failure(self) -> str | None:
+        """Why reading stopped early (``exec-server transport disconnected: …``), else None.
+
+        PROTOCOL.md §13.3 reports this as a synthesised ``closed`` read with a
+        ``failure`` text; here reads raise instead and this keeps the text.
+        """
+        return None if self._failure is None else str(self._failure)
+
+    @property
     def last_seq(self) -> int:
         """The last sequence number consumed (the ``afterSeq`` of the next read)."""
         return self._cur.seq
@@ -228,7 +238,11 @@ class ProcessHandle:
     async def _step(self) -> None:
         """Make progress: read if behind, else wait for the next event (or poll)."""
         if self._failure is not None:
-            raise self._failure
+            # A fresh exception per raise: re-raising one object grows its traceback.
+            failure = self._failure
+            if isinstance(failure, ConnectionLostError):
+                raise ConnectionLostError(failure.reason) from failure
+            raise ClientClosedError(str(failure)) from failure
         if self._need_read:
             await self._catch_up()
             return
