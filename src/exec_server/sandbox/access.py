@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
+from exec_server.sandbox.globs import expand_glob
 from exec_server.sandbox.plan import SandboxPlan
 from exec_server.sandbox.policy import (
     Access,
@@ -203,10 +204,10 @@ class ResolvedPolicy:
         if policy.kind is FsKind.RESTRICTED:
             for entry in policy.entries:
                 if isinstance(entry.target, GlobTarget):
-                    logger.warning(
-                        "glob sandbox entry %r is not materialised; ignored", entry.target.pattern
-                    )
-                for path in resolve_target(entry.target, scope, probe):
+                    paths: Sequence[str] = _glob(entry.target, entry.access, policy, scope)
+                else:
+                    paths = resolve_target(entry.target, scope, probe)
+                for path in paths:
                     old = merged.get(path)
                     if old is None or entry.access.precedence > old.precedence:
                         merged[path] = entry.access
@@ -300,3 +301,13 @@ class ResolvedPolicy:
             read_only_subpaths=tuple(sorted(dict.fromkeys(read_only), key=depth)),
             denied_paths=tuple(denied),
         )
+
+
+def _glob(
+    target: GlobTarget, access: Access, policy: FileSystemPolicy, scope: PolicyScope
+) -> Sequence[str]:
+    """Deny globs become the paths they match now; read/write globs grant nothing."""
+    if access is not Access.NONE:
+        logger.debug("glob grant %r ignored (grants nothing)", target.pattern)
+        return ()
+    return expand_glob(target.pattern, scope, max_depth=policy.glob_scan_max_depth)

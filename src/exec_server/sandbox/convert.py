@@ -192,7 +192,8 @@ def _permissions(perms: wire.Permissions) -> tuple[FileSystemPolicy, Network]:
             "sandbox.permissions.file_system.glob_scan_max_depth: must be a positive integer"
         )
     entries = _entries(fs.entries, "sandbox.permissions.file_system.entries")
-    return FileSystemPolicy.restricted(entries), network
+    policy = FileSystemPolicy(FsKind.RESTRICTED, entries, fs.glob_scan_max_depth)
+    return policy, network
 
 
 def _current_scope(
@@ -440,7 +441,7 @@ def _with_minimal(policy: FileSystemPolicy) -> FileSystemPolicy:
     minimal = FsEntry(SpecialTarget(SpecialKind.MINIMAL), Access.READ)
     if minimal in policy.entries:
         return policy
-    return FileSystemPolicy(policy.kind, (*policy.entries, minimal))
+    return replace(policy, entries=(*policy.entries, minimal))
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,10 @@ class SandboxManager:
             return out
         if selected is not self._platform:
             raise SandboxLaunchError(_unavailable_message(selected))
-        plan = request.plan(tmpdir=out.env.get("TMPDIR"))
+        try:
+            plan = request.plan(tmpdir=out.env.get("TMPDIR"))
+        except ExecServerError as exc:
+            raise SandboxLaunchError(exc.message) from exc
         required = request.preference == "require" or request.forced_type is not None
         return self._wrap(
             out,

@@ -131,6 +131,8 @@ class FileSystemPolicy:
 
     kind: FsKind
     entries: tuple[FsEntry, ...] = ()
+    #: Deepest match (components below the anchor) to materialise glob entries (None: default).
+    glob_scan_max_depth: int | None = None
 
     @classmethod
     def unrestricted(cls) -> FileSystemPolicy:
@@ -386,7 +388,7 @@ def fs_policy_from_legacy(
             and any(root.allows_write(entry.target.path) for root in roots)
         )
     )
-    return FileSystemPolicy(base.kind, kept)
+    return replace(base, entries=kept)
 
 
 # --- §6.10: writable roots and protected subpaths ---
@@ -472,7 +474,7 @@ def effective_fs_policy(
             entry = FsEntry(PathTarget(path), access)
             if entry not in entries:
                 entries.append(entry)
-    return FileSystemPolicy(policy.kind, tuple(entries))
+    return replace(policy, entries=tuple(entries))
 
 
 def effective_network(network: Network, extra: ExtraPermissions | None) -> Network:
