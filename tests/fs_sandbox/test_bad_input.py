@@ -71,11 +71,11 @@ def inject(sfs: SandboxedFileSystem, hook: str) -> None:
     zygote.run = run  # type: ignore[method-assign]
 
 
-def service(timeout: float = 10.0) -> SandboxedFileSystem:
+def service(timeout: float = 10.0, *, prefork: bool = False) -> SandboxedFileSystem:
+    """A zygote service; without a pre-forked spare, zygote children == running requests."""
     config = ServerConfig(fs_helper_timeout=timeout)
-    return SandboxedFileSystem(
-        config, SandboxManager(config), mode="zygote", zygote=Zygote(test_hooks=True)
-    )
+    zygote = Zygote(test_hooks=True, prefork=prefork)
+    return SandboxedFileSystem(config, SandboxManager(config), mode="zygote", zygote=zygote)
 
 
 @pytest.mark.parametrize(
@@ -203,8 +203,9 @@ async def test_aclose_during_a_request_leaves_nothing_behind(
         os.close(pidfd)
 
 
-async def test_concurrent_requests(no_leaks: None, layout: Any, ctx: Any) -> None:
-    sfs = service()
+@pytest.mark.parametrize("prefork", [True, False])
+async def test_concurrent_requests(no_leaks: None, layout: Any, ctx: Any, prefork: bool) -> None:
+    sfs = service(prefork=prefork)
     fs = LocalFileSystem(confined=sfs)
     for i in range(32):
         (layout.allowed / f"f{i}").write_text(str(i))

@@ -59,7 +59,10 @@ def _load(name: str, directory: str) -> ModuleType:
 class Zygote:
     """State of the zygote process; see the module docstring for the protocol."""
 
-    def __init__(self, ctl_fd: int, server_pid: int, fs_dir: str, test_hooks: bool) -> None:
+    def __init__(
+        self, ctl_fd: int, server_pid: int, fs_dir: str, test_hooks: bool, prefork: bool = True
+    ) -> None:
+        self.prefork = prefork
         self.ops = _load("zygote_ops", fs_dir)
         self.confine = _load("zygote_confine", fs_dir)
         self.abi: int = self.confine.landlock_abi()
@@ -70,6 +73,7 @@ class Zygote:
         self.children: set[int] = set()
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.spare: tuple[int, socket.socket] | None = None
 
     # -------------------------------------------------------------- zygote side
 
@@ -89,6 +93,7 @@ class Zygote:
         gc.collect()
         gc.freeze()
         self._send(b"R" + json.dumps({"abi": self.abi, "pid": os.getpid()}).encode())
+        self._make_spare()
         try:
             while True:
                 try:
@@ -103,6 +108,8 @@ class Zygote:
         except (BrokenPipeError, ConnectionResetError):
             pass
         finally:
+            if self.spare is not None:
+                self.spare[1].close()
             for pid in list(self.children):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -162,26 +169,67 @@ class Zygote:
                 os.close(fd)
             return True
         req_id = msg[1:]
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            os.close(fds[0])
-            self._send(b"E" + req_id + _PID.pack(exc.errno or errno.EAGAIN))
-            return True
-        if pid == 0:
-            self._child(fds[0])  # never returns
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            pid, handoff = spare
+            try:
+                # Hand the request socket to the waiting child: the fork is
+                # already paid for, off this request's critical path.
+                handoff.sendmsg(
+                    [b"G"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fds[0]))]
+                )
+            except OSError:
+                pid = -1
+            finally:
+                handoff.close()
+            if pid < 0:
+                pid = self._fork_for(fds[0], req_id)
+        else:
+            pid = self._fork_for(fds[0], req_id)
         os.close(fds[0])
-        self.children.add(pid)
+        if pid < 0:
+            return True
         pidfd = os.pidfd_open(pid)
         try:
             self._send(b"P" + req_id + _PID.pack(pid), (pidfd,))
         finally:
             os.close(pidfd)
+        self._make_spare()
         return True
+
+    def _fork_for(self, fd: int, req_id: bytes) -> int:
+        """Fork a child for request socket ``fd``; -1 (reported) when fork fails."""
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            self._send(b"E" + req_id + _PID.pack(exc.errno or errno.EAGAIN))
+            return -1
+        if pid == 0:
+            self._child(fd)  # never returns
+        self.children.add(pid)
+        return pid
+
+    def _make_spare(self) -> None:
+        """Pre-fork the next child; it waits (unconfined, touching nothing) for a request."""
+        if self.spare is not None or not self.prefork:
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            return
+        if pid == 0:
+            ours.close()
+            self._child(-1, handoff=theirs)  # never returns
+        theirs.close()
+        self.children.add(pid)
+        self.spare = (pid, ours)
 
     # -------------------------------------------------------------- child side
 
-    def _child(self, fd: int) -> None:
+    def _child(self, fd: int, handoff: socket.socket | None = None) -> None:
         code = 0
         try:
             gc.disable()  # short-lived: a collection would touch (copy) every page
@@ -191,15 +239,34 @@ class Zygote:
             self.ctl.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
+            if self.spare is not None:
+                self.spare[1].close()
             zygote_pid = os.getppid()
             self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != zygote_pid:
                 os._exit(1)
+            if handoff is not None:
+                fd = self._await_request(handoff)
             self._serve(fd)
         except BaseException:
             code = 1
         finally:
             os._exit(code)
+
+    @staticmethod
+    def _await_request(handoff: socket.socket) -> int:
+        """A spare child blocks here until the zygote hands it a request socket."""
+        while True:
+            try:
+                _msg, anc, _flags, _addr = handoff.recvmsg(8, socket.CMSG_SPACE(4))
+                break
+            except InterruptedError:
+                continue
+        handoff.close()
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(payload) >= 4:
+                return int(struct.unpack("i", payload[:4])[0])
+        os._exit(0)  # the zygote is going away (EOF): nothing to do
 
     def _reply(self, fd: int, header: dict[str, object], payload: bytes = b"") -> None:
         raw = json.dumps(header).encode()
@@ -289,7 +356,10 @@ class Zygote:
 
 def main(argv: list[str]) -> int:
     fs_dir, ctl_fd, server_pid = argv[1], int(argv[2]), int(argv[3])
-    return Zygote(ctl_fd, server_pid, fs_dir, "--test-hooks" in argv[4:]).run()
+    flags = argv[4:]
+    return Zygote(
+        ctl_fd, server_pid, fs_dir, "--test-hooks" in flags, "--no-prefork" not in flags
+    ).run()
 
 
 if __name__ == "__main__":
