@@ -2,7 +2,7 @@
 
 Run through ``launcher.py`` as
 ``[sys.executable, "-I", "-S", <launcher.py>, <flags>, "--", program, args...]``
-(SANDBOX.md §8). Stdlib only and few imports (``os``, ``sys``, ``ctypes``,
+(SANDBOX.md §8). Stdlib only and few imports (``os``, ``sys``, ``_ctypes``,
 ``struct``, ``stat``, ``resource``): interpreter start-up is the cost floor.
 
 Steps, in order: status pipe, parent-death signal, ``RLIMIT_CORE=0``,
@@ -131,26 +131,22 @@ def _parse(args: list[str]) -> tuple[_Plan, dict[str, object], list[str]]:
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int,
            data: str | None = None) -> None:
-    import ctypes
-
-    from exec_server.sandbox.linux._libc import call_syscall
+    from exec_server.sandbox.linux._libc import c_ulong, call_syscall
 
     def enc(s: str | None) -> bytes | None:
         return None if s is None else os.fsencode(s)
 
-    call_syscall("mount", enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags),
+    call_syscall("mount", enc(source), enc(target), enc(fstype), c_ulong(flags),
                  enc(data))
 
 
 def _enter_mount_namespace() -> None:
     """Private mount namespace (+ user namespace when not root), SANDBOX.md §1.10."""
-    import ctypes
-
-    from exec_server.sandbox.linux._libc import call_syscall
+    from exec_server.sandbox.linux._libc import c_int, call_syscall
 
     uid, gid = os.getuid(), os.getgid()
     flags = _CLONE_NEWNS | (_CLONE_NEWUSER if uid != 0 else 0)
-    call_syscall("unshare", ctypes.c_int(flags))
+    call_syscall("unshare", c_int(flags))
     if uid != 0:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                            ("gid_map", f"{gid} {gid} 1")):
@@ -163,11 +159,9 @@ def _enter_mount_namespace() -> None:
 
 
 def _umount(target: str) -> None:
-    import ctypes
+    from exec_server.sandbox.linux._libc import c_int, call_syscall
 
-    from exec_server.sandbox.linux._libc import call_syscall
-
-    call_syscall("umount2", os.fsencode(target), ctypes.c_int(2))  # MNT_DETACH
+    call_syscall("umount2", os.fsencode(target), c_int(2))  # MNT_DETACH
 
 
 def _locked_flags(path: str) -> int:
@@ -229,9 +223,7 @@ def _apply_mounts(plan: _Plan) -> None:
 
 def _drop_capabilities() -> None:
     """Root: empty the bounding, ambient and inheritable sets (SANDBOX.md §1.11)."""
-    import ctypes
-
-    from exec_server.sandbox.linux._libc import call_prctl, call_syscall
+    from exec_server.sandbox.linux._libc import byref, c_uint32, call_prctl, call_syscall
 
     try:
         with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
@@ -245,16 +237,15 @@ def _drop_capabilities() -> None:
             if exc.errno != 22:  # EINVAL: cap unknown to this kernel
                 raise
     call_prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-    data = (ctypes.c_uint32 * 6)()
-    call_syscall("capget", ctypes.byref(header), ctypes.byref(data))
+    header = (c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (c_uint32 * 6)()
+    call_syscall("capget", byref(header), byref(data))
     data[2] = 0
     data[5] = 0
-    call_syscall("capset", ctypes.byref(header), ctypes.byref(data))
+    call_syscall("capset", byref(header), byref(data))
 
 
 def _confine(plan: _Plan, opts: dict[str, object]) -> None:
-    import ctypes  # noqa: F401  (loaded once here; the helpers below share it)
     import resource
 
     from exec_server.sandbox.linux import landlock, seccomp

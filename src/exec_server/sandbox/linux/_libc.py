@@ -1,63 +1,160 @@
-"""Thin ctypes access to the few Linux syscalls the sandbox needs.
+"""Thin access to the few Linux syscalls the sandbox needs, on ``_ctypes`` directly.
 
 Stdlib-only on purpose: the landlock launcher imports this under
-``python -I -S`` (SANDBOX.md §3.6 — ``ctypes`` is the one heavy import we
-accept). Nothing here is called inside the server process except the
-read-only Landlock ABI query.
+``python -I -S`` where interpreter start-up is the cost floor (SANDBOX.md
+§3.6). The ``ctypes`` package costs ~2 ms of Python-level set-up per launch;
+the handful of C types below come straight from its C core instead. Nothing
+here is called inside the server process except the read-only Landlock ABI
+query.
 """
 
-
-import ctypes
+import _ctypes
 import os
 
 __all__ = [
     "NR",
+    "Structure",
+    "addressof",
+    "byref",
+    "c_char",
+    "c_int",
+    "c_int32",
+    "c_long",
+    "c_size_t",
+    "c_uint32",
+    "c_uint64",
+    "c_ulong",
+    "c_ushort",
+    "c_void_p",
     "call_prctl",
     "call_syscall",
-    "libc",
     "machine",
+    "sizeof",
 ]
 
-libc = ctypes.CDLL(None, use_errno=True)
-_syscall = libc.syscall
-_syscall.restype = ctypes.c_long
-_prctl = libc.prctl
-_prctl.restype = ctypes.c_int
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    _Int = _ctypes._SimpleCData[int]
+    _Bytes = _ctypes._SimpleCData[bytes]
+else:  # not subscriptable at run time
+    _Int = _Bytes = _ctypes._SimpleCData
+
+Structure = _ctypes.Structure
+addressof = _ctypes.addressof
+byref = _ctypes.byref
+sizeof = _ctypes.sizeof
+
+
+# C scalar types, named as in ctypes.
+class c_int(_Int):
+    _type_ = "i"
+
+
+class c_int32(_Int):
+    _type_ = "i"
+
+
+class c_uint32(_Int):
+    _type_ = "I"
+
+
+class c_long(_Int):
+    _type_ = "l"
+
+
+class c_ulong(_Int):
+    _type_ = "L"
+
+
+class c_uint64(_Int):
+    _type_ = "Q"
+
+
+class c_ushort(_Int):
+    _type_ = "H"
+
+
+class c_void_p(_Int):
+    _type_ = "P"
+
+
+class c_char(_Bytes):
+    _type_ = "c"
+
+
+c_size_t = c_ulong
+
+
+class _Function(_ctypes.CFuncPtr):
+    """A C function of libc returning ``long``, saving ``errno`` like ``use_errno=True``."""
+
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = c_long
+
+
+class _Libc:
+    """What ``CFuncPtr((name, lib))`` needs from a library: its ``_handle``."""
+
+    def __init__(self) -> None:
+        self._handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)  # type: ignore[arg-type]
+
+
+_libc = _Libc()
+_syscall = _Function(("syscall", _libc))  # type: ignore[arg-type]
+_prctl = _Function(("prctl", _libc))  # type: ignore[arg-type]
 
 machine = os.uname().machine
 
-#: Syscall numbers we call directly (SANDBOX.md §2.2); ``None`` when unknown.
+#: Syscall numbers we call directly (SANDBOX.md §2.2); empty when unknown.
 _NR_TABLE = {
-    "x86_64": {"unshare": 272, "capset": 126, "capget": 125, "mount": 165, "umount2": 166,
-               "landlock_create_ruleset": 444, "landlock_add_rule": 445,
-               "landlock_restrict_self": 446, "seccomp": 317},
-    "aarch64": {"unshare": 97, "capset": 91, "capget": 90, "mount": 40, "umount2": 39,
-                "landlock_create_ruleset": 444, "landlock_add_rule": 445,
-                "landlock_restrict_self": 446, "seccomp": 277},
+    "x86_64": {
+        "unshare": 272,
+        "capset": 126,
+        "capget": 125,
+        "mount": 165,
+        "umount2": 166,
+        "landlock_create_ruleset": 444,
+        "landlock_add_rule": 445,
+        "landlock_restrict_self": 446,
+        "seccomp": 317,
+    },
+    "aarch64": {
+        "unshare": 97,
+        "capset": 91,
+        "capget": 90,
+        "mount": 40,
+        "umount2": 39,
+        "landlock_create_ruleset": 444,
+        "landlock_add_rule": 445,
+        "landlock_restrict_self": 446,
+        "seccomp": 277,
+    },
 }
 NR: dict[str, int] = _NR_TABLE.get(machine, {})
 
 
 def call_syscall(name: str, *args: object) -> int:
-    """Call a raw syscall; raise ``OSError`` with the kernel's errno on failure."""
+    """Call a raw syscall; raise ``OSError`` with the kernel's errno on failure.
+
+    Pass every argument as an explicit C type (``c_int(...)``, ``byref(...)``,
+    ``bytes``/``None`` for pointers): bare Python ints would be truncated to ``int``.
+    """
     nr = NR.get(name)
     if nr is None:
         raise OSError(38, f"{name}: unsupported architecture {machine}")
-    ctypes.set_errno(0)
-    ret = int(_syscall(ctypes.c_long(nr), *args))
+    _ctypes.set_errno(0)
+    ret = int(_syscall(c_long(nr), *args))
     if ret < 0:
-        err = ctypes.get_errno()
+        err = _ctypes.get_errno()
         raise OSError(err, f"{name}: {os.strerror(err)}")
     return ret
 
 
-def call_prctl(option: int, arg2: int = 0, arg3: int | object = 0, arg4: int = 0,
-               arg5: int = 0) -> int:
+def call_prctl(option: int, arg2: int = 0, arg3: object = 0, arg4: int = 0, arg5: int = 0) -> int:
     """``prctl(2)``; raise ``OSError`` on failure."""
-    a3 = ctypes.c_ulong(arg3) if isinstance(arg3, int) else arg3
-    ret = int(_prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), a3,
-                     ctypes.c_ulong(arg4), ctypes.c_ulong(arg5)))
+    a3 = c_ulong(arg3) if isinstance(arg3, int) else arg3
+    ret = int(_prctl(c_int(option), c_ulong(arg2), a3, c_ulong(arg4), c_ulong(arg5)))
     if ret < 0:
-        err = ctypes.get_errno()
+        err = _ctypes.get_errno()
         raise OSError(err, f"prctl({option}): {os.strerror(err)}")
     return ret

@@ -12,11 +12,20 @@ denied paths inside granted roots need a mount namespace on top.
 """
 
 
-import ctypes
 import os
 import stat
 
-from exec_server.sandbox.linux._libc import call_syscall
+from exec_server.sandbox.linux._libc import (
+    Structure,
+    byref,
+    c_int,
+    c_int32,
+    c_size_t,
+    c_uint32,
+    c_uint64,
+    call_syscall,
+    sizeof,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -129,21 +138,21 @@ class LandlockStatus:
 def abi_version() -> int:
     """The kernel's Landlock ABI; 0 when not compiled in or disabled at boot."""
     try:
-        return call_syscall("landlock_create_ruleset", None, ctypes.c_size_t(0),
-                            ctypes.c_uint32(_CREATE_RULESET_VERSION))
+        return call_syscall("landlock_create_ruleset", None, c_size_t(0),
+                            c_uint32(_CREATE_RULESET_VERSION))
     except OSError:
         return 0
 
 
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64),
-                ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
+class _RulesetAttr(Structure):
+    _fields_ = [("handled_access_fs", c_uint64),
+                ("handled_access_net", c_uint64),
+                ("scoped", c_uint64)]
 
 
-class _PathBeneathAttr(ctypes.Structure):
+class _PathBeneathAttr(Structure):
     _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+    _fields_ = [("allowed_access", c_uint64), ("parent_fd", c_int32)]
 
 
 def _add_path_rule(ruleset_fd: int, path: str, rights: int, handled: int) -> bool:
@@ -159,8 +168,8 @@ def _add_path_rule(ruleset_fd: int, path: str, rights: int, handled: int) -> boo
         if not allowed:
             return True
         attr = _PathBeneathAttr(allowed, fd)
-        call_syscall("landlock_add_rule", ctypes.c_int(ruleset_fd),
-                     ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(attr), ctypes.c_uint32(0))
+        call_syscall("landlock_add_rule", c_int(ruleset_fd),
+                     c_int(_RULE_PATH_BENEATH), byref(attr), c_uint32(0))
         return True
     finally:
         os.close(fd)
@@ -220,8 +229,8 @@ def restrict_self(plan: "SandboxPlan", *, required: bool = True,
     skipped: list[str] = []
     try:
         attr = _RulesetAttr(handled_fs, handled_net, scoped)
-        ruleset_fd = call_syscall("landlock_create_ruleset", ctypes.byref(attr),
-                                  ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+        ruleset_fd = call_syscall("landlock_create_ruleset", byref(attr),
+                                  c_size_t(sizeof(attr)), c_uint32(0))
         try:
             if handled_fs:
                 for path, rights in _rules_for(plan, extra_read, extra_write):
@@ -230,7 +239,7 @@ def restrict_self(plan: "SandboxPlan", *, required: bool = True,
             from exec_server.sandbox.linux.seccomp import set_no_new_privs
 
             set_no_new_privs()
-            call_syscall("landlock_restrict_self", ctypes.c_int(ruleset_fd), ctypes.c_uint32(0))
+            call_syscall("landlock_restrict_self", c_int(ruleset_fd), c_uint32(0))
         finally:
             os.close(ruleset_fd)
     except OSError as exc:

@@ -6,11 +6,18 @@ hands them to bubblewrap through ``--seccomp FD``. Building needs no OS call;
 installing must happen in a single-threaded child, never in the server.
 """
 
+import sys
 
-import ctypes
-import struct
-
-from exec_server.sandbox.linux._libc import call_prctl, machine
+from exec_server.sandbox.linux._libc import (
+    Structure,
+    addressof,
+    byref,
+    c_char,
+    c_ushort,
+    c_void_p,
+    call_prctl,
+    machine,
+)
 
 __all__ = [
     "MODE_RESTRICTED",
@@ -49,30 +56,83 @@ _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 
 _ARCH = {
-    "x86_64": (0xC000003E, {
-        "socket": 41, "socketpair": 53, "connect": 42, "accept": 43, "accept4": 288,
-        "bind": 49, "listen": 50, "getsockname": 51, "getpeername": 52, "shutdown": 48,
-        "sendto": 44, "sendmmsg": 307, "recvmmsg": 299, "setsockopt": 54, "getsockopt": 55,
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "ioctl": 16,
-    }),
-    "aarch64": (0xC00000B7, {
-        "socket": 198, "socketpair": 199, "connect": 203, "accept": 202, "accept4": 242,
-        "bind": 200, "listen": 201, "getsockname": 204, "getpeername": 205, "shutdown": 210,
-        "sendto": 206, "sendmmsg": 269, "recvmmsg": 243, "setsockopt": 208, "getsockopt": 209,
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "ioctl": 29,
-    }),
+    "x86_64": (
+        0xC000003E,
+        {
+            "socket": 41,
+            "socketpair": 53,
+            "connect": 42,
+            "accept": 43,
+            "accept4": 288,
+            "bind": 49,
+            "listen": 50,
+            "getsockname": 51,
+            "getpeername": 52,
+            "shutdown": 48,
+            "sendto": 44,
+            "sendmmsg": 307,
+            "recvmmsg": 299,
+            "setsockopt": 54,
+            "getsockopt": 55,
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+            "ioctl": 16,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {
+            "socket": 198,
+            "socketpair": 199,
+            "connect": 203,
+            "accept": 202,
+            "accept4": 242,
+            "bind": 200,
+            "listen": 201,
+            "getsockname": 204,
+            "getpeername": 205,
+            "shutdown": 210,
+            "sendto": 206,
+            "sendmmsg": 269,
+            "recvmmsg": 243,
+            "setsockopt": 208,
+            "getsockopt": 209,
+            "ptrace": 117,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+            "ioctl": 29,
+        },
+    ),
 }
 
 #: denied outright when the network is restricted (upstream Restricted mode).
 _DENY_RESTRICTED = (
-    "connect", "accept", "accept4", "bind", "listen", "getpeername", "getsockname",
-    "shutdown", "sendto", "sendmmsg", "recvmmsg", "getsockopt", "setsockopt",
-    "ptrace", "process_vm_readv", "process_vm_writev",
-    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "connect",
+    "accept",
+    "accept4",
+    "bind",
+    "listen",
+    "getpeername",
+    "getsockname",
+    "shutdown",
+    "sendto",
+    "sendmmsg",
+    "recvmmsg",
+    "getsockopt",
+    "setsockopt",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
 )
 #: io_uring can create sockets without socket(): deny it in every mode.
 _DENY_VSOCK = ("io_uring_setup", "io_uring_enter", "io_uring_register")
@@ -90,7 +150,10 @@ def supported(arch: str | None = None) -> bool:
 
 
 def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
-    return struct.pack("HBBI", code, jt, jf, k)
+    """One ``struct sock_filter`` (u16 code, u8 jt, u8 jf, u32 k), native byte order."""
+    order = sys.byteorder
+    return (code.to_bytes(2, order) + jt.to_bytes(1, order) + jf.to_bytes(1, order)
+            + k.to_bytes(4, order))
 
 
 def build_filter(mode: str = MODE_RESTRICTED, arch: str | None = None) -> bytes:
@@ -165,8 +228,8 @@ def set_no_new_privs() -> None:
     call_prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+class _SockFprog(Structure):
+    _fields_ = [("len", c_ushort), ("filter", c_void_p)]
 
 
 def install_filter(program: bytes) -> None:
@@ -175,11 +238,11 @@ def install_filter(program: bytes) -> None:
     Raises:
         SeccompError: the kernel refused the filter.
     """
-    buf = ctypes.create_string_buffer(program, len(program))
-    fprog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    buf = (c_char * len(program)).from_buffer_copy(program)
+    fprog = _SockFprog(len(program) // 8, addressof(buf))
     try:
         set_no_new_privs()
-        call_prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
+        call_prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, byref(fprog), 0, 0)
     except OSError as exc:
         raise SeccompError(exc.errno or 1, f"installing seccomp filter: {exc.strerror}") from exc
 
