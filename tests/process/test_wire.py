@@ -229,3 +229,39 @@ async def test_server_leaves_no_children_or_fds(client: Any) -> None:
         await collect(client, f"t{i}")
     assert srv.child_pids() == set()
     assert len(srv.open_fds()) <= fds_before
+
+
+async def test_sandboxed_denial_is_reported(client: Any, tmp_path: Path) -> None:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    root = {"type": "special", "value": {"kind": "root"}}
+    project = {"type": "special", "value": {"kind": "project_roots"}}
+    sandbox = {
+        "permissions": {
+            "type": "managed",
+            "file_system": {"type": "restricted", "entries": [
+                {"path": root, "access": "read"}, {"path": project, "access": "write"}]},
+            "network": "restricted",
+        },
+        "cwd": uri(workspace),
+        "workspaceRoots": [uri(workspace)],
+        "windowsSandboxLevel": "disabled",
+        "useLegacyLandlock": False,
+    }
+    argv = ["/bin/sh", "-c", "echo ok > in.txt; cat in.txt; echo x > ../outside.txt"]
+    reply = await client.request("process/start",
+                                 current_start("sbx", argv, cwd=workspace, sandbox=sandbox))
+    if "error" in reply and "failed to build sandbox launch" in reply["error"]["message"]:
+        pytest.skip(f"no usable sandbox here: {reply['error']['message']}")
+    assert reply["result"] == {"processId": "sbx", "sandboxType": "linuxSeccomp"}
+    got = await collect(client, "sbx")
+    assert b"ok\n" in got["data"]
+    assert got["exited"]["exitCode"] != 0
+    assert got["exited"]["sandboxDenied"] is True
+    assert (workspace / "in.txt").exists()
+    assert not (tmp_path / "outside.txt").exists()
+    # a plain failure inside the sandbox is not a denial
+    reply = await client.request("process/start", current_start(
+        "sbx2", ["/bin/sh", "-c", "exit 3"], cwd=workspace, sandbox=sandbox))
+    got = await collect(client, "sbx2")
+    assert got["exited"]["exitCode"] == 3 and got["exited"]["sandboxDenied"] is False
