@@ -85,8 +85,12 @@ async def fake() -> AsyncIterator[tuple[ExecServerClient, MemoryTransport]]:
 
 
 @pytest.fixture(params=["local", "remote"])
-async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    """The same tests run against LocalExecBackend and RemoteExecBackend (real server)."""
+async def backend(no_leaks: None, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """The same tests run against LocalExecBackend and RemoteExecBackend (real server).
+
+    Every test using it also checks that no child process or pipe/pty/socket fd
+    outlives it (``no_leaks`` is set up first, so it is checked last).
+    """
     from exec_server.client import LocalExecBackend, RemoteExecBackend
 
     if request.param == "local":
