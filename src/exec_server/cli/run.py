@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from exec_server.process.spec import LaunchSpec
-from exec_server.sandbox.plan import SandboxPlan, SandboxType
+from exec_server.sandbox.plan import SandboxType
 
 __all__ = ["EXIT_SETUP", "register", "run"]
 
@@ -58,45 +58,12 @@ def _plan_request(ns: argparse.Namespace, cwd: str) -> Any:
                               network=ns.network, tmpdir=os.environ.get("TMPDIR"))
 
 
-def _fallback_plan(ns: argparse.Namespace, cwd: str) -> SandboxPlan:
-    """Legacy conversion (PROTOCOL.md §6.10) for trees without the policy layer."""
-    for root in ns.writable_root:
-        if not os.path.isabs(root):
-            raise ValueError(f"--writable-root must be an absolute path: {root}")
-    if ns.sandbox == "danger-full-access":
-        return SandboxPlan(full_read=True, full_write=True, network=True, cwd=cwd)
-    if ns.sandbox == "read-only":
-        if ns.writable_root:
-            raise ValueError("--writable-root needs --sandbox workspace-write")
-        return SandboxPlan(full_read=True, full_write=False, network=ns.network, cwd=cwd)
-    roots = [os.path.normpath(r) for r in ns.writable_root] + [cwd]
-    if os.path.isdir("/tmp"):
-        roots.append("/tmp")
-    tmpdir = os.environ.get("TMPDIR")
-    if tmpdir and os.path.isabs(tmpdir):
-        roots.append(os.path.normpath(tmpdir))
-    roots = list(dict.fromkeys(roots))
-    protected = tuple(os.path.join(r, n) for r in roots for n in (".git", ".codex", ".agents"))
-    return SandboxPlan(full_read=True, full_write=False, network=ns.network, cwd=cwd,
-                       writable_roots=tuple(roots), read_only_subpaths=protected)
-
-
 def _confine(ns: argparse.Namespace, spec: LaunchSpec) -> LaunchSpec:
     """Policy → plan → backend wrap, through the same manager the server uses."""
     from exec_server.config import ServerConfig
+    from exec_server.sandbox.manager import SandboxManager
     from exec_server.sandbox.select import select_backend
 
-    try:
-        from exec_server.sandbox.manager import SandboxManager
-    except ImportError:  # policy layer absent: same semantics, built here
-        plan = _fallback_plan(ns, spec.cwd)
-        if plan.unrestricted:
-            return spec
-        backend = select_backend(ns.backend)
-        assert backend is not None
-        if not plan.network:
-            spec.env["CODEX_SANDBOX_NETWORK_DISABLED"] = "1"
-        return backend.wrap(spec, plan)
     request = _plan_request(ns, spec.cwd)
     manager = SandboxManager(ServerConfig(sandbox_backend=ns.backend), selector=select_backend)
     wrapped: LaunchSpec = manager.prepare_request(spec, request)
