@@ -4,6 +4,7 @@ policies, §10.1 helper policies, fs routing, CLIENT_COMPAT §1.5 scopes, CLI po
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -599,3 +600,59 @@ def _os_probe() -> Any:
     from exec_server.sandbox.policy import OsProbe
 
     return OsProbe()
+
+
+# --- §10.1 root-alias normalisation and server cwd ---
+
+
+def test_root_alias_normalize_keeps_nested_symlinks(tmp_path: Path) -> None:
+    from exec_server.sandbox.convert import root_alias_normalize
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    # a symlink below the top level is user data: its lexical form is kept
+    nested = str(tmp_path / "link" / "missing" / "file.txt")
+    assert root_alias_normalize(nested) == nested
+    plain = str(real / "a")
+    assert root_alias_normalize(plain) == plain
+    assert root_alias_normalize("/") == "/"
+
+
+def test_root_alias_normalize_resolves_top_level_alias(monkeypatch: pytest.MonkeyPatch) -> None:
+    """macOS ``/var`` → ``/private/var``, simulated with a fake filesystem."""
+    from exec_server.sandbox import convert
+
+    links = {"/var": "/private/var"}
+    existing = {"/", "/var", "/var/folders", "/private", "/private/var", "/private/var/folders"}
+
+    def lexists(path: str) -> bool:
+        return path in existing
+
+    def islink(path: str) -> bool:
+        return path in links
+
+    def realpath(path: str) -> str:
+        for alias, target in links.items():
+            if path == alias or path.startswith(alias + "/"):
+                return target + path[len(alias) :]
+        return path
+
+    monkeypatch.setattr(os.path, "lexists", lexists)
+    monkeypatch.setattr(os.path, "islink", islink)
+    monkeypatch.setattr(os.path, "realpath", realpath)
+    assert convert.root_alias_normalize("/var/folders/x/new.txt") == (
+        "/private/var/folders/x/new.txt"
+    )
+    assert convert.root_alias_normalize("/srv/other") == "/srv/other"
+
+
+def test_unreadable_server_cwd_is_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exec_server.exceptions import InternalError
+
+    def gone() -> str:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(os, "getcwd", gone)
+    with pytest.raises(InternalError, match="failed to read current dir: No such file"):
+        fs_context_from_wire(_ctx(RO_ALLOWED))

@@ -22,13 +22,14 @@ from typing import Literal
 
 import msgspec
 
-from exec_server.exceptions import InvalidParamsError
+from exec_server.exceptions import InternalError, InvalidParamsError, os_error_message
 from exec_server.protocol import sandbox_types as wire
 from exec_server.protocol.paths import parse_wire_path
 from exec_server.sandbox.access import (
     ResolvedPolicy,
     has_full_disk_read,
     has_full_disk_write,
+    includes_platform_defaults,
 )
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.platform import platform_default_read_roots
@@ -302,8 +303,7 @@ class LaunchSandboxRequest:
 
     @property
     def include_platform_defaults(self) -> bool:
-        from exec_server.sandbox.access import includes_platform_defaults
-
+        """The policy asks for platform-default reads (Seatbelt adds its own rules)."""
         return includes_platform_defaults(self.fs_policy)
 
 
@@ -518,7 +518,11 @@ class FsSandboxRequest:
 
 
 def _server_cwd() -> str:
-    return os.path.realpath(os.getcwd())
+    """The server's canonical cwd (PROTOCOL.md §10.1 step 1)."""
+    try:
+        return os.path.realpath(os.getcwd())
+    except OSError as exc:
+        raise InternalError(f"failed to read current dir: {os_error_message(exc)}") from exc
 
 
 def fs_context_from_wire(
