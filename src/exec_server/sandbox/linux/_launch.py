@@ -198,7 +198,10 @@ def _placeholder_for(path: str, writable: list[str]) -> str | None:
             return None
     if not any(_inside(missing, root) and missing != root for root in writable):
         return None
-    os.mkdir(missing, 0o555)
+    try:  # noqa: SIM105 - contextlib costs start-up time here
+        os.mkdir(missing, 0o555)
+    except FileExistsError:  # a concurrent launch made it first: protect it all the same
+        pass
     return missing
 
 
