@@ -311,3 +311,32 @@ def test_tiocsti_injection_denied(backend: Any, run: Run, plan_for: PlanFor, ws:
               cwd=ws.root, tty=True)
     assert "refused" in res.output, res.output
     assert "injected" not in res.output
+
+
+def test_concurrent_launches_share_placeholders(backend: Any, plan_for: PlanFor,
+                                                ws: Any) -> None:
+    from exec_server.process.spec import LaunchSpec
+
+    codex = os.path.join(ws.root, ".codex")
+    script = f"sleep 0.2; mkdir {codex}/x 2>/dev/null && echo wrote; test -d {codex} && echo seen"
+    launches = []
+    try:
+        for _ in range(6):
+            wrapped = backend.wrap(LaunchSpec(argv=["sh", "-c", script], cwd=ws.root,
+                                              env={"PATH": "/usr/bin:/bin"}), plan_for(ws))
+            proc = subprocess.Popen(wrapped.argv, cwd=wrapped.cwd, env=wrapped.env,
+                                    pass_fds=wrapped.pass_fds, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            for fd in wrapped.pass_fds:
+                os.close(fd)
+            launches.append((proc, wrapped))
+        outputs = [p.communicate(timeout=30)[0].decode() for p, _ in launches]
+    finally:
+        for proc, wrapped in launches:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if wrapped.cleanup is not None:
+                wrapped.cleanup()
+    assert all("seen" in out and "wrote" not in out for out in outputs), outputs
+    assert not os.path.lexists(codex)
