@@ -354,7 +354,8 @@ class Zygote:
                             await loop.sock_sendall(ours, data)
                     except (BrokenPipeError, ConnectionResetError):
                         pass  # the child died early; reading the reply reports how
-                    await p.started
+                    # The zygote's ``P`` (pid + pidfd) arrives concurrently; it is
+                    # only needed to kill the child or to explain a crash.
                     reply = await self._read_reply(loop, ours, p)
             except TimeoutError:
                 raise HelperFailure(
@@ -373,6 +374,10 @@ class Zygote:
 
     async def _kill_and_reap(self, p: _Pending) -> None:
         """SIGKILL a child and wait (bounded) until the zygote has reaped it."""
+        if not p.started.done():
+            with contextlib.suppress(TimeoutError, HelperFailure):
+                async with asyncio.timeout(_REAP_TIMEOUT):
+                    await p.started
         if p.pid is None:
             return
         _kill(p)
@@ -410,6 +415,7 @@ class Zygote:
     async def _crashed(self, p: _Pending) -> HelperFailure:
         try:
             async with asyncio.timeout(_REAP_TIMEOUT):
+                await p.started
                 status = await p.exited
         except TimeoutError:
             return HelperFailure("fs sandbox helper closed its reply without answering")
