@@ -340,3 +340,18 @@ def test_concurrent_launches_share_placeholders(backend: Any, plan_for: PlanFor,
                 wrapped.cleanup()
     assert all("seen" in out and "wrote" not in out for out in outputs), outputs
     assert not os.path.lexists(codex)
+
+
+def test_renaming_workspace_away_from_its_protection_fails(backend: Any, run: Run,
+                                                           plan_for: PlanFor, ws: Any) -> None:
+    """A writable parent must not let the command swap the workspace (and its .git) out."""
+    parent = os.path.dirname(ws.root)
+    git = os.path.join(ws.root, ".git")
+    os.mkdir(git)
+    moved = os.path.join(parent, "moved")
+    script = (f"cd /; mv {ws.root} {moved}; mkdir -p {git}; echo evil > {git}/config; "
+              "echo done")
+    res = run(backend, plan_for(ws, extra_write=(parent,)), ["sh", "-c", script], cwd=ws.root)
+    assert "done" in res.output
+    assert not os.path.exists(moved), res.output
+    assert not os.path.exists(os.path.join(git, "config")), res.output

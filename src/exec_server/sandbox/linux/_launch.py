@@ -207,6 +207,12 @@ def _placeholder_for(path: str, writable: list[str]) -> str | None:
 
 def _apply_mounts(plan: _Plan) -> None:
     _enter_mount_namespace()
+    if not plan.full_write:
+        # Writable roots become mountpoints: a writable parent cannot then rename a
+        # workspace (and its protected .git) away and plant a new one (EBUSY).
+        for root in sorted(plan.writable_roots, key=lambda p: p.count("/")):
+            if os.path.isdir(root):
+                _mount(root, root, None, _MS_BIND | _MS_REC)
     for path in () if plan.full_write else plan.read_only_subpaths:
         if os.path.lexists(path):
             _bind_read_only(path, path)
