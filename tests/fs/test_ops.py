@@ -116,9 +116,18 @@ def test_read_is_capped_even_without_size(tdir: Path) -> None:
 def test_copy_file_onto_itself_is_refused(tdir: Path) -> None:
     (tdir / "f").write_text("keep me")
     (tdir / "alias").symlink_to("f")
-    with pytest.raises(InvalidRequestError):
-        ops.copy(str(tdir / "f"), str(tdir / "alias"), recursive=False)
+    os.link(tdir / "f", tdir / "hard")
+    for onto in ("alias", "hard", "f"):
+        with pytest.raises(InvalidRequestError):
+            ops.copy(str(tdir / "f"), str(tdir / onto), recursive=False)
     assert (tdir / "f").read_text() == "keep me"
+
+
+def test_copy_overwrites_longer_destination(tdir: Path) -> None:
+    (tdir / "short").write_text("new")
+    (tdir / "long").write_text("old and much longer")
+    ops.copy(str(tdir / "short"), str(tdir / "long"), recursive=False)
+    assert (tdir / "long").read_text() == "new"
 
 
 def test_resolve_existing_prefix(tdir: Path) -> None:

@@ -367,7 +367,7 @@ def _copy_tree(source: str, destination: str) -> None:
         src_dir, dst_dir = pending.pop()
         with os.scandir(src_dir) as it:
             for entry in it:
-                target = os.path.join(dst_dir, entry.name)
+                target = f"{dst_dir}/{entry.name}"
                 if entry.is_dir(follow_symlinks=False):
                     try:
                         os.mkdir(target)
@@ -383,18 +383,22 @@ def _copy_tree(source: str, destination: str) -> None:
 
 
 def _copy_file(source: str, destination: str, src_stat: os.stat_result) -> None:
-    """Like Rust's ``std::fs::copy``: overwrite, copy the permission bits, kernel-side copy."""
-    try:
-        dst_stat: os.stat_result | None = os.stat(destination)
-    except FileNotFoundError:
-        dst_stat = None
-    if dst_stat is not None and os.path.samestat(src_stat, dst_stat):
-        raise InvalidRequestError(COPY_SAME_FILE)
+    """Like Rust's ``std::fs::copy``: overwrite, copy the permission bits, kernel-side copy.
+
+    The destination is opened without ``O_TRUNC`` and compared with the source
+    first, so copying a file onto itself (or a hard link of itself) cannot
+    truncate it.
+    """
     perm = stat.S_IMODE(src_stat.st_mode)
     src_fd = os.open(source, os.O_RDONLY | _O_CLOEXEC)
     try:
-        dst_fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, perm)
+        dst_fd = os.open(destination, os.O_WRONLY | os.O_CREAT | _O_CLOEXEC, perm)
         try:
+            dst_stat = os.fstat(dst_fd)
+            if os.path.samestat(os.fstat(src_fd), dst_stat):
+                raise InvalidRequestError(COPY_SAME_FILE)
+            if dst_stat.st_size:
+                os.ftruncate(dst_fd, 0)
             os.fchmod(dst_fd, perm)
             _copy_contents(src_fd, dst_fd)
         finally:
