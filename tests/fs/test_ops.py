@@ -123,6 +123,14 @@ def test_copy_file_onto_itself_is_refused(tdir: Path) -> None:
     assert (tdir / "f").read_text() == "keep me"
 
 
+def test_copy_onto_fifo_fails_instead_of_hanging(tdir: Path) -> None:
+    (tdir / "f").write_text("x")
+    os.mkfifo(tdir / "pipe")
+    with pytest.raises(InternalError) as exc:
+        ops.copy(str(tdir / "f"), str(tdir / "pipe"), recursive=False)
+    assert exc.value.message == "No such device or address (os error 6)"
+
+
 def test_copy_overwrites_longer_destination(tdir: Path) -> None:
     (tdir / "short").write_text("new")
     (tdir / "long").write_text("old and much longer")

@@ -390,9 +390,10 @@ def _copy_file(source: str, destination: str, src_stat: os.stat_result) -> None:
     truncate it.
     """
     perm = stat.S_IMODE(src_stat.st_mode)
-    src_fd = os.open(source, os.O_RDONLY | _O_CLOEXEC)
+    src_fd = os.open(source, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK)
     try:
-        dst_fd = os.open(destination, os.O_WRONLY | os.O_CREAT | _O_CLOEXEC, perm)
+        # O_NONBLOCK: a FIFO destination fails (ENXIO) instead of hanging the worker.
+        dst_fd = os.open(destination, os.O_WRONLY | os.O_CREAT | _O_CLOEXEC | _O_NONBLOCK, perm)
         try:
             dst_stat = os.fstat(dst_fd)
             if os.path.samestat(os.fstat(src_fd), dst_stat):
