@@ -1,0 +1,314 @@
+"""Decoded ``fs/*`` sandbox contexts: route, server-side check, helper plan.
+
+PROTOCOL.md §9.1 (routing), §10.1 (policies and cwd), §10.2-§10.3 (the
+pre-check's access rule), §10.4 (the helper's confinement); CLIENT_COMPAT.md
+§1.4-§1.6 and §6.5 for the current client's contexts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+import msgspec
+
+from exec_server.exceptions import InternalError, InvalidParamsError, os_error_message
+from exec_server.protocol import sandbox_types as wire
+from exec_server.sandbox._decode import (
+    LAUNCH_KEYS,
+    Generation,
+    current_scope,
+    extra_permissions,
+    legacy_policy_from_wire,
+    object_keys,
+    permissions_policy,
+)
+from exec_server.sandbox.access import ResolvedPolicy, has_full_disk_read, has_full_disk_write
+from exec_server.sandbox.plan import SandboxPlan
+from exec_server.sandbox.platform import platform_default_read_roots
+from exec_server.sandbox.policy import (
+    Access,
+    ExtraPermissions,
+    FileSystemPolicy,
+    FsEntry,
+    FsKind,
+    FsProbe,
+    LegacyPolicy,
+    Network,
+    OsProbe,
+    PolicyScope,
+    ReadOnly,
+    ReadOnlyAccess,
+    SpecialKind,
+    SpecialTarget,
+    WorkspaceWrite,
+    effective_fs_policy,
+    effective_legacy_policy,
+    fs_policy_from_legacy,
+    helper_legacy_policy,
+    legacy_network,
+    normalize,
+)
+
+__all__ = [
+    "FsRouteDecision",
+    "FsSandboxRequest",
+    "fs_context_from_wire",
+    "fs_route_from_wire",
+    "root_alias_normalize",
+]
+
+
+def _symlink_preserving_canonical(path: str) -> str:
+    parts = [p for p in path.split("/") if p]
+    for i in range(2, len(parts) + 1):
+        if os.path.islink("/" + "/".join(parts[:i])):
+            return path
+    return os.path.realpath(path)
+
+
+def root_alias_normalize(path: str) -> str:
+    """Resolve top-level system aliases (``/var`` → ``/private/var``) only (PROTOCOL.md §10.1)."""
+    current = path
+    while True:
+        if os.path.lexists(current):
+            canonical = _symlink_preserving_canonical(current)
+            if canonical != current:
+                rest = path[len(current) :] if current != "/" else path[1:]
+                return normalize(canonical + "/" + rest.lstrip("/"))
+        if current == "/":
+            return path
+        current = os.path.dirname(current)
+
+
+def _alias_access(access: ReadOnlyAccess) -> ReadOnlyAccess:
+    if access.full:
+        return access
+    return replace(access, readable_roots=tuple(map(root_alias_normalize, access.readable_roots)))
+
+
+def _alias_policy(policy: LegacyPolicy) -> LegacyPolicy:
+    if isinstance(policy, ReadOnly):
+        return replace(policy, access=_alias_access(policy.access))
+    if isinstance(policy, WorkspaceWrite):
+        return replace(
+            policy,
+            writable_roots=tuple(map(root_alias_normalize, policy.writable_roots)),
+            read_only_access=_alias_access(policy.read_only_access),
+        )
+    return policy
+
+
+def _with_minimal(policy: FileSystemPolicy) -> FileSystemPolicy:
+    """Platform-default reads for the helper when reads are restricted (§10.1 step 3)."""
+    if policy.kind is not FsKind.RESTRICTED or has_full_disk_read(policy):
+        return policy
+    minimal = FsEntry(SpecialTarget(SpecialKind.MINIMAL), Access.READ)
+    if minimal in policy.entries:
+        return policy
+    return replace(policy, entries=(*policy.entries, minimal))
+
+
+@dataclass(frozen=True)
+class FsSandboxRequest:
+    """A decoded ``fs/*`` sandbox context.
+
+    Attributes:
+        generation: who asked.
+        direct: run the operation in the server (full access, external,
+            disabled); otherwise it needs the confined helper.
+        cwd: policy cwd (legacy: the server's canonical cwd, §10.1).
+        roots: workspace roots.
+        policy: request filesystem policy: the server-side pre-check (§10.2).
+        network: the request's network policy (informational: the helper never
+            gets network).
+        helper_policy: filesystem policy of the helper (platform-default reads
+            on, additional filesystem grants merged; network grants stripped).
+        tmpdir: ``$TMPDIR`` used for ``tmpdir`` entries (the server's).
+    """
+
+    generation: Generation
+    direct: bool
+    cwd: str
+    roots: tuple[str, ...]
+    policy: FileSystemPolicy
+    network: Network
+    helper_policy: FileSystemPolicy
+    tmpdir: str | None = None
+    home: str | None = None
+    legacy_policy: LegacyPolicy | None = None
+    helper_legacy_policy: LegacyPolicy | None = None
+    probe: FsProbe = field(default_factory=OsProbe, compare=False, repr=False)
+
+    @property
+    def scope(self) -> PolicyScope:
+        return PolicyScope(cwd=self.cwd, roots=self.roots, tmpdir=self.tmpdir, home=self.home)
+
+    @cached_property
+    def resolved(self) -> ResolvedPolicy:
+        """Request policy pinned to paths, protected subpaths included."""
+        return ResolvedPolicy(self.policy, self.scope, probe=self.probe)
+
+    def resolve_access(self, path: str) -> Access:
+        """§6.11 for ``path`` (relative joins ``cwd``) with protected subpaths read-only."""
+        return self.resolved.resolve_access(path)
+
+    def can_read(self, path: str) -> bool:
+        return self.resolve_access(path) is not Access.NONE
+
+    def can_write(self, path: str) -> bool:
+        return self.resolve_access(path) is Access.WRITE
+
+    def helper_plan(
+        self,
+        *,
+        runtime_read_roots: Sequence[str] = (),
+        platform_defaults: Sequence[str] | None = None,
+    ) -> SandboxPlan:
+        """The helper's :class:`SandboxPlan` (§10.4): network always off.
+
+        Args:
+            runtime_read_roots: what the helper's interpreter must read when
+                reads are restricted (``sys.prefix``, the package directory…).
+            platform_defaults: override the platform's default read roots.
+        """
+        defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults
+        resolved = ResolvedPolicy(self.helper_policy, self.scope, probe=self.probe)
+        return resolved.plan(
+            Network.RESTRICTED,
+            platform_defaults=defaults,
+            extra_read_roots=runtime_read_roots,
+            probe=self.probe,
+        )
+
+
+def _server_cwd() -> str:
+    """The server's canonical cwd (PROTOCOL.md §10.1 step 1)."""
+    try:
+        return os.path.realpath(os.getcwd())
+    except OSError as exc:
+        raise InternalError(f"failed to read current dir: {os_error_message(exc)}") from exc
+
+
+def fs_context_from_wire(
+    raw: msgspec.Raw | None,
+    *,
+    server_cwd: str | None = None,
+    tmpdir: str | None = None,
+    probe: FsProbe | None = None,
+) -> FsSandboxRequest | None:
+    """Decode ``fs/*.sandbox``; None when absent or ``null`` (direct route).
+
+    Args:
+        raw: the raw member.
+        server_cwd: the server's canonical cwd (default: ``realpath(getcwd())``).
+        tmpdir: ``$TMPDIR`` that ``tmpdir`` entries mean (default: the server's).
+        probe: filesystem probe (tests).
+
+    Raises:
+        InvalidParamsError: malformed object; the message names the field.
+    """
+    if raw is None:
+        return None
+    keys = object_keys(raw, "sandbox")
+    if keys is None:
+        return None
+    probe = probe or OsProbe()
+    cwd = server_cwd if server_cwd is not None else _server_cwd()
+    tmp = tmpdir if tmpdir is not None else os.environ.get("TMPDIR")
+    if "permissions" in keys:
+        return _current_fs_request(
+            wire.decode_sandbox(raw, wire.CurrentSandboxContext), cwd, tmp, probe
+        )
+    if "sandboxPolicy" in keys:
+        ctx = wire.decode_sandbox(raw, wire.FileSystemSandboxContext)
+        policy, extra = ctx.sandbox_policy, extra_permissions(ctx.additional_permissions)
+    elif LAUNCH_KEYS & keys.keys():
+        launch = wire.decode_sandbox(raw, wire.SandboxLaunchConfig)
+        policy, extra = launch.policy, extra_permissions(launch.additional_permissions)
+    else:
+        raise InvalidParamsError("sandbox: missing field `permissions`")
+    return _legacy_fs_request(legacy_policy_from_wire(policy), extra, cwd, tmp, probe)
+
+
+@dataclass(frozen=True, slots=True)
+class FsRouteDecision:
+    """Where one ``fs/*`` call runs (duck-compatible with ``fs.service.FsRoute``).
+
+    Attributes:
+        confined: the call needs the sandboxed helper.
+        context: the decoded :class:`FsSandboxRequest` (None when absent).
+    """
+
+    confined: bool
+    context: FsSandboxRequest | None = None
+
+
+def fs_route_from_wire(raw: bytes | msgspec.Raw | None) -> FsRouteDecision:
+    """Route of an ``fs/*`` call from its raw ``sandbox`` member (PROTOCOL.md §9.1).
+
+    Direct for absent/``null``, full access, external and disabled contexts;
+    confined otherwise, carrying the decoded request.
+
+    Raises:
+        InvalidParamsError: malformed context; the message names the field.
+    """
+    request = fs_context_from_wire(None if raw is None else msgspec.Raw(raw))
+    if request is None:
+        return FsRouteDecision(confined=False)
+    return FsRouteDecision(confined=not request.direct, context=request)
+
+
+def _legacy_fs_request(
+    base: LegacyPolicy,
+    extra: ExtraPermissions | None,
+    cwd: str,
+    tmpdir: str | None,
+    probe: FsProbe,
+) -> FsSandboxRequest:
+    """PROTOCOL.md §10.1 for a legacy ``sandboxPolicy``."""
+    direct = not isinstance(base, ReadOnly | WorkspaceWrite)
+    request = _alias_policy(base)
+    helper = _alias_policy(helper_legacy_policy(base))
+    scope = PolicyScope.legacy(cwd, tmpdir)
+    request_fs = fs_policy_from_legacy(request, scope, probe)
+    # Helper grants: the context's filesystem grants, network stripped (§10.4 step 1).
+    helper_extra = (
+        ExtraPermissions(read=extra.read, write=extra.write) if extra is not None else None
+    )
+    helper_fs = effective_fs_policy(fs_policy_from_legacy(helper, scope, probe), helper_extra)
+    return FsSandboxRequest(
+        Generation.LEGACY,
+        direct,
+        cwd,
+        (cwd,),
+        request_fs,
+        legacy_network(request),
+        helper_fs,
+        tmpdir=tmpdir,
+        legacy_policy=request,
+        helper_legacy_policy=effective_legacy_policy(helper, helper_extra),
+        probe=probe,
+    )
+
+
+def _current_fs_request(
+    ctx: wire.CurrentSandboxContext, server_cwd: str, tmpdir: str | None, probe: FsProbe
+) -> FsSandboxRequest:
+    fs, network = permissions_policy(ctx.permissions)
+    cwd, roots = current_scope(ctx, server_cwd)
+    direct = fs.kind is not FsKind.RESTRICTED or has_full_disk_write(fs)
+    return FsSandboxRequest(
+        Generation.CURRENT,
+        direct,
+        cwd,
+        roots,
+        fs,
+        network,
+        _with_minimal(fs),
+        tmpdir=tmpdir,
+        home=str(ctx.user_home_dir) if ctx.user_home_dir is not None else None,
+        probe=probe,
+    )
