@@ -525,3 +525,50 @@ def test_bad_current_context_names_the_field(ctx: dict[str, Any], needle: str) -
     assert needle in info.value.message
     with pytest.raises(InvalidParamsError):
         fs_context_from_wire(raw(ctx), server_cwd="/w")
+
+
+# --- more PROTOCOL.md examples ---
+
+
+def test_filesystem_context_example_section_6_8() -> None:
+    ctx = {
+        "sandboxPolicy": {
+            "type": "read-only",
+            "access": {
+                "type": "restricted",
+                "include_platform_defaults": False,
+                "readable_roots": ["/srv/allowed"],
+            },
+        },
+        "windowsSandboxLevel": "disabled",
+        "windowsSandboxPrivateDesktop": False,
+        "useLegacyLandlock": False,
+        "additionalPermissions": None,
+    }
+    req = fs_context_from_wire(raw(ctx), server_cwd="/srv/proj")
+    assert req is not None and not req.direct
+    assert req.resolve_access("/srv/allowed/note.txt") is Access.READ
+    assert req.resolve_access("/srv/other") is Access.NONE
+
+
+def test_appendix_a_read_outside_writable_roots_is_denied() -> None:
+    """Appendix A request 5: restricted reads reach only writable and listed roots."""
+    ctx = {
+        "sandboxPolicy": {
+            "type": "workspace-write",
+            "network_access": False,
+            "exclude_tmpdir_env_var": True,
+            "exclude_slash_tmp": True,
+            "read_only_access": {"type": "restricted", "include_platform_defaults": False},
+        },
+        "windowsSandboxLevel": "disabled",
+    }
+    req = fs_context_from_wire(raw(ctx), server_cwd="/srv/proj")
+    assert req is not None and not req.direct
+    assert req.resolve_access("/srv/other/secret.txt") is Access.NONE
+    assert req.resolve_access("/srv/proj/src/main.c") is Access.WRITE
+
+
+def test_appendix_a_process_start_sandbox_is_no_sandbox() -> None:
+    req = launch_request_from_wire(raw(NO_SANDBOX), command_cwd="/srv/proj")
+    assert req.preference == "forbid" and not req.needs_platform_sandbox
