@@ -61,10 +61,13 @@ def current_start(process_id: str, argv: list[str], cwd: str | Path = "/",
 async def collect(client: Any, process_id: str) -> dict[str, Any]:
     """Notifications of one process until ``process/closed``."""
     out: dict[str, Any] = {"data": b"", "order": [], "exited": None, "closed": None}
+    stash: dict[str, list[dict[str, Any]]] = client.__dict__.setdefault("stash", {})
     while True:
-        msg = await client.notification()
+        mine = stash.get(process_id)
+        msg = mine.pop(0) if mine else await client.notification()
         params = msg["params"]
         if params.get("processId") != process_id:
+            stash.setdefault(params.get("processId"), []).append(msg)
             continue
         out["order"].append((msg["method"], params["seq"]))
         if msg["method"] == "process/output":
@@ -220,6 +223,8 @@ async def test_closed_process_is_removed_after_retention(client: Any) -> None:
 
 async def test_server_leaves_no_children_or_fds(client: Any) -> None:
     srv = client.server
+    await client.call("process/start", legacy_start("warm", ["true"]))  # starts the guard
+    await collect(client, "warm")
     fds_before = len(srv.open_fds())
     for i in range(8):
         await client.call("process/start", legacy_start(f"l{i}", ["/bin/sh", "-c", "echo x"]))
@@ -227,8 +232,47 @@ async def test_server_leaves_no_children_or_fds(client: Any) -> None:
     for i in range(8):
         await collect(client, f"l{i}")
         await collect(client, f"t{i}")
-    assert srv.child_pids() == set()
+    assert {cmdline(pid) for pid in srv.child_pids()} <= {GUARD}
     assert len(srv.open_fds()) <= fds_before
+
+
+GUARD = "python -I -S -c (guard)"
+
+
+def cmdline(pid: int) -> str:
+    """A child's command line; the process guard gets a fixed label."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        args = f.read().split(b"\0")
+    if args[1:4] == [b"-I", b"-S", b"-c"]:
+        return GUARD
+    return " ".join(a.decode() for a in args if a)
+
+
+async def test_children_die_with_a_killed_server(
+    no_leaks: None, server_factory: Callable[..., Any], rpc: Callable[[str], Awaitable[Any]]
+) -> None:
+    srv = server_factory()
+    c = await rpc(srv.url)
+    await c.initialize()
+    await c.call("process/start", legacy_start("p", ["/bin/sh", "-c", "sleep 60 & echo up; wait"]))
+    await c.call("process/start", current_start("t", ["/bin/sh", "-c", "echo up; sleep 60"],
+                                                tty=True))
+    await c.notification("process/output")
+    await c.notification("process/output")
+    children = {pid for pid in srv.child_pids() if cmdline(pid) != GUARD}
+    assert len(children) == 2
+    grandchildren = set().union(*(children_of(pid) for pid in children))
+    assert grandchildren  # the background sleep of "p"
+    srv.proc.kill()  # no chance to clean up: the guard must do it
+    srv.proc.wait()
+    # no_leaks (the test process is a subreaper) fails the test if any of them survives
+
+
+def children_of(pid: int) -> set[int]:
+    out = set()
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        out.update(int(x) for x in f.read().split())
+    return out
 
 
 async def test_sandboxed_denial_is_reported(client: Any, tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ import msgspec
 
 from exec_server.exceptions import InternalError, InvalidRequestError, os_error_message
 from exec_server.process.output import RETAINED_OUTPUT_CAP, OutputBuffer
-from exec_server.process.pipes import SpawnedChild, close_quietly, spawn_pipes
+from exec_server.process.pipes import ProcessGuard, SpawnedChild, close_quietly, spawn_pipes
 from exec_server.process.pty import spawn_pty
 from exec_server.process.spec import ExitStatus, LaunchSpec
 from exec_server.protocol.process_types import (
@@ -196,6 +196,7 @@ class ProcessManager:
         self._records: dict[str, _Record] = {}
         self._sink: NotificationSink | None = None
         self._closed = False
+        self._guard = ProcessGuard()
 
     # -- sink ----------------------------------------------------------------------
 
@@ -263,6 +264,7 @@ class ProcessManager:
             raise InternalError(f"failed to start process: {exc}") from exc
         for fd in spec.pass_fds:
             close_quietly(fd)
+        self._guard.add(child.pid)
         rec.child = child
         rec.spec = spec
         rec.sandbox_type = spec.sandbox_type
@@ -423,6 +425,8 @@ class ProcessManager:
             seq = buffer.record_close()
             _wake(rec.waiters)
             self._close_stdin(rec)
+            if rec.child is not None:
+                self._guard.discard(rec.child.pid)
             if rec.terminate_timer is not None:
                 rec.terminate_timer.cancel()
                 rec.terminate_timer = None
@@ -638,3 +642,6 @@ class ProcessManager:
         for rec in records:
             self._close_stdin(rec)
             _wake(rec.waiters)
+        guard = self._guard.close()
+        if guard is not None:
+            guard.returncode = await self._reap(guard.pid)

@@ -6,9 +6,9 @@ gets stdin from ``/dev/null`` unless ``pipe_stdin`` asks for a writable pipe.
 
 Why ``subprocess.Popen`` with plain fds and no ``preexec_fn``: CPython then
 spawns with ``vfork`` (~0.15 ms) instead of ``fork`` (~2 ms for a server-sized
-process, which would dominate ``true`` start→closed). The price: no
-``PR_SET_PDEATHSIG`` for pipe children (it needs child-side code); the manager
-kills every group on shutdown instead (docs/processes.md).
+process, which would dominate ``true`` start→closed). ``PR_SET_PDEATHSIG``
+needs child-side code, so death-of-server cleanup is :class:`ProcessGuard`'s
+job instead (it kills whole groups, which PDEATHSIG would not).
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import contextlib
 import fcntl
 import os
 import subprocess
+import sys
 from dataclasses import dataclass, field
 
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.process_types import ProcessStream
 
-__all__ = ["PIPE_SIZE", "SpawnedChild", "close_quietly", "spawn_pipes"]
+__all__ = ["PIPE_SIZE", "ProcessGuard", "SpawnedChild", "close_quietly", "spawn_pipes"]
 
 #: Kernel pipe buffer for stdout/stderr: bigger bursts, fewer wake-ups.
 PIPE_SIZE = 1 << 20
@@ -126,3 +127,99 @@ def spawn_pipes(spec: LaunchSpec) -> SpawnedChild:
         stdin_fd=stdin_w,
         popen=popen,
     )
+
+
+_GUARD_CODE = """
+import os, signal
+groups = set()
+buf = b""
+while True:
+    try:
+        data = os.read(0, 65536)
+    except InterruptedError:
+        continue
+    if not data:
+        break
+    buf += data
+    *lines, buf = buf.split(b"\\n")
+    for line in lines:
+        if line[:1] == b"+":
+            groups.add(int(line[1:]))
+        elif line[:1] == b"-":
+            groups.discard(int(line[1:]))
+for group in groups:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class ProcessGuard:
+    """Kills registered process groups when the server dies, however it dies.
+
+    ``PR_SET_PDEATHSIG`` would need code in every child (a ``fork`` instead
+    of ``vfork``: ~2 ms per spawn) and only kills the group leader. Instead a
+    tiny helper (own session, stdin = a pipe from us) learns each group id
+    and, on EOF of that pipe (our exit, crash or SIGKILL), SIGKILLs every
+    group still registered. Started lazily on the first spawn; :meth:`close`
+    lets it exit cleanly.
+    """
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._failed = False
+
+    def _start(self) -> None:
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            self._popen = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _GUARD_CODE],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd="/",
+                close_fds=True,
+                start_new_session=True,
+            )
+        except OSError:
+            close_quietly(write_end)
+            self._failed = True
+            return
+        finally:
+            close_quietly(read_end)
+        os.set_blocking(write_end, False)
+        self._fd = write_end
+
+    def _send(self, line: bytes) -> None:
+        if self._fd is None:
+            if self._failed:
+                return
+            self._start()
+            if self._fd is None:
+                return
+        # Guard gone or pipe full: best effort; the manager still kills on shutdown.
+        with contextlib.suppress(OSError):
+            os.write(self._fd, line)
+
+    def add(self, pgid: int) -> None:
+        self._send(b"+%d\n" % pgid)
+
+    def discard(self, pgid: int) -> None:
+        if self._fd is not None:
+            self._send(b"-%d\n" % pgid)
+
+    @property
+    def pid(self) -> int | None:
+        return self._popen.pid if self._popen is not None else None
+
+    def close(self) -> subprocess.Popen[bytes] | None:
+        """Close our end (the guard exits after killing what is still registered).
+
+        Returns the guard's ``Popen`` for the caller to reap, or None.
+        """
+        close_quietly(self._fd)
+        self._fd = None
+        popen, self._popen = self._popen, None
+        return popen
