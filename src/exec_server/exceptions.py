@@ -22,7 +22,6 @@ the connection without replying (spec §3.5).
 from __future__ import annotations
 
 import enum
-import errno as _errno
 import os
 from typing import ClassVar
 
@@ -119,6 +118,3 @@ def os_error_message(exc: OSError) -> str:
         return str(exc)
     return f"{os.strerror(exc.errno)} (os error {exc.errno})"
 
-
-#: errno values that upstream maps to "permission denied" (-32600).
-PERMISSION_ERRNOS = frozenset({_errno.EACCES, _errno.EPERM, _errno.EROFS})
