@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import enum
 import os
-from typing import ClassVar
 
 __all__ = [
     "AlreadyAttachedError",
@@ -54,7 +53,7 @@ class ErrorCode(enum.IntEnum):
 class ExecServerError(Exception):
     """Base of every error that becomes a JSON-RPC error object."""
 
-    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL_ERROR
+    code: int = ErrorCode.INTERNAL_ERROR
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -107,7 +106,7 @@ def error_for_code(code: int, message: str) -> ExecServerError:
     cls = _BY_CODE.get(code)
     if cls is None:
         err = ExecServerError(message)
-        err.code = code  # type: ignore[misc]
+        err.code = code
         return err
     return cls(message)
 
