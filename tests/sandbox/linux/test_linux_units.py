@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -292,3 +294,42 @@ def test_arg0_is_visible_to_the_command(backend: Any, run: Any, plan_for: Any, w
     res = run(_Arg0(), plan_for(ws), spec_argv, cwd=ws.root, tty=tty)
     assert res.code == 0, res.output
     assert res.output.startswith("renamed-shell -c"), res.output
+
+
+@needs_landlock
+def test_launcher_rebinds_apply_to_inherited_cwd(tmp_path: Path) -> None:
+    """Without --command-cwd the launcher still re-resolves its cwd below the rebinds."""
+    (tmp_path / ".git").mkdir()
+    res = _launcher(["--full-read", "--write", str(tmp_path), "--ro", str(tmp_path / ".git"),
+                     "--", "sh", "-c", "echo x > .git/config"], tmp_path)
+    assert res.returncode != 0
+    assert not (tmp_path / ".git" / "config").exists()
+
+
+@needs_landlock
+@pytest.mark.skipif(os.getuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv to become an unprivileged user")
+def test_launcher_as_unprivileged_user() -> None:
+    """Non-root path: user+mount namespace for the rebinds, then Landlock and seccomp."""
+    base = Path(tempfile.mkdtemp(prefix="exec-server-nobody-", dir="/var/tmp"))
+    try:
+        work, out = base / "w", base / "out"
+        (work / ".git").mkdir(parents=True)
+        out.mkdir()
+        for p in (base, work, work / ".git", out):
+            os.chown(p, 65534, 65534)
+        script = ("echo ok > f; echo x > .git/c; mkdir .codex/x; echo y > ../out/z; "
+                  "grep -E 'CapEff|NoNewPrivs|Seccomp:' /proc/self/status")
+        res = subprocess.run(
+            ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+             sys.executable, "-I", "-S", LAUNCHER_PATH, "--full-read", "--write", str(work),
+             "--ro", str(work / ".git"), "--ro", str(work / ".codex"), "--", "sh", "-c", script],
+            cwd=work, capture_output=True, text=True, timeout=30, check=False,
+            env={"PATH": "/usr/bin:/bin"})
+        assert (work / "f").read_text() == "ok\n", res.stderr
+        assert not (work / ".git" / "c").exists()
+        assert not (out / "z").exists()
+        assert not (work / ".codex" / "x").exists()
+        assert "NoNewPrivs:\t1" in res.stdout and "Seccomp:\t2" in res.stdout
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -372,13 +372,16 @@ def main(argv: list[str]) -> int:
         if not command:
             raise _Setup("args", "no command given after --")
         _pdeathsig()
-        _confine(plan, opts)
         cwd = opts["cwd"]
-        if isinstance(cwd, str):
-            try:
-                os.chdir(cwd)
-            except OSError as exc:
-                raise _Setup("chdir", f"chdir {cwd}: {exc.strerror}") from exc
+        if not isinstance(cwd, str):
+            # re-resolve the inherited cwd after the mounts: the old reference would
+            # still point below the read-only rebinds (SANDBOX.md §1.10)
+            cwd = os.getcwd()
+        _confine(plan, opts)
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            raise _Setup("chdir", f"chdir {cwd}: {exc.strerror}") from exc
     except _Setup as exc:
         _report(status_fd, "error", exc.stage, exc.message)
         sys.stderr.write(f"exec-server sandbox: {exc.message}\n")
