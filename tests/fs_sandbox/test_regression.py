@@ -236,3 +236,12 @@ async def test_current_client_context_sequence(
     with pytest.raises(ExecServerError):
         await fs.write_file(layout.link / "x.txt", b"x", sandbox=c)
     assert not (layout.outside / "x.txt").exists()
+
+
+async def test_non_utf8_names_round_trip(fs: ExecutorFileSystem, layout: Any, ctx: Any) -> None:
+    raw = os.fsencode(layout.allowed) + b"/caf\xe9-\xff.bin"
+    name = os.fsdecode(raw)
+    await fs.write_file(name, b"\x00\xffbinary", sandbox=ctx.ww(layout.allowed))
+    assert await fs.read_file(name, sandbox=ctx.ww(layout.allowed)) == b"\x00\xffbinary"
+    entries = await fs.read_directory(layout.allowed, sandbox=ctx.ww(layout.allowed))
+    assert "caf\ufffd-\ufffd.bin" in {e.file_name for e in entries}
