@@ -69,6 +69,38 @@ def _drop_trailing_empty(ops: list[tuple[str, str]], drop_new: bool) -> list[tup
     return ops
 
 
+def _runs(
+    ops: Sequence[tuple[str, str]], found: int, preferred: str
+) -> list[tuple[int, int, list[Line]]]:
+    """Split a matched chunk into one replacement per run of ``-``/``+`` lines (§8.3).
+
+    Context lines between runs stay untouched in the file, with their own text
+    and ending; new lines get the preferred ending.
+    """
+    runs: list[tuple[int, int, list[Line]]] = []
+    position = found
+    run_start = -1
+    removed = 0
+    added: list[Line] = []
+    for kind, text in ops:
+        if kind == " ":
+            if run_start >= 0:
+                runs.append((run_start, removed, added))
+                run_start, removed, added = -1, 0, []
+            position += 1
+            continue
+        if run_start < 0:
+            run_start = position
+        if kind == "-":
+            removed += 1
+            position += 1
+        else:
+            added.append(Line(text, preferred))
+    if run_start >= 0:
+        runs.append((run_start, removed, added))
+    return runs
+
+
 def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_path: str) -> str:
     """Return the new contents of a file after applying ``chunks``.
 
@@ -108,19 +140,10 @@ def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_pa
         if found is None:
             old = "\n".join(chunk.old_lines)
             raise ApplyError(f"Failed to find expected lines in {display_path}:\n{old}")
-        out: list[Line] = []
-        position = found
-        for kind, text in ops:
-            if kind == " ":
-                out.append(lines[position])
-                position += 1
-            elif kind == "-":
-                position += 1
-            else:
-                out.append(Line(text, preferred))
-        replacements.append((found, len(pattern), out))
+        replacements.extend(_runs(ops, found, preferred))
         cursor = found + len(pattern)
 
+    # Stable: at one position, earlier chunks' lines come first (as upstream).
     replacements.sort(key=lambda r: r[0])
     result: list[Line] = []
     index = 0

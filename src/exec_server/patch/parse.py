@@ -142,135 +142,175 @@ def _envelope(lines: list[str]) -> list[str]:
         raise
 
 
-def _is_bare_at(line: str) -> bool:
-    return line.startswith("@@") and trim_end(line) == "@@"
+_VALID_HEADERS = (
+    "Valid hunk headers: "
+    "'*** Add File: {path}', '*** Delete File: {path}', '*** Update File: {path}'"
+)
 
 
-def _is_eof_marker(line: str) -> bool:
-    return line.startswith(_EOF) and trim_end(line) == _EOF
+def _unexpected_line(line: str, line_number: int) -> InvalidHunkError:
+    return InvalidHunkError(
+        f"Unexpected line found in update hunk: '{line}'. Every line should start with "
+        "' ' (context line), '+' (added line), or '-' (removed line)",
+        line_number,
+    )
+
+
+class _ChunkBuilder:
+    def __init__(self, anchor: str | None) -> None:
+        self.anchor = anchor
+        self.ops: list[tuple[str, str]] = []
+        self.is_end_of_file = False
+
+    def build(self) -> UpdateChunk:
+        old = tuple(t for k, t in self.ops if k != "+")
+        new = tuple(t for k, t in self.ops if k != "-")
+        return UpdateChunk(self.anchor, old, new, self.is_end_of_file, tuple(self.ops))
+
+
+class _UpdateBuilder:
+    def __init__(self, path: str, line_number: int) -> None:
+        self.path = path
+        self.line_number = line_number
+        self.move_path: str | None = None
+        self.chunks: list[_ChunkBuilder] = []
+
+    def build(self) -> UpdateFile:
+        return UpdateFile(self.path, self.move_path, tuple(c.build() for c in self.chunks))
 
 
 class _Parser:
-    """Walks the body lines; ``offset`` converts a body index into a patch line number."""
+    """Line-at-a-time state machine over the body, as 0.163.0 parses it.
 
-    def __init__(self, body: list[str], offset: int) -> None:
-        self.body = body
-        self.offset = offset
-        self.pos = 0
+    Modes: ``started`` (only headers or the Environment ID may come), ``add``,
+    ``delete``, ``update`` and ``ended`` (after an inner End Patch only
+    whitespace may follow). Header lines are trimmed, except inside an Update
+    hunk where only trailing whitespace is removed, so an indented line there
+    stays a context line.
+    """
 
-    def line_no(self, index: int) -> int:
-        return index + self.offset
+    def __init__(self) -> None:
+        self.mode = "started"
+        self.hunks: list[AddFile | DeleteFile | _UpdateBuilder] = []
+        self.add_lines: list[str] = []
+        self.environment_id: str | None = None
 
-    def header_error(self, index: int) -> InvalidHunkError:
-        text = trim(self.body[index])
-        return InvalidHunkError(
-            f"'{text}' is not a valid hunk header. Valid hunk headers: "
-            "'*** Add File: {path}', '*** Delete File: {path}', '*** Update File: {path}'",
-            self.line_no(index),
+    # -- header handling ---------------------------------------------------------
+    def _close_current(self, line: str, line_number: int, *, at_end: bool) -> None:
+        """Finish the current hunk before a header, the End marker or the body's end."""
+        if self.mode == "add":
+            last = self.hunks[-1]
+            assert isinstance(last, AddFile)
+            self.hunks[-1] = AddFile(last.path, "".join(self.add_lines))
+            self.add_lines = []
+        elif self.mode == "update":
+            update = self.hunks[-1]
+            assert isinstance(update, _UpdateBuilder)
+            if not update.chunks:
+                raise InvalidHunkError(
+                    f"Update file hunk for path '{update.path}' is empty", update.line_number
+                )
+            if not update.chunks[-1].ops:
+                if at_end:
+                    raise InvalidHunkError("Update hunk does not contain any lines", line_number)
+                raise _unexpected_line(line, line_number)
+
+    def _header(self, text: str, line: str, line_number: int) -> bool:
+        if text == END_PATCH:
+            self._close_current(line, line_number, at_end=True)
+            self.mode = "ended"
+            return True
+        for marker, mode in ((_ADD, "add"), (_DELETE, "delete"), (_UPDATE, "update")):
+            if text.startswith(marker):
+                self._close_current(line, line_number, at_end=False)
+                path = text[len(marker) :]
+                if mode == "add":
+                    self.hunks.append(AddFile(path, ""))
+                elif mode == "delete":
+                    self.hunks.append(DeleteFile(path))
+                else:
+                    self.hunks.append(_UpdateBuilder(path, line_number))
+                self.mode = mode
+                return True
+        return False
+
+    # -- per line -------------------------------------------------------------------
+    def feed(self, line: str, line_number: int) -> None:
+        trimmed = trim(line)
+        if self.mode == "ended":
+            # [rev] after an inner End Patch only whitespace may follow (§3.3).
+            if trimmed:
+                raise InvalidPatchError("The last line of the patch must be '*** End Patch'")
+            return
+        if self.mode == "started" and trimmed.startswith(_ENV_ID):
+            if self.environment_id is not None:
+                raise InvalidPatchError(
+                    "apply_patch environment_id cannot be specified more than once"
+                )
+            self.environment_id = trim(trimmed[len(_ENV_ID) :])
+            if not self.environment_id:
+                raise InvalidPatchError("apply_patch environment_id cannot be empty")
+            return
+        header_text = trim_end(line) if self.mode == "update" else trimmed
+        if self._header(header_text, line, line_number):
+            return
+        if self.mode == "add" and line.startswith("+"):
+            self.add_lines.append(line[1:] + "\n")
+            return
+        if self.mode == "update":
+            self._update_line(line, line_number)
+            return
+        raise InvalidHunkError(
+            f"'{trimmed}' is not a valid hunk header. {_VALID_HEADERS}", line_number
         )
 
-    def hunks(self) -> list[Hunk]:
-        body = self.body
-        hunks: list[Hunk] = []
-        while self.pos < len(body):
-            header = trim(body[self.pos])
-            if header == END_PATCH:
-                # [rev] an inner end marker ends the body; only whitespace may follow.
-                if any(trim(rest) for rest in body[self.pos + 1 :]):
-                    raise InvalidPatchError("The last line of the patch must be '*** End Patch'")
-                break
-            if header.startswith(_ADD):
-                hunks.append(self.add_hunk(header[len(_ADD) :]))
-            elif header.startswith(_DELETE):
-                hunks.append(DeleteFile(header[len(_DELETE) :]))
-                self.pos += 1
-            elif header.startswith(_UPDATE):
-                hunks.append(self.update_hunk(header[len(_UPDATE) :]))
-            else:
-                raise self.header_error(self.pos)
-        return hunks
-
-    def add_hunk(self, path: str) -> AddFile:
-        body = self.body
-        self.pos += 1
-        content: list[str] = []
-        while self.pos < len(body) and body[self.pos].startswith("+"):
-            content.append(body[self.pos][1:] + "\n")
-            self.pos += 1
-        return AddFile(path, "".join(content))
-
-    def update_hunk(self, path: str) -> UpdateFile:
-        body = self.body
-        header_index = self.pos
-        self.pos += 1
-        move_path: str | None = None
-        if self.pos < len(body) and body[self.pos].startswith(_MOVE):
-            move_path = trim_end(body[self.pos][len(_MOVE) :])
-            self.pos += 1
-        chunks: list[UpdateChunk] = []
-        after_eof = False
-        while self.pos < len(body):
-            line = body[self.pos]
-            if after_eof and not trim(line):
-                # 0.163.0 skips blank lines after an End of File marker.
-                self.pos += 1
-                continue
-            if line.startswith("*"):
-                break
-            chunk = self.chunk(first=not chunks)
-            chunks.append(chunk)
-            after_eof = chunk.is_end_of_file
-        if not chunks:
-            raise InvalidHunkError(
-                f"Update file hunk for path '{path}' is empty", self.line_no(header_index)
-            )
-        return UpdateFile(path, move_path, tuple(chunks))
-
-    def chunk(self, *, first: bool) -> UpdateChunk:
-        body = self.body
-        line = body[self.pos]
-        anchor: str | None = None
-        if _is_bare_at(line):
-            self.pos += 1
-        elif line.startswith("@@ "):
-            anchor = trim_end(line[3:]) or None
-            self.pos += 1
-        elif not first:
+    def _update_line(self, line: str, line_number: int) -> None:
+        update = self.hunks[-1]
+        assert isinstance(update, _UpdateBuilder)
+        text = trim_end(line)
+        chunks = update.chunks
+        last = chunks[-1] if chunks else None
+        if last is not None and last.is_end_of_file:
+            # After End of File only blank lines or a new @@ chunk may follow.
+            if not text:
+                return
+            if not (text == "@@" or text.startswith("@@ ")):
+                raise InvalidHunkError(
+                    f"Expected update hunk to start with a @@ context marker, got: '{line}'",
+                    line_number,
+                )
+        if last is None and update.move_path is None and text.startswith(_MOVE):
+            update.move_path = text[len(_MOVE) :]
+            return
+        if text == "@@" or text.startswith("@@ "):
+            if last is not None and not last.ops:
+                raise _unexpected_line(line, line_number)  # stacked @@ lines (§2.1)
+            chunks.append(_ChunkBuilder(text[3:] if text != "@@" else None))
+            return
+        if text == _EOF:
+            if last is not None and not last.ops:
+                raise InvalidHunkError("Update hunk does not contain any lines", line_number)
+            if last is not None:
+                last.is_end_of_file = True
+            return
+        kind = line[:1]
+        if kind in ("", " ", "-", "+"):
+            if last is None:
+                last = _ChunkBuilder(None)
+                chunks.append(last)
+            last.ops.append((" ", "") if kind == "" else (kind, line[1:]))
+            return
+        if last is not None and last.ops:
             raise InvalidHunkError(
                 f"Expected update hunk to start with a @@ context marker, got: '{line}'",
-                self.line_no(self.pos),
+                line_number,
             )
-        if self.pos >= len(body):
-            raise InvalidHunkError("Update hunk does not contain any lines", self.line_no(self.pos))
-        ops: list[tuple[str, str]] = []
-        is_eof = False
-        while self.pos < len(body):
-            text = body[self.pos]
-            if _is_eof_marker(text):
-                if not ops:
-                    raise InvalidHunkError(
-                        "Update hunk does not contain any lines", self.line_no(self.pos)
-                    )
-                is_eof = True
-                self.pos += 1
-                break
-            kind = text[:1]
-            if kind == "":
-                ops.append((" ", ""))
-            elif kind in (" ", "-", "+"):
-                ops.append((kind, text[1:]))
-            else:
-                if not ops:
-                    raise InvalidHunkError(
-                        f"Unexpected line found in update hunk: '{text}'. Every line should "
-                        "start with ' ' (context line), '+' (added line), or '-' (removed line)",
-                        self.line_no(self.pos),
-                    )
-                break
-            self.pos += 1
-        old = tuple(t for k, t in ops if k != "+")
-        new = tuple(t for k, t in ops if k != "-")
-        return UpdateChunk(anchor, old, new, is_eof, tuple(ops))
+        raise _unexpected_line(line, line_number)
+
+    def finish(self, end_line: str, end_line_number: int) -> list[Hunk]:
+        if self.mode != "ended":
+            self._close_current(end_line, end_line_number, at_end=True)
+        return [h.build() if isinstance(h, _UpdateBuilder) else h for h in self.hunks]
 
 
 def parse_patch(text: str) -> ParsedPatch:
@@ -281,16 +321,9 @@ def parse_patch(text: str) -> ParsedPatch:
             message to print (§10).
     """
     lines = _envelope(split_lines(trim(text)))
-    body = lines[1:-1]
-    offset = 2  # body[0] is line 2: Begin is line 1 (§3.6)
-    env_id: str | None = None
-    while body and trim(body[0]).startswith(_ENV_ID):
-        if env_id is not None:
-            raise InvalidPatchError("apply_patch environment_id cannot be specified more than once")
-        env_id = trim(trim(body[0])[len(_ENV_ID) :])
-        if not env_id:
-            raise InvalidPatchError("apply_patch environment_id cannot be empty")
-        body = body[1:]
-        offset += 1
-    hunks = _Parser(body, offset).hunks()
-    return ParsedPatch(tuple(hunks), "\n".join(lines), env_id)
+    parser = _Parser()
+    # Begin is line 1 (§3.6); the final End line is not fed to the state machine.
+    for number, line in enumerate(lines[1:-1], start=2):
+        parser.feed(line, number)
+    hunks = parser.finish(lines[-1], len(lines))
+    return ParsedPatch(tuple(hunks), "\n".join(lines), parser.environment_id)

@@ -43,19 +43,24 @@ def seek_sequence(
 ) -> int | None:
     """Return the first index >= ``start`` where ``pattern`` matches ``lines``, or None.
 
-    With ``end_of_file`` the only candidate is ``len(lines) - len(pattern)`` and
-    ``start`` is ignored: there is no fallback search (§9.3).
+    With ``end_of_file`` the only candidate is ``len(lines) - len(pattern)``,
+    with no fallback search (§9.3); unlike §9.3's wording, the 0.163.0 binary
+    also fails when that candidate lies before ``start``.
     """
     if not pattern:
         return start
     k = len(pattern)
     if k > len(lines):
         return None
-    candidates = (
-        range(len(lines) - k, len(lines) - k + 1)
-        if end_of_file
-        else range(start, len(lines) - k + 1)
-    )
+    last = len(lines) - k
+    if end_of_file:
+        # The pattern must be the last k lines, and (as the 0.163.0 binary does)
+        # that position must not lie before the cursor.
+        if last < start:
+            return None
+        candidates = range(last, last + 1)
+    else:
+        candidates = range(start, last + 1)
     for norm in _PASSES:
         want = [norm(p) for p in pattern]
         have = [norm(line) for line in lines]
