@@ -334,3 +334,16 @@ def test_sandbox_denial_heuristic() -> None:
     assert not looks_sandbox_denied(seccomp, 127, b"command not found")
     assert looks_sandbox_denied(seccomp, 128 + 31, b"")
     assert not looks_sandbox_denied(SandboxType.MACOS_SEATBELT, 128 + 31, b"")
+
+
+async def test_guard_exits_when_idle_and_restarts(no_leaks: None, manager: ProcessManager,
+                                                  sink: Any, wait_until: Any) -> None:
+    manager.start("g1", sh("exit 0"))
+    guard_pid = manager._guard.pid
+    assert guard_pid is not None
+    await sink.closed("g1")
+    await wait_until(lambda: manager._guard.pid is None and not manager._aux_tasks)
+    assert not os.path.exists(f"/proc/{guard_pid}")  # noqa: ASYNC240 - reaped
+    manager.start("g2", sh("exit 0"))
+    assert manager._guard.pid not in (None, guard_pid)
+    await sink.closed("g2")

@@ -68,6 +68,8 @@ DEFAULT_TERMINATE_GRACE: Final = 2.0
 WRITE_QUEUE_DEPTH: Final = 128
 #: Remembered ``writeId`` values per process (CLIENT_COMPAT.md §5.1).
 WRITE_ID_MEMORY: Final = 4096
+#: Seconds without a running process before the process guard is closed.
+GUARD_IDLE_LINGER: Final = 1.0
 #: Seconds ``shutdown`` waits for killed children to be reaped.
 SHUTDOWN_REAP_TIMEOUT: Final = 5.0
 
@@ -198,6 +200,8 @@ class ProcessManager:
         self._sink: NotificationSink | None = None
         self._closed = False
         self._guard = ProcessGuard()
+        self._guard_timer: asyncio.TimerHandle | None = None
+        self._aux_tasks: set[asyncio.Task[None]] = set()
 
     # -- sink ----------------------------------------------------------------------
 
@@ -266,6 +270,9 @@ class ProcessManager:
         for fd in spec.pass_fds:
             close_quietly(fd)
         self._guard.add(child.pid)
+        if self._guard_timer is not None:
+            self._guard_timer.cancel()
+            self._guard_timer = None
         rec.child = child
         rec.spec = spec
         rec.sandbox_type = spec.sandbox_type
@@ -427,7 +434,7 @@ class ProcessManager:
             _wake(rec.waiters)
             self._close_stdin(rec)
             if rec.child is not None:
-                self._guard.discard(rec.child.pid)
+                self._release_guard(rec.child.pid)
             if rec.terminate_timer is not None:
                 rec.terminate_timer.cancel()
                 rec.terminate_timer = None
@@ -450,6 +457,27 @@ class ProcessManager:
         for fut in list(rec.readable_futs.values()):
             _set_if_pending(fut)
         _wake(rec.space_waiters)
+
+    def _release_guard(self, pid: int) -> None:
+        self._guard.discard(pid)
+        if self._guard.idle and self._guard_timer is None and not self._closed:
+            self._guard_timer = asyncio.get_running_loop().call_later(
+                GUARD_IDLE_LINGER, self._close_idle_guard
+            )
+
+    def _close_idle_guard(self) -> None:
+        self._guard_timer = None
+        if not self._guard.idle:
+            return
+        popen = self._guard.close()
+        if popen is not None:
+            task = asyncio.get_running_loop().create_task(self._reap_guard(popen))
+            self._aux_tasks.add(task)
+            task.add_done_callback(self._aux_tasks.discard)
+
+    async def _reap_guard(self, popen: subprocess.Popen[bytes]) -> None:
+        status = await self._reap(popen.pid)
+        popen.returncode = -1 if status == -1 else exit_status_from_wait(status).code
 
     # -- read ----------------------------------------------------------------------------
 
@@ -643,6 +671,11 @@ class ProcessManager:
         for rec in records:
             self._close_stdin(rec)
             _wake(rec.waiters)
+        if self._guard_timer is not None:
+            self._guard_timer.cancel()
+            self._guard_timer = None
         guard = self._guard.close()
         if guard is not None:
-            guard.returncode = await self._reap(guard.pid)
+            await self._reap_guard(guard)
+        if self._aux_tasks:
+            await asyncio.wait(list(self._aux_tasks))

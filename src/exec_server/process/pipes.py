@@ -162,14 +162,16 @@ class ProcessGuard:
     of ``vfork``: ~2 ms per spawn) and only kills the group leader. Instead a
     tiny helper (own session, stdin = a pipe from us) learns each group id
     and, on EOF of that pipe (our exit, crash or SIGKILL), SIGKILLs every
-    group still registered. Started lazily on the first spawn; :meth:`close`
-    lets it exit cleanly.
+    group still registered. Started lazily on the first spawn; the manager
+    closes it (it exits cleanly) once no group has been registered
+    for a while, so an idle server keeps no extra child or fd.
     """
 
     def __init__(self) -> None:
         self._fd: int | None = None
         self._popen: subprocess.Popen[bytes] | None = None
         self._failed = False
+        self._groups: set[int] = set()
 
     def _start(self) -> None:
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
@@ -204,11 +206,18 @@ class ProcessGuard:
             os.write(self._fd, line)
 
     def add(self, pgid: int) -> None:
+        self._groups.add(pgid)
         self._send(b"+%d\n" % pgid)
 
     def discard(self, pgid: int) -> None:
+        self._groups.discard(pgid)
         if self._fd is not None:
             self._send(b"-%d\n" % pgid)
+
+    @property
+    def idle(self) -> bool:
+        """No group registered: the guard may be closed until the next spawn."""
+        return not self._groups
 
     @property
     def pid(self) -> int | None:
