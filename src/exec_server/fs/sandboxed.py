@@ -70,6 +70,8 @@ logger = logging.getLogger("exec_server.fs.sandbox")
 Mode = Literal["auto", "zygote", "helper"]
 
 NOT_PERMITTED = "{} is not permitted by filesystem sandbox"
+#: confined operations (one helper process each) allowed to run at once.
+DEFAULT_MAX_CONCURRENT = 64
 NEEDS_POLICY = "sandboxed filesystem operations require ReadOnly or WorkspaceWrite sandbox policy"
 FS_HELPER_FLAG = "--codex-run-as-fs-helper"
 
@@ -190,6 +192,8 @@ class SandboxedFileSystem:
         mode: ``auto`` (zygote when Landlock works, else one-shot helper),
             ``zygote`` or ``helper``.
         zygote: inject a zygote (tests use ``Zygote(test_hooks=True)``).
+        max_concurrent: confined operations running at once (one process
+            each); further calls wait for a slot.
     """
 
     def __init__(
@@ -199,6 +203,7 @@ class SandboxedFileSystem:
         *,
         mode: Mode = "auto",
         zygote: Zygote | None = None,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
     ) -> None:
         self._config = config
         self._manager = sandbox_manager
@@ -207,6 +212,7 @@ class SandboxedFileSystem:
         self._helpers: set[asyncio.subprocess.Process] = set()
         self._runtime_roots: tuple[str, ...] | None = None
         self._closed = False
+        self._slots = asyncio.Semaphore(max_concurrent)
 
     @property
     def zygote(self) -> Zygote:
@@ -323,6 +329,17 @@ class SandboxedFileSystem:
             if op.method == "fs/readFile" and request.generation is Generation.CURRENT
             else None
         )
+        async with self._slots:
+            return await self._dispatch(op, request, src, dst, not_a_file)
+
+    async def _dispatch(
+        self,
+        op: FsOperation,
+        request: FsSandboxRequest,
+        src: _Checked,
+        dst: _Checked | None,
+        not_a_file: str | None,
+    ) -> tuple[dict[str, object], bytes]:
         if self._mode != "helper":
             try:
                 return await self._run_zygote(op, request, src, dst, not_a_file)
