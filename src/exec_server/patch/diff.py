@@ -1,0 +1,103 @@
+"""Unified diff of an Update hunk for previews (APPLY_PATCH.md §13).
+
+Hunks only (no ``---``/``+++`` headers), context radius 1 by default, every
+line keeping its own terminator (``\\r\\n`` survives), and a missing final
+newline flagged with ``\\ No newline at end of file``. Upstream uses Myers
+(Rust ``similar``); ``difflib`` without autojunk gives the same hunks for
+ordinary edits.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from exec_server.patch.apply import read_text
+from exec_server.patch.content import derive_new_contents
+from exec_server.patch.errors import ApplyError
+from exec_server.patch.fs import PatchFileSystem, SandboxT
+from exec_server.patch.parse import UpdateChunk
+
+__all__ = ["FileUpdate", "unified_diff", "unified_diff_from_chunks"]
+
+_NO_NEWLINE = "\\ No newline at end of file\n"
+
+
+@dataclass(frozen=True)
+class FileUpdate:
+    """A planned update: the preview diff, the original and the new contents."""
+
+    unified_diff: str
+    original_content: str
+    content: str
+
+
+def _split_keep_ends(text: str) -> list[str]:
+    """Lines with their ``\\n`` kept; split on ``\\n`` only (never ``splitlines``)."""
+    if not text:
+        return []
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def _range(start: int, stop: int) -> str:
+    """``start,count`` (1-based); ``start`` alone for one line; GNU style for none."""
+    length = stop - start
+    if length == 1:
+        return str(start + 1)
+    if length == 0:
+        return f"{start},0"
+    return f"{start + 1},{length}"
+
+
+def _emit(out: list[str], prefix: str, line: str) -> None:
+    out.append(prefix + line)
+    if not line.endswith("\n"):
+        out.append("\n" + _NO_NEWLINE)
+
+
+def unified_diff(original: str, new: str, context: int = 1) -> str:
+    """Return the hunks of a line diff from ``original`` to ``new``."""
+    a = _split_keep_ends(original)
+    b = _split_keep_ends(new)
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    out: list[str] = []
+    for group in matcher.get_grouped_opcodes(context):
+        first, last = group[0], group[-1]
+        out.append(f"@@ -{_range(first[1], last[2])} +{_range(first[3], last[4])} @@\n")
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                for line in a[i1:i2]:
+                    _emit(out, " ", line)
+                continue
+            for line in a[i1:i2]:
+                _emit(out, "-", line)
+            for line in b[j1:j2]:
+                _emit(out, "+", line)
+    return "".join(out)
+
+
+async def unified_diff_from_chunks(
+    path: Path,
+    chunks: Sequence[UpdateChunk],
+    fs: PatchFileSystem[SandboxT],
+    sandbox: SandboxT | None = None,
+    *,
+    context: int = 1,
+) -> FileUpdate:
+    """Read ``path`` through ``fs``, apply ``chunks`` in memory, and diff the result.
+
+    Raises:
+        ApplyError: the same messages as applying the hunk (§7.4, §8.6).
+    """
+    try:
+        original = await read_text(fs, path, sandbox)
+    except ValueError as exc:
+        raise ApplyError(f"Failed to read file to update {path}: {exc}") from exc
+    content = derive_new_contents(original, chunks, str(path))
+    return FileUpdate(unified_diff(original, content, context), original, content)

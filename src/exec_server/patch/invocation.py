@@ -1,0 +1,293 @@
+"""Recognising an apply_patch call inside a command's argv (APPLY_PATCH.md §12).
+
+Two stages, as upstream: `maybe_parse_apply_patch` classifies argv (direct
+``[apply_patch, PATCH]`` or a shell running a heredoc script), and
+`maybe_parse_apply_patch_verified` turns a recognised call into a plan of
+file changes by reading the files through the (sandboxed) file system.
+
+Upstream parses the script with tree-sitter-bash and a strict query; this
+module recognises exactly the two accepted whole-script shapes with a small
+hand-written scanner and answers ``NotApplyPatch`` for everything else:
+
+* ``apply_patch <<DELIM`` … ``DELIM`` (no arguments, nothing else around it);
+* ``cd DIR && apply_patch <<DELIM`` … ``DELIM`` with DIR a bare word, a plain
+  double-quoted string or a single-quoted string.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+
+from exec_server.patch.apply import read_text, resolve_path
+from exec_server.patch.diff import unified_diff_from_chunks
+from exec_server.patch.errors import ApplyError, CorrectnessError, ParseError
+from exec_server.patch.fs import PatchFileSystem, SandboxT
+from exec_server.patch.parse import AddFile, DeleteFile, Hunk, parse_patch
+
+__all__ = [
+    "IMPLICIT_INVOCATION_MESSAGE",
+    "AddChange",
+    "ApplyPatchAction",
+    "Body",
+    "DeleteChange",
+    "FileChange",
+    "NotApplyPatch",
+    "PatchParseFailure",
+    "ShellParseFailure",
+    "UpdateChange",
+    "Verified",
+    "VerifiedBody",
+    "extract_heredoc",
+    "maybe_parse_apply_patch",
+    "maybe_parse_apply_patch_verified",
+]
+
+APPLY_PATCH_COMMANDS = ("apply_patch", "applypatch")
+
+IMPLICIT_INVOCATION_MESSAGE = (
+    'patch detected without explicit call to apply_patch. Rerun as ["apply_patch", "<patch>"]'
+)
+
+
+# -- stage 1 results ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Body:
+    """argv is an apply_patch call: the parsed hunks, canonical text, optional ``cd`` dir."""
+
+    hunks: tuple[Hunk, ...]
+    patch: str
+    workdir: str | None = None
+
+
+@dataclass(frozen=True)
+class PatchParseFailure:
+    """argv is an apply_patch call, but the patch text does not parse."""
+
+    error: ParseError
+
+
+@dataclass(frozen=True)
+class ShellParseFailure:
+    """The shell script could not be parsed (kept for parity; the scanner never fails)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class NotApplyPatch:
+    """argv is something else: run it as a normal command."""
+
+
+MaybeApplyPatch = Body | PatchParseFailure | ShellParseFailure | NotApplyPatch
+
+
+# -- stage 2 results ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AddChange:
+    content: str
+    overwritten_content: str | None = None
+
+
+@dataclass(frozen=True)
+class DeleteChange:
+    content: str
+
+
+@dataclass(frozen=True)
+class UpdateChange:
+    unified_diff: str
+    move_path: Path | None
+    new_content: str
+    old_content: str = ""
+
+
+FileChange = AddChange | DeleteChange | UpdateChange
+
+
+@dataclass(frozen=True)
+class ApplyPatchAction:
+    """A verified plan: changes keyed by absolute path, canonical patch text, effective cwd.
+
+    The host applies ``patch`` with ``cwd`` (`exec_server.patch.apply.apply_patch`).
+    """
+
+    changes: dict[Path, FileChange] = field(default_factory=dict)
+    patch: str = ""
+    cwd: Path = Path("/")
+
+
+@dataclass(frozen=True)
+class VerifiedBody:
+    action: ApplyPatchAction
+
+
+Verified = VerifiedBody | CorrectnessError | ShellParseFailure | NotApplyPatch
+
+
+# -- shell classification -------------------------------------------------------------
+
+
+def _shell_stem(shell: str) -> str:
+    return PurePath(shell.replace("\\", "/")).stem.lower()
+
+
+def _classify_shell(shell: str, flag: str) -> bool:
+    name = _shell_stem(shell)
+    if name in ("bash", "zsh", "sh"):
+        return flag in ("-lc", "-c")
+    if name in ("pwsh", "powershell"):
+        return flag.lower() == "-command"
+    if name == "cmd":
+        return flag.lower() == "/c"
+    return False
+
+
+def _shell_script(argv: Sequence[str]) -> str | None:
+    """The script of ``[shell, flag, script]`` or ``[pwsh, -NoProfile, -Command, script]``."""
+    if len(argv) == 3 and _classify_shell(argv[0], argv[1]):
+        return argv[2]
+    if (
+        len(argv) == 4
+        and _shell_stem(argv[0]) in ("pwsh", "powershell")
+        and argv[1].lower() == "-noprofile"
+        and _classify_shell(argv[0], argv[2])
+    ):
+        return argv[3]
+    return None
+
+
+# -- heredoc scanner ------------------------------------------------------------------
+
+_BLANK = " \t"
+_WORD = r"[^\s'\"`$;&|<>()\\#]+"
+_CD_ARG = rf"(?P<cd_word>{_WORD})|\"(?P<cd_dq>[^\"$`\\]+)\"|'(?P<cd_sq>[^']*)'"
+_START = re.compile(
+    rf"^(?:cd[{_BLANK}]+(?:{_CD_ARG})[{_BLANK}]*&&[{_BLANK}]*)?"
+    rf"(?P<cmd>apply_patch|applypatch)[{_BLANK}]*"
+    rf"<<(?P<dash>-?)[{_BLANK}]*"
+    r"(?:(?P<bare>[A-Za-z0-9_.\-]+)|'(?P<sq>[^'\n]+)'|\"(?P<dq>[^\"\n$`\\]+)\")"
+    rf"[{_BLANK}]*$"
+)
+
+
+def extract_heredoc(script: str) -> tuple[str, str | None] | None:
+    """Return ``(heredoc body, cd dir or None)`` for the two accepted shapes, else None.
+
+    The body has its trailing newlines removed, as upstream does.
+    """
+    stripped = script.lstrip(" \t\n")
+    first, newline, rest = stripped.partition("\n")
+    match = _START.match(first)
+    if match is None or not newline:
+        return None
+    delimiter = match["bare"] or match["sq"] or match["dq"]
+    strip_tabs = bool(match["dash"])
+    lines = rest.split("\n")
+    for index, line in enumerate(lines):
+        candidate = line.lstrip("\t") if strip_tabs else line
+        if candidate == delimiter:
+            trailer = "\n".join(lines[index + 1 :])
+            if trailer.strip(" \t\n"):
+                return None  # something follows the heredoc
+            body = "\n".join(lines[:index]).rstrip("\n")
+            cd_dir = match["cd_word"] or match["cd_dq"]
+            if cd_dir is None and match["cd_sq"] is not None:
+                cd_dir = match["cd_sq"]
+            return body, cd_dir
+    return None
+
+
+# -- stage 1 --------------------------------------------------------------------------
+
+
+def maybe_parse_apply_patch(argv: Sequence[str]) -> MaybeApplyPatch:
+    """Classify argv as an apply_patch call (§12.1)."""
+    if len(argv) == 2 and argv[0] in APPLY_PATCH_COMMANDS:
+        try:
+            parsed = parse_patch(argv[1])
+        except ParseError as exc:
+            return PatchParseFailure(exc)
+        return Body(parsed.hunks, parsed.patch)
+    script = _shell_script(argv)
+    if script is None:
+        return NotApplyPatch()
+    extracted = extract_heredoc(script)
+    if extracted is None:
+        return NotApplyPatch()
+    body, workdir = extracted
+    try:
+        parsed = parse_patch(body)
+    except ParseError as exc:
+        return PatchParseFailure(exc)
+    return Body(parsed.hunks, parsed.patch, workdir)
+
+
+def _parses_as_patch(text: str) -> bool:
+    try:
+        parse_patch(text)
+    except ParseError:
+        return False
+    return True
+
+
+# -- stage 2 --------------------------------------------------------------------------
+
+
+async def maybe_parse_apply_patch_verified(
+    argv: Sequence[str],
+    cwd: Path,
+    fs: PatchFileSystem[SandboxT],
+    sandbox: SandboxT | None = None,
+) -> Verified:
+    """Turn an apply_patch call into a verified plan, reading files through ``fs`` (§12.2).
+
+    Reads the disk as it is before the patch; later hunks on the same path replace
+    earlier entries. Returns `CorrectnessError` (not raised) for an implicit
+    invocation, a patch that does not parse, or a file that cannot be read/updated.
+    """
+    if len(argv) == 1 and _parses_as_patch(argv[0]):
+        return CorrectnessError("implicit_invocation", IMPLICIT_INVOCATION_MESSAGE)
+    script = _shell_script(argv)
+    if script is not None and _parses_as_patch(script):
+        return CorrectnessError("implicit_invocation", IMPLICIT_INVOCATION_MESSAGE)
+
+    result = maybe_parse_apply_patch(argv)
+    if isinstance(result, PatchParseFailure):
+        return CorrectnessError("parse", str(result.error), result.error)
+    if not isinstance(result, Body):
+        return result
+    effective_cwd = resolve_path(cwd, result.workdir) if result.workdir is not None else cwd
+    changes: dict[Path, FileChange] = {}
+    for hunk in result.hunks:
+        path = resolve_path(effective_cwd, hunk.path)
+        if isinstance(hunk, AddFile):
+            try:
+                overwritten: str | None = await read_text(fs, path, sandbox)
+            except ValueError:
+                overwritten = None
+            changes[path] = AddChange(hunk.contents, overwritten)
+        elif isinstance(hunk, DeleteFile):
+            try:
+                content = await read_text(fs, path, sandbox)
+            except ValueError as exc:
+                return CorrectnessError("io", f"Failed to read {path}: {exc}", exc)
+            changes[path] = DeleteChange(content)
+        else:
+            move = None
+            if hunk.move_path is not None:
+                move = resolve_path(effective_cwd, hunk.move_path)
+            try:
+                update = await unified_diff_from_chunks(path, hunk.chunks, fs, sandbox)
+            except ApplyError as exc:
+                return CorrectnessError("compute", str(exc), exc)
+            changes[path] = UpdateChange(
+                update.unified_diff, move, update.content, update.original_content
+            )
+    return VerifiedBody(ApplyPatchAction(changes, result.patch, effective_cwd))
