@@ -192,16 +192,55 @@ async def start_server(
         await server.aclose()
 
 
-def rss_kib(pid: int) -> int | None:
-    """VmRSS of ``pid`` in KiB (Linux ``/proc``), ``None`` if unavailable."""
+def _proc_kib(path: str, key: str) -> int | None:
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key):
                     return int(line.split()[1])
     except OSError:
         return None
     return None
+
+
+def _vmrss_kib(pid: int) -> int | None:
+    return _proc_kib(f"/proc/{pid}/status", "VmRSS:")
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    out, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def rss_kib(pid: int, *, tree: bool = True) -> int | None:
+    """VmRSS of ``pid`` in KiB (Linux ``/proc``), ``None`` if unavailable.
+
+    With ``tree`` (default) the server's helper processes (descendants) count too,
+    by their PSS so pages shared with the server after a fork are not counted
+    twice; measure when no benchmarked child is running.
+    """
+    own = _vmrss_kib(pid)
+    if own is None or not tree:
+        return own
+    return own + sum(
+        _proc_kib(f"/proc/{d}/smaps_rollup", "Pss:") or 0 for d in _descendants(pid)
+    )
 
 
 # --------------------------------------------------------------------------- raw client
