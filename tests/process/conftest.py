@@ -33,9 +33,7 @@ class Collected:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def data(self, stream: str | None = None) -> bytes:
-        return b"".join(
-            n.chunk for n in self.output if stream is None or n.stream.value == stream
-        )
+        return b"".join(n.chunk for n in self.output if stream is None or n.stream.value == stream)
 
 
 class Sink:

@@ -44,26 +44,31 @@ async def test_pipe_output_exit_code_and_event_order(
     assert after.chunks == [] and after.next_seq == rec.closed.seq + 1  # type: ignore[union-attr]
 
 
-async def test_true_with_empty_env_uses_default_path(no_leaks: None, manager: ProcessManager,
-                                                     sink: Any) -> None:
+async def test_true_with_empty_env_uses_default_path(
+    no_leaks: None, manager: ProcessManager, sink: Any
+) -> None:
     manager.start("t", LaunchSpec(argv=["true"], cwd="/", env={}))
     rec = await sink.closed("t")
     assert rec.exited is not None and rec.exited.exit_code == 0
     assert rec.exited.sandbox_denied is not False  # legacy shape: member unset
 
 
-async def test_env_is_exact_and_cwd_applies(no_leaks: None, manager: ProcessManager, sink: Any,
-                                            tmp_path: Path) -> None:
+async def test_env_is_exact_and_cwd_applies(
+    no_leaks: None, manager: ProcessManager, sink: Any, tmp_path: Path
+) -> None:
     manager.start("e", LaunchSpec(argv=["/usr/bin/env"], cwd=str(tmp_path), env={"ONLY": "1"}))
     assert (await sink.closed("e")).data() == b"ONLY=1\n"
     manager.start("c", LaunchSpec(argv=["/bin/pwd"], cwd=str(tmp_path), env={}))
     assert (await sink.closed("c")).data() == f"{tmp_path}\n".encode()
 
 
-async def test_arg0_is_the_visible_argv0(no_leaks: None, manager: ProcessManager,
-                                         sink: Any) -> None:
-    manager.start("a", LaunchSpec(argv=["cat", "/proc/self/cmdline"], cwd="/", env=PATH_ENV,
-                                  arg0="custom-name"))
+async def test_arg0_is_the_visible_argv0(
+    no_leaks: None, manager: ProcessManager, sink: Any
+) -> None:
+    manager.start(
+        "a",
+        LaunchSpec(argv=["cat", "/proc/self/cmdline"], cwd="/", env=PATH_ENV, arg0="custom-name"),
+    )
     assert (await sink.closed("a")).data() == b"custom-name\0/proc/self/cmdline\0"
 
 
@@ -77,8 +82,9 @@ async def test_spawn_failures_report_os_error(no_leaks: None, manager: ProcessMa
         manager.start("m", LaunchSpec(argv=["no-such-program-xyz"], cwd="/", env=PATH_ENV))
 
 
-async def test_duplicate_process_id_rejected(no_leaks: None, manager: ProcessManager,
-                                             sink: Any) -> None:
+async def test_duplicate_process_id_rejected(
+    no_leaks: None, manager: ProcessManager, sink: Any
+) -> None:
     cleaned: list[bool] = []
     manager.start("d", sh("exit 0"))
     spec = sh("exit 0")
@@ -96,8 +102,13 @@ async def test_cleanup_runs_after_reap_and_pass_fds_are_closed(
 ) -> None:
     r, w = os.pipe()
     cleaned: list[bool] = []
-    spec = LaunchSpec(argv=["/bin/sh", "-c", "echo via-fd >/dev/fd/$0", str(w)], cwd="/",
-                      env=PATH_ENV, pass_fds=(w,), cleanup=lambda: cleaned.append(True))
+    spec = LaunchSpec(
+        argv=["/bin/sh", "-c", "echo via-fd >/dev/fd/$0", str(w)],
+        cwd="/",
+        env=PATH_ENV,
+        pass_fds=(w,),
+        cleanup=lambda: cleaned.append(True),
+    )
     manager.start("f", spec)
     with pytest.raises(OSError):
         os.fstat(w)  # closed in the parent after the spawn
@@ -117,14 +128,23 @@ async def test_unknown_process_read_write_terminate(manager: ProcessManager) -> 
     manager.signal("nope")  # no-op
 
 
-async def test_pipe_stdin_closed_unless_requested(no_leaks: None, manager: ProcessManager,
-                                                  sink: Any) -> None:
+async def test_pipe_stdin_closed_unless_requested(
+    no_leaks: None, manager: ProcessManager, sink: Any
+) -> None:
     manager.start("n", sh("cat; echo eof"))
     assert await manager.write("n", b"ignored\n") is WriteStatus.STDIN_CLOSED
     assert (await sink.closed("n")).data() == b"eof\n"  # stdin is /dev/null
 
-    manager.start("s", LaunchSpec(argv=["/bin/sh", "-c", "IFS= read -r line; echo got:$line"],
-                                  cwd="/", env=PATH_ENV, pipe_stdin=True), current=True)
+    manager.start(
+        "s",
+        LaunchSpec(
+            argv=["/bin/sh", "-c", "IFS= read -r line; echo got:$line"],
+            cwd="/",
+            env=PATH_ENV,
+            pipe_stdin=True,
+        ),
+        current=True,
+    )
     assert await manager.write("s", b"hello\n", "1") is WriteStatus.ACCEPTED
     assert await manager.write("s", b"hello\n", "1") is WriteStatus.ACCEPTED  # not re-written
     rec = await sink.closed("s")
@@ -134,8 +154,9 @@ async def test_pipe_stdin_closed_unless_requested(no_leaks: None, manager: Proce
     assert await manager.write("s", b"late\n", "2") is WriteStatus.ACCEPTED
 
 
-async def test_pty_echo_controlling_tty_and_size(no_leaks: None, manager: ProcessManager,
-                                                 sink: Any) -> None:
+async def test_pty_echo_controlling_tty_and_size(
+    no_leaks: None, manager: ProcessManager, sink: Any
+) -> None:
     script = (
         'stty size; [ "$(ps -o tty= -p $$)" != "?" ] && echo has-ctty; '
         'IFS= read -r line; printf "from-stdin:%s\\n" "$line"'
@@ -152,8 +173,9 @@ async def test_pty_echo_controlling_tty_and_size(no_leaks: None, manager: Proces
     assert rec.exited is not None and rec.exited.exit_code == 0
 
 
-async def test_terminate_sends_sigterm_to_the_group(no_leaks: None, manager: ProcessManager,
-                                                    sink: Any) -> None:
+async def test_terminate_sends_sigterm_to_the_group(
+    no_leaks: None, manager: ProcessManager, sink: Any
+) -> None:
     manager.start("k", sh("sleep 30 & echo started; wait"))
     await sink.output_contains("k", b"started")
     assert manager.terminate("k") is True
@@ -162,9 +184,9 @@ async def test_terminate_sends_sigterm_to_the_group(no_leaks: None, manager: Pro
     assert manager.terminate("k") is False  # already exited
 
 
-async def test_terminate_escalates_to_sigkill(no_leaks: None,
-                                              make_manager: Callable[..., ProcessManager],
-                                              sink: Any) -> None:
+async def test_terminate_escalates_to_sigkill(
+    no_leaks: None, make_manager: Callable[..., ProcessManager], sink: Any
+) -> None:
     manager = make_manager(terminate_grace=0.2)
     manager.start("k", sh("trap '' TERM; echo ready; sleep 30"))
     await sink.output_contains("k", b"ready")
@@ -173,18 +195,21 @@ async def test_terminate_escalates_to_sigkill(no_leaks: None,
     assert rec.exited is not None and rec.exited.exit_code == 128 + signal.SIGKILL
 
 
-async def test_signal_deaths_report_128_plus_signal(no_leaks: None, manager: ProcessManager,
-                                                    sink: Any) -> None:
+async def test_signal_deaths_report_128_plus_signal(
+    no_leaks: None, manager: ProcessManager, sink: Any
+) -> None:
     manager.start("9", sh("kill -KILL $$"))
     manager.start("15", sh("kill -TERM $$"))
     assert (await sink.closed("9")).exited.exit_code == 137  # type: ignore[union-attr]
     assert (await sink.closed("15")).exited.exit_code == 143  # type: ignore[union-attr]
 
 
-async def test_process_signal_interrupts_the_group(no_leaks: None, manager: ProcessManager,
-                                                   sink: Any) -> None:
-    manager.start("i", sh("trap 'echo got-int; exit 7' INT; echo ready; "
-                          "while :; do sleep 0.05; done"))
+async def test_process_signal_interrupts_the_group(
+    no_leaks: None, manager: ProcessManager, sink: Any
+) -> None:
+    manager.start(
+        "i", sh("trap 'echo got-int; exit 7' INT; echo ready; while :; do sleep 0.05; done")
+    )
     await sink.output_contains("i", b"ready")
     manager.signal("i")
     rec = await sink.closed("i")
@@ -192,8 +217,9 @@ async def test_process_signal_interrupts_the_group(no_leaks: None, manager: Proc
     assert rec.exited is not None and rec.exited.exit_code == 7
 
 
-async def test_output_after_exit_keeps_close_last(no_leaks: None, manager: ProcessManager,
-                                                  sink: Any) -> None:
+async def test_output_after_exit_keeps_close_last(
+    no_leaks: None, manager: ProcessManager, sink: Any
+) -> None:
     # a background writer keeps stdout open after the leader exits
     manager.start("b", sh("(sleep 0.2; echo late) & exit 0"))
     rec = await sink.closed("b")
@@ -238,15 +264,18 @@ async def test_closed_process_removed_after_retention(
     await sink.closed("r")
 
 
-async def test_lossy_retention_drops_oldest(no_leaks: None,
-                                            make_manager: Callable[..., ProcessManager]) -> None:
+async def test_lossy_retention_drops_oldest(
+    no_leaks: None, make_manager: Callable[..., ProcessManager]
+) -> None:
     manager = make_manager(attach=False, output_cap=64 * 1024)
-    manager.start("big", LaunchSpec(argv=["head", "-c", str(1 << 20), "/dev/zero"], cwd="/",
-                                    env=PATH_ENV))
+    manager.start(
+        "big", LaunchSpec(argv=["head", "-c", str(1 << 20), "/dev/zero"], cwd="/", env=PATH_ENV)
+    )
     result = await manager.read("big", wait_ms=0)
     while not result.closed:
-        result = await manager.read("big", after_seq=result.next_seq - 1 if not result.chunks
-                                    else 10**9, wait_ms=10_000)
+        result = await manager.read(
+            "big", after_seq=result.next_seq - 1 if not result.chunks else 10**9, wait_ms=10_000
+        )
     everything = await manager.read("big")
     kept = sum(len(c.chunk) for c in everything.chunks)
     assert 0 < kept <= 64 * 1024
@@ -259,8 +288,9 @@ async def test_lossless_mode_pauses_instead_of_dropping(
     cap = 64 * 1024
     total = 4 << 20  # more than the cap plus the 1 MiB pipe buffer
     manager = make_manager(attach=False, output_cap=cap, lossless_output=True)
-    manager.start("ll", LaunchSpec(argv=["head", "-c", str(total), "/dev/zero"], cwd="/",
-                                   env=PATH_ENV))
+    manager.start(
+        "ll", LaunchSpec(argv=["head", "-c", str(total), "/dev/zero"], cwd="/", env=PATH_ENV)
+    )
     record = manager._records["ll"]
     await wait_until(lambda: record.buffer.full)
     first = await manager.read("ll")
@@ -287,8 +317,9 @@ async def test_notifications_flow_while_attached_in_lossless_mode(
     no_leaks: None, make_manager: Callable[..., ProcessManager], sink: Any
 ) -> None:
     manager = make_manager(output_cap=64 * 1024, lossless_output=True)
-    manager.start("ln", LaunchSpec(argv=["head", "-c", str(2 << 20), "/dev/zero"], cwd="/",
-                                   env=PATH_ENV))
+    manager.start(
+        "ln", LaunchSpec(argv=["head", "-c", str(2 << 20), "/dev/zero"], cwd="/", env=PATH_ENV)
+    )
     rec = await sink.closed("ln")
     assert len(rec.data()) == 2 << 20
 
@@ -308,8 +339,9 @@ async def test_shutdown_kills_groups_and_reaps(no_leaks: None, sink: Any) -> Non
         assert not os.path.exists(f"/proc/{pid}")  # noqa: ASYNC240
 
 
-async def test_many_concurrent_short_processes(no_leaks: None, manager: ProcessManager,
-                                               sink: Any) -> None:
+async def test_many_concurrent_short_processes(
+    no_leaks: None, manager: ProcessManager, sink: Any
+) -> None:
     for i in range(32):
         manager.start(f"c{i}", sh(f"echo {i}"))
     for i in range(32):
@@ -336,8 +368,9 @@ def test_sandbox_denial_heuristic() -> None:
     assert not looks_sandbox_denied(SandboxType.MACOS_SEATBELT, 128 + 31, b"")
 
 
-async def test_guard_exits_when_idle_and_restarts(no_leaks: None, manager: ProcessManager,
-                                                  sink: Any, wait_until: Any) -> None:
+async def test_guard_exits_when_idle_and_restarts(
+    no_leaks: None, manager: ProcessManager, sink: Any, wait_until: Any
+) -> None:
     manager.start("g1", sh("exit 0"))
     guard_pid = manager._guard.pid
     assert guard_pid is not None

@@ -31,21 +31,34 @@ def uri(path: str | Path) -> str:
 
 
 def legacy_start(process_id: str, argv: list[str], cwd: str = "/", **extra: Any) -> dict[str, Any]:
-    params = {"processId": process_id, "argv": argv, "cwd": cwd, "env": dict(PATH_ENV),
-              "tty": False, "arg0": None, "sandbox": LEGACY_NO_SANDBOX}
+    params = {
+        "processId": process_id,
+        "argv": argv,
+        "cwd": cwd,
+        "env": dict(PATH_ENV),
+        "tty": False,
+        "arg0": None,
+        "sandbox": LEGACY_NO_SANDBOX,
+    }
     params.update(extra)
     return params
 
 
-def current_start(process_id: str, argv: list[str], cwd: str | Path = "/",
-                  **extra: Any) -> dict[str, Any]:
+def current_start(
+    process_id: str, argv: list[str], cwd: str | Path = "/", **extra: Any
+) -> dict[str, Any]:
     params = {
         "processId": process_id,
         "metadata": {"threadId": "01a22c1e-52f6-7bf1-baf1-ef3e944cd102", "toolCallId": "call_0"},
         "argv": argv,
         "cwd": uri(cwd),
-        "envPolicy": {"inherit": "all", "ignoreDefaultExcludes": True, "exclude": [],
-                      "set": {}, "includeOnly": []},
+        "envPolicy": {
+            "inherit": "all",
+            "ignoreDefaultExcludes": True,
+            "exclude": [],
+            "set": {},
+            "includeOnly": [],
+        },
         "env": {"TERM": "dumb"},
         "tty": False,
         "pipeStdin": False,
@@ -80,8 +93,7 @@ async def collect(client: Any, process_id: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def client(server_factory: Callable[..., Any],
-                 rpc: Callable[[str], Awaitable[Any]]) -> Any:
+async def client(server_factory: Callable[..., Any], rpc: Callable[[str], Awaitable[Any]]) -> Any:
     env = dict(os.environ, EXEC_TEST_MARKER="from-the-server")
     srv = server_factory("--closed-retention", "0.2", env=env)
     c = await rpc(srv.url)
@@ -96,20 +108,29 @@ async def test_legacy_start_true_answers_kebab_sandbox(client: Any) -> None:
     got = await collect(client, "proc-1")
     assert got["exited"] == {"processId": "proc-1", "seq": got["exited"]["seq"], "exitCode": 0}
     assert got["closed"] == {"processId": "proc-1", "seq": got["exited"]["seq"] + 1}
-    read = await client.call("process/read", {"processId": "proc-1", "afterSeq": None,
-                                              "maxBytes": None, "waitMs": 0})
-    assert read == {"chunks": [], "nextSeq": 3, "exited": True, "exitCode": 0, "closed": True,
-                    "failure": None}
+    read = await client.call(
+        "process/read", {"processId": "proc-1", "afterSeq": None, "maxBytes": None, "waitMs": 0}
+    )
+    assert read == {
+        "chunks": [],
+        "nextSeq": 3,
+        "exited": True,
+        "exitCode": 0,
+        "closed": True,
+        "failure": None,
+    }
     assert await client.call("process/terminate", {"processId": "proc-1"}) == {"running": False}
 
 
 async def test_current_start_inherits_server_env_and_reports_camel_type(
     client: Any, tmp_path: Path
 ) -> None:
-    params = current_start("c-1", ["/bin/sh", "-c", "echo $EXEC_TEST_MARKER $TERM > proof.txt; "
-                                   "cat proof.txt; pwd"], cwd=tmp_path)
-    assert await client.call("process/start", params) == {"processId": "c-1",
-                                                          "sandboxType": "none"}
+    params = current_start(
+        "c-1",
+        ["/bin/sh", "-c", "echo $EXEC_TEST_MARKER $TERM > proof.txt; cat proof.txt; pwd"],
+        cwd=tmp_path,
+    )
+    assert await client.call("process/start", params) == {"processId": "c-1", "sandboxType": "none"}
     got = await collect(client, "c-1")
     assert got["data"] == f"from-the-server dumb\n{tmp_path}\n".encode()
     assert got["exited"]["exitCode"] == 0 and got["exited"]["sandboxDenied"] is False
@@ -133,16 +154,20 @@ async def test_tty_write_with_write_id_echoes(client: Any) -> None:
 async def test_pipe_stdin_and_write_statuses(client: Any) -> None:
     await client.call("process/start", current_start("ps", ["head", "-n", "1"], pipeStdin=True))
     chunk = base64.b64encode(b"line\n").decode()
-    assert await client.call("process/write", {"processId": "ps", "chunk": chunk,
-                                               "writeId": "1"}) == {"status": "accepted"}
+    assert await client.call(
+        "process/write", {"processId": "ps", "chunk": chunk, "writeId": "1"}
+    ) == {"status": "accepted"}
     assert (await collect(client, "ps"))["data"] == b"line\n"
     await client.call("process/start", legacy_start("closed-stdin", ["sleep", "5"]))
     assert await client.call("process/write", {"processId": "closed-stdin", "chunk": chunk}) == {
-        "status": "stdinClosed"}
+        "status": "stdinClosed"
+    }
     assert await client.call("process/write", {"processId": "nope", "chunk": chunk}) == {
-        "status": "unknownProcess"}
+        "status": "unknownProcess"
+    }
     assert await client.call("process/terminate", {"processId": "closed-stdin"}) == {
-        "running": True}
+        "running": True
+    }
     got = await collect(client, "closed-stdin")
     assert got["exited"]["exitCode"] == 143
 
@@ -155,10 +180,10 @@ async def test_signal_interrupt(client: Any) -> None:
 
 
 async def test_read_long_poll_and_cursor(client: Any) -> None:
-    await client.call("process/start", legacy_start("lp", ["/bin/sh", "-c",
-                                                           "sleep 0.1; printf 'a\\n'"]))
-    result = await client.call("process/read", {"processId": "lp", "afterSeq": 0,
-                                                "waitMs": 10000})
+    await client.call(
+        "process/start", legacy_start("lp", ["/bin/sh", "-c", "sleep 0.1; printf 'a\\n'"])
+    )
+    result = await client.call("process/read", {"processId": "lp", "afterSeq": 0, "waitMs": 10000})
     assert [base64.b64decode(c["chunk"]) for c in result["chunks"]] == [b"a\n"]
     assert result["chunks"][0]["stream"] == "stdout"
     assert result["nextSeq"] == result["chunks"][0]["seq"] + 1
@@ -177,30 +202,53 @@ async def test_bad_input_gets_errors_and_connection_keeps_serving(client: Any) -
     no_env = legacy_start("x", ["true"])
     del no_env["env"]
     await expect_error(client, "process/start", no_env, -32602, "env")
-    await expect_error(client, "process/start", legacy_start("x", []), -32602,
-                       "argv must not be empty")
-    await expect_error(client, "process/start", legacy_start("x", ["true"], cwd="relative/dir"),
-                       -32602, "cwd must be absolute: path must be absolute")
-    await expect_error(client, "process/start", legacy_start("x", ["/no/such/program"]), -32603,
-                       "No such file or directory (os error 2)")
-    await expect_error(client, "process/start",
-                       current_start("x", ["true"], enforceManagedNetwork=True), -32603,
-                       "enforceManagedNetwork")
-    await expect_error(client, "process/read", {"processId": "missing"}, -32600,
-                       "unknown process id missing")
+    await expect_error(
+        client, "process/start", legacy_start("x", []), -32602, "argv must not be empty"
+    )
+    await expect_error(
+        client,
+        "process/start",
+        legacy_start("x", ["true"], cwd="relative/dir"),
+        -32602,
+        "cwd must be absolute: path must be absolute",
+    )
+    await expect_error(
+        client,
+        "process/start",
+        legacy_start("x", ["/no/such/program"]),
+        -32603,
+        "No such file or directory (os error 2)",
+    )
+    await expect_error(
+        client,
+        "process/start",
+        current_start("x", ["true"], enforceManagedNetwork=True),
+        -32603,
+        "enforceManagedNetwork",
+    )
+    await expect_error(
+        client, "process/read", {"processId": "missing"}, -32600, "unknown process id missing"
+    )
     await expect_error(client, "process/read", {"processId": 7}, -32602, "processId")
-    await expect_error(client, "process/write", {"processId": "missing", "chunk": "!!!"},
-                       -32602, "base64")
-    await expect_error(client, "process/write", {"processId": "missing", "chunk": "",
-                                                  "writeId": ""}, -32602,
-                       "writeId must not be empty")
-    await expect_error(client, "process/signal", {"processId": "x", "signal": "kill"}, -32602,
-                       "signal")
+    await expect_error(
+        client, "process/write", {"processId": "missing", "chunk": "!!!"}, -32602, "base64"
+    )
+    await expect_error(
+        client,
+        "process/write",
+        {"processId": "missing", "chunk": "", "writeId": ""},
+        -32602,
+        "writeId must not be empty",
+    )
+    await expect_error(
+        client, "process/signal", {"processId": "x", "signal": "kill"}, -32602, "signal"
+    )
     await expect_error(client, "process/terminate", {}, -32602, "processId")
     # duplicate id, while the first is running
     await client.call("process/start", legacy_start("dup", ["sleep", "5"]))
-    await expect_error(client, "process/start", legacy_start("dup", ["true"]), -32600,
-                       "process dup already exists")
+    await expect_error(
+        client, "process/start", legacy_start("dup", ["true"]), -32600, "process dup already exists"
+    )
     # still serving, and the running process was not disturbed
     assert await client.call("process/terminate", {"processId": "dup"}) == {"running": True}
     assert (await collect(client, "dup"))["exited"]["exitCode"] == 143
@@ -214,8 +262,9 @@ async def test_closed_process_is_removed_after_retention(client: Any) -> None:
     # --closed-retention 0.2: the read fails once the record is gone
     reply = await client.request("process/read", {"processId": "ret", "waitMs": 0})
     while "result" in reply:
-        reply = await client.request("process/read", {"processId": "ret", "afterSeq": 2,
-                                                      "waitMs": 50})
+        reply = await client.request(
+            "process/read", {"processId": "ret", "afterSeq": 2, "waitMs": 50}
+        )
     assert reply["error"] == {"code": -32600, "message": "unknown process id ret"}
     await client.call("process/start", legacy_start("ret", ["true"]))  # id reusable
     await collect(client, "ret")
@@ -255,8 +304,9 @@ async def test_children_die_with_a_killed_server(
     c = await rpc(srv.url)
     await c.initialize()
     await c.call("process/start", legacy_start("p", ["/bin/sh", "-c", "sleep 60 & echo up; wait"]))
-    await c.call("process/start", current_start("t", ["/bin/sh", "-c", "echo up; sleep 60"],
-                                                tty=True))
+    await c.call(
+        "process/start", current_start("t", ["/bin/sh", "-c", "echo up; sleep 60"], tty=True)
+    )
     await c.notification("process/output")
     await c.notification("process/output")
     children = {pid for pid in srv.child_pids() if cmdline(pid) != GUARD}
@@ -283,8 +333,10 @@ async def test_sandboxed_denial_is_reported(client: Any, tmp_path: Path) -> None
     sandbox = {
         "permissions": {
             "type": "managed",
-            "file_system": {"type": "restricted", "entries": [
-                {"path": root, "access": "read"}, {"path": project, "access": "write"}]},
+            "file_system": {
+                "type": "restricted",
+                "entries": [{"path": root, "access": "read"}, {"path": project, "access": "write"}],
+            },
             "network": "restricted",
         },
         "cwd": uri(workspace),
@@ -293,8 +345,9 @@ async def test_sandboxed_denial_is_reported(client: Any, tmp_path: Path) -> None
         "useLegacyLandlock": False,
     }
     argv = ["/bin/sh", "-c", "echo ok > in.txt; cat in.txt; echo x > ../outside.txt"]
-    reply = await client.request("process/start",
-                                 current_start("sbx", argv, cwd=workspace, sandbox=sandbox))
+    reply = await client.request(
+        "process/start", current_start("sbx", argv, cwd=workspace, sandbox=sandbox)
+    )
     if "error" in reply and "failed to build sandbox launch" in reply["error"]["message"]:
         pytest.skip(f"no usable sandbox here: {reply['error']['message']}")
     assert reply["result"] == {"processId": "sbx", "sandboxType": "linuxSeccomp"}
@@ -305,7 +358,9 @@ async def test_sandboxed_denial_is_reported(client: Any, tmp_path: Path) -> None
     assert (workspace / "in.txt").exists()
     assert not (tmp_path / "outside.txt").exists()
     # a plain failure inside the sandbox is not a denial
-    reply = await client.request("process/start", current_start(
-        "sbx2", ["/bin/sh", "-c", "exit 3"], cwd=workspace, sandbox=sandbox))
+    reply = await client.request(
+        "process/start",
+        current_start("sbx2", ["/bin/sh", "-c", "exit 3"], cwd=workspace, sandbox=sandbox),
+    )
     got = await collect(client, "sbx2")
     assert got["exited"]["exitCode"] == 3 and got["exited"]["sandboxDenied"] is False

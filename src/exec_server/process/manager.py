@@ -68,6 +68,8 @@ DEFAULT_TERMINATE_GRACE: Final = 2.0
 WRITE_QUEUE_DEPTH: Final = 128
 #: Remembered ``writeId`` values per process (CLIENT_COMPAT.md §5.1).
 WRITE_ID_MEMORY: Final = 4096
+#: Seconds a failed sandboxed process's output may drain before sandboxDenied is decided.
+DENIAL_DRAIN_WAIT: Final = 0.25
 #: Seconds without a running process before the process guard is closed.
 GUARD_IDLE_LINGER: Final = 1.0
 #: Seconds ``shutdown`` waits for killed children to be reaped.
@@ -121,10 +123,30 @@ class _Record:
     """One entry of the process table (a starting placeholder until ``child`` is set)."""
 
     __slots__ = (
-        "buffer", "child", "closing_fds", "current", "emit_lock", "open_streams", "process_id",
-        "readable_futs", "reaped", "removal", "sandbox_denied", "sandbox_type", "space_waiters",
-        "spec", "stdin_fd", "stop_reading", "tasks", "terminate_timer", "terminating", "waiters",
-        "write_ids", "write_queue", "write_space", "writer_armed",
+        "buffer",
+        "child",
+        "current",
+        "emit_lock",
+        "eof_waiters",
+        "open_streams",
+        "process_id",
+        "readable_futs",
+        "reaped",
+        "removal",
+        "sandbox_denied",
+        "sandbox_type",
+        "space_waiters",
+        "spec",
+        "stdin_fd",
+        "stop_reading",
+        "tasks",
+        "terminate_timer",
+        "terminating",
+        "waiters",
+        "write_ids",
+        "write_queue",
+        "write_space",
+        "writer_armed",
     )
 
     def __init__(self, process_id: str, buffer: OutputBuffer, current: bool) -> None:
@@ -139,6 +161,7 @@ class _Record:
         self.open_streams = 2
         self.waiters: list[asyncio.Future[None]] = []
         self.space_waiters: list[asyncio.Future[None]] = []
+        self.eof_waiters: list[asyncio.Future[None]] = []
         self.readable_futs: dict[int, asyncio.Future[None]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.stdin_fd: int | None = None
@@ -151,7 +174,6 @@ class _Record:
         self.terminate_timer: asyncio.TimerHandle | None = None
         self.removal: asyncio.TimerHandle | None = None
         self.stop_reading = False
-        self.closing_fds: list[int] = []
 
     @property
     def starting(self) -> bool:
@@ -345,6 +367,8 @@ class ProcessManager:
         finally:
             close_quietly(fd)
         rec.open_streams -= 1
+        if rec.open_streams <= 0:
+            _wake(rec.eof_waiters)
         await self._maybe_close(rec)
 
     async def _emit_output(self, rec: _Record, stream: ProcessStream, data: bytes) -> None:
@@ -402,6 +426,13 @@ class ProcessManager:
             except Exception:
                 logger.exception("launch cleanup of %r failed", rec)
         if rec.sandbox_type is not SandboxType.NONE and code != 0:
+            # The denial message is usually still in the pipe: let capture drain it.
+            if rec.open_streams > 0:
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                rec.eof_waiters.append(fut)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(DENIAL_DRAIN_WAIT):
+                        await fut
             rec.sandbox_denied = looks_sandbox_denied(rec.sandbox_type, code, self._text_of(rec))
         async with rec.emit_lock:
             seq = rec.buffer.record_exit(code)

@@ -36,8 +36,16 @@ def _seq_of(chunk: OutputChunk) -> int:
 class OutputBuffer:
     """Events of one process: output chunks, exit code, close flag."""
 
-    __slots__ = ("_chunks", "cap", "closed", "delivered_seq", "exit_code", "lossless", "next_seq",
-                 "retained")
+    __slots__ = (
+        "_chunks",
+        "cap",
+        "closed",
+        "delivered_seq",
+        "exit_code",
+        "lossless",
+        "next_seq",
+        "retained",
+    )
 
     def __init__(self, cap: int = RETAINED_OUTPUT_CAP, *, lossless: bool = False) -> None:
         self.cap = cap
@@ -147,5 +155,7 @@ class OutputBuffer:
         return len(self._chunks)
 
     def __repr__(self) -> str:
-        return (f"<OutputBuffer next_seq={self.next_seq} chunks={len(self._chunks)} "
-                f"retained={self.retained} exit={self.exit_code} closed={self.closed}>")
+        return (
+            f"<OutputBuffer next_seq={self.next_seq} chunks={len(self._chunks)} "
+            f"retained={self.retained} exit={self.exit_code} closed={self.closed}>"
+        )

@@ -93,9 +93,7 @@ def _manager(ctx: RequestContext) -> ProcessManager:
     return processes
 
 
-def _prepare_sandbox(
-    ctx: RequestContext, spec: LaunchSpec, params: StartParams
-) -> LaunchSpec:
+def _prepare_sandbox(ctx: RequestContext, spec: LaunchSpec, params: StartParams) -> LaunchSpec:
     raw = params.sandbox_raw()
     sandbox = ctx.services.sandbox
     if sandbox is None:
