@@ -245,3 +245,17 @@ async def test_non_utf8_names_round_trip(fs: ExecutorFileSystem, layout: Any, ct
     assert await fs.read_file(name, sandbox=ctx.ww(layout.allowed)) == b"\x00\xffbinary"
     entries = await fs.read_directory(layout.allowed, sandbox=ctx.ww(layout.allowed))
     assert "caf\ufffd-\ufffd.bin" in {e.file_name for e in entries}
+
+
+async def test_remove_of_link_behind_a_symlinked_directory_is_checked_where_it_lives(
+    fs: ExecutorFileSystem, layout: Any, ctx: Any
+) -> None:
+    """``allowed/link/victim`` is a link that really sits in ``outside``: not removable."""
+    victim = layout.outside / "victim"
+    victim.symlink_to("/nonexistent")
+    with pytest.raises(ExecServerError) as info:
+        await fs.remove(
+            layout.link / "victim", recursive=False, force=False, sandbox=ctx.ww(layout.allowed)
+        )
+    assert_denied(info.value)
+    assert victim.is_symlink()

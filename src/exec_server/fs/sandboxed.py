@@ -139,11 +139,21 @@ def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: b
         expect = os.path.dirname(checked)
     if not os.path.isabs(checked):
         raise InvalidRequestError(f"resolved sandbox path is not absolute: {checked}")
-    access = request.resolve_access(checked)
+    _require(request, checked, write=write)
+    if expect != os.path.dirname(checked):
+        # A preserved link whose directory is reached through a nested user
+        # symlink: the link really lives in ``expect``, so that location must
+        # be allowed too (stricter than §10.3, which checks only the lexical
+        # path and leaves the rest to the platform sandbox).
+        _require(request, os.path.join(expect, os.path.basename(checked)), write=write)
+    return _Checked(checked, expect)
+
+
+def _require(request: FsSandboxRequest, path: str, *, write: bool) -> None:
+    access = request.resolve_access(path)
     allowed = access is Access.WRITE if write else access is not Access.NONE
     if not allowed:
-        raise InvalidRequestError(NOT_PERMITTED.format(checked))
-    return _Checked(checked, expect)
+        raise InvalidRequestError(NOT_PERMITTED.format(path))
 
 
 def _server_cwd() -> str:
