@@ -351,3 +351,23 @@ def test_plan_current_client_recorded_policy() -> None:
 def test_plan_no_roots_grants_nothing() -> None:
     plan = plan_of([sp(ROOT, R), sp(PROJ, W)], scope=PolicyScope("/c", ()))
     assert plan.writable_roots == ()
+
+
+# --- regressions found by the plan/resolution property test ---
+
+
+def test_denial_tied_with_write_still_narrows_full_write() -> None:
+    policy = FileSystemPolicy.restricted([p("/a/b", W), sp(ROOT, W), p("/a/b", N)])
+    assert not has_full_disk_write(policy)
+    plan = plan_of([p("/a/b", W), sp(ROOT, W), p("/a/b", N)])
+    assert plan.denied_paths == ("/a/b",) and plan.writable_roots == ("/",)
+
+
+def test_explicit_write_on_protected_path_is_honoured_by_plan() -> None:
+    probe = FakeProbe(dirs={"/ws/.git"})
+    view = ResolvedPolicy(
+        FileSystemPolicy.restricted([sp(CWD, W), p("/ws/.git", W)]), SCOPE, probe=probe
+    )
+    assert view.resolve_access("/ws/.git/config") is W
+    plan = view.plan(Network.RESTRICTED, probe=probe)
+    assert "/ws/.git" not in plan.read_only_subpaths

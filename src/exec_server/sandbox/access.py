@@ -145,7 +145,9 @@ def has_full_disk_write(policy: FileSystemPolicy) -> bool:
             if entry.access is Access.NONE:
                 return False
             continue
-        if entry.target not in writes:
+        # A `none` entry always narrows: it beats `write` on equally specific ties (§6.2),
+        # so "overridden by a write entry for the same target" only applies to reads.
+        if entry.access is Access.NONE or entry.target not in writes:
             return False
     return True
 
@@ -180,6 +182,7 @@ class ResolvedPolicy:
     """
 
     __slots__ = (
+        "_combined",
         "full_read",
         "full_write",
         "platform_defaults",
@@ -221,19 +224,21 @@ class ResolvedPolicy:
                 if access is Access.WRITE:
                     protected.extend(protected_subpaths(path, probe))
         self.protected: tuple[str, ...] = tuple(dict.fromkeys(protected))
+        # Protected subpaths rank as read entries at their path: an explicit
+        # `write` or `none` at the same path still wins (none > write > read).
+        combined = dict(merged)
+        for path in self.protected:
+            combined.setdefault(path, Access.READ)
+        self._combined: tuple[tuple[str, Access], ...] = tuple(combined.items())
 
     def _rules(self, exclude: str | None = None) -> list[tuple[str, Access]]:
-        rules = [(p, a) for p, a in self.rules if p != exclude]
-        rules.extend((p, Access.READ) for p in self.protected if p != exclude)
-        return rules
+        return [(p, a) for p, a in self._combined if p != exclude]
 
     def resolve_access(self, path: str) -> Access:
         """Access for ``path`` (relative paths join the policy cwd), §6.11 + protected subpaths."""
         if self.policy.kind is not FsKind.RESTRICTED:
             return Access.WRITE
-        target = _absolute(path, self.scope.cwd)
-        # Protected subpaths rank as read entries: explicit deeper grants still win.
-        return _best(self._rules(), target) or Access.NONE
+        return _best(self._combined, _absolute(path, self.scope.cwd)) or Access.NONE
 
     def can_read(self, path: str) -> bool:
         return self.resolve_access(path) is not Access.NONE
@@ -271,7 +276,7 @@ class ResolvedPolicy:
         read_only: list[str] = []
         readable: list[str] = []
         denied: list[str] = []
-        for path, access in sorted(self.rules, key=lambda r: (depth(r[0]), r[0])):
+        for path, access in sorted(self._combined, key=lambda r: (depth(r[0]), r[0])):
             context = self._context_access(path)
             if access is Access.WRITE:
                 if context is not Access.WRITE:
@@ -283,9 +288,7 @@ class ResolvedPolicy:
                     readable.append(path)
             elif context is not Access.NONE:
                 denied.append(path)
-        if not self.full_write:
-            read_only.extend(p for p in self.protected if p not in read_only)
-        else:
+        if self.full_write:
             writable = []
         if not self.full_read:
             if self.platform_defaults:

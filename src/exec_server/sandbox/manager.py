@@ -24,7 +24,7 @@ from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.convert import Generation, LaunchSandboxRequest, launch_request_from_wire
 from exec_server.sandbox.macos import seatbelt
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
-from exec_server.sandbox.platform import PLATFORM_SANDBOX
+from exec_server.sandbox.platform import PLATFORM_SANDBOX, platform_default_read_roots
 
 __all__ = [
     "NETWORK_DISABLED_ENV",
@@ -155,7 +155,10 @@ class SandboxManager:
         if selected is not self._platform:
             raise SandboxLaunchError(_unavailable_message(selected))
         try:
-            plan = request.plan(tmpdir=out.env.get("TMPDIR"))
+            plan = request.plan(
+                tmpdir=out.env.get("TMPDIR"),
+                platform_defaults=platform_default_read_roots(self._platform),
+            )
         except ExecServerError as exc:
             raise SandboxLaunchError(exc.message) from exc
         required = request.preference == "require" or request.forced_type is not None
