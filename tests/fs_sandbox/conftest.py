@@ -238,13 +238,11 @@ async def zygote_sfs() -> AsyncIterator[SandboxedFileSystem]:
     await service.aclose()
 
 
-#: (confinement, client backend): the zygote on both backends, each one-shot
-#: helper backend locally (they are ~100x slower; the routing is the same).
+#: (confinement, client backend): every confinement path on both client backends.
 MATRIX = [
-    ("zygote", "local"),
-    ("zygote", "remote"),
-    ("helper-bwrap", "local"),
-    ("helper-landlock", "local"),
+    (confinement, backend)
+    for confinement in ("zygote", "helper-bwrap", "helper-landlock")
+    for backend in ("local", "remote")
 ]
 
 
