@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from exec_server.client.fs import LocalFileSystem
 from exec_server.exceptions import os_error_message
 from exec_server.patch.apply import apply_patch
 from exec_server.patch.errors import PatchError
-from exec_server.patch.localfs import LocalPatchFileSystem
 
 __all__ = ["APPLY_PATCH_FLAG", "console_main", "hidden_flag_main", "register", "run_patch"]
 
@@ -45,7 +45,7 @@ def run_patch(patch: str, *, stdout: TextIO, stderr: TextIO) -> int:
         stderr.write(f"Error: Failed to determine current directory.\n{os_error_message(exc)}\n")
         return 1
     try:
-        affected = asyncio.run(apply_patch(patch, cwd, LocalPatchFileSystem()))
+        affected = asyncio.run(apply_patch(patch, cwd, LocalFileSystem()))
     except PatchError as exc:
         stderr.write(f"{exc}\n")
         stderr.flush()
