@@ -144,6 +144,8 @@ async def test_notifications_feed_the_handle_in_seq_order(fake: Fake) -> None:
     t.notify("process/closed", {"processId": "p", "seq": 4})
     result = await handle.collect()
     assert (result.stdout, result.stderr, result.exit_code) == (b"a", b"b", 7)
+    # A closed process gets no more events: its handle is no longer routed.
+    assert client._handles == {}
 
 
 async def test_gap_in_notifications_is_filled_by_read(fake: Fake) -> None:

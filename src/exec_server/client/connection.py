@@ -149,6 +149,7 @@ class ExecServerClient:
         self._lost: ConnectionLostError | None = None
         self._closed = False
         self._session_id: str | None = None
+        self._disconnecting = False
         self.initialize_result: InitializeResult | None = None
         self._reader = asyncio.create_task(self._read_loop(transport))
 
@@ -286,10 +287,14 @@ class ExecServerClient:
         Pending calls and handles fail with :class:`ConnectionLostError`; call
         :meth:`reconnect` to continue.
         """
-        with contextlib.suppress(Exception):
-            await self._transport.aclose()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        self._disconnecting = True
+        try:
+            with contextlib.suppress(Exception):
+                await self._transport.aclose()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        finally:
+            self._disconnecting = False
 
     async def reconnect(
         self,
@@ -368,7 +373,11 @@ class ExecServerClient:
             while True:
                 data = await transport.recv()
                 if data is None:
-                    reason = "server closed the connection"
+                    reason = (
+                        "disconnected by the client"
+                        if self._disconnecting
+                        else "server closed the connection"
+                    )
                     break
                 try:
                     msg = decode_message(data)

@@ -190,7 +190,12 @@ class ProcessHandle:
         elif isinstance(event, ExitedNotification):
             self._exit_code = event.exit_code
         else:
-            self._closed = True
+            self._mark_closed()
+
+    def _mark_closed(self) -> None:
+        # Nothing follows ``closed`` (§8.2): stop routing, so finished handles don't pile up.
+        self._closed = True
+        self._ops.release(self.process_id)
 
     def _drain_pending(self) -> None:
         cur = self._cur
@@ -231,7 +236,7 @@ class ProcessHandle:
             # A read that returned chunks may have stopped at maxBytes: read again.
             # Only an empty read proves the cursor reached the end.
             if result.closed and not result.chunks:
-                self._closed = True
+                self._mark_closed()
             self._drain_pending()
             self._need_read = (bool(result.chunks) and not self._closed) or bool(cur.pending)
 
