@@ -15,10 +15,14 @@ Control channel (``SOCK_SEQPACKET``, one message per datagram):
   after the fork; ``X`` + pid + wait status (``!ii``) after reaping a child;
   ``E`` + id + errno when the fork failed.
 
+The zygote itself carries no_new_privs and the seccomp network filter
+(``sandbox.linux.seccomp``), installed once after start-up; children inherit
+both. One child is kept pre-forked, waiting for a request socket.
+
 The child: closes everything of the zygote's, arms ``PDEATHSIG``, reads its
-request frame from its socket, applies Landlock + no_new_privs + the seccomp
-network filter for *that* request's plan, runs the operation in strict mode
-and writes one reply frame, then ``_exit(0)``. EOF on the control socket means
+request frame from its socket, applies Landlock for *that* request's plan
+before touching any path, runs the operation in strict mode and writes one
+reply frame, then ``_exit(0)``. EOF on the control socket means
 the server is going away: kill and reap every child, exit.
 """
 
@@ -66,7 +70,12 @@ class Zygote:
         self.ops = _load("zygote_ops", fs_dir)
         self.confine = _load("zygote_confine", fs_dir)
         self.abi: int = self.confine.landlock_abi()
-        self.bpf: bytes | None = self.confine.build_network_filter()
+        # The seccomp program is the mechanism module's (stdlib-only); import
+        # it from the source tree without site-packages.
+        sys.path.insert(0, os.path.dirname(os.path.dirname(fs_dir)))
+        from exec_server.sandbox.linux import seccomp
+
+        self.seccomp = seccomp
         self.ctl = socket.socket(fileno=ctl_fd)
         self.server_pid = server_pid
         self.test_hooks = test_hooks
@@ -89,7 +98,7 @@ class Zygote:
         # Network is always off for the helper (PROTOCOL.md §10.1): filter the
         # zygote once; every child inherits it (and no_new_privs) across fork.
         # From here on only sendmsg/recvmsg are used (the filter denies sendto).
-        self.confine.install_network_filter(self.bpf)
+        self.seccomp.install_network_filter()
         gc.collect()
         gc.freeze()
         self._send(b"R" + json.dumps({"abi": self.abi, "pid": os.getpid()}).encode())
