@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from exec_server.client import ExecServerClient
-from exec_server.client.connection import DEFAULT_POLL_INTERVAL
 from exec_server.client.errors import ConnectionLostError
+from exec_server.client.process import DEFAULT_POLL_INTERVAL
 
 _EOF = object()
 
