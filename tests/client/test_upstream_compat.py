@@ -1,0 +1,90 @@
+"""The client also drives the upstream Rust server (skipped when it is not installed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+
+from exec_server.client import ExecServerClient
+from exec_server.exceptions import InvalidRequestError
+from exec_server.protocol.process_types import StartParams, WriteStatus
+
+pytestmark = pytest.mark.upstream
+
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+
+
+def _codex() -> str | None:
+    try:
+        import codex_cli_bin  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        return shutil.which("codex")
+    path = os.path.join(os.path.dirname(codex_cli_bin.__file__), "bin", "codex")
+    return path if os.access(path, os.X_OK) else None
+
+
+@pytest.fixture
+async def upstream_url() -> AsyncIterator[str]:
+    codex = _codex()
+    if codex is None:
+        pytest.skip("upstream codex not installed (pip install openai-codex-cli-bin)")
+    proc = await asyncio.create_subprocess_exec(
+        codex, "exec-server", "--listen", "ws://127.0.0.1:0",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        match = re.search(rb"ws://\S+", line)
+        assert match, line
+        yield match.group(0).decode()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+async def test_spawn_collect_and_exit_code(upstream_url: str) -> None:
+    async with await ExecServerClient.connect(upstream_url) as client:
+        proc = await client.spawn(["sh", "-c", "echo out; echo err >&2; exit 3"], cwd="/",
+                                  env=ENV)
+        result = await proc.collect()
+    assert (result.stdout, result.stderr, result.exit_code) == (b"out\n", b"err\n", 3)
+
+
+async def test_tty_write_echo_and_terminate(upstream_url: str) -> None:
+    async with await ExecServerClient.connect(upstream_url) as client:
+        proc = await client.spawn(["cat"], cwd="/", env=ENV, tty=True)
+        assert await proc.write(b"ping\n") is WriteStatus.ACCEPTED
+        seen = b""
+        while b"ping" not in seen:
+            chunk = await proc.read_chunk()
+            assert chunk is not None
+            seen += chunk.chunk
+        assert await proc.terminate() is True
+        assert (await proc.wait()).code != 0
+
+
+async def test_errors_map_the_same_way(upstream_url: str) -> None:
+    async with await ExecServerClient.connect(upstream_url) as client:
+        proc = await client.spawn(["sleep", "30"], cwd="/", env=ENV, process_id="same")
+        duplicate = StartParams(
+            process_id="same",
+            argv=["true"],
+            cwd="file:///",
+            env=ENV,
+            tty=False,
+            sandbox=msgspec.Raw(b"null"),
+        )
+        with pytest.raises(InvalidRequestError, match="process same already exists"):
+            await client.start_process(duplicate)
+        assert await proc.terminate() is True
+        await proc.wait()
