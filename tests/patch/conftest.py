@@ -172,9 +172,7 @@ class Backend:
             for name in dirnames:
                 out[os.path.normpath(os.path.join(rel, name))] = None
             for name in filenames:
-                out[os.path.normpath(os.path.join(rel, name))] = Path(
-                    dirpath, name
-                ).read_bytes()
+                out[os.path.normpath(os.path.join(rel, name))] = Path(dirpath, name).read_bytes()
         return out
 
 

@@ -18,7 +18,6 @@ from exec_server.patch.apply import apply_patch
 from exec_server.patch.errors import PatchError
 
 
-
 def P(*lines: str) -> str:
     """A patch with the envelope around ``lines``."""
     return "\n".join(["*** Begin Patch", *lines, "*** End Patch"])
@@ -38,6 +37,7 @@ class Case:
     err: str | None = None
 
 
+# fmt: off
 CASES = [
     # --- Add --------------------------------------------------------------------------
     Case("add", P("*** Add File: a.txt", "+hello", "+world"), after={"a.txt": "hello\nworld\n"},
@@ -183,9 +183,11 @@ CASES = [
          err="Failed to read file to update <D>/nope: No such file or directory (os error 2)"),
     Case("update a directory", P("*** Update File: d", "@@", "+x"), before={"d": None},
          err="Failed to read file to update <D>/d: path `<D>/d` is not a file"),
-    Case("update invalid utf-8", P("*** Update File: b", "@@", "+x"), before={"b": b"ok\xe2\x28\xa1"},
+    Case("update invalid utf-8", P("*** Update File: b", "@@", "+x"),
+         before={"b": b"ok\xe2\x28\xa1"},
          err="Failed to read file to update <D>/b: invalid utf-8 sequence of 1 bytes from index 2"),
-    Case("update truncated utf-8", P("*** Update File: b", "@@", "+x"), before={"b": b"ok\xe2\x82"},
+    Case("update truncated utf-8", P("*** Update File: b", "@@", "+x"),
+         before={"b": b"ok\xe2\x82"},
          err="Failed to read file to update <D>/b: incomplete utf-8 byte sequence from index 2"),
     # --- order, no rollback --------------------------------------------------------------
     Case("failure after partial success leaves earlier hunks",
@@ -208,6 +210,7 @@ CASES = [
     Case("heredoc-wrapped literal argument", "<<'EOF'\n" + P("*** Add File: a", "+x") + "\nEOF\n",
          after={"a": "x\n"}, out=ok("A a")),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
