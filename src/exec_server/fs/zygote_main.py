@@ -43,6 +43,8 @@ import sys
 import time
 from types import ModuleType
 
+__all__ = ["main"]
+
 _PR_SET_PDEATHSIG = 1
 _ID = struct.Struct("!Q")
 _PID = struct.Struct("!i")

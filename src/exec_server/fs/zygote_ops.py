@@ -29,7 +29,7 @@ import os
 import shutil
 import stat
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -705,9 +705,6 @@ _OPS = {
     "fs/copy": _copy,
     "fs/canonicalize": _canonicalize,
 }
-
-OPERATIONS: Sequence[str] = (*_OPS, "fs/writeFile")
-
 
 def execute(
     req: OpRequest, data: bytes | bytearray, *, strict: bool
