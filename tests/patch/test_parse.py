@@ -68,9 +68,7 @@ def test_all_hunk_kinds() -> None:
     upd = parsed.hunks[2]
     assert isinstance(upd, UpdateFile)
     assert (upd.path, upd.move_path) == ("path/update.py", "path/update2.py")
-    assert [shape(c) for c in upd.chunks] == [
-        chunk("def f():", "-    pass", "+    return 123")
-    ]
+    assert [shape(c) for c in upd.chunks] == [chunk("def f():", "-    pass", "+    return 123")]
 
 
 @pytest.mark.parametrize(
@@ -89,11 +87,15 @@ def test_all_hunk_kinds() -> None:
         # indented @@ is a context line
         (("@@", " @@", "-a"), [chunk(None, " @@", "-a")]),
         # End of File closes the chunk, trailing whitespace allowed [rev]
-        (("@@", "-a", "*** End of File  ", "@@", "+b"),
-         [chunk(None, "-a", eof=True), chunk(None, "+b")]),
+        (
+            ("@@", "-a", "*** End of File  ", "@@", "+b"),
+            [chunk(None, "-a", eof=True), chunk(None, "+b")],
+        ),
         # after End of File blank and whitespace-only lines are skipped (binary)
-        (("-a", "*** End of File", "", "\t", "   ", "@@", "+b"),
-         [chunk(None, "-a", eof=True), chunk(None, "+b")]),
+        (
+            ("-a", "*** End of File", "", "\t", "   ", "@@", "+b"),
+            [chunk(None, "-a", eof=True), chunk(None, "+b")],
+        ),
         # End of File right after the header is ignored (binary)
         (("*** End of File", "-a", "+b"), [chunk(None, "-a", "+b")]),
         # indented End Patch inside a chunk is context
@@ -116,8 +118,10 @@ def test_context_ops_kept_in_order() -> None:
     ("text", "hunks"),
     [
         # whole text trimmed; padded markers and headers
-        ("\n\n  *** Begin Patch  \n   *** Add File: a  \n+x\n  *** End Patch \n\n",
-         (AddFile("a", "x\n"),)),
+        (
+            "\n\n  *** Begin Patch  \n   *** Add File: a  \n+x\n  *** End Patch \n\n",
+            (AddFile("a", "x\n"),),
+        ),
         # extra spaces after the marker stay in the path
         (P("*** Add File:   x"), (AddFile("  x", ""),)),
         # zero hunks parse
@@ -133,8 +137,10 @@ def test_context_ops_kept_in_order() -> None:
         (P("*** Add File: a", "+*** End Patch"), (AddFile("a", "*** End Patch\n"),)),
         (P("*** Delete File: a", "*** End Patch", "  ", ""), (DeleteFile("a"),)),
         # Move after an ignored End of File (binary); Move destination trailing ws trimmed
-        (P("*** Update File: a", "*** End of File", "*** Move to: b ", "-x"),
-         (UpdateFile("a", "b", (UpdateChunk(None, ("x",), (), False, (("-", "x"),)),)),)),
+        (
+            P("*** Update File: a", "*** End of File", "*** Move to: b ", "-x"),
+            (UpdateFile("a", "b", (UpdateChunk(None, ("x",), (), False, (("-", "x"),)),)),),
+        ),
     ],
 )
 def test_valid(text: str, hunks: tuple[object, ...]) -> None:
@@ -142,11 +148,15 @@ def test_valid(text: str, hunks: tuple[object, ...]) -> None:
 
 
 def test_canonical_patch_text_and_environment_id() -> None:
-    text = "<<'EOF'\n*** Begin Patch\r\n*** Environment ID:  env  \n*** Delete File: a\n" \
+    text = (
+        "<<'EOF'\n*** Begin Patch\r\n*** Environment ID:  env  \n*** Delete File: a\n"
         "*** End Patch\nEOF\n"
+    )
     parsed = parse_patch(text)
-    assert parsed.patch == "*** Begin Patch\n*** Environment ID:  env  \n*** Delete File: a\n" \
+    assert (
+        parsed.patch == "*** Begin Patch\n*** Environment ID:  env  \n*** Delete File: a\n"
         "*** End Patch"
+    )
     assert parsed.environment_id == "env"
 
 
@@ -172,81 +182,138 @@ def test_canonical_patch_text_and_environment_id() -> None:
         (P("*** Delete File: a", "*** End Patch", "foo"), LAST),
         (P("*** Delete File: a", "*** End Patch", "*** Begin Patch"), LAST),
         # Environment ID [rev] (binary)
-        (P("*** Environment ID:", "*** Delete File: a"),
-         "Invalid patch: apply_patch environment_id cannot be empty"),
-        (P("*** Environment ID: a", "*** Environment ID: b"),
-         "Invalid patch: apply_patch environment_id cannot be specified more than once"),
-        (P("*** Delete File: a", "*** Environment ID: e"),
-         f"Invalid patch hunk on line 3: '*** Environment ID: e' is not a valid hunk header. "
-         f"{HEADERS}"),
+        (
+            P("*** Environment ID:", "*** Delete File: a"),
+            "Invalid patch: apply_patch environment_id cannot be empty",
+        ),
+        (
+            P("*** Environment ID: a", "*** Environment ID: b"),
+            "Invalid patch: apply_patch environment_id cannot be specified more than once",
+        ),
+        (
+            P("*** Delete File: a", "*** Environment ID: e"),
+            f"Invalid patch hunk on line 3: '*** Environment ID: e' is not a valid hunk header. "
+            f"{HEADERS}",
+        ),
         # hunk headers
         (P("bad"), f"Invalid patch hunk on line 2: 'bad' is not a valid hunk header. {HEADERS}"),
-        (P("*** add file: a"), f"Invalid patch hunk on line 2: '*** add file: a' is not a valid "
-         f"hunk header. {HEADERS}"),
-        (P("*** Add File: a", "+x", "", "+y"),
-         f"Invalid patch hunk on line 4: '' is not a valid hunk header. {HEADERS}"),
-        (P("*** Add File: a", " +x"),
-         f"Invalid patch hunk on line 3: '+x' is not a valid hunk header. {HEADERS}"),
-        (P("*** Delete File: a", ""),
-         f"Invalid patch hunk on line 3: '' is not a valid hunk header. {HEADERS}"),
+        (
+            P("*** add file: a"),
+            f"Invalid patch hunk on line 2: '*** add file: a' is not a valid "
+            f"hunk header. {HEADERS}",
+        ),
+        (
+            P("*** Add File: a", "+x", "", "+y"),
+            f"Invalid patch hunk on line 4: '' is not a valid hunk header. {HEADERS}",
+        ),
+        (
+            P("*** Add File: a", " +x"),
+            f"Invalid patch hunk on line 3: '+x' is not a valid hunk header. {HEADERS}",
+        ),
+        (
+            P("*** Delete File: a", ""),
+            f"Invalid patch hunk on line 3: '' is not a valid hunk header. {HEADERS}",
+        ),
         # update hunks
-        (P("*** Update File: a"), "Invalid patch hunk on line 2: Update file hunk for path 'a' "
-         "is empty"),
-        (P("*** Update File: a", "*** Delete File: b"),
-         "Invalid patch hunk on line 2: Update file hunk for path 'a' is empty"),
-        (P("*** Update File: a", "*** End of File"),
-         "Invalid patch hunk on line 2: Update file hunk for path 'a' is empty"),
-        (P("*** Update File: a", "*** Move to: b"),
-         "Invalid patch hunk on line 2: Update file hunk for path 'a' is empty"),
-        (P("*** Update File: a", "@@"),
-         "Invalid patch hunk on line 4: Update hunk does not contain any lines"),
-        (P("*** Update File: a", "@@", "*** End of File"),
-         "Invalid patch hunk on line 4: Update hunk does not contain any lines"),
-        (P("*** Update File: a", "bad"),
-         f"Invalid patch hunk on line 3: Unexpected line found in update hunk: 'bad'. "
-         f"{UNEXPECTED}"),
-        (P("*** Update File: a", "@@foo"),
-         f"Invalid patch hunk on line 3: Unexpected line found in update hunk: '@@foo'. "
-         f"{UNEXPECTED}"),
-        (P("*** Update File: a", "@@", "@@ x"),
-         f"Invalid patch hunk on line 4: Unexpected line found in update hunk: '@@ x'. "
-         f"{UNEXPECTED}"),
-        (P("*** Update File: a", "@@", "bad"),
-         f"Invalid patch hunk on line 4: Unexpected line found in update hunk: 'bad'. "
-         f"{UNEXPECTED}"),
-        (P("*** Update File: a", "@@", "*** Add File: x", "+y"),
-         f"Invalid patch hunk on line 4: Unexpected line found in update hunk: "
-         f"'*** Add File: x'. {UNEXPECTED}"),
-        (P("*** Update File: a", "\t", "-x"),
-         f"Invalid patch hunk on line 3: Unexpected line found in update hunk: '\t'. "
-         f"{UNEXPECTED}"),
-        (P("*** Update File: a", "*** Foo"),
-         f"Invalid patch hunk on line 3: Unexpected line found in update hunk: '*** Foo'. "
-         f"{UNEXPECTED}"),
-        (P("*** Update File: a", "-x", "bad"),
-         "Invalid patch hunk on line 4: Expected update hunk to start with a @@ context marker, "
-         "got: 'bad'"),
-        (P("*** Update File: a", "-x", "\t"),
-         "Invalid patch hunk on line 4: Expected update hunk to start with a @@ context marker, "
-         "got: '\t'"),
-        (P("*** Update File: a", "-x", "*** End of File", "bad"),
-         "Invalid patch hunk on line 5: Expected update hunk to start with a @@ context marker, "
-         "got: 'bad'"),
-        (P("*** Update File: a", "-x", "*** End of File", "", "", "bad"),
-         "Invalid patch hunk on line 7: Expected update hunk to start with a @@ context marker, "
-         "got: 'bad'"),
-        (P("*** Update File: a", "-x", "*** End of File", "*** End of File"),
-         "Invalid patch hunk on line 5: Expected update hunk to start with a @@ context marker, "
-         "got: '*** End of File'"),
-        (P("*** Update File: a", "-x", "*** Move to: b"),
-         "Invalid patch hunk on line 4: Expected update hunk to start with a @@ context marker, "
-         "got: '*** Move to: b'"),
+        (
+            P("*** Update File: a"),
+            "Invalid patch hunk on line 2: Update file hunk for path 'a' is empty",
+        ),
+        (
+            P("*** Update File: a", "*** Delete File: b"),
+            "Invalid patch hunk on line 2: Update file hunk for path 'a' is empty",
+        ),
+        (
+            P("*** Update File: a", "*** End of File"),
+            "Invalid patch hunk on line 2: Update file hunk for path 'a' is empty",
+        ),
+        (
+            P("*** Update File: a", "*** Move to: b"),
+            "Invalid patch hunk on line 2: Update file hunk for path 'a' is empty",
+        ),
+        (
+            P("*** Update File: a", "@@"),
+            "Invalid patch hunk on line 4: Update hunk does not contain any lines",
+        ),
+        (
+            P("*** Update File: a", "@@", "*** End of File"),
+            "Invalid patch hunk on line 4: Update hunk does not contain any lines",
+        ),
+        (
+            P("*** Update File: a", "bad"),
+            f"Invalid patch hunk on line 3: Unexpected line found in update hunk: 'bad'. "
+            f"{UNEXPECTED}",
+        ),
+        (
+            P("*** Update File: a", "@@foo"),
+            f"Invalid patch hunk on line 3: Unexpected line found in update hunk: '@@foo'. "
+            f"{UNEXPECTED}",
+        ),
+        (
+            P("*** Update File: a", "@@", "@@ x"),
+            f"Invalid patch hunk on line 4: Unexpected line found in update hunk: '@@ x'. "
+            f"{UNEXPECTED}",
+        ),
+        (
+            P("*** Update File: a", "@@", "bad"),
+            f"Invalid patch hunk on line 4: Unexpected line found in update hunk: 'bad'. "
+            f"{UNEXPECTED}",
+        ),
+        (
+            P("*** Update File: a", "@@", "*** Add File: x", "+y"),
+            f"Invalid patch hunk on line 4: Unexpected line found in update hunk: "
+            f"'*** Add File: x'. {UNEXPECTED}",
+        ),
+        (
+            P("*** Update File: a", "\t", "-x"),
+            f"Invalid patch hunk on line 3: Unexpected line found in update hunk: '\t'. "
+            f"{UNEXPECTED}",
+        ),
+        (
+            P("*** Update File: a", "*** Foo"),
+            f"Invalid patch hunk on line 3: Unexpected line found in update hunk: '*** Foo'. "
+            f"{UNEXPECTED}",
+        ),
+        (
+            P("*** Update File: a", "-x", "bad"),
+            "Invalid patch hunk on line 4: Expected update hunk to start with a @@ context marker, "
+            "got: 'bad'",
+        ),
+        (
+            P("*** Update File: a", "-x", "\t"),
+            "Invalid patch hunk on line 4: Expected update hunk to start with a @@ context marker, "
+            "got: '\t'",
+        ),
+        (
+            P("*** Update File: a", "-x", "*** End of File", "bad"),
+            "Invalid patch hunk on line 5: Expected update hunk to start with a @@ context marker, "
+            "got: 'bad'",
+        ),
+        (
+            P("*** Update File: a", "-x", "*** End of File", "", "", "bad"),
+            "Invalid patch hunk on line 7: Expected update hunk to start with a @@ context marker, "
+            "got: 'bad'",
+        ),
+        (
+            P("*** Update File: a", "-x", "*** End of File", "*** End of File"),
+            "Invalid patch hunk on line 5: Expected update hunk to start with a @@ context marker, "
+            "got: '*** End of File'",
+        ),
+        (
+            P("*** Update File: a", "-x", "*** Move to: b"),
+            "Invalid patch hunk on line 4: Expected update hunk to start with a @@ context marker, "
+            "got: '*** Move to: b'",
+        ),
         # line numbers count from Begin even inside an unwrapped heredoc
-        ("<<EOF\n" + P("*** Delete File: a", "oops") + "\nEOF",
-         f"Invalid patch hunk on line 3: 'oops' is not a valid hunk header. {HEADERS}"),
+        (
+            "<<EOF\n" + P("*** Delete File: a", "oops") + "\nEOF",
+            f"Invalid patch hunk on line 3: 'oops' is not a valid hunk header. {HEADERS}",
+        ),
         # ... and the Environment ID line counts
-        (P("*** Environment ID: e", "oops"),
-         f"Invalid patch hunk on line 3: 'oops' is not a valid hunk header. {HEADERS}"),
+        (
+            P("*** Environment ID: e", "oops"),
+            f"Invalid patch hunk on line 3: 'oops' is not a valid hunk header. {HEADERS}",
+        ),
     ],
 )
 def test_errors(text: str, message: str) -> None:
