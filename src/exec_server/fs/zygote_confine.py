@@ -26,7 +26,7 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 
-__all__ = ["ConfineError", "confine", "landlock_abi", "warm_up"]
+__all__ = ["ConfineError", "confine", "landlock_abi", "prefault", "warm_up"]
 
 _NR_CREATE_RULESET = 444
 _NR_ADD_RULE = 445
@@ -199,6 +199,13 @@ def warm_up(abi: int) -> None:
             _add_rule(ruleset, "/dev/null", _READ_FILE)
         finally:
             os.close(ruleset)
+
+
+def prefault() -> None:
+    """Build (and drop) the ctypes structures a ruleset needs; no syscalls, no paths."""
+    _RulesetAttr(handled_access_fs=0)
+    _PathBeneathAttr(allowed_access=0, parent_fd=-1)
+    _fs_mask(7)
 
 
 def confine(plan: Mapping[str, object], *, abi: int) -> None:
