@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 from pathlib import Path
 
@@ -135,19 +136,15 @@ def test_random_patches_only_raise_patch_errors(
     """Structured fuzz: parse + apply either succeed or raise our typed errors."""
     text = sep.join(lines)
     fs = _DictFs(files)
-    try:
+    with contextlib.suppress(PatchError):
         asyncio.run(apply_patch(text, ROOT, fs))
-    except PatchError:
-        pass
 
 
 @settings(max_examples=500, deadline=None)
 @given(st.text())
 def test_parser_never_raises_anything_but_parse_error(text: str) -> None:
-    try:
+    with contextlib.suppress(ParseError):
         parse_patch(text)
-    except ParseError:
-        pass
 
 
 @settings(max_examples=300, deadline=None)
