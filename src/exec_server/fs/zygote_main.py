@@ -279,9 +279,10 @@ class Zygote:
             "force": True,
         }
         raw = json.dumps(sample).encode()
-        self.ops.OpRequest.from_header(json.loads(raw))
+        self.ops.prefault(self.ops.OpRequest.from_header(json.loads(raw)))
         self.ops.encode_frame(json.dumps({"status": "ok", "result": {}}).encode(), 0)
-        self.ops.error_from_os(FileNotFoundError(errno.ENOENT, "x"))
+        err = self.ops.error_from_os(FileNotFoundError(errno.ENOENT, "x"))
+        json.dumps({"status": "error", "code": err.code, "message": err.message})
         self.confine.prefault()
 
     @staticmethod

@@ -39,6 +39,7 @@ __all__ = [
     "encode_frame",
     "error_from_os",
     "execute",
+    "prefault",
     "read_frame",
     "write_all",
 ]
@@ -705,6 +706,11 @@ _OPS = {
     "fs/copy": _copy,
     "fs/canonicalize": _canonicalize,
 }
+
+def prefault(req: OpRequest) -> None:
+    """Exercise request set-up without touching the filesystem (pre-forked children)."""
+    _Ctx(req, strict=True)
+
 
 def execute(
     req: OpRequest, data: bytes | bytearray, *, strict: bool
