@@ -1,0 +1,158 @@
+"""The command-line program, run as subprocesses (§10, §11).
+
+Forms: the ``apply_patch``/``applypatch`` console scripts, an argv[0] alias
+(a symlink named ``apply_patch`` to the ``exec-server`` script), the hidden
+``--codex-run-as-apply-patch`` flag and ``exec-server apply-patch``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+PATCH = (
+    "*** Begin Patch\n*** Add File: hello.txt\n+hi\n*** Update File: a\n@@\n-x\n+y\n*** End Patch"
+)
+SUCCESS = "Success. Updated the following files:\nA hello.txt\nM a\n"
+USAGE = "Usage: apply_patch 'PATCH'\n       echo 'PATCH' | apply_patch\n"
+
+
+def run(
+    argv: list[str | bytes], cwd: Path, stdin: bytes | None = b""
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(argv, cwd=cwd, input=stdin, capture_output=True, timeout=60)
+
+
+def script(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.skip(f"console script {name} is not installed next to {sys.executable}")
+    return str(path)
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    (tmp_path / "a").write_text("x\n")
+    return tmp_path
+
+
+def forms() -> list[tuple[str, list[str]]]:
+    return [
+        ("apply_patch", [script("apply_patch")]),
+        ("applypatch", [script("applypatch")]),
+        ("hidden flag", [sys.executable, "-m", "exec_server", "--codex-run-as-apply-patch"]),
+        ("subcommand", [sys.executable, "-m", "exec_server", "apply-patch"]),
+    ]
+
+
+@pytest.mark.parametrize("form", ["apply_patch", "applypatch", "hidden flag", "subcommand"])
+def test_patch_argument(work: Path, form: str) -> None:
+    prefix = dict(forms())[form]
+    proc = run([*prefix, PATCH], work)
+    assert (proc.returncode, proc.stdout.decode(), proc.stderr.decode()) == (0, SUCCESS, "")
+    assert (work / "hello.txt").read_text() == "hi\n"
+    assert (work / "a").read_text() == "y\n"
+
+
+@pytest.mark.parametrize("form", ["apply_patch", "applypatch", "subcommand"])
+def test_patch_on_stdin(work: Path, form: str) -> None:
+    prefix = dict(forms())[form]
+    proc = run(prefix, work, stdin=PATCH.encode())
+    assert (proc.returncode, proc.stdout.decode(), proc.stderr.decode()) == (0, SUCCESS, "")
+    assert (work / "a").read_text() == "y\n"
+
+
+def test_argument_preferred_to_stdin(work: Path) -> None:
+    proc = run([script("apply_patch"), PATCH], work, stdin=b"garbage")
+    assert proc.returncode == 0
+    assert proc.stdout.decode() == SUCCESS
+
+
+def test_argv0_alias_symlink(work: Path, tmp_path: Path) -> None:
+    """A symlink named apply_patch to the exec-server executable enters the patch tool."""
+    alias_dir = tmp_path / "aliases"
+    alias_dir.mkdir()
+    (alias_dir / "apply_patch").symlink_to(script("exec-server"))
+    proc = run([str(alias_dir / "apply_patch"), PATCH], work)
+    assert (proc.returncode, proc.stdout.decode(), proc.stderr.decode()) == (0, SUCCESS, "")
+    (alias_dir / "apply-patch").symlink_to(script("exec-server"))
+    hyphen = run([str(alias_dir / "apply-patch"), PATCH], work)
+    assert hyphen.returncode == 2  # not an alias: argparse rejects the stray argument
+
+
+@pytest.mark.parametrize(
+    ("form", "stdin", "code", "stderr"),
+    [
+        ("apply_patch", b"", 2, USAGE),
+        ("applypatch", b"", 2, USAGE),
+        ("subcommand", b"", 2, USAGE),
+        ("apply_patch", b"\xff", 1,
+         "Error: Failed to read PATCH from stdin.\nstream did not contain valid UTF-8\n"),
+        ("apply_patch", b"\n", 1,
+         "Invalid patch: The last line of the patch must be '*** End Patch'\n"),
+        ("hidden flag", PATCH.encode(), 1,
+         "Error: --codex-run-as-apply-patch requires a UTF-8 PATCH argument.\n"),
+    ],
+)  # fmt: skip
+def test_stdin_and_usage(work: Path, form: str, stdin: bytes, code: int, stderr: str) -> None:
+    proc = run(dict(forms())[form], work, stdin=stdin)
+    assert (proc.returncode, proc.stdout.decode(), proc.stderr.decode()) == (code, "", stderr)
+    assert (work / "a").read_text() == "x\n"
+
+
+def test_argument_errors(work: Path) -> None:
+    two = run([script("apply_patch"), PATCH, "extra"], work)
+    assert (two.returncode, two.stdout, two.stderr.decode()) == (
+        2,
+        b"",
+        "Error: apply_patch accepts exactly one argument.\n",
+    )
+    bad = run([script("apply_patch"), b"x\xff"], work)
+    assert (bad.returncode, bad.stderr.decode()) == (
+        1,
+        "Error: apply_patch requires a UTF-8 PATCH argument.\n",
+    )
+    hidden = [sys.executable, "-m", "exec_server", "--codex-run-as-apply-patch"]
+    bad_hidden = run([*hidden, b"x\xff"], work)
+    assert (bad_hidden.returncode, bad_hidden.stderr.decode()) == (
+        1,
+        "Error: --codex-run-as-apply-patch requires a UTF-8 PATCH argument.\n",
+    )
+    # extra arguments after the hidden flag's PATCH are ignored
+    extra = run([*hidden, PATCH, "ignored"], work)
+    assert (extra.returncode, extra.stdout.decode()) == (0, SUCCESS)
+    assert (work / "a").read_text() == "y\n"
+
+
+def test_failure_output_and_exit_code(work: Path) -> None:
+    patch = (
+        "*** Begin Patch\n*** Add File: made.txt\n+1\n*** Update File: nope\n@@\n-a\n+b\n"
+        "*** End Patch"
+    )
+    proc = run([script("applypatch"), patch], work)
+    assert proc.returncode == 1
+    assert proc.stdout == b""
+    nope = Path(os.path.realpath(work)) / "nope"
+    assert proc.stderr.decode() == (
+        f"Failed to read file to update {nope}: No such file or directory (os error 2)\n"
+    )
+    assert (work / "made.txt").read_text() == "1\n"  # no rollback
+
+
+def test_parse_error_and_no_hunks(work: Path) -> None:
+    proc = run([script("apply_patch"), "*** Begin Patch\n*** End Patch"], work)
+    assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (
+        1,
+        b"",
+        "No files were modified.\n",
+    )
+    bad = run([script("apply_patch"), "nonsense"], work)
+    assert (bad.returncode, bad.stderr.decode()) == (
+        1,
+        "Invalid patch: The first line of the patch must be '*** Begin Patch'\n",
+    )
