@@ -73,7 +73,7 @@ def add_test_routes(srv: Any) -> Events:
     router.add("test/echo", WaitParams, echo, "exec")
     router.add("test/fs", WaitParams, echo, "filesystem")
     router.add("test/hold", WaitParams, hold, "exec")
-    router.add("test/poll", WaitParams, poll, "exec")
+    router.add("test/poll", WaitParams, poll, "exec", may_block=True)
     router.add("test/boom", Empty | None, boom, None)
     router.add("test/typed", Empty | None, typed, None)
     return events
@@ -310,19 +310,36 @@ async def test_in_flight_long_poll_fails_after_eviction(
     assert await b.call("test/echo", {"key": "b"}) == {"key": "b"}
 
 
-async def test_disconnect_aborts_in_flight_request_and_resume_is_immediate(
-    inprocess_server: Callable[..., Any],
+async def test_disconnect_aborts_in_flight_long_poll_and_resume_is_immediate(
+    inprocess_server: Callable[..., Any], tmp_path: Any
 ) -> None:
-    """§15.2 test 7 shape: A's held request must not delay B's resume."""
+    """§15.2 test 7: A's in-flight long-poll read must not delay B's resume."""
     srv = inprocess_server()
-    add_test_routes(srv)
     a = await srv.connect()
     session_id = await a.initialize()
-    await a.send({"id": 3, "method": "test/hold", "params": {"key": "never"}})
+    await a.call(
+        "process/start",
+        {
+            "processId": "late",
+            "argv": ["/bin/sh", "-c", "sleep 1; printf late"],
+            "cwd": str(tmp_path),
+            "env": {"PATH": "/usr/bin:/bin"},
+            "tty": False,
+            "sandbox": None,
+        },
+    )
+    await a.send(
+        {"id": 3, "method": "process/read", "params": {"processId": "late", "waitMs": 5000}}
+    )
+    assert await a.call("environment/status") == {"status": "ready"}  # read is in flight
     await a.aclose()
-    await asyncio.wait_for(a.task, TIMEOUT)
+    async with asyncio.timeout(1.0):  # A's processor ends without waiting for the read
+        await a.task
     b = await srv.connect()
-    assert await b.initialize(resume_session_id=session_id) == session_id
+    async with asyncio.timeout(1.0):
+        assert await b.initialize(resume_session_id=session_id) == session_id
+    result = await b.call("process/terminate", {"processId": "late"})
+    assert set(result) == {"running"}
 
 
 async def test_process_read_long_poll_fails_after_resume(

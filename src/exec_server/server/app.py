@@ -1,20 +1,22 @@
 """The exec-server: accept connections, run one processor per connection.
 
 :class:`ConnectionProcessor` drives one connection (PROTOCOL.md §2.7, §3.5,
-§4): a reader task pulls messages off the transport into a bounded queue
-(128, §14); the dispatcher handles them in arrival order. Requests start in
-order and, by default, each is finished (and answered) before the next one
-starts - the reference behaviour, which keeps pipelined ``process/start`` +
-``process/write`` ordered. A handler that is about to block (a long-poll
-``process/read``) calls ``ctx.unblock()`` so later requests proceed while it
-waits; its answer is sent whenever it is ready (answers are matched by id).
+§4). Its read loop takes messages in arrival order and, for ordinary
+requests, runs the handler inline and sends the answer before reading the
+next message - the reference behaviour, which keeps a pipelined
+``process/start`` + ``process/write`` ordered and costs no task or queue hop
+per request. Routes marked ``may_block`` (the long-poll ``process/read``) run
+in their own task; the loop waits until the handler calls ``ctx.unblock()``
+(after its ordered part) or finishes, then reads on while it waits, and its
+answer is sent whenever it is ready (answers are matched by id).
 ``initialize`` and ``initialized`` are always handled inline, so their
 ordering holds.
 
-A disconnect aborts in-flight handlers at once, then detaches the session
-(processes keep running for the detach TTL). Closing on protocol violations
-(unexpected notifications, client responses, eviction) ends the connection
-the same way, without a reply.
+EOF (or a protocol violation that closes: unexpected notifications, client
+responses, eviction) cancels in-flight blocking handlers at once, then
+detaches the session: processes keep running for the detach TTL. An inline
+handler that is running when the peer goes away finishes first (they are
+short: spawn, one filesystem operation).
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ __all__ = [
 
 logger = logging.getLogger("exec_server.server")
 
-#: inbound queue depth per connection (PROTOCOL.md §14).
-INBOUND_QUEUE: Final = 128
+#: methods whose handlers may wait long (and call ``ctx.unblock()``); every
+#: other request runs inline in the connection's read loop.
+BLOCKING_METHODS: Final = ("process/read",)
 _ID_PREFIX: Final = re.compile(rb'^\s*\{\s*"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
 
 
@@ -107,6 +110,9 @@ def build_router() -> Router:
             logger.warning("feature module %s missing", name)
             continue
         module.register(router)
+    for method in BLOCKING_METHODS:
+        if method in router:
+            router.set_may_block(method)
     return router
 
 
@@ -138,7 +144,6 @@ class ConnectionProcessor:
         self.services = services
         self.registry = registry
         self.attachment = Attachment(transport.label, self._notify)
-        self._inbound: asyncio.Queue[bytes | OversizedMessage | None] = asyncio.Queue(INBOUND_QUEUE)
         self._handlers: set[asyncio.Task[None]] = set()
         self._closed = False
         self._close_reason: str | None = None
@@ -163,14 +168,13 @@ class ConnectionProcessor:
 
     async def run(self) -> None:
         """Serve until the peer disconnects or the protocol says close."""
-        reader = asyncio.create_task(self._read_loop())
-        dispatcher = asyncio.create_task(self._dispatch_loop())
+        serve = asyncio.create_task(self._serve())
         closer = asyncio.create_task(self._close_requested.wait())
         try:
-            await asyncio.wait({reader, dispatcher, closer}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({serve, closer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._closed = True
-            tasks = [reader, dispatcher, closer, *self._handlers]
+            tasks = [serve, closer, *self._handlers]
             for task in tasks:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -182,21 +186,18 @@ class ConnectionProcessor:
                 await self.transport.aclose()
             logger.debug("%s: closed (%s)", self.transport.label, self._close_reason or "eof")
 
-    async def _read_loop(self) -> None:
-        while True:
-            item = await self.transport.receive()
-            if item is None:
-                return
-            await self._inbound.put(item)
-
     def _request_close(self, reason: str) -> None:
         if self._close_reason is None:
             self._close_reason = reason
         self._close_requested.set()
 
-    async def _dispatch_loop(self) -> None:
-        while not self._close_requested.is_set():
-            item = await self._inbound.get()
+    async def _serve(self) -> None:
+        """Read and dispatch in arrival order until EOF or a closing violation."""
+        receive = self.transport.receive
+        while not self._closed:
+            item = await receive()
+            if item is None:
+                return
             if self.attachment.evicted:
                 self._request_close("session resumed by another connection")
                 return
@@ -204,8 +205,6 @@ class ConnectionProcessor:
                 await self._handle(item)
             except ProtocolClosedError as exc:
                 self._request_close(str(exc))
-                return
-            if self._closed:
                 return
 
     async def _handle(self, item: bytes | OversizedMessage | None) -> None:
@@ -251,6 +250,10 @@ class ConnectionProcessor:
         ctx = RequestContext(
             request.id, request.method, self.attachment, self.services, self.registry
         )
+        if not self.router.may_block(request.method):
+            # Fast path: run inline, answer, then read the next message.
+            await self._send(await self.router.dispatch(ctx, request))
+            return
         task = asyncio.create_task(self._run_request(ctx, request))
         self._handlers.add(task)
         task.add_done_callback(self._handlers.discard)

@@ -99,9 +99,10 @@ class RequestContext:
         """Let the connection dispatch its next messages while this handler waits.
 
         Requests run one at a time in arrival order (the reference behaviour,
-        PROTOCOL.md §2.7). A handler about to block for long (a long-poll
-        ``process/read``) calls this after its ordered part (validation,
-        lookups) so later requests of the same connection are not delayed.
+        PROTOCOL.md §2.7). A handler registered with ``may_block=True`` (a
+        long-poll ``process/read``) calls this after its ordered part
+        (validation, lookups) so later requests of the same connection are
+        not delayed. A no-op for inline handlers.
         """
         self.released.set()
 
@@ -112,6 +113,7 @@ class Route:
     params_type: Any
     handler: Callable[[RequestContext, Any], Awaitable[msgspec.Struct]]
     family: Family
+    may_block: bool = False
 
 
 class Router:
@@ -126,15 +128,32 @@ class Router:
         params_type: type[P] | Any,
         handler: Callable[[RequestContext, P], Awaitable[R]],
         family: Family,
+        *,
+        may_block: bool = False,
     ) -> None:
         """Register ``handler`` for ``method``.
+
+        ``may_block=True`` marks a handler that can wait long (a long poll):
+        it runs in its own task and may call ``ctx.unblock()`` so the
+        connection reads on. Other handlers run inline, in order.
 
         Raises:
             ValueError: the method is already registered.
         """
         if method in self._routes:
             raise ValueError(f"method {method!r} registered twice")
-        self._routes[method] = Route(method, params_type, handler, family)
+        self._routes[method] = Route(method, params_type, handler, family, may_block)
+
+    def set_may_block(self, method: str) -> None:
+        """Mark an already registered method as possibly long-waiting."""
+        route = self._routes[method]
+        self._routes[method] = Route(
+            route.method, route.params_type, route.handler, route.family, True
+        )
+
+    def may_block(self, method: str) -> bool:
+        route = self._routes.get(method)
+        return route is not None and route.may_block
 
     def __contains__(self, method: object) -> bool:
         return method in self._routes
