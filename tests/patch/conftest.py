@@ -228,6 +228,12 @@ async def backend(request: pytest.FixtureRequest, root: Path) -> AsyncIterator[B
 
 
 @pytest.fixture
+def open_remote() -> Any:
+    """`open_remote_fs` as a fixture, so test modules need not import this conftest."""
+    return open_remote_fs
+
+
+@pytest.fixture
 def memory_backend(root: Path) -> Iterator[Backend]:
     memory = MemoryFileSystem()
     b = Backend("memory", memory, root, memory)
