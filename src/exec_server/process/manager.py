@@ -61,7 +61,7 @@ NotificationSink = Callable[[str, msgspec.Struct], Awaitable[None]]
 
 #: Bytes per ``os.read`` of a child's output: one read = one chunk. Upstream reads 8 KiB
 #: (§8.3); larger reads let a fast writer cost fewer notifications.
-DEFAULT_READ_SIZE: Final = 65536
+DEFAULT_READ_SIZE: Final = 131072
 #: Seconds between SIGTERM and SIGKILL on ``process/terminate``.
 DEFAULT_TERMINATE_GRACE: Final = 2.0
 #: Pending stdin writes per process before ``write`` waits (§14).
