@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ USAGE = "Usage: apply_patch 'PATCH'\n       echo 'PATCH' | apply_patch\n"
 
 
 def run(
-    argv: list[str | bytes], cwd: Path, stdin: bytes | None = b""
+    argv: Sequence[str | bytes], cwd: Path, stdin: bytes | None = b""
 ) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(argv, cwd=cwd, input=stdin, capture_output=True, timeout=60)
 

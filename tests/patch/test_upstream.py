@@ -33,11 +33,11 @@ _FILES = ["f1", "f2", "sub/f3"]
 
 def _codex() -> Path:
     try:
-        from codex_cli_bin import bundled_codex_path
+        from codex_cli_bin import bundled_codex_path  # type: ignore[import-untyped]
     except ImportError:
         pytest.skip("openai-codex-cli-bin is not installed")
     try:
-        return bundled_codex_path()
+        return Path(bundled_codex_path())
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
 
