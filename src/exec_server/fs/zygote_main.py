@@ -158,8 +158,16 @@ class Zygote:
             if pid == 0:
                 return
             self.children.discard(pid)
+            if self.spare is not None and self.spare[0] == pid:
+                self.spare[1].close()
+                self.spare = None
             if report:
                 self._send(b"X" + _EXIT.pack(pid, status))
+        spare = {self.spare[0]} if self.spare is not None else set()
+        if report and not self.children - spare:
+            # Re-fork the spare once no request's child is running, so the
+            # fork and its page faults never compete with one.
+            self._make_spare()
 
     def _on_control(self) -> bool:
         try:
@@ -205,7 +213,6 @@ class Zygote:
             self._send(b"P" + req_id + _PID.pack(pid), (pidfd,))
         finally:
             os.close(pidfd)
-        self._make_spare()
         return True
 
     def _fork_for(self, fd: int, req_id: bytes) -> int:
