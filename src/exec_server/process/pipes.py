@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -130,29 +131,24 @@ def spawn_pipes(spec: LaunchSpec) -> SpawnedChild:
 
 
 _GUARD_CODE = """
-import os, signal
-groups = set()
-buf = b""
+import os, signal, struct
 while True:
     try:
-        data = os.read(0, 65536)
+        if not os.read(0, 4096):
+            break
     except InterruptedError:
         continue
-    if not data:
-        break
-    buf += data
-    *lines, buf = buf.split(b"\\n")
-    for line in lines:
-        if line[:1] == b"+":
-            groups.add(int(line[1:]))
-        elif line[:1] == b"-":
-            groups.discard(int(line[1:]))
-for group in groups:
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except OSError:
-        pass
+data = os.pread(MEMFD, os.fstat(MEMFD).st_size, 0)
+for (group,) in struct.iter_unpack("q", data[: len(data) // 8 * 8]):
+    if group > 0:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except OSError:
+            pass
 """
+
+_SLOT = struct.Struct("q")
+_EMPTY_SLOT = _SLOT.pack(0)
 
 
 class ProcessGuard:
@@ -160,75 +156,92 @@ class ProcessGuard:
 
     ``PR_SET_PDEATHSIG`` would need code in every child (a ``fork`` instead
     of ``vfork``: ~2 ms per spawn) and only kills the group leader. Instead a
-    tiny helper (own session, stdin = a pipe from us) learns each group id
-    and, on EOF of that pipe (our exit, crash or SIGKILL), SIGKILLs every
-    group still registered. Started lazily on the first spawn; the manager
-    closes it (it exits cleanly) once no group has been registered
-    for a while, so an idle server keeps no extra child or fd.
+    tiny helper (own session) holds the read end of a pipe from us and a
+    shared memfd in which we keep the live process-group ids (one 8-byte
+    slot each, updated with ``pwrite``: no wake-up of the helper per spawn).
+    When the pipe reaches EOF (our exit, crash or SIGKILL) it SIGKILLs every
+    group still listed. Started lazily on the first spawn; the manager closes
+    it (it exits cleanly) once no group has been registered for a while, so
+    an idle server keeps no extra child or fd.
     """
 
     def __init__(self) -> None:
         self._fd: int | None = None
+        self._memfd: int | None = None
         self._popen: subprocess.Popen[bytes] | None = None
         self._failed = False
-        self._groups: set[int] = set()
+        self._slots: dict[int, int] = {}
+        self._free: list[int] = []
+        self._next_slot = 0
 
-    def _start(self) -> None:
+    def _start(self) -> bool:
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        memfd = -1
         try:
+            memfd = os.memfd_create("exec-server-guard", os.MFD_CLOEXEC)
+            # pass_fds keeps the fd number in the helper.
+            code = _GUARD_CODE.replace("MEMFD", str(memfd))
             self._popen = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _GUARD_CODE],
+                [sys.executable, "-I", "-S", "-c", code],
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 cwd="/",
                 close_fds=True,
+                pass_fds=(memfd,),
                 start_new_session=True,
             )
         except OSError:
             close_quietly(write_end)
+            close_quietly(memfd)
             self._failed = True
-            return
+            return False
         finally:
             close_quietly(read_end)
-        os.set_blocking(write_end, False)
         self._fd = write_end
-
-    def _send(self, line: bytes) -> None:
-        if self._fd is None:
-            if self._failed:
-                return
-            self._start()
-            if self._fd is None:
-                return
-        # Guard gone or pipe full: best effort; the manager still kills on shutdown.
-        with contextlib.suppress(OSError):
-            os.write(self._fd, line)
+        self._memfd = memfd
+        self._slots.clear()
+        self._free.clear()
+        self._next_slot = 0
+        return True
 
     def add(self, pgid: int) -> None:
-        self._groups.add(pgid)
-        self._send(b"+%d\n" % pgid)
+        if self._memfd is None and (self._failed or not self._start()):
+            return
+        assert self._memfd is not None
+        slot = self._free.pop() if self._free else self._next_slot
+        if slot == self._next_slot:
+            self._next_slot += 1
+        self._slots[pgid] = slot
+        with contextlib.suppress(OSError):
+            os.pwrite(self._memfd, _SLOT.pack(pgid), slot * _SLOT.size)
 
     def discard(self, pgid: int) -> None:
-        self._groups.discard(pgid)
-        if self._fd is not None:
-            self._send(b"-%d\n" % pgid)
+        slot = self._slots.pop(pgid, None)
+        if slot is None or self._memfd is None:
+            return
+        self._free.append(slot)
+        with contextlib.suppress(OSError):
+            os.pwrite(self._memfd, _EMPTY_SLOT, slot * _SLOT.size)
 
     @property
     def idle(self) -> bool:
         """No group registered: the guard may be closed until the next spawn."""
-        return not self._groups
+        return not self._slots
 
     @property
     def pid(self) -> int | None:
         return self._popen.pid if self._popen is not None else None
 
     def close(self) -> subprocess.Popen[bytes] | None:
-        """Close our end (the guard exits after killing what is still registered).
+        """Close our ends (the guard exits after killing what is still listed).
 
         Returns the guard's ``Popen`` for the caller to reap, or None.
         """
         close_quietly(self._fd)
+        close_quietly(self._memfd)
         self._fd = None
+        self._memfd = None
+        self._slots.clear()
         popen, self._popen = self._popen, None
         return popen
