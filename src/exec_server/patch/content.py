@@ -118,9 +118,10 @@ def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_pa
     # (position, number of file lines replaced, replacement lines)
     replacements: list[tuple[int, int, list[Line]]] = []
     cursor = 0
+    cache: dict[int, list[str]] = {}
     for chunk in chunks:
         if chunk.anchor is not None:
-            found = seek_sequence(texts, [chunk.anchor], cursor, end_of_file=False)
+            found = seek_sequence(texts, [chunk.anchor], cursor, end_of_file=False, cache=cache)
             if found is None:
                 raise ApplyError(f"Failed to find context '{chunk.anchor}' in {display_path}")
             cursor = found + 1
@@ -131,12 +132,14 @@ def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_pa
             continue
         ops = list(chunk.ops)
         pattern = list(chunk.old_lines)
-        found = seek_sequence(texts, pattern, cursor, end_of_file=chunk.is_end_of_file)
+        found = seek_sequence(texts, pattern, cursor, end_of_file=chunk.is_end_of_file, cache=cache)
         if found is None and pattern[-1] == "":
             drop_new = bool(chunk.new_lines) and chunk.new_lines[-1] == ""
             ops = _drop_trailing_empty(ops, drop_new)
             pattern = pattern[:-1]
-            found = seek_sequence(texts, pattern, cursor, end_of_file=chunk.is_end_of_file)
+            found = seek_sequence(
+                texts, pattern, cursor, end_of_file=chunk.is_end_of_file, cache=cache
+            )
         if found is None:
             old = "\n".join(chunk.old_lines)
             raise ApplyError(f"Failed to find expected lines in {display_path}:\n{old}")

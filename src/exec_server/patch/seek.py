@@ -39,13 +39,21 @@ _PASSES: tuple[Callable[[str], str], ...] = (_identity, trim_end, trim, normalis
 
 
 def seek_sequence(
-    lines: Sequence[str], pattern: Sequence[str], start: int, *, end_of_file: bool
+    lines: Sequence[str],
+    pattern: Sequence[str],
+    start: int,
+    *,
+    end_of_file: bool,
+    cache: dict[int, list[str]] | None = None,
 ) -> int | None:
     """Return the first index >= ``start`` where ``pattern`` matches ``lines``, or None.
 
     With ``end_of_file`` the only candidate is ``len(lines) - len(pattern)``,
     with no fallback search (§9.3); unlike §9.3's wording, the 0.163.0 binary
     also fails when that candidate lies before ``start``.
+
+    ``cache`` (one dict per file, reused across calls) keeps each pass's
+    normalised lines so a many-chunk hunk normalises the file once per pass.
     """
     if not pattern:
         return start
@@ -61,10 +69,15 @@ def seek_sequence(
         candidates = range(last, last + 1)
     else:
         candidates = range(start, last + 1)
-    for norm in _PASSES:
+    for number, norm in enumerate(_PASSES):
         want = [norm(p) for p in pattern]
-        have = [norm(line) for line in lines]
+        have = cache.get(number) if cache is not None else None
+        if have is None:
+            have = [norm(line) for line in lines]
+            if cache is not None:
+                cache[number] = have
+        head = want[0]
         for i in candidates:
-            if have[i : i + k] == want:
+            if have[i] == head and have[i : i + k] == want:
                 return i
     return None
