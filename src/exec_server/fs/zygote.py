@@ -42,6 +42,8 @@ _FRAME: Final = struct.Struct("!IQ")
 _MAX_REPLY_HEADER: Final = 64 * 1024 * 1024
 _MAX_REPLY_DATA: Final = 1024 * 1024 * 1024
 _FS_DIR: Final = os.path.dirname(os.path.abspath(__file__))
+#: payloads up to this size are sent together with their frame header.
+_COALESCE: Final = 256 * 1024
 #: how long to wait for the zygote to report a killed child as reaped.
 _REAP_TIMEOUT: Final = 5.0
 
@@ -349,8 +351,11 @@ class Zygote:
                 async with asyncio.timeout(timeout):
                     # The frame goes into the socket buffer while the zygote forks.
                     try:
-                        await loop.sock_sendall(ours, encode_frame(raw, len(data)))
-                        if data:
+                        frame = encode_frame(raw, len(data))
+                        if len(data) <= _COALESCE:
+                            await loop.sock_sendall(ours, frame + data)  # one wake-up
+                        else:
+                            await loop.sock_sendall(ours, frame)
                             await loop.sock_sendall(ours, data)
                     except (BrokenPipeError, ConnectionResetError):
                         pass  # the child died early; reading the reply reports how

@@ -308,9 +308,11 @@ class Zygote:
         os._exit(0)  # the zygote is going away (EOF): nothing to do
 
     def _reply(self, fd: int, header: dict[str, object], payload: bytes = b"") -> None:
-        raw = json.dumps(header).encode()
-        self.ops.write_all(fd, self.ops.encode_frame(raw, len(payload)))
-        if payload:
+        frame = self.ops.encode_frame(json.dumps(header).encode(), len(payload))
+        if len(payload) <= 256 * 1024:
+            self.ops.write_all(fd, frame + payload)  # one wake-up for the server
+        else:
+            self.ops.write_all(fd, frame)
             self.ops.write_all(fd, payload)
 
     def _serve(self, fd: int) -> None:
