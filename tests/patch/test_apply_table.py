@@ -10,6 +10,7 @@ differs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -231,3 +232,42 @@ async def test_apply_case(backend: Any, case: Case) -> None:
     else:
         expected = {k: v.encode() if isinstance(v, str) else v for k, v in case.after.items()}
         assert after == expected
+
+
+async def test_table_against_served_subprocess(server: Any, root: Path) -> None:
+    """The whole table once more, against a real ``exec-server serve`` child process."""
+    from exec_server.client.connection import ExecServerClient
+    from exec_server.client.fs import RemoteFileSystem
+
+    client = await ExecServerClient.connect(server.url)
+    try:
+        fs = RemoteFileSystem(client)
+        for number, case in enumerate(CASES):
+            case_root = root / str(number)
+            case_root.mkdir()
+            for rel, content in case.before.items():
+                path = case_root / rel
+                if content is None:
+                    path.mkdir(parents=True, exist_ok=True)
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(content.encode() if isinstance(content, str) else content)
+            before = _files(case_root)
+            try:
+                result = await apply_patch(case.patch, case_root, fs)
+            except PatchError as exc:
+                assert str(exc).replace(str(case_root), "<D>") == case.err, case.name
+            else:
+                assert result.summary() == case.out, case.name
+            expected = before if case.after is None else {
+                k: v.encode() if isinstance(v, str) else v for k, v in case.after.items()
+            }
+            assert _files(case_root) == expected, case.name
+    finally:
+        await client.aclose()
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
