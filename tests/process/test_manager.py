@@ -82,6 +82,18 @@ async def test_spawn_failures_report_os_error(no_leaks: None, manager: ProcessMa
         manager.start("m", LaunchSpec(argv=["no-such-program-xyz"], cwd="/", env=PATH_ENV))
 
 
+async def test_pty_spawn_failures_and_non_executables(
+    no_leaks: None, manager: ProcessManager, tmp_path: Path
+) -> None:
+    with pytest.raises(InternalError, match=r"^No such file or directory \(os error 2\)$"):
+        manager.start("m", LaunchSpec(argv=["/no/such/program"], cwd="/", env={}, tty=True))
+    script = tmp_path / "not-executable.sh"
+    script.write_text("echo hi\n")
+    with pytest.raises(InternalError, match=r"^Permission denied \(os error 13\)$"):
+        manager.start("m", LaunchSpec(argv=[str(script)], cwd="/", env={}))
+    assert len(manager) == 0
+
+
 async def test_duplicate_process_id_rejected(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
