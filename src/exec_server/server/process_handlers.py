@@ -154,8 +154,9 @@ async def handle_read(ctx: RequestContext, params: ReadParams) -> ReadResult:
     max_bytes = _non_negative(params.max_bytes, "maxBytes")
     wait_ms = _non_negative(params.wait_ms, "waitMs") or 0
     manager = _manager(ctx)
-    if wait_ms <= 0:
-        return await manager.read(params.process_id, after_seq=after_seq, max_bytes=max_bytes)
+    now = await manager.read(params.process_id, after_seq=after_seq, max_bytes=max_bytes)
+    if wait_ms <= 0 or now.chunks or now.closed or (now.exited and after_seq < now.next_seq - 1):
+        return now
     # Long poll: let later requests of this connection proceed, and give up as
     # soon as another connection resumes the session (PROTOCOL.md §8.4 step 4).
     read = asyncio.ensure_future(
