@@ -140,6 +140,8 @@ class Zygote:
         async with self._lock:
             if self._z is not None and not self._z.dead:
                 return
+            if not sys.platform.startswith("linux"):
+                self._unavailable = "the fs zygote needs Linux (Landlock)"
             if self._unavailable is not None:
                 raise ZygoteUnavailable(self._unavailable)
             if self._z is not None:

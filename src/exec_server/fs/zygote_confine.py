@@ -24,6 +24,7 @@ import ctypes
 import errno
 import os
 import stat
+import sys
 from collections.abc import Mapping, Sequence
 
 __all__ = ["ConfineError", "confine", "landlock_abi", "prefault", "warm_up"]
@@ -86,6 +87,8 @@ def _fail(what: str) -> ConfineError:
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 when Landlock is unavailable."""
+    if not sys.platform.startswith("linux"):
+        return 0  # syscall numbers are Linux's
     res = _libc.syscall(
         ctypes.c_long(_NR_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1)
     )
