@@ -707,6 +707,7 @@ _OPS = {
     "fs/canonicalize": _canonicalize,
 }
 
+
 def prefault(req: OpRequest) -> None:
     """Exercise request set-up without touching the filesystem (pre-forked children)."""
     _Ctx(req, strict=True)
