@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Sandboxed filesystem benchmark: ours vs upstream ``codex exec-server``, side by side.
 
-Both servers are started (one after the other) with a temp workspace as cwd and
-driven by the harness's raw WebSocket client with ``file://`` URIs and the
+Both servers run at the same time (each with its own temp workspace as cwd) and
+calls alternate between them, so load swings on a shared machine hit both
+equally. They are driven by the harness's raw WebSocket client with ``file://`` URIs and the
 current client's workspace-write ``permissions`` context on every call
 (CLIENT_COMPAT.md §1.4, as codex 0.163 sends for apply_patch):
 
@@ -17,7 +18,7 @@ current client's workspace-write ``permissions`` context on every call
   unsandboxed readFile 1 KiB         ``sandbox: null`` for reference
 
 Target: ours/upstream <= 0.1 for the confined rows. Medians in ms over N calls
-(after warm-up: the first call starts our zygote).
+per server (after warm-up: the first call starts our zygote).
 
 Usage: python benchmarks/bench_fs_sandbox.py [--n N] [--no-upstream] [--json FILE]
 """
@@ -27,11 +28,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -40,9 +44,10 @@ from harness import (
     RawClient,
     Report,
     ServerTarget,
+    Summary,
     available_targets,
     start_server,
-    time_many,
+    summarize,
 )
 
 KIB = 1024
@@ -92,64 +97,82 @@ def _workspace() -> str:
     return os.path.realpath(tempfile.mkdtemp(prefix="fs-sandbox-bench-"))
 
 
-async def bench_target(target: ServerTarget, n: int) -> dict[str, Any]:
-    workspace = _workspace()
-    try:
-        return await _bench_in(target, n, workspace)
-    finally:
-        shutil.rmtree(workspace, ignore_errors=True)
+Call = Callable[[], Awaitable[None]]
 
 
-async def _bench_in(target: ServerTarget, n: int, workspace: str) -> dict[str, Any]:
-    payload = os.urandom(KIB)
-    b64 = base64.b64encode(payload).decode()
-    ctx = permissions_context(workspace)
-    restricted = permissions_context(workspace, full_read=False)
-    out: dict[str, Any] = {}
-    async with (
-        start_server(target, cwd=workspace) as server,
-        await RawClient.connect(server.url, quickack=True) as c,
-    ):
-        await c.handshake()
-        path = c.path(os.path.join(workspace, "bench.bin"))
+class Side:
+    """One server under test: its client, workspace and the calls to time."""
+
+    def __init__(self, name: str, client: RawClient, workspace: str) -> None:
+        self.name = name
+        payload = os.urandom(KIB)
+        b64 = base64.b64encode(payload).decode()
+        ctx = permissions_context(workspace)
+        restricted = permissions_context(workspace, full_read=False)
+        path = client.path(os.path.join(workspace, "bench.bin"))
 
         async def write() -> None:
-            await c.call("fs/writeFile", {"path": path, "dataBase64": b64, "sandbox": ctx})
+            await client.call("fs/writeFile", {"path": path, "dataBase64": b64, "sandbox": ctx})
 
-        async def read_with(sandbox: Any) -> None:
-            res = await c.call("fs/readFile", {"path": path, "sandbox": sandbox})
-            assert base64.b64decode(res["dataBase64"]) == payload
+        def read(sandbox: Any) -> Call:
+            async def call() -> None:
+                res = await client.call("fs/readFile", {"path": path, "sandbox": sandbox})
+                assert base64.b64decode(res["dataBase64"]) == payload
 
-        async def read() -> None:
-            await read_with(ctx)
+            return call
 
-        async def read_restricted() -> None:
-            await read_with(restricted)
+        def metadata(sandbox: Any) -> Call:
+            async def call() -> None:
+                res = await client.call("fs/getMetadata", {"path": path, "sandbox": sandbox})
+                assert res["isFile"] is True
 
-        async def read_direct() -> None:
-            await read_with(None)
+            return call
 
-        async def metadata_with(sandbox: Any) -> None:
-            res = await c.call("fs/getMetadata", {"path": path, "sandbox": sandbox})
-            assert res["isFile"] is True
+        self.calls: dict[str, Call] = {
+            "sandboxed writeFile 1 KiB": write,
+            "sandboxed readFile 1 KiB, restr.": read(restricted),
+            "sandboxed getMetadata, restr.": metadata(restricted),
+            "readFile 1 KiB, root:read": read(ctx),
+            "getMetadata, root:read": metadata(ctx),
+            "unsandboxed readFile 1 KiB": read(None),
+        }
 
-        async def metadata() -> None:
-            await metadata_with(ctx)
 
-        async def metadata_restricted() -> None:
-            await metadata_with(restricted)
+async def _timed(call: Call) -> float:
+    t0 = time.perf_counter()
+    await call()
+    return (time.perf_counter() - t0) * 1000.0
 
-        for _ in range(3):  # warm-up (our zygote starts on the first call)
-            await write()
-            await read()
-            await read_restricted()
-        out["sandboxed writeFile 1 KiB"] = await time_many(n, write)
-        out["sandboxed readFile 1 KiB, restr."] = await time_many(n, read_restricted)
-        out["sandboxed getMetadata, restr."] = await time_many(n, metadata_restricted)
-        out["readFile 1 KiB, root:read"] = await time_many(n, read)
-        out["getMetadata, root:read"] = await time_many(n, metadata)
-        out["unsandboxed readFile 1 KiB"] = await time_many(n, read_direct)
-    return out
+
+async def bench(targets: list[ServerTarget], n: int) -> dict[str, dict[str, Summary]]:
+    """All servers run at once; calls alternate between them so load swings hit both."""
+    workspaces = [_workspace() for _ in targets]
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            sides: list[Side] = []
+            for target, workspace in zip(targets, workspaces, strict=True):
+                server = await stack.enter_async_context(start_server(target, cwd=workspace))
+                client = await stack.enter_async_context(
+                    await RawClient.connect(server.url, quickack=True)
+                )
+                await client.handshake()
+                sides.append(Side(target.name, client, workspace))
+            for side in sides:  # warm-up (our zygote starts on the first call)
+                for _ in range(3):
+                    for call in side.calls.values():
+                        await call()
+            out: dict[str, dict[str, Summary]] = {side.name: {} for side in sides}
+            for metric in sides[0].calls:
+                samples: dict[str, list[float]] = {side.name: [] for side in sides}
+                for _ in range(n):
+                    for side in sides:
+                        samples[side.name].append(await _timed(side.calls[metric]))
+                for name, xs in samples.items():
+                    out[name][metric] = summarize(xs)
+            return out
+    finally:
+        for workspace in workspaces:
+            shutil.rmtree(workspace, ignore_errors=True)
 
 
 async def main() -> int:
@@ -171,9 +194,9 @@ async def main() -> int:
     for metric in ("readFile 1 KiB, root:read", "getMetadata, root:read"):
         report.metric(metric, "ms")
     report.metric("unsandboxed readFile 1 KiB", "ms")
-    for target in targets:
-        for metric, summary in (await bench_target(target, args.n)).items():
-            report.add(target.name, metric, summary)
+    for name, metrics in (await bench(targets, args.n)).items():
+        for metric, summary in metrics.items():
+            report.add(name, metric, summary)
     report.print()
     if args.json:
         _write_json(args.json, report.as_dict())
