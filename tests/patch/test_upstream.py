@@ -25,8 +25,8 @@ from exec_server.cli.apply_patch import run_patch
 pytestmark = pytest.mark.upstream
 
 _POOL = [
-    "a", "b", "c", "a ", " a", "", "  ", "a\u2013b", "a-b", "\u201cq\u201d", '"q"', "x\u00a0y",
-    "x y", "\t", "@@", "*x", "d",
+    "a", "b", "c", "x\ry", "a ", " a", "", "  ", "a\u2013b", "a-b", "\u201cq\u201d", '"q"',
+    "x\u00a0y", "x y", "\t", "@@", "*x", "d",
 ]  # fmt: skip
 _FILES = ["f1", "f2", "sub/f3"]
 
@@ -47,7 +47,7 @@ def _rand_file(r: random.Random) -> str:
     out = ""
     for i in range(n):
         line = r.choice(_POOL)
-        end = "" if i == n - 1 and r.random() < 0.3 else r.choice(["\n", "\n", "\r\n"])
+        end = "" if i == n - 1 and r.random() < 0.3 else r.choice(["\n", "\n", "\r\n", "\r"])
         out += line + end
     return out
 

@@ -1,12 +1,13 @@
 """Computing an updated file from its text and a hunk's chunks (pure; APPLY_PATCH.md §8).
 
-Line model (0.163.0): split on ``\\n``; a ``\\r`` before it makes that line CRLF.
+Line model (0.163.0): lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r``.
 Context lines are kept verbatim from the file, inserted lines take the file's
 first line ending, and the result always ends with a line break.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,22 +17,32 @@ from exec_server.patch.seek import seek_sequence
 
 __all__ = ["Line", "derive_new_contents", "split_file_lines"]
 
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
 
 @dataclass(frozen=True)
 class Line:
-    """A file line: text without terminator, and the terminator (``\\n``, ``\\r\\n`` or ``""``)."""
+    """A file line: its text and its terminator (``\\n``, ``\\r\\n``, ``\\r`` or ``""``)."""
 
     text: str
     ending: str
 
 
 def split_file_lines(content: str) -> list[Line]:
-    """Split file contents into lines per §8.1 (never ``str.splitlines()``)."""
-    pieces = content.split("\n")
-    tail = pieces.pop()
-    lines = [Line(p[:-1], "\r\n") if p.endswith("\r") else Line(p, "\n") for p in pieces]
-    if tail:
-        lines.append(Line(tail, ""))
+    """Split file contents into lines (never ``str.splitlines()``).
+
+    §8.1 describes ``\n`` and ``\r\n``; the 0.163.0 binary also ends a line at
+    a lone ``\r`` (checked by experiment), and nothing else (form feed, U+2028,
+    U+0085 stay ordinary characters). Text after the last break is a final line
+    with no ending.
+    """
+    lines: list[Line] = []
+    start = 0
+    for match in _LINE_BREAK.finditer(content):
+        lines.append(Line(content[start : match.start()], match.group()))
+        start = match.end()
+    if start < len(content):
+        lines.append(Line(content[start:], ""))
     return lines
 
 
