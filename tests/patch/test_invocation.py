@@ -297,6 +297,8 @@ def test_unified_diff_terminators() -> None:
     assert unified_diff("a\r\nb", "a\r\nc\n") == (
         "@@ -1,2 +1,2 @@\n a\r\n-b\n\\ No newline at end of file\n+c\n"
     )
+    # a lone CR ends a line (as in similar) and is not a missing newline
+    assert unified_diff("a\rb\r", "a\rB\r") == "@@ -1,2 +1,2 @@\n a\r-b\r+B\r"
 
 
 async def test_unified_diff_from_chunks_crlf(memory_backend: Any) -> None:

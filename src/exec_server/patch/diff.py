@@ -10,6 +10,7 @@ ordinary edits.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from exec_server.patch.parse import UpdateChunk
 __all__ = ["FileUpdate", "unified_diff", "unified_diff_from_chunks"]
 
 _NO_NEWLINE = "\\ No newline at end of file\n"
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 
 
 @dataclass(frozen=True)
@@ -35,14 +37,11 @@ class FileUpdate:
 
 
 def _split_keep_ends(text: str) -> list[str]:
-    """Lines with their ``\\n`` kept; split on ``\\n`` only (never ``splitlines``)."""
-    if not text:
-        return []
-    parts = text.split("\n")
-    lines = [p + "\n" for p in parts[:-1]]
-    if parts[-1]:
-        lines.append(parts[-1])
-    return lines
+    """Lines with their terminators, split at ``\\n``, ``\\r\\n`` or a lone ``\\r``.
+
+    This is how ``similar`` tokenises lines (and how the applier reads files).
+    """
+    return _LINE.findall(text)
 
 
 def _range(start: int, stop: int) -> str:
@@ -57,7 +56,7 @@ def _range(start: int, stop: int) -> str:
 
 def _emit(out: list[str], prefix: str, line: str) -> None:
     out.append(prefix + line)
-    if not line.endswith("\n"):
+    if not line.endswith(("\r", "\n")):
         out.append("\n" + _NO_NEWLINE)
 
 
