@@ -166,6 +166,7 @@ async def test_tcp_nodelay_on_accepted_socket() -> None:
             await ws.send('{"id":1,"method":"environment/status"}')
             assert json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))["id"] == 1
             (conn,) = ws_server.connections
+            assert conn.transport is not None
             sock = conn.transport.get_extra_info("socket")
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
     finally:

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from typing import Final
 
 import msgspec
-from websockets.asyncio.server import Server, ServerConnection, serve
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import ErrorCode, ProtocolClosedError
@@ -52,9 +51,8 @@ from exec_server.rpc.transport import (
     MessageTransport,
     OversizedMessage,
     StreamTransport,
-    WebSocketTransport,
-    set_nodelay,
 )
+from exec_server.rpc.ws_server import WsConnection, WsServer, serve_websocket
 from exec_server.server import env_handlers
 from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
@@ -277,43 +275,23 @@ class ExecServer:
         self.services = services if services is not None else ServerServices.create(config)
         self.registry = SessionRegistry(config)
         self.router = build_router()
-        self._connections: set[asyncio.Task[None]] = set()
 
     def processor(self, transport: MessageTransport) -> ConnectionProcessor:
         return ConnectionProcessor(
             transport, router=self.router, services=self.services, registry=self.registry
         )
 
-    async def handle_websocket(self, ws: ServerConnection) -> None:
-        """websockets connection handler: one processor per socket."""
-        set_nodelay(ws.transport.get_extra_info("socket"))
-        peer = ws.remote_address
-        label = f"exec-server websocket {peer[0]}:{peer[1]}" if peer else "exec-server websocket"
-        if peer and ":" in str(peer[0]):
-            label = f"exec-server websocket [{peer[0]}]:{peer[1]}"
-        transport = WebSocketTransport(
-            ws, label=label, max_message_size=self.config.max_message_size
-        )
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        try:
-            await self.processor(transport).run()
-        finally:
-            self._connections.discard(task)
+    async def handle_websocket(self, conn: WsConnection) -> None:
+        """Per-connection handler: one processor per upgraded socket."""
+        await self.processor(conn).run()
 
-    async def listen_websocket(self, address: ListenAddress) -> Server:
+    async def listen_websocket(self, address: ListenAddress) -> WsServer:
         """Bind and start accepting; the caller closes the returned server."""
-        limit = self.config.max_message_size
-        return await serve(
+        return await serve_websocket(
             self.handle_websocket,
             address.host,
             address.port,
-            compression=None,
-            ping_interval=None,
-            max_size=(None, 2 * limit + (1 << 20)),
-            write_limit=1 << 20,
-            server_header=None,
+            max_message_size=self.config.max_message_size,
         )
 
     async def aclose(self) -> None:
@@ -371,7 +349,7 @@ async def run_server(
             try:
                 await stop.wait()
             finally:
-                ws_server.close(close_connections=True)
+                ws_server.close()
                 await ws_server.wait_closed()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

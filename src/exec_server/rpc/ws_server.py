@@ -1,0 +1,333 @@
+"""A lean WebSocket server: websockets' sans-I/O protocol under an asyncio.Protocol.
+
+Why not ``websockets.asyncio.server``: every message there crosses an
+assembler, an async generator and an async send context; for our small
+request/response and notification traffic that per-message overhead is a
+large share of the server's CPU time. Here ``data_received`` feeds the
+sans-I/O :class:`websockets.server.ServerProtocol`, completed messages go to a
+deque read by :meth:`WsConnection.receive`, and :meth:`WsConnection.send`
+writes the frame straight to the transport (awaiting only when the write
+buffer is over its high-water mark: backpressure).
+
+Behaviour kept from the library: the HTTP upgrade (any path, no
+subprotocol, no compression), automatic Pong replies, the closing handshake,
+UTF-8 is *not* checked (the JSON decoder rejects bad text), and a frame
+larger than ``frame_limit`` fails the connection with 1009 (the memory guard,
+see ``rpc/transport.py``). Messages larger than ``max_message_size`` are
+discarded fragment by fragment and reported as :class:`OversizedMessage`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
+from exec_server.rpc.transport import HEAD_SIZE, Inbound, OversizedMessage, set_nodelay
+
+__all__ = ["WsConnection", "WsServer", "serve_websocket"]
+
+logger = logging.getLogger("exec_server.rpc")
+
+#: inbound messages buffered before we stop reading the socket (PROTOCOL.md §14).
+INBOUND_HIGH: Final = 128
+INBOUND_LOW: Final = 32
+WRITE_HIGH: Final = 1 << 20
+OPEN_TIMEOUT: Final = 10.0
+CLOSE_TIMEOUT: Final = 5.0
+
+Handler = Callable[["WsConnection"], Awaitable[None]]
+
+
+class WsConnection(asyncio.Protocol):
+    """One accepted socket; a ``MessageTransport`` once the upgrade is done."""
+
+    kind = "websocket"
+
+    def __init__(self, server: WsServer) -> None:
+        self._server = server
+        self._proto = ServerProtocol(max_size=(None, server.frame_limit), logger=logger)
+        self._transport: asyncio.Transport | None = None
+        self.label = "exec-server websocket"
+        self.max_message_size = server.max_message_size
+        self._inbound: collections.deque[bytes | OversizedMessage] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused_reading = False
+        self._drain: asyncio.Future[None] | None = None
+        self._write_paused = False
+        self._eof = False
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        # message being assembled
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._head = b""
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The underlying socket transport (None before ``connection_made``)."""
+        return self._transport
+
+    # -- asyncio.Protocol --------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        set_nodelay(transport.get_extra_info("socket"))
+        transport.set_write_buffer_limits(high=WRITE_HIGH)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            host = f"[{peer[0]}]" if ":" in str(peer[0]) else str(peer[0])
+            self.label = f"exec-server websocket {host}:{peer[1]}"
+        self._server.connections.add(self)
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(OPEN_TIMEOUT, self._open_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        self._proto.receive_data(data)
+        events = self._proto.events_received()
+        self._flush()
+        for event in events:
+            if isinstance(event, Frame):
+                self._on_frame(event)
+            elif isinstance(event, Request):
+                self._on_request(event)
+        self._after_events()
+
+    def eof_received(self) -> bool | None:
+        self._proto.receive_eof()
+        self._proto.events_received()
+        self._flush()
+        self._after_events()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._set_eof()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_exception(ConnectionResetError("connection lost"))
+            self._drain.exception()  # mark retrieved: nobody may be waiting
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    # -- handshake -----------------------------------------------------------
+
+    def _on_request(self, request: Request) -> None:
+        response = self._proto.accept(request)
+        self._proto.send_response(response)
+        self._flush()
+        if self._proto.state is not State.OPEN:
+            logger.info("rejected a WebSocket handshake: %s", self._proto.handshake_exc)
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        task = self._task
+        assert task is not None
+        self._server.tasks.add(task)
+        try:
+            await self._server.handler(self)
+        except Exception:
+            logger.exception("%s: connection handler failed", self.label)
+        finally:
+            self._server.tasks.discard(task)
+            await self.aclose()
+
+    def _open_timeout(self) -> None:
+        self._timer = None
+        if self._proto.state is State.CONNECTING and self._transport is not None:
+            self._transport.abort()
+
+    # -- inbound -------------------------------------------------------------
+
+    def _on_frame(self, frame: Frame) -> None:
+        opcode = frame.opcode
+        if opcode in (Opcode.TEXT, Opcode.BINARY):
+            self._parts = []
+            self._size = 0
+            self._head = b""
+        elif opcode is Opcode.CLOSE:
+            # The protocol answers it; for us the message stream ends here,
+            # before the TCP close (so a quick reconnect finds us detached).
+            self._set_eof()
+            return
+        elif opcode is not Opcode.CONT:
+            return  # ping/pong are answered by the protocol
+        data = bytes(frame.data)
+        self._size += len(data)
+        if self._size > self.max_message_size:
+            if not self._head:
+                self._head = (b"".join(self._parts) + data)[:HEAD_SIZE]
+                self._parts = []
+        else:
+            self._parts.append(data)
+        if not frame.fin:
+            return
+        if self._size > self.max_message_size:
+            item: bytes | OversizedMessage = OversizedMessage(
+                self._size, self.max_message_size, self._head
+            )
+        else:
+            item = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+        self._parts = []
+        self._inbound.append(item)
+        if len(self._inbound) >= INBOUND_HIGH and not self._paused_reading:
+            self._paused_reading = True
+            assert self._transport is not None
+            self._transport.pause_reading()
+        self._wake()
+
+    def _after_events(self) -> None:
+        if self._proto.state is State.CLOSED:
+            self._set_eof()
+            if self._transport is not None:
+                self._transport.close()
+        elif self._proto.close_expected() and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(CLOSE_TIMEOUT, self._abort)
+
+    def _abort(self) -> None:
+        self._timer = None
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _set_eof(self) -> None:
+        self._eof = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def receive(self) -> Inbound:
+        """Next message (bytes), an :class:`OversizedMessage`, or None at EOF."""
+        while not self._inbound:
+            if self._eof:
+                return None
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self._inbound.popleft()
+        if self._paused_reading and len(self._inbound) <= INBOUND_LOW:
+            self._paused_reading = False
+            if self._transport is not None and not self._transport.is_closing():
+                self._transport.resume_reading()
+        return item
+
+    # -- outbound ------------------------------------------------------------
+
+    def _flush(self) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        for data in self._proto.data_to_send():
+            if data:
+                transport.write(data)
+            elif transport.can_write_eof():
+                with contextlib.suppress(Exception):
+                    transport.write_eof()
+            else:
+                transport.close()
+
+    async def send(self, data: bytes) -> None:
+        """Send one Text frame; waits while the write buffer is full.
+
+        Raises:
+            ConnectionResetError: the connection is closing or gone.
+        """
+        transport = self._transport
+        if self._proto.state is not State.OPEN or transport is None or transport.is_closing():
+            raise ConnectionResetError("websocket is closed")
+        self._proto.send_text(data)
+        self._flush()
+        if self._write_paused:
+            if self._drain is None or self._drain.done():
+                self._drain = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._drain)
+
+    async def aclose(self) -> None:
+        """Start the closing handshake (1000); the socket closes when it completes."""
+        if self._proto.state is State.OPEN:
+            self._proto.send_close(1000)
+            self._flush()
+            self._after_events()
+        elif self._transport is not None and self._proto.state is State.CONNECTING:
+            self._transport.close()
+
+
+class WsServer:
+    """The listening sockets plus every live connection."""
+
+    def __init__(self, handler: Handler, *, max_message_size: int, frame_limit: int) -> None:
+        self.handler = handler
+        self.max_message_size = max_message_size
+        self.frame_limit = frame_limit
+        self.connections: set[WsConnection] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.server: asyncio.Server | None = None
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        """The listening sockets (``getsockname()`` gives the bound address)."""
+        return tuple(self.server.sockets) if self.server is not None else ()
+
+    def close(self, close_connections: bool = True) -> None:
+        """Stop accepting and, by default, close every connection (handlers see EOF).
+
+        (Same signature as ``websockets.asyncio.server.Server.close``.)
+        """
+        if self.server is not None:
+            self.server.close()
+        if not close_connections:
+            return
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+
+    async def wait_closed(self) -> None:
+        """Wait for every connection handler to finish."""
+        if self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+        if self.server is not None:
+            await self.server.wait_closed()
+
+
+async def serve_websocket(
+    handler: Handler,
+    host: str,
+    port: int,
+    *,
+    max_message_size: int,
+    frame_limit: int | None = None,
+) -> WsServer:
+    """Listen on ``host:port``; ``handler(conn)`` runs once per upgraded connection."""
+    server = WsServer(
+        handler,
+        max_message_size=max_message_size,
+        frame_limit=frame_limit if frame_limit is not None else 2 * max_message_size + (1 << 20),
+    )
+    loop = asyncio.get_running_loop()
+    server.server = await loop.create_server(lambda: WsConnection(server), host, port)
+    return server
