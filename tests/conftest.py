@@ -365,7 +365,8 @@ async def rpc() -> AsyncIterator[Callable[[str], Awaitable[RpcClient]]]:
     clients: list[RpcClient] = []
 
     async def factory(url: str) -> RpcClient:
-        client, _ = await open_ws_client(url)
+        client, ws = await open_ws_client(url)
+        client.ws = ws  # type: ignore[attr-defined]  # the raw websockets connection
         clients.append(client)
         return client
 

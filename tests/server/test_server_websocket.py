@@ -231,3 +231,47 @@ async def test_resume_keeps_processes_then_ttl_kills_them(
     c = await rpc(srv.url)
     reply = await c.request("initialize", {"clientName": "t", "resumeSessionId": session_id})
     assert reply["error"] == {"code": -32600, "message": f"unknown session id {session_id}"}
+
+
+async def test_ping_is_answered(server: Any) -> None:
+    async with connect(server.url, compression=None) as ws:
+        pong = await ws.ping(b"hello")
+        await asyncio.wait_for(pong, TIMEOUT)
+
+
+async def test_plain_http_is_rejected_and_server_keeps_serving(server: Any, rpc: Rpc) -> None:
+    host, port = server.url.removeprefix("ws://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    status = await asyncio.wait_for(reader.readline(), TIMEOUT)
+    assert status.startswith(b"HTTP/1.1 4")
+    writer.close()
+    await writer.wait_closed()
+    client = await rpc(server.url)
+    assert uuid.UUID(await client.initialize())
+
+
+async def test_tcp_drop_without_close_frame_detaches(server: Any, rpc: Rpc) -> None:
+    """Codex drops TCP without a close frame at exit (CLIENT_COMPAT.md §7.1)."""
+    a = await rpc(server.url)
+    session_id = await a.initialize()
+    a.ws.transport.abort()
+    await a.wait_closed()
+    b = await rpc(server.url)
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            reply = await b.request(
+                "initialize", {"clientName": "t", "resumeSessionId": session_id}
+            )
+            if "result" in reply:
+                break
+            assert "already attached" in reply["error"]["message"]
+    assert reply["result"]["sessionId"] == session_id
+
+
+async def test_path_is_not_inspected(server: Any) -> None:
+    async with connect(server.url + "/any/path?x=1", compression=None) as ws:
+        await ws.send('{"id":1,"method":"environment/status"}')
+        assert json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))["result"] == {
+            "status": "ready"
+        }
