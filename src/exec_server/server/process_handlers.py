@@ -205,7 +205,7 @@ async def handle_signal(ctx: RequestContext, params: SignalParams) -> SignalResu
 def register(router: Router) -> None:
     """Add the ``process/*`` methods (family ``exec``) to ``router``."""
     router.add(METHOD_START, StartParams, handle_start, "exec")
-    router.add(METHOD_READ, ReadParams, handle_read, "exec")
+    router.add(METHOD_READ, ReadParams, handle_read, "exec", may_block=True)
     router.add(METHOD_WRITE, WriteParams, handle_write, "exec")
     router.add(METHOD_TERMINATE, TerminateParams, handle_terminate, "exec")
     router.add(METHOD_SIGNAL, SignalParams, handle_signal, "exec")
