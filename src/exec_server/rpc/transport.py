@@ -1,8 +1,9 @@
 """Message transports: one JSON-RPC message per WebSocket message or per line.
 
-The only module that imports ``websockets``. A transport moves whole
-messages as bytes; it neither parses JSON nor knows about methods. Both the
-server (``server/app.py``) and clients can use these adapters.
+A transport moves whole messages as bytes; it neither parses JSON nor knows
+about methods. The server's WebSocket side is the lean
+:mod:`exec_server.rpc.ws_server`; :class:`WebSocketTransport` adapts a
+``websockets`` asyncio connection (e.g. a client's) to the same interface.
 
 Size limit (issue 2 "larger ones get a clear error, not a dropped
 connection"): websockets' own ``max_size`` fails the connection with close
