@@ -157,3 +157,15 @@ def test_parse_error_and_no_hunks(work: Path) -> None:
         1,
         "Invalid patch: The first line of the patch must be '*** Begin Patch'\n",
     )
+
+
+def test_current_directory_gone(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    shell = f'cd "{gone}" && rmdir "{gone}" && exec "$0" "$1"'
+    proc = run(["sh", "-c", shell, script("apply_patch"), PATCH], tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (
+        1,
+        b"",
+        "Error: Failed to determine current directory.\nNo such file or directory (os error 2)\n",
+    )
