@@ -74,6 +74,11 @@ def add_test_routes(srv: Any) -> Events:
     router.add("test/fs", WaitParams, echo, "filesystem")
     router.add("test/hold", WaitParams, hold, "exec")
     router.add("test/poll", WaitParams, poll, "exec", may_block=True)
+    async def nested(ctx: RequestContext, params: Empty | None) -> Done:
+        msgspec.json.decode(b'{"a":1}', type=WaitParams)
+        raise AssertionError("unreachable")
+
+    router.add("test/nested", Empty | None, nested, None)
     router.add("test/boom", Empty | None, boom, None)
     router.add("test/typed", Empty | None, typed, None)
     return events
@@ -164,6 +169,8 @@ async def test_unknown_method_and_internal_errors(inprocess_server: Callable[...
     }
     reply = await client.request("test/boom")
     assert reply["error"] == {"code": -32603, "message": "internal error"}
+    reply = await client.request("test/nested")
+    assert reply["error"] == {"code": -32602, "message": "Object missing required field `key`"}
     reply = await client.request("test/typed")
     assert reply["error"] == {
         "code": -32603,

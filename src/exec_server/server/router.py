@@ -187,6 +187,9 @@ class Router:
             return encode_result(request.id, result)
         except ExecServerError as exc:
             return encode_error(request.id, exc.code, exc.message)
+        except msgspec.ValidationError as exc:
+            # a handler decoding a nested raw member (e.g. a sandbox object)
+            return encode_error(request.id, ErrorCode.INVALID_PARAMS, str(exc))
         except (ProtocolClosedError, asyncio.CancelledError):
             raise
         except Exception:
