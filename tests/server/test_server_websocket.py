@@ -9,7 +9,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 TIMEOUT = 10.0
 Rpc = Callable[[str], Awaitable[Any]]
@@ -275,3 +277,17 @@ async def test_path_is_not_inspected(server: Any) -> None:
         assert json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))["result"] == {
             "status": "ready"
         }
+
+
+async def test_single_frame_far_over_the_limit_closes_with_1009(
+    server_factory: Callable[..., Any], rpc: Rpc
+) -> None:
+    """The memory guard: a frame over 2x the limit (+1 MiB) is not buffered."""
+    srv = server_factory("--max-message-size", "64K")
+    async with connect(srv.url, compression=None, max_size=None) as ws:
+        await ws.send("x" * (3 << 20))
+        with pytest.raises(ConnectionClosed) as info:
+            await asyncio.wait_for(ws.recv(), TIMEOUT)
+        assert info.value.rcvd is not None and info.value.rcvd.code == 1009
+    client = await rpc(srv.url)
+    assert uuid.UUID(await client.initialize())
