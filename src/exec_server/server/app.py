@@ -90,7 +90,7 @@ async def handle_initialize(ctx: RequestContext, params: InitializeParams) -> In
     logger.info(
         "%s: client %r attached to session %s", att.label, params.client_name, session.session_id
     )
-    return InitializeResult(session.session_id, env_handlers.environment_info())
+    return InitializeResult(session.session_id, env_handlers.cached_environment_info(ctx))
 
 
 def build_router() -> Router:

@@ -28,6 +28,7 @@ __all__ = [
     "EnvironmentConfigReadResult",
     "EnvironmentStatusResult",
     "NoParams",
+    "cached_environment_info",
     "environment_info",
     "register",
 ]
@@ -99,8 +100,17 @@ def environment_info() -> EnvironmentInfo:
     )
 
 
+def cached_environment_info(ctx: RequestContext) -> EnvironmentInfo:
+    """The host description, computed once per server (it does not change)."""
+    services = ctx.services
+    info = services.environment_info
+    if info is None:
+        info = services.environment_info = environment_info()
+    return info
+
+
 async def handle_environment_info(ctx: RequestContext, params: NoParams | None) -> EnvironmentInfo:
-    return environment_info()
+    return cached_environment_info(ctx)
 
 
 async def handle_environment_status(

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from exec_server.config import ServerConfig
+from exec_server.protocol.messages import EnvironmentInfo
 from exec_server.sandbox.manager import SandboxManager
 
 # Interim: the sandboxed filesystem area has not landed yet; replaced by a
@@ -41,6 +42,8 @@ class ServerServices:
         self.config = config
         self.sandbox = sandbox
         self.fs_sandbox = fs_sandbox
+        #: cached ``environmentInfo`` (built on first ``initialize``).
+        self.environment_info: EnvironmentInfo | None = None
 
     @classmethod
     def create(cls, config: ServerConfig) -> ServerServices:
