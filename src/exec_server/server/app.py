@@ -53,7 +53,7 @@ from exec_server.rpc.transport import (
     StreamTransport,
 )
 from exec_server.rpc.ws_server import WsConnection, WsServer, serve_websocket
-from exec_server.server import env_handlers
+from exec_server.server import env_handlers, fs_handlers, process_handlers
 from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, SessionRegistry
@@ -98,16 +98,8 @@ def build_router() -> Router:
     router = Router()
     router.add("initialize", InitializeParams, handle_initialize, None)
     env_handlers.register(router)
-    for name in ("process_handlers", "fs_handlers"):
-        # Interim: feature modules of other areas may not have landed yet.
-        try:
-            module = __import__(f"exec_server.server.{name}", fromlist=["register"])
-        except ImportError as exc:
-            if exc.name != f"exec_server.server.{name}":
-                raise
-            logger.warning("feature module %s missing", name)
-            continue
-        module.register(router)
+    process_handlers.register(router)
+    fs_handlers.register(router)
     for method in BLOCKING_METHODS:
         if method in router:
             router.set_may_block(method)
