@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 from collections.abc import Callable
@@ -392,3 +393,24 @@ async def test_guard_exits_when_idle_and_restarts(
     manager.start("g2", sh("exit 0"))
     assert manager._guard.pid not in (None, guard_pid)
     await sink.closed("g2")
+
+
+async def test_large_stdin_write_is_delivered_in_order(
+    no_leaks: None, manager: ProcessManager, sink: Any
+) -> None:
+    # More than a pipe buffer in one write: the rest is flushed when writable.
+    manager.start(
+        "big-in",
+        LaunchSpec(
+            argv=["/bin/sh", "-c", "head -c 3000000 | md5sum"],
+            cwd="/",
+            env=PATH_ENV,
+            pipe_stdin=True,
+        ),
+    )
+    payload = bytes(range(256)) * (3_000_000 // 256) + b"x" * (3_000_000 % 256)
+    half = len(payload) // 2
+    assert await manager.write("big-in", payload[:half]) is WriteStatus.ACCEPTED
+    assert await manager.write("big-in", payload[half:]) is WriteStatus.ACCEPTED
+    rec = await sink.closed("big-in")
+    assert rec.data().split()[0].decode() == hashlib.md5(payload).hexdigest()
