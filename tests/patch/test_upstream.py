@@ -177,3 +177,75 @@ def test_matches_reference_binary(tmp_path: Path, block: int) -> None:
         if ours != theirs or _tree(ours_root) != _tree(theirs_root):
             mismatches.append(f"seed {seed}: {patch!r}\n ours={ours}\n theirs={theirs}")
     assert not mismatches, "\n".join(mismatches[:3])
+
+
+def _setup_special(root: Path) -> None:
+    root.mkdir()
+    (root / "d").mkdir()
+    (root / "bin").write_bytes(b"\xff\xfeabc\n")
+    (root / "bin2").write_bytes(b"ok\xe2\x28\xa1\n")
+    (root / "bin3").write_bytes(b"ok\xe2\x82")
+    (root / "f").write_text("x\n")
+    (root / "cr").write_bytes(b"a\rb\r\nc")
+    os.mkfifo(root / "fifo")
+    (root / "dangling").symlink_to("nowhere")
+    (root / "dlink").symlink_to("d")
+    (root / "flink").symlink_to("f")
+
+
+_SPECIAL = [
+    "*** Update File: d\n@@\n+x",
+    "*** Update File: bin\n@@\n+x",
+    "*** Update File: bin2\n@@\n+x",
+    "*** Update File: bin3\n@@\n+x",
+    "*** Update File: fifo\n@@\n+x",
+    "*** Update File: cr\n@@\n-b\n+B\n+C",
+    "*** Delete File: d",
+    "*** Delete File: nope",
+    "*** Delete File: bin",
+    "*** Delete File: fifo",
+    "*** Delete File: dangling",
+    "*** Delete File: dlink",
+    "*** Delete File: flink",
+    "*** Add File: d\n+x",
+    "*** Add File: f/x\n+x",
+    "*** Add File: f/x/y\n+x",
+    "*** Add File: dangling\n+x",
+    "*** Add File: dlink/new\n+x",
+    "*** Update File: nope\n@@\n+x",
+    "*** Update File: flink\n@@\n-x\n+y",
+    "*** Update File: f\n*** Move to: d\n@@\n+x",
+    "*** Update File: f\n*** Move to: f/y\n@@\n+x",
+    "*** Update File: f\n*** Move to: dlink/moved\n@@\n+x",
+    "*** Add File: made\n+1\n*** Delete File: d\n*** Add File: never\n+2",
+]
+
+
+def _tree_with_links(root: Path) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = ("link", os.readlink(path))
+        elif path.is_fifo():
+            out[rel] = "fifo"
+        elif path.is_dir():
+            out[rel] = "dir"
+        else:
+            out[rel] = path.read_bytes()
+    return out
+
+
+@pytest.mark.parametrize("body", _SPECIAL)
+def test_special_files_match_reference_binary(tmp_path: Path, body: str) -> None:
+    """Directories, non-UTF-8 files, FIFOs, symlinks and missing parents (§7)."""
+    codex = _codex()
+    base = Path(os.path.realpath(tmp_path))
+    patch = f"*** Begin Patch\n{body}\n*** End Patch"
+    ours_root, theirs_root = base / "ours", base / "theirs"
+    _setup_special(ours_root)
+    _setup_special(theirs_root)
+    ours = _ours(ours_root, patch)
+    theirs = _theirs(codex, theirs_root, patch)
+    assert ours == theirs
+    assert _tree_with_links(ours_root) == _tree_with_links(theirs_root)
