@@ -10,6 +10,11 @@ only after the exit status was reaped *and* every output stream hit EOF.
 
 Termination (issue 2 overrides §8.6): SIGTERM to the process group, then
 SIGKILL after ``terminate_grace``; the exit code stays observable (143/137).
+
+Why one module of ~700 lines: the record's capture, exit, close, stdin and
+retention paths share one lock and one set of invariants (close last, seq
+order); spawning (``pipes``/``pty``) and the event buffer (``output``) are
+already apart.
 """
 
 from __future__ import annotations
