@@ -41,7 +41,7 @@ __all__ = [
 
 #: bytes of an oversized message kept so its ``id`` can still be answered.
 HEAD_SIZE: Final = 256
-_READ_CHUNK: Final = 1 << 16
+_READ_CHUNK: Final = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,35 +160,42 @@ class StreamTransport:
         self.label = label
         self.max_message_size = max_message_size
         self._buffer = bytearray()
+        self._scanned = 0
         self._eof = False
 
     async def receive(self) -> Inbound:
         limit = self.max_message_size
+        buf = self._buffer
         while True:
-            newline = self._buffer.find(b"\n")
+            # only scan bytes not scanned before: long lines arrive in many chunks
+            newline = buf.find(b"\n", self._scanned)
             if newline >= 0:
+                self._scanned = 0
                 if newline > limit:
-                    head = bytes(self._buffer[:HEAD_SIZE])
-                    del self._buffer[: newline + 1]
+                    head = bytes(buf[:HEAD_SIZE])
+                    del buf[: newline + 1]
                     return OversizedMessage(newline, limit, head)
-                line = bytes(self._buffer[:newline])
-                del self._buffer[: newline + 1]
-                if line.strip():
+                line = bytes(memoryview(buf)[:newline])
+                del buf[: newline + 1]
+                if line and not line.isspace():
                     return line
                 continue
+            self._scanned = len(buf)
             if self._eof:
-                if self._buffer.strip():
-                    line = bytes(self._buffer)
-                    self._buffer.clear()
+                self._scanned = 0
+                if buf and not buf.isspace():
+                    line = bytes(buf)
+                    buf.clear()
                     return line
                 return None
-            if len(self._buffer) > limit:
+            if len(buf) > limit:
+                self._scanned = 0
                 return await self._discard_line()
             chunk = await self.reader.read(_READ_CHUNK)
             if not chunk:
                 self._eof = True
             else:
-                self._buffer += chunk
+                buf += chunk
 
     async def _discard_line(self) -> OversizedMessage:
         head = bytes(self._buffer[:HEAD_SIZE])

@@ -294,7 +294,7 @@ class ExecServer:
 
 async def _open_stdio(label: str, max_message_size: int) -> StreamTransport:
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 16)
+    reader = asyncio.StreamReader(limit=1 << 20)
     await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", buffering=0, closefd=False)
     )
