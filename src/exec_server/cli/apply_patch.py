@@ -81,11 +81,6 @@ def hidden_flag_main(args: Sequence[str]) -> int:
     return run_patch(args[0], stdout=sys.stdout, stderr=sys.stderr)
 
 
-def _invoked_via_hidden_flag(args: Sequence[str]) -> bool:
-    """cli/main.py strips the hidden flag before calling `console_main`; recognise that."""
-    return len(sys.argv) >= 2 and sys.argv[1] == APPLY_PATCH_FLAG and list(args) == sys.argv[2:]
-
-
 def console_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``apply_patch`` / ``applypatch`` console scripts (alias form).
 
@@ -93,8 +88,6 @@ def console_main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name; None means ``sys.argv[1:]``.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    if argv is not None and _invoked_via_hidden_flag(args):
-        return hidden_flag_main(args)
     if len(args) > 1:
         sys.stderr.write("Error: apply_patch accepts exactly one argument.\n")
         return 2

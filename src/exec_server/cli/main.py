@@ -50,9 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return helper_main(args[1:])
     if args and args[0] == APPLY_PATCH_FLAG:
-        from exec_server.cli.apply_patch import console_main
+        from exec_server.cli.apply_patch import hidden_flag_main
 
-        return console_main(args[1:])
+        return hidden_flag_main(args[1:])
     parser = _build_parser()
     ns = parser.parse_args(args)
     func = getattr(ns, "func", None)
