@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import os
 import signal as _signal
-import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, final, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Unpack, final, runtime_checkable
 
 from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
-from exec_server.client.process import DEFAULT_POLL_INTERVAL, ProcessHandle, Signal
+from exec_server.client.process import (
+    DEFAULT_POLL_INTERVAL,
+    ProcessHandle,
+    Signal,
+    SpawnOptions,
+    registered,
+    resolve_start,
+)
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidParamsError
 from exec_server.protocol.process_types import (
@@ -48,14 +54,7 @@ class ExecBackend(Protocol):
     async def start(
         self,
         argv: Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        env_policy: EnvPolicy | None = None,
-        tty: bool = False,
-        pipe_stdin: bool = False,
-        arg0: str | None = None,
-        process_id: str | None = None,
+        **options: Unpack[SpawnOptions],
     ) -> ProcessHandle:
         """Start ``argv``; see :meth:`ExecServerClient.spawn` for the arguments."""
         ...
@@ -80,25 +79,9 @@ class RemoteExecBackend:
     async def start(
         self,
         argv: Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        env_policy: EnvPolicy | None = None,
-        tty: bool = False,
-        pipe_stdin: bool = False,
-        arg0: str | None = None,
-        process_id: str | None = None,
+        **options: Unpack[SpawnOptions],
     ) -> ProcessHandle:
-        return await self.client.spawn(
-            argv,
-            cwd=cwd,
-            env=env,
-            env_policy=env_policy,
-            tty=tty,
-            pipe_stdin=pipe_stdin,
-            arg0=arg0,
-            process_id=process_id,
-        )
+        return await self.client.spawn(argv, **options)
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -154,12 +137,7 @@ class LocalExecBackend:
         # The server validates these in its handler (PROTOCOL.md §8.1 step 2); same here.
         if not argv:
             raise InvalidParamsError("argv must not be empty")
-        work_dir = os.getcwd() if cwd is None else cwd
-        if not os.path.isabs(work_dir):
-            raise InvalidParamsError("cwd must be absolute: path must be absolute")
-        pid = process_id if process_id is not None else uuid.uuid4().hex
-        if pid in self._handles:
-            raise ValueError(f"process {pid} already has a handle")
+        work_dir, pid = resolve_start(cwd, process_id, self._handles)
         child_env = dict(env or {})
         if env_policy is not None:
             # Local mode: "the server's environment" is this process's.
@@ -181,12 +159,8 @@ class LocalExecBackend:
             pipe_stdin=pipe_stdin,
         )
         handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval)
-        self._handles[pid] = handle
-        try:
+        with registered(self._handles, handle):
             self._manager.start(pid, spec, current=True)
-        except BaseException:
-            self._handles.pop(pid, None)
-            raise
         return handle
 
     async def aclose(self) -> None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Final, TypeVar, final
 
@@ -36,8 +34,14 @@ from exec_server.client.errors import (
     HandshakeError,
     ServerProtocolError,
 )
-from exec_server.client.process import DEFAULT_POLL_INTERVAL, ProcessHandle, Signal
-from exec_server.exceptions import InvalidParamsError, error_for_code
+from exec_server.client.process import (
+    DEFAULT_POLL_INTERVAL,
+    ProcessHandle,
+    Signal,
+    registered,
+    resolve_start,
+)
+from exec_server.exceptions import error_for_code
 from exec_server.protocol.codec import (
     ProtocolError,
     decode_message,
@@ -178,15 +182,15 @@ class ExecServerClient:
             InvalidRequestError: the server refused the resume (unknown/attached id).
         """
         transport = await _open_ws(url, connect_timeout, max_message_size)
-        client = cls(
+        return await cls._open(
             transport,
             client_name=client_name,
             reconnect_url=url,
             max_message_size=max_message_size,
             poll_interval=poll_interval,
+            resume_session_id=resume_session_id,
+            initialize_timeout=initialize_timeout,
         )
-        await client._handshake_or_close(resume_session_id, initialize_timeout)
-        return client
 
     @classmethod
     async def spawn_stdio(
@@ -203,22 +207,42 @@ class ExecServerClient:
         The child server lives as long as the client; ``aclose()`` ends it.
         """
         transport = await StdioTransport.spawn(argv, max_message_size=max_message_size)
-        client = cls(
+        return await cls._open(
             transport,
             client_name=client_name,
             reconnect_url=None,
             max_message_size=max_message_size,
             poll_interval=poll_interval,
+            resume_session_id=None,
+            initialize_timeout=initialize_timeout,
         )
-        await client._handshake_or_close(None, initialize_timeout)
-        return client
 
-    async def _handshake_or_close(self, resume: str | None, limit: float) -> None:
+    @classmethod
+    async def _open(
+        cls,
+        transport: Transport,
+        *,
+        client_name: str,
+        reconnect_url: str | None,
+        max_message_size: int,
+        poll_interval: float,
+        resume_session_id: str | None,
+        initialize_timeout: float,
+    ) -> ExecServerClient:
+        """Wrap an open transport and run the handshake; the client is closed if it fails."""
+        client = cls(
+            transport,
+            client_name=client_name,
+            reconnect_url=reconnect_url,
+            max_message_size=max_message_size,
+            poll_interval=poll_interval,
+        )
         try:
-            await self._handshake(resume, limit)
+            await client._handshake(resume_session_id, initialize_timeout)
         except BaseException:
-            await self.aclose()
+            await client.aclose()
             raise
+        return client
 
     async def _handshake(self, resume: str | None, limit: float) -> None:
         params = InitializeParams(client_name=self._client_name, resume_session_id=resume)
@@ -475,16 +499,8 @@ class ExecServerClient:
             pipe_stdin: non-tty processes get a writable stdin pipe.
             process_id: the wire id (default: a random UUID).
         """
-        work_dir = os.getcwd() if cwd is None else cwd
-        if not work_dir.startswith("/"):
-            # A relative path has no URI form; fail as the server would (§8.1).
-            raise InvalidParamsError("cwd must be absolute: path must be absolute")
-        pid = process_id if process_id is not None else uuid.uuid4().hex
-        if pid in self._handles:
-            raise ValueError(f"process {pid} already has a handle")
+        work_dir, pid = resolve_start(cwd, process_id, self._handles)
         handle = ProcessHandle(_RemoteOps(self), pid, tty=tty, poll_interval=self._poll_interval)
-        # Register before starting: notifications may beat the start reply.
-        self._handles[pid] = handle
         params = StartParams(
             process_id=pid,
             argv=list(argv),
@@ -496,11 +512,8 @@ class ExecServerClient:
             env_policy=env_policy if env_policy is not None else msgspec.UNSET,
             pipe_stdin=pipe_stdin,
         )
-        try:
+        with registered(self._handles, handle):
             await self.start_process(params)
-        except BaseException:
-            self._handles.pop(pid, None)
-            raise
         return handle
 
     def adopt(self, process_id: str, *, tty: bool = False, after_seq: int = 0) -> ProcessHandle:

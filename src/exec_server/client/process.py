@@ -20,13 +20,18 @@ import asyncio
 import collections
 import contextlib
 import enum
+import os
+import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Protocol, final
+from typing import Final, Protocol, TypedDict, final
 
 from exec_server.client.errors import ClientClosedError, ConnectionLostError
+from exec_server.exceptions import InvalidParamsError
 from exec_server.process.spec import ExitStatus
 from exec_server.protocol.process_types import (
     ClosedNotification,
+    EnvPolicy,
     ExitedNotification,
     OutputChunk,
     OutputNotification,
@@ -42,6 +47,7 @@ __all__ = [
     "ProcessOps",
     "RemoteProcess",
     "Signal",
+    "SpawnOptions",
 ]
 
 #: Seconds without any event before the handle checks with a non-blocking read.
@@ -54,6 +60,59 @@ class Signal(enum.Enum):
     """Signals ``process/signal`` can deliver (CLIENT_COMPAT.md §5.4)."""
 
     INTERRUPT = "interrupt"
+
+
+class SpawnOptions(TypedDict, total=False):
+    """The keyword arguments of ``spawn()`` / ``start()`` after ``argv``.
+
+    Lets forwarding layers (``RemoteExecBackend``) pass them on without
+    restating the list; see :meth:`ExecServerClient.spawn` for their meaning.
+    """
+
+    cwd: str | None
+    env: Mapping[str, str] | None
+    env_policy: EnvPolicy | None
+    tty: bool
+    pipe_stdin: bool
+    arg0: str | None
+    process_id: str | None
+
+
+def resolve_start(
+    cwd: str | None, process_id: str | None, handles: Mapping[str, ProcessHandle]
+) -> tuple[str, str]:
+    """Check a start's cwd and id the way the server would; returns ``(cwd, process_id)``.
+
+    Shared by the remote client and the local backend so both fail alike:
+    ``cwd`` defaults to this process's cwd and must be absolute (a relative
+    path has no URI form, PROTOCOL.md §8.1); ``process_id`` defaults to a
+    random UUID and must not already have a handle.
+
+    Raises:
+        InvalidParamsError: ``cwd`` is relative.
+        ValueError: ``process_id`` already has a handle.
+    """
+    work_dir = os.getcwd() if cwd is None else cwd
+    if not os.path.isabs(work_dir):
+        raise InvalidParamsError("cwd must be absolute: path must be absolute")
+    pid = process_id if process_id is not None else uuid.uuid4().hex
+    if pid in handles:
+        raise ValueError(f"process {pid} already has a handle")
+    return work_dir, pid
+
+
+@contextlib.contextmanager
+def registered(handles: dict[str, ProcessHandle], handle: ProcessHandle) -> Iterator[None]:
+    """Route ``handle``'s notifications for the body; unregister it if the body fails.
+
+    Registration comes before the start: notifications may beat its reply.
+    """
+    handles[handle.process_id] = handle
+    try:
+        yield
+    except BaseException:
+        handles.pop(handle.process_id, None)
+        raise
 
 
 class ProcessOps(Protocol):
