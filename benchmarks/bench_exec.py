@@ -29,11 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -51,9 +48,11 @@ from harness import (
     RunningServer,
     ServerTarget,
     available_targets,
+    connect_client,
     ours_target,
-    start_server,
+    start_in_temp_dir,
     summarize,
+    write_json,
 )
 
 MODES = ("quickack", "plain")
@@ -210,16 +209,13 @@ async def bench_all(
     async with contextlib.AsyncExitStack() as stack:
         live: dict[str, _Live] = {}
         for t in targets:
-            workdir = tempfile.mkdtemp(prefix="bench_exec_")
-            stack.callback(shutil.rmtree, workdir, True)
-            srv = await stack.enter_async_context(start_server(t, cwd=workdir))
+            srv, workdir = await start_in_temp_dir(stack, t, "bench_exec_")
             live[t.name] = _Live(srv, workdir, {})
         for lv in live.values():
             for mode in modes:
-                c = await RawClient.connect(lv.server.url, quickack=mode == "quickack")
-                stack.push_async_callback(c.aclose)
-                await c.handshake()
-                lv.clients[mode] = c
+                lv.clients[mode] = await connect_client(
+                    stack, lv.server.url, quickack=mode == "quickack"
+                )
             _rss(report, lv.server, "RSS idle")
 
         async def run(metric: str, n: int, fn: Callable[[_Live, RawClient, bool, int],
@@ -305,8 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     report = asyncio.run(run(args))
     report.print()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.as_dict(), f, indent=2)
+        write_json(args.json, report.as_dict())
     return 0
 
 

@@ -33,11 +33,8 @@ import argparse
 import asyncio
 import base64
 import contextlib
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -52,9 +49,15 @@ from harness import (
     Report,
     ServerTarget,
     available_targets,
+    connect_client,
     ours_target,
+    rss_kib,
+    start_in_temp_dir,
     start_server,
     summarize,
+    temp_dir,
+    vm_hwm_kib,
+    write_json,
 )
 
 KIB = 1024
@@ -83,49 +86,6 @@ def _b64(data: bytes) -> str:
 #: Writes larger than this are sent as a fragmented WebSocket message: upstream
 #: (tungstenite defaults) refuses single frames over 16 MiB and messages over 64 MiB.
 FRAGMENT = 1 * MIB
-
-
-async def call_large(c: RawClient, method: str, params: dict[str, Any],
-                     limit_s: float = 300.0) -> Any:
-    """``RawClient.call`` that sends the request as 1 MiB WebSocket fragments."""
-    c._next_id += 1
-    mid = c._next_id
-    fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    # Mark a connection-lost exception as retrieved when the send itself fails.
-    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-    c._pending[mid] = fut
-    text = json.dumps({"id": mid, "method": method, "params": params})
-    try:
-        await c.ws.send([text[i : i + FRAGMENT] for i in range(0, len(text), FRAGMENT)])
-        reply = await asyncio.wait_for(fut, limit_s)
-    finally:
-        c._pending.pop(mid, None)
-    if "error" in reply:
-        raise RuntimeError(f"{method}: {reply['error']}")
-    return reply["result"]
-
-
-def vm_hwm_mib(pid: int) -> float | None:
-    """Peak resident set (VmHWM) of ``pid`` in MiB, Linux only."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def vm_rss_mib(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def _exists(path: str) -> bool:
@@ -161,15 +121,15 @@ async def round_trip(target: ServerTarget, workdir: str, mib: int, report: Repor
         srv.url, quickack=True
     ) as c:
         await c.handshake()
-        idle = vm_rss_mib(srv.pid)
+        idle = rss_kib(srv.pid, tree=False)
         if idle is not None:
-            report.add(name, "RSS idle (fresh server)", idle, unit="MiB")
+            report.add(name, "RSS idle (fresh server)", idle / 1024, unit="MiB")
         encoded = _b64(os.urandom(mib * MIB))
         path = c.path(os.path.join(workdir, "round-trip.bin"))
         t0 = time.perf_counter()
         try:
-            await call_large(c, "fs/writeFile", {"path": path, "dataBase64": encoded,
-                                                 "sandbox": None})
+            await c.call_fragmented("fs/writeFile", {"path": path, "dataBase64": encoded,
+                                                 "sandbox": None}, fragment=FRAGMENT)
             r = await c.call("fs/readFile", {"path": path, "sandbox": None}, limit_s=300)
         except Exception as exc:  # upstream drops the connection over 64 MiB
             report.notes.append(f"{name}: {label} round trip failed: {type(exc).__name__}")
@@ -178,10 +138,10 @@ async def round_trip(target: ServerTarget, workdir: str, mib: int, report: Repor
         if r["dataBase64"] != encoded:
             raise AssertionError("round trip changed the bytes")
         del r
-        peak = vm_hwm_mib(srv.pid)
+        peak = vm_hwm_kib(srv.pid)
         report.add(name, f"{label} write+read", elapsed)
         if peak is not None:
-            report.add(name, f"peak RSS, {label} round trip", peak, unit="MiB")
+            report.add(name, f"peak RSS, {label} round trip", peak / 1024, unit="MiB")
 
 
 @dataclass
@@ -224,7 +184,7 @@ def rw_ops(size: int) -> tuple[Op, Op]:
     async def write(side: Side, _: int) -> None:
         params = {"path": side.path(name), "dataBase64": encoded, "sandbox": None}
         if len(encoded) > FRAGMENT:
-            await call_large(side.client, "fs/writeFile", params)
+            await side.client.call_fragmented("fs/writeFile", params, fragment=FRAGMENT)
         else:
             await side.client.call("fs/writeFile", params)
 
@@ -271,14 +231,10 @@ async def bench_all(targets: list[ServerTarget], counts: Counts, report: Report)
     async with contextlib.AsyncExitStack() as stack:
         sides: list[Side] = []
         for target in targets:
-            workdir = tempfile.mkdtemp(prefix="bench_fs_")
-            stack.callback(shutil.rmtree, workdir, True)
-            srv = await stack.enter_async_context(start_server(target, cwd=workdir))
-            client = await RawClient.connect(srv.url, quickack=True)
-            stack.push_async_callback(client.aclose)
-            await client.handshake()
+            srv, workdir = await start_in_temp_dir(stack, target, "bench_fs_")
+            client = await connect_client(stack, srv.url)
             sides.append(Side(target.name, client, workdir, {}))
-            prepare(workdir, counts)
+            await asyncio.to_thread(prepare, workdir, counts)
 
         for size, n, label in (
             (KIB, counts.small, "1 KiB"),
@@ -299,11 +255,8 @@ async def bench_all(targets: list[ServerTarget], counts: Counts, report: Report)
 
     for mib in counts.round_trips:
         for target in targets:
-            workdir = tempfile.mkdtemp(prefix="bench_fs_rt_")
-            try:
-                await round_trip(target, workdir, mib, report)
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
+            async with contextlib.AsyncExitStack() as stack:
+                await round_trip(target, temp_dir(stack, "bench_fs_rt_"), mib, report)
 
 
 async def run(args: argparse.Namespace) -> Report:
@@ -329,8 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     report = asyncio.run(run(args))
     report.print()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.as_dict(), f, indent=2)
+        write_json(args.json, report.as_dict())
     return 0
 
 

@@ -29,11 +29,8 @@ import argparse
 import asyncio
 import base64
 import contextlib
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -46,8 +43,10 @@ from harness import (
     ServerTarget,
     Summary,
     available_targets,
-    start_server,
+    connect_client,
+    start_in_temp_dir,
     summarize,
+    write_json,
 )
 
 KIB = 1024
@@ -91,10 +90,6 @@ def permissions_context(workspace: str, *, full_read: bool = True) -> dict[str, 
         "windowsSandboxLevel": "disabled",
         "useLegacyLandlock": False,
     }
-
-
-def _workspace() -> str:
-    return os.path.realpath(tempfile.mkdtemp(prefix="fs-sandbox-bench-"))
 
 
 Call = Callable[[], Awaitable[None]]
@@ -146,36 +141,28 @@ async def _timed(call: Call) -> float:
 
 async def bench(targets: list[ServerTarget], n: int) -> dict[str, dict[str, Summary]]:
     """All servers run at once; calls alternate between them so load swings hit both."""
-    workspaces = [_workspace() for _ in targets]
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            sides: list[Side] = []
-            for target, workspace in zip(targets, workspaces, strict=True):
-                server = await stack.enter_async_context(start_server(target, cwd=workspace))
-                client = await stack.enter_async_context(
-                    await RawClient.connect(server.url, quickack=True)
-                )
-                await client.handshake()
-                sides.append(Side(target.name, client, workspace))
-            for side in sides:  # warm-up (our zygote starts on the first call)
-                for _ in range(3):
-                    for call in side.calls.values():
-                        await call()
-            out: dict[str, dict[str, Summary]] = {side.name: {} for side in sides}
-            for metric in sides[0].calls:
-                samples: dict[str, list[float]] = {side.name: [] for side in sides}
-                for _ in range(n):
-                    for side in sides:
-                        samples[side.name].append(await _timed(side.calls[metric]))
-                for name, xs in samples.items():
-                    out[name][metric] = summarize(xs)
-            return out
-    finally:
-        for workspace in workspaces:
-            shutil.rmtree(workspace, ignore_errors=True)
+    async with contextlib.AsyncExitStack() as stack:
+        sides: list[Side] = []
+        for target in targets:
+            server, workspace = await start_in_temp_dir(stack, target, "fs-sandbox-bench-")
+            client = await connect_client(stack, server.url)
+            sides.append(Side(target.name, client, workspace))
+        for side in sides:  # warm-up (our zygote starts on the first call)
+            for _ in range(3):
+                for call in side.calls.values():
+                    await call()
+        out: dict[str, dict[str, Summary]] = {side.name: {} for side in sides}
+        for metric in sides[0].calls:
+            samples: dict[str, list[float]] = {side.name: [] for side in sides}
+            for _ in range(n):
+                for side in sides:
+                    samples[side.name].append(await _timed(side.calls[metric]))
+            for name, xs in samples.items():
+                out[name][metric] = summarize(xs)
+        return out
 
 
-async def main() -> int:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=60, help="calls per metric")
     parser.add_argument("--no-upstream", action="store_true")
@@ -194,19 +181,14 @@ async def main() -> int:
     for metric in ("readFile 1 KiB, root:read", "getMetadata, root:read"):
         report.metric(metric, "ms")
     report.metric("unsandboxed readFile 1 KiB", "ms")
-    for name, metrics in (await bench(targets, args.n)).items():
+    for name, metrics in asyncio.run(bench(targets, args.n)).items():
         for metric, summary in metrics.items():
             report.add(name, metric, summary)
     report.print()
     if args.json:
-        _write_json(args.json, report.as_dict())
+        write_json(args.json, report.as_dict())
     return 0
 
 
-def _write_json(path: str, data: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2)
-
-
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(main())

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -44,10 +43,13 @@ from harness import (
     Report,
     ServerTarget,
     Summary,
+    connect_client,
     ours_target,
-    start_server,
+    start_in_temp_dir,
     summarize,
+    temp_dir,
     upstream_target,
+    write_json,
 )
 
 METRIC = "sandboxed true start->closed"
@@ -137,20 +139,19 @@ async def _one(leg: _Leg, *, sandboxed: bool) -> float:
     return dt
 
 
-async def bench_all(targets: list[ServerTarget], n: int, outside: str) -> list[_Leg]:
+async def bench_all(targets: list[ServerTarget], n: int) -> list[_Leg]:
     """Start every server, then alternate rounds (one sample per server per round).
 
     Alternating keeps a noisy machine's load swings out of the ratios.
     """
     async with contextlib.AsyncExitStack() as stack:
+        outside = temp_dir(stack, "bench_sandbox_outside_", parent="/var/tmp")
         legs: list[_Leg] = []
         for t in targets:
-            workspace = tempfile.mkdtemp(prefix="bench_sandbox_ws_", dir="/var/tmp")
-            stack.callback(shutil.rmtree, workspace, True)
-            srv = await stack.enter_async_context(start_server(t, cwd=workspace))
-            client = await RawClient.connect(srv.url, quickack=True)
-            stack.push_async_callback(client.aclose)
-            await client.handshake()
+            srv, workspace = await start_in_temp_dir(
+                stack, t, "bench_sandbox_ws_", parent="/var/tmp"
+            )
+            client = await connect_client(stack, srv.url)
             leg = _Leg(t, client, workspace)
             await _check_denied(leg, outside)
             for _ in range(2):  # warm probes and caches
@@ -196,7 +197,7 @@ def wrap_cost(n: int) -> dict[str, Summary]:
     return out
 
 
-async def main() -> int:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few iterations (smoke run)")
     ap.add_argument("--no-upstream", action="store_true", help="skip the upstream server")
@@ -214,22 +215,18 @@ async def main() -> int:
     report = Report("sandbox", [t.name for t in targets])
     report.metric(METRIC, "ms", target=TARGET_RATIO)
     report.metric(PLAIN_METRIC, "ms")
-    outside = tempfile.mkdtemp(prefix="bench_sandbox_outside_", dir="/var/tmp")
     figures: dict[str, object] = {}
-    try:
-        for leg in await bench_all(targets, n, outside):
-            summary, plain = summarize(leg.samples), summarize(leg.plain)
-            name = leg.target.name
-            report.add(name, METRIC, summary)
-            report.add(name, PLAIN_METRIC, plain)
-            report.notes.append(f"{name}: sandboxType={leg.kind} median={summary.median:.2f} ms "
-                                f"p90={summary.p90:.2f} ms n={summary.n}; unsandboxed "
-                                f"{plain.median:.2f} ms")
-            figures[name] = {"median_ms": summary.median, "p90_ms": summary.p90,
-                             "n": summary.n, "sandboxType": leg.kind,
-                             "unsandboxed_median_ms": plain.median}
-    finally:
-        shutil.rmtree(outside, ignore_errors=True)
+    for leg in asyncio.run(bench_all(targets, n)):
+        summary, plain = summarize(leg.samples), summarize(leg.plain)
+        name = leg.target.name
+        report.add(name, METRIC, summary)
+        report.add(name, PLAIN_METRIC, plain)
+        report.notes.append(f"{name}: sandboxType={leg.kind} median={summary.median:.2f} ms "
+                            f"p90={summary.p90:.2f} ms n={summary.n}; unsandboxed "
+                            f"{plain.median:.2f} ms")
+        figures[name] = {"median_ms": summary.median, "p90_ms": summary.p90,
+                         "n": summary.n, "sandboxType": leg.kind,
+                         "unsandboxed_median_ms": plain.median}
     for name, s in wrap_cost(200 if not args.quick else 5).items():
         report.notes.append(f"wrap() alone [{name}]: median {s.median:.1f} us, p90 {s.p90:.1f} us")
         figures[f"wrap-{name}"] = {"median_us": s.median, "p90_us": s.p90}
@@ -245,14 +242,9 @@ async def main() -> int:
                 f["ratio"] = ratio
     print(report.render(), flush=True)
     if args.json:
-        _write_json(args.json, figures)
+        write_json(args.json, figures)
     return 0
 
 
-def _write_json(path: str, figures: dict[str, object]) -> None:
-    with open(path, "w") as fh:
-        json.dump(figures, fh, indent=2)
-
-
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(main())

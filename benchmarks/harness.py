@@ -28,6 +28,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -35,6 +36,7 @@ import signal
 import socket
 import statistics
 import sys
+import tempfile
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -56,13 +58,18 @@ __all__ = [
     "ServerTarget",
     "Summary",
     "available_targets",
+    "connect_client",
     "default_env",
     "ours_target",
     "rss_kib",
+    "start_in_temp_dir",
     "start_server",
     "summarize",
+    "temp_dir",
     "upstream_codex_path",
     "upstream_target",
+    "vm_hwm_kib",
+    "write_json",
 ]
 
 MIB = 1024 * 1024
@@ -192,6 +199,45 @@ async def start_server(
         await server.aclose()
 
 
+def temp_dir(
+    stack: contextlib.AsyncExitStack, prefix: str, *, parent: str | None = None
+) -> str:
+    """A fresh directory (real path: sandbox rules see resolved paths), removed when
+    ``stack`` closes, i.e. after anything entered on the stack later (a server using it)."""
+    path = os.path.realpath(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    stack.callback(shutil.rmtree, path, True)
+    return path
+
+
+async def start_in_temp_dir(
+    stack: contextlib.AsyncExitStack,
+    target: ServerTarget,
+    prefix: str,
+    *,
+    parent: str | None = None,
+) -> tuple[RunningServer, str]:
+    """Start ``target`` with a fresh :func:`temp_dir` as its cwd; both end with ``stack``."""
+    workdir = temp_dir(stack, prefix, parent=parent)
+    server = await stack.enter_async_context(start_server(target, cwd=workdir))
+    return server, workdir
+
+
+async def connect_client(
+    stack: contextlib.AsyncExitStack, url: str, *, quickack: bool = True
+) -> RawClient:
+    """A handshaken :class:`RawClient` for ``url``, closed when ``stack`` closes."""
+    client = await RawClient.connect(url, quickack=quickack)
+    stack.push_async_callback(client.aclose)
+    await client.handshake()
+    return client
+
+
+def write_json(path: str, data: JSON) -> None:
+    """Write benchmark figures (``--json FILE``); call outside the event loop."""
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+
+
 def _proc_kib(path: str, key: str) -> int | None:
     try:
         with open(path) as f:
@@ -205,6 +251,11 @@ def _proc_kib(path: str, key: str) -> int | None:
 
 def _vmrss_kib(pid: int) -> int | None:
     return _proc_kib(f"/proc/{pid}/status", "VmRSS:")
+
+
+def vm_hwm_kib(pid: int) -> int | None:
+    """Peak resident set (VmHWM) of ``pid`` alone in KiB (Linux ``/proc``), or None."""
+    return _proc_kib(f"/proc/{pid}/status", "VmHWM:")
 
 
 def _descendants(root: int) -> list[int]:
@@ -390,6 +441,26 @@ class RawClient:
             raise RpcError(method, reply["error"])
         return reply["result"]
 
+    async def call_fragmented(self, method: str, params: JSON, *, fragment: int,
+                              limit_s: float = 300.0) -> JSON:
+        """:meth:`call`, sending the request as a WebSocket message of ``fragment``-sized
+        text frames (for requests larger than a peer accepts in one frame)."""
+        self._next_id += 1
+        mid = self._next_id
+        fut: asyncio.Future[JSON] = asyncio.get_running_loop().create_future()
+        # Mark a connection-lost exception as retrieved when the send itself fails.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._pending[mid] = fut
+        text = json.dumps({"id": mid, "method": method, "params": params})
+        try:
+            await self.ws.send([text[i : i + fragment] for i in range(0, len(text), fragment)])
+            reply = await asyncio.wait_for(fut, limit_s)
+        finally:
+            self._pending.pop(mid, None)
+        if "error" in reply:
+            raise RpcError(method, reply["error"])
+        return reply["result"]
+
     async def notify(self, method: str, params: JSON = None) -> None:
         msg: dict[str, JSON] = {"method": method}
         if params is not None:
@@ -436,12 +507,7 @@ class RawClient:
 
     async def wait_closed(self, pid: str, limit_s: float = 120.0) -> ProcState:
         """Wait for ``process/closed`` of ``pid`` via notifications."""
-        st = self.procs[pid]
-        async with asyncio.timeout(limit_s):
-            while not st.closed:
-                st.changed.clear()
-                await st.changed.wait()
-        return st
+        return await self.wait_output(pid, lambda st: st.closed, limit_s)
 
     async def wait_output(self, pid: str, predicate: Callable[[ProcState], bool],
                           limit_s: float = 30.0) -> ProcState:
