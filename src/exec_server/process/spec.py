@@ -54,7 +54,7 @@ class LaunchSpec:
 
 @dataclass(frozen=True, slots=True)
 class ExitStatus:
-    """How a child ended: ``code`` 0–255, ``128+signal`` for a signal death, -1 if unobservable."""
+    """How a child ended: ``code`` 0-255, ``128+signal`` for a signal death, -1 if unobservable."""
 
     code: int
     signal: int | None = None

@@ -1,6 +1,6 @@
 """Path fields on the wire: plain absolute strings (legacy) or ``file://`` URIs (current).
 
-Both generations are accepted in every path field (CLIENT_COMPAT.md §1.2–§1.3);
+Both generations are accepted in every path field (CLIENT_COMPAT.md §1.2-§1.3);
 answers use the form the request used. Absolute paths are normalised
 lexically: ``.`` dropped, ``..`` pops the previous component without looking at
 the filesystem (PROTOCOL.md §5.2).
