@@ -17,6 +17,7 @@ from exec_server.patch.content import derive_new_contents
 from exec_server.patch.errors import ApplyError
 from exec_server.patch.fs import PatchFileSystem, SandboxT, describe_error, is_not_found
 from exec_server.patch.parse import AddFile, DeleteFile, Hunk, UpdateFile, parse_patch
+from exec_server.protocol.paths import normalize_lexical
 
 __all__ = [
     "AffectedPaths",
@@ -54,17 +55,7 @@ def resolve_path(cwd: Path, path: str) -> Path:
     ``.`` segments are dropped and ``..`` removes the previous one; symlinks are
     not resolved.
     """
-    joined = path if path.startswith("/") else f"{cwd}/{path}"
-    out: list[str] = []
-    for part in joined.split("/"):
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if out:
-                out.pop()
-            continue
-        out.append(part)
-    return Path("/" + "/".join(out))
+    return Path(normalize_lexical(path if path.startswith("/") else f"{cwd}/{path}"))
 
 
 def decode_utf8(data: bytes) -> str:

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 
-__all__ = ["PathForm", "WirePath", "normalize_absolute", "parse_wire_path", "render_path"]
+__all__ = [
+    "PathForm",
+    "WirePath",
+    "normalize_absolute",
+    "normalize_lexical",
+    "parse_wire_path",
+    "render_path",
+]
 
 _URI_SAFE = "/:@=,;!$&'()*+[]^|~"
 
@@ -40,9 +47,24 @@ class WirePath:
 
 
 def normalize_absolute(path: str) -> str:
-    """Lexically normalise an absolute POSIX path (``..`` applied before symlinks)."""
+    """Lexically normalise an absolute POSIX path (``..`` applied before symlinks).
+
+    Raises:
+        InvalidParamsError: ``path`` is relative.
+    """
     if not path.startswith("/"):
         raise InvalidParamsError("path must be absolute")
+    return normalize_lexical(path)
+
+
+def normalize_lexical(path: str) -> str:
+    """Drop ``.`` and empty segments, let ``..`` pop the previous one (none at the root).
+
+    The one lexical normaliser of the project (PROTOCOL.md §5.2, SANDBOX policy
+    paths, APPLY_PATCH.md §6): no filesystem access, symlinks untouched. The
+    result is always rooted; callers pass absolute paths (a relative one is
+    read as if it started at ``/``), :func:`normalize_absolute` checks that.
+    """
     out: list[str] = []
     for part in path.split("/"):
         if part in ("", "."):

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from exec_server.protocol.paths import normalize_lexical
+
 __all__ = [
     "Access",
     "DangerFullAccess",
@@ -283,18 +285,8 @@ class OsProbe:
 # --- path helpers ---
 
 
-def normalize(path: str) -> str:
-    """Lexically normalise an absolute path (``..`` pops, PROTOCOL.md §5.2)."""
-    out: list[str] = []
-    for part in path.split("/"):
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if out:
-                out.pop()
-            continue
-        out.append(part)
-    return "/" + "/".join(out)
+#: Lexically normalise an absolute path (``..`` pops, PROTOCOL.md §5.2).
+normalize = normalize_lexical
 
 
 def join_normalized(base: str, rel: str | None) -> str:
