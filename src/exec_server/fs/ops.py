@@ -317,8 +317,13 @@ def _rmtree_error(func: Callable[..., Any], path: str, exc_info: Any) -> None:
 # -------------------------------------------------------------------- copy
 
 
-def resolve_existing_prefix(path: str) -> str:
-    """Canonicalise the deepest existing ancestor and re-append the rest (PROTOCOL.md §10.3)."""
+def resolve_existing_prefix(path: str, *, strict: bool = False) -> str:
+    """Canonicalise the deepest existing ancestor and re-append the rest (PROTOCOL.md §10.3).
+
+    Raises:
+        OSError: only with ``strict``, when the ancestor cannot be resolved after all
+            (it vanished meanwhile, a loop, no permission): see ``os.path.realpath``.
+    """
     missing: list[str] = []
     current = path
     while not os.path.exists(current):
@@ -327,7 +332,7 @@ def resolve_existing_prefix(path: str) -> str:
             break
         missing.append(name)
         current = parent
-    resolved = os.path.realpath(current)
+    resolved = os.path.realpath(current, strict=strict)
     for name in reversed(missing):
         resolved = os.path.join(resolved, name)
     return resolved

@@ -42,8 +42,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import (
@@ -77,6 +78,7 @@ FS_HELPER_FLAG = "--codex-run-as-fs-helper"
 
 _WRITE_OPS = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
 _PRESERVE_OPS = frozenset({"fs/remove", "fs/copy"})
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,21 +103,11 @@ class _Checked:
 
 
 def _resolve_existing_prefix(path: str) -> str:
-    missing: list[str] = []
-    current = path
-    while not os.path.exists(current):
-        parent, name = os.path.split(current)
-        if parent == current:
-            break
-        missing.append(name)
-        current = parent
+    """Strict :func:`ops.resolve_existing_prefix`: an unresolvable path is an internal error."""
     try:
-        resolved = os.path.realpath(current, strict=True)
+        return ops.resolve_existing_prefix(path, strict=True)
     except OSError as exc:
         raise InternalError(os_error_message(exc)) from exc
-    for name in reversed(missing):
-        resolved = os.path.join(resolved, name)
-    return resolved
 
 
 def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: bool) -> _Checked:
@@ -258,36 +250,14 @@ class SandboxedFileSystem:
         await self.run(op, _request(context))
 
     async def get_metadata(self, context: object, path: str) -> Metadata:
-        req = _request(context)
-        if _reads_everything(req):
-            return await asyncio.to_thread(ops.get_metadata, path)
-        result, _ = await self.run(FsOperation("fs/getMetadata", path), req)
-        return Metadata(
-            is_directory=bool(result.get("isDirectory")),
-            is_file=bool(result.get("isFile")),
-            created_at_ms=_int(result.get("createdAtMs")),
-            modified_at_ms=_int(result.get("modifiedAtMs")),
-            is_symlink=bool(result.get("isSymlink", False)),
-            size=_int(result.get("size")),
+        return await self._read_only(
+            context, FsOperation("fs/getMetadata", path), ops.get_metadata, _metadata_reply
         )
 
     async def read_directory(self, context: object, path: str) -> list[DirEntry]:
-        req = _request(context)
-        if _reads_everything(req):
-            return await asyncio.to_thread(ops.read_directory, path)
-        result, _ = await self.run(FsOperation("fs/readDirectory", path), req)
-        entries = result.get("entries")
-        if not isinstance(entries, list):
-            raise InternalError("unexpected fs sandbox helper response: no entries")
-        return [
-            DirEntry(
-                file_name=str(e.get("fileName", "")),
-                is_directory=bool(e.get("isDirectory")),
-                is_file=bool(e.get("isFile")),
-            )
-            for e in entries
-            if isinstance(e, dict)
-        ]
+        return await self._read_only(
+            context, FsOperation("fs/readDirectory", path), ops.read_directory, _entries_reply
+        )
 
     async def remove(self, context: object, path: str, recursive: bool, force: bool) -> None:
         op = FsOperation("fs/remove", path, recursive=recursive, force=force)
@@ -298,14 +268,27 @@ class SandboxedFileSystem:
         await self.run(op, _request(context))
 
     async def canonicalize(self, context: object, path: str) -> str:
+        return await self._read_only(
+            context, FsOperation("fs/canonicalize", path), ops.canonicalize, _path_reply
+        )
+
+    async def _read_only(
+        self,
+        context: object,
+        op: FsOperation,
+        direct: Callable[[str], _T],
+        reply: Callable[[dict[str, object]], _T],
+    ) -> _T:
+        """A read that needs no confinement when the policy reads everything (§10.1).
+
+        Then ``direct(op.path)`` runs in a thread; otherwise the helper runs ``op``
+        and ``reply`` turns its result fields into the answer.
+        """
         req = _request(context)
         if _reads_everything(req):
-            return await asyncio.to_thread(ops.canonicalize, path)
-        result, _ = await self.run(FsOperation("fs/canonicalize", path), req)
-        out = result.get("path")
-        if not isinstance(out, str):
-            raise InternalError("unexpected fs sandbox helper response: no path")
-        return out
+            return await asyncio.to_thread(direct, op.path)
+        result, _ = await self.run(op, req)
+        return reply(result)
 
     # ------------------------------------------------------------- core
 
@@ -514,6 +497,39 @@ def _reads_everything(request: FsSandboxRequest) -> bool:
     if request.direct:
         return False
     return has_full_disk_read(request.policy) and has_full_disk_read(request.helper_policy)
+
+
+def _metadata_reply(result: dict[str, object]) -> Metadata:
+    return Metadata(
+        is_directory=bool(result.get("isDirectory")),
+        is_file=bool(result.get("isFile")),
+        created_at_ms=_int(result.get("createdAtMs")),
+        modified_at_ms=_int(result.get("modifiedAtMs")),
+        is_symlink=bool(result.get("isSymlink", False)),
+        size=_int(result.get("size")),
+    )
+
+
+def _entries_reply(result: dict[str, object]) -> list[DirEntry]:
+    entries = result.get("entries")
+    if not isinstance(entries, list):
+        raise InternalError("unexpected fs sandbox helper response: no entries")
+    return [
+        DirEntry(
+            file_name=str(e.get("fileName", "")),
+            is_directory=bool(e.get("isDirectory")),
+            is_file=bool(e.get("isFile")),
+        )
+        for e in entries
+        if isinstance(e, dict)
+    ]
+
+
+def _path_reply(result: dict[str, object]) -> str:
+    out = result.get("path")
+    if not isinstance(out, str):
+        raise InternalError("unexpected fs sandbox helper response: no path")
+    return out
 
 
 def _int(value: object) -> int:
