@@ -14,162 +14,95 @@ object instead.
 Why not ``sandbox.linux.landlock.restrict_self``: that ruleset is made for
 arbitrary commands (tty, ptmx, shm and other device nodes); the fs helper
 needs none of them, and each rule costs an open + syscall in every child
-(~0.15 ms per request measured). The seccomp network filter *is* the
-mechanism module's (``sandbox.linux.seccomp``), installed once in the zygote.
+(~0.15 ms per request measured). Only the rule *choice* is ours: the syscalls,
+structs and ABI probing are the mechanism module's (``sandbox.linux.landlock``,
+stdlib only), as is the seccomp network filter installed once in the zygote.
+The zygote puts the source tree on ``sys.path`` before loading this module.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import errno
 import os
-import stat
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+
+from exec_server.sandbox.linux import landlock
+from exec_server.sandbox.linux.landlock import (
+    READ_FILE,
+    READ_RIGHTS,
+    TRUNCATE,
+    WRITE_FILE,
+    add_rule_fd,
+    create_ruleset,
+    fs_mask,
+)
+from exec_server.sandbox.linux.seccomp import set_no_new_privs
 
 __all__ = ["ConfineError", "confine", "landlock_abi", "prefault", "warm_up"]
 
-_NR_CREATE_RULESET = 444
-_NR_ADD_RULE = 445
-_NR_RESTRICT_SELF = 446
-_PR_SET_NO_NEW_PRIVS = 38
-_RULE_PATH_BENEATH = 1
-
-_EXECUTE = 1 << 0
-_WRITE_FILE = 1 << 1
-_READ_FILE = 1 << 2
-_READ_DIR = 1 << 3
-_TRUNCATE = 1 << 14
-_IOCTL_DEV = 1 << 15
-_FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV
-_READ_RIGHTS = _EXECUTE | _READ_FILE | _READ_DIR
-_NET_BIND_TCP = 1 << 0
-_NET_CONNECT_TCP = 1 << 1
-_SCOPE_ABSTRACT_UNIX = 1 << 0
-_SCOPE_SIGNAL = 1 << 1
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-_libc.prctl.restype = ctypes.c_int
-_libc.prctl.argtypes = [
-    ctypes.c_int,
-    ctypes.c_ulong,
-    ctypes.c_ulong,
-    ctypes.c_ulong,
-    ctypes.c_ulong,
-]
+#: What ``/dev/null`` gets when writes are confined.
+_DEV_NULL_RIGHTS = READ_FILE | WRITE_FILE | TRUNCATE
 
 
 class ConfineError(OSError):
     """Confinement could not be applied; the child must not run the operation."""
 
 
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),
-        ("scoped", ctypes.c_uint64),
-    ]
-
-
-class _PathBeneathAttr(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [
-        ("allowed_access", ctypes.c_uint64),
-        ("parent_fd", ctypes.c_int32),
-    ]
-
-
-def _fail(what: str) -> ConfineError:
-    err = ctypes.get_errno()
-    return ConfineError(err, f"{what}: {os.strerror(err)}")
+@contextlib.contextmanager
+def _step(what: str) -> Iterator[None]:
+    """Report a failed syscall as a :class:`ConfineError` naming the step."""
+    try:
+        yield
+    except ConfineError:
+        raise
+    except OSError as exc:
+        err = exc.errno or errno.EPERM
+        raise ConfineError(err, f"{what}: {os.strerror(err)}") from exc
 
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 when Landlock is unavailable."""
     if not sys.platform.startswith("linux"):
         return 0  # syscall numbers are Linux's
-    res = _libc.syscall(
-        ctypes.c_long(_NR_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1)
-    )
-    return int(res) if res > 0 else 0
-
-
-def _fs_mask(abi: int) -> int:
-    if abi >= 5:
-        return 0xFFFF
-    if abi >= 3:
-        return 0x7FFF
-    if abi == 2:
-        return 0x3FFF
-    return 0x1FFF
+    return landlock.abi_version()
 
 
 def _add_rule(ruleset: int, path: str, access: int) -> None:
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return  # missing roots grant nothing (upstream skips them too)
-    except NotADirectoryError:
-        return
     try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            access &= _FILE_RIGHTS
-        attr = _PathBeneathAttr(allowed_access=access, parent_fd=fd)
-        res = _libc.syscall(
-            ctypes.c_long(_NR_ADD_RULE),
-            ctypes.c_int(ruleset),
-            ctypes.c_int(_RULE_PATH_BENEATH),
-            ctypes.byref(attr),
-            ctypes.c_uint32(0),
-        )
-        if res != 0:
-            raise _fail(f"landlock_add_rule({path})")
+        with _step(f"landlock_add_rule({path})"):
+            add_rule_fd(ruleset, fd, access)
     finally:
         os.close(fd)
 
 
 def _landlock(plan: Mapping[str, object], abi: int) -> None:
-    mask = _fs_mask(abi)
-    attr = _RulesetAttr(
-        handled_access_fs=mask,
-        handled_access_net=(_NET_BIND_TCP | _NET_CONNECT_TCP)
-        if abi >= 4 and not plan.get("network")
-        else 0,
-        scoped=(_SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL) if abi >= 6 else 0,
-    )
-    size = 24 if abi >= 6 else (16 if abi >= 4 else 8)
-    ruleset = int(
-        _libc.syscall(
-            ctypes.c_long(_NR_CREATE_RULESET),
-            ctypes.byref(attr),
-            ctypes.c_size_t(size),
-            ctypes.c_uint32(0),
-        )
-    )
-    if ruleset < 0:
-        raise _fail("landlock_create_ruleset")
+    mask = fs_mask(abi)
+    net = 0 if abi < 4 or plan.get("network") else landlock.NET_BIND_TCP | landlock.NET_CONNECT_TCP
+    scoped = landlock.SCOPE_ABSTRACT_UNIX_SOCKET | landlock.SCOPE_SIGNAL if abi >= 6 else 0
+    with _step("landlock_create_ruleset"):
+        ruleset = create_ruleset(mask, net, scoped)
     try:
         if plan.get("full_write"):
             _add_rule(ruleset, "/", mask)
         else:
             if plan.get("full_read"):
-                _add_rule(ruleset, "/", _READ_RIGHTS)
+                _add_rule(ruleset, "/", READ_RIGHTS)
             else:
                 for root in _paths(plan.get("readable_roots")):
-                    _add_rule(ruleset, root, _READ_RIGHTS)
+                    _add_rule(ruleset, root, READ_RIGHTS)
             for root in _paths(plan.get("writable_roots")):
                 _add_rule(ruleset, root, mask)
-            _add_rule(ruleset, "/dev/null", _READ_FILE | _WRITE_FILE | _TRUNCATE)
-        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
-        if (
-            _libc.syscall(
-                ctypes.c_long(_NR_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)
-            )
-            != 0
-        ):
-            raise _fail("landlock_restrict_self")
+            _add_rule(ruleset, "/dev/null", _DEV_NULL_RIGHTS)
+        with _step("prctl(PR_SET_NO_NEW_PRIVS)"):
+            set_no_new_privs()
+        with _step("landlock_restrict_self"):
+            landlock.restrict(ruleset)
     finally:
         os.close(ruleset)
 
@@ -181,34 +114,26 @@ def _paths(value: object) -> Sequence[str]:
 
 
 def warm_up(abi: int) -> None:
-    """Exercise the ctypes paths once (ruleset built and discarded, nothing enforced).
+    """Exercise the syscall paths once (ruleset built and discarded, nothing enforced).
 
     Done in the zygote so forked children do not pay first-call costs.
     """
     if abi <= 0:
         return
-    attr = _RulesetAttr(handled_access_fs=_fs_mask(abi))
-    ruleset = int(
-        _libc.syscall(
-            ctypes.c_long(_NR_CREATE_RULESET),
-            ctypes.byref(attr),
-            ctypes.c_size_t(8),
-            ctypes.c_uint32(0),
-        )
-    )
-    if ruleset >= 0:
-        try:
-            _add_rule(ruleset, "/", _READ_RIGHTS)
-            _add_rule(ruleset, "/dev/null", _READ_FILE)
-        finally:
-            os.close(ruleset)
+    try:
+        ruleset = create_ruleset(fs_mask(abi))
+    except OSError:
+        return
+    try:
+        _add_rule(ruleset, "/", READ_RIGHTS)
+        _add_rule(ruleset, "/dev/null", READ_FILE)
+    finally:
+        os.close(ruleset)
 
 
 def prefault() -> None:
-    """Build (and drop) the ctypes structures a ruleset needs; no syscalls, no paths."""
-    _RulesetAttr(handled_access_fs=0)
-    _PathBeneathAttr(allowed_access=0, parent_fd=-1)
-    _fs_mask(7)
+    """Build (and drop) the structures a ruleset needs; no syscalls, no paths."""
+    landlock.prefault()
 
 
 def confine(plan: Mapping[str, object], *, abi: int) -> None:
@@ -222,8 +147,8 @@ def confine(plan: Mapping[str, object], *, abi: int) -> None:
         ConfineError: any step failed; the caller must not touch the filesystem.
     """
     if plan.get("full_read") and plan.get("full_write"):
-        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
+        with _step("prctl(PR_SET_NO_NEW_PRIVS)"):
+            set_no_new_privs()
         return
     if abi <= 0:
         raise ConfineError(errno.ENOSYS, "Landlock is not available in this kernel")

@@ -69,12 +69,12 @@ class Zygote:
         self, ctl_fd: int, server_pid: int, fs_dir: str, test_hooks: bool, prefork: bool = True
     ) -> None:
         self.prefork = prefork
+        # Landlock plumbing and the seccomp program are the mechanism modules'
+        # (stdlib-only): import them from the source tree without site-packages.
+        sys.path.insert(0, os.path.dirname(os.path.dirname(fs_dir)))
         self.ops = _load("zygote_ops", fs_dir)
         self.confine = _load("zygote_confine", fs_dir)
         self.abi: int = self.confine.landlock_abi()
-        # The seccomp program is the mechanism module's (stdlib-only); import
-        # it from the source tree without site-packages.
-        sys.path.insert(0, os.path.dirname(os.path.dirname(fs_dir)))
         from exec_server.sandbox.linux import seccomp
 
         self.seccomp = seccomp

@@ -143,18 +143,19 @@ def call_syscall(name: str, *args: object) -> int:
     if nr is None:
         raise OSError(38, f"{name}: unsupported architecture {machine}")
     _ctypes.set_errno(0)
-    ret = int(_syscall(c_long(nr), *args))
-    if ret < 0:
-        err = _ctypes.get_errno()
-        raise OSError(err, f"{name}: {os.strerror(err)}")
-    return ret
+    return _checked(int(_syscall(c_long(nr), *args)), name)
 
 
 def call_prctl(option: int, arg2: int = 0, arg3: object = 0, arg4: int = 0, arg5: int = 0) -> int:
     """``prctl(2)``; raise ``OSError`` on failure."""
     a3 = c_ulong(arg3) if isinstance(arg3, int) else arg3
     ret = int(_prctl(c_int(option), c_ulong(arg2), a3, c_ulong(arg4), c_ulong(arg5)))
+    return _checked(ret, f"prctl({option})")
+
+
+def _checked(ret: int, what: str) -> int:
+    """``ret``, or ``OSError`` with the saved ``errno`` when the C call returned < 0."""
     if ret < 0:
         err = _ctypes.get_errno()
-        raise OSError(err, f"prctl({option}): {os.strerror(err)}")
+        raise OSError(err, f"{what}: {os.strerror(err)}")
     return ret

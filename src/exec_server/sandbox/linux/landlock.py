@@ -34,9 +34,16 @@ if TYPE_CHECKING:
     from exec_server.sandbox.plan import SandboxPlan
 
 __all__ = [
+    "FILE_RIGHTS",
+    "READ_RIGHTS",
     "LandlockError",
     "LandlockStatus",
     "abi_version",
+    "add_rule_fd",
+    "create_ruleset",
+    "fs_mask",
+    "prefault",
+    "restrict",
     "restrict_self",
 ]
 
@@ -66,12 +73,14 @@ SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
 SCOPE_SIGNAL = 1 << 1
 
 #: rights allowed on a non-directory rule (measured: others give EINVAL).
-_FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
-_READ_RIGHTS = EXECUTE | READ_FILE | READ_DIR
+FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+#: read (and execute) access to a tree.
+READ_RIGHTS = EXECUTE | READ_FILE | READ_DIR
 _KNOWN_ABI = 7
 
 
-def _fs_mask(abi: int) -> int:
+def fs_mask(abi: int) -> int:
+    """Every filesystem right Landlock ABI ``abi`` knows (0 when unavailable)."""
     if abi <= 0:
         return 0
     if abi == 1:
@@ -144,6 +153,10 @@ def abi_version() -> int:
         return 0
 
 
+# --- low level: the syscalls and their structs (also used by the fs zygote's
+# smaller per-request ruleset, fs/zygote_confine.py)
+
+
 class _RulesetAttr(Structure):
     _fields_ = [("handled_access_fs", c_uint64),
                 ("handled_access_net", c_uint64),
@@ -155,6 +168,60 @@ class _PathBeneathAttr(Structure):
     _fields_ = [("allowed_access", c_uint64), ("parent_fd", c_int32)]
 
 
+def create_ruleset(handled_fs: int, handled_net: int = 0, scoped: int = 0) -> int:
+    """``landlock_create_ruleset(2)``: a ruleset fd the caller must close.
+
+    The attr is always passed at its full size: kernels of older ABIs accept
+    it as long as the fields they do not know are zero.
+
+    Raises:
+        OSError: the kernel refused (ENOSYS/EOPNOTSUPP: no Landlock).
+    """
+    attr = _RulesetAttr(handled_fs, handled_net, scoped)
+    return call_syscall("landlock_create_ruleset", byref(attr), c_size_t(sizeof(attr)),
+                        c_uint32(0))
+
+
+def add_rule_fd(ruleset_fd: int, fd: int, rights: int) -> bool:
+    """Allow ``rights`` beneath the ``O_PATH`` descriptor ``fd``.
+
+    A non-directory keeps only :data:`FILE_RIGHTS`; returns False (no rule
+    added) when no right is left.
+
+    Raises:
+        OSError: ``landlock_add_rule`` failed.
+    """
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        rights &= FILE_RIGHTS
+    if not rights:
+        return False
+    attr = _PathBeneathAttr(rights, fd)
+    call_syscall("landlock_add_rule", c_int(ruleset_fd), c_int(_RULE_PATH_BENEATH),
+                 byref(attr), c_uint32(0))
+    return True
+
+
+def restrict(ruleset_fd: int) -> None:
+    """``landlock_restrict_self(2)``: enforce ``ruleset_fd`` on the calling thread.
+
+    The thread must have ``PR_SET_NO_NEW_PRIVS`` set (``seccomp.set_no_new_privs``).
+
+    Raises:
+        OSError: the kernel refused.
+    """
+    call_syscall("landlock_restrict_self", c_int(ruleset_fd), c_uint32(0))
+
+
+def prefault() -> None:
+    """Build (and drop) the structures a ruleset needs: no syscalls, no paths.
+
+    For a zygote about to fork: its children then start with these warm.
+    """
+    _RulesetAttr(0, 0, 0)
+    _PathBeneathAttr(0, -1)
+    fs_mask(_KNOWN_ABI)
+
+
 def _add_path_rule(ruleset_fd: int, path: str, rights: int, handled: int) -> bool:
     """Add one path rule; False when the path does not exist (skipped)."""
     try:
@@ -162,14 +229,7 @@ def _add_path_rule(ruleset_fd: int, path: str, rights: int, handled: int) -> boo
     except OSError:
         return False
     try:
-        allowed = rights & handled
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            allowed &= _FILE_RIGHTS
-        if not allowed:
-            return True
-        attr = _PathBeneathAttr(allowed, fd)
-        call_syscall("landlock_add_rule", c_int(ruleset_fd),
-                     c_int(_RULE_PATH_BENEATH), byref(attr), c_uint32(0))
+        add_rule_fd(ruleset_fd, fd, rights & handled)
         return True
     finally:
         os.close(fd)
@@ -179,10 +239,10 @@ def _rules_for(plan: "SandboxPlan", extra_read: "Iterable[str]",
                extra_write: "Iterable[str]") -> list[tuple[str, int]]:
     rules: list[tuple[str, int]] = []
     if plan.full_read:
-        rules.append(("/", _READ_RIGHTS))
+        rules.append(("/", READ_RIGHTS))
     else:
-        rules.extend((root, _READ_RIGHTS) for root in plan.readable_roots)
-    rules.extend((root, _READ_RIGHTS) for root in extra_read)
+        rules.extend((root, READ_RIGHTS) for root in plan.readable_roots)
+    rules.extend((root, READ_RIGHTS) for root in extra_read)
     rules.extend((root, 0xFFFF) for root in plan.writable_roots)
     rules.extend((root, 0xFFFF) for root in extra_write)
     rules.extend(_DEVICE_RULES)
@@ -217,7 +277,7 @@ def restrict_self(plan: "SandboxPlan", *, required: bool = True,
             raise LandlockError(38, "Landlock is not available in this kernel")
         return LandlockStatus(0)
     confine_fs = not (plan.full_read and plan.full_write)
-    handled_fs = _fs_mask(abi) if confine_fs else 0
+    handled_fs = fs_mask(abi) if confine_fs else 0
     handled_net = NET_BIND_TCP | NET_CONNECT_TCP if (abi >= 4 and not plan.network) else 0
     scoped = 0
     if abi >= 6:
@@ -228,9 +288,7 @@ def restrict_self(plan: "SandboxPlan", *, required: bool = True,
         return LandlockStatus(abi)
     skipped: list[str] = []
     try:
-        attr = _RulesetAttr(handled_fs, handled_net, scoped)
-        ruleset_fd = call_syscall("landlock_create_ruleset", byref(attr),
-                                  c_size_t(sizeof(attr)), c_uint32(0))
+        ruleset_fd = create_ruleset(handled_fs, handled_net, scoped)
         try:
             if handled_fs:
                 for path, rights in _rules_for(plan, extra_read, extra_write):
@@ -239,7 +297,7 @@ def restrict_self(plan: "SandboxPlan", *, required: bool = True,
             from exec_server.sandbox.linux.seccomp import set_no_new_privs
 
             set_no_new_privs()
-            call_syscall("landlock_restrict_self", c_int(ruleset_fd), c_uint32(0))
+            restrict(ruleset_fd)
         finally:
             os.close(ruleset_fd)
     except OSError as exc:
