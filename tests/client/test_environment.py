@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,9 @@ from exec_server.client import (
     RuntimePaths,
     normalize_exec_server_url,
 )
+from exec_server.fs.zygote_confine import landlock_abi
+
+_HAS_CONFINEMENT = landlock_abi() > 0 or shutil.which("bwrap") is not None
 
 
 @pytest.mark.parametrize(
@@ -136,3 +141,45 @@ async def test_remote_environment_from_env(server: Any) -> None:
         assert isinstance(env.get_filesystem(), RemoteFileSystem)
     finally:
         await manager.aclose()
+
+
+def _workspace_write(root: str) -> dict[str, Any]:
+    """A legacy workspace-write context writable only under ``root`` (PROTOCOL.md §15.6 WW)."""
+    return {
+        "sandboxPolicy": {
+            "type": "workspace-write",
+            "writable_roots": [root],
+            "read_only_access": {"type": "restricted", "include_platform_defaults": False},
+            "network_access": False,
+            "exclude_tmpdir_env_var": True,
+            "exclude_slash_tmp": True,
+        },
+        "windowsSandboxLevel": "disabled",
+    }
+
+
+@pytest.mark.skipif(not _HAS_CONFINEMENT, reason="neither Landlock nor bwrap available")
+async def test_local_environment_filesystem_confines_sandboxed_calls(tmp_path: Path) -> None:
+    from exec_server.client import ClientClosedError
+    from exec_server.exceptions import ExecServerError
+
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    context = _workspace_write(str(allowed))
+    env = await Environment.create(None)
+    try:
+        fs = env.get_filesystem()
+        assert env.get_filesystem() is fs  # one instance, owned by the environment
+        await fs.write_file(str(allowed / "in.txt"), b"inside", sandbox=context)
+        assert (allowed / "in.txt").read_bytes() == b"inside"
+        with pytest.raises(ExecServerError) as denied:
+            await fs.write_file(str(tmp_path / "out.txt"), b"x", sandbox=context)
+        assert denied.value.code == -32600
+        assert not (tmp_path / "out.txt").exists()
+    finally:
+        await env.aclose()
+    # Closing the environment closed the sandboxed-filesystem service with it.
+    with pytest.raises(ExecServerError, match="shut down"):
+        await fs.write_file(str(allowed / "late.txt"), b"x", sandbox=context)
+    with pytest.raises(ClientClosedError):
+        env.get_filesystem()

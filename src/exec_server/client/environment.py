@@ -21,6 +21,7 @@ from exec_server.client.connection import (
     DEFAULT_INITIALIZE_TIMEOUT,
     ExecServerClient,
 )
+from exec_server.client.errors import ClientClosedError
 from exec_server.config import ServerConfig
 
 if TYPE_CHECKING:
@@ -77,7 +78,9 @@ class RuntimePaths:
 class Environment:
     """One execution environment: an :class:`ExecBackend` plus its filesystem.
 
-    Build with :meth:`create`; the manager shares one instance.
+    Build with :meth:`create`; the manager shares one instance. A local
+    environment owns its filesystem (and the sandboxed-filesystem helpers
+    behind it): :meth:`aclose` releases both.
     """
 
     def __init__(
@@ -86,10 +89,14 @@ class Environment:
         *,
         url: str | None,
         runtime_paths: RuntimePaths | None = None,
+        local_config: ServerConfig | None = None,
     ) -> None:
         self._backend = backend
         self._url = url
         self._runtime_paths = runtime_paths
+        self._local_config = local_config
+        self._local_fs: LocalFileSystem | None = None
+        self._closed = False
 
     @classmethod
     async def create(
@@ -114,7 +121,12 @@ class Environment:
         if disabled:
             raise ValueError("disabled mode does not create an Environment")
         if normalized is None:
-            return cls(LocalExecBackend(local_config), url=None, runtime_paths=runtime_paths)
+            return cls(
+                LocalExecBackend(local_config),
+                url=None,
+                runtime_paths=runtime_paths,
+                local_config=local_config,
+            )
         client = await ExecServerClient.connect(
             normalized,
             client_name=ENVIRONMENT_CLIENT_NAME,
@@ -149,18 +161,37 @@ class Environment:
         return None
 
     def get_filesystem(self) -> LocalFileSystem | RemoteFileSystem:
-        """The filesystem of this environment (local calls, or ``fs/*`` over the client)."""
+        """The filesystem of this environment (local calls, or ``fs/*`` over the client).
+
+        Local: one :meth:`LocalFileSystem.with_sandbox` instance, created on first
+        use, so sandboxed contexts are confined as the server would confine them;
+        the environment closes it.
+
+        Raises:
+            ClientClosedError: a local environment after :meth:`aclose`.
+        """
         client = self.remote_client
         if client is None:
             from exec_server.client.fs import LocalFileSystem
 
-            return LocalFileSystem()
+            if self._closed:
+                raise ClientClosedError("environment closed")
+            if self._local_fs is None:
+                self._local_fs = LocalFileSystem.with_sandbox(self._local_config)
+            return self._local_fs
         from exec_server.client.fs import RemoteFileSystem
 
         return RemoteFileSystem(client)
 
     async def aclose(self) -> None:
-        await self._backend.aclose()
+        """Close the filesystem (local) and the backend (local children killed / connection)."""
+        self._closed = True
+        local_fs, self._local_fs = self._local_fs, None
+        try:
+            if local_fs is not None:
+                await local_fs.aclose()
+        finally:
+            await self._backend.aclose()
 
     async def __aenter__(self) -> Environment:
         return self
