@@ -57,6 +57,8 @@ class ServerConfig:
         allow_unsandboxed: permit running without a working platform sandbox.
         sandbox_backend: which Linux mechanism to use.
         fs_helper_timeout: seconds before a sandboxed fs helper is killed.
+        launch_zygote: start Landlock-backend launches through the warm spawn
+            zygote instead of a fresh launcher interpreter each.
     """
 
     listen: str = DEFAULT_LISTEN
@@ -68,6 +70,7 @@ class ServerConfig:
     allow_unsandboxed: bool = False
     sandbox_backend: SandboxBackendName = "auto"
     fs_helper_timeout: float = DEFAULT_FS_HELPER_TIMEOUT
+    launch_zygote: bool = True
 
     def __post_init__(self) -> None:
         if self.detach_ttl < 0:

@@ -106,6 +106,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="Linux sandbox mechanism (default auto)",
     )
     p.add_argument(
+        "--no-launch-zygote",
+        dest="launch_zygote",
+        action="store_false",
+        help="start every Landlock-backend launch with a fresh launcher interpreter",
+    )
+    p.add_argument(
         "--log-level",
         default=os.environ.get("EXEC_SERVER_LOG", "warning"),
         choices=("debug", "info", "warning", "error"),
@@ -136,6 +142,7 @@ def run(ns: argparse.Namespace) -> int:
             max_message_size=ns.max_message_size,
             allow_unsandboxed=ns.allow_unsandboxed,
             sandbox_backend=ns.sandbox_backend,
+            launch_zygote=ns.launch_zygote,
         )
     except (ListenUrlError, ValueError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
