@@ -30,6 +30,9 @@ class FakeManager:
         self.argv = argv
         self.plans: list[SandboxPlan] = []
 
+    async def warm(self) -> None:
+        """Nothing to probe."""
+
     def wrap_plan(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
         self.plans.append(plan)
         if self.script is None:

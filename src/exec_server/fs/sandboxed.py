@@ -404,6 +404,7 @@ class SandboxedFileSystem:
             cwd=_server_cwd(),
             env={},
         )
+        await self._manager.warm()  # first use: backend probes off the loop
         try:
             wrapped = self._manager.wrap_plan(spec, plan)
         except ExecServerError as exc:

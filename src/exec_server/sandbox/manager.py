@@ -1,7 +1,8 @@
 """Sandbox manager: select a sandbox and turn a launch into a confined launch.
 
-``process/start`` calls :meth:`SandboxManager.prepare` with the request's
-``LaunchSpec`` and raw ``sandbox`` member. The manager decodes the policy,
+``process/start`` calls :meth:`SandboxManager.prepare` (or, from a coroutine,
+:meth:`SandboxManager.aprepare`) with the request's ``LaunchSpec`` and raw
+``sandbox`` member. The manager decodes the policy,
 selects the sandbox type (PROTOCOL.md §7.3, on the *effective* policies),
 resolves a :class:`SandboxPlan` and hands it to the platform mechanism
 (Linux backend from :mod:`exec_server.sandbox.select`, or Seatbelt). It never
@@ -11,6 +12,8 @@ falls back to running unconfined unless the operator allowed it
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import logging
 from dataclasses import replace
@@ -101,10 +104,45 @@ class SandboxManager:
         self._config = config
         self._platform = platform
         self._selector = selector
+        self._warmed = False
 
     @property
     def platform(self) -> SandboxType:
         return self._platform
+
+    @property
+    def warmed(self) -> bool:
+        """:meth:`warm` has run: selecting a backend no longer probes."""
+        return self._warmed
+
+    async def warm(self) -> None:
+        """Run the backend probes now, in a thread, so no launch pays for them on the loop.
+
+        The first backend selection probes the kernel and ``bwrap`` in child
+        processes (50-100 ms, blocking) and caches the answer for the process.
+        Call this once at server start; calling it again is free. A failing
+        probe is not an error here: :meth:`prepare` reports it per launch.
+        """
+        if self._warmed:
+            return
+        if self._platform is SandboxType.LINUX_SECCOMP:
+            await asyncio.to_thread(self._probe)
+        self._warmed = True
+
+    def _probe(self) -> None:
+        with contextlib.suppress(ExecServerError, ImportError, ValueError, OSError):
+            self._select_backend(required=False)
+
+    async def aprepare(
+        self,
+        spec: LaunchSpec,
+        sandbox_raw: msgspec.Raw | None,
+        *,
+        enforce_managed_network: bool = False,
+    ) -> LaunchSpec:
+        """:meth:`prepare` for coroutines: the probes (if still to do) run in a thread."""
+        await self.warm()
+        return self.prepare(spec, sandbox_raw, enforce_managed_network=enforce_managed_network)
 
     def prepare(
         self,
@@ -114,6 +152,9 @@ class SandboxManager:
         enforce_managed_network: bool = False,
     ) -> LaunchSpec:
         """Decode ``process/start.sandbox`` and return the launch to spawn.
+
+        Cheap once :meth:`warm` has run; before that, the first sandboxed
+        launch runs the backend probes here, blocking (use :meth:`aprepare`).
 
         Args:
             spec: the launch as requested (argv, cwd, final env, tty...).
@@ -206,8 +247,7 @@ class SandboxManager:
             raise SandboxLaunchError(_unavailable_message(self._platform))
         allow = self._config.allow_unsandboxed and not required
         try:
-            selector = self._selector or _default_selector()
-            backend = selector(self._config.sandbox_backend, allow_unsandboxed=allow)
+            backend = self._select_backend(required=required)
         except ExecServerError as exc:
             raise SandboxLaunchError(exc.message) from exc
         except (ImportError, ValueError, OSError) as exc:
@@ -226,6 +266,12 @@ class SandboxManager:
         except OSError as exc:
             raise SandboxLaunchError(str(exc)) from exc
         return replace(wrapped, sandbox_type=SandboxType.LINUX_SECCOMP)
+
+    def _select_backend(self, *, required: bool) -> _Backend | None:
+        """The configured Linux backend (probing on first use, cached per process)."""
+        allow = self._config.allow_unsandboxed and not required
+        selector = self._selector or _default_selector()
+        return selector(self._config.sandbox_backend, allow_unsandboxed=allow)
 
     async def aclose(self) -> None:
         """Nothing to release yet: probes are cached per process by the backends."""
