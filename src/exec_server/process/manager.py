@@ -36,7 +36,7 @@ from exec_server.exceptions import InternalError, InvalidRequestError, os_error_
 from exec_server.process.output import RETAINED_OUTPUT_CAP, OutputBuffer
 from exec_server.process.pipes import ProcessGuard, SpawnedChild, close_quietly, spawn_pipes
 from exec_server.process.pty import spawn_pty
-from exec_server.process.spec import ExitStatus, LaunchSpec
+from exec_server.process.spec import ExitStatus, LaunchService, LaunchSpec
 from exec_server.protocol.process_types import (
     NOTIFY_CLOSED,
     NOTIFY_EXITED,
@@ -221,6 +221,10 @@ class ProcessManager:
         self._retention = float(getattr(config, "closed_retention", 30.0))
         self._cap = int(getattr(config, "output_cap", RETAINED_OUTPUT_CAP))
         self._lossless = bool(getattr(config, "lossless_output", False))
+        # Launches a sandbox backend marked for a launch service (the Landlock
+        # spawn zygote) go through it unless the config turns that off.
+        self._use_services = bool(getattr(config, "launch_zygote", True))
+        self._services: dict[int, LaunchService] = {}
         self._grace = terminate_grace
         self._read_size = read_size
         self._records: dict[str, _Record] = {}
@@ -284,8 +288,15 @@ class ProcessManager:
             raise InvalidRequestError(f"process {process_id} already exists")
         rec = _Record(process_id, OutputBuffer(self._cap, lossless=self._lossless), current)
         self._records[process_id] = rec
+        owner: object | None = None
+        if spec.zygote is not None and self._use_services:
+            owner = self
+            self._services[id(spec.zygote.service)] = spec.zygote.service
         try:
-            child = spawn_pty(spec) if spec.tty else spawn_pipes(spec)
+            if spec.tty:
+                child = spawn_pty(spec, service_owner=owner)
+            else:
+                child = spawn_pipes(spec, service_owner=owner)
         except OSError as exc:
             del self._records[process_id]
             self._discard_launch(spec)
@@ -420,7 +431,10 @@ class ProcessManager:
         return status
 
     async def _watch_exit(self, rec: _Record, child: SpawnedChild) -> None:
-        status = await self._reap(child.pid)
+        if child.exit_status is not None:
+            status = await child.exit_status()  # reaped by its real parent (a launch service)
+        else:
+            status = await self._reap(child.pid)
         rec.reaped = True
         code = -1 if status == -1 else exit_status_from_wait(status).code
         if child.popen is not None:
@@ -715,3 +729,10 @@ class ProcessManager:
             await self._reap_guard(guard)
         if self._aux_tasks:
             await asyncio.wait(list(self._aux_tasks))
+        services = list(self._services.values())
+        self._services.clear()
+        for service in services:
+            try:
+                await service.release(self)
+            except Exception:
+                logger.exception("releasing launch service %r failed", service)

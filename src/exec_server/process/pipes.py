@@ -19,12 +19,20 @@ import os
 import struct
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from exec_server.process.spec import LaunchSpec
+from exec_server.process.spec import LaunchServiceUnavailable, LaunchSpec, ServicedChild
 from exec_server.protocol.process_types import ProcessStream
 
-__all__ = ["PIPE_SIZE", "ProcessGuard", "SpawnedChild", "close_quietly", "spawn_pipes"]
+__all__ = [
+    "PIPE_SIZE",
+    "ProcessGuard",
+    "SpawnedChild",
+    "close_quietly",
+    "spawn_pipes",
+    "spawn_via_service",
+]
 
 #: Kernel pipe buffer for stdout/stderr: bigger bursts, fewer wake-ups.
 PIPE_SIZE = 1 << 20
@@ -41,6 +49,9 @@ class SpawnedChild:
         stdin_fd: non-blocking writable fd (pipe or PTY master dup), or None.
         popen: kept so ``subprocess`` never warns about an unreaped child;
             the manager reaps it and sets ``returncode``.
+        exit_status: set when the child is not ours (started by a launch
+            service such as the spawn zygote): resolves to the raw wait status
+            its real parent reported; the manager awaits it instead of reaping.
     """
 
     pid: int
@@ -48,6 +59,7 @@ class SpawnedChild:
     stdin_fd: int | None
     popen: subprocess.Popen[bytes] | None = None
     extra_fds: list[int] = field(default_factory=list)
+    exit_status: Callable[[], Awaitable[int]] | None = None
 
 
 def close_quietly(fd: int | None) -> None:
@@ -72,8 +84,27 @@ def child_args(spec: LaunchSpec) -> tuple[list[str], str]:
     return argv, program
 
 
-def spawn_pipes(spec: LaunchSpec) -> SpawnedChild:
+def spawn_via_service(
+    spec: LaunchSpec, stdio: tuple[int | None, int, int], owner: object | None
+) -> ServicedChild | None:
+    """Start ``spec`` through its launch service when it has one and ``owner`` allows.
+
+    None: spawn it the plain way (no service, or the service cannot take it now).
+    """
+    if owner is None or spec.zygote is None:
+        return None
+    try:
+        return spec.zygote.service.spawn(spec.zygote.request, stdio, tty=spec.tty, owner=owner)
+    except LaunchServiceUnavailable:
+        return None
+
+
+def spawn_pipes(spec: LaunchSpec, *, service_owner: object | None = None) -> SpawnedChild:
     """Spawn ``spec`` on pipes; the caller owns the returned fds.
+
+    ``service_owner``: let ``spec.zygote``'s launch service start it (the
+    owner must release the service later); otherwise, or when the service is
+    unavailable, ``spec.argv`` is spawned directly.
 
     Raises:
         OSError: exec or cwd failure (``errno`` set, e.g. ENOENT).
@@ -89,6 +120,7 @@ def spawn_pipes(spec: LaunchSpec) -> SpawnedChild:
         parent_fds.append(err_r)
         to_close.append(err_w)
         stdin_w: int | None = None
+        in_r: int | None = None
         if spec.pipe_stdin:
             in_r, stdin_w = os.pipe2(os.O_CLOEXEC)
             parent_fds.append(stdin_w)
@@ -98,6 +130,15 @@ def spawn_pipes(spec: LaunchSpec) -> SpawnedChild:
             stdin_arg = subprocess.DEVNULL
         _grow_pipe(out_w)
         _grow_pipe(err_w)
+        serviced = spawn_via_service(spec, (in_r, out_w, err_w), service_owner)
+        if serviced is not None:
+            _nonblocking(out_r, err_r, stdin_w)
+            return SpawnedChild(
+                pid=serviced.pid,
+                outputs=[(ProcessStream.STDOUT, out_r), (ProcessStream.STDERR, err_r)],
+                stdin_fd=stdin_w,
+                exit_status=serviced.wait,
+            )
         popen = subprocess.Popen(
             argv,
             executable=program,
@@ -118,16 +159,19 @@ def spawn_pipes(spec: LaunchSpec) -> SpawnedChild:
     finally:
         for fd in to_close:
             close_quietly(fd)
-    os.set_blocking(out_r, False)
-    os.set_blocking(err_r, False)
-    if stdin_w is not None:
-        os.set_blocking(stdin_w, False)
+    _nonblocking(out_r, err_r, stdin_w)
     return SpawnedChild(
         pid=popen.pid,
         outputs=[(ProcessStream.STDOUT, out_r), (ProcessStream.STDERR, err_r)],
         stdin_fd=stdin_w,
         popen=popen,
     )
+
+
+def _nonblocking(*fds: int | None) -> None:
+    for fd in fds:
+        if fd is not None:
+            os.set_blocking(fd, False)
 
 
 _GUARD_CODE = """

@@ -21,7 +21,12 @@ import struct
 import subprocess
 import termios
 
-from exec_server.process.pipes import SpawnedChild, child_args, close_quietly
+from exec_server.process.pipes import (
+    SpawnedChild,
+    child_args,
+    close_quietly,
+    spawn_via_service,
+)
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.process_types import ProcessStream
 
@@ -47,8 +52,11 @@ def set_window_size(fd: int, rows: int, columns: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
 
 
-def spawn_pty(spec: LaunchSpec) -> SpawnedChild:
+def spawn_pty(spec: LaunchSpec, *, service_owner: object | None = None) -> SpawnedChild:
     """Spawn ``spec`` on a new PTY; the caller owns the returned fds.
+
+    ``service_owner``: as for ``spawn_pipes`` (the launch service's child
+    also gets its own session with the PTY as controlling terminal).
 
     Raises:
         OSError: exec or cwd failure (``errno`` set).
@@ -59,6 +67,15 @@ def spawn_pty(spec: LaunchSpec) -> SpawnedChild:
     try:
         set_window_size(slave, spec.rows, spec.columns)
         writer = os.dup(master)
+        serviced = spawn_via_service(spec, (slave, slave, slave), service_owner)
+        if serviced is not None:
+            _prepare_master(master, writer)
+            return SpawnedChild(
+                pid=serviced.pid,
+                outputs=[(ProcessStream.PTY, master)],
+                stdin_fd=writer,
+                exit_status=serviced.wait,
+            )
         popen = subprocess.Popen(
             argv,
             executable=program,
@@ -79,13 +96,16 @@ def spawn_pty(spec: LaunchSpec) -> SpawnedChild:
         raise
     finally:
         close_quietly(slave)
-    os.set_blocking(master, False)
-    os.set_blocking(writer, False)
-    os.set_inheritable(master, False)
-    os.set_inheritable(writer, False)
+    _prepare_master(master, writer)
     return SpawnedChild(
         pid=popen.pid,
         outputs=[(ProcessStream.PTY, master)],
         stdin_fd=writer,
         popen=popen,
     )
+
+
+def _prepare_master(master: int, writer: int) -> None:
+    for fd in (master, writer):
+        os.set_blocking(fd, False)
+        os.set_inheritable(fd, False)

@@ -8,15 +8,79 @@ the process layer spawns it. Pure data: no asyncio, no wire types.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from exec_server.sandbox.plan import SandboxType
 
-__all__ = ["PTY_COLUMNS", "PTY_ROWS", "ExitStatus", "LaunchSpec"]
+__all__ = [
+    "PTY_COLUMNS",
+    "PTY_ROWS",
+    "ExitStatus",
+    "LaunchService",
+    "LaunchServiceUnavailable",
+    "LaunchSpec",
+    "ServicedChild",
+    "ZygoteLaunch",
+]
 
 PTY_ROWS = 24
 PTY_COLUMNS = 80
+
+
+class LaunchServiceUnavailable(Exception):
+    """The launch service cannot take this launch now: spawn ``argv`` the plain way."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServicedChild:
+    """A child started by a :class:`LaunchService` (not a child of this process).
+
+    Attributes:
+        pid: the child; it leads its own process group (or session for a PTY)
+            by the time ``spawn`` returns, so ``killpg(pid)`` reaches it.
+        wait: resolves to the raw ``waitpid`` status once the service reaped
+            the child (-1 when it could not be observed).
+    """
+
+    pid: int
+    wait: Callable[[], Awaitable[int]]
+
+
+class LaunchService(Protocol):
+    """Starts prepared launches without forking the server (e.g. the Landlock spawn zygote)."""
+
+    def spawn(
+        self,
+        request: object,
+        stdio: tuple[int | None, int, int],
+        *,
+        tty: bool,
+        owner: object,
+    ) -> ServicedChild:
+        """Start ``request`` with ``stdio`` (stdin None = ``/dev/null``); call in the event loop.
+
+        ``owner`` must later ``release`` the service. The caller keeps (and
+        closes) its fds.
+
+        Raises:
+            LaunchServiceUnavailable: nothing was started; use the fallback.
+            OSError: the launch itself failed (e.g. its cwd is missing).
+        """
+        ...
+
+    async def release(self, owner: object) -> None:
+        """``owner`` (e.g. a process manager shutting down) no longer needs the service."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ZygoteLaunch:
+    """Marks a launch that a :class:`LaunchService` can start (``request`` is its own data)."""
+
+    service: LaunchService
+    request: object
 
 
 @dataclass(slots=True)
@@ -36,6 +100,8 @@ class LaunchSpec:
             placeholder files bwrap created for missing protected paths).
         sandbox_type: the sandbox that was applied, for the response.
         rows / columns: PTY window size.
+        zygote: set by a sandbox backend whose launch can also be started by a
+            launch service; ``argv``/``pass_fds`` stay the equivalent fallback.
     """
 
     argv: list[str]
@@ -50,6 +116,7 @@ class LaunchSpec:
     rows: int = PTY_ROWS
     columns: int = PTY_COLUMNS
     extra: dict[str, str] = field(default_factory=dict)
+    zygote: ZygoteLaunch | None = None
 
 
 @dataclass(frozen=True, slots=True)

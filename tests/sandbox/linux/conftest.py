@@ -3,10 +3,15 @@
 Every launch goes through ``backend.wrap()`` so the real argv/env/pass_fds/
 cleanup path is exercised, then is spawned on pipes or a PTY (the process
 layer's spawners when present, otherwise ``subprocess``).
+
+Legs: ``bwrap``; ``landlock`` (the launcher script, ``python -I -S
+launcher.py``); ``landlock-zygote`` (the same backend, launches started by
+the spawn zygote: the runner checks the child really came from it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -16,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -24,7 +30,7 @@ from exec_server.sandbox.linux.base import LinuxBackend
 from exec_server.sandbox.plan import SandboxPlan
 from exec_server.sandbox.select import SandboxUnavailableError, select_backend
 
-BACKENDS = ("bwrap", "landlock")
+BACKENDS = ("bwrap", "landlock", "landlock-zygote")
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 #: read roots a restricted-read plan needs to run system tools (platform defaults).
 SYSTEM_READ_ROOTS = tuple(p for p in ("/bin", "/sbin", "/usr", "/etc", "/lib", "/lib64")
@@ -40,9 +46,29 @@ def _backend_or_skip(name: str) -> LinuxBackend:
     return backend
 
 
+class ZygoteLeg(LinuxBackend):
+    """The Landlock backend, with launches started through its spawn zygote."""
+
+    name = "landlock"
+    via_zygote = True
+
+    def __init__(self, inner: Any) -> None:
+        if getattr(inner, "spawn_zygote", None) is None:
+            pytest.skip("the Landlock backend has no spawn zygote")
+        self.inner = inner
+        self.spawn_zygote = inner.spawn_zygote
+
+    def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
+        wrapped = self.inner.wrap(spec, plan)
+        assert wrapped.zygote is not None
+        return wrapped
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> LinuxBackend:
-    """Each test runs under both backends; skipped with the probe's reason if unusable."""
+    """Each test runs under every leg; skipped with the probe's reason if unusable."""
+    if request.param == "landlock-zygote":
+        return ZygoteLeg(_backend_or_skip("landlock"))
     b = _backend_or_skip(request.param)
     assert b.name == request.param
     return b
@@ -111,6 +137,90 @@ def _spawn(spec: LaunchSpec) -> tuple[subprocess.Popen[bytes], list[int]]:
     return popen, [r]
 
 
+async def _run_via_zygote(leg: ZygoteLeg, wrapped_specs: list[LaunchSpec],
+                          timeout: float) -> list[Result]:  # noqa: ASYNC109
+    """Start every launch through the spawn zygote at once; drain and await each exit."""
+    from exec_server.process.pipes import SpawnedChild, spawn_pipes
+    from exec_server.process.pty import spawn_pty
+
+    owner = object()
+    zygote = leg.spawn_zygote
+    children: list[SpawnedChild] = []
+    try:
+        await zygote.ensure_started(owner)
+        zygote_pid = zygote.pid
+        for wrapped in wrapped_specs:
+            try:
+                spawn = spawn_pty if wrapped.tty else spawn_pipes
+                child = spawn(wrapped, service_owner=owner)
+            finally:
+                for fd in wrapped.pass_fds:
+                    os.close(fd)
+            children.append(child)
+            assert child.popen is None and child.exit_status is not None, "not via the zygote"
+            if child.stdin_fd is not None:
+                os.close(child.stdin_fd)
+                child.stdin_fd = None
+        deadline = time.monotonic() + timeout
+        results = []
+        for child in children:
+            fds = [fd for _, fd in child.outputs]
+            out = await asyncio.to_thread(_read_all, fds, deadline)
+            for fd in fds:
+                os.close(fd)
+            child.outputs = []
+            assert child.exit_status is not None
+            async with asyncio.timeout(timeout):
+                status = await child.exit_status()
+            assert status != -1
+            results.append(Result(os.waitstatus_to_exitcode(status),
+                                  out.decode("utf-8", "replace")))
+        assert zygote.pid == zygote_pid, "the zygote died during the run"
+        return results
+    finally:
+        for child in children:
+            for _, fd in child.outputs:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            with contextlib.suppress(OSError):
+                os.killpg(child.pid, 9)
+        await zygote.release(owner)
+        for wrapped in wrapped_specs:
+            if wrapped.cleanup is not None:
+                wrapped.cleanup()
+
+
+def run_many(backend: LinuxBackend, plan: SandboxPlan, argv: list[str], n: int, *, cwd: str,
+             env: dict[str, str] | None = None, timeout: float = 30.0) -> list[Result]:
+    """``n`` concurrent confined launches of ``argv`` (pipes, stdout+stderr merged per run)."""
+    specs = [backend.wrap(LaunchSpec(argv=argv, cwd=cwd, env=env or {"PATH": SYSTEM_PATH}),
+                          plan) for _ in range(n)]
+    if getattr(backend, "via_zygote", False):
+        assert isinstance(backend, ZygoteLeg)
+        return asyncio.run(_run_via_zygote(backend, specs, timeout))
+    launches = []
+    try:
+        for wrapped in specs:
+            try:
+                proc = subprocess.Popen(wrapped.argv, cwd=wrapped.cwd, env=wrapped.env,
+                                        pass_fds=wrapped.pass_fds, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            finally:
+                for fd in wrapped.pass_fds:
+                    os.close(fd)
+            launches.append(proc)
+        outputs = [p.communicate(timeout=timeout)[0].decode() for p in launches]
+        return [Result(p.returncode, out) for p, out in zip(launches, outputs, strict=True)]
+    finally:
+        for proc in launches:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for wrapped in specs:
+            if wrapped.cleanup is not None:
+                wrapped.cleanup()
+
+
 def run_confined(backend: LinuxBackend, plan: SandboxPlan, argv: list[str], *, cwd: str,
                  env: dict[str, str] | None = None, tty: bool = False,
                  timeout: float = 30.0) -> Result:
@@ -118,6 +228,9 @@ def run_confined(backend: LinuxBackend, plan: SandboxPlan, argv: list[str], *, c
     spec = LaunchSpec(argv=argv, cwd=cwd, env=env if env is not None else {"PATH": SYSTEM_PATH},
                       tty=tty)
     wrapped = backend.wrap(spec, plan)
+    if getattr(backend, "via_zygote", False):
+        assert isinstance(backend, ZygoteLeg)
+        return asyncio.run(_run_via_zygote(backend, [wrapped], timeout))[0]
     try:
         popen, fds = _spawn(wrapped)
     finally:
@@ -167,6 +280,12 @@ def workspace_plan(ws: Workspace, *, network: bool = False, full_read: bool = Tr
 def run() -> object:
     """The confined runner: ``run(backend, plan, argv, cwd=..., env=..., tty=...)``."""
     return run_confined
+
+
+@pytest.fixture
+def run_n() -> object:
+    """Concurrent runner: ``run_n(backend, plan, argv, n, cwd=...) -> list[Result]``."""
+    return run_many
 
 
 @pytest.fixture

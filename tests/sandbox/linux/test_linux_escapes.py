@@ -1,7 +1,8 @@
 """Escape-regression suite: each attempt must be refused by the kernel.
 
-Every test runs under both backends (bwrap, and the Landlock launcher which
-never invokes bwrap) and checks the *effect*, not only the exit code: the
+Every test runs under both backends (bwrap, and Landlock which never invokes
+bwrap; the Landlock leg twice: through the launcher script and through the
+spawn zygote) and checks the *effect*, not only the exit code: the
 file really does not exist afterwards, the listener really saw no
 connection, the outside process really is still alive.
 """
@@ -313,31 +314,13 @@ def test_tiocsti_injection_denied(backend: Any, run: Run, plan_for: PlanFor, ws:
     assert "injected" not in res.output
 
 
-def test_concurrent_launches_share_placeholders(backend: Any, plan_for: PlanFor,
+def test_concurrent_launches_share_placeholders(backend: Any, run_n: Any, plan_for: PlanFor,
                                                 ws: Any) -> None:
-    from exec_server.process.spec import LaunchSpec
-
     codex = os.path.join(ws.root, ".codex")
     script = f"sleep 0.2; mkdir {codex}/x 2>/dev/null && echo wrote; test -d {codex} && echo seen"
-    launches = []
-    try:
-        for _ in range(6):
-            wrapped = backend.wrap(LaunchSpec(argv=["sh", "-c", script], cwd=ws.root,
-                                              env={"PATH": "/usr/bin:/bin"}), plan_for(ws))
-            proc = subprocess.Popen(wrapped.argv, cwd=wrapped.cwd, env=wrapped.env,
-                                    pass_fds=wrapped.pass_fds, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            for fd in wrapped.pass_fds:
-                os.close(fd)
-            launches.append((proc, wrapped))
-        outputs = [p.communicate(timeout=30)[0].decode() for p, _ in launches]
-    finally:
-        for proc, wrapped in launches:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            if wrapped.cleanup is not None:
-                wrapped.cleanup()
+    results = run_n(backend, plan_for(ws), ["sh", "-c", script], 6, cwd=ws.root,
+                    env={"PATH": "/usr/bin:/bin"})
+    outputs = [r.output for r in results]
     assert all("seen" in out and "wrote" not in out for out in outputs), outputs
     assert not os.path.lexists(codex)
 

@@ -92,6 +92,33 @@ async def _run(client: Any, params: dict[str, Any]) -> tuple[dict[str, Any], int
     return result, int(code), bytes(out)
 
 
+async def _server_for(backend: Any, server_factory: Callable[..., Any], rpc: Any,
+                      cwd: str) -> Any:
+    """A server for this leg; on the zygote leg, returns once launches go through it."""
+    zygote = getattr(backend, "via_zygote", False)
+    args = ["--sandbox-backend", backend.name]
+    if backend.name == "landlock" and not zygote:
+        args.append("--no-launch-zygote")
+    srv = server_factory(*args, cwd=cwd)
+    client = await rpc(srv.url)
+    await client.initialize()
+    if zygote:
+        # The first launch starts the zygote (and itself runs the launcher script);
+        # launch until one reports the zygote as its parent.
+        for i in range(200):
+            params = {"processId": f"warm-{i}", "argv": ["cat", "/proc/self/stat"],
+                      "cwd": cwd, "env": {"PATH": "/usr/bin:/bin"}, "tty": False,
+                      "arg0": None, "sandbox": legacy_sandbox(cwd)}
+            _, code, out = await _run(client, params)
+            assert code == 0, out
+            ppid = int(out[out.rindex(b")") + 2:].split()[1])
+            if b"--zygote" in Path(f"/proc/{ppid}/cmdline").read_bytes():  # noqa: ASYNC240
+                break
+        else:
+            raise AssertionError("launches never went through the spawn zygote")
+    return srv, client
+
+
 def _check_effects(root: str, escaped: str, out: bytes) -> None:
     assert Path(root, "inside").read_text() == "in\n"
     assert not os.path.exists(escaped), out
@@ -107,9 +134,7 @@ async def test_sandboxed_process_start(backend: Any, server_factory: Callable[..
                                        rpc: Any, ws: Any, outside: str, generation: str,
                                        tty: bool) -> None:
     os.mkdir(os.path.join(ws.root, ".git"))
-    srv = server_factory("--sandbox-backend", backend.name, cwd=ws.root)
-    client = await rpc(srv.url)
-    await client.initialize()
+    _, client = await _server_for(backend, server_factory, rpc, ws.root)
     escaped = os.path.join(outside, "escaped")
     script = (f"echo in > inside; echo x > {escaped}; echo y > .git/config; "
               "echo marker-$CODEX_SANDBOX_NETWORK_DISABLED")

@@ -2,7 +2,9 @@
 
 Run through ``launcher.py`` as
 ``[sys.executable, "-I", "-S", <launcher.py>, <flags>, "--", program, args...]``
-(SANDBOX.md §8). Stdlib only and few imports (``os``, ``sys``, ``_ctypes``,
+(SANDBOX.md §8), or called by a forked child of the spawn zygote
+(``spawn_zygote_main.py``) with the very same flags: one copy of the
+confinement code for both paths. Stdlib only and few imports (``os``, ``sys``, ``_ctypes``,
 ``struct``, ``stat``, ``resource``): interpreter start-up is the cost floor.
 
 Steps, in order: status pipe, parent-death signal, ``RLIMIT_CORE=0``,
@@ -330,17 +332,26 @@ def _probe() -> int:
     return 0
 
 
-def _execvp(program: str, argv: list[str]) -> None:
+def _execvp(program: str, argv: list[str], env: dict[str, str] | None = None) -> None:
     """``execvp`` without ``os.get_exec_path`` (it imports ``warnings``, unreadable under
-    restricted reads once Landlock is on). Same search rules as ``os.execvp``."""
+    restricted reads once Landlock is on). Same search rules as ``os.execvp``; ``env``
+    (the spawn zygote's child) replaces the inherited environment."""
+    if env is None:
+        def execute(path: str) -> None:
+            os.execv(path, argv)
+        search = os.environ.get("PATH")
+    else:
+        def execute(path: str) -> None:
+            os.execve(path, argv, env)
+        search = env.get("PATH")
     if "/" in program:
-        os.execv(program, argv)
-    path = os.environ.get("PATH") or os.defpath
+        execute(program)
+    path = search or os.defpath
     saved: OSError | None = None
     last: OSError | None = None
     for directory in path.split(os.pathsep):
         try:
-            os.execv(os.path.join(directory or ".", program), argv)
+            execute(os.path.join(directory or ".", program))
         except (FileNotFoundError, NotADirectoryError) as exc:
             last = exc
         except OSError as exc:
@@ -348,6 +359,14 @@ def _execvp(program: str, argv: list[str]) -> None:
             if saved is None:
                 saved = exc
     raise saved or last or FileNotFoundError(2, "No such file or directory", program)
+
+
+def _restore_signals() -> None:
+    """Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec."""
+    import _signal  # type: ignore[import-not-found]  # builtin; ``signal`` costs more
+
+    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
+        _signal.signal(sig, _signal.SIG_DFL)
 
 
 def _pdeathsig() -> None:
@@ -359,8 +378,13 @@ def _pdeathsig() -> None:
         os._exit(EXIT_SETUP)
 
 
-def main(argv: list[str]) -> int:
-    """Launcher entry point; returns only on failure (an exit code)."""
+def main(argv: list[str], env: dict[str, str] | None = None) -> int:
+    """Confine this process and exec the command; returns only on failure (an exit code).
+
+    The launcher script calls it with its command line; the spawn zygote's
+    forked child (``spawn_zygote_main``) with the same flags and the
+    command's ``env`` (None: keep the inherited environment).
+    """
     status_fd = -1
     try:
         plan, opts, command = _parse(argv)
@@ -390,11 +414,12 @@ def main(argv: list[str]) -> int:
         _report(status_fd, "error", "args", f"bad launcher arguments: {exc}")
         sys.stderr.write(f"exec-server sandbox: bad launcher arguments: {exc}\n")
         return EXIT_SETUP
+    _restore_signals()
     arg0 = opts["arg0"]
     program = command[0]
     visible = [arg0 if isinstance(arg0, str) else program, *command[1:]]
     try:
-        _execvp(program, visible)
+        _execvp(program, visible, env)
     except OSError as exc:
         sys.stderr.write(f"exec-server sandbox: {program}: {exc.strerror}\n")
         return EXIT_NOTFOUND if isinstance(exc, FileNotFoundError) else EXIT_NOEXEC

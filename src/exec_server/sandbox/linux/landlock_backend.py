@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from exec_server.process.spec import LaunchSpec
+from exec_server.process.spec import LaunchSpec, ZygoteLaunch
 from exec_server.sandbox.linux.base import (
     LinuxBackend,
     PlaceholderRegistry,
@@ -18,9 +18,11 @@ from exec_server.sandbox.linux.base import (
     is_inside,
     sandbox_env,
 )
+from exec_server.sandbox.linux.spawn_zygote import SpawnRequest, SpawnZygote
+from exec_server.sandbox.linux.spawn_zygote_main import STATUS_FD
 from exec_server.sandbox.plan import SandboxPlan
 
-__all__ = ["LAUNCHER_PATH", "LandlockBackend", "launcher_argv"]
+__all__ = ["LAUNCHER_PATH", "LandlockBackend", "launcher_argv", "launcher_flags"]
 
 logger = logging.getLogger("exec_server.sandbox")
 
@@ -32,8 +34,17 @@ def launcher_argv(plan: SandboxPlan, command: list[str], *, cwd: str | None,
                   arg0: str | None = None, status_fd: int | None = None,
                   strict_mounts: bool = False,
                   python: str | None = None) -> list[str]:
-    """The launcher command line for ``plan`` (flags documented in launcher.py)."""
-    argv = [python or sys.executable, "-I", "-S", LAUNCHER_PATH]
+    """The launcher command line for ``plan`` (flags documented in _launch.py)."""
+    return [python or sys.executable, "-I", "-S", LAUNCHER_PATH,
+            *launcher_flags(plan, command, cwd=cwd, arg0=arg0, status_fd=status_fd,
+                            strict_mounts=strict_mounts)]
+
+
+def launcher_flags(plan: SandboxPlan, command: list[str], *, cwd: str | None,
+                   arg0: str | None = None, status_fd: int | None = None,
+                   strict_mounts: bool = False) -> list[str]:
+    """``_launch.main``'s arguments: the launcher script's and the spawn zygote child's."""
+    argv: list[str] = []
     if status_fd is not None:
         argv += ["--status-fd", str(status_fd)]
     if plan.full_read:
@@ -98,20 +109,30 @@ def _status_reader(fd: int) -> Callable[[], None]:
 
 
 class LandlockBackend(LinuxBackend):
-    """Landlock + mount-namespace rebinds + capability drop + seccomp, in a launcher."""
+    """Landlock + mount-namespace rebinds + capability drop + seccomp, in a launcher.
+
+    ``zygote``: wrapped launches also carry a ``ZygoteLaunch`` for the shared
+    spawn zygote (``spawn_zygote.py``), which a process manager may use
+    instead of running the launcher script (same confinement, no interpreter
+    start-up per launch).
+    """
 
     name = "landlock"
 
     def __init__(self, abi: int, *, mount_ns: bool = True, strict_mounts: bool = False,
-                 python: str | None = None) -> None:
+                 python: str | None = None, zygote: bool = True) -> None:
         self.abi = abi
         self.mount_ns = mount_ns
         self.strict_mounts = strict_mounts
         self.python = python or sys.executable
         self._placeholders = PlaceholderRegistry()
+        #: the spawn zygote shared by every launch of this backend (None: disabled).
+        self.spawn_zygote: SpawnZygote | None = (
+            SpawnZygote(python=self.python) if zygote else None)
 
     def describe(self) -> dict[str, object]:
-        return {"name": self.name, "abi": self.abi, "mount_ns": self.mount_ns}
+        return {"name": self.name, "abi": self.abi, "mount_ns": self.mount_ns,
+                "zygote": self.spawn_zygote is not None}
 
     def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
         arg0 = spec.arg0 if spec.arg0 is not None and spec.arg0 != spec.argv[0] else None
@@ -126,6 +147,13 @@ class LandlockBackend(LinuxBackend):
                                                for root in plan.writable_roots):
                     placeholders.append(missing)
         release = self._placeholders.acquire(placeholders)
+        env = sandbox_env(spec, plan)
         # the write end is closed by the spawner after the spawn (pass_fds contract)
-        return finish_spec(spec, argv=argv, env=sandbox_env(spec, plan), arg0=None,
-                           pass_fds=(w,), cleanup=chain_cleanup(_status_reader(r), release))
+        wrapped = finish_spec(spec, argv=argv, env=env, arg0=None, pass_fds=(w,),
+                              cleanup=chain_cleanup(_status_reader(r), release))
+        if self.spawn_zygote is not None:
+            flags = launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0,
+                                   status_fd=STATUS_FD, strict_mounts=self.strict_mounts)
+            request = SpawnRequest(args=tuple(flags), env=env, cwd=spec.cwd, status_fd=w)
+            wrapped.zygote = ZygoteLaunch(self.spawn_zygote, request)
+        return wrapped
