@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -425,35 +425,35 @@ class RawClient:
         st.changed.set()
 
     async def call(self, method: str, params: JSON = None, *, limit_s: float = 120.0) -> JSON:
-        self._next_id += 1
-        mid = self._next_id
-        fut: asyncio.Future[JSON] = asyncio.get_running_loop().create_future()
-        self._pending[mid] = fut
-        msg: dict[str, JSON] = {"id": mid, "method": method}
-        if params is not None:
-            msg["params"] = params
-        await self.ws.send(_encode(msg), text=True)
-        try:
-            reply = await asyncio.wait_for(fut, limit_s)
-        finally:
-            self._pending.pop(mid, None)
-        if "error" in reply:
-            raise RpcError(method, reply["error"])
-        return reply["result"]
+        async def send(mid: int) -> None:
+            msg: dict[str, JSON] = {"id": mid, "method": method}
+            if params is not None:
+                msg["params"] = params
+            await self.ws.send(_encode(msg), text=True)
+
+        return await self._exchange(method, send, limit_s)
 
     async def call_fragmented(self, method: str, params: JSON, *, fragment: int,
                               limit_s: float = 300.0) -> JSON:
         """:meth:`call`, sending the request as a WebSocket message of ``fragment``-sized
         text frames (for requests larger than a peer accepts in one frame)."""
+        async def send(mid: int) -> None:
+            text = json.dumps({"id": mid, "method": method, "params": params})
+            await self.ws.send([text[i : i + fragment] for i in range(0, len(text), fragment)])
+
+        return await self._exchange(method, send, limit_s)
+
+    async def _exchange(self, method: str, send: Callable[[int], Awaitable[None]],
+                        limit_s: float) -> JSON:
+        """Send a request with the next id (``send(id)``) and wait for its reply's result."""
         self._next_id += 1
         mid = self._next_id
         fut: asyncio.Future[JSON] = asyncio.get_running_loop().create_future()
         # Mark a connection-lost exception as retrieved when the send itself fails.
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._pending[mid] = fut
-        text = json.dumps({"id": mid, "method": method, "params": params})
         try:
-            await self.ws.send([text[i : i + fragment] for i in range(0, len(text), fragment)])
+            await send(mid)
             reply = await asyncio.wait_for(fut, limit_s)
         finally:
             self._pending.pop(mid, None)
