@@ -65,6 +65,7 @@ class WsConnection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._write_paused = False
         self._eof = False
+        self._lost = False
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         # message being assembled
@@ -111,6 +112,7 @@ class WsConnection(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
         self._server.connections.discard(self)
         if self._timer is not None:
             self._timer.cancel()
@@ -240,7 +242,8 @@ class WsConnection(asyncio.Protocol):
 
     def _flush(self) -> None:
         transport = self._transport
-        if transport is None:
+        if transport is None or self._lost:
+            self._proto.data_to_send()  # discard
             return
         for data in self._proto.data_to_send():
             if data:
@@ -258,7 +261,12 @@ class WsConnection(asyncio.Protocol):
             ConnectionResetError: the connection is closing or gone.
         """
         transport = self._transport
-        if self._proto.state is not State.OPEN or transport is None or transport.is_closing():
+        if (
+            self._proto.state is not State.OPEN
+            or transport is None
+            or self._lost
+            or transport.is_closing()
+        ):
             raise ConnectionResetError("websocket is closed")
         self._proto.send_text(data)
         self._flush()
@@ -269,6 +277,8 @@ class WsConnection(asyncio.Protocol):
 
     async def aclose(self) -> None:
         """Start the closing handshake (1000); the socket closes when it completes."""
+        if self._lost:
+            return
         if self._proto.state is State.OPEN:
             self._proto.send_close(1000)
             self._flush()
