@@ -82,7 +82,7 @@ class _Proc:
     loop: asyncio.AbstractEventLoop
     ready: bool = False
     dead: bool = False
-    started: dict[int, int | OSError] = field(default_factory=dict)
+    started: dict[int, tuple[int, asyncio.Future[int]] | OSError] = field(default_factory=dict)
     exits: dict[int, asyncio.Future[int]] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
 
@@ -172,11 +172,8 @@ class SpawnZygote:
             # Not delivered (EPIPE/ECONNRESET): nothing was forked.
             self._mark_dead(z, f"cannot reach the spawn zygote: {exc}")
             raise LaunchServiceUnavailable("the spawn zygote is gone") from exc
-        pid = self._await_fork(z, req_id)
-        fut = z.exits.get(pid)
-        if fut is None:  # already reported as exited and collected (cannot happen)
-            fut = loop.create_future()
-            fut.set_result(-1)
+        # The exit may already be in (same drain as the fork report): the future holds it.
+        pid, fut = self._await_fork(z, req_id)
         self.spawned += 1
         return ServicedChild(pid=pid, wait=lambda: fut)
 
@@ -378,8 +375,8 @@ class SpawnZygote:
             elif kind in (b"P", b"E") and len(msg) == 1 + _ID_PID.size:
                 req_id, value = _ID_PID.unpack(msg[1:])
                 if kind == b"P":
-                    z.exits[value] = z.loop.create_future()
-                    z.started[req_id] = value
+                    fut = z.exits[value] = z.loop.create_future()
+                    z.started[req_id] = (value, fut)
                 else:
                     z.started[req_id] = OSError(value, f"spawn zygote fork: {os.strerror(value)}")
             elif kind == b"R":
@@ -394,7 +391,7 @@ class SpawnZygote:
                 self._ready_waiters.clear()
                 logger.debug("spawn zygote %d ready", z.popen.pid)
 
-    def _await_fork(self, z: _Proc, req_id: int) -> int:
+    def _await_fork(self, z: _Proc, req_id: int) -> tuple[int, asyncio.Future[int]]:
         """Block (briefly: one fork) until the zygote reports this request's child."""
         deadline = time.monotonic() + self._spawn_timeout
         while req_id not in z.started:
