@@ -291,3 +291,20 @@ async def test_single_frame_far_over_the_limit_closes_with_1009(
         assert info.value.rcvd is not None and info.value.rcvd.code == 1009
     client = await rpc(srv.url)
     assert uuid.UUID(await client.initialize())
+
+
+@pytest.mark.parametrize("size", [10, 100, 1000, 70_000, 3 << 20])
+async def test_replies_of_every_frame_length_class(
+    server: Any, rpc: Rpc, tmp_path: Any, size: int
+) -> None:
+    """7-bit, 16-bit and 64-bit WebSocket payload lengths (our frames are hand-built)."""
+    import base64
+    import os
+
+    data = os.urandom(size)
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    client = await rpc(server.url)
+    await client.initialize()
+    result = await client.call("fs/readFile", {"path": path.as_uri(), "sandbox": None})
+    assert base64.b64decode(result["dataBase64"]) == data

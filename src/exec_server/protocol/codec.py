@@ -153,11 +153,11 @@ def decode_params(raw: Raw | None, params_type: type[T]) -> T:
     Raises:
         msgspec.ValidationError: the params do not fit (message is msgspec's).
     """
-    data = bytes(raw) if raw else _NULL
+    data: Raw | bytes = raw if raw else _NULL  # no copy: params may be hundreds of MiB
     try:
         return msgspec.json.decode(data, type=params_type)
     except msgspec.ValidationError:
-        if b"".join(data.split()) == _EMPTY_OBJECT:
+        if len(data) <= 16 and b"".join(bytes(data).split()) == _EMPTY_OBJECT:
             try:
                 return msgspec.json.decode(_NULL, type=params_type)
             except msgspec.ValidationError:

@@ -24,6 +24,7 @@ import collections
 import contextlib
 import logging
 import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -46,6 +47,11 @@ OPEN_TIMEOUT: Final = 10.0
 CLOSE_TIMEOUT: Final = 5.0
 
 Handler = Callable[["WsConnection"], Awaitable[None]]
+
+_HEADER16: Final = struct.Struct("!BBH")
+_HEADER64: Final = struct.Struct("!BBQ")
+#: payloads up to this size are joined with their header into one write.
+_JOIN_LIMIT: Final = 1 << 16
 
 
 class WsConnection(asyncio.Protocol):
@@ -268,8 +274,21 @@ class WsConnection(asyncio.Protocol):
             or transport.is_closing()
         ):
             raise ConnectionResetError("websocket is closed")
-        self._proto.send_text(data)
-        self._flush()
+        # Server frames are unmasked and we negotiate no extension, so the
+        # frame is a fixed header plus the payload: written directly, without
+        # the library's serialisation copies (replies can be hundreds of MiB).
+        size = len(data)
+        if size < 126:
+            header = bytes((0x81, size))
+        elif size < 0x10000:
+            header = _HEADER16.pack(0x81, 126, size)
+        else:
+            header = _HEADER64.pack(0x81, 127, size)
+        if size <= _JOIN_LIMIT:
+            transport.write(header + data)
+        else:
+            transport.write(header)
+            transport.write(data)
         if self._write_paused:
             if self._drain is None or self._drain.done():
                 self._drain = asyncio.get_running_loop().create_future()
