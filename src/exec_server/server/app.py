@@ -149,6 +149,7 @@ class ConnectionProcessor:
         except (ConnectionError, OSError) as exc:
             logger.debug("%s: send failed: %s", self.transport.label, exc)
             self._closed = True
+            self._request_close(f"send failed: {exc}")
 
     async def _notify(self, method: str, params: msgspec.Struct) -> None:
         """The session's notification sink while we are attached."""
