@@ -205,12 +205,19 @@ class SpawnZygote:
             raise LaunchServiceUnavailable("the spawn zygote did not start")
 
     async def aclose(self) -> None:
-        """Close the zygote (it kills its children's groups and exits) and reap it."""
+        """Close the zygote (it kills its children's groups and exits) and reap it.
+
+        The service stays usable: a later ``spawn`` starts a new zygote.
+        """
+        loop = asyncio.get_running_loop()
         z, self._z = self._z, None
         if z is not None:
-            self._retire(z, "closed")
-        while self._closing:
-            await asyncio.wait(list(self._closing))
+            if z.loop is loop:
+                self._retire(z, "closed")
+            else:
+                self._kill_sync(z)
+        while pending := [t for t in self._closing if t.get_loop() is loop]:
+            await asyncio.wait(pending)
 
     def _current(self, loop: asyncio.AbstractEventLoop) -> _Proc | None:
         """The zygote of ``loop``, starting one when there is none (None: cannot start)."""
@@ -316,35 +323,31 @@ class SpawnZygote:
 
     @staticmethod
     async def _reap(z: _Proc) -> None:
+        """Wait (pidfd) for the retired zygote to exit, SIGKILL it after 5 s; always reap."""
         loop = asyncio.get_running_loop()
         try:
             pidfd = os.pidfd_open(z.popen.pid)
         except OSError:
             pidfd = -1
-        if pidfd >= 0:
-            fut: asyncio.Future[None] = loop.create_future()
-
-            def exited() -> None:
-                if not fut.done():
-                    fut.set_result(None)
-
-            loop.add_reader(pidfd, exited)
-            try:
+        try:
+            if pidfd >= 0:
+                gone: asyncio.Event = asyncio.Event()
+                loop.add_reader(pidfd, gone.set)
                 try:
                     async with asyncio.timeout(5.0):
-                        await fut
-                except TimeoutError:
-                    with contextlib.suppress(OSError):
-                        z.popen.kill()
-                    fut = loop.create_future()
-                    await fut
-            finally:
-                loop.remove_reader(pidfd)
+                        await gone.wait()
+                finally:
+                    loop.remove_reader(pidfd)
+        except TimeoutError:
+            logger.warning("spawn zygote %d did not exit; killing it", z.popen.pid)
+        finally:
+            if pidfd >= 0:
                 os.close(pidfd)
-        else:
-            z.popen.kill()
-        with contextlib.suppress(ChildProcessError):
-            z.popen.wait()  # a zombie by now: returns at once
+            if z.popen.poll() is None:
+                # Timed out, cancelled (loop ending) or no pidfd: SIGKILL ends it at once.
+                with contextlib.suppress(OSError):
+                    z.popen.kill()
+                z.popen.wait()
 
     # ------------------------------------------------------------------ control socket
 
