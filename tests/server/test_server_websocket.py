@@ -308,3 +308,39 @@ async def test_replies_of_every_frame_length_class(
     await client.initialize()
     result = await client.call("fs/readFile", {"path": path.as_uri(), "sandbox": None})
     assert base64.b64decode(result["dataBase64"]) == data
+
+
+async def test_bulk_output_arrives_complete_via_notifications(
+    server: Any, rpc: Rpc, tmp_path: Any
+) -> None:
+    """32 MiB through process/output: every byte, seq numbers contiguous."""
+    import base64
+
+    total = 32 << 20
+    client = await rpc(server.url)
+    await client.initialize()
+    await client.call(
+        "process/start",
+        {
+            "processId": "bulk",
+            "argv": ["/usr/bin/head", "-c", str(total), "/dev/zero"],
+            "cwd": str(tmp_path),
+            "env": {"PATH": "/usr/bin:/bin"},
+            "tty": False,
+            "sandbox": None,
+        },
+    )
+    received = 0
+    seqs: list[int] = []
+    while True:
+        note = await client.notification(timeout=30)
+        params = note["params"]
+        seqs.append(params["seq"])
+        if note["method"] == "process/output":
+            chunk = base64.b64decode(params["chunk"])
+            assert chunk.count(0) == len(chunk)
+            received += len(chunk)
+        elif note["method"] == "process/closed":
+            break
+    assert received == total
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
