@@ -333,3 +333,16 @@ def test_launcher_as_unprivileged_user() -> None:
         assert "NoNewPrivs:\t1" in res.stdout and "Seccomp:\t2" in res.stdout
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_command_env_is_exactly_the_request(backend: Any, run: Any, plan_for: Any,
+                                            ws: Any) -> None:
+    """Nothing of the launcher's own interpreter (e.g. PEP 538's LC_CTYPE) leaks in."""
+    if backend.name == "bwrap":
+        pytest.skip("bwrap sets PWD itself (as upstream's does)")
+    env = {"PATH": "/usr/bin:/bin", "ONLY": "x"}
+    res = run(backend, plan_for(ws), ["env"], cwd=ws.root, env=env)
+    assert res.code == 0
+    assert sorted(res.output.splitlines()) == ["ONLY=x", "PATH=/usr/bin:/bin"]
+    kept = run(backend, plan_for(ws), ["env"], cwd=ws.root, env={**env, "LC_CTYPE": "C"})
+    assert "LC_CTYPE=C" in kept.output.splitlines()

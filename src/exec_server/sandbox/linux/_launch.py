@@ -15,7 +15,8 @@ exit 125; exec failures exit 127 (not found) or 126 (not executable).
 
 Flags: ``--status-fd N``, ``--full-read``, ``--read P``, ``--full-write``,
 ``--write P``, ``--ro P``, ``--deny P``, ``--network``, ``--command-cwd D``,
-``--sandbox-policy-cwd D``, ``--arg0 NAME``, ``--strict-mounts``, ``--probe``.
+``--sandbox-policy-cwd D``, ``--arg0 NAME``, ``--reset-env NAME[=VALUE]`` (unset or
+set in the inherited environment before exec), ``--strict-mounts``, ``--probe``.
 """
 
 
@@ -91,7 +92,7 @@ def _report(status_fd: int, kind: str, stage: str, message: str) -> None:
 def _parse(args: list[str]) -> tuple[_Plan, dict[str, object], list[str]]:
     plan = _Plan()
     opts: dict[str, object] = {"status_fd": -1, "cwd": None, "arg0": None,
-                               "strict_mounts": False, "probe": False}
+                               "strict_mounts": False, "probe": False, "reset_env": []}
     i = 0
     multi = {"--read": plan.readable_roots, "--write": plan.writable_roots,
              "--ro": plan.read_only_subpaths, "--deny": plan.denied_paths}
@@ -124,6 +125,9 @@ def _parse(args: list[str]) -> tuple[_Plan, dict[str, object], list[str]]:
             i += 1
         elif arg == "--arg0":
             opts["arg0"] = args[i + 1]
+            i += 1
+        elif arg == "--reset-env":
+            opts["reset_env"].append(args[i + 1])  # type: ignore[attr-defined]
             i += 1
         else:
             raise _Setup("args", f"unknown launcher flag {arg!r}")
@@ -415,6 +419,15 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
         sys.stderr.write(f"exec-server sandbox: bad launcher arguments: {exc}\n")
         return EXIT_SETUP
     _restore_signals()
+    if env is None:
+        # The interpreter's C-locale coercion (PEP 538) rewrote LC_CTYPE in our
+        # environment; the command must get exactly the requested one.
+        for item in opts["reset_env"]:  # type: ignore[attr-defined]
+            name, eq, value = item.partition("=")
+            if eq:
+                os.environ[name] = value
+            else:
+                os.environ.pop(name, None)
     arg0 = opts["arg0"]
     program = command[0]
     visible = [arg0 if isinstance(arg0, str) else program, *command[1:]]
