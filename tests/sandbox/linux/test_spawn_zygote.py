@@ -14,7 +14,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -55,15 +55,26 @@ print(json.dumps({
 """
 
 
-@pytest.fixture
-def landlock() -> Any:
+@pytest.fixture(params=["prefork", "no-prefork"])
+def landlock(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The Landlock backend; its zygote keeps a pre-forked spare child or forks per launch."""
+    from exec_server.sandbox.linux.spawn_zygote import SpawnZygote
+
     try:
         backend = select_backend("landlock")
     except SandboxUnavailableError as exc:
         pytest.skip(f"landlock backend unusable: {exc}")
-    if getattr(backend, "spawn_zygote", None) is None:
+    shared = getattr(backend, "spawn_zygote", None)
+    if shared is None:
         pytest.skip("no spawn zygote")
-    return backend
+    if request.param == "prefork":
+        yield backend
+        return
+    backend.spawn_zygote = SpawnZygote(python=backend.python, prefork=False)
+    try:
+        yield backend
+    finally:
+        backend.spawn_zygote = shared
 
 
 class Sink:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from exec_server.process.spec import LaunchServiceUnavailable, ServicedChild
-from exec_server.sandbox.linux.spawn_zygote_main import MAX_REQUEST
+from exec_server.sandbox.linux.spawn_zygote_main import MAX_REQUEST, REQUEST_HEADER
 
 __all__ = ["SpawnRequest", "SpawnZygote"]
 
@@ -96,6 +96,8 @@ class SpawnZygote:
         python: interpreter for the zygote (default ``sys.executable``).
         start_timeout: seconds to wait for the zygote's ready message.
         spawn_timeout: seconds a spawn waits for the fork report.
+        prefork: keep one child forked ahead of time (the fork and its
+            copy-on-write faults leave the launch's critical path).
     """
 
     def __init__(
@@ -104,8 +106,10 @@ class SpawnZygote:
         python: str | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT,
         spawn_timeout: float = DEFAULT_SPAWN_TIMEOUT,
+        prefork: bool = True,
     ) -> None:
         self._python = python or sys.executable
+        self._prefork = prefork
         self._start_timeout = start_timeout
         self._spawn_timeout = spawn_timeout
         self._z: _Proc | None = None
@@ -150,9 +154,9 @@ class SpawnZygote:
         self._next_id += 1
         req_id = self._next_id
         stdin, stdout, stderr = stdio
-        msg = {"id": req_id, "tty": tty, "stdin": stdin is not None and not tty,
-               "args": list(request.args), "env": request.env}
-        raw = b"S" + json.dumps(msg).encode()  # ASCII: surrogates travel escaped
+        header = REQUEST_HEADER.pack(req_id, tty, stdin is not None and not tty)
+        body = json.dumps({"args": request.args, "env": request.env})
+        raw = b"S" + header + body.encode()  # ASCII: surrogates travel escaped
         if len(raw) > MAX_REQUEST:
             raise LaunchServiceUnavailable("launch request too large for the spawn zygote")
         if tty:
@@ -244,7 +248,7 @@ class SpawnZygote:
                 ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_REQUEST * 2)
             popen = subprocess.Popen(
                 [self._python, "-I", "-S", "-B", _LAUNCHER, "--zygote", str(theirs.fileno()),
-                 str(os.getpid())],
+                 str(os.getpid()), *(() if self._prefork else ("--no-prefork",))],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),

@@ -10,14 +10,21 @@ flags the launcher script would get, minus the interpreter start-up.
 
 Control channel (``SOCK_SEQPACKET``, one message per datagram):
 
-* server -> zygote ``S`` + JSON ``{"id", "tty", "stdin", "args", "env"}`` with
-  ``SCM_RIGHTS`` fds: ``[stdin,] stdout, stderr, status`` (pipes; no stdin =
-  ``/dev/null``) or ``slave, status`` (PTY). ``args`` are launcher flags ending
-  in ``-- CMD...`` with ``--status-fd 3``.
+* server -> zygote ``S`` + id, tty, stdin (``!QBB``) + JSON ``{"args", "env"}``
+  with ``SCM_RIGHTS`` fds: ``[stdin,] stdout, stderr, status`` (pipes; no stdin
+  = ``/dev/null``) or ``slave, status`` (PTY). ``args`` are launcher flags
+  ending in ``-- CMD...`` with ``--status-fd 3``.
 * zygote -> server ``R`` + JSON ``{"pid"}`` once ready; ``P`` + id + pid
   (``!Qi``) once the child leads its own process group / session;
   ``E`` + id + errno (``!Qi``) when the fork failed; ``X`` + pid + raw wait
   status (``!ii``) after reaping a child.
+
+One child is kept pre-forked (the *spare*): it has reset its signals and
+touched the pages a launch writes (copy-on-write faults) while waiting on a
+private socketpair, so a request only costs the zygote a hand-off of the
+message and fds; a new spare is forked once the zygote has been idle for
+``SPARE_DELAY`` (never while a launch's child is still confining itself on a
+small machine). Bursts that find no spare fork directly.
 
 EOF on the control socket means the server is going away: SIGKILL every
 child's process group, reap, exit. ``PR_SET_PDEATHSIG`` makes the zygote die
@@ -33,6 +40,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 
 from exec_server.sandbox.linux import _launch, landlock, seccomp
 from exec_server.sandbox.linux._libc import call_prctl
@@ -42,6 +50,10 @@ __all__ = ["main"]
 _PR_SET_PDEATHSIG = 1
 _ID_PID = struct.Struct("!Qi")
 _EXIT = struct.Struct("!ii")
+#: request header after ``S``: id, tty, stdin.
+REQUEST_HEADER = struct.Struct("!QBB")
+#: idle seconds after a launch before the next spare is forked.
+SPARE_DELAY = 0.002
 #: largest request; the server falls back to the launcher script above it.
 MAX_REQUEST = 1 << 20
 #: the child's status pipe fd (``--status-fd``).
@@ -52,13 +64,18 @@ _MAX_FDS = 4
 class Zygote:
     """State of the zygote process; see the module docstring for the protocol."""
 
-    def __init__(self, ctl_fd: int, server_pid: int) -> None:
+    def __init__(self, ctl_fd: int, server_pid: int, prefork: bool = True) -> None:
         self.ctl = socket.socket(fileno=ctl_fd)
         self.server_pid = server_pid
+        self.prefork = prefork
         self.children: set[int] = set()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.buf = bytearray(MAX_REQUEST)
         self.anc_size = socket.CMSG_SPACE(_MAX_FDS * 4)
+        #: (pid, hand-off socket) of the pre-forked child, if any.
+        self.spare: tuple[int, socket.socket] | None = None
+        #: monotonic time after which a new spare may be forked.
+        self.spare_at = 0.0
 
     # ---------------------------------------------------------------- zygote side
 
@@ -79,8 +96,15 @@ class Zygote:
         self._send(b"R" + json.dumps({"pid": os.getpid()}).encode())
         try:
             while True:
+                timeout = None
+                if self.prefork and self.spare is None:
+                    timeout = self.spare_at - time.monotonic()
+                    if timeout <= 0:
+                        self._make_spare()
+                        timeout = None
                 try:
-                    ready, _, _ = select.select([self.ctl.fileno(), self.wake_r], [], [])
+                    ready, _, _ = select.select([self.ctl.fileno(), self.wake_r], [], [],
+                                                timeout)
                 except InterruptedError:
                     continue
                 if self.wake_r in ready:
@@ -91,6 +115,8 @@ class Zygote:
         except OSError:
             pass  # the server is gone (EPIPE/ECONNRESET): clean up below
         finally:
+            if self.spare is not None:
+                self.spare[1].close()
             for pid in list(self.children):
                 for kill in (os.killpg, os.kill):
                     with contextlib.suppress(OSError):
@@ -120,6 +146,10 @@ class Zygote:
             if pid == 0:
                 return
             self.children.discard(pid)
+            if self.spare is not None and self.spare[0] == pid:
+                self.spare[1].close()  # an unused spare died: nobody to tell
+                self.spare = None
+                continue
             if report:
                 self._send(b"X" + _EXIT.pack(pid, status))
 
@@ -137,24 +167,53 @@ class Zygote:
         try:
             if n == 0:
                 return False
-            if self.buf[0:1] == b"S":
-                self._spawn(bytes(self.buf[1:n]), fds)
+            if self.buf[0:1] == b"S" and n >= 1 + REQUEST_HEADER.size:
+                self._spawn(n, fds)
             return True
         finally:
             for fd in fds:
                 os.close(fd)
 
-    def _spawn(self, raw: bytes, fds: list[int]) -> None:
-        try:
-            req = json.loads(raw)
-            req_id = int(req["id"])
-            tty = bool(req["tty"])
-        except (ValueError, KeyError, TypeError):
-            return  # not from our server: ignore
-        expected = 2 if tty else (4 if req.get("stdin") else 3)
+    def _spawn(self, n: int, fds: list[int]) -> None:
+        req_id, tty, stdin = REQUEST_HEADER.unpack_from(self.buf, 1)
+        expected = 2 if tty else (4 if stdin else 3)
         if len(fds) != expected:
             self._send(b"E" + _ID_PID.pack(req_id, 9))  # EBADF
             return
+        self.spare_at = time.monotonic() + SPARE_DELAY
+        pid = self._hand_off(n, fds, bool(tty))
+        if pid < 0:
+            pid = self._fork_for(req_id, n, fds, bool(tty))
+            if pid < 0:
+                return
+        self._send(b"P" + _ID_PID.pack(req_id, pid))
+
+    def _hand_off(self, n: int, fds: list[int], tty: bool) -> int:
+        """Give the request to the spare; its pid, or -1 when there is no (live) spare.
+
+        Returns only once the child leads its process group (pipes: we set it
+        here too) or session (PTY: it says so), so a killpg from the server
+        can never miss it.
+        """
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return -1
+        pid, handoff = spare
+        try:
+            handoff.sendmsg([memoryview(self.buf)[:n]],
+                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                              struct.pack(f"{len(fds)}i", *fds))])
+            if tty:
+                handoff.recv(1)  # after its setsid (EOF: it died)
+        except OSError:
+            return -1  # it died before taking the request: fork one instead
+        finally:
+            handoff.close()
+        if not tty:
+            _set_group(pid)
+        return pid
+
+    def _fork_for(self, req_id: int, n: int, fds: list[int], tty: bool) -> int:
         sync_r, sync_w = os.pipe2(os.O_CLOEXEC) if tty else (-1, -1)
         try:
             pid = os.fork()
@@ -163,23 +222,43 @@ class Zygote:
                 if fd >= 0:
                     os.close(fd)
             self._send(b"E" + _ID_PID.pack(req_id, exc.errno or 11))
-            return
+            return -1
         if pid == 0:
-            _child(self, req, fds, tty, sync_w)  # never returns
+            _child(self, bytes(self.buf[1:n]), fds, sync_w)  # never returns
         self.children.add(pid)
         if tty:
-            # Report the pid only once the child leads its session, so a
-            # killpg from the server can never miss it.
             os.close(sync_w)
             with contextlib.suppress(OSError):
-                os.read(sync_r, 1)  # one byte, or EOF if the child died first
+                os.read(sync_r, 1)  # after its setsid (EOF: it died)
             os.close(sync_r)
         else:
-            # Also done by the child, whichever runs first; EACCES: it already
-            # exec'd (so its group exists), ESRCH: it died.
-            with contextlib.suppress(OSError):
-                os.setpgid(pid, pid)
-        self._send(b"P" + _ID_PID.pack(req_id, pid))
+            _set_group(pid)
+        return pid
+
+    def _make_spare(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            self.spare_at = time.monotonic() + 1.0
+            return
+        if pid == 0:
+            ours.close()
+            _spare(self, theirs)  # never returns
+        theirs.close()
+        self.children.add(pid)
+        self.spare = (pid, ours)
+
+
+def _set_group(pid: int) -> None:
+    """``setpgid(pid, pid)`` from the parent; the child does it too, whichever runs first.
+
+    EACCES: it already exec'd (so its group exists); ESRCH: it died.
+    """
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)
 
 
 def _warm_up() -> None:
@@ -197,23 +276,78 @@ def _warm_up() -> None:
     _launch._json_str("warm \"up\"\n")
 
 
-def _child(z: Zygote, req: dict[str, object], fds: list[int], tty: bool, sync_w: int) -> None:
-    """Become the launch: own group/session, stdio, then the launcher body. Never returns."""
-    code = _launch.EXIT_SETUP
+def _reset_signals() -> None:
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+def _spare(z: Zygote, handoff: socket.socket) -> None:
+    """A pre-forked child: warm up, wait for a request, then become it. Never returns."""
     try:
         gc.disable()
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        _reset_signals()
+        z.ctl.close()
+        os.close(z.wake_r)
+        os.close(z.wake_w)
+        _prefault()
+        while True:
+            try:
+                n, anc, _flags, _addr = handoff.recvmsg_into([z.buf], z.anc_size)
+                break
+            except InterruptedError:
+                continue
+        fds: list[int] = []
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % 4
+                fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+    except BaseException:
+        os._exit(_launch.EXIT_SETUP)
+    if n == 0:
+        os._exit(0)  # the zygote is closing
+    _child(z, bytes(z.buf[1:n]), fds, -1, handoff)
+
+
+def _prefault() -> None:
+    """Write what a launch writes, before it arrives: pure computation, no path touched."""
+    raw = json.dumps({"args": ["--status-fd", "3", "--full-read", "--write", "/x/y", "--ro",
+                               "/x/y/.git", "--command-cwd", "/x/y", "--", "true"],
+                      "env": {"PATH": "/usr/bin:/bin", "HOME": "/x"}}).encode()
+    req = json.loads(raw)
+    _launch._parse(req["args"])
+    landlock._RulesetAttr(0, 0, 0)
+    landlock._PathBeneathAttr(0, -1)
+    for mode in (seccomp.MODE_RESTRICTED, seccomp.MODE_VSOCK):
+        seccomp.build_filter(mode)
+
+
+def _child(z: Zygote, raw: bytes, fds: list[int], sync_w: int,
+           handoff: socket.socket | None = None) -> None:
+    """Become the launch: own group/session, stdio, then the launcher body. Never returns.
+
+    ``raw`` is the request after ``S``; ``sync_w`` (a fork's pipe) or
+    ``handoff`` (a spare's socket) tells the zygote a PTY child's ``setsid`` is done.
+    """
+    code = _launch.EXIT_SETUP
+    try:
+        _req_id, tty, stdin = REQUEST_HEADER.unpack_from(raw)
         if tty:
             os.setsid()
-            os.write(sync_w, b"s")
+            if handoff is not None:
+                handoff.send(b"s")
+            else:
+                os.write(sync_w, b"s")
         else:
             os.setpgid(0, 0)
+        if handoff is None:
+            gc.disable()
+            _reset_signals()
+        req = json.loads(raw[REQUEST_HEADER.size:])
         if tty:
             stdio = [fds[0], fds[0], fds[0]]
-        elif len(fds) == 4:
+        elif stdin:
             stdio = fds[:3]
         else:
             stdio = [os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), fds[0], fds[1]]
@@ -230,8 +364,8 @@ def _child(z: Zygote, req: dict[str, object], fds: list[int], tty: bool, sync_w:
         else:
             os.set_inheritable(STATUS_FD, False)
         os.closerange(STATUS_FD + 1, _max_fd())
-        args = [str(a) for a in req["args"]]  # type: ignore[attr-defined]
-        env = {str(k): str(v) for k, v in req["env"].items()}  # type: ignore[attr-defined]
+        args = [str(a) for a in req["args"]]
+        env = {str(k): str(v) for k, v in req["env"].items()}
         code = _launch.main(args, env=env)
     except BaseException as exc:  # report anything; never return into the zygote
         try:
@@ -254,5 +388,5 @@ def _max_fd() -> int:
 
 
 def main(argv: list[str]) -> int:
-    """``launcher.py --zygote <control fd> <server pid>``."""
-    return Zygote(int(argv[0]), int(argv[1])).run()
+    """``launcher.py --zygote <control fd> <server pid> [--no-prefork]``."""
+    return Zygote(int(argv[0]), int(argv[1]), prefork="--no-prefork" not in argv[2:]).run()
