@@ -2,7 +2,9 @@
 """Sandbox benchmark: sandboxed ``true`` start->closed, ours per backend vs upstream.
 
 Starts, one after the other, our server with ``--sandbox-backend bwrap``, ours
-with ``--sandbox-backend landlock`` and (when installed, ``pip install
+with ``--sandbox-backend landlock`` (launches through the spawn zygote), ours
+with ``--sandbox-backend landlock --no-launch-zygote`` (the launcher script per
+launch; ``--no-launcher-leg`` skips it) and (when installed, ``pip install
 openai-codex-cli-bin``) the upstream ``codex exec-server``, and measures over
 the shared raw WebSocket client (TCP_QUICKACK client, the fair mode):
 
@@ -20,7 +22,8 @@ All servers run at once and samples alternate between them round by round.
 Also times ``backend.wrap()`` alone in this process (no spawn) for each backend.
 Target: ours/upstream <= 0.25 per backend.
 
-Usage: python benchmarks/bench_sandbox.py [--quick] [--no-upstream] [--json FILE]
+Usage: python benchmarks/bench_sandbox.py [--quick] [--no-upstream] [--no-launcher-leg]
+                                          [--json FILE]
 """
 
 from __future__ import annotations
@@ -154,7 +157,10 @@ async def bench_all(targets: list[ServerTarget], n: int) -> list[_Leg]:
             client = await connect_client(stack, srv.url)
             leg = _Leg(t, client, workspace)
             await _check_denied(leg, outside)
-            for _ in range(2):  # warm probes and caches
+            # warm probes and caches (and let the Landlock spawn zygote, started by
+            # the first sandboxed launch, come up: launches before it is ready run the
+            # launcher script)
+            for _ in range(8):
                 await _one(leg, sandboxed=True)
             legs.append(leg)
         for _ in range(n):
@@ -203,12 +209,19 @@ def main() -> int:
     ap.add_argument("--no-upstream", action="store_true", help="skip the upstream server")
     ap.add_argument("-n", type=int, default=40, help="samples per server (default 40)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    ap.add_argument("--no-launcher-leg", dest="launcher_leg", action="store_false",
+                    help="skip the Landlock leg without the spawn zygote (launcher script)")
     args = ap.parse_args()
     n = 3 if args.quick else args.n
     targets: list[ServerTarget] = []
-    for backend in ("bwrap", "landlock"):
-        t = ours_target("--sandbox-backend", backend)
-        targets.append(ServerTarget(f"ours-{backend}", t.argv, t.env))
+    for name, flags in (("bwrap", ("--sandbox-backend", "bwrap")),
+                        ("landlock", ("--sandbox-backend", "landlock")),
+                        ("landlock-launcher", ("--sandbox-backend", "landlock",
+                                               "--no-launch-zygote"))):
+        if name == "landlock-launcher" and not args.launcher_leg:
+            continue
+        t = ours_target(*flags)
+        targets.append(ServerTarget(f"ours-{name}", t.argv, t.env))
     up = None if args.no_upstream else upstream_target()
     if up is not None:
         targets.append(up)
