@@ -260,16 +260,23 @@ async def test_stdin_pipe_and_terminate(no_leaks: None, landlock: Any, make_mana
     assert (await sink.closed("sleep"))[0] == 128 + signal.SIGTERM
 
 
-async def test_large_request_falls_back_to_the_launcher(no_leaks: None, landlock: Any,
-                                                        make_manager: Any,
-                                                        tmp_path: Path) -> None:
+@pytest.mark.parametrize("count", [3, 12], ids=["300k", "over-1MiB"])
+async def test_large_requests(no_leaks: None, landlock: Any, make_manager: Any,
+                              tmp_path: Path, count: int) -> None:
+    """Big environments: through the zygote up to 1 MiB of request, the launcher beyond."""
     manager, sink = make_manager()
     await _warm(landlock, manager)
     env = dict(PATH_ENV)
-    env.update({f"BIG{i}": "x" * 100_000 for i in range(12)})  # > 1 MiB request, < ARG_MAX
-    manager.start("big", _wrap(landlock, str(tmp_path), ["sh", "-c", "echo ${#BIG11}"], env=env))
-    assert not _via_zygote(manager, "big")
+    env.update({f"BIG{i}": "x" * 100_000 for i in range(count)})  # < ARG_MAX
+    last = f"BIG{count - 1}"
+    manager.start("big", _wrap(landlock, str(tmp_path), ["sh", "-c", f"echo ${{#{last}}}"],
+                               env=env))
+    assert _via_zygote(manager, "big") == (count * 100_000 < 1 << 20)
     assert await sink.closed("big") == (0, b"100000\n")
+    # a request that fits still goes through the zygote
+    manager.start("small", _wrap(landlock, str(tmp_path), ["true"]))
+    assert _via_zygote(manager, "small")
+    assert (await sink.closed("small"))[0] == 0
 
 
 async def test_zygote_death_kills_its_children_and_it_restarts(no_leaks: None, landlock: Any,

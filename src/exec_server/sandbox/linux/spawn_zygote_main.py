@@ -237,6 +237,8 @@ class Zygote:
 
     def _make_spare(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with contextlib.suppress(OSError):  # room for the largest request
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * MAX_REQUEST)
         try:
             pid = os.fork()
         except OSError:
