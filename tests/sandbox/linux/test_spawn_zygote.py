@@ -383,9 +383,27 @@ async def test_server_death_kills_zygote_and_children(landlock: Any, server_fact
             break
     assert found is not None, "launches never went through the spawn zygote"
     assert b"--zygote" in Path(f"/proc/{found[1]}/cmdline").read_bytes()  # noqa: ASYNC240
+    zygote_family = _zygote_processes(srv.pid)  # the zygote and its spare child
+    assert found[1] in zygote_family
     srv.proc.kill()
     srv.proc.wait()
-    for pid in found:
+    for pid in {*found, *zygote_family}:
         async with asyncio.timeout(TIMEOUT):
             while _alive(pid):  # noqa: ASYNC110 - no event for a foreign process
                 await asyncio.sleep(0.02)
+
+
+def _zygote_processes(server_pid: int) -> set[int]:
+    """Processes running ``launcher.py --zygote <fd> <server_pid>`` (zygote and spare)."""
+    out = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--zygote" in argv and argv[argv.index(b"--zygote") + 2:][:1] == [
+                str(server_pid).encode()]:
+            out.add(int(name))
+    return out
