@@ -9,6 +9,11 @@ spawns with ``vfork`` (~0.15 ms) instead of ``fork`` (~2 ms for a server-sized
 process, which would dominate ``true`` start→closed). ``PR_SET_PDEATHSIG``
 needs child-side code, so death-of-server cleanup is :class:`ProcessGuard`'s
 job instead (it kills whole groups, which PDEATHSIG would not).
+
+A launch a sandbox backend marked with ``LaunchSpec.zygote`` may instead be
+started by that launch service (the Landlock spawn zygote) when the caller
+passes a ``service_owner``: same stdio, but the child is the service's, so
+``SpawnedChild.exit_status`` replaces reaping it here.
 """
 
 from __future__ import annotations
