@@ -344,3 +344,14 @@ async def test_bulk_output_arrives_complete_via_notifications(
             break
     assert received == total
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+
+
+async def test_protocol_violation_fails_only_that_connection(server: Any, rpc: Rpc) -> None:
+    """A frame with a reserved opcode: the server closes with 1002; others keep working."""
+    other = await rpc(server.url)
+    await other.initialize()
+    bad = await rpc(server.url)
+    bad.ws.transport.write(b"\x83\x80\x00\x00\x00\x00")  # FIN + opcode 3, masked, empty
+    await bad.wait_closed()
+    assert bad.ws.close_code == 1002
+    assert await other.call("environment/status") == {"status": "ready"}

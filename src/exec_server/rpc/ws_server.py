@@ -206,11 +206,15 @@ class WsConnection(asyncio.Protocol):
         self._wake()
 
     def _after_events(self) -> None:
-        if self._proto.state is State.CLOSED:
+        state = self._proto.state
+        if state is State.CLOSED:
             self._set_eof()
             if self._transport is not None:
                 self._transport.close()
-        elif self._proto.close_expected() and self._timer is None:
+            return
+        if state is State.CLOSING:
+            self._set_eof()  # closing handshake (or a protocol failure): no more messages
+        if self._proto.close_expected() and self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(CLOSE_TIMEOUT, self._abort)
 
     def _abort(self) -> None:
