@@ -340,6 +340,12 @@ class RpcClient:
         async with asyncio.timeout(timeout):
             await self.closed.wait()
 
+    async def close_sending(self) -> None:
+        """Stop sending (stdio: EOF on the server's stdin; ws: close) but keep
+        reading, so ``wait_closed`` observes the server's side ending."""
+        with contextlib.suppress(Exception):
+            await self._close()
+
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
             await self._close()

@@ -121,7 +121,7 @@ async def test_stdio_oversized_line(stdio_rpc: Callable[..., Awaitable[Any]]) ->
 async def test_stdio_eof_ends_the_server(stdio_rpc: Callable[..., Awaitable[Any]]) -> None:
     client = await stdio_rpc()
     await client.initialize()
-    await client.aclose()  # closes the child's stdin
+    await client.close_sending()  # closes the child's stdin
     await client.wait_closed()  # the server exits and its stdout ends
 
 
@@ -145,3 +145,25 @@ async def test_processes_over_stdio(
     assert closed["params"]["processId"] == "p"
     read = await client.call("process/read", {"processId": "p", "afterSeq": 0})
     assert read["closed"] is True and read["exitCode"] == 0
+
+
+async def test_stdio_eof_kills_processes_and_leaves_nothing(
+    no_leaks: None, stdio_rpc: Callable[..., Awaitable[Any]], tmp_path: Any
+) -> None:
+    client = await stdio_rpc()
+    await client.initialize()
+    await client.call(
+        "process/start",
+        {
+            "processId": "bg",
+            "argv": ["/bin/sh", "-c", "sleep 30 & echo started; wait"],
+            "cwd": str(tmp_path),
+            "env": {"PATH": "/usr/bin:/bin"},
+            "tty": False,
+            "sandbox": None,
+        },
+    )
+    note = await client.notification("process/output")
+    assert note["params"]["processId"] == "bg"
+    await client.close_sending()  # stdin EOF: the server kills the session and exits
+    await client.wait_closed()  # ... and its stdout ends
