@@ -20,7 +20,8 @@ How to use (every area may):
     returns the ``sessionId``; ``await client.notification(method)`` waits
     for the next notification (optionally of one method);
     ``await client.send_raw(text_or_bytes)`` / ``await client.response(id)``
-    for hand-made frames; ``await client.wait_closed()``; ``client.ws`` is the raw
+    for hand-made frames; ``await client.close_sending()`` then
+    ``await client.wait_closed()`` to watch the server end; ``client.ws`` is the raw
     websockets connection. Closed at teardown.
 ``stdio_rpc``
     ``client = await stdio_rpc("--detach-ttl", "1")`` spawns
