@@ -45,6 +45,8 @@ async def test_server_fds_return_to_baseline(
 ) -> None:
     client = await rpc(server.url)
     await client.initialize()
+    # Start-up sandbox probes run in the background; let them finish first.
+    await wait_until(lambda: not server.child_pids())
     baseline = server.open_fds()
     for round_ in range(2):
         for i in range(10):

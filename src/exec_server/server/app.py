@@ -323,6 +323,7 @@ async def run_server(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server = ExecServer(config)
+    server.services.start_warming()
     try:
         if target == STDIO:
             transport = await _open_stdio("exec-server stdio", config.max_message_size)

@@ -93,14 +93,16 @@ def _manager(ctx: RequestContext) -> ProcessManager:
     return processes
 
 
-def _prepare_sandbox(ctx: RequestContext, spec: LaunchSpec, params: StartParams) -> LaunchSpec:
+async def _prepare_sandbox(
+    ctx: RequestContext, spec: LaunchSpec, params: StartParams
+) -> LaunchSpec:
     raw = params.sandbox_raw()
     sandbox = ctx.services.sandbox
     if sandbox is None:
         if raw is not None:
             raise InternalError("failed to build sandbox launch: no sandbox support in this server")
         return spec
-    prepared: LaunchSpec = sandbox.prepare(spec, raw)
+    prepared: LaunchSpec = await sandbox.aprepare(spec, raw)
     return prepared
 
 
@@ -135,7 +137,7 @@ async def handle_start(ctx: RequestContext, params: StartParams) -> StartResult:
         arg0=params.arg0,
         pipe_stdin=params.pipe_stdin is True and not params.tty,
     )
-    spec = _prepare_sandbox(ctx, spec, params)
+    spec = await _prepare_sandbox(ctx, spec, params)
     _manager(ctx).start(params.process_id, spec, current=current)
     kind = spec.sandbox_type
     if current:

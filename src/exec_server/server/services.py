@@ -7,17 +7,13 @@ filesystem belong to other areas; this object only owns their lifetime.
 
 from __future__ import annotations
 
-import importlib
+import asyncio
 import logging
-from typing import Any
 
 from exec_server.config import ServerConfig
+from exec_server.fs.sandboxed import SandboxedFileSystem
 from exec_server.protocol.messages import EnvironmentInfo
 from exec_server.sandbox.manager import SandboxManager
-
-# Interim: the sandboxed filesystem area has not landed yet; replaced by a
-# plain import of ``exec_server.fs.sandboxed.SandboxedFileSystem`` once it exists.
-SandboxedFileSystem = Any
 
 __all__ = ["ServerServices"]
 
@@ -44,19 +40,29 @@ class ServerServices:
         self.fs_sandbox = fs_sandbox
         #: cached ``environmentInfo`` (built on first ``initialize``).
         self.environment_info: EnvironmentInfo | None = None
+        self._warming: asyncio.Task[None] | None = None
 
     @classmethod
     def create(cls, config: ServerConfig) -> ServerServices:
         """Build the default services for ``config``."""
         sandbox = SandboxManager(config)
-        try:
-            fs_mod = importlib.import_module("exec_server.fs.sandboxed")
-        except ImportError:
-            return cls(config, sandbox)
-        return cls(config, sandbox, fs_mod.SandboxedFileSystem(config, sandbox))
+        return cls(config, sandbox, SandboxedFileSystem(config, sandbox))
+
+    def start_warming(self) -> None:
+        """Probe the sandbox backends in the background right after start-up.
+
+        The probes spawn children and take 50-100 ms; doing them now keeps the
+        first sandboxed launch from paying for them (``aprepare`` would
+        otherwise run them on first use).
+        """
+        if self.sandbox is not None and self._warming is None:
+            self._warming = asyncio.create_task(self.sandbox.warm(), name="sandbox-warm")
 
     async def aclose(self) -> None:
         """Release helpers (zygotes, probes) at server shutdown."""
+        if self._warming is not None:
+            self._warming.cancel()
+            await asyncio.gather(self._warming, return_exceptions=True)
         for service in (self.fs_sandbox, self.sandbox):
             if service is None:
                 continue
