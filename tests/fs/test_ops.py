@@ -179,3 +179,21 @@ async def test_blocking_work_runs_off_the_event_loop(
     await asyncio.wait_for(copy_task, 30)
     assert (tdir / "dst" / "f").read_text() == "x"
     assert (tdir / "other").read_bytes() == b"served"
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_replace_swaps_in_a_new_inode_and_leaves_no_temp(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    if not exchange:
+        monkeypatch.setattr(ops, "_renameat2", None)  # plain-rename fallback
+    target = tdir / "data.txt"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o640)
+    keeper = tdir / "hardlink"
+    os.link(target, keeper)
+    ops.write_file(str(target), b"new contents")
+    assert target.read_bytes() == b"new contents"
+    assert target.stat().st_mode & 0o7777 == 0o640
+    assert keeper.read_bytes() == b"old"  # the old inode lives on under its other name
+    assert sorted(p.name for p in tdir.iterdir()) == ["data.txt", "hardlink"]
