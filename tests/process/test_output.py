@@ -127,6 +127,24 @@ def test_lossless_never_drops_undelivered_output() -> None:
     assert buf.retained == 3 and not buf.full
 
 
+def test_lossless_notification_past_an_undelivered_chunk_acknowledges_nothing() -> None:
+    """After a resume, notifications go on past chunks the dead connection never got."""
+    buf = OutputBuffer(cap=4, lossless=True)
+    buf.append(OUT, b"aa")
+    buf.mark_notified(1)
+    buf.append(OUT, b"bb")  # its notification failed: the connection died
+    buf.append(OUT, b"cc")
+    buf.mark_notified(3)  # the resumed connection got 3, not 2
+    assert buf.delivered_seq == 1
+    assert seqs(buf.snapshot(0, None)[0]) == [2, 3]  # 1 dropped, 2 kept
+    assert buf.full
+    buf.mark_delivered(3)  # a read with afterSeq 3: the client has 2 and 3
+    buf.append(OUT, b"dd")
+    buf.mark_notified(4)  # contiguous again
+    assert buf.delivered_seq == 4
+    assert seqs(buf.snapshot(0, None)[0]) == [3, 4]
+
+
 def test_lossy_mode_ignores_delivery() -> None:
     buf = OutputBuffer(cap=4)
     buf.append(OUT, b"aaaa")

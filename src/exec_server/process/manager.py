@@ -62,7 +62,10 @@ __all__ = [
 logger = logging.getLogger("exec_server.process")
 
 #: ``await sink(method, params)`` delivers one notification (awaiting = backpressure).
-NotificationSink = Callable[[str, msgspec.Struct], Awaitable[None]]
+#: It returns False when the message did not reach a live transport (the
+#: connection is closing or gone): lossless mode then keeps the chunk. ``None``
+#: (a sink that cannot tell) counts as delivered.
+NotificationSink = Callable[[str, msgspec.Struct], Awaitable[bool | None]]
 
 #: Bytes per ``os.read`` of a child's output: one read = one chunk. Upstream reads 8 KiB
 #: (§8.3); larger reads let a fast writer cost fewer notifications.
@@ -245,13 +248,15 @@ class ProcessManager:
         if sink is None:
             return False
         try:
-            await sink(method, params)
+            handed_over = await sink(method, params)
         except asyncio.CancelledError:
             raise
         except Exception:  # a dead connection must not kill capture (§8.3: failures ignored)
             logger.debug("dropping %s notification: sink failed", method, exc_info=True)
             return False
-        return True
+        # Detached while the send was pending: the old connection's sink may
+        # have written into a transport that is going away; not delivered.
+        return handed_over is not False and self._sink is sink
 
     # -- queries ---------------------------------------------------------------------
 
@@ -398,7 +403,7 @@ class ProcessManager:
                 ),
             )
             if delivered and self._lossless:
-                rec.buffer.mark_delivered(chunk.seq)
+                rec.buffer.mark_notified(chunk.seq)
                 _wake(rec.space_waiters)
 
     # -- exit --------------------------------------------------------------------------

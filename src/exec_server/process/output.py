@@ -10,8 +10,9 @@ Rules (PROTOCOL.md §8.2, §8.4):
 * ``snapshot`` implements the read byte budget and the ``nextSeq`` rule.
 
 Lossless mode (our extension, ``ServerConfig.lossless_output``): a chunk may
-only be dropped once it has been *delivered* (sent as a notification to an
-attached client, or acknowledged by a read whose ``afterSeq`` covers it).
+only be dropped once it has been *delivered* (handed to a live connection as a
+notification, with every earlier chunk delivered too, or acknowledged by a read
+whose ``afterSeq`` covers it).
 Undelivered output is never dropped; instead :attr:`full` tells the capture
 loop to stop reading the child (the pipe then back-pressures the child).
 """
@@ -95,6 +96,22 @@ class OutputBuffer:
             self.delivered_seq = seq
             if self.lossless:
                 self._trim()
+
+    def mark_notified(self, seq: int) -> None:
+        """A notification carried chunk ``seq`` to the client.
+
+        That acknowledges the chunks before it only if each of them reached the
+        client too: after a resume, notifications continue past chunks that
+        were never sent (the connection died), and those stay until a read's
+        ``afterSeq`` covers them.
+        """
+        if seq <= self.delivered_seq:
+            return
+        chunks = self._chunks
+        first = bisect.bisect_right(chunks, self.delivered_seq, key=_seq_of)
+        if first < len(chunks) and chunks[first].seq < seq:
+            return  # an earlier chunk is still undelivered
+        self.mark_delivered(seq)
 
     @property
     def full(self) -> bool:

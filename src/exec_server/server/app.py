@@ -141,19 +141,27 @@ class ConnectionProcessor:
 
     # -- outbound ---------------------------------------------------------
 
-    async def _send(self, data: bytes) -> None:
+    async def _send(self, data: bytes) -> bool:
+        """Hand one message to the transport; False if the connection is closing or gone."""
         if self._closed:
-            return
+            return False
         try:
             await self.transport.send(data)
         except (ConnectionError, OSError) as exc:
             logger.debug("%s: send failed: %s", self.transport.label, exc)
             self._closed = True
             self._request_close(f"send failed: {exc}")
+            return False
+        return not self._closed
 
-    async def _notify(self, method: str, params: msgspec.Struct) -> None:
-        """The session's notification sink while we are attached."""
-        await self._send(_encode_notification(method, params))
+    async def _notify(self, method: str, params: msgspec.Struct) -> bool:
+        """The session's notification sink while we are attached.
+
+        Returns whether the notification reached a live transport: lossless
+        output only drops chunks that did (a send into a dead or closing
+        connection must not count as delivered).
+        """
+        return await self._send(_encode_notification(method, params))
 
     # -- main loop --------------------------------------------------------
 

@@ -37,8 +37,9 @@ __all__ = ["Attachment", "NotificationSink", "Session", "SessionRegistry"]
 
 logger = logging.getLogger("exec_server.server")
 
-#: ``await sink(method, params)`` delivers one notification (awaiting = backpressure).
-NotificationSink = Callable[[str, msgspec.Struct], Awaitable[None]]
+#: ``await sink(method, params)`` delivers one notification (awaiting = backpressure);
+#: False = it did not reach a live transport (see ``ProcessManager``).
+NotificationSink = Callable[[str, msgspec.Struct], Awaitable[bool | None]]
 
 
 class Session:
