@@ -197,3 +197,20 @@ def test_replace_swaps_in_a_new_inode_and_leaves_no_temp(
     assert target.stat().st_mode & 0o7777 == 0o640
     assert keeper.read_bytes() == b"old"  # the old inode lives on under its other name
     assert sorted(p.name for p in tdir.iterdir()) == ["data.txt", "hardlink"]
+
+
+@pytest.mark.parametrize("size", [0, 10, 64 * 1024, 64 * 1024 + 1, 3 * 1024 * 1024])
+async def test_service_read_inline_and_in_worker_closes_descriptors(
+    tdir: Path, size: int
+) -> None:
+    """Small regular files are read inline, others in a worker: same bytes, no fd left open."""
+    target = tdir / "f.bin"
+    data = os.urandom(size)
+    target.write_bytes(data)
+    service = FileSystemService()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        assert await asyncio.wait_for(service.read_file(str(target)), 30) == data
+    with pytest.raises(InternalError):
+        await asyncio.wait_for(service.read_file(str(tdir)), 30)
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -49,6 +49,8 @@ __all__ = [
     "copy",
     "create_directory",
     "get_metadata",
+    "open_for_read",
+    "read_and_close",
     "read_directory",
     "read_file",
     "remove",
@@ -126,6 +128,18 @@ def read_file(path: str, *, limit: int = READ_LIMIT, directory_is_invalid: bool 
             (``-32600 path `/x` is not a file``) instead of the legacy OS error
             (``-32603 Is a directory``) (CLIENT_COMPAT.md §6.4).
     """
+    fd, size = open_for_read(path, limit=limit, directory_is_invalid=directory_is_invalid)
+    return read_and_close(fd, size, limit)
+
+
+def open_for_read(
+    path: str, *, limit: int = READ_LIMIT, directory_is_invalid: bool = False
+) -> tuple[int, int | None]:
+    """Open ``path`` for :func:`read_and_close`: ``(fd, st_size if regular else None)``.
+
+    Checks the directory and size-limit cases (see :func:`read_file`); the
+    caller owns the returned descriptor.
+    """
     with translate_os_errors():
         # O_NONBLOCK: opening a FIFO without a writer must not hang the worker.
         fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK)
@@ -137,7 +151,17 @@ def read_file(path: str, *, limit: int = READ_LIMIT, directory_is_invalid: bool 
                 raise os_error(errno.EISDIR)
             if st.st_size > limit:
                 raise InvalidRequestError(too_large_message(limit))
-            return _read_all(fd, st.st_size if stat.S_ISREG(st.st_mode) else 0, limit)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd, (st.st_size if stat.S_ISREG(st.st_mode) else None)
+
+
+def read_and_close(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
+    """Read ``fd`` (from :func:`open_for_read`) to EOF, capped at ``limit``, and close it."""
+    with translate_os_errors():
+        try:
+            return _read_all(fd, size or 0, limit)
         finally:
             os.close(fd)
 
