@@ -214,3 +214,21 @@ async def test_service_read_inline_and_in_worker_closes_descriptors(
     with pytest.raises(InternalError):
         await asyncio.wait_for(service.read_file(str(tdir)), 30)
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_remove_tree_deletes_nested_entries_without_following_links(tdir: Path) -> None:
+    outside = tdir / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    root = tdir / "root"
+    deep = root / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    (deep / "f").write_text("x")
+    (root / "a" / "g").write_text("y")
+    (root / "a" / "b" / "link-dir").symlink_to(outside)
+    (root / "dangling").symlink_to(tdir / "nowhere")
+    os.mkfifo(root / "a" / "fifo")
+    ops.remove(str(root), recursive=True, force=False)
+    assert not root.exists()
+    assert (outside / "keep.txt").read_text() == "keep"
+    ops.remove(str(root), recursive=True, force=True)  # already gone: fine with force
