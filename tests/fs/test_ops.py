@@ -232,3 +232,28 @@ def test_remove_tree_deletes_nested_entries_without_following_links(tdir: Path) 
     assert not root.exists()
     assert (outside / "keep.txt").read_text() == "keep"
     ops.remove(str(root), recursive=True, force=True)  # already gone: fine with force
+
+
+def test_copy_tree_merges_keeps_links_and_modes(tdir: Path) -> None:
+    src = tdir / "src"
+    (src / "sub" / "deeper").mkdir(parents=True)
+    (src / "sub" / "deeper" / "x.sh").write_text("run")
+    os.chmod(src / "sub" / "deeper" / "x.sh", 0o750)
+    (src / "sub" / "link").symlink_to("deeper/x.sh")
+    (src / "top.txt").write_text("top")
+    os.mkfifo(src / "fifo")
+    dst = tdir / "dst"
+    (dst / "sub").mkdir(parents=True)
+    (dst / "sub" / "existing").write_text("stays")
+    (dst / "top.txt").write_text("a longer old text that must be replaced")
+    ops.copy(str(src), str(dst), recursive=True)
+    assert (dst / "top.txt").read_text() == "top"
+    assert (dst / "sub" / "existing").read_text() == "stays"
+    assert (dst / "sub" / "deeper" / "x.sh").read_text() == "run"
+    assert (dst / "sub" / "deeper" / "x.sh").stat().st_mode & 0o7777 == 0o750
+    assert os.readlink(dst / "sub" / "link") == "deeper/x.sh"
+    assert not (dst / "fifo").exists()
+    (dst / "blocker").write_text("file")
+    (src / "blocker").mkdir()
+    with pytest.raises(InternalError):
+        ops.copy(str(src), str(dst), recursive=True)  # a file where a directory goes

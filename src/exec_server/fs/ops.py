@@ -478,46 +478,83 @@ def copy(source: str, destination: str, *, recursive: bool) -> None:
 
 
 def _copy_tree(source: str, destination: str) -> None:
+    """Copy a tree one directory at a time, each through a pair of directory descriptors.
+
+    Files are opened and created relative to those descriptors (``openat``),
+    so the kernel resolves each directory's path once, not once per file.
+    Subdirectories wait as paths, so at most four descriptors are open
+    however wide or deep the tree is.
+    """
     os.makedirs(destination, exist_ok=True)
     pending = [(source, destination)]
     while pending:
         src_dir, dst_dir = pending.pop()
-        with os.scandir(src_dir) as it:
-            for entry in it:
-                target = f"{dst_dir}/{entry.name}"
-                if entry.is_dir(follow_symlinks=False):
-                    try:
-                        os.mkdir(target)
-                    except FileExistsError:
-                        if not os.path.isdir(target):
-                            raise
-                    pending.append((entry.path, target))
-                elif entry.is_symlink():
-                    os.symlink(os.readlink(entry.path), target)
-                elif entry.is_file(follow_symlinks=False):
-                    _copy_file(entry.path, target, entry.stat(follow_symlinks=False))
-                # FIFOs, sockets and devices inside a tree are skipped (§9.3).
+        src_fd = os.open(src_dir, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+        try:
+            dst_fd = os.open(dst_dir, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+            try:
+                _copy_directory_entries(src_fd, src_dir, dst_fd, dst_dir, pending)
+            finally:
+                os.close(dst_fd)
+        finally:
+            os.close(src_fd)
+
+
+def _copy_directory_entries(
+    src_fd: int, src_dir: str, dst_fd: int, dst_dir: str, pending: list[tuple[str, str]]
+) -> None:
+    with os.scandir(src_fd) as it:
+        entries = list(it)
+    for entry in entries:
+        name = entry.name
+        if entry.is_dir(follow_symlinks=False):
+            try:
+                os.mkdir(name, dir_fd=dst_fd)
+            except FileExistsError:
+                if not stat.S_ISDIR(os.stat(name, dir_fd=dst_fd).st_mode):
+                    raise
+            pending.append((f"{src_dir}/{name}", f"{dst_dir}/{name}"))
+        elif entry.is_symlink():
+            os.symlink(os.readlink(name, dir_fd=src_fd), name, dir_fd=dst_fd)
+        elif entry.is_file(follow_symlinks=False):
+            _copy_file_at(src_fd, name, dst_fd, name)
+        # FIFOs, sockets and devices inside a tree are skipped (§9.3).
 
 
 def _copy_file(source: str, destination: str, src_stat: os.stat_result) -> None:
+    """Copy one regular file by path (see :func:`_copy_file_at`)."""
+    del src_stat  # the open descriptor's fstat is authoritative
+    _copy_file_at(None, source, None, destination)
+
+
+def _copy_file_at(
+    src_dir_fd: int | None, source: str, dst_dir_fd: int | None, destination: str
+) -> None:
     """Like Rust's ``std::fs::copy``: overwrite, copy the permission bits, kernel-side copy.
 
     The destination is opened without ``O_TRUNC`` and compared with the source
     first, so copying a file onto itself (or a hard link of itself) cannot
     truncate it.
     """
-    perm = stat.S_IMODE(src_stat.st_mode)
-    src_fd = os.open(source, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK)
+    src_fd = os.open(source, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK, dir_fd=src_dir_fd)
     try:
+        src_stat = os.fstat(src_fd)
+        perm = stat.S_IMODE(src_stat.st_mode)
         # O_NONBLOCK: a FIFO destination fails (ENXIO) instead of hanging the worker.
-        dst_fd = os.open(destination, os.O_WRONLY | os.O_CREAT | _O_CLOEXEC | _O_NONBLOCK, perm)
+        dst_fd = os.open(
+            destination,
+            os.O_WRONLY | os.O_CREAT | _O_CLOEXEC | _O_NONBLOCK,
+            perm,
+            dir_fd=dst_dir_fd,
+        )
         try:
             dst_stat = os.fstat(dst_fd)
-            if os.path.samestat(os.fstat(src_fd), dst_stat):
+            if os.path.samestat(src_stat, dst_stat):
                 raise InvalidRequestError(COPY_SAME_FILE)
             if dst_stat.st_size:
                 os.ftruncate(dst_fd, 0)
-            os.fchmod(dst_fd, perm)
+            if stat.S_IMODE(dst_stat.st_mode) != perm:
+                os.fchmod(dst_fd, perm)
             _copy_contents(src_fd, dst_fd)
         finally:
             os.close(dst_fd)
