@@ -29,8 +29,9 @@ page and dentry caches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import ops
@@ -49,6 +50,8 @@ __all__ = [
 
 #: ``read_file`` reads regular files up to this size on the event loop (see module doc).
 INLINE_READ_LIMIT = 64 * 1024
+
+T = TypeVar("T")
 
 NO_RUNTIME_PATHS = "sandboxed filesystem operations require configured runtime paths"
 
@@ -139,6 +142,38 @@ class FileSystemService:
         return await self._pool.run(ops.read_and_close, fd, size)
 
 
+    async def read_file_mapped(
+        self,
+        path: str,
+        map_large: Callable[[bytes], T],
+        large_over: int,
+        route: Route = DIRECT,
+        *,
+        directory_is_invalid: bool = False,
+    ) -> bytes | T:
+        """Like :meth:`read_file`, but contents over ``large_over`` bytes come back as
+        ``map_large(data)`` computed in the worker that read them (one thread
+        hand-off instead of two; the server base64-encodes big files this way)."""
+        if route.confined:
+            data = await self._confined_or_refuse(route).read_file(route.context, path)
+            if len(data) > large_over:
+                return await self._pool.run(map_large, data)
+            return data
+        fd, size = ops.open_for_read(path, directory_is_invalid=directory_is_invalid)
+        if size is not None and size <= INLINE_READ_LIMIT and size <= large_over:
+            return ops.read_and_close(fd, size)
+        return await self._pool.run(_read_mapped, fd, size, map_large, large_over)
+
+    async def write_file_from(
+        self, path: str, produce: Callable[[], bytes], route: Route = DIRECT
+    ) -> None:
+        """Like :meth:`write_file` with the data made by ``produce()`` in the same
+        worker job (the server decodes big base64 payloads this way)."""
+        if route.confined:
+            data = await self._pool.run(produce)
+            return await self._confined_or_refuse(route).write_file(route.context, path, data)
+        await self._pool.run(_produce_and_write, path, produce)
+
     async def write_file(
         self, path: str, data: bytes | bytearray | memoryview, route: Route = DIRECT
     ) -> None:
@@ -190,3 +225,14 @@ class FileSystemService:
         if route.confined:
             return await self._confined_or_refuse(route).canonicalize(route.context, path)
         return await self._pool.run(ops.canonicalize, path)
+
+
+def _read_mapped(
+    fd: int, size: int | None, map_large: Callable[[bytes], T], large_over: int
+) -> bytes | T:
+    data = ops.read_and_close(fd, size)
+    return map_large(data) if len(data) > large_over else data
+
+
+def _produce_and_write(path: str, produce: Callable[[], bytes]) -> None:
+    ops.write_file(path, produce())

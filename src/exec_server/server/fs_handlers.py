@@ -12,6 +12,7 @@ the request's form.
 from __future__ import annotations
 
 import binascii
+import functools
 from typing import Final
 
 import msgspec
@@ -94,15 +95,16 @@ async def read_file(
     ctx: RequestContext, params: t.ReadFileParams
 ) -> t.ReadFileResult | t.ReadFileEncoded:
     path = parse_wire_path(params.path)
-    service = _service(ctx)
-    data = await service.read_file(
-        path.path, _route(params.sandbox), directory_is_invalid=path.form is PathForm.URI
+    result = await _service(ctx).read_file_mapped(
+        path.path,
+        encode_data_base64,
+        INLINE_CODEC_LIMIT,
+        _route(params.sandbox),
+        directory_is_invalid=path.form is PathForm.URI,
     )
-    if len(data) <= INLINE_CODEC_LIMIT:
-        return t.ReadFileResult(data_base64=data)
-    encoded = await service.pool.run(encode_data_base64, data)
-    del data  # keep one copy of the file alive, not two
-    return t.ReadFileEncoded(data_base64=encoded)
+    if isinstance(result, bytes):
+        return t.ReadFileResult(data_base64=result)
+    return t.ReadFileEncoded(data_base64=result)
 
 
 async def write_file(ctx: RequestContext, params: t.WriteFileParams) -> t.EmptyResult:
@@ -111,10 +113,10 @@ async def write_file(ctx: RequestContext, params: t.WriteFileParams) -> t.EmptyR
     service = _service(ctx)
     raw = params.data_base64
     if len(raw) <= INLINE_CODEC_LIMIT:
-        data = decode_data_base64(raw)
+        await service.write_file(path.path, decode_data_base64(raw), route)
     else:
-        data = await service.pool.run(decode_data_base64, raw)
-    await service.write_file(path.path, data, route)
+        # Decoded in the worker that writes: one thread hand-off, not two.
+        await service.write_file_from(path.path, functools.partial(decode_data_base64, raw), route)
     return t.EmptyResult()
 
 
