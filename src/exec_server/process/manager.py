@@ -54,6 +54,7 @@ __all__ = [
     "DEFAULT_READ_SIZE",
     "DEFAULT_TERMINATE_GRACE",
     "NotificationSink",
+    "NotificationSinkNowait",
     "ProcessManager",
     "exit_status_from_wait",
     "looks_sandbox_denied",
@@ -66,6 +67,9 @@ logger = logging.getLogger("exec_server.process")
 #: connection is closing or gone): lossless mode then keeps the chunk. ``None``
 #: (a sink that cannot tell) counts as delivered.
 NotificationSink = Callable[[str, msgspec.Struct], Awaitable[bool | None]]
+#: ``sink_nowait(method, params)`` sends at once if the connection can take it
+#: without waiting: True/False as for the sink; None = nothing sent, use the sink.
+NotificationSinkNowait = Callable[[str, msgspec.Struct], bool | None]
 
 #: Bytes per ``os.read`` of a child's output: one read = one chunk. Upstream reads 8 KiB
 #: (§8.3); larger reads let a fast writer cost fewer notifications.
@@ -78,6 +82,8 @@ WRITE_QUEUE_DEPTH: Final = 128
 WRITE_ID_MEMORY: Final = 4096
 #: Seconds a failed sandboxed process's output may drain before sandboxDenied is decided.
 DENIAL_DRAIN_WAIT: Final = 0.25
+#: Reads per readable callback before other ready callbacks get a turn.
+READS_PER_WAKEUP: Final = 16
 #: Seconds without a running process before the process guard is closed.
 GUARD_IDLE_LINGER: Final = 1.0
 #: Seconds ``shutdown`` waits for killed children to be reaped.
@@ -132,13 +138,13 @@ class _Record:
 
     __slots__ = (
         "buffer",
+        "captures",
         "child",
         "current",
         "emit_lock",
         "eof_waiters",
         "open_streams",
         "process_id",
-        "readable_futs",
         "reaped",
         "removal",
         "sandbox_denied",
@@ -170,7 +176,7 @@ class _Record:
         self.waiters: list[asyncio.Future[None]] = []
         self.space_waiters: list[asyncio.Future[None]] = []
         self.eof_waiters: list[asyncio.Future[None]] = []
-        self.readable_futs: dict[int, asyncio.Future[None]] = {}
+        self.captures: list[_Capture] = []
         self.tasks: set[asyncio.Task[None]] = set()
         self.stdin_fd: int | None = None
         self.write_queue: deque[memoryview] = deque()
@@ -190,6 +196,27 @@ class _Record:
     def __repr__(self) -> str:
         pid = self.child.pid if self.child else None
         return f"<Process {self.process_id!r} pid={pid} {self.buffer!r}>"
+
+
+class _Capture:
+    """One output fd being read: its reader callback's hand-off to the capture task.
+
+    The reader stays installed while the callback can handle the fd on its
+    own (read, record, send without waiting). Anything else - EOF, a full
+    lossless buffer, a sink that must be awaited, an emit in progress - disarms
+    the reader and wakes the task, which re-arms it when done.
+    """
+
+    __slots__ = ("armed", "eof", "fd", "pending", "stream", "wake")
+
+    def __init__(self, stream: ProcessStream, fd: int) -> None:
+        self.stream = stream
+        self.fd = fd
+        self.armed = False
+        self.eof = False
+        #: bytes read but not yet recorded (the task records and sends them).
+        self.pending: bytes | None = None
+        self.wake: asyncio.Future[None] | None = None
 
 
 def _wake(futures: list[asyncio.Future[None]]) -> None:
@@ -232,6 +259,7 @@ class ProcessManager:
         self._read_size = read_size
         self._records: dict[str, _Record] = {}
         self._sink: NotificationSink | None = None
+        self._sink_nowait: NotificationSinkNowait | None = None
         self._closed = False
         self._guard = ProcessGuard()
         self._guard_timer: asyncio.TimerHandle | None = None
@@ -239,9 +267,16 @@ class ProcessManager:
 
     # -- sink ----------------------------------------------------------------------
 
-    def set_sink(self, sink: NotificationSink | None) -> None:
-        """Attach (or with ``None`` detach) the notification receiver."""
+    def set_sink(
+        self, sink: NotificationSink | None, nowait: NotificationSinkNowait | None = None
+    ) -> None:
+        """Attach (or with ``None`` detach) the notification receiver.
+
+        ``nowait``, when given, lets output be read and sent straight from the
+        fd's reader callback (no task wake-up per chunk).
+        """
         self._sink = sink
+        self._sink_nowait = nowait if sink is not None else None
 
     async def _notify(self, method: str, params: msgspec.Struct) -> bool:
         sink = self._sink
@@ -349,48 +384,104 @@ class ProcessManager:
 
     # -- capture -----------------------------------------------------------------------
 
-    async def _wait_readable(self, rec: _Record, fd: int) -> None:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        rec.readable_futs[fd] = fut
-        loop.add_reader(fd, _set_if_pending, fut)
-        try:
-            await fut
-        finally:
-            loop.remove_reader(fd)
-            rec.readable_futs.pop(fd, None)
-
     async def _wait_space(self, rec: _Record) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         rec.space_waiters.append(fut)
         await fut
 
     async def _capture(self, rec: _Record, stream: ProcessStream, fd: int) -> None:
-        read_size = self._read_size
+        """Own one output fd: the slow path behind :meth:`_on_readable`, then EOF and close."""
+        loop = asyncio.get_running_loop()
+        cap = _Capture(stream, fd)
+        rec.captures.append(cap)
         buffer = rec.buffer
         try:
-            while not rec.stop_reading:
+            while True:
+                data = cap.pending
+                if data is not None:
+                    cap.pending = None
+                    await self._emit_output(rec, stream, data)
+                if cap.eof or rec.stop_reading:
+                    break
                 if buffer.full:
                     await self._wait_space(rec)
                     continue
+                cap.wake = loop.create_future()
+                cap.armed = True
+                loop.add_reader(fd, self._on_readable, rec, cap)
                 try:
-                    data = os.read(fd, read_size)
-                except BlockingIOError:
-                    await self._wait_readable(rec, fd)
-                    continue
-                except OSError as exc:
-                    if exc.errno != errno.EIO:  # EIO on a PTY master = every slave closed
-                        logger.debug("read of %r failed", rec, exc_info=True)
-                    break
-                if not data:
-                    break
-                await self._emit_output(rec, stream, data)
+                    await cap.wake
+                finally:
+                    cap.wake = None
+                    if cap.armed:
+                        cap.armed = False
+                        loop.remove_reader(fd)
         finally:
+            rec.captures.remove(cap)
             close_quietly(fd)
         rec.open_streams -= 1
         if rec.open_streams <= 0:
             _wake(rec.eof_waiters)
         await self._maybe_close(rec)
+
+    def _on_readable(self, rec: _Record, cap: _Capture) -> None:
+        """Reader callback: read, record and send output without a task hop.
+
+        Everything here is synchronous, so a chunk's seq and its notification
+        cannot interleave with another event's; when that cannot be done
+        without waiting, the capture task takes over (``_hand_off``).
+        """
+        buffer = rec.buffer
+        for _ in range(READS_PER_WAKEUP):
+            if rec.stop_reading or buffer.full or rec.emit_lock.locked():
+                break
+            try:
+                data = os.read(cap.fd, self._read_size)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno != errno.EIO:  # EIO on a PTY master = every slave closed
+                    logger.debug("read of %r failed", rec, exc_info=True)
+                cap.eof = True
+                break
+            if not data:
+                cap.eof = True
+                break
+            if self._sink is not None:
+                nowait = self._sink_nowait
+                if nowait is None:
+                    cap.pending = data
+                    break
+                delivered = nowait(
+                    NOTIFY_OUTPUT,
+                    OutputNotification(
+                        process_id=rec.process_id,
+                        seq=buffer.next_seq,
+                        stream=cap.stream,
+                        chunk=data,
+                    ),
+                )
+                if delivered is None:  # nothing sent: the task awaits the sink
+                    cap.pending = data
+                    break
+                chunk = buffer.append(cap.stream, data)
+                if delivered and self._lossless:
+                    buffer.mark_notified(chunk.seq)
+                    _wake(rec.space_waiters)
+            else:
+                buffer.append(cap.stream, data)
+            _wake(rec.waiters)
+        else:
+            return  # more may be ready: stay armed, other callbacks run first
+        self._hand_off(cap)
+
+    @staticmethod
+    def _hand_off(cap: _Capture) -> None:
+        if cap.armed:
+            cap.armed = False
+            asyncio.get_running_loop().remove_reader(cap.fd)
+        if cap.wake is not None:
+            _set_if_pending(cap.wake)
 
     async def _emit_output(self, rec: _Record, stream: ProcessStream, data: bytes) -> None:
         async with rec.emit_lock:
@@ -509,8 +600,8 @@ class ProcessManager:
         if rec.open_streams <= 0:
             return
         rec.stop_reading = True
-        for fut in list(rec.readable_futs.values()):
-            _set_if_pending(fut)
+        for cap in list(rec.captures):
+            self._hand_off(cap)
         _wake(rec.space_waiters)
 
     def _release_guard(self, pid: int) -> None:

@@ -264,12 +264,33 @@ class WsConnection(asyncio.Protocol):
             else:
                 transport.close()
 
+    def send_nowait(self, data: bytes) -> bool:
+        """Send one Text frame unless the write buffer is full (then False, nothing sent).
+
+        Lets a producer send from a callback, without a task, while the
+        client keeps up.
+
+        Raises:
+            ConnectionResetError: the connection is closing or gone.
+        """
+        if self._write_paused:
+            return False
+        self._write_frame(data)
+        return True
+
     async def send(self, data: bytes) -> None:
         """Send one Text frame; waits while the write buffer is full.
 
         Raises:
             ConnectionResetError: the connection is closing or gone.
         """
+        self._write_frame(data)
+        if self._write_paused:
+            if self._drain is None or self._drain.done():
+                self._drain = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._drain)
+
+    def _write_frame(self, data: bytes) -> None:
         transport = self._transport
         if (
             self._proto.state is not State.OPEN
@@ -293,10 +314,6 @@ class WsConnection(asyncio.Protocol):
         else:
             transport.write(header)
             transport.write(data)
-        if self._write_paused:
-            if self._drain is None or self._drain.done():
-                self._drain = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._drain)
 
     async def aclose(self) -> None:
         """Start the closing handshake (1000); the socket closes when it completes."""

@@ -133,7 +133,10 @@ class ConnectionProcessor:
         self.router = router
         self.services = services
         self.registry = registry
-        self.attachment = Attachment(transport.label, self._notify)
+        self._send_nowait: Callable[[bytes], bool] | None = getattr(
+            transport, "send_nowait", None
+        )
+        self.attachment = Attachment(transport.label, self._notify, self._notify_nowait)
         self._handlers: set[asyncio.Task[None]] = set()
         self._closed = False
         self._close_reason: str | None = None
@@ -162,6 +165,26 @@ class ConnectionProcessor:
         connection must not count as delivered).
         """
         return await self._send(_encode_notification(method, params))
+
+    def _notify_nowait(self, method: str, params: msgspec.Struct) -> bool | None:
+        """Synchronous sink: send now if the transport takes it without waiting.
+
+        None = nothing sent (no room, or a transport without ``send_nowait``):
+        the caller falls back to :meth:`_notify`.
+        """
+        if self._closed:
+            return False
+        send_nowait = self._send_nowait
+        if send_nowait is None:
+            return None
+        try:
+            sent: bool = send_nowait(_encode_notification(method, params))
+        except (ConnectionError, OSError) as exc:
+            logger.debug("%s: send failed: %s", self.transport.label, exc)
+            self._closed = True
+            self._request_close(f"send failed: {exc}")
+            return False
+        return True if sent else None
 
     # -- main loop --------------------------------------------------------
 

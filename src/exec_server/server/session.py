@@ -40,6 +40,8 @@ logger = logging.getLogger("exec_server.server")
 #: ``await sink(method, params)`` delivers one notification (awaiting = backpressure);
 #: False = it did not reach a live transport (see ``ProcessManager``).
 NotificationSink = Callable[[str, msgspec.Struct], Awaitable[bool | None]]
+#: the same, sent at once when possible (None = nothing sent, use the sink).
+NotificationSinkNowait = Callable[[str, msgspec.Struct], bool | None]
 
 
 class Session:
@@ -66,10 +68,13 @@ class Session:
 class Attachment:
     """Per-connection state: handshake, attached session, notification sink."""
 
-    def __init__(self, label: str, sink: NotificationSink) -> None:
+    def __init__(
+        self, label: str, sink: NotificationSink, sink_nowait: NotificationSinkNowait | None = None
+    ) -> None:
         self.connection_id = uuid.uuid4().hex
         self.label = label
         self.sink = sink
+        self.sink_nowait = sink_nowait
         self.handshake = Handshake()
         self.session: Session | None = None
 
@@ -158,7 +163,7 @@ class SessionRegistry:
     def _attach(self, session: Session, attachment: Attachment) -> None:
         session.attached_to = attachment.connection_id
         session.detach_deadline = None
-        session.processes.set_sink(attachment.sink)
+        session.processes.set_sink(attachment.sink, attachment.sink_nowait)
         attachment.session = session
         session.attachment_changed.set()
         session.attachment_changed = asyncio.Event()
