@@ -17,24 +17,47 @@ from typing import cast
 
 __all__ = ["main"]
 
-#: subcommand modules, in the order they appear in ``--help``.
-_SUBCOMMANDS = ("serve", "exec_cmd", "run", "apply_patch")
+#: ``(command, module, help)`` in ``--help`` order. Only the chosen command's
+#: module is imported (and registers its full parser): ``serve`` does not pay
+#: for the client, patch and sandbox-runner modules (~2 MB of RSS).
+_SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("serve", "serve", "serve the exec-server protocol over WebSocket or stdio"),
+    ("exec", "exec_cmd", "run a command on a remote exec-server"),
+    ("run", "run", "run a local command under the sandbox (try a policy)"),
+    ("apply-patch", "apply_patch", "apply a Codex-format patch in the current directory"),
+)
 
 #: argv[1] flags that switch the executable into a hidden helper mode.
 FS_HELPER_FLAG = "--codex-run-as-fs-helper"
 APPLY_PATCH_FLAG = "--codex-run-as-apply-patch"
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser(command: str | None) -> argparse.ArgumentParser:
+    """The top-level parser; only ``command``'s module is imported and registered.
+
+    The other subcommands get placeholder parsers carrying just their help
+    line, so ``exec-server --help`` still lists them all.
+    """
     parser = argparse.ArgumentParser(
         prog="exec-server",
         description="Run processes and filesystem operations for coding agents, sandboxed.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _SUBCOMMANDS:
-        module = importlib.import_module(f"exec_server.cli.{name}")
-        module.register(subparsers)
+    for name, module_name, help_text in _SUBCOMMANDS:
+        if name == command:
+            module = importlib.import_module(f"exec_server.cli.{module_name}")
+            module.register(subparsers)
+        else:
+            subparsers.add_parser(name, help=help_text)
     return parser
+
+
+def _chosen_command(args: Sequence[str]) -> str | None:
+    """The subcommand named by ``args`` (the first non-option word), if any."""
+    for arg in args:
+        if not arg.startswith("-"):
+            return arg
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from exec_server.cli.apply_patch import hidden_flag_main
 
         return hidden_flag_main(args[1:])
-    parser = _build_parser()
+    parser = _build_parser(_chosen_command(args))
     ns = parser.parse_args(args)
     func = getattr(ns, "func", None)
     if func is None:

@@ -22,10 +22,12 @@ import asyncio
 import contextlib
 import socket
 from dataclasses import dataclass
-from typing import Final, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
-from websockets.asyncio.connection import Connection
 from websockets.exceptions import ConnectionClosed
+
+if TYPE_CHECKING:  # the server never uses this adapter: keep websockets.asyncio out of serve
+    from websockets.asyncio.connection import Connection
 
 __all__ = [
     "HEAD_SIZE",
