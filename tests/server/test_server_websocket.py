@@ -355,3 +355,74 @@ async def test_protocol_violation_fails_only_that_connection(server: Any, rpc: R
     await bad.wait_closed()
     assert bad.ws.close_code == 1002
     assert await other.call("environment/status") == {"status": "ready"}
+
+
+def _client_frame(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
+    """A masked client frame (RFC 6455 §5.2)."""
+    mask = b"\x11\x22\x33\x44"
+    size = len(payload)
+    if size < 126:
+        head = bytes((0x80 * fin | opcode, 0x80 | size))
+    elif size < 0x10000:
+        head = bytes((0x80 * fin | opcode, 0x80 | 126)) + size.to_bytes(2, "big")
+    else:
+        head = bytes((0x80 * fin | opcode, 0x80 | 127)) + size.to_bytes(8, "big")
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return head + mask + masked
+
+
+async def test_frames_split_batched_then_ping_and_fragments(server: Any) -> None:
+    """The server's own frame parser: frames across reads, several per read, and the
+    hand-over to the library at a ping and a fragmented message."""
+    host, port = server.url.removeprefix("ws://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+    assert head.startswith(b"HTTP/1.1 101")
+
+    async def read_frame() -> tuple[int, bytes]:
+        b0, b1 = await asyncio.wait_for(reader.readexactly(2), TIMEOUT)
+        size = b1 & 0x7F
+        if size == 126:
+            size = int.from_bytes(await reader.readexactly(2), "big")
+        elif size == 127:
+            size = int.from_bytes(await reader.readexactly(8), "big")
+        return b0 & 0x0F, await asyncio.wait_for(reader.readexactly(size), TIMEOUT)
+
+    def request(msg_id: int, pad: int = 0) -> bytes:
+        return json.dumps(
+            {"id": msg_id, "method": "initialize", "params": {"clientName": "x" * pad}}
+        ).encode()
+
+    async def reply_id() -> int:
+        opcode, data = await read_frame()
+        assert opcode == 1
+        return int(json.loads(data)["id"])
+
+    big = _client_frame(request(1, 70000))  # 64-bit length
+    for i in range(0, len(big), 4096):  # one frame over many reads
+        writer.write(big[i : i + 4096])
+        await writer.drain()
+    assert await reply_id() == 1
+    # Two frames in one write, the second split mid-header.
+    two = _client_frame(request(2, 200)) + _client_frame(request(3))
+    writer.write(two[:-30])
+    await writer.drain()
+    assert await reply_id() == 2
+    writer.write(two[-30:])
+    assert await reply_id() == 3
+    # A ping, then a fragmented message, then a plain one: the library takes over.
+    text = request(4)
+    writer.write(
+        _client_frame(b"p", opcode=9)
+        + _client_frame(text[:10], fin=False)
+        + _client_frame(text[10:], opcode=0)
+        + _client_frame(request(5))
+    )
+    assert await read_frame() == (10, b"p")
+    assert await reply_id() == 4
+    assert await reply_id() == 5
+    writer.close()
