@@ -471,6 +471,8 @@ class ProcessManager:
             else:
                 buffer.append(cap.stream, data)
             _wake(rec.waiters)
+            if len(data) < self._read_size:
+                return  # drained for now (saves the EAGAIN read); stay armed
         else:
             return  # more may be ready: stay armed, other callbacks run first
         self._hand_off(cap)
@@ -708,6 +710,11 @@ class ProcessManager:
             return WriteStatus.ACCEPTED
         rec.write_queue.append(memoryview(data))
         self._flush_stdin(rec)
+        # A terminal echoes the input during write(2): send the echo now, before
+        # the reply, instead of one loop iteration later.
+        for cap in rec.captures:
+            if cap.armed and cap.stream is ProcessStream.PTY:
+                self._on_readable(rec, cap)
         return WriteStatus.ACCEPTED
 
     def _flush_stdin(self, rec: _Record) -> None:
