@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -199,9 +199,9 @@ def _split(total: int, rounds: int) -> list[int]:
 
 async def bench_all(
     targets: list[ServerTarget], counts: Counts, report: Report, modes: tuple[str, ...],
-    rounds: int,
+    rounds: int, metrics: frozenset[str] | None = None,
 ) -> None:
-    """Run every benchmark, alternating servers round by round.
+    """Run every benchmark (of ``metrics``), alternating servers round by round.
 
     Interleaving spreads background load drift evenly over ours and upstream,
     which matters on small shared machines.
@@ -221,6 +221,8 @@ async def bench_all(
         async def run(metric: str, n: int, fn: Callable[[_Live, RawClient, bool, int],
                                                         Awaitable[list[float]]],
                       mode: str, **kw: Any) -> None:
+            if metrics is not None and not any(key in metric for key in _keys(metrics)):
+                return
             samples: dict[str, list[float]] = {name: [] for name in live}
             for part in _split(n, rounds):
                 for name, lv in live.items():
@@ -247,6 +249,15 @@ async def bench_all(
                       lambda lv, c, q, n: bench_pty_echo(c, lv.workdir, n), mode)
         for lv in live.values():
             _rss(report, lv.server, "RSS after load")
+
+
+#: ``--metrics`` names -> a prefix/substring of the metric label they select.
+METRICS: Final = {"handshake": "handshake", "true": "true start", "echo": "echo hi",
+                  "throughput": "MiB stdout", "concurrent": "concurrent", "pty": "pty"}
+
+
+def _keys(metrics: frozenset[str]) -> list[str]:
+    return [METRICS[m] for m in metrics]
 
 
 def _rss(report: Report, srv: RunningServer, metric: str) -> None:
@@ -283,7 +294,11 @@ async def run(args: argparse.Namespace) -> Report:
         report.notes.append("upstream codex not installed: pip install openai-codex-cli-bin")
     for target in targets:
         print(f"[bench_exec] {target.name}: {' '.join(target.argv)}", file=sys.stderr, flush=True)
-    await bench_all(targets, counts, report, modes, 1 if args.quick else args.rounds)
+    metrics = frozenset(m for m in args.metrics.split(",") if m)
+    unknown = metrics - set(METRICS)
+    if unknown:
+        raise SystemExit(f"unknown --metrics {sorted(unknown)}; choose from {sorted(METRICS)}")
+    await bench_all(targets, counts, report, modes, 1 if args.quick else args.rounds, metrics)
     return report
 
 
@@ -297,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5,
                     help="alternate servers this many times per metric (default 5)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    ap.add_argument("--metrics", default=",".join(METRICS),
+                    help="comma list of " + ",".join(METRICS) + " (default all; RSS always)")
     args = ap.parse_args(argv)
     report = asyncio.run(run(args))
     report.print()
