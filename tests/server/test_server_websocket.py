@@ -426,3 +426,41 @@ async def test_frames_split_batched_then_ping_and_fragments(server: Any) -> None
     assert await reply_id() == 4
     assert await reply_id() == 5
     writer.close()
+
+
+async def test_lossless_bulk_output_byte_exact_via_notifications(
+    server_factory: Callable[..., Any], rpc: Rpc, tmp_path: Any
+) -> None:
+    """Lossless mode over a real socket: the reader callback's sends, the hand-off to the
+    capture task when the write buffer fills, and back; every byte once, in order."""
+    import base64
+    import os
+
+    payload = os.urandom(8 << 20)
+    (tmp_path / "big").write_bytes(payload)
+    srv = server_factory("--lossless-output")
+    client = await rpc(srv.url)
+    await client.initialize()
+    await client.call(
+        "process/start",
+        {
+            "processId": "bulk",
+            "argv": ["/bin/cat", str(tmp_path / "big")],
+            "cwd": str(tmp_path),
+            "env": {"PATH": "/usr/bin:/bin"},
+            "tty": False,
+            "sandbox": None,
+        },
+    )
+    parts: list[bytes] = []
+    seqs: list[int] = []
+    while True:
+        note = await client.notification(timeout=30)
+        params = note["params"]
+        seqs.append(params["seq"])
+        if note["method"] == "process/output":
+            parts.append(base64.b64decode(params["chunk"]))
+        elif note["method"] == "process/closed":
+            break
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert b"".join(parts) == payload
