@@ -56,6 +56,7 @@ from exec_server.exceptions import (
 )
 from exec_server.fs import ops
 from exec_server.fs.ops import DirEntry, Metadata
+from exec_server.fs.service import INLINE_READ_LIMIT as _INLINE_READ_LIMIT
 from exec_server.fs.zygote import HelperFailure, Zygote, ZygoteUnavailable, describe_wait_status
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.access import has_full_disk_read
@@ -237,8 +238,12 @@ class SandboxedFileSystem:
     async def read_file(self, context: object, path: str) -> bytes:
         req = _request(context)
         if _reads_everything(req):
+            # Same as the unsandboxed route: small files inline (no thread hop).
             invalid = req.generation is Generation.CURRENT
-            return await asyncio.to_thread(ops.read_file, path, directory_is_invalid=invalid)
+            fd, size = ops.open_for_read(path, directory_is_invalid=invalid)
+            if size is not None and size <= _INLINE_READ_LIMIT:
+                return ops.read_and_close(fd, size)
+            return await asyncio.to_thread(ops.read_and_close, fd, size)
         _, data = await self.run(FsOperation("fs/readFile", path), req)
         return data
 
@@ -250,6 +255,8 @@ class SandboxedFileSystem:
         await self.run(op, _request(context))
 
     async def get_metadata(self, context: object, path: str) -> Metadata:
+        if _reads_everything(_request(context)):
+            return ops.get_metadata(path)  # inline, bounded: as the unsandboxed route
         return await self._read_only(
             context, FsOperation("fs/getMetadata", path), ops.get_metadata, _metadata_reply
         )

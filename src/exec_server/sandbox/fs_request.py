@@ -8,6 +8,8 @@ pre-check's access rule), §10.4 (the helper's confinement); CLIENT_COMPAT.md
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -184,6 +186,51 @@ class FsSandboxRequest:
         )
 
 
+class _RequestCache:
+    """Bounded LRU of decoded current-client contexts, keyed by the exact raw bytes.
+
+    Codex sends the identical context on every fs call. Only the pure part is
+    cached: decoding, validation and the wire → model conversion of a
+    ``permissions`` context depend on nothing but the bytes, the server's
+    canonical cwd and ``$TMPDIR`` (all in the key). Everything that depends on
+    the filesystem (protected subpaths, deny-glob expansion, check paths, the
+    helper plan) lives in :attr:`FsSandboxRequest.resolved` / ``helper_plan``,
+    so a hit returns a *fresh copy* whose lazily resolved policy is
+    recomputed per request: a ``.git`` created between two calls is protected
+    on the second. Legacy contexts are not cached (their conversion probes
+    the filesystem: root aliases, existing roots).
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self._maxsize = maxsize
+        self._items: OrderedDict[tuple[bytes, str, str | None], FsSandboxRequest] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[bytes, str, str | None]) -> FsSandboxRequest | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                return None
+            self._items.move_to_end(key)
+        # A new instance: ``resolved`` (filesystem-dependent) is never shared.
+        return replace(hit)
+
+    def put(self, key: tuple[bytes, str, str | None], request: FsSandboxRequest) -> None:
+        pristine = replace(request)
+        with self._lock:
+            self._items[key] = pristine
+            self._items.move_to_end(key)
+            while len(self._items) > self._maxsize:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_CURRENT_CACHE = _RequestCache(64)
+
+
 def _server_cwd() -> str:
     """The server's canonical cwd (PROTOCOL.md §10.1 step 1)."""
     try:
@@ -212,16 +259,24 @@ def fs_context_from_wire(
     """
     if raw is None:
         return None
+    cwd = server_cwd if server_cwd is not None else _server_cwd()
+    tmp = tmpdir if tmpdir is not None else os.environ.get("TMPDIR")
+    key = (bytes(raw), cwd, tmp) if probe is None else None
+    if key is not None:
+        cached = _CURRENT_CACHE.get(key)
+        if cached is not None:
+            return cached
     keys = object_keys(raw, "sandbox")
     if keys is None:
         return None
-    probe = probe or OsProbe()
-    cwd = server_cwd if server_cwd is not None else _server_cwd()
-    tmp = tmpdir if tmpdir is not None else os.environ.get("TMPDIR")
     if "permissions" in keys:
-        return _current_fs_request(
-            wire.decode_sandbox(raw, wire.CurrentSandboxContext), cwd, tmp, probe
+        request = _current_fs_request(
+            wire.decode_sandbox(raw, wire.CurrentSandboxContext), cwd, tmp, probe or OsProbe()
         )
+        if key is not None:
+            _CURRENT_CACHE.put(key, request)
+        return request
+    probe = probe or OsProbe()
     if "sandboxPolicy" in keys:
         ctx = wire.decode_sandbox(raw, wire.FileSystemSandboxContext)
         policy, extra = ctx.sandbox_policy, extra_permissions(ctx.additional_permissions)

@@ -1,0 +1,98 @@
+"""The decoded-context cache never carries filesystem state between calls.
+
+Codex sends the identical ``permissions`` context on every fs call, so the
+pure decode is cached by raw bytes; protected subpaths (``.git``…) must still
+be detected per request. The contexts here have no explicit ``.git`` carve-out,
+so only the per-request detection (PROTOCOL.md §6.10) protects it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from exec_server.client.fs import RemoteFileSystem
+from exec_server.exceptions import ExecServerError
+from exec_server.fs.sandboxed import SandboxedFileSystem
+from exec_server.sandbox.convert import fs_context_from_wire
+from exec_server.sandbox.policy import Access
+
+
+def _context(workspace: Path) -> dict[str, Any]:
+    """The current client's workspace-write context without explicit carve-outs."""
+    uri = "file://" + str(workspace)
+
+    def special(kind: str) -> dict[str, Any]:
+        return {"path": {"type": "special", "value": {"kind": kind}}, "access": "read"}
+
+    write = dict(special("project_roots"), access="write")
+    return {
+        "permissions": {
+            "type": "managed",
+            "file_system": {"type": "restricted", "entries": [special("root"), write]},
+            "network": "restricted",
+        },
+        "cwd": uri,
+        "policyContext": {"cwd": uri, "workspaceRoots": [uri]},
+        "workspaceRoots": [uri],
+        "windowsSandboxLevel": "disabled",
+        "useLegacyLandlock": False,
+    }
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path.resolve() / "ws"
+    ws.mkdir()
+    return ws
+
+
+def test_repeated_context_is_decoded_fresh_for_protected_paths(workspace: Path) -> None:
+    raw = msgspec.Raw(json.dumps(_context(workspace)).encode())
+    first = fs_context_from_wire(raw)
+    assert first is not None
+    assert first.can_write(str(workspace / ".git" / "config"))
+    hit = fs_context_from_wire(raw)  # a cache hit, resolved before .git exists
+    assert hit is not None and hit.can_write(str(workspace / ".git" / "config"))
+    (workspace / ".git").mkdir()
+    second = fs_context_from_wire(raw)
+    assert second is not None
+    assert second is not first and second is not hit  # the cache hands out fresh objects
+    assert second == first  # ... of the same decoded policy
+    assert not second.can_write(str(workspace / ".git" / "config"))
+    assert second.resolve_access(str(workspace / ".git")) is Access.READ
+    assert str(workspace / ".git") in second.helper_plan().read_only_subpaths
+    # The first object keeps its own (older) resolution: nothing shared.
+    assert first.can_write(str(workspace / "a.txt"))
+
+
+def test_cache_key_includes_server_cwd_and_tmpdir(workspace: Path, tmp_path: Path) -> None:
+    full = _context(workspace)
+    ctx = {k: full[k] for k in ("permissions", "windowsSandboxLevel")}  # no cwd: the server's
+    raw = msgspec.Raw(json.dumps(ctx).encode())
+    a = fs_context_from_wire(raw, server_cwd=str(workspace), tmpdir="/t1")
+    b = fs_context_from_wire(raw, server_cwd=str(tmp_path), tmpdir="/t1")
+    c = fs_context_from_wire(raw, server_cwd=str(workspace), tmpdir="/t2")
+    assert a is not None and b is not None and c is not None
+    assert (a.cwd, a.tmpdir) == (str(workspace), "/t1")
+    assert (b.cwd, b.tmpdir) == (str(tmp_path), "/t1")
+    assert (c.cwd, c.tmpdir) == (str(workspace), "/t2")
+
+
+async def test_git_created_between_two_calls_is_not_writable(
+    zygote_sfs: SandboxedFileSystem, make_caller: Any, workspace: Path
+) -> None:
+    fs = RemoteFileSystem(make_caller(zygote_sfs))
+    sandbox = _context(workspace)
+    target = workspace / ".git" / "HEAD"
+    (workspace / "probe").mkdir()
+    await fs.write_file(str(workspace / "probe" / "HEAD"), b"x", sandbox=sandbox)
+    (workspace / ".git").mkdir()
+    with pytest.raises(ExecServerError, match="not permitted by filesystem sandbox"):
+        await fs.write_file(str(target), b"evil", sandbox=sandbox)
+    assert not target.exists()
+    assert (workspace / "probe" / "HEAD").read_bytes() == b"x"
