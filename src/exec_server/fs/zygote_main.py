@@ -28,14 +28,12 @@ the server is going away: kill and reap every child, exit.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import gc
 import importlib.util
 import json
 import os
-import select
 import signal
 import socket
 import struct
@@ -43,12 +41,19 @@ import sys
 import time
 from types import ModuleType
 
+if __name__ == "__main__":
+    # Landlock plumbing, the seccomp program and the zygote loop are the
+    # mechanism modules' (stdlib-only): import them from the source tree
+    # without site-packages.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from exec_server.sandbox.linux.zygote_base import ZygoteBase, fds_from_anc
+
 __all__ = ["main"]
 
 _PR_SET_PDEATHSIG = 1
 _ID = struct.Struct("!Q")
 _PID = struct.Struct("!i")
-_EXIT = struct.Struct("!ii")
 
 
 def _load(name: str, directory: str) -> ModuleType:
@@ -62,29 +67,25 @@ def _load(name: str, directory: str) -> ModuleType:
     return module
 
 
-class Zygote:
+class Zygote(ZygoteBase):
     """State of the zygote process; see the module docstring for the protocol."""
+
+    #: the server is told about every reaped child, the spare included.
+    report_spare_exit = True
+    server_gone = (BrokenPipeError, ConnectionResetError)
 
     def __init__(
         self, ctl_fd: int, server_pid: int, fs_dir: str, test_hooks: bool, prefork: bool = True
     ) -> None:
-        self.prefork = prefork
-        # Landlock plumbing and the seccomp program are the mechanism modules'
-        # (stdlib-only): import them from the source tree without site-packages.
-        sys.path.insert(0, os.path.dirname(os.path.dirname(fs_dir)))
         self.ops = _load("zygote_ops", fs_dir)
         self.confine = _load("zygote_confine", fs_dir)
         self.abi: int = self.confine.landlock_abi()
         from exec_server.sandbox.linux import seccomp
 
         self.seccomp = seccomp
-        self.ctl = socket.socket(fileno=ctl_fd)
-        self.server_pid = server_pid
+        super().__init__(ctl_fd, server_pid, prefork)
         self.test_hooks = test_hooks
-        self.children: set[int] = set()
         self.libc = ctypes.CDLL(None, use_errno=True)
-        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.spare: tuple[int, socket.socket] | None = None
 
     # -------------------------------------------------------------- zygote side
 
@@ -92,10 +93,8 @@ class Zygote:
         self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != self.server_pid:
             return 1
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGCHLD, lambda _s, _f: None)
-        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        self._install_wakeup()
         self._warm_up()
         # Network is always off for the helper (PROTOCOL.md §10.1): filter the
         # zygote once; every child inherits it (and no_new_privs) across fork.
@@ -105,31 +104,8 @@ class Zygote:
         gc.freeze()
         self._send(b"R" + json.dumps({"abi": self.abi, "pid": os.getpid()}).encode())
         self._make_spare()
-        try:
-            while True:
-                try:
-                    ready, _, _ = select.select([self.ctl.fileno(), self.wake_r], [], [])
-                except InterruptedError:
-                    continue
-                if self.wake_r in ready:
-                    self._drain_wakeups()
-                    self._reap(block=False)
-                if self.ctl.fileno() in ready and not self._on_control():
-                    break
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        finally:
-            if self.spare is not None:
-                self.spare[1].close()
-            for pid in list(self.children):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            self._reap(block=True, report=False)
+        self._loop()
         return 0
-
-    def _send(self, msg: bytes, fds: tuple[int, ...] = ()) -> None:
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
-        self.ctl.sendmsg([msg], anc if fds else [])
 
     def _warm_up(self) -> None:
         """Run the child's code paths once so forked children start warm."""
@@ -139,32 +115,8 @@ class Zygote:
             self.ops.execute(req, b"", strict=True)
             json.loads(json.dumps({"status": "ok", "result": {"a": [1, "b"]}}))
 
-    def _drain_wakeups(self) -> None:
-        try:
-            while os.read(self.wake_r, 256):
-                pass
-        except BlockingIOError:
-            pass
-
-    def _reap(self, *, block: bool, report: bool = True) -> None:
-        while self.children:
-            try:
-                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-            except ChildProcessError:
-                self.children.clear()
-                return
-            except InterruptedError:
-                continue
-            if pid == 0:
-                return
-            self.children.discard(pid)
-            if self.spare is not None and self.spare[0] == pid:
-                self.spare[1].close()
-                self.spare = None
-            if report:
-                self._send(b"X" + _EXIT.pack(pid, status))
-        spare = {self.spare[0]} if self.spare is not None else set()
-        if report and not self.children - spare:
+    def _all_reaped(self, report: bool) -> None:
+        if report:
             # Re-fork the spare once no request's child is running, so the
             # fork and its page faults never compete with one.
             self._make_spare()
@@ -174,11 +126,7 @@ class Zygote:
             msg, anc, _flags, _addr = self.ctl.recvmsg(64, socket.CMSG_SPACE(16))
         except InterruptedError:
             return True
-        fds: list[int] = []
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(payload) - len(payload) % 4
-                fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+        fds = fds_from_anc(anc)
         if not msg:
             for fd in fds:
                 os.close(fd)

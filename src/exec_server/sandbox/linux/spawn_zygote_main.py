@@ -35,7 +35,6 @@ import contextlib
 import gc
 import json
 import os
-import select
 import signal
 import socket
 import struct
@@ -44,12 +43,12 @@ import time
 
 from exec_server.sandbox.linux import _launch, landlock, seccomp
 from exec_server.sandbox.linux._libc import call_prctl
+from exec_server.sandbox.linux.zygote_base import ZygoteBase, fds_from_anc
 
 __all__ = ["main"]
 
 _PR_SET_PDEATHSIG = 1
 _ID_PID = struct.Struct("!Qi")
-_EXIT = struct.Struct("!ii")
 #: request header after ``S``: id, tty, stdin.
 REQUEST_HEADER = struct.Struct("!QBB")
 #: idle seconds after a launch before the next spare is forked.
@@ -61,19 +60,13 @@ STATUS_FD = 3
 _MAX_FDS = 4
 
 
-class Zygote:
+class Zygote(ZygoteBase):
     """State of the zygote process; see the module docstring for the protocol."""
 
     def __init__(self, ctl_fd: int, server_pid: int, prefork: bool = True) -> None:
-        self.ctl = socket.socket(fileno=ctl_fd)
-        self.server_pid = server_pid
-        self.prefork = prefork
-        self.children: set[int] = set()
-        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        super().__init__(ctl_fd, server_pid, prefork)
         self.buf = bytearray(MAX_REQUEST)
         self.anc_size = socket.CMSG_SPACE(_MAX_FDS * 4)
-        #: (pid, hand-off socket) of the pre-forked child, if any.
-        self.spare: tuple[int, socket.socket] | None = None
         #: monotonic time after which a new spare may be forked.
         self.spare_at = 0.0
 
@@ -87,71 +80,27 @@ class Zygote:
         while (fd := os.open("/dev/null", os.O_RDWR)) <= 2:
             pass
         os.close(fd)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGCHLD, lambda _s, _f: None)
-        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        self._install_wakeup()
         _warm_up()
         gc.collect()
         gc.freeze()  # forked children keep sharing these pages
         self._send(b"R" + json.dumps({"pid": os.getpid()}).encode())
-        try:
-            while True:
-                timeout = None
-                if self.prefork and self.spare is None:
-                    timeout = self.spare_at - time.monotonic()
-                    if timeout <= 0:
-                        self._make_spare()
-                        timeout = None
-                try:
-                    ready, _, _ = select.select([self.ctl.fileno(), self.wake_r], [], [],
-                                                timeout)
-                except InterruptedError:
-                    continue
-                if self.wake_r in ready:
-                    self._drain_wakeups()
-                    self._reap(block=False)
-                if self.ctl.fileno() in ready and not self._on_control():
-                    break
-        except OSError:
-            pass  # the server is gone (EPIPE/ECONNRESET): clean up below
-        finally:
-            if self.spare is not None:
-                self.spare[1].close()
-            for pid in list(self.children):
-                for kill in (os.killpg, os.kill):
-                    with contextlib.suppress(OSError):
-                        kill(pid, signal.SIGKILL)
-            self._reap(block=True, report=False)
+        self._loop()
         return 0
 
-    def _send(self, msg: bytes) -> None:
-        self.ctl.sendmsg([msg])
+    def _idle_timeout(self) -> float | None:
+        """Fork the next spare once idle for ``SPARE_DELAY``; until then wake up for it."""
+        if self.prefork and self.spare is None:
+            timeout = self.spare_at - time.monotonic()
+            if timeout > 0:
+                return timeout
+            self._make_spare()
+        return None
 
-    def _drain_wakeups(self) -> None:
-        try:
-            while os.read(self.wake_r, 256):
-                pass
-        except BlockingIOError:
-            pass
-
-    def _reap(self, *, block: bool, report: bool = True) -> None:
-        while self.children:
-            try:
-                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-            except ChildProcessError:
-                self.children.clear()
-                return
-            except InterruptedError:
-                continue
-            if pid == 0:
-                return
-            self.children.discard(pid)
-            if self.spare is not None and self.spare[0] == pid:
-                self.spare[1].close()  # an unused spare died: nobody to tell
-                self.spare = None
-                continue
-            if report:
-                self._send(b"X" + _EXIT.pack(pid, status))
+    def _kill_child(self, pid: int) -> None:
+        for kill in (os.killpg, os.kill):  # a launch leads its own group
+            with contextlib.suppress(OSError):
+                kill(pid, signal.SIGKILL)
 
     def _on_control(self) -> bool:
         """Handle one control message; False on EOF (the server closed the socket)."""
@@ -159,11 +108,7 @@ class Zygote:
             n, anc, _flags, _addr = self.ctl.recvmsg_into([self.buf], self.anc_size)
         except InterruptedError:
             return True
-        fds: list[int] = []
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(payload) - len(payload) % 4
-                fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+        fds = fds_from_anc(anc)
         try:
             if n == 0:
                 return False
@@ -300,11 +245,7 @@ def _spare(z: Zygote, handoff: socket.socket) -> None:
                 break
             except InterruptedError:
                 continue
-        fds: list[int] = []
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(payload) - len(payload) % 4
-                fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+        fds = fds_from_anc(anc)
     except BaseException:
         os._exit(_launch.EXIT_SETUP)
     if n == 0:
