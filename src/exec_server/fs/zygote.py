@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from exec_server.fs.zygote_ops import encode_frame
+from exec_server.sandbox.linux.zygote_base import fds_from_anc
 
 __all__ = ["HelperFailure", "Zygote", "ZygoteUnavailable", "describe_wait_status"]
 
@@ -253,7 +254,7 @@ class Zygote:
             except OSError as exc:
                 self._mark_dead(z, f"control socket error: {exc}")
                 return
-            fds = _received_fds(anc)
+            fds = fds_from_anc(anc)
             if not msg:
                 for fd in fds:
                     os.close(fd)
@@ -435,15 +436,6 @@ def _kill(p: _Pending) -> None:
     if p.pidfd is not None:
         with contextlib.suppress(ProcessLookupError, OSError):
             signal.pidfd_send_signal(p.pidfd, signal.SIGKILL)
-
-
-def _received_fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
-    fds: list[int] = []
-    for level, kind, payload in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            usable = len(payload) - len(payload) % 4
-            fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
-    return fds
 
 
 async def _recv_exact(

@@ -202,11 +202,7 @@ class Zygote(ZygoteBase):
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            self.ctl.close()
-            os.close(self.wake_r)
-            os.close(self.wake_w)
-            if self.spare is not None:
-                self.spare[1].close()
+            self._close_zygote_fds()
             zygote_pid = os.getppid()
             self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != zygote_pid:

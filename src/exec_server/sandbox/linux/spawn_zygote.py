@@ -37,6 +37,7 @@ from typing import Final
 
 from exec_server.process.spec import LaunchServiceUnavailable, ServicedChild
 from exec_server.sandbox.linux.spawn_zygote_main import MAX_REQUEST, REQUEST_HEADER
+from exec_server.sandbox.linux.zygote_base import fds_from_anc
 
 __all__ = ["SpawnRequest", "SpawnZygote"]
 
@@ -365,11 +366,8 @@ class SpawnZygote:
             except OSError as exc:
                 self._mark_dead(z, f"control socket error: {exc}")
                 return
-            for level, anc_type, payload in anc:  # none expected; never leak one
-                if level == socket.SOL_SOCKET and anc_type == socket.SCM_RIGHTS:
-                    usable = len(payload) - len(payload) % 4
-                    for fd in struct.unpack(f"{usable // 4}i", payload[:usable]):
-                        os.close(fd)
+            for fd in fds_from_anc(anc):  # none expected; never leak one
+                os.close(fd)
             if not msg:
                 self._mark_dead(z, "the spawn zygote exited")
                 return

@@ -235,9 +235,7 @@ def _spare(z: Zygote, handoff: socket.socket) -> None:
     try:
         gc.disable()
         _reset_signals()
-        z.ctl.close()
-        os.close(z.wake_r)
-        os.close(z.wake_w)
+        z._close_zygote_fds()
         _prefault()
         while True:
             try:

@@ -105,6 +105,14 @@ class ZygoteBase:
                 self._kill_child(pid)
             self._reap(block=True, report=False)
 
+    def _close_zygote_fds(self) -> None:
+        """In a forked child: drop the zygote's control socket, wake pipe and spare socket."""
+        self.ctl.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        if self.spare is not None:
+            self.spare[1].close()
+
     def _drain_wakeups(self) -> None:
         try:
             while os.read(self.wake_r, 256):
