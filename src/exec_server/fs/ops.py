@@ -401,29 +401,37 @@ def _remove_tree(path: str) -> None:
 
 def _empty_directory(dir_fd: int) -> None:
     with os.scandir(dir_fd) as it:
-        entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in it]
-    for name, is_dir in entries:
-        try:
-            if not is_dir:
-                try:
-                    os.unlink(name, dir_fd=dir_fd)
-                    continue
-                except IsADirectoryError:
-                    pass  # became a directory since the listing
+        entries = list(it)
+    unlink = os.unlink
+    for entry in entries:
+        name = entry.name
+        if not entry.is_dir(follow_symlinks=False):
             try:
-                sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
-                    raise
-                os.unlink(name, dir_fd=dir_fd)  # replaced by a file or link meanwhile
+                unlink(name, dir_fd=dir_fd)
                 continue
-            try:
-                _empty_directory(sub)
-            finally:
-                os.close(sub)
-            os.rmdir(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                continue
+            except IsADirectoryError:
+                pass  # became a directory since the listing
+        try:
+            _remove_subdirectory(dir_fd, name)
         except FileNotFoundError:
             continue
+
+
+def _remove_subdirectory(dir_fd: int, name: str) -> None:
+    try:
+        sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        os.unlink(name, dir_fd=dir_fd)  # replaced by a file or link meanwhile
+        return
+    try:
+        _empty_directory(sub)
+    finally:
+        os.close(sub)
+    os.rmdir(name, dir_fd=dir_fd)
 
 
 # -------------------------------------------------------------------- copy
@@ -483,42 +491,165 @@ def _copy_tree(source: str, destination: str) -> None:
     Files are opened and created relative to those descriptors (``openat``),
     so the kernel resolves each directory's path once, not once per file.
     Subdirectories wait as paths, so at most four descriptors are open
-    however wide or deep the tree is.
+    however wide or deep the tree is. Directories this call creates are
+    filled through :func:`_copy_new_file_at`; merged ones file by file
+    through the careful :func:`_copy_file_at`.
     """
-    os.makedirs(destination, exist_ok=True)
-    pending = [(source, destination)]
+    created = _make_tree_root(destination)
+    pending: list[tuple[str, str, int | None]] = [
+        (source, destination, _MASK_TO_CHECK if created else None)
+    ]
+    umask: int | None = None
     while pending:
-        src_dir, dst_dir = pending.pop()
+        src_dir, dst_dir, mask = pending.pop()
         src_fd = os.open(src_dir, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
         try:
             dst_fd = os.open(dst_dir, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
             try:
-                _copy_directory_entries(src_fd, src_dir, dst_fd, dst_dir, pending)
+                if mask == _MASK_TO_CHECK:
+                    if umask is None:
+                        umask = _process_umask()
+                    mask = _creation_mask(dst_fd, umask)
+                _copy_directory_entries(src_fd, src_dir, dst_fd, dst_dir, mask, pending)
             finally:
                 os.close(dst_fd)
         finally:
             os.close(src_fd)
 
 
+#: ``mask`` of a directory this copy created whose creation mask is not known yet.
+_MASK_TO_CHECK = -2
+#: ``mask`` of a created directory whose new files' modes cannot be predicted.
+_MASK_UNKNOWN = -1
+_SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
+
+
+def _make_tree_root(destination: str) -> bool:
+    """Create the destination directory and its ancestors; ``True`` if this call created it.
+
+    An existing directory (or a link to one) is merged into (``False``); an
+    existing non-directory raises ``FileExistsError`` like ``os.makedirs``.
+    """
+    try:
+        os.mkdir(destination)
+        return True
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(destination), exist_ok=True)
+    except FileExistsError:
+        if not os.path.isdir(destination):
+            raise
+        return False
+    try:
+        os.mkdir(destination)
+        return True
+    except FileExistsError:
+        if not os.path.isdir(destination):
+            raise
+        return False
+
+
+def _process_umask() -> int:
+    """The process umask, read without ``os.umask``'s set-and-restore race between threads.
+
+    Returns :data:`_MASK_UNKNOWN` when ``/proc`` cannot tell (no procfs, kernel < 4.7).
+    """
+    try:
+        fd = os.open("/proc/self/status", os.O_RDONLY | _O_CLOEXEC)
+    except OSError:
+        return _MASK_UNKNOWN
+    try:
+        data = os.read(fd, 1 << 16)
+    except OSError:
+        return _MASK_UNKNOWN
+    finally:
+        os.close(fd)
+    for line in data.splitlines():
+        if line.startswith(b"Umask:"):
+            try:
+                return int(line[6:].strip(), 8)
+            except ValueError:
+                break
+    return _MASK_UNKNOWN
+
+
+def _creation_mask(dir_fd: int, umask: int) -> int:
+    """The permission bits ``open(O_CREAT)`` will strip from files new in ``dir_fd``.
+
+    That is the umask, unless the directory carries a default ACL (which
+    replaces the umask) or cannot tell: then :data:`_MASK_UNKNOWN`.
+    """
+    try:
+        os.getxattr(dir_fd, "system.posix_acl_default")
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.EOPNOTSUPP):
+            return umask
+        return _MASK_UNKNOWN
+    return _MASK_UNKNOWN
+
+
 def _copy_directory_entries(
-    src_fd: int, src_dir: str, dst_fd: int, dst_dir: str, pending: list[tuple[str, str]]
+    src_fd: int,
+    src_dir: str,
+    dst_fd: int,
+    dst_dir: str,
+    mask: int | None,
+    pending: list[tuple[str, str, int | None]],
 ) -> None:
+    """Copy one directory's entries; ``mask`` is ``None`` when ``dst_fd`` was merged into."""
     with os.scandir(src_fd) as it:
         entries = list(it)
     for entry in entries:
         name = entry.name
-        if entry.is_dir(follow_symlinks=False):
+        if entry.is_file(follow_symlinks=False):
+            if mask is None or not _copy_new_file_at(src_fd, dst_fd, name, mask):
+                _copy_file_at(src_fd, name, dst_fd, name)
+        elif entry.is_dir(follow_symlinks=False):
             try:
                 os.mkdir(name, dir_fd=dst_fd)
+                # A new directory inherits its parent's default ACL, so its mask.
+                child = _MASK_TO_CHECK if mask is None else mask
             except FileExistsError:
                 if not stat.S_ISDIR(os.stat(name, dir_fd=dst_fd).st_mode):
                     raise
-            pending.append((f"{src_dir}/{name}", f"{dst_dir}/{name}"))
+                child = None
+            pending.append((f"{src_dir}/{name}", f"{dst_dir}/{name}", child))
         elif entry.is_symlink():
             os.symlink(os.readlink(name, dir_fd=src_fd), name, dir_fd=dst_fd)
-        elif entry.is_file(follow_symlinks=False):
-            _copy_file_at(src_fd, name, dst_fd, name)
         # FIFOs, sockets and devices inside a tree are skipped (§9.3).
+
+
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
+
+
+def _copy_new_file_at(src_dir_fd: int, dst_dir_fd: int, name: str, mask: int) -> bool:
+    """Copy ``name`` into a directory this copy created, skipping :func:`_copy_file_at`'s checks.
+
+    ``O_EXCL`` proves the destination is a new, empty file, so it can be
+    neither the source nor need truncating; the permission bits are only
+    set when ``mask`` (see :func:`_creation_mask`) would have changed them.
+    Returns ``False``, having changed nothing, when the name exists already
+    (someone else wrote into the directory meanwhile) or the source is no
+    longer a regular file: the caller falls back to :func:`_copy_file_at`.
+    """
+    src_fd = os.open(name, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK, dir_fd=src_dir_fd)
+    try:
+        src_stat = os.fstat(src_fd)
+        if not stat.S_ISREG(src_stat.st_mode):
+            return False
+        perm = stat.S_IMODE(src_stat.st_mode)
+        try:
+            dst_fd = os.open(name, _NEW_FILE_FLAGS, perm, dir_fd=dst_dir_fd)
+        except FileExistsError:
+            return False
+        try:
+            if mask < 0 or perm & (mask | _SPECIAL_BITS):
+                os.fchmod(dst_fd, perm)
+            _copy_contents(src_fd, dst_fd, src_stat.st_size)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
+    return True
 
 
 def _copy_file(source: str, destination: str, src_stat: os.stat_result) -> None:
@@ -555,19 +686,35 @@ def _copy_file_at(
                 os.ftruncate(dst_fd, 0)
             if stat.S_IMODE(dst_stat.st_mode) != perm:
                 os.fchmod(dst_fd, perm)
-            _copy_contents(src_fd, dst_fd)
+            _copy_contents(src_fd, dst_fd, src_stat.st_size)
         finally:
             os.close(dst_fd)
     finally:
         os.close(src_fd)
 
 
-def _copy_contents(src_fd: int, dst_fd: int) -> None:
-    copy_range = getattr(os, "copy_file_range", None)
+_COPY_MAX = 1 << 30
+_copy_file_range: Callable[[int, int, int], int] | None = getattr(os, "copy_file_range", None)
+
+
+def _copy_contents(src_fd: int, dst_fd: int, size: int = 0) -> None:
+    """Copy from both files' offsets to EOF; ``size`` (the source's ``st_size``) saves a call.
+
+    Asking ``copy_file_range`` for ``size + 1`` bytes and getting fewer (but
+    at least ``size``) means EOF, so a file that did not change since its
+    ``fstat`` takes one call instead of two. A file of ``st_size`` 0 may
+    still have contents (``/proc``), so it is copied to EOF like any other.
+    """
+    copy_range = _copy_file_range
     if copy_range is not None:
         try:
-            while copy_range(src_fd, dst_fd, 1 << 30):
-                pass
+            want = size + 1 if size else _COPY_MAX
+            done = 0
+            while copied := copy_range(src_fd, dst_fd, want):
+                done += copied
+                if copied < want and size and done >= size:
+                    return
+                want = _COPY_MAX
             return
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
@@ -575,7 +722,7 @@ def _copy_contents(src_fd: int, dst_fd: int) -> None:
     offset = os.lseek(dst_fd, 0, os.SEEK_CUR)
     os.lseek(src_fd, offset, os.SEEK_SET)
     try:
-        while os.sendfile(dst_fd, src_fd, None, 1 << 30):
+        while os.sendfile(dst_fd, src_fd, None, _COPY_MAX):
             pass
         return
     except OSError as exc:

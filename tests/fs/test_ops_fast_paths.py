@@ -1,0 +1,366 @@
+"""The fast paths of ``fs/copy`` and ``fs/remove`` in :mod:`exec_server.fs.ops`.
+
+A recursive copy creates files in directories it made itself with
+``O_EXCL`` and skips the careful same-file / truncate / ``fchmod`` checks;
+these tests pin that the results still match ``std::fs::copy`` (contents,
+permission bits), that every fallback (an entry that appeared meanwhile,
+default ACLs, an unknown umask) keeps upstream semantics, and that removal
+never follows links out of the tree.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exec_server.exceptions import InternalError, InvalidRequestError
+from exec_server.fs import ops
+
+
+@pytest.fixture
+def tdir(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+MODES = (0o644, 0o666, 0o600, 0o755, 0o777, 0o000, 0o4755, 0o2750, 0o1777)
+SIZES = (0, 1, 4096, 64 * 1024 + 1, 1024 * 1024 + 3)
+
+
+def _make_source(src: Path) -> dict[str, bytes]:
+    """A tree with every mode and size above; returns relative path -> contents."""
+    contents: dict[str, bytes] = {}
+    (src / "sub" / "deeper").mkdir(parents=True)
+    for i, mode in enumerate(MODES):
+        rel = f"sub/m{mode:o}"
+        data = os.urandom(i * 7)
+        (src / rel).write_bytes(data)
+        os.chmod(src / rel, mode)
+        contents[rel] = data
+    for size in SIZES:
+        rel = f"sub/deeper/s{size}"
+        data = os.urandom(size)
+        (src / rel).write_bytes(data)
+        contents[rel] = data
+    return contents
+
+
+def _assert_same_tree(src: Path, dst: Path, contents: dict[str, bytes]) -> None:
+    for rel, data in contents.items():
+        assert (dst / rel).read_bytes() == data, rel
+        assert _mode(dst / rel) == _mode(src / rel), rel
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o000])
+def test_fresh_tree_copy_keeps_contents_and_exact_modes(tdir: Path, umask: int) -> None:
+    src = tdir / "src"
+    contents = _make_source(src)
+    old = os.umask(umask)
+    try:
+        ops.copy(str(src), str(tdir / "new" / "missing" / "dst"), recursive=True)
+    finally:
+        os.umask(old)
+    _assert_same_tree(src, tdir / "new" / "missing" / "dst", contents)
+
+
+def test_fresh_tree_copy_with_unknown_umask_still_sets_modes(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch, umask_022: None
+) -> None:
+    """No ``/proc``: every new file gets an explicit ``fchmod``."""
+    monkeypatch.setattr(ops, "_process_umask", lambda: ops._MASK_UNKNOWN)
+    src = tdir / "src"
+    contents = _make_source(src)
+    ops.copy(str(src), str(tdir / "dst"), recursive=True)
+    _assert_same_tree(src, tdir / "dst", contents)
+
+
+def test_process_umask_reads_the_live_umask() -> None:
+    old = os.umask(0o027)
+    try:
+        assert ops._process_umask() == 0o027
+    finally:
+        os.umask(old)
+    assert ops._process_umask() == old
+
+
+def _restrictive_default_acl() -> bytes:
+    """``u::rwx,g::---,o::---`` in the kernel's ``posix_acl_xattr`` layout."""
+    undefined = 0xFFFFFFFF
+    entries = [(0x01, 7, undefined), (0x04, 0, undefined), (0x20, 0, undefined)]
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def test_default_acl_is_not_mistaken_for_the_umask(tdir: Path, umask_022: None) -> None:
+    """A default ACL, not the umask, shapes new files: modes are still copied exactly."""
+    parent = tdir / "acl"
+    parent.mkdir()
+    try:
+        os.setxattr(parent, "system.posix_acl_default", _restrictive_default_acl())
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOTSUP):
+            pytest.skip("filesystem without POSIX ACLs")
+        raise
+    probe = parent / "probe"
+    probe.touch()
+    assert _mode(probe) == 0o600  # the ACL really is in force here
+    src = tdir / "src"
+    contents = _make_source(src)
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert ops._creation_mask(fd, 0o022) == ops._MASK_UNKNOWN
+    finally:
+        os.close(fd)
+    ops.copy(str(src), str(parent / "dst"), recursive=True)
+    _assert_same_tree(src, parent / "dst", contents)
+
+
+def test_creation_mask_is_the_umask_without_default_acl(tdir: Path) -> None:
+    fd = os.open(tdir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert ops._creation_mask(fd, 0o027) == 0o027
+    finally:
+        os.close(fd)
+
+
+def test_fresh_tree_copy_keeps_links_and_skips_special_files(tdir: Path) -> None:
+    src = tdir / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f").write_text("data")
+    (src / "d" / "rel").symlink_to("f")
+    (src / "abs").symlink_to(tdir / "outside")
+    (src / "dangling").symlink_to("nowhere")
+    (src / "dirlink").symlink_to("d")
+    os.mkfifo(src / "fifo")
+    os.mkfifo(src / "d" / "fifo")
+    dst = tdir / "dst"
+    ops.copy(str(src), str(dst), recursive=True)
+    assert (dst / "d" / "f").read_text() == "data"
+    assert os.readlink(dst / "d" / "rel") == "f"
+    assert os.readlink(dst / "abs") == str(tdir / "outside")
+    assert os.readlink(dst / "dangling") == "nowhere"
+    assert os.readlink(dst / "dirlink") == "d"
+    assert sorted(os.listdir(dst)) == ["abs", "d", "dangling", "dirlink"]
+    assert sorted(os.listdir(dst / "d")) == ["f", "rel"]
+
+
+def test_merge_creates_new_subdirectories_with_the_fast_path(tdir: Path, umask_022: None) -> None:
+    """A new subdirectory inside a merged destination is filled like a fresh tree."""
+    src = tdir / "src"
+    contents = _make_source(src)
+    (src / "top").write_text("new")
+    dst = tdir / "dst"
+    dst.mkdir()
+    (dst / "top").write_text("a much longer old text")
+    (dst / "keep").write_text("kept")
+    ops.copy(str(src), str(dst), recursive=True)
+    _assert_same_tree(src, dst, contents)
+    assert (dst / "top").read_text() == "new"
+    assert (dst / "keep").read_text() == "kept"
+
+
+def test_existing_name_in_a_fresh_directory_falls_back_to_the_careful_copy(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries that appear in a directory after we created it are overwritten
+    carefully: a longer file is truncated, a hard link of the source is refused."""
+    src = tdir / "src"
+    src.mkdir()
+    (src / "short").write_text("new")
+    (src / "same").write_text("must survive")
+    os.chmod(src / "short", 0o640)
+    dst = tdir / "dst"
+    dst.mkdir()
+    (dst / "short").write_text("old and much longer")
+    os.chmod(dst / "short", 0o666)
+    os.link(src / "same", dst / "same")
+    # Pretend the copy created ``dst`` (others wrote into it meanwhile).
+    monkeypatch.setattr(ops, "_make_tree_root", lambda destination: True)
+    with pytest.raises(InvalidRequestError):
+        ops.copy(str(src), str(dst), recursive=True)
+    assert (src / "same").read_text() == "must survive"
+    os.unlink(dst / "same")
+    ops.copy(str(src), str(dst), recursive=True)
+    assert (dst / "short").read_text() == "new"
+    assert _mode(dst / "short") == 0o640
+    assert (dst / "same").read_text() == "must survive"
+
+
+def test_copy_new_file_reports_existing_destination_untouched(tdir: Path) -> None:
+    (tdir / "a").mkdir()
+    (tdir / "b").mkdir()
+    (tdir / "a" / "f").write_text("source")
+    (tdir / "b" / "f").write_text("existing")
+    (tdir / "b" / "link").symlink_to(tdir / "outside")
+    (tdir / "a" / "link").write_text("source")
+    src_fd = os.open(tdir / "a", os.O_RDONLY | os.O_DIRECTORY)
+    dst_fd = os.open(tdir / "b", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        assert ops._copy_new_file_at(src_fd, dst_fd, "f", 0o022) is False
+        assert ops._copy_new_file_at(src_fd, dst_fd, "link", 0o022) is False
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(src_fd)
+        os.close(dst_fd)
+    assert (tdir / "b" / "f").read_text() == "existing"
+    assert not (tdir / "outside").exists()  # O_EXCL never follows the link
+
+
+def test_copy_new_file_declines_a_source_that_is_no_longer_regular(tdir: Path) -> None:
+    (tdir / "a").mkdir()
+    (tdir / "b").mkdir()
+    os.mkfifo(tdir / "a" / "p")
+    src_fd = os.open(tdir / "a", os.O_RDONLY | os.O_DIRECTORY)
+    dst_fd = os.open(tdir / "b", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert ops._copy_new_file_at(src_fd, dst_fd, "p", 0o022) is False
+    finally:
+        os.close(src_fd)
+        os.close(dst_fd)
+    assert os.listdir(tdir / "b") == []
+
+
+def test_tree_root_that_is_a_file_is_refused(tdir: Path) -> None:
+    (tdir / "src").mkdir()
+    (tdir / "file").write_text("x")
+    with pytest.raises(InternalError):
+        ops.copy(str(tdir / "src"), str(tdir / "file"), recursive=True)
+    assert (tdir / "file").read_text() == "x"
+    with pytest.raises(InternalError):
+        ops.copy(str(tdir / "src"), str(tdir / "file" / "below"), recursive=True)
+
+
+def test_tree_root_through_a_symlinked_directory_is_merged(tdir: Path) -> None:
+    (tdir / "src").mkdir()
+    (tdir / "src" / "f").write_text("x")
+    (tdir / "real").mkdir()
+    (tdir / "alias").symlink_to("real")
+    assert ops._make_tree_root(str(tdir / "alias")) is False
+    assert ops._make_tree_root(str(tdir / "fresh" / "a" / "b")) is True
+    assert ops._make_tree_root(str(tdir / "fresh" / "a" / "b")) is False
+    ops.copy(str(tdir / "src"), str(tdir / "alias"), recursive=True)
+    assert (tdir / "real" / "f").read_text() == "x"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_single_file_copy_contents_and_mode(tdir: Path, size: int) -> None:
+    data = os.urandom(size)
+    (tdir / "src").write_bytes(data)
+    os.chmod(tdir / "src", 0o751)
+    (tdir / "longer").write_bytes(b"z" * (size + 100))
+    for dst in ("new", "longer"):
+        ops.copy(str(tdir / "src"), str(tdir / dst), recursive=False)
+        assert (tdir / dst).read_bytes() == data
+        assert _mode(tdir / dst) == 0o751
+
+
+def test_copy_of_a_file_whose_size_is_zero_reads_to_eof(tdir: Path) -> None:
+    """``/proc`` files report ``st_size`` 0 yet have contents."""
+    ops.copy("/proc/self/status", str(tdir / "status"), recursive=False)
+    assert b"Umask:" in (tdir / "status").read_bytes()
+
+
+def test_copy_contents_falls_back_when_copy_file_range_is_refused(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(src: int, dst: int, count: int) -> int:
+        raise OSError(errno.EXDEV, "cross-device")
+
+    monkeypatch.setattr(ops, "_copy_file_range", refuse)
+    data = os.urandom(300_000)
+    (tdir / "src").mkdir()
+    (tdir / "src" / "f").write_bytes(data)
+    ops.copy(str(tdir / "src"), str(tdir / "dst"), recursive=True)
+    assert (tdir / "dst" / "f").read_bytes() == data
+
+
+def test_copy_contents_continues_after_a_short_copy(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short ``copy_file_range`` before the known size is not taken for EOF."""
+    real = os.copy_file_range
+    calls: list[int] = []
+
+    def dribble(src: int, dst: int, count: int) -> int:
+        calls.append(count)
+        return real(src, dst, min(count, 1000))
+
+    monkeypatch.setattr(ops, "_copy_file_range", dribble)
+    data = os.urandom(4500)
+    (tdir / "f").write_bytes(data)
+    ops.copy(str(tdir / "f"), str(tdir / "g"), recursive=False)
+    assert (tdir / "g").read_bytes() == data
+    assert calls[0] == 4501 and len(calls) == 5
+
+
+def test_remove_tree_leaves_link_targets_outside_intact(tdir: Path) -> None:
+    outside = tdir / "outside"
+    (outside / "inner").mkdir(parents=True)
+    (outside / "inner" / "keep").write_text("keep")
+    (outside / "file").write_text("file")
+    root = tdir / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "to-dir").symlink_to(outside)
+    (root / "a" / "to-inner").symlink_to(outside / "inner")
+    (root / "a" / "b" / "to-file").symlink_to(outside / "file")
+    (root / "a" / "b" / "x").write_text("x")
+    os.mkfifo(root / "a" / "fifo")
+    ops.remove(str(root), recursive=True, force=False)
+    assert not root.exists()
+    assert (outside / "inner" / "keep").read_text() == "keep"
+    assert (outside / "file").read_text() == "file"
+
+
+def test_remove_of_a_link_to_a_directory_removes_only_the_link(tdir: Path) -> None:
+    (tdir / "real").mkdir()
+    (tdir / "real" / "f").write_text("x")
+    (tdir / "link").symlink_to("real")
+    ops.remove(str(tdir / "link"), recursive=True, force=False)
+    assert not (tdir / "link").is_symlink()
+    assert (tdir / "real" / "f").read_text() == "x"
+
+
+def test_remove_subdirectory_replaced_by_a_link_unlinks_the_link(tdir: Path) -> None:
+    """Listed as a directory, swapped for a link before we open it: the link goes,
+    its target stays (``O_NOFOLLOW``)."""
+    (tdir / "outside").mkdir()
+    (tdir / "outside" / "keep").write_text("keep")
+    (tdir / "root").mkdir()
+    (tdir / "root" / "sub").symlink_to(tdir / "outside")
+    fd = os.open(tdir / "root", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        ops._remove_subdirectory(fd, "sub")
+    finally:
+        os.close(fd)
+    assert os.listdir(tdir / "root") == []
+    assert (tdir / "outside" / "keep").read_text() == "keep"
+
+
+def test_remove_tree_that_vanishes_meanwhile_is_fine(tdir: Path) -> None:
+    (tdir / "root").mkdir()
+    fd = os.open(tdir / "root", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(FileNotFoundError):
+            ops._remove_subdirectory(fd, "gone")
+    finally:
+        os.close(fd)
+    ops.remove(str(tdir / "root"), recursive=True, force=False)
+    assert not (tdir / "root").exists()
