@@ -162,7 +162,14 @@ Op = Callable[[Side, int], Awaitable[Any]]
 
 async def interleaved(sides: list[Side], metric: str, n: int, op: Op, rounds: int = 5) -> None:
     """Run ``n`` samples of ``op`` per server in ``rounds`` alternating batches,
-    so load changes on a shared machine hit every server alike."""
+    so load changes on a shared machine hit every server alike.
+
+    Starts with an untimed ``sync``: the fixtures and the previous metric leave
+    megabytes of dirty pages, and their writeback (journal commits) would
+    otherwise land on the first samples of this metric, on whichever server
+    happened to run then.
+    """
+    await asyncio.to_thread(os.sync)
     done = 0
     per_round = max(1, -(-n // rounds))
     while done < n:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.fs import ops
-from exec_server.fs.workers import WorkerPool
+from exec_server.fs.workers import WorkerPool, current_cpu
 
 WAIT = 30.0
 
@@ -120,3 +121,33 @@ def test_idle_threads_exit() -> None:
         thread.join(WAIT)
         assert not thread.is_alive()
     assert pool.threads == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux affinity API")
+async def test_pool_job_runs_with_the_full_cpu_set() -> None:
+    """The worker is narrowed to the caller's CPU only to wake it; the job itself
+    runs with every allowed CPU, so long jobs can still spread out."""
+    allowed = os.sched_getaffinity(0)
+    pool = WorkerPool(max_workers=2)
+    for _ in range(5):  # new thread first, then the same idle thread re-used
+        seen = await asyncio.wait_for(pool.run(os.sched_getaffinity, 0), WAIT)
+        assert seen == allowed
+    assert current_cpu() in allowed
+
+
+async def test_pool_without_cpu_following_runs_jobs() -> None:
+    pool = WorkerPool(max_workers=1, follow_caller_cpu=False)
+    assert await asyncio.wait_for(pool.run(lambda: 7), WAIT) == 7
+
+
+async def test_pool_backlog_runs_in_order_on_one_thread() -> None:
+    pool = WorkerPool(max_workers=1)
+    order: list[int] = []
+    gate = threading.Event()
+    first = asyncio.ensure_future(pool.run(gate.wait, WAIT))
+    rest = [asyncio.ensure_future(pool.run(order.append, i)) for i in range(5)]
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *rest), WAIT)
+    assert order == [0, 1, 2, 3, 4]
+    assert pool.threads == 1

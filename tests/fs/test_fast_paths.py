@@ -44,3 +44,30 @@ def test_fast_parse_matches_full_parser(value: str) -> None:
     except ExecServerError as exc:
         got = (type(exc), exc.code, exc.message)
     assert got == expected
+
+
+def _reference_normalize(path: str) -> str:
+    out: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if out:
+                out.pop()
+            continue
+        out.append(part)
+    return "/" + "/".join(out)
+
+
+def test_normalize_lexical_shortcut_matches_the_segment_walk() -> None:
+    """The already-normal shortcut gives exactly the segment walk's answer."""
+    import random
+
+    from exec_server.protocol.paths import normalize_lexical
+
+    rng = random.Random(1234)
+    alphabet = ["a", "b", ".", "..", "/", ".x", "x.", " ", "\\", "é"]
+    for _ in range(20000):
+        tail = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 10)))
+        for path in (tail, "/" + tail):
+            assert normalize_lexical(path) == _reference_normalize(path), path

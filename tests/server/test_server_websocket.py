@@ -464,3 +464,111 @@ async def test_lossless_bulk_output_byte_exact_via_notifications(
             break
     assert seqs == list(range(1, len(seqs) + 1))
     assert b"".join(parts) == payload
+
+
+async def _raw_upgrade(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("ws://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+    assert head.startswith(b"HTTP/1.1 101")
+    return reader, writer
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    b0, b1 = await asyncio.wait_for(reader.readexactly(2), TIMEOUT)
+    size = b1 & 0x7F
+    if size == 126:
+        size = int.from_bytes(await reader.readexactly(2), "big")
+    elif size == 127:
+        size = int.from_bytes(await reader.readexactly(8), "big")
+    return b0 & 0x0F, await asyncio.wait_for(reader.readexactly(size), TIMEOUT)
+
+
+def _init_request(msg_id: int, pad: int = 0) -> bytes:
+    return json.dumps(
+        {"id": msg_id, "method": "initialize", "params": {"clientName": "x" * pad}}
+    ).encode()
+
+
+async def test_ping_between_fragments_is_answered_and_message_completes(server: Any) -> None:
+    """RFC 6455 allows control frames between fragments: pong first, then the reply;
+    fragmented messages keep working afterwards (also across reads)."""
+    reader, writer = await _raw_upgrade(server.url)
+    text = _init_request(1, 300)
+    writer.write(
+        _client_frame(text[:100], fin=False)
+        + _client_frame(b"mid", opcode=9)
+        + _client_frame(text[100:200], opcode=0, fin=False)
+        + _client_frame(text[200:], opcode=0)
+    )
+    assert await _read_frame(reader) == (10, b"mid")
+    opcode, data = await _read_frame(reader)
+    assert (opcode, json.loads(data)["id"]) == (1, 1)
+    # A second fragmented message split mid-frame over two writes.
+    text = _init_request(2, 5000)
+    frames = _client_frame(text[:3000], opcode=2, fin=False) + _client_frame(text[3000:], opcode=0)
+    writer.write(frames[:3100])
+    await writer.drain()
+    writer.write(frames[3100:])
+    opcode, data = await _read_frame(reader)
+    assert json.loads(data)["id"] == 2
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        # a new Text frame while a fragmented message is open
+        _client_frame(b'{"id":', fin=False) + _client_frame(b"{}"),
+        # a continuation frame with no message to continue
+        _client_frame(b"{}", opcode=0),
+    ],
+    ids=["text-inside-fragments", "orphan-continuation"],
+)
+async def test_fragmentation_violations_close_with_1002(server: Any, frames: bytes) -> None:
+    reader, writer = await _raw_upgrade(server.url)
+    writer.write(frames)
+    opcode, data = await _read_frame(reader)
+    assert opcode == 8
+    assert int.from_bytes(data[:2], "big") == 1002
+    writer.close()
+
+
+async def test_fast_path_stays_on_after_fragmented_messages_and_pings() -> None:
+    """In-process: fragmented messages and pings do not push the connection onto the
+    library's slower parser (only a close or a malformed frame does)."""
+    from exec_server.rpc.ws_server import WsConnection, serve_websocket
+
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+    conns: list[WsConnection] = []
+
+    async def handler(conn: WsConnection) -> None:
+        conns.append(conn)
+        while (msg := await conn.receive()) is not None:
+            assert isinstance(msg, bytes)
+            await got.put(msg)
+
+    srv = await serve_websocket(handler, "127.0.0.1", 0, max_message_size=1 << 20)
+    try:
+        port = srv.sockets[0].getsockname()[1]
+        reader, writer = await _raw_upgrade(f"ws://127.0.0.1:{port}")
+        writer.write(_client_frame(b"one"))
+        assert await asyncio.wait_for(got.get(), TIMEOUT) == b"one"
+        writer.write(
+            _client_frame(b"tw", fin=False) + _client_frame(b"o", opcode=9)
+            + _client_frame(b"o", opcode=0)
+        )
+        assert await _read_frame(reader) == (10, b"o")
+        assert await asyncio.wait_for(got.get(), TIMEOUT) == b"two"
+        assert conns[0]._fast
+        writer.write(_client_frame(b"x" * 70000, opcode=2))
+        assert await asyncio.wait_for(got.get(), TIMEOUT) == b"x" * 70000
+        assert conns[0]._fast
+        writer.close()
+    finally:
+        srv.close()
+        await srv.wait_closed()

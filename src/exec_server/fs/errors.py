@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
+from typing import Final
 
 from exec_server.exceptions import (
     ExecServerError,
@@ -61,10 +61,25 @@ def os_error(code: int) -> OSError:
     return OSError(code, os.strerror(code))
 
 
-@contextmanager
-def translate_os_errors() -> Iterator[None]:
-    """Re-raise any ``OSError`` in the block as its typed error, cause chained."""
-    try:
-        yield
-    except OSError as exc:
-        raise fs_error_from_os(exc) from exc
+class _TranslateOsErrors:
+    """A plain context manager: about a third of ``@contextmanager``'s cost, and
+    it wraps every filesystem call, some of them answered in ~10 µs."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(exc, OSError):
+            raise fs_error_from_os(exc) from exc
+
+
+_TRANSLATE: Final = _TranslateOsErrors()
+
+
+def translate_os_errors() -> _TranslateOsErrors:
+    """Re-raise any ``OSError`` in the ``with`` block as its typed error, cause chained."""
+    return _TRANSLATE

@@ -29,8 +29,10 @@ page and dentry caches.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from stat import S_ISREG
 from typing import Protocol, TypeVar
 
 from exec_server.exceptions import InvalidRequestError
@@ -141,6 +143,27 @@ class FileSystemService:
         # Queued before the first await, so the worker closes fd even if we are cancelled.
         return await self._pool.run(ops.read_and_close, fd, size)
 
+
+    def read_file_now(
+        self, path: str, route: Route = DIRECT, *, directory_is_invalid: bool = False
+    ) -> bytes | None:
+        """The contents if this read is one done inline (direct, a regular file of
+        at most :data:`INLINE_READ_LIMIT` bytes), else None (the caller uses
+        :meth:`read_file`, which also reports any error). A ``stat`` decides
+        first, so nothing else (a FIFO, a device) is ever opened twice."""
+        if route.confined:
+            return None
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            return None
+        if not S_ISREG(st.st_mode) or st.st_size > INLINE_READ_LIMIT:
+            return None
+        fd, size = ops.open_for_read(path, directory_is_invalid=directory_is_invalid)
+        if size is None or size > INLINE_READ_LIMIT:  # replaced since the stat
+            os.close(fd)
+            return None
+        return ops.read_and_close(fd, size)
 
     async def read_file_mapped(
         self,

@@ -686,7 +686,27 @@ class ProcessManager:
     # -- write -------------------------------------------------------------------------
 
     async def write(self, process_id: str, data: bytes, write_id: str | None = None) -> WriteStatus:
-        """``process/write`` (§8.5, CLIENT_COMPAT §5.1): queue ``data`` for the child's stdin."""
+        """``process/write`` (§8.5, CLIENT_COMPAT §5.1): queue ``data`` for the child's stdin.
+
+        Waits while the child's stdin queue is full (backpressure).
+        """
+        status = self.write_now(process_id, data, write_id)
+        if status is not None:
+            return status
+        rec = self._records[process_id]
+        self._remember_write_id(rec, write_id)
+        while len(rec.write_queue) >= WRITE_QUEUE_DEPTH and rec.stdin_fd is not None:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            rec.write_space.append(fut)
+            await fut
+        if rec.stdin_fd is not None:
+            self._enqueue(rec, data)
+        return WriteStatus.ACCEPTED
+
+    def write_now(
+        self, process_id: str, data: bytes, write_id: str | None = None
+    ) -> WriteStatus | None:
+        """:meth:`write` without waiting: None, having done nothing, when it would wait."""
         rec = self._records.get(process_id)
         if rec is None:
             return WriteStatus.UNKNOWN_PROCESS
@@ -694,20 +714,24 @@ class ProcessManager:
             return WriteStatus.STARTING
         if rec.child.stdin_fd is None:
             return WriteStatus.STDIN_CLOSED
+        if write_id is not None and write_id in rec.write_ids:
+            return WriteStatus.ACCEPTED
+        if rec.stdin_fd is not None and data and len(rec.write_queue) >= WRITE_QUEUE_DEPTH:
+            return None
+        self._remember_write_id(rec, write_id)
+        if rec.stdin_fd is not None and data:
+            self._enqueue(rec, data)
+        # else exited/closed: accepted and dropped (observed upstream)
+        return WriteStatus.ACCEPTED
+
+    @staticmethod
+    def _remember_write_id(rec: _Record, write_id: str | None) -> None:
         if write_id is not None:
-            if write_id in rec.write_ids:
-                return WriteStatus.ACCEPTED
             rec.write_ids[write_id] = None
             if len(rec.write_ids) > WRITE_ID_MEMORY:
                 rec.write_ids.popitem(last=False)
-        if rec.stdin_fd is None or not data:
-            return WriteStatus.ACCEPTED  # exited/closed: accepted and dropped (obs)
-        while len(rec.write_queue) >= WRITE_QUEUE_DEPTH and rec.stdin_fd is not None:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            rec.write_space.append(fut)
-            await fut
-        if rec.stdin_fd is None:
-            return WriteStatus.ACCEPTED
+
+    def _enqueue(self, rec: _Record, data: bytes) -> None:
         rec.write_queue.append(memoryview(data))
         self._flush_stdin(rec)
         # A terminal echoes the input during write(2): send the echo now, before
@@ -715,7 +739,6 @@ class ProcessManager:
         for cap in rec.captures:
             if cap.armed and cap.stream is ProcessStream.PTY:
                 self._on_readable(rec, cap)
-        return WriteStatus.ACCEPTED
 
     def _flush_stdin(self, rec: _Record) -> None:
         fd = rec.stdin_fd

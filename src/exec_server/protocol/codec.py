@@ -14,7 +14,7 @@ their own camelCase renames).
 
 from __future__ import annotations
 
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -95,7 +95,18 @@ class _OutError(msgspec.Struct):
     error: _OutErrorObject
 
 
+class _PlainRequest(msgspec.Struct):
+    """The shape of almost every inbound message, decoded in one pass."""
+
+    id: RequestId
+    method: str
+    params: Raw = Raw()
+
+
 _envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
+_plain_request_decoder: Final = msgspec.json.Decoder(_PlainRequest)
+#: one decoder per params type (``decode(.., type=)`` re-derives it per call).
+_params_decoders: dict[object, msgspec.json.Decoder[Any]] = {}
 _id_decoder: Final = msgspec.json.Decoder(int | str)
 _str_decoder: Final = msgspec.json.Decoder(str)
 _error_decoder: Final = msgspec.json.Decoder(ErrorObject)
@@ -124,6 +135,12 @@ def decode_message(data: bytes | str) -> Message:
     Raises:
         ProtocolError: not JSON, not an object, or no shape fits.
     """
+    try:
+        plain = _plain_request_decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass  # another shape, or an error to report: the member-by-member path
+    else:
+        return Request(plain.id, plain.method, plain.params if plain.params else None)
     try:
         env = _envelope_decoder.decode(data)
     except msgspec.DecodeError as exc:
@@ -154,12 +171,17 @@ def decode_params(raw: Raw | None, params_type: type[T]) -> T:
         msgspec.ValidationError: the params do not fit (message is msgspec's).
     """
     data: Raw | bytes = raw if raw else _NULL  # no copy: params may be hundreds of MiB
+    decoder = _params_decoders.get(params_type)
+    if decoder is None:
+        decoder = _params_decoders[params_type] = msgspec.json.Decoder(params_type)
     try:
-        return msgspec.json.decode(data, type=params_type)
+        result: T = decoder.decode(data)
+        return result
     except msgspec.ValidationError:
         if len(data) <= 16 and b"".join(bytes(data).split()) == _EMPTY_OBJECT:
             try:
-                return msgspec.json.decode(_NULL, type=params_type)
+                null_result: T = decoder.decode(_NULL)
+                return null_result
             except msgspec.ValidationError:
                 pass
         raise

@@ -65,6 +65,13 @@ def normalize_lexical(path: str) -> str:
     result is always rooted; callers pass absolute paths (a relative one is
     read as if it started at ``/``), :func:`normalize_absolute` checks that.
     """
+    if (
+        path.startswith("/")
+        and "//" not in path
+        and "/." not in path
+        and (not path.endswith("/") or path == "/")
+    ):
+        return path  # already normal (the common case): no split and join
     out: list[str] = []
     for part in path.split("/"):
         if part in ("", "."):

@@ -71,6 +71,9 @@ logger = logging.getLogger("exec_server.server")
 #: methods whose handlers may wait long (and call ``ctx.unblock()``); every
 #: other request runs inline in the connection's read loop.
 BLOCKING_METHODS: Final = ("process/read",)
+#: messages up to this size may be answered straight from the socket callback
+#: (``ConnectionProcessor._offer``); bigger ones gain nothing from it.
+NOW_MAX_MESSAGE: Final = 64 * 1024
 _ID_PREFIX: Final = re.compile(rb'^\s*\{\s*"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
 
 
@@ -138,6 +141,10 @@ class ConnectionProcessor:
         )
         self.attachment = Attachment(transport.label, self._notify, self._notify_nowait)
         self._handlers: set[asyncio.Task[None]] = set()
+        #: ``_serve`` waits for the next message (so nothing is being handled).
+        self._parked = False
+        #: a message ``_offer`` decoded but left to ``_serve`` (and its decoding).
+        self._predecoded: tuple[bytes, Request] | None = None
         self._closed = False
         self._close_reason: str | None = None
         self._close_requested = asyncio.Event()
@@ -190,6 +197,9 @@ class ConnectionProcessor:
 
     async def run(self) -> None:
         """Serve until the peer disconnects or the protocol says close."""
+        offers = hasattr(self.transport, "on_message")
+        if offers:
+            self.transport.on_message = self._offer  # type: ignore[attr-defined]
         serve = asyncio.create_task(self._serve())
         closer = asyncio.create_task(self._close_requested.wait())
         try:
@@ -203,6 +213,8 @@ class ConnectionProcessor:
             for result in results:
                 if isinstance(result, Exception):
                     logger.error("%s: task failed", self.transport.label, exc_info=result)
+            if offers:
+                self.transport.on_message = None  # type: ignore[attr-defined]
             self.registry.detach(self.attachment)
             with contextlib.suppress(Exception):
                 await self.transport.aclose()
@@ -217,8 +229,12 @@ class ConnectionProcessor:
         """Read and dispatch in arrival order until EOF or a closing violation."""
         receive = self.transport.receive
         while not self._closed:
-            item = await receive()
-            if item is None:
+            self._parked = True
+            try:
+                item = await receive()
+            finally:
+                self._parked = False
+            if item is None or self._close_requested.is_set():
                 return
             if self.attachment.evicted:
                 self._request_close("session resumed by another connection")
@@ -241,8 +257,13 @@ class ConnectionProcessor:
             )
             return
         assert item is not None
+        pre = self._predecoded
         try:
-            message = decode_message(item)
+            if pre is not None and pre[0] is item:
+                self._predecoded = None
+                message: Request | Notification | Response | ErrorResponse = pre[1]
+            else:
+                message = decode_message(item)
         except ProtocolError as exc:
             prefix = (
                 "failed to parse websocket JSON-RPC message from"
@@ -267,6 +288,53 @@ class ConnectionProcessor:
         else:
             assert isinstance(message, (Response, ErrorResponse))
             raise ProtocolClosedError("unexpected response from client")
+
+    def _offer(self, item: bytes | OversizedMessage) -> bool:
+        """Answer ``item`` now, from the transport's receive callback, if that needs no waiting.
+
+        The transport calls this for a message that arrives while none is
+        queued; we take it only while ``_serve`` is idle (so arrival order
+        holds) and the reply can be written at once. Routes with a ``now``
+        handler (metadata, small reads, process writes...) are answered here,
+        saving the loop iteration and task switch of the queue; anything else
+        returns False and is queued as usual (its decoding kept for
+        ``_handle``).
+        """
+        if (
+            not self._parked
+            or self._closed
+            or self._close_requested.is_set()
+            or not isinstance(item, bytes)
+            or len(item) > NOW_MAX_MESSAGE
+            or self.attachment.evicted
+            or not getattr(self.transport, "send_ready", False)
+        ):
+            return False
+        try:
+            message = decode_message(item)
+        except ProtocolError:
+            return False  # ``_handle`` answers it
+        if not isinstance(message, Request):
+            return False
+        ctx = RequestContext(
+            message.id, message.method, self.attachment, self.services, self.registry
+        )
+        try:
+            reply = self.router.dispatch_now(ctx, message)
+        except ProtocolClosedError as exc:
+            self._request_close(str(exc))
+            return True
+        if reply is None:
+            self._predecoded = (item, message)
+            return False
+        send_nowait = self._send_nowait
+        assert send_nowait is not None
+        try:
+            send_nowait(reply)  # room was checked above (send_ready)
+        except (ConnectionError, OSError) as exc:
+            self._closed = True
+            self._request_close(f"send failed: {exc}")
+        return True
 
     async def _start_request(self, request: Request) -> None:
         ctx = RequestContext(

@@ -18,13 +18,14 @@ from typing import Final
 import msgspec
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
+from exec_server.fs import ops
 from exec_server.fs.context import route_from_wire
 from exec_server.fs.ops import lossy_name
 from exec_server.fs.service import FileSystemService, Route
 from exec_server.protocol import fs_types as t
 from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical
 from exec_server.protocol.paths import parse_wire_path as _parse_wire_path_full
-from exec_server.server.router import RequestContext, Router
+from exec_server.server.router import NotNow, RequestContext, Router
 
 __all__ = ["decode_data_base64", "register"]
 
@@ -122,6 +123,17 @@ async def read_file(
     return t.ReadFileEncoded(data_base64=result)
 
 
+def read_file_now(ctx: RequestContext, params: t.ReadFileParams) -> t.ReadFileResult:
+    """:func:`read_file` for a small regular file read directly (else :class:`NotNow`)."""
+    path = parse_wire_path(params.path)
+    data = _service(ctx).read_file_now(
+        path.path, _route(params.sandbox), directory_is_invalid=path.form is PathForm.URI
+    )
+    if data is None:
+        raise NotNow
+    return t.ReadFileResult(data_base64=data)
+
+
 async def write_file(ctx: RequestContext, params: t.WriteFileParams) -> t.EmptyResult:
     path = parse_wire_path(params.path)
     route = _route(params.sandbox)
@@ -145,6 +157,19 @@ async def create_directory(ctx: RequestContext, params: t.CreateDirectoryParams)
 async def get_metadata(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetMetadataResult:
     path = parse_wire_path(params.path)
     meta = await _service(ctx).get_metadata(path.path, _route(params.sandbox))
+    return _metadata_result(path, meta)
+
+
+def get_metadata_now(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetMetadataResult:
+    """:func:`get_metadata` for a direct (unsandboxed) call (else :class:`NotNow`)."""
+    path = parse_wire_path(params.path)
+    route = _route(params.sandbox)
+    if route.confined:
+        raise NotNow
+    return _metadata_result(path, ops.get_metadata(path.path))
+
+
+def _metadata_result(path: WirePath, meta: ops.Metadata) -> t.GetMetadataResult:
     if path.form is PathForm.URI:
         return t.GetMetadataResult(
             is_directory=meta.is_directory,
@@ -207,10 +232,12 @@ async def canonicalize(ctx: RequestContext, params: t.CanonicalizeParams) -> t.C
 
 def register(router: Router) -> None:
     """Add every ``fs/*`` method (family ``filesystem``, PROTOCOL.md §4.3)."""
-    router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem")
+    router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem", now=read_file_now)
     router.add(t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem")
     router.add(t.METHOD_CREATE_DIRECTORY, t.CreateDirectoryParams, create_directory, "filesystem")
-    router.add(t.METHOD_GET_METADATA, t.GetMetadataParams, get_metadata, "filesystem")
+    router.add(
+        t.METHOD_GET_METADATA, t.GetMetadataParams, get_metadata, "filesystem", now=get_metadata_now
+    )
     router.add(t.METHOD_READ_DIRECTORY, t.ReadDirectoryParams, read_directory, "filesystem")
     router.add(t.METHOD_REMOVE, t.RemoveParams, remove, "filesystem")
     router.add(t.METHOD_COPY, t.CopyParams, copy, "filesystem")

@@ -41,7 +41,7 @@ from exec_server.protocol.process_types import (
     WriteParams,
     WriteResult,
 )
-from exec_server.server.router import RequestContext, Router
+from exec_server.server.router import NotNow, RequestContext, Router
 
 __all__ = ["is_current_start", "register"]
 
@@ -185,21 +185,32 @@ async def handle_read(ctx: RequestContext, params: ReadParams) -> ReadResult:
     return result
 
 
+def _write_id(params: WriteParams) -> str | None:
+    if params.write_id is _UNSET:
+        return None
+    write_id = str(params.write_id)
+    if not write_id:
+        raise InvalidParamsError("writeId must not be empty")
+    return write_id
+
+
 async def handle_write(ctx: RequestContext, params: WriteParams) -> WriteResult:
-    write_id: str | None = None
-    if params.write_id is not _UNSET:
-        write_id = str(params.write_id)
-        if not write_id:
-            raise InvalidParamsError("writeId must not be empty")
-    status = await _manager(ctx).write(params.process_id, params.chunk, write_id)
+    status = await _manager(ctx).write(params.process_id, params.chunk, _write_id(params))
     return WriteResult(status=status)
 
 
-async def handle_terminate(ctx: RequestContext, params: TerminateParams) -> TerminateResult:
+def handle_write_now(ctx: RequestContext, params: WriteParams) -> WriteResult:
+    status = _manager(ctx).write_now(params.process_id, params.chunk, _write_id(params))
+    if status is None:
+        raise NotNow  # stdin's queue is full: wait in handle_write
+    return WriteResult(status=status)
+
+
+def handle_terminate(ctx: RequestContext, params: TerminateParams) -> TerminateResult:
     return TerminateResult(running=_manager(ctx).terminate(params.process_id))
 
 
-async def handle_signal(ctx: RequestContext, params: SignalParams) -> SignalResult:
+def handle_signal(ctx: RequestContext, params: SignalParams) -> SignalResult:
     _manager(ctx).signal(params.process_id, signal.SIGINT)
     return SignalResult()
 
@@ -208,6 +219,6 @@ def register(router: Router) -> None:
     """Add the ``process/*`` methods (family ``exec``) to ``router``."""
     router.add(METHOD_START, StartParams, handle_start, "exec")
     router.add(METHOD_READ, ReadParams, handle_read, "exec", may_block=True)
-    router.add(METHOD_WRITE, WriteParams, handle_write, "exec")
-    router.add(METHOD_TERMINATE, TerminateParams, handle_terminate, "exec")
-    router.add(METHOD_SIGNAL, SignalParams, handle_signal, "exec")
+    router.add(METHOD_WRITE, WriteParams, handle_write, "exec", now=handle_write_now)
+    router.add_now(METHOD_TERMINATE, TerminateParams, handle_terminate, "exec")
+    router.add_now(METHOD_SIGNAL, SignalParams, handle_signal, "exec")

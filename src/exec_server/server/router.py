@@ -34,7 +34,15 @@ from exec_server.protocol.messages import Request, RequestId
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, Session, SessionRegistry
 
-__all__ = ["INTERNAL_ERROR_TEXT", "Handler", "RequestContext", "Route", "Router"]
+__all__ = [
+    "INTERNAL_ERROR_TEXT",
+    "Handler",
+    "NotNow",
+    "NowHandler",
+    "RequestContext",
+    "Route",
+    "Router",
+]
 
 logger = logging.getLogger("exec_server.server")
 
@@ -44,7 +52,18 @@ R = TypeVar("R", bound=msgspec.Struct)
 #: ``async def handler(ctx, params) -> ResultStruct``
 Handler = Callable[["RequestContext", P], Awaitable[R]]
 
+#: ``def handler(ctx, params) -> ResultStruct``, answering without waiting (or
+#: raising :class:`NotNow`).
+NowHandler = Callable[["RequestContext", P], R]
+
 INTERNAL_ERROR_TEXT: Final = "internal error"
+
+
+class NotNow(Exception):
+    """Raised by a ``now`` handler: this request needs the async handler.
+
+    Raise it before any side effect (the async handler runs from scratch).
+    """
 
 
 class RequestContext:
@@ -71,8 +90,14 @@ class RequestContext:
         self.attachment = attachment
         self.services = services
         self.registry = registry
-        #: set when later messages of this connection may be dispatched.
-        self.released = asyncio.Event()
+        self._released: asyncio.Event | None = None
+
+    @property
+    def released(self) -> asyncio.Event:
+        """Set when later messages of this connection may be dispatched."""
+        if self._released is None:  # only blocking routes need it: made on demand
+            self._released = asyncio.Event()
+        return self._released
 
     @property
     def session(self) -> Session:
@@ -114,6 +139,7 @@ class Route:
     handler: Callable[[RequestContext, Any], Awaitable[msgspec.Struct]]
     family: Family
     may_block: bool = False
+    now: Callable[[RequestContext, Any], msgspec.Struct] | None = None
 
 
 class Router:
@@ -130,6 +156,7 @@ class Router:
         family: Family,
         *,
         may_block: bool = False,
+        now: NowHandler[P, R] | None = None,
     ) -> None:
         """Register ``handler`` for ``method``.
 
@@ -137,18 +164,32 @@ class Router:
         it runs in its own task and may call ``ctx.unblock()`` so the
         connection reads on. Other handlers run inline, in order.
 
+        ``now`` is an optional synchronous twin for the common case that
+        needs no waiting (see :meth:`dispatch_now`); it raises
+        :class:`NotNow` when the request needs ``handler``.
+
         Raises:
             ValueError: the method is already registered.
         """
         if method in self._routes:
             raise ValueError(f"method {method!r} registered twice")
-        self._routes[method] = Route(method, params_type, handler, family, may_block)
+        self._routes[method] = Route(method, params_type, handler, family, may_block, now)
+
+    def add_now(
+        self, method: str, params_type: type[P] | Any, now: NowHandler[P, R], family: Family
+    ) -> None:
+        """Register a handler that never waits: it serves both paths."""
+
+        async def handler(ctx: RequestContext, params: P) -> R:
+            return now(ctx, params)
+
+        self.add(method, params_type, handler, family, now=now)
 
     def set_may_block(self, method: str) -> None:
         """Mark an already registered method as possibly long-waiting."""
         route = self._routes[method]
         self._routes[method] = Route(
-            route.method, route.params_type, route.handler, route.family, True
+            route.method, route.params_type, route.handler, route.family, True, route.now
         )
 
     def may_block(self, method: str) -> bool:
@@ -175,23 +216,56 @@ class Router:
                 request.id, ErrorCode.METHOD_NOT_FOUND, method_not_found_text(request.method)
             )
         try:
-            try:
-                params = decode_params(request.params, route.params_type)
-            except msgspec.ValidationError as exc:
-                return encode_error(request.id, ErrorCode.INVALID_PARAMS, str(exc))
-            att = ctx.attachment
-            att.handshake.gate(
-                route.family, has_session=att.session is not None, attached=att.attached
-            )
+            params = self._params(ctx, route, request)
             result = await route.handler(ctx, params)
             return encode_result(request.id, result)
-        except ExecServerError as exc:
-            return encode_error(request.id, exc.code, exc.message)
-        except msgspec.ValidationError as exc:
-            # a handler decoding a nested raw member (e.g. a sandbox object)
-            return encode_error(request.id, ErrorCode.INVALID_PARAMS, str(exc))
         except (ProtocolClosedError, asyncio.CancelledError):
             raise
-        except Exception:
-            logger.exception("handler for %s (id %r) failed", request.method, request.id)
-            return encode_error(request.id, ErrorCode.INTERNAL_ERROR, INTERNAL_ERROR_TEXT)
+        except Exception as exc:
+            return self._error(request, exc)
+
+    def dispatch_now(self, ctx: RequestContext, request: Request) -> bytes | None:
+        """:meth:`dispatch` without waiting, for routes with a ``now`` handler.
+
+        Returns None when the request needs the async path (no ``now``
+        handler, or it raised :class:`NotNow`); nothing was done then. The
+        server uses this to answer a request straight from the socket
+        callback, a loop iteration and a task switch sooner.
+
+        Raises:
+            ProtocolClosedError: the connection must be closed unanswered.
+        """
+        route = self._routes.get(request.method)
+        if route is None or route.now is None:
+            return None
+        try:
+            params = self._params(ctx, route, request)
+            result = route.now(ctx, params)
+            return encode_result(request.id, result)
+        except NotNow:
+            return None
+        except ProtocolClosedError:
+            raise
+        except Exception as exc:
+            return self._error(request, exc)
+
+    @staticmethod
+    def _params(ctx: RequestContext, route: Route, request: Request) -> Any:
+        """Decode and gate; raises what :meth:`_error` answers."""
+        params = decode_params(request.params, route.params_type)
+        att = ctx.attachment
+        att.handshake.gate(route.family, has_session=att.session is not None, attached=att.attached)
+        return params
+
+    @staticmethod
+    def _error(request: Request, exc: Exception) -> bytes:
+        """The one place handler exceptions become JSON-RPC errors."""
+        if isinstance(exc, ExecServerError):
+            return encode_error(request.id, exc.code, exc.message)
+        if isinstance(exc, msgspec.ValidationError):
+            # bad params, or a handler decoding a nested raw member (a sandbox object)
+            return encode_error(request.id, ErrorCode.INVALID_PARAMS, str(exc))
+        logger.error(
+            "handler for %s (id %r) failed", request.method, request.id, exc_info=exc
+        )
+        return encode_error(request.id, ErrorCode.INTERNAL_ERROR, INTERNAL_ERROR_TEXT)
