@@ -50,6 +50,7 @@ from harness import (
     available_targets,
     connect_client,
     ours_target,
+    settle,
     start_in_temp_dir,
     summarize,
     write_json,
@@ -216,6 +217,7 @@ async def bench_all(
                 lv.clients[mode] = await connect_client(
                     stack, lv.server.url, quickack=mode == "quickack"
                 )
+            await settle(lv.server.pid)  # start-up probes in children have finished
             _rss(report, lv.server, "RSS idle")
 
         async def run(metric: str, n: int, fn: Callable[[_Live, RawClient, bool, int],

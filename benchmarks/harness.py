@@ -279,6 +279,23 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
+async def settle(pid: int, *, quiet: float = 0.25, limit: float = 3.0) -> None:
+    """Wait until ``pid``'s set of descendant processes stays the same for ``quiet``
+    seconds (at most ``limit``): start-up probes a server runs in short-lived
+    children are not part of its idle footprint, long-lived helpers are."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    last = sorted(_descendants(pid))
+    since = loop.time()
+    while loop.time() < deadline:
+        await asyncio.sleep(0.02)
+        now = sorted(_descendants(pid))
+        if now != last:
+            last, since = now, loop.time()
+        elif loop.time() - since >= quiet:
+            return
+
+
 def rss_kib(pid: int, *, tree: bool = True) -> int | None:
     """VmRSS of ``pid`` in KiB (Linux ``/proc``), ``None`` if unavailable.
 

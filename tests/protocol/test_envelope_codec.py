@@ -178,3 +178,53 @@ def test_error_round_trip(msg_id: int | str, code: int, text: str) -> None:
 def test_arbitrary_bytes_never_crash(data: bytes) -> None:
     with contextlib.suppress(ProtocolError):
         decode_message(data)
+
+
+def test_one_pass_decoding_of_big_registered_requests() -> None:
+    """Big requests of a registered method come back with params already decoded
+    (one scan of the text); the same message small, other methods, and params
+    that do not fit take the generic path with identical results."""
+    import base64
+
+    import msgspec
+
+    from exec_server.protocol import fs_types as t
+    from exec_server.protocol.codec import (
+        ONE_PASS_MIN,
+        decode_message,
+        decode_params,
+        register_one_pass,
+    )
+
+    register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParams)
+    data = base64.b64encode(b"\x01" * ONE_PASS_MIN).decode()
+    big = msgspec.json.encode(
+        {"id": 7, "method": "fs/writeFile", "params": {"path": "/x", "dataBase64": data}}
+    )
+    msg = decode_message(big)
+    assert isinstance(msg, Request)
+    assert (msg.id, msg.method, msg.params) == (7, "fs/writeFile", None)
+    assert isinstance(msg.decoded, t.WriteFileParams)
+    generic = decode_message(big.replace(b'"id":7', b'"id":7 '))  # still big: one pass too
+    assert isinstance(generic, Request) and generic.decoded == msg.decoded
+    # Member order does not matter.
+    reordered = msgspec.json.encode(
+        {"params": {"dataBase64": data, "path": "/x"}, "id": "s", "method": "fs/writeFile"}
+    )
+    msg2 = decode_message(reordered)
+    assert isinstance(msg2, Request) and msg2.id == "s" and msg2.decoded == msg.decoded
+    # Params that do not fit: the generic path (the router reports the error).
+    bad = msgspec.json.encode(
+        {"id": 8, "method": "fs/writeFile", "params": {"path": 5, "dataBase64": data}}
+    )
+    msg3 = decode_message(bad)
+    assert isinstance(msg3, Request) and msg3.decoded is None and msg3.params is not None
+    with pytest.raises(msgspec.ValidationError):
+        decode_params(msg3.params, t.WriteFileParams)
+    # Another method: generic.
+    other = msgspec.json.encode({"id": 9, "method": "x/y", "params": {"pad": data}})
+    msg4 = decode_message(other)
+    assert isinstance(msg4, Request) and msg4.decoded is None and msg4.params is not None
+    # Small: generic, params raw.
+    small = decode_message(b'{"id":1,"method":"fs/writeFile","params":{"path":"/x","dataBase64":""}}')
+    assert isinstance(small, Request) and small.decoded is None and small.params is not None

@@ -232,3 +232,40 @@ async def test_real_routes_give_the_same_answers_both_ways(
     assert now_answers[5]["error"]["code"] == -32600
     assert len(base64.b64decode(now_answers[4]["result"]["dataBase64"])) == 200 * 1024
     await ws.close()
+
+
+async def test_cork_writes_held_frames_in_one_send(harness: Harness) -> None:
+    """Frames sent while corked leave in one transport write, in order; a big
+    frame flushes what is held first; the peer sees every frame intact."""
+    from exec_server.rpc.ws_server import WsConnection
+
+    ws = await harness.open()
+    (conn,) = [c for c in harness.connections if isinstance(c, WsConnection)]
+    assert conn.transport is not None
+    writes: list[bytes] = []
+    real_write = conn.transport.write
+
+    def counting_write(data: bytes | bytearray | memoryview) -> None:
+        writes.append(bytes(data))
+        real_write(data)
+
+    conn.transport.write = counting_write  # type: ignore[method-assign]
+    big = b'"' + b"x" * (70 * 1024) + b'"'
+    try:
+        conn.cork()
+        conn.send_nowait(b'"one"')
+        conn.send_nowait(b'"two"')
+        assert writes == []
+        conn.send_nowait(big)  # over the join limit: held frames go first
+        conn.send_nowait(b'"three"')
+        conn.uncork()
+    finally:
+        conn.transport.write = real_write  # type: ignore[method-assign]
+    assert len(writes) == 4  # [one+two], big header, big payload, [three]
+    assert [await asyncio.wait_for(ws.recv(), TIMEOUT) for _ in range(4)] == [
+        '"one"',
+        '"two"',
+        big.decode(),
+        '"three"',
+    ]
+    await ws.close()

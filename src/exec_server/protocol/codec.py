@@ -14,7 +14,7 @@ their own camelCase renames).
 
 from __future__ import annotations
 
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, Union
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -107,6 +107,40 @@ _envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
 _plain_request_decoder: Final = msgspec.json.Decoder(_PlainRequest)
 #: one decoder per params type (``decode(.., type=)`` re-derives it per call).
 _params_decoders: dict[object, msgspec.json.Decoder[Any]] = {}
+
+#: messages from this size on are tried with the one-pass decoder first.
+ONE_PASS_MIN: Final = 64 * 1024
+_one_pass_types: dict[str, type] = {}
+_one_pass_methods: dict[type, str] = {}
+_one_pass_decoder: msgspec.json.Decoder[Any] | None = None
+
+
+def register_one_pass(method: str, params_type: type) -> None:
+    """Decode big ``method`` requests and their params in one pass over the text.
+
+    The generic path scans a message twice before the handler sees it (the
+    envelope, then the params): for a 64 MiB ``fs/writeFile`` that is two
+    full scans of its base64 text. Registered methods are decoded straight
+    into ``params_type`` (``Request.decoded``); anything that does not fit
+    (another method, bad params) takes the generic path, which reports errors.
+    """
+    global _one_pass_decoder
+    if _one_pass_types.get(method) is params_type:
+        return
+    _one_pass_types[method] = params_type
+    structs = []
+    _one_pass_methods.clear()
+    for index, (name, ptype) in enumerate(sorted(_one_pass_types.items())):
+        struct = msgspec.defstruct(
+            f"_OnePass{index}",
+            [("id", RequestId), ("params", ptype)],
+            tag_field="method",
+            tag=name,
+        )
+        _one_pass_methods[struct] = name
+        structs.append(struct)
+    union: Any = structs[0] if len(structs) == 1 else Union[tuple(structs)]  # noqa: UP007
+    _one_pass_decoder = msgspec.json.Decoder(union)
 _id_decoder: Final = msgspec.json.Decoder(int | str)
 _str_decoder: Final = msgspec.json.Decoder(str)
 _error_decoder: Final = msgspec.json.Decoder(ErrorObject)
@@ -135,6 +169,13 @@ def decode_message(data: bytes | str) -> Message:
     Raises:
         ProtocolError: not JSON, not an object, or no shape fits.
     """
+    if _one_pass_decoder is not None and len(data) >= ONE_PASS_MIN:
+        try:
+            typed = _one_pass_decoder.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
+        else:
+            return Request(typed.id, _one_pass_methods[type(typed)], None, typed.params)
     try:
         plain = _plain_request_decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):

@@ -43,12 +43,15 @@ class Request(msgspec.Struct, frozen=True):
     """A call that expects a Response or ErrorResponse with the same ``id``.
 
     ``params`` is ``None`` when the member was absent; an explicit JSON
-    ``null`` arrives as ``Raw(b"null")``.
+    ``null`` arrives as ``Raw(b"null")``. ``decoded`` holds the params already
+    decoded by a one-pass decoder (big messages of some methods, see
+    ``codec.register_one_pass``); ``params`` is then ``None``.
     """
 
     id: RequestId
     method: str
     params: msgspec.Raw | None = None
+    decoded: object = None
 
 
 class Notification(msgspec.Struct, frozen=True):

@@ -81,6 +81,8 @@ class WsConnection(asyncio.Protocol):
         #: optional consumer tried first for a message arriving while none is
         #: queued: returns True if it took the message (answered it at once).
         self.on_message: Callable[[bytes | OversizedMessage], bool] | None = None
+        #: frames held back by :meth:`cork` (written together by :meth:`uncork`).
+        self._corked: list[bytes] | None = None
         self._timer: asyncio.TimerHandle | None = None
         # message being assembled
         self._parts: list[bytes] = []
@@ -427,11 +429,40 @@ class WsConnection(asyncio.Protocol):
             header = _HEADER16.pack(0x81, 126, size)
         else:
             header = _HEADER64.pack(0x81, 127, size)
+        corked = self._corked
+        if corked is not None and size <= _JOIN_LIMIT:
+            corked.append(header)
+            corked.append(data)
+            return
+        if corked:
+            self.uncork()
+            self._corked = []
         if size <= _JOIN_LIMIT:
             transport.write(header + data)
         else:
             transport.write(header)
             transport.write(data)
+
+    def cork(self) -> None:
+        """Hold small frames back until :meth:`uncork`, to write them in one send.
+
+        A request answered at once often produces a notification and its
+        reply together (a terminal's echo, then the ``process/write`` reply):
+        one ``send`` and one TCP segment instead of two, so the peer wakes once.
+        """
+        if self._corked is None:
+            self._corked = []
+
+    def uncork(self) -> None:
+        """Write what :meth:`cork` held back (one ``send``) and stop holding."""
+        parts = self._corked
+        self._corked = None
+        if not parts:
+            return
+        transport = self._transport
+        if transport is None or self._lost or transport.is_closing():
+            return
+        transport.write(parts[0] + parts[1] if len(parts) == 2 else b"".join(parts))
 
     async def aclose(self) -> None:
         """Start the closing handshake (1000); the socket closes when it completes."""

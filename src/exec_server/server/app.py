@@ -28,7 +28,7 @@ import os
 import re
 import signal
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -319,22 +319,27 @@ class ConnectionProcessor:
         ctx = RequestContext(
             message.id, message.method, self.attachment, self.services, self.registry
         )
+        transport: Any = self.transport
+        transport.cork()  # notifications sent meanwhile go out with the reply
         try:
-            reply = self.router.dispatch_now(ctx, message)
-        except ProtocolClosedError as exc:
-            self._request_close(str(exc))
+            try:
+                reply = self.router.dispatch_now(ctx, message)
+            except ProtocolClosedError as exc:
+                self._request_close(str(exc))
+                return True
+            if reply is None:
+                self._predecoded = (item, message)
+                return False
+            send_nowait = self._send_nowait
+            assert send_nowait is not None
+            try:
+                send_nowait(reply)  # room was checked above (send_ready)
+            except (ConnectionError, OSError) as exc:
+                self._closed = True
+                self._request_close(f"send failed: {exc}")
             return True
-        if reply is None:
-            self._predecoded = (item, message)
-            return False
-        send_nowait = self._send_nowait
-        assert send_nowait is not None
-        try:
-            send_nowait(reply)  # room was checked above (send_ready)
-        except (ConnectionError, OSError) as exc:
-            self._closed = True
-            self._request_close(f"send failed: {exc}")
-        return True
+        finally:
+            transport.uncork()
 
     async def _start_request(self, request: Request) -> None:
         ctx = RequestContext(

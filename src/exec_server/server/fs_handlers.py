@@ -23,6 +23,7 @@ from exec_server.fs.context import route_from_wire
 from exec_server.fs.ops import lossy_name
 from exec_server.fs.service import FileSystemService, Route
 from exec_server.protocol import fs_types as t
+from exec_server.protocol.codec import register_one_pass
 from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical
 from exec_server.protocol.paths import parse_wire_path as _parse_wire_path_full
 from exec_server.server.router import NotNow, RequestContext, Router
@@ -232,6 +233,7 @@ async def canonicalize(ctx: RequestContext, params: t.CanonicalizeParams) -> t.C
 
 def register(router: Router) -> None:
     """Add every ``fs/*`` method (family ``filesystem``, PROTOCOL.md §4.3)."""
+    register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParams)
     router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem", now=read_file_now)
     router.add(t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem")
     router.add(t.METHOD_CREATE_DIRECTORY, t.CreateDirectoryParams, create_directory, "filesystem")

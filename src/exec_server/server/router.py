@@ -252,7 +252,11 @@ class Router:
     @staticmethod
     def _params(ctx: RequestContext, route: Route, request: Request) -> Any:
         """Decode and gate; raises what :meth:`_error` answers."""
-        params = decode_params(request.params, route.params_type)
+        decoded = request.decoded
+        if decoded is not None and type(decoded) is route.params_type:
+            params: Any = decoded  # one-pass decoded (codec.register_one_pass)
+        else:
+            params = decode_params(request.params, route.params_type)
         att = ctx.attachment
         att.handshake.gate(route.family, has_session=att.session is not None, attached=att.attached)
         return params
