@@ -109,17 +109,17 @@ def cached_environment_info(ctx: RequestContext) -> EnvironmentInfo:
     return info
 
 
-async def handle_environment_info(ctx: RequestContext, params: NoParams | None) -> EnvironmentInfo:
+def handle_environment_info(ctx: RequestContext, params: NoParams | None) -> EnvironmentInfo:
     return cached_environment_info(ctx)
 
 
-async def handle_environment_status(
+def handle_environment_status(
     ctx: RequestContext, params: NoParams | None
 ) -> EnvironmentStatusResult:
     return EnvironmentStatusResult()
 
 
-async def handle_environment_config_read(
+def handle_environment_config_read(
     ctx: RequestContext, params: EnvironmentConfigReadParams
 ) -> EnvironmentConfigReadResult:
     parse_wire_path(params.cwd)
@@ -145,9 +145,9 @@ def _empty_config() -> EnvironmentConfigReadResult:
 
 def register(router: Router) -> None:
     """Add the environment methods (ungated, like upstream's)."""
-    router.add("environment/info", NoParams | None, handle_environment_info, None)
-    router.add("environment/status", NoParams | None, handle_environment_status, None)
-    router.add(
+    router.add_now("environment/info", NoParams | None, handle_environment_info, None)
+    router.add_now("environment/status", NoParams | None, handle_environment_status, None)
+    router.add_now(
         "environmentConfig/read",
         EnvironmentConfigReadParams,
         handle_environment_config_read,
