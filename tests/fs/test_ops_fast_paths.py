@@ -364,3 +364,47 @@ def test_remove_tree_that_vanishes_meanwhile_is_fine(tdir: Path) -> None:
         os.close(fd)
     ops.remove(str(tdir / "root"), recursive=True, force=False)
     assert not (tdir / "root").exists()
+
+
+def test_fresh_tree_copy_continues_after_a_short_first_copy(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.copy_file_range
+
+    def dribble(src: int, dst: int, count: int) -> int:
+        return real(src, dst, min(count, 1000))
+
+    monkeypatch.setattr(ops, "_copy_file_range", dribble)
+    data = os.urandom(4500)
+    (tdir / "src").mkdir()
+    (tdir / "src" / "f").write_bytes(data)
+    ops.copy(str(tdir / "src"), str(tdir / "dst"), recursive=True)
+    assert (tdir / "dst" / "f").read_bytes() == data
+
+
+@pytest.mark.parametrize("recursive", [True, False])
+def test_copy_follows_a_file_that_grew_since_its_fstat(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch, recursive: bool
+) -> None:
+    """The size-hinted first call copies ``size + 1`` bytes: that is not EOF."""
+    real = os.copy_file_range
+    (tdir / "src").mkdir()
+    source = tdir / "src" / "f"
+    source.write_bytes(b"a" * 100)
+    grown: list[bool] = []
+
+    def grow_first(src: int, dst: int, count: int) -> int:
+        if not grown:
+            grown.append(True)
+            with open(source, "ab") as f:
+                f.write(b"b" * 5000)
+        return real(src, dst, count)
+
+    monkeypatch.setattr(ops, "_copy_file_range", grow_first)
+    if recursive:
+        ops.copy(str(tdir / "src"), str(tdir / "dst"), recursive=True)
+        copied = tdir / "dst" / "f"
+    else:
+        copied = tdir / "copy"
+        ops.copy(str(source), str(copied), recursive=False)
+    assert copied.read_bytes() == b"a" * 100 + b"b" * 5000
