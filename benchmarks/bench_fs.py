@@ -35,6 +35,7 @@ import base64
 import contextlib
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -234,11 +235,13 @@ async def remove_tree(side: Side, i: int) -> None:
     assert not _exists(victim)
 
 
-async def bench_all(targets: list[ServerTarget], counts: Counts, report: Report) -> None:
+async def bench_all(
+    targets: list[ServerTarget], counts: Counts, report: Report, parent: str | None = None
+) -> None:
     async with contextlib.AsyncExitStack() as stack:
         sides: list[Side] = []
         for target in targets:
-            srv, workdir = await start_in_temp_dir(stack, target, "bench_fs_")
+            srv, workdir = await start_in_temp_dir(stack, target, "bench_fs_", parent=parent)
             client = await connect_client(stack, srv.url)
             sides.append(Side(target.name, client, workdir, {}))
             await asyncio.to_thread(prepare, workdir, counts)
@@ -263,7 +266,7 @@ async def bench_all(targets: list[ServerTarget], counts: Counts, report: Report)
     for mib in counts.round_trips:
         for target in targets:
             async with contextlib.AsyncExitStack() as stack:
-                await round_trip(target, temp_dir(stack, "bench_fs_rt_"), mib, report)
+                await round_trip(target, temp_dir(stack, "bench_fs_rt_", parent=parent), mib, report)
 
 
 async def run(args: argparse.Namespace) -> Report:
@@ -273,9 +276,10 @@ async def run(args: argparse.Namespace) -> Report:
     if UPSTREAM not in report.servers:
         report.notes.append("upstream codex not installed: pip install openai-codex-cli-bin")
     report.notes.append("client: harness RawClient with TCP_QUICKACK, file:// URIs, sandbox null")
+    report.notes.append(f"work directories under {args.dir or tempfile.gettempdir()}")
     for target in targets:
         print(f"[bench_fs] {target.name}: {' '.join(target.argv)}", file=sys.stderr, flush=True)
-    await bench_all(targets, counts, report)
+    await bench_all(targets, counts, report, args.dir)
     return report
 
 
@@ -285,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny iteration counts (smoke test)")
     ap.add_argument("--no-upstream", action="store_true", help="benchmark only our server")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    ap.add_argument("--dir", metavar="DIR", default=None,
+                    help="parent of the work directories (default: the temp dir); e.g. a "
+                         "tmpfs such as /dev/shm to take the disk out of the figures")
     args = ap.parse_args(argv)
     report = asyncio.run(run(args))
     report.print()

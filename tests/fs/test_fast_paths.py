@@ -47,16 +47,14 @@ def test_fast_parse_matches_full_parser(value: str) -> None:
 
 
 def _reference_normalize(path: str) -> str:
-    out: list[str] = []
-    for part in path.split("/"):
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if out:
-                out.pop()
-            continue
-        out.append(part)
-    return "/" + "/".join(out)
+    """An independent oracle: keep named segments, let ``..`` drop the last kept one."""
+    kept: list[str] = []
+    for segment in path.split("/"):
+        if segment == "..":
+            kept = kept[:-1]
+        elif segment not in ("", "."):
+            kept.append(segment)
+    return "/" + "/".join(kept)
 
 
 def test_normalize_lexical_shortcut_matches_the_segment_walk() -> None:

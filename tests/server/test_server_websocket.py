@@ -374,28 +374,13 @@ def _client_frame(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
 async def test_frames_split_batched_then_ping_and_fragments(server: Any) -> None:
     """The server's own frame parser: frames across reads, several per read, and the
     hand-over to the library at a ping and a fragmented message."""
-    host, port = server.url.removeprefix("ws://").rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(
-        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    )
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
-    assert head.startswith(b"HTTP/1.1 101")
+    reader, writer = await _raw_upgrade(server.url)
 
     async def read_frame() -> tuple[int, bytes]:
-        b0, b1 = await asyncio.wait_for(reader.readexactly(2), TIMEOUT)
-        size = b1 & 0x7F
-        if size == 126:
-            size = int.from_bytes(await reader.readexactly(2), "big")
-        elif size == 127:
-            size = int.from_bytes(await reader.readexactly(8), "big")
-        return b0 & 0x0F, await asyncio.wait_for(reader.readexactly(size), TIMEOUT)
+        return await _read_frame(reader)
 
     def request(msg_id: int, pad: int = 0) -> bytes:
-        return json.dumps(
-            {"id": msg_id, "method": "initialize", "params": {"clientName": "x" * pad}}
-        ).encode()
+        return _init_request(msg_id, pad)
 
     async def reply_id() -> int:
         opcode, data = await read_frame()
