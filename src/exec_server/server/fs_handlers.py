@@ -125,11 +125,11 @@ async def read_file(
 
 
 def read_file_now(ctx: RequestContext, params: t.ReadFileParams) -> t.ReadFileResult:
-    """:func:`read_file` for a small regular file read directly (else :class:`NotNow`)."""
+    """:func:`read_file` for a small regular file, no sandbox context (else :class:`NotNow`)."""
+    if t.sandbox_raw(params.sandbox) is not None:
+        raise NotNow  # contexts are decoded once, on the async path
     path = parse_wire_path(params.path)
-    data = _service(ctx).read_file_now(
-        path.path, _route(params.sandbox), directory_is_invalid=path.form is PathForm.URI
-    )
+    data = _service(ctx).read_file_now(path.path, directory_is_invalid=path.form is PathForm.URI)
     if data is None:
         raise NotNow
     return t.ReadFileResult(data_base64=data)
@@ -162,11 +162,10 @@ async def get_metadata(ctx: RequestContext, params: t.GetMetadataParams) -> t.Ge
 
 
 def get_metadata_now(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetMetadataResult:
-    """:func:`get_metadata` for a direct (unsandboxed) call (else :class:`NotNow`)."""
+    """:func:`get_metadata` without a sandbox context (else :class:`NotNow`)."""
+    if t.sandbox_raw(params.sandbox) is not None:
+        raise NotNow  # contexts are decoded once, on the async path
     path = parse_wire_path(params.path)
-    route = _route(params.sandbox)
-    if route.confined:
-        raise NotNow
     return _metadata_result(path, ops.get_metadata(path.path))
 
 
