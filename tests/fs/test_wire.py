@@ -172,6 +172,30 @@ async def test_base64_with_json_escapes(wire: Any, tdir: Path) -> None:
     assert (tdir / "f").read_bytes() == data
 
 
+async def test_big_writes_decode_in_one_pass_with_the_same_answers(wire: Any, tdir: Path) -> None:
+    """Requests over the one-pass threshold: escapes, errors and the sandbox member
+    behave exactly as on the generic path."""
+    data = b"\xff\xfe\xfd" * 40000  # ~120 KB; base64 full of '/'
+    target = tdir / "big"
+    escaped = b64(data).replace("/", "\\/")
+    frame = (
+        '{"id":1,"method":"fs/writeFile","params":'
+        + f'{{"path":"{target}","dataBase64":"{escaped}","sandbox":null}}}}'
+    )
+    assert await wire.exchange(frame) == b'{"id":1,"result":{}}'
+    assert target.read_bytes() == data
+    bad = b64(data)[:-4] + "!!!!"
+    reply = await wire.raw("fs/writeFile", {"path": str(target), "dataBase64": bad})
+    offset = len(bad) - 4
+    assert error(reply) == (
+        -32600,
+        f"fs/writeFile requires valid base64 dataBase64: Invalid symbol 33, offset {offset}.",
+    )
+    reply = await wire.raw("fs/writeFile", {"path": 7, "dataBase64": b64(data)})
+    assert error(reply)[0] == -32602
+    assert target.read_bytes() == data  # failed writes left the file alone
+
+
 @pytest.mark.parametrize(
     ("method", "params"),
     [

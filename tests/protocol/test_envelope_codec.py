@@ -196,7 +196,7 @@ def test_one_pass_decoding_of_big_registered_requests() -> None:
         register_one_pass,
     )
 
-    register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParams)
+    register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParamsDecoded)
     data = base64.b64encode(b"\x01" * ONE_PASS_MIN).decode()
     big = msgspec.json.encode(
         {"id": 7, "method": "fs/writeFile", "params": {"path": "/x", "dataBase64": data}}
@@ -204,7 +204,8 @@ def test_one_pass_decoding_of_big_registered_requests() -> None:
     msg = decode_message(big)
     assert isinstance(msg, Request)
     assert (msg.id, msg.method, msg.params) == (7, "fs/writeFile", None)
-    assert isinstance(msg.decoded, t.WriteFileParams)
+    assert isinstance(msg.decoded, t.WriteFileParamsDecoded)
+    assert msg.decoded.data_base64 == b"\x01" * ONE_PASS_MIN
     generic = decode_message(big.replace(b'"id":7', b'"id":7 '))  # still big: one pass too
     assert isinstance(generic, Request) and generic.decoded == msg.decoded
     # Member order does not matter.
@@ -213,6 +214,12 @@ def test_one_pass_decoding_of_big_registered_requests() -> None:
     )
     msg2 = decode_message(reordered)
     assert isinstance(msg2, Request) and msg2.id == "s" and msg2.decoded == msg.decoded
+    # Base64 that msgspec refuses: the generic path (the handler reports the error).
+    bad64 = msgspec.json.encode(
+        {"id": 10, "method": "fs/writeFile", "params": {"path": "/x", "dataBase64": data + "!"}}
+    )
+    msg5 = decode_message(bad64)
+    assert isinstance(msg5, Request) and msg5.decoded is None and msg5.params is not None
     # Params that do not fit: the generic path (the router reports the error).
     bad = msgspec.json.encode(
         {"id": 8, "method": "fs/writeFile", "params": {"path": 5, "dataBase64": data}}

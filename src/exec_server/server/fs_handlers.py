@@ -135,12 +135,16 @@ def read_file_now(ctx: RequestContext, params: t.ReadFileParams) -> t.ReadFileRe
     return t.ReadFileResult(data_base64=data)
 
 
-async def write_file(ctx: RequestContext, params: t.WriteFileParams) -> t.EmptyResult:
+async def write_file(
+    ctx: RequestContext, params: t.WriteFileParams | t.WriteFileParamsDecoded
+) -> t.EmptyResult:
     path = parse_wire_path(params.path)
     route = _route(params.sandbox)
     service = _service(ctx)
     raw = params.data_base64
-    if len(raw) <= INLINE_CODEC_LIMIT:
+    if isinstance(raw, bytes):
+        await service.write_file(path.path, raw, route)  # decoded with the message
+    elif len(raw) <= INLINE_CODEC_LIMIT:
         await service.write_file(path.path, decode_data_base64(raw), route)
     else:
         # Decoded in the worker that writes: one thread hand-off, not two.
@@ -232,7 +236,8 @@ async def canonicalize(ctx: RequestContext, params: t.CanonicalizeParams) -> t.C
 
 def register(router: Router) -> None:
     """Add every ``fs/*`` method (family ``filesystem``, PROTOCOL.md §4.3)."""
-    register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParams)
+    # Big writes: envelope, params and base64 in one pass over the text.
+    register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParamsDecoded)
     router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem", now=read_file_now)
     router.add(t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem")
     router.add(t.METHOD_CREATE_DIRECTORY, t.CreateDirectoryParams, create_directory, "filesystem")

@@ -253,8 +253,10 @@ class Router:
     def _params(ctx: RequestContext, route: Route, request: Request) -> Any:
         """Decode and gate; raises what :meth:`_error` answers."""
         decoded = request.decoded
-        if decoded is not None and type(decoded) is route.params_type:
-            params: Any = decoded  # one-pass decoded (codec.register_one_pass)
+        if decoded is not None:
+            # One-pass decoded (codec.register_one_pass): the module that
+            # registered the route registered the shape, and its handler takes it.
+            params: Any = decoded
         else:
             params = decode_params(request.params, route.params_type)
         att = ctx.attachment
