@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidRequestError
+from exec_server.fs.workers import WorkerPool
 from exec_server.rpc.listen import ListenAddress
 from exec_server.server.app import ExecServer
 from exec_server.server.router import NotNow, RequestContext
@@ -45,6 +47,10 @@ class Harness:
         self.url = url
         self.answered: list[tuple[str, str]] = []  # (key, "now" | "async")
         self.release = asyncio.Event()
+        self.gate = threading.Event()
+        self.changed = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self.pool = WorkerPool(max_workers=2)
         self._next = 0
 
     async def open(self) -> ClientConnection:
@@ -56,6 +62,19 @@ class Harness:
         await ws.send(json.dumps({"id": -5, "method": "environment/status"}))
         assert json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))["id"] == -5
         return ws
+
+    def record(self, key: str, path: str) -> None:
+        """Note who answered ``key`` (from the loop or a worker thread)."""
+        self.answered.append((key, path))
+        self._loop.call_soon_threadsafe(self.changed.set)
+
+    async def until(self, expected: list[tuple[str, str]]) -> None:
+        async with asyncio.timeout(TIMEOUT):
+            while self.answered != expected:
+                self.changed.clear()
+                if self.answered == expected:
+                    return
+                await self.changed.wait()
 
     def request(self, method: str, params: dict[str, Any]) -> tuple[int, str]:
         self._next += 1
@@ -78,19 +97,41 @@ async def harness() -> AsyncIterator[Harness]:
             raise InvalidRequestError("bad key")
         if params.key == "boom":
             raise RuntimeError("boom")
-        h.answered.append((params.key, "now"))
+        h.record(params.key, "now")
         return Done(params.key, "now")
 
     async def slow(ctx: RequestContext, params: Key) -> Done:
         if params.key.startswith("async-hold"):
             await h.release.wait()
-        h.answered.append((params.key, "async"))
+        h.record(params.key, "async")
         return Done(params.key, "async")
 
     router.add("test/now", Key, slow, "exec", now=now)
+
+    def start(ctx: RequestContext, params: Key, done: Any) -> None:
+        if params.key.startswith("async"):
+            raise NotNow
+        if params.key == "bad":
+            raise InvalidRequestError("bad key")
+
+        def job() -> Done:
+            if params.key.startswith("gate"):
+                assert h.gate.wait(TIMEOUT)
+            if params.key == "fails":
+                raise InvalidRequestError("job failed")
+            h.record(params.key, "start")
+            return Done(params.key, "start")
+
+        def deliver(result: object, error: BaseException | None) -> None:
+            done(result if error is None else None, error)
+
+        h.pool.submit(deliver, job)
+
+    router.add("test/start", Key, slow, "exec", start=start)
     try:
         yield h
     finally:
+        h.gate.set()
         ws_server.close()
         await ws_server.wait_closed()
         await server.aclose()
@@ -172,10 +213,7 @@ async def test_full_write_buffer_queues_instead(harness: Harness) -> None:
         assert not conn.send_ready
         rid, text = harness.request("test/now", {"key": "paused"})
         await ws.send(text)
-        async with asyncio.timeout(TIMEOUT):
-            while not harness.answered:
-                await asyncio.sleep(0.01)
-        assert harness.answered == [("paused", "async")]
+        await harness.until([("paused", "async")])
     finally:
         conn.resume_writing()
     (reply,) = await _replies(ws, 1)
@@ -268,4 +306,123 @@ async def test_cork_writes_held_frames_in_one_send(harness: Harness) -> None:
         big.decode(),
         '"three"',
     ]
+    await ws.close()
+
+
+async def test_start_handler_answers_from_its_worker_job(harness: Harness) -> None:
+    ws = await harness.open()
+    rid, text = harness.request("test/start", {"key": "s"})
+    await ws.send(text)
+    assert (await _replies(ws, 1))[0] == {"id": rid, "result": {"key": "s", "path": "start"}}
+    assert harness.answered == [("s", "start")]
+    # NotNow before starting: the async handler answers.
+    rid, text = harness.request("test/start", {"key": "async-x"})
+    await ws.send(text)
+    assert (await _replies(ws, 1))[0]["result"]["path"] == "async"
+    # Errors before and inside the job are mapped like the async path's.
+    bad_id, bad = harness.request("test/start", {"key": "bad"})
+    await ws.send(bad)
+    assert (await _replies(ws, 1))[0] == {
+        "id": bad_id,
+        "error": {"code": -32600, "message": "bad key"},
+    }
+    fail_id, fail = harness.request("test/start", {"key": "fails"})
+    await ws.send(fail)
+    assert (await _replies(ws, 1))[0] == {
+        "id": fail_id,
+        "error": {"code": -32600, "message": "job failed"},
+    }
+    await ws.close()
+
+
+async def test_requests_wait_for_a_started_job(harness: Harness) -> None:
+    """While a started job runs, later requests (even now-capable ones) are queued and
+    answered after it, in order."""
+    ws = await harness.open()
+    gated_id, gated = harness.request("test/start", {"key": "gate-1"})
+    quick_id, quick = harness.request("test/now", {"key": "q"})
+    await ws.send(gated)
+    await ws.send(quick)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(ws.recv(), 0.3)
+    assert harness.answered == []
+    harness.gate.set()
+    replies = await _replies(ws, 2)
+    assert [r["id"] for r in replies] == [gated_id, quick_id]
+    assert harness.answered == [("gate-1", "start"), ("q", "async")]
+    await ws.close()
+
+
+async def test_disconnect_while_a_started_job_runs(harness: Harness) -> None:
+    """The job finishes in its worker; its answer is dropped; the server keeps serving."""
+    ws = await harness.open()
+    _, gated = harness.request("test/start", {"key": "gate-2"})
+    await ws.send(gated)
+    await ws.close()
+    harness.gate.set()
+    await harness.until([("gate-2", "start")])
+    other = await harness.open()
+    rid, text = harness.request("test/start", {"key": "after"})
+    await other.send(text)
+    assert (await _replies(other, 1))[0]["id"] == rid
+    await other.close()
+
+
+async def test_fs_start_routes_answer_like_the_async_handlers(
+    harness: Harness, tmp_path: Any
+) -> None:
+    """copy, remove, createDirectory, writeFile and readDirectory started from the
+    socket callback give the async handlers' answers (errors included)."""
+    (tmp_path / "src.txt").write_bytes(b"data")
+    calls = [
+        ("fs/createDirectory", {"path": str(tmp_path / "d" / "e")}),
+        ("fs/createDirectory", {"path": str(tmp_path / "x" / "y"), "recursive": False}),
+        ("fs/writeFile", {"path": str(tmp_path / "d" / "w.txt"), "dataBase64": "aGk="}),
+        ("fs/writeFile", {"path": str(tmp_path / "nope" / "w.txt"), "dataBase64": "aGk="}),
+        ("fs/writeFile", {"path": str(tmp_path / "d" / "v.txt"), "dataBase64": "!!"}),
+        ("fs/copy", {"sourcePath": str(tmp_path / "src.txt"),
+                     "destinationPath": str(tmp_path / "d" / "c.txt"), "recursive": False}),
+        ("fs/copy", {"sourcePath": str(tmp_path / "d"),
+                     "destinationPath": str(tmp_path / "d2"), "recursive": False}),
+        ("fs/readDirectory", {"path": f"file://{tmp_path}/d"}),
+        ("fs/readDirectory", {"path": str(tmp_path / "missing")}),
+        ("fs/remove", {"path": str(tmp_path / "d" / "c.txt")}),
+        ("fs/remove", {"path": str(tmp_path / "missing"), "force": False}),
+    ]
+
+    async def run_all(ws: ClientConnection, root_suffix: str) -> list[dict[str, Any]]:
+        out = []
+        for method, params in calls:
+            rid, text = harness.request(method, params)
+            await ws.send(text)
+            (reply,) = await _replies(ws, 1)
+            assert reply.pop("id") == rid
+            if method == "fs/readDirectory" and "result" in reply:
+                reply["result"]["entries"].sort(key=lambda e: e["fileName"])
+            out.append(reply)
+        return out
+
+    ws = await harness.open()
+    started = await run_all(ws, "")
+    # Reset the tree and run the same calls with the start handlers removed.
+    import shutil
+
+    for name in ("d", "x", "d2"):
+        shutil.rmtree(tmp_path / name, ignore_errors=True)
+    router = harness.server.router
+    saved = dict(router._routes)
+    for method in {m for m, _ in calls}:
+        route = router._routes.pop(method)
+        router.add(method, route.params_type, route.handler, route.family)
+    try:
+        queued = await run_all(ws, "")
+    finally:
+        router._routes.clear()
+        router._routes.update(saved)
+    assert started == queued
+    assert started[0] == {"result": {}}
+    assert started[3]["error"]["code"] == -32004
+    assert started[4]["error"]["code"] == -32600
+    assert [e["fileName"] for e in started[7]["result"]["entries"]] == ["c.txt", "e", "w.txt"]
+    assert (tmp_path / "d" / "w.txt").read_bytes() == b"hi"
     await ws.close()

@@ -42,7 +42,10 @@ T = TypeVar("T")
 DEFAULT_MAX_WORKERS: Final = 16
 DEFAULT_IDLE_TIMEOUT: Final = 30.0
 
-_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[object]", Callable[[], object]]
+#: (loop, deliver(result, error) run on that loop, the call)
+_Job = tuple[
+    asyncio.AbstractEventLoop, Callable[[object, BaseException | None], None], Callable[[], object]
+]
 
 
 def _load_getcpu() -> Callable[[], int] | None:
@@ -127,10 +130,27 @@ class WorkerPool:
         Cancelling the caller does not interrupt the call already running;
         its result is dropped.
         """
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.submit(functools.partial(_deliver, fut), fn, *args, **kwargs)
+        return await fut  # type: ignore[return-value]
+
+    def submit(
+        self,
+        deliver: Callable[[object, BaseException | None], None],
+        fn: Callable[..., object],
+        /,
+        *args: object,
+        **kwargs: object,
+    ) -> None:
+        """Start ``fn(*args, **kwargs)`` in a worker; ``deliver(result, error)`` runs
+        on the calling thread's event loop when it ends.
+
+        For callers that answer from a callback (no task to resume): one loop
+        iteration from the end of the job to ``deliver``.
+        """
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[object] = loop.create_future()
         call = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
-        job: _Job = (loop, fut, call)
+        job: _Job = (loop, deliver, call)
         worker: _Worker | None = None
         start = False
         with self._lock:
@@ -150,7 +170,6 @@ class WorkerPool:
             if self._follow:
                 self._narrow(worker)
             worker.inbox.put(job)
-        return await fut  # type: ignore[return-value]
 
     @staticmethod
     def _narrow(worker: _Worker) -> None:
@@ -183,7 +202,7 @@ class WorkerPool:
                 worker.narrowed = False
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(0, allowed)
-            loop, fut, call = job
+            loop, deliver, call = job
             result: object = None
             error: BaseException | None = None
             try:
@@ -191,8 +210,8 @@ class WorkerPool:
             except BaseException as exc:  # handed to the awaiting task
                 error = exc
             with contextlib.suppress(RuntimeError):  # the loop is gone
-                loop.call_soon_threadsafe(_deliver, fut, result, error)
-            del loop, fut, call, result, error
+                loop.call_soon_threadsafe(deliver, result, error)
+            del loop, deliver, call, result, error
             with self._lock:
                 job = self._backlog.popleft() if self._backlog else None
                 if job is None:

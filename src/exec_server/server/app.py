@@ -145,6 +145,11 @@ class ConnectionProcessor:
         self._parked = False
         #: a message ``_offer`` decoded but left to ``_serve`` (and its decoding).
         self._predecoded: tuple[bytes, Request] | None = None
+        #: a request ``_offer`` started in a worker is not answered yet.
+        self._started_pending = False
+        self._idle_waiter: asyncio.Future[None] | None = None
+        #: replies that had to wait for room in the write buffer.
+        self._replies: set[asyncio.Future[bool]] = set()
         self._closed = False
         self._close_reason: str | None = None
         self._close_requested = asyncio.Event()
@@ -236,6 +241,14 @@ class ConnectionProcessor:
                 self._parked = False
             if item is None or self._close_requested.is_set():
                 return
+            while self._started_pending:
+                # A request started from the receive callback is still running:
+                # it comes first (arrival order).
+                self._idle_waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._idle_waiter
+                finally:
+                    self._idle_waiter = None
             if self.attachment.evicted:
                 self._request_close("session resumed by another connection")
                 return
@@ -302,6 +315,7 @@ class ConnectionProcessor:
         """
         if (
             not self._parked
+            or self._started_pending
             or self._closed
             or self._close_requested.is_set()
             or not isinstance(item, bytes)
@@ -316,9 +330,25 @@ class ConnectionProcessor:
             return False  # ``_handle`` answers it
         if not isinstance(message, Request):
             return False
+        kind = self.router.shortcut(message.method)
+        if kind is None:
+            self._predecoded = (item, message)
+            return False
         ctx = RequestContext(
             message.id, message.method, self.attachment, self.services, self.registry
         )
+        if kind == "start":
+            self._started_pending = True
+            try:
+                started = self.router.dispatch_start(ctx, message, self._started_reply)
+            except ProtocolClosedError as exc:
+                self._started_pending = False
+                self._request_close(str(exc))
+                return True
+            if not started:
+                self._started_pending = False
+                self._predecoded = (item, message)
+            return started
         transport: Any = self.transport
         transport.cork()  # notifications sent meanwhile go out with the reply
         try:
@@ -330,16 +360,35 @@ class ConnectionProcessor:
             if reply is None:
                 self._predecoded = (item, message)
                 return False
-            send_nowait = self._send_nowait
-            assert send_nowait is not None
-            try:
-                send_nowait(reply)  # room was checked above (send_ready)
-            except (ConnectionError, OSError) as exc:
-                self._closed = True
-                self._request_close(f"send failed: {exc}")
+            self._reply_now(reply)
             return True
         finally:
             transport.uncork()
+
+    def _reply_now(self, reply: bytes) -> None:
+        """Write a reply from a callback (room was checked, or it is one small frame)."""
+        if self._closed:
+            return
+        send_nowait = self._send_nowait
+        assert send_nowait is not None
+        try:
+            if not send_nowait(reply):
+                # The buffer filled meanwhile: queue it anyway (one reply), later
+                # requests wait for room on the ordinary path.
+                pending = asyncio.ensure_future(self._send(reply))
+                self._replies.add(pending)
+                pending.add_done_callback(self._replies.discard)
+        except (ConnectionError, OSError) as exc:
+            self._closed = True
+            self._request_close(f"send failed: {exc}")
+
+    def _started_reply(self, reply: bytes) -> None:
+        """The answer of a request ``_offer`` started: send it, then let ``_serve`` go on."""
+        self._started_pending = False
+        self._reply_now(reply)
+        waiter = self._idle_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def _start_request(self, request: Request) -> None:
         ctx = RequestContext(

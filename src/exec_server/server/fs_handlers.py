@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import binascii
 import functools
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
@@ -26,7 +27,7 @@ from exec_server.protocol import fs_types as t
 from exec_server.protocol.codec import register_one_pass
 from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical
 from exec_server.protocol.paths import parse_wire_path as _parse_wire_path_full
-from exec_server.server.router import NotNow, RequestContext, Router
+from exec_server.server.router import Done, NotNow, RequestContext, Router
 
 __all__ = ["decode_data_base64", "register"]
 
@@ -196,6 +197,10 @@ async def read_directory(
 ) -> t.ReadDirectoryResult:
     path = parse_wire_path(params.path)
     entries = await _service(ctx).read_directory(path.path, _route(params.sandbox))
+    return _directory_result(entries)
+
+
+def _directory_result(entries: list[ops.DirEntry]) -> t.ReadDirectoryResult:
     return t.ReadDirectoryResult(
         entries=[
             t.DirectoryEntry(
@@ -234,17 +239,103 @@ async def canonicalize(ctx: RequestContext, params: t.CanonicalizeParams) -> t.C
     return t.CanonicalizeResult(path=path.render(resolved))
 
 
+# -- start handlers: direct (no sandbox context) calls started in a worker from the
+# socket callback (Router.dispatch_start); same operations as the async handlers.
+
+_EMPTY: Final = t.EmptyResult()
+
+
+def _direct_only(sandbox: t.SandboxField) -> None:
+    if t.sandbox_raw(sandbox) is not None:
+        raise NotNow  # contexts are decoded once, on the async path
+
+
+def _submit_empty(
+    ctx: RequestContext, done: Done, fn: Callable[..., object], *args: object, **kwargs: object
+) -> None:
+    def deliver(result: object, error: BaseException | None) -> None:
+        done(None if error is not None else _EMPTY, error)
+
+    _service(ctx).pool.submit(deliver, fn, *args, **kwargs)
+
+
+def write_file_start(ctx: RequestContext, params: t.WriteFileParams, done: Done) -> None:
+    _direct_only(params.sandbox)
+    raw = params.data_base64
+    if not isinstance(raw, msgspec.Raw) or len(raw) > INLINE_CODEC_LIMIT:
+        raise NotNow
+    path = parse_wire_path(params.path)
+    _submit_empty(ctx, done, ops.write_file, path.path, decode_data_base64(raw))
+
+
+def create_directory_start(
+    ctx: RequestContext, params: t.CreateDirectoryParams, done: Done
+) -> None:
+    _direct_only(params.sandbox)
+    path = parse_wire_path(params.path)
+    recursive = True if params.recursive is None else params.recursive
+    _submit_empty(ctx, done, ops.create_directory, path.path, recursive=recursive)
+
+
+def remove_start(ctx: RequestContext, params: t.RemoveParams, done: Done) -> None:
+    _direct_only(params.sandbox)
+    path = parse_wire_path(params.path)
+    _submit_empty(
+        ctx,
+        done,
+        ops.remove,
+        path.path,
+        recursive=True if params.recursive is None else params.recursive,
+        force=True if params.force is None else params.force,
+    )
+
+
+def copy_start(ctx: RequestContext, params: t.CopyParams, done: Done) -> None:
+    _direct_only(params.sandbox)
+    source = parse_wire_path(params.source_path)
+    destination = parse_wire_path(params.destination_path)
+    _submit_empty(ctx, done, ops.copy, source.path, destination.path, recursive=params.recursive)
+
+
+def read_directory_start(ctx: RequestContext, params: t.ReadDirectoryParams, done: Done) -> None:
+    _direct_only(params.sandbox)
+    path = parse_wire_path(params.path)
+
+    def deliver(result: object, error: BaseException | None) -> None:
+        if error is not None:
+            done(None, error)
+            return
+        assert isinstance(result, list)
+        done(_directory_result(result), None)
+
+    _service(ctx).pool.submit(deliver, ops.read_directory, path.path)
+
+
 def register(router: Router) -> None:
     """Add every ``fs/*`` method (family ``filesystem``, PROTOCOL.md §4.3)."""
     # Big writes: envelope, params and base64 in one pass over the text.
     register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParamsDecoded)
     router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem", now=read_file_now)
-    router.add(t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem")
-    router.add(t.METHOD_CREATE_DIRECTORY, t.CreateDirectoryParams, create_directory, "filesystem")
+    router.add(
+        t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem", start=write_file_start
+    )
+    router.add(
+        t.METHOD_CREATE_DIRECTORY,
+        t.CreateDirectoryParams,
+        create_directory,
+        "filesystem",
+        start=create_directory_start,
+    )
     router.add(
         t.METHOD_GET_METADATA, t.GetMetadataParams, get_metadata, "filesystem", now=get_metadata_now
     )
-    router.add(t.METHOD_READ_DIRECTORY, t.ReadDirectoryParams, read_directory, "filesystem")
-    router.add(t.METHOD_REMOVE, t.RemoveParams, remove, "filesystem")
-    router.add(t.METHOD_COPY, t.CopyParams, copy, "filesystem")
+    router.add(
+        t.METHOD_READ_DIRECTORY,
+        t.ReadDirectoryParams,
+        read_directory,
+        "filesystem",
+        start=read_directory_start,
+    )
+    router.add(t.METHOD_REMOVE, t.RemoveParams, remove, "filesystem", start=remove_start)
+    router.add(t.METHOD_COPY, t.CopyParams, copy, "filesystem", start=copy_start)
     router.add(t.METHOD_CANONICALIZE, t.CanonicalizeParams, canonicalize, "filesystem")

@@ -37,8 +37,10 @@ from exec_server.server.session import Attachment, Session, SessionRegistry
 __all__ = [
     "INTERNAL_ERROR_TEXT",
     "Handler",
+    "Done",
     "NotNow",
     "NowHandler",
+    "StartHandler",
     "RequestContext",
     "Route",
     "Router",
@@ -55,6 +57,15 @@ Handler = Callable[["RequestContext", P], Awaitable[R]]
 #: ``def handler(ctx, params) -> ResultStruct``, answering without waiting (or
 #: raising :class:`NotNow`).
 NowHandler = Callable[["RequestContext", P], R]
+
+#: ``done(result, error)``: how a ``start`` handler reports its outcome, later,
+#: on the event loop (exactly one of the two is not None).
+Done = Callable[[msgspec.Struct | None, BaseException | None], None]
+
+#: ``def handler(ctx, params, done) -> None``: starts the work (a worker-thread
+#: job) without waiting and arranges for ``done`` to be called (or raises
+#: :class:`NotNow` before starting anything).
+StartHandler = Callable[["RequestContext", P, Done], None]
 
 INTERNAL_ERROR_TEXT: Final = "internal error"
 
@@ -140,6 +151,7 @@ class Route:
     family: Family
     may_block: bool = False
     now: Callable[[RequestContext, Any], msgspec.Struct] | None = None
+    start: Callable[[RequestContext, Any, Done], None] | None = None
 
 
 class Router:
@@ -157,6 +169,7 @@ class Router:
         *,
         may_block: bool = False,
         now: NowHandler[P, R] | None = None,
+        start: StartHandler[P] | None = None,
     ) -> None:
         """Register ``handler`` for ``method``.
 
@@ -166,14 +179,16 @@ class Router:
 
         ``now`` is an optional synchronous twin for the common case that
         needs no waiting (see :meth:`dispatch_now`); it raises
-        :class:`NotNow` when the request needs ``handler``.
+        :class:`NotNow` when the request needs ``handler``. ``start`` is the
+        twin for work that runs in a worker thread: it starts the job and
+        reports through a callback (see :meth:`dispatch_start`).
 
         Raises:
             ValueError: the method is already registered.
         """
         if method in self._routes:
             raise ValueError(f"method {method!r} registered twice")
-        self._routes[method] = Route(method, params_type, handler, family, may_block, now)
+        self._routes[method] = Route(method, params_type, handler, family, may_block, now, start)
 
     def add_now(
         self, method: str, params_type: type[P] | Any, now: NowHandler[P, R], family: Family
@@ -189,8 +204,18 @@ class Router:
         """Mark an already registered method as possibly long-waiting."""
         route = self._routes[method]
         self._routes[method] = Route(
-            route.method, route.params_type, route.handler, route.family, True, route.now
+            route.method, route.params_type, route.handler, route.family, True, route.now,
+            route.start,
         )
+
+    def shortcut(self, method: str) -> str | None:
+        """``"now"``, ``"start"`` or None: which callback-time path ``method`` offers."""
+        route = self._routes.get(method)
+        if route is None:
+            return None
+        if route.now is not None:
+            return "now"
+        return "start" if route.start is not None else None
 
     def may_block(self, method: str) -> bool:
         route = self._routes.get(method)
@@ -248,6 +273,47 @@ class Router:
             raise
         except Exception as exc:
             return self._error(request, exc)
+
+    def dispatch_start(
+        self, ctx: RequestContext, request: Request, reply: Callable[[bytes], None]
+    ) -> bool:
+        """Start a request through its ``start`` handler; ``reply(bytes)`` gets the
+        encoded answer, now (an error found before starting) or when the job ends.
+
+        Returns False, having done nothing, when the request needs the async
+        path (no ``start`` handler, or it raised :class:`NotNow`).
+
+        Raises:
+            ProtocolClosedError: the connection must be closed unanswered.
+        """
+        route = self._routes.get(request.method)
+        if route is None or route.start is None:
+            return False
+
+        def done(result: msgspec.Struct | None, error: BaseException | None) -> None:
+            if error is None:
+                assert result is not None
+                try:
+                    data = encode_result(request.id, result)
+                except Exception as exc:  # an unencodable result: a bug
+                    error = exc
+                else:
+                    reply(data)
+                    return
+            if not isinstance(error, Exception):
+                raise error  # KeyboardInterrupt and the like: not ours to answer
+            reply(self._error(request, error))
+
+        try:
+            params = self._params(ctx, route, request)
+            route.start(ctx, params, done)
+        except NotNow:
+            return False
+        except ProtocolClosedError:
+            raise
+        except Exception as exc:
+            reply(self._error(request, exc))
+        return True
 
     @staticmethod
     def _params(ctx: RequestContext, route: Route, request: Request) -> Any:
