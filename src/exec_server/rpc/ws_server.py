@@ -224,6 +224,10 @@ class WsConnection(asyncio.Protocol):
         else:
             item = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
         self._parts = []
+        self._message(item)
+
+    def _message(self, item: bytes | OversizedMessage) -> None:
+        """A complete inbound message: offered to ``on_message``, else queued."""
         hook = self.on_message
         if hook is not None and not self._inbound and not self._eof and hook(item):
             return
@@ -292,6 +296,13 @@ class WsConnection(asyncio.Protocol):
             pos = start + size
             if opcode == 9:
                 self._pong(payload)
+                continue
+            if fin and opcode and size <= self.max_message_size:
+                # A whole message in one frame (nearly every client message): no
+                # Frame object, no fragment bookkeeping.
+                self._message(payload)
+                if self._eof or self._lost:
+                    break
                 continue
             if opcode:
                 frame = Frame(Opcode.TEXT if opcode == 1 else Opcode.BINARY, payload, fin=bool(fin))
