@@ -151,3 +151,12 @@ async def test_pool_backlog_runs_in_order_on_one_thread() -> None:
     await asyncio.wait_for(asyncio.gather(first, *rest), WAIT)
     assert order == [0, 1, 2, 3, 4]
     assert pool.threads == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+async def test_pool_workers_run_as_batch_threads() -> None:
+    """Workers do not preempt the event loop when woken (SCHED_BATCH)."""
+    pool = WorkerPool(max_workers=1)
+    policy = await asyncio.wait_for(pool.run(os.sched_getscheduler, 0), WAIT)
+    assert policy == os.SCHED_BATCH
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller is untouched
