@@ -57,6 +57,7 @@ from exec_server.exceptions import (
 from exec_server.fs import ops
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import INLINE_READ_LIMIT as _INLINE_READ_LIMIT
+from exec_server.fs.workers import shared_pool
 from exec_server.fs.zygote import HelperFailure, Zygote, ZygoteUnavailable, describe_wait_status
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.access import has_full_disk_read
@@ -243,7 +244,7 @@ class SandboxedFileSystem:
             fd, size = ops.open_for_read(path, directory_is_invalid=invalid)
             if size is not None and size <= _INLINE_READ_LIMIT:
                 return ops.read_and_close(fd, size)
-            return await asyncio.to_thread(ops.read_and_close, fd, size)
+            return await shared_pool().run(ops.read_and_close, fd, size)
         _, data = await self.run(FsOperation("fs/readFile", path), req)
         return data
 
@@ -293,7 +294,7 @@ class SandboxedFileSystem:
         """
         req = _request(context)
         if _reads_everything(req):
-            return await asyncio.to_thread(direct, op.path)
+            return await shared_pool().run(direct, op.path)
         result, _ = await self.run(op, req)
         return reply(result)
 
