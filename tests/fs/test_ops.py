@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from exec_server.exceptions import InternalError, InvalidRequestError, NotFoundError
+from exec_server.fs import exchange as exchange_module
 from exec_server.fs import ops
 from exec_server.fs.errors import fs_error_from_os
 from exec_server.fs.service import FileSystemService
@@ -186,7 +187,7 @@ def test_replace_swaps_in_a_new_inode_and_leaves_no_temp(
     tdir: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
 ) -> None:
     if not exchange:
-        monkeypatch.setattr(ops, "_renameat2", None)  # plain-rename fallback
+        monkeypatch.setattr(exchange_module, "_renameat2", None)  # plain-rename fallback
     target = tdir / "data.txt"
     target.write_bytes(b"old")
     os.chmod(target, 0o640)

@@ -259,3 +259,24 @@ async def test_remove_of_link_behind_a_symlinked_directory_is_checked_where_it_l
         )
     assert_denied(info.value)
     assert victim.is_symlink()
+
+
+async def test_confined_replace_is_a_new_inode_with_the_old_mode_and_no_temp(
+    fs: ExecutorFileSystem, layout: Any, ctx: Any
+) -> None:
+    """A confined write over an existing file swaps a complete new file in (the
+    exchange path, or rename where it is unavailable): new inode, old mode, no
+    temp file left, a hard link to the old inode keeps the old contents."""
+    target = layout.allowed / "replace.txt"
+    target.write_text("old contents")
+    target.chmod(0o640)
+    keep = layout.allowed / "old-link.txt"
+    os.link(target, keep)
+    old_ino = target.stat().st_ino
+    await fs.write_file(target, b"new contents", sandbox=ctx.ww(layout.allowed))
+    assert target.read_bytes() == b"new contents"
+    assert target.stat().st_ino != old_ino
+    assert target.stat().st_mode & 0o777 == 0o640
+    assert keep.read_text() == "old contents"
+    names = sorted(p.name for p in layout.allowed.iterdir())
+    assert names == ["link", "old-link.txt", "replace.txt"]

@@ -29,7 +29,6 @@ Choices beyond the spec:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import secrets
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs.errors import os_error, translate_os_errors
+from exec_server.fs.exchange import exchange_into_place
 
 __all__ = [
     "COPY_DIR_WITHOUT_RECURSIVE",
@@ -72,21 +72,7 @@ _CHUNK = 1024 * 1024
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
 
-
-def _load_renameat2() -> Callable[..., int] | None:
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):  # glibc < 2.28, musl without it, not Linux
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_renameat2 = _load_renameat2()
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,33 +261,11 @@ def _write_atomic(
 
 
 def _exchange_into_place(tmp: str, target: str) -> bool:
-    """Swap ``tmp`` and an existing ``target`` atomically, then drop the old file.
-
-    Why not plain ``rename``: on ext4, renaming over an existing file makes the
-    kernel allocate and start writeback of the new data inside ``rename``
-    (``auto_da_alloc``), measured 120-300 µs for a 1 KiB file against 15 µs
-    for ``renameat2(RENAME_EXCHANGE)`` + ``unlink``. Readers still see either
-    the complete old or the complete new file at ``target``. Returns
-    ``False`` when the exchange is not possible (no ``renameat2``, a
-    filesystem without it, the target vanished): the caller renames.
-    """
-    if _renameat2 is None:
-        return False
-    src, dst = os.fsencode(tmp), os.fsencode(target)
-    if _renameat2(_AT_FDCWD, src, _AT_FDCWD, dst, _RENAME_EXCHANGE) != 0:
-        err = ctypes.get_errno()
-        if err in (errno.ENOENT, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
-            return False
-        raise OSError(err, os.strerror(err), target)
+    """:func:`exec_server.fs.exchange.exchange_into_place` (see there for why)."""
     try:
-        os.unlink(tmp)  # now the old contents
+        return exchange_into_place(tmp, target)
     except IsADirectoryError:
-        # A directory replaced the target since our lstat: put it back.
-        _renameat2(_AT_FDCWD, src, _AT_FDCWD, dst, _RENAME_EXCHANGE)
         raise os_error(errno.EISDIR) from None
-    except FileNotFoundError:
-        pass
-    return True
 
 
 # ------------------------------------------------------------ directories

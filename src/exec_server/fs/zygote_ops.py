@@ -32,6 +32,8 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from exec_server.fs.exchange import exchange_into_place
+
 __all__ = [
     "MAX_READ_BYTES",
     "OpError",
@@ -411,7 +413,9 @@ def _write_atomic(t: _Target, data: bytes | bytearray, old: os.stat_result | Non
                 os.fchmod(fd, stat.S_IMODE(old.st_mode))
         finally:
             os.close(fd)
-        os.rename(tmp, t.name, src_dir_fd=t.dirfd, dst_dir_fd=t.dirfd)
+        # Swap over an existing file (no ext4 writeback inside rename), else rename.
+        if old is None or not exchange_into_place(tmp, t.name, t.dirfd):
+            os.rename(tmp, t.name, src_dir_fd=t.dirfd, dst_dir_fd=t.dirfd)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=t.dirfd)

@@ -1,0 +1,81 @@
+"""Replace a file by swapping a finished temp file into its name (``renameat2``).
+
+Stdlib only: used by the server's direct writes (``fs/ops.py``) and by the
+confined helper (``fs/zygote_ops.py``, which runs under ``python -I -S``).
+
+Why not plain ``rename``: on ext4, renaming over an existing file makes the
+kernel allocate and start writeback of the new data inside ``rename``
+(``auto_da_alloc``), measured 120-300 µs for a 1 KiB file against 15 µs for
+``renameat2(RENAME_EXCHANGE)`` + ``unlink``. Readers still see either the
+complete old or the complete new file at the name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from collections.abc import Callable
+from typing import Final
+
+__all__ = ["AT_FDCWD", "exchange_into_place"]
+
+AT_FDCWD: Final = -100
+_RENAME_EXCHANGE: Final = 2
+#: errors that mean "no exchange here": the caller renames instead (and a
+#: rename that is really not allowed reports its own error).
+_NOT_POSSIBLE: Final = frozenset(
+    (
+        errno.ENOENT,
+        errno.EINVAL,
+        errno.ENOSYS,
+        errno.EOPNOTSUPP,
+        errno.EXDEV,
+        errno.EACCES,
+        errno.EPERM,
+    )
+)
+
+
+def _load_renameat2() -> Callable[..., int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):  # glibc < 2.28, musl without it, not Linux
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_renameat2 = _load_renameat2()
+
+
+def exchange_into_place(tmp: str, target: str, dir_fd: int = AT_FDCWD) -> bool:
+    """Swap ``tmp`` and an existing ``target`` (both relative to ``dir_fd``), then
+    drop the old file now at ``tmp``.
+
+    Returns ``False``, having changed nothing, when the exchange is not
+    possible (no ``renameat2``, a filesystem without it, the target vanished):
+    the caller renames instead.
+
+    Raises:
+        IsADirectoryError: a directory replaced the target meanwhile (swapped back).
+        OSError: the exchange failed otherwise.
+    """
+    if _renameat2 is None:
+        return False
+    src, dst = os.fsencode(tmp), os.fsencode(target)
+    if _renameat2(dir_fd, src, dir_fd, dst, _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        if err in _NOT_POSSIBLE:
+            return False
+        raise OSError(err, os.strerror(err), target)
+    try:
+        os.unlink(tmp, dir_fd=None if dir_fd == AT_FDCWD else dir_fd)  # the old contents
+    except IsADirectoryError:
+        # A directory replaced the target since it was checked: put it back.
+        _renameat2(dir_fd, src, dir_fd, dst, _RENAME_EXCHANGE)
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), target) from None
+    except FileNotFoundError:
+        pass
+    return True
