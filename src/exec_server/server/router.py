@@ -36,14 +36,14 @@ from exec_server.server.session import Attachment, Session, SessionRegistry
 
 __all__ = [
     "INTERNAL_ERROR_TEXT",
-    "Handler",
     "Done",
+    "Handler",
     "NotNow",
     "NowHandler",
-    "StartHandler",
     "RequestContext",
     "Route",
     "Router",
+    "StartHandler",
 ]
 
 logger = logging.getLogger("exec_server.server")
