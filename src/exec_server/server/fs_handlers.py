@@ -56,7 +56,12 @@ def parse_wire_path(value: str) -> WirePath:
 
 
 def _service(ctx: RequestContext) -> FileSystemService:
-    return FileSystemService(ctx.services.fs_sandbox)
+    """The server's filesystem service (made on first use, then kept on the services)."""
+    services = ctx.services
+    service = services.fs_service
+    if service is None:
+        service = services.fs_service = FileSystemService(services.fs_sandbox)
+    return service
 
 
 def _route(raw: t.SandboxField) -> Route:

@@ -12,6 +12,7 @@ import logging
 
 from exec_server.config import ServerConfig
 from exec_server.fs.sandboxed import SandboxedFileSystem
+from exec_server.fs.service import FileSystemService
 from exec_server.protocol.messages import EnvironmentInfo
 from exec_server.sandbox.manager import SandboxManager
 
@@ -40,6 +41,8 @@ class ServerServices:
         self.fs_sandbox = fs_sandbox
         #: cached ``environmentInfo`` (built on first ``initialize``).
         self.environment_info: EnvironmentInfo | None = None
+        #: the ``fs/*`` handlers' service over ``fs_sandbox`` (built on first use).
+        self.fs_service: FileSystemService | None = None
         self._warming: asyncio.Task[None] | None = None
 
     @classmethod
