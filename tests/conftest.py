@@ -27,6 +27,13 @@ How to use (every area may):
     ``client = await stdio_rpc("--detach-ttl", "1")`` spawns
     ``serve --listen stdio`` and returns the same :class:`RpcClient` API
     over newline-delimited JSON; the child is reaped at teardown.
+``router_caller``
+    ``caller = router_caller(services=None)``: an ``ExecServerClient.call``
+    stand-in that encodes each request as a JSON-RPC frame, dispatches it
+    through the real ``Router`` with the ``fs/*`` handlers (an attached,
+    initialized session) and decodes the reply as the client does;
+    ``await caller.exchange(frame)`` and ``await caller.raw(method, params)``
+    for hand-made frames. Give ``services`` to route confined calls.
 ``no_leaks``
     Request it **first** in a test's argument list. On teardown it asserts
     that no child process of the test process is left (orphaned grandchildren
@@ -571,3 +578,68 @@ def wait_until() -> Callable[..., Awaitable[None]]:
     """``await wait_until(lambda: cond, timeout=10)``: poll an external condition
     (``/proc``, files) with a deadline; prefer awaiting an event when there is one."""
     return _wait_until
+
+
+async def _no_notifications(method: str, params: Any) -> None:
+    raise AssertionError(f"fs methods send no notifications (got {method})")
+
+
+class RouterCaller:
+    """``RemoteFileSystem``'s caller, dispatching through the real router and fs handlers."""
+
+    def __init__(self, services: Any = None) -> None:
+        from exec_server.config import ServerConfig
+        from exec_server.protocol.connection import HandshakeState
+        from exec_server.server import fs_handlers
+        from exec_server.server.router import Router
+        from exec_server.server.services import ServerServices
+        from exec_server.server.session import Attachment, Session, SessionRegistry
+
+        self.services = services if services is not None else ServerServices(ServerConfig())
+        self.registry = SessionRegistry(self.services.config)
+        self.router = Router()
+        fs_handlers.register(self.router)
+        self.attachment = Attachment("test", _no_notifications)
+        session = Session("session", processes=None)  # type: ignore[arg-type]
+        session.attached_to = self.attachment.connection_id
+        self.attachment.session = session
+        self.attachment.handshake.state = HandshakeState.READY
+        self._next_id = 0
+
+    async def exchange(self, frame: bytes | str) -> bytes:
+        """Dispatch one request frame and return the encoded reply."""
+        from exec_server.protocol.codec import decode_message
+        from exec_server.protocol.messages import Request
+        from exec_server.server.router import RequestContext
+
+        request = decode_message(frame)
+        assert isinstance(request, Request)
+        ctx = RequestContext(
+            request.id, request.method, self.attachment, self.services, self.registry
+        )
+        reply: bytes = await self.router.dispatch(ctx, request)
+        return reply
+
+    async def call(self, method: str, params: Any, result_type: Any) -> Any:
+        from exec_server.exceptions import error_for_code
+        from exec_server.protocol.codec import decode_message, decode_result, encode_request
+        from exec_server.protocol.messages import ErrorResponse
+
+        self._next_id += 1
+        reply = decode_message(await self.exchange(encode_request(self._next_id, method, params)))
+        if isinstance(reply, ErrorResponse):
+            raise error_for_code(reply.error.code, reply.error.message)
+        return decode_result(reply.result, result_type)  # type: ignore[union-attr]
+
+    async def raw(self, method: str, params: Any) -> dict[str, Any]:
+        """Send ``params`` (any JSON value) and return the reply as a dict."""
+        self._next_id += 1
+        frame = json.dumps({"id": self._next_id, "method": method, "params": params})
+        reply: dict[str, Any] = json.loads(await self.exchange(frame))
+        return reply
+
+
+@pytest.fixture
+def router_caller() -> Callable[..., RouterCaller]:
+    """``router_caller(services=None)``: see :class:`RouterCaller`."""
+    return RouterCaller

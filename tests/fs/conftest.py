@@ -10,7 +10,8 @@ tests therefore run against both backends.
 127.0.0.1 and an ``ExecServerClient`` connected over a real WebSocket.
 
 ``wire`` sends raw JSON text through the same router and returns the decoded
-reply, for tests of shapes, codes and both protocol generations.
+reply, for tests of shapes, codes and both protocol generations (the caller
+is the root conftest's ``router_caller``).
 """
 
 from __future__ import annotations
@@ -21,74 +22,22 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import msgspec
 import pytest
 from websockets.asyncio.server import Server
 
 from exec_server.client.connection import ExecServerClient
 from exec_server.client.fs import ExecutorFileSystem, LocalFileSystem, RemoteFileSystem
 from exec_server.config import ServerConfig
-from exec_server.exceptions import error_for_code
-from exec_server.protocol.codec import decode_message, decode_result, encode_request
-from exec_server.protocol.connection import HandshakeState
-from exec_server.protocol.messages import ErrorResponse, Request
 from exec_server.rpc.listen import ListenAddress
-from exec_server.server import fs_handlers
 from exec_server.server.app import ExecServer
-from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
-from exec_server.server.session import Attachment, Session, SessionRegistry
 
 T = TypeVar("T")
 
 
-async def _no_notifications(method: str, params: msgspec.Struct) -> None:
-    raise AssertionError(f"fs methods send no notifications (got {method})")
-
-
-class RouterCaller:
-    """An in-process ``ExecServerClient.call`` stand-in backed by the server router."""
-
-    def __init__(self, services: ServerServices | None = None) -> None:
-        config = ServerConfig()
-        self.services = services or ServerServices(config)
-        self.registry = SessionRegistry(config)
-        self.router = Router()
-        fs_handlers.register(self.router)
-        self.attachment = Attachment("test", _no_notifications)
-        session = Session("session", processes=None)  # type: ignore[arg-type]
-        session.attached_to = self.attachment.connection_id
-        self.attachment.session = session
-        self.attachment.handshake.state = HandshakeState.READY
-        self._next_id = 0
-
-    async def exchange(self, frame: bytes | str) -> bytes:
-        """Dispatch one request frame and return the encoded reply."""
-        request = decode_message(frame)
-        assert isinstance(request, Request)
-        ctx = RequestContext(
-            request.id, request.method, self.attachment, self.services, self.registry
-        )
-        return await self.router.dispatch(ctx, request)
-
-    async def call(self, method: str, params: msgspec.Struct | None, result_type: type[T]) -> T:
-        self._next_id += 1
-        reply = decode_message(await self.exchange(encode_request(self._next_id, method, params)))
-        if isinstance(reply, ErrorResponse):
-            raise error_for_code(reply.error.code, reply.error.message)
-        return decode_result(reply.result, result_type)  # type: ignore[union-attr]
-
-    async def raw(self, method: str, params: Any) -> dict[str, Any]:
-        """Send ``params`` (any JSON value) and return the reply as a dict."""
-        self._next_id += 1
-        frame = msgspec.json.encode({"id": self._next_id, "method": method, "params": params})
-        reply: dict[str, Any] = msgspec.json.decode(await self.exchange(frame))
-        return reply
-
-
 @pytest.fixture
-def wire() -> RouterCaller:
-    return RouterCaller()
+def wire(router_caller: Any) -> Any:
+    return router_caller()
 
 
 class LiveServer:
@@ -135,11 +84,13 @@ async def live_server() -> AsyncIterator[LiveServer]:
 
 
 @pytest.fixture(params=["local", "remote", "ws"])
-async def fs(request: pytest.FixtureRequest) -> AsyncIterator[ExecutorFileSystem]:
+async def fs(
+    request: pytest.FixtureRequest, router_caller: Any
+) -> AsyncIterator[ExecutorFileSystem]:
     if request.param == "local":
         yield LocalFileSystem()
     elif request.param == "remote":
-        yield RemoteFileSystem(RouterCaller())
+        yield RemoteFileSystem(router_caller())
     else:
         async with open_live_server() as live:
             yield RemoteFileSystem(await live.client())

@@ -23,23 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import msgspec
 import pytest
 
 from exec_server.client.fs import ExecutorFileSystem, LocalFileSystem, RemoteFileSystem
 from exec_server.config import ServerConfig
-from exec_server.exceptions import error_for_code
 from exec_server.fs.sandboxed import SandboxedFileSystem
 from exec_server.fs.zygote import Zygote
 from exec_server.fs.zygote_confine import landlock_abi
-from exec_server.protocol.codec import decode_message, decode_result, encode_request
-from exec_server.protocol.connection import HandshakeState
-from exec_server.protocol.messages import ErrorResponse, Request
 from exec_server.sandbox.manager import SandboxManager
-from exec_server.server import fs_handlers
-from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
-from exec_server.server.session import Attachment, Session, SessionRegistry
 
 T = TypeVar("T")
 
@@ -162,53 +154,12 @@ def layout(tmp_path: Path) -> Layout:
     return Layout(root, allowed, outside, link)
 
 
-async def _no_notifications(method: str, params: msgspec.Struct) -> None:
-    raise AssertionError(f"fs methods send no notifications (got {method})")
-
-
-class RouterCaller:
-    """``RemoteFileSystem``'s caller, dispatching through the real router and fs handlers."""
-
-    def __init__(self, services: ServerServices) -> None:
-        self.services = services
-        self.registry = SessionRegistry(services.config)
-        self.router = Router()
-        fs_handlers.register(self.router)
-        self.attachment = Attachment("test", _no_notifications)
-        session = Session("session", processes=None)  # type: ignore[arg-type]
-        session.attached_to = self.attachment.connection_id
-        self.attachment.session = session
-        self.attachment.handshake.state = HandshakeState.READY
-        self._next_id = 0
-
-    async def exchange(self, frame: bytes) -> bytes:
-        request = decode_message(frame)
-        assert isinstance(request, Request)
-        ctx = RequestContext(
-            request.id, request.method, self.attachment, self.services, self.registry
-        )
-        return await self.router.dispatch(ctx, request)
-
-    async def call(self, method: str, params: msgspec.Struct | None, result_type: type[T]) -> T:
-        self._next_id += 1
-        reply = decode_message(await self.exchange(encode_request(self._next_id, method, params)))
-        if isinstance(reply, ErrorResponse):
-            raise error_for_code(reply.error.code, reply.error.message)
-        return decode_result(reply.result, result_type)  # type: ignore[union-attr]
-
-    async def raw(self, method: str, params: Any) -> dict[str, Any]:
-        self._next_id += 1
-        frame = msgspec.json.encode({"id": self._next_id, "method": method, "params": params})
-        reply: dict[str, Any] = msgspec.json.decode(await self.exchange(frame))
-        return reply
-
-
 @pytest.fixture
-def make_caller() -> Any:
+def make_caller(router_caller: Any) -> Any:
     """``make_caller(sfs)``: a router caller whose services use ``sfs`` for confined calls."""
 
-    def make(service: SandboxedFileSystem) -> RouterCaller:
-        return RouterCaller(ServerServices(service._config, None, service))
+    def make(service: SandboxedFileSystem) -> Any:
+        return router_caller(ServerServices(service._config, None, service))
 
     return make
 
@@ -248,7 +199,7 @@ MATRIX = [
 
 @pytest.fixture(params=MATRIX, ids=["-".join(p) for p in MATRIX])
 async def sfs_fs(
-    request: pytest.FixtureRequest,
+    request: pytest.FixtureRequest, router_caller: Any
 ) -> AsyncIterator[tuple[SandboxedFileSystem, ExecutorFileSystem]]:
     confinement, backend = request.param
     service = make_service(confinement)
@@ -256,7 +207,7 @@ async def sfs_fs(
     if backend == "local":
         fs = LocalFileSystem(confined=service)
     else:
-        fs = RemoteFileSystem(RouterCaller(ServerServices(service._config, None, service)))
+        fs = RemoteFileSystem(router_caller(ServerServices(service._config, None, service)))
     yield service, fs
     await service.aclose()
 
