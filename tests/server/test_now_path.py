@@ -51,6 +51,8 @@ class Harness:
         self.changed = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self.pool = WorkerPool(max_workers=2)
+        #: (key, sent from the worker?, thread) per offered answer.
+        self.offered: list[tuple[str, bool, int]] = []
         self._next = 0
 
     async def open(self) -> ClientConnection:
@@ -75,6 +77,12 @@ class Harness:
                 if self.answered == expected:
                     return
                 await self.changed.wait()
+
+    async def offers(self, n: int) -> None:
+        """Wait until ``n`` answers were offered from worker threads."""
+        async with asyncio.timeout(TIMEOUT):
+            while len(self.offered) < n:
+                await asyncio.sleep(0.005)
 
     def request(self, method: str, params: dict[str, Any]) -> tuple[int, str]:
         self._next += 1
@@ -128,6 +136,25 @@ async def harness() -> AsyncIterator[Harness]:
         h.pool.submit(deliver, job)
 
     router.add("test/start", Key, slow, "exec", start=start)
+
+    def start_offering(ctx: RequestContext, params: Key, done: Any) -> None:
+        """Like ``start``, but the worker offers its answer to ``done.from_thread``."""
+
+        def job() -> Done:
+            h.record(params.key, "start")
+            return Done(params.key, "start")
+
+        def offer(result: object, error: BaseException | None) -> bool:
+            sent = done.from_thread(result if error is None else None, error)
+            h.offered.append((params.key, sent, threading.get_ident()))
+            return bool(sent)
+
+        def deliver(result: object, error: BaseException | None) -> None:
+            done(result if error is None else None, error)
+
+        h.pool.submit_offering(offer, deliver, job)
+
+    router.add("test/offer", Key, slow, "exec", start=start_offering)
     try:
         yield h
     finally:
@@ -426,3 +453,97 @@ async def test_fs_start_routes_answer_like_the_async_handlers(
     assert [e["fileName"] for e in started[7]["result"]["entries"]] == ["c.txt", "e", "w.txt"]
     assert (tmp_path / "d" / "w.txt").read_bytes() == b"hi"
     await ws.close()
+
+
+async def test_a_worker_sends_its_reply_itself_and_releases_the_connection(
+    harness: Harness,
+) -> None:
+    """The worker writes the reply to the socket; the next request then finds the
+    connection idle and is answered on arrival (its ``now`` handler)."""
+    ws = await harness.open()
+    rid, text = harness.request("test/offer", {"key": "o1"})
+    await ws.send(text)
+    assert (await _replies(ws, 1))[0] == {"id": rid, "result": {"key": "o1", "path": "start"}}
+    await harness.offers(1)  # the worker notes it after sending
+    ((key, sent, thread),) = harness.offered
+    assert (key, sent) == ("o1", True)
+    assert thread != threading.get_ident()  # not the loop's thread
+    rid, text = harness.request("test/now", {"key": "n1"})
+    await ws.send(text)
+    assert (await _replies(ws, 1))[0] == {"id": rid, "result": {"key": "n1", "path": "now"}}
+    await ws.close()
+
+
+async def test_a_worker_reply_the_socket_cannot_take_goes_through_the_loop(
+    harness: Harness,
+) -> None:
+    from exec_server.rpc.ws_server import WsConnection
+
+    ws = await harness.open()
+    (conn,) = [c for c in harness.connections if isinstance(c, WsConnection)]
+    conn.pause_writing()  # over the high-water mark: no sending from threads
+    try:
+        assert conn.send_threadsafe(b'"x"') is False
+    finally:
+        conn.resume_writing()
+    processor = conn.on_message.__self__  # type: ignore[union-attr]
+    processor_send = processor._send_threadsafe
+    processor._send_threadsafe = lambda data, on_commit: False
+    try:
+        for i in range(3):
+            rid, text = harness.request("test/offer", {"key": f"f{i}"})
+            await ws.send(text)
+            assert (await _replies(ws, 1))[0] == {
+                "id": rid,
+                "result": {"key": f"f{i}", "path": "start"},
+            }
+    finally:
+        processor._send_threadsafe = processor_send
+    await harness.offers(3)
+    assert [(k, sent) for k, sent, _ in harness.offered] == [
+        ("f0", False),
+        ("f1", False),
+        ("f2", False),
+    ]
+    await ws.close()
+
+
+async def test_a_frame_the_socket_takes_in_part_is_finished_before_other_writes(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unsent end of a thread's frame goes out first: frames never interleave."""
+    import os
+
+    from exec_server.rpc import ws_server
+    from exec_server.rpc.ws_server import WsConnection
+
+    ws = await harness.open()
+    (conn,) = [c for c in harness.connections if isinstance(c, WsConnection)]
+    real_write = os.write
+    target = conn._fd
+
+    def short_write(fd: int, data: bytes) -> int:
+        return real_write(fd, data[:3] if fd == target else data)
+
+    monkeypatch.setattr(ws_server.os, "write", short_write)
+    sent = await asyncio.to_thread(conn.send_threadsafe, b'"first frame"')
+    monkeypatch.undo()
+    assert sent is True
+    conn.send_nowait(b'"second"')  # from the loop: after the tail
+    assert [await asyncio.wait_for(ws.recv(), TIMEOUT) for _ in range(2)] == [
+        '"first frame"',
+        '"second"',
+    ]
+    await ws.close()
+
+
+async def test_no_sending_from_threads_once_the_connection_is_gone(harness: Harness) -> None:
+    from exec_server.rpc.ws_server import WsConnection
+
+    ws = await harness.open()
+    (conn,) = [c for c in harness.connections if isinstance(c, WsConnection)]
+    await ws.close()
+    async with asyncio.timeout(TIMEOUT):
+        while conn in harness.connections:
+            await asyncio.sleep(0.01)
+    assert await asyncio.to_thread(conn.send_threadsafe, b'"late"') is False

@@ -48,9 +48,14 @@ T = TypeVar("T")
 DEFAULT_MAX_WORKERS: Final = 16
 DEFAULT_IDLE_TIMEOUT: Final = 30.0
 
-#: (loop, deliver(result, error) run on that loop, the call)
+#: ``offer(result, error) -> bool``, run in the worker: True if it took the outcome.
+Offer = Callable[[object, BaseException | None], bool]
+#: (loop, deliver(result, error) run on that loop, the call, an optional offer)
 _Job = tuple[
-    asyncio.AbstractEventLoop, Callable[[object, BaseException | None], None], Callable[[], object]
+    asyncio.AbstractEventLoop,
+    Callable[[object, BaseException | None], None],
+    Callable[[], object],
+    Offer | None,
 ]
 
 
@@ -154,9 +159,23 @@ class WorkerPool:
         For callers that answer from a callback (no task to resume): one loop
         iteration from the end of the job to ``deliver``.
         """
-        loop = asyncio.get_running_loop()
         call = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
-        job: _Job = (loop, deliver, call)
+        self.submit_offering(None, deliver, call)
+
+    def submit_offering(
+        self,
+        offer: Offer | None,
+        deliver: Callable[[object, BaseException | None], None],
+        call: Callable[[], object],
+    ) -> None:
+        """:meth:`submit`, but the worker first offers the outcome to ``offer(result, error)``,
+        in its own thread; ``deliver`` runs on the loop only if that returns False.
+
+        Lets a caller that can finish without the loop (send a reply from the
+        worker) skip the loop wake-up on the way.
+        """
+        loop = asyncio.get_running_loop()
+        job: _Job = (loop, deliver, call, offer)
         worker: _Worker | None = None
         start = False
         with self._lock:
@@ -214,16 +233,23 @@ class WorkerPool:
                 worker.narrowed = False
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(0, allowed)
-            loop, deliver, call = job
+            loop, deliver, call, offer = job
             result: object = None
             error: BaseException | None = None
             try:
                 result = call()
             except BaseException as exc:  # handed to the awaiting task
                 error = exc
-            with contextlib.suppress(RuntimeError):  # the loop is gone
-                loop.call_soon_threadsafe(deliver, result, error)
-            del loop, deliver, call, result, error
+            taken = False
+            if offer is not None:
+                try:
+                    taken = offer(result, error)
+                except Exception:  # deliver still reports the outcome
+                    taken = False
+            if not taken:
+                with contextlib.suppress(RuntimeError):  # the loop is gone
+                    loop.call_soon_threadsafe(deliver, result, error)
+            del loop, deliver, call, offer, result, error
             with self._lock:
                 job = self._backlog.popleft() if self._backlog else None
                 if job is None:

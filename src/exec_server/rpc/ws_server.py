@@ -7,7 +7,9 @@ large share of the server's CPU time. Here ``data_received`` feeds the
 sans-I/O :class:`websockets.server.ServerProtocol`, completed messages go to a
 deque read by :meth:`WsConnection.receive`, and :meth:`WsConnection.send`
 writes the frame straight to the transport (awaiting only when the write
-buffer is over its high-water mark: backpressure).
+buffer is over its high-water mark: backpressure). :meth:`WsConnection.send_threadsafe`
+lets a worker thread send a small reply itself when the socket takes it at
+once (every write holds one lock, so frames never interleave).
 
 Behaviour kept from the library: the HTTP upgrade (any path, no
 subprotocol, no compression), automatic Pong replies, the closing handshake,
@@ -23,8 +25,10 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import socket
 import struct
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -83,6 +87,13 @@ class WsConnection(asyncio.Protocol):
         self.on_message: Callable[[bytes | OversizedMessage], bool] | None = None
         #: frames held back by :meth:`cork` (written together by :meth:`uncork`).
         self._corked: list[bytes] | None = None
+        #: held by every write, from the loop or from :meth:`send_threadsafe`.
+        self._wlock = threading.Lock()
+        #: the socket's fd, for :meth:`send_threadsafe` (-1 before ``connection_made``).
+        self._fd = -1
+        #: the unsent end of a frame :meth:`send_threadsafe` wrote in part: goes first.
+        self._tail: bytes | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         # message being assembled
         self._parts: list[bytes] = []
@@ -105,7 +116,11 @@ class WsConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        set_nodelay(transport.get_extra_info("socket"))
+        sock = transport.get_extra_info("socket")
+        set_nodelay(sock)
+        with contextlib.suppress(AttributeError, OSError):
+            self._fd = sock.fileno()
+        self._loop = asyncio.get_running_loop()
         transport.set_write_buffer_limits(high=WRITE_HIGH)
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
@@ -143,7 +158,9 @@ class WsConnection(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = True
+        with self._wlock:  # no thread is writing to the socket as asyncio closes it
+            self._lost = True
+            self._fd = -1
         self._server.connections.discard(self)
         if self._timer is not None:
             self._timer.cancel()
@@ -324,7 +341,7 @@ class WsConnection(asyncio.Protocol):
     def _pong(self, payload: bytes) -> None:
         """Answer a ping as the library would (server frames are unmasked)."""
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(bytes((0x8A, len(payload))) + payload)
+            self._write(bytes((0x8A, len(payload))) + payload)
 
     def _keep(self, pos: int) -> bytes:
         if pos:
@@ -383,9 +400,10 @@ class WsConnection(asyncio.Protocol):
             return
         for data in self._proto.data_to_send():
             if data:
-                transport.write(data)
+                self._write(data)
             elif transport.can_write_eof():
-                with contextlib.suppress(Exception):
+                self._flush_tail()
+                with self._wlock, contextlib.suppress(Exception):
                     transport.write_eof()
             else:
                 transport.close()
@@ -449,10 +467,75 @@ class WsConnection(asyncio.Protocol):
             self.uncork()
             self._corked = []
         if size <= _JOIN_LIMIT:
-            transport.write(header + data)
+            self._write(header + data)
         else:
-            transport.write(header)
+            self._write(header, data)
+
+    def _write(self, data: bytes, more: bytes | None = None) -> None:
+        """Every write from the loop: under the lock, after a thread's unsent tail."""
+        transport = self._transport
+        assert transport is not None
+        with self._wlock:
+            tail = self._tail
+            if tail is not None:
+                self._tail = None
+                transport.write(tail)
             transport.write(data)
+            if more is not None:
+                transport.write(more)
+
+    def _flush_tail(self) -> None:
+        transport = self._transport
+        with self._wlock:
+            tail = self._tail
+            self._tail = None
+            if tail is not None and transport is not None and not self._lost:
+                transport.write(tail)
+
+    def send_threadsafe(self, data: bytes, on_commit: Callable[[], None] | None = None) -> bool:
+        """From any thread: send one small Text frame now, ahead of anything the loop writes later.
+
+        Returns False, having done nothing, when the connection is closing,
+        the write buffer holds data or the frame is big: the caller sends
+        through the loop instead. Otherwise the frame is committed: written
+        now, its unsent end (a full socket) written by the loop before any
+        other write, or dropped with a connection that is failing anyway.
+        ``on_commit`` runs under the write lock just before the frame is
+        written, so nothing the loop sends afterwards can overtake it.
+        """
+        size = len(data)
+        if size >= _JOIN_LIMIT:
+            return False
+        frame = (bytes((0x81, size)) if size < 126 else _HEADER16.pack(0x81, 126, size)) + data
+        with self._wlock:
+            transport = self._transport
+            if (
+                self._fd < 0
+                or transport is None
+                or self._lost
+                or self._write_paused
+                or self._tail is not None
+                or self._proto.state is not State.OPEN
+                or transport.is_closing()
+                or transport.get_write_buffer_size()
+            ):
+                return False
+            if on_commit is not None:
+                on_commit()
+            try:
+                sent = os.write(self._fd, frame)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                return True  # the connection is failing: the loop sees it lost
+            if sent == len(frame):
+                return True
+            self._tail = frame[sent:]
+        loop = self._loop
+        assert loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop is gone: so is the connection
+            loop.call_soon_threadsafe(self._flush_tail)
+        return True
 
     def cork(self) -> None:
         """Hold small frames back until :meth:`uncork`, to write them in one send.
@@ -473,7 +556,7 @@ class WsConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or self._lost or transport.is_closing():
             return
-        transport.write(parts[0] + parts[1] if len(parts) == 2 else b"".join(parts))
+        self._write(parts[0] + parts[1] if len(parts) == 2 else b"".join(parts))
 
     async def aclose(self) -> None:
         """Start the closing handshake (1000); the socket closes when it completes."""

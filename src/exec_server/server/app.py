@@ -139,6 +139,11 @@ class ConnectionProcessor:
         self._send_nowait: Callable[[bytes], bool] | None = getattr(
             transport, "send_nowait", None
         )
+        #: sends a small reply from a worker thread, if the transport can (WebSocket).
+        self._send_threadsafe: Callable[[bytes, Callable[[], None]], bool] | None = getattr(
+            transport, "send_threadsafe", None
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.attachment = Attachment(transport.label, self._notify, self._notify_nowait)
         self._handlers: set[asyncio.Task[None]] = set()
         #: ``_serve`` waits for the next message (so nothing is being handled).
@@ -338,9 +343,12 @@ class ConnectionProcessor:
             message.id, message.method, self.attachment, self.services, self.registry
         )
         if kind == "start":
+            self._loop = asyncio.get_running_loop()
             self._started_pending = True
             try:
-                started = self.router.dispatch_start(ctx, message, self._started_reply)
+                started = self.router.dispatch_start(
+                    ctx, message, self._started_reply, self._started_reply_from_thread
+                )
             except ProtocolClosedError as exc:
                 self._started_pending = False
                 self._request_close(str(exc))
@@ -381,6 +389,32 @@ class ConnectionProcessor:
         except (ConnectionError, OSError) as exc:
             self._closed = True
             self._request_close(f"send failed: {exc}")
+
+    def _started_reply_from_thread(self, reply: bytes) -> bool:
+        """The answer of a request ``_offer`` started, sent by the worker that made it.
+
+        Only when the transport can take it in order from this thread
+        (``send_threadsafe``). The connection is released just before the
+        reply is written (under the transport's write lock, so a request
+        answered next cannot overtake it); the loop is woken only to let
+        ``_serve`` go on, after the reply left.
+        """
+        send = self._send_threadsafe
+        if send is None or self._closed or not send(reply, self._release_started):
+            return False
+        loop = self._loop
+        assert loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop is gone
+            loop.call_soon_threadsafe(self._started_released)
+        return True
+
+    def _release_started(self) -> None:
+        self._started_pending = False
+
+    def _started_released(self) -> None:
+        waiter = self._idle_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _started_reply(self, reply: bytes) -> None:
         """The answer of a request ``_offer`` started: send it, then let ``_serve`` go on."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import binascii
 import functools
 from collections.abc import Callable
-from typing import Final
+from typing import Final, cast
 
 import msgspec
 
@@ -258,10 +258,13 @@ def _direct_only(sandbox: t.SandboxField) -> None:
 def _submit_empty(
     ctx: RequestContext, done: Done, fn: Callable[..., object], *args: object, **kwargs: object
 ) -> None:
+    def offer(result: object, error: BaseException | None) -> bool:
+        return done.from_thread(None if error is not None else _EMPTY, error)
+
     def deliver(result: object, error: BaseException | None) -> None:
         done(None if error is not None else _EMPTY, error)
 
-    _service(ctx).pool.submit(deliver, fn, *args, **kwargs)
+    _service(ctx).pool.submit_offering(offer, deliver, functools.partial(fn, *args, **kwargs))
 
 
 def write_file_start(ctx: RequestContext, params: t.WriteFileParams, done: Done) -> None:
@@ -306,14 +309,16 @@ def read_directory_start(ctx: RequestContext, params: t.ReadDirectoryParams, don
     _direct_only(params.sandbox)
     path = parse_wire_path(params.path)
 
-    def deliver(result: object, error: BaseException | None) -> None:
-        if error is not None:
-            done(None, error)
-            return
-        assert isinstance(result, list)
-        done(_directory_result(result), None)
+    def listing() -> t.ReadDirectoryResult:
+        return _directory_result(ops.read_directory(path.path))
 
-    _service(ctx).pool.submit(deliver, ops.read_directory, path.path)
+    def offer(result: object, error: BaseException | None) -> bool:
+        return done.from_thread(cast("t.ReadDirectoryResult | None", result), error)
+
+    def deliver(result: object, error: BaseException | None) -> None:
+        done(cast("t.ReadDirectoryResult | None", result), error)
+
+    _service(ctx).pool.submit_offering(offer, deliver, listing)
 
 
 def register(router: Router) -> None:

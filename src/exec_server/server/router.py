@@ -58,16 +58,49 @@ Handler = Callable[["RequestContext", P], Awaitable[R]]
 #: raising :class:`NotNow`).
 NowHandler = Callable[["RequestContext", P], R]
 
-#: ``done(result, error)``: how a ``start`` handler reports its outcome, later,
-#: on the event loop (exactly one of the two is not None).
-Done = Callable[[msgspec.Struct | None, BaseException | None], None]
-
 #: ``def handler(ctx, params, done) -> None``: starts the work (a worker-thread
 #: job) without waiting and arranges for ``done`` to be called (or raises
 #: :class:`NotNow` before starting anything).
-StartHandler = Callable[["RequestContext", P, Done], None]
+StartHandler = Callable[["RequestContext", P, "Done"], None]
 
 INTERNAL_ERROR_TEXT: Final = "internal error"
+
+
+class Done:
+    """How a ``start`` handler reports its outcome (exactly one of the two is not None).
+
+    ``done(result, error)``, on the event loop, always answers. The worker
+    thread that produced the outcome may first offer it to
+    :meth:`from_thread`: when the transport takes the reply at once it is
+    sent from that thread, sparing the loop wake-up before the reply, and
+    True means the loop call must not follow.
+    """
+
+    __slots__ = ("_encode", "_reply", "_reply_from_thread")
+
+    def __init__(
+        self,
+        encode: Callable[[msgspec.Struct | None, BaseException | None], bytes],
+        reply: Callable[[bytes], None],
+        reply_from_thread: Callable[[bytes], bool] | None = None,
+    ) -> None:
+        self._encode = encode
+        self._reply = reply
+        self._reply_from_thread = reply_from_thread
+
+    def __call__(self, result: msgspec.Struct | None, error: BaseException | None) -> None:
+        self._reply(self._encode(result, error))
+
+    def from_thread(self, result: msgspec.Struct | None, error: BaseException | None) -> bool:
+        """Answer from the calling (worker) thread if possible; False: call ``done`` on the loop."""
+        send = self._reply_from_thread
+        if send is None or (error is not None and not isinstance(error, Exception)):
+            return False
+        try:
+            data = self._encode(result, error)
+        except Exception:  # the loop call answers (or logs) it
+            return False
+        return send(data)
 
 
 class NotNow(Exception):
@@ -275,10 +308,16 @@ class Router:
             return self._error(request, exc)
 
     def dispatch_start(
-        self, ctx: RequestContext, request: Request, reply: Callable[[bytes], None]
+        self,
+        ctx: RequestContext,
+        request: Request,
+        reply: Callable[[bytes], None],
+        reply_from_thread: Callable[[bytes], bool] | None = None,
     ) -> bool:
         """Start a request through its ``start`` handler; ``reply(bytes)`` gets the
         encoded answer, now (an error found before starting) or when the job ends.
+        ``reply_from_thread(bytes)``, if given, may send it from the worker
+        thread instead (see :class:`Done`); True means it did.
 
         Returns False, having done nothing, when the request needs the async
         path (no ``start`` handler, or it raised :class:`NotNow`).
@@ -290,20 +329,18 @@ class Router:
         if route is None or route.start is None:
             return False
 
-        def done(result: msgspec.Struct | None, error: BaseException | None) -> None:
+        def encode(result: msgspec.Struct | None, error: BaseException | None) -> bytes:
             if error is None:
                 assert result is not None
                 try:
-                    data = encode_result(request.id, result)
+                    return encode_result(request.id, result)
                 except Exception as exc:  # an unencodable result: a bug
                     error = exc
-                else:
-                    reply(data)
-                    return
             if not isinstance(error, Exception):
                 raise error  # KeyboardInterrupt and the like: not ours to answer
-            reply(self._error(request, error))
+            return self._error(request, error)
 
+        done = Done(encode, reply, reply_from_thread)
         try:
             params = self._params(ctx, route, request)
             route.start(ctx, params, done)
