@@ -195,3 +195,18 @@ def test_a_failure_inside_a_fanned_out_removal_is_reported(
 
 def test_the_shared_helpers_are_one_instance() -> None:
     assert fanout.shared_fanout() is fanout.shared_fanout()
+
+
+def test_the_probe_counts_unlinks_across_small_directories(
+    tmp_path: Path, recording: _Recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No directory has eight files, yet the timed unlinks add up and the rest fans out."""
+    monkeypatch.setattr(ops, "_SLOW_UNLINK_NS", -1)
+    root = tmp_path / "root"
+    for d in range(12):
+        (root / f"d{d:02d}").mkdir(parents=True)
+        for f in range(2):
+            (root / f"d{d:02d}" / f"f{f}").write_bytes(b"x")
+    ops.remove(str(root), recursive=True, force=False)
+    assert not root.exists()
+    assert recording.batches > 0

@@ -386,19 +386,25 @@ _UNLINK_CHUNK = 4
 class _Removal:
     """One recursive remove: sequential until unlinks prove slow, then fanned out."""
 
-    __slots__ = ("parallel",)
+    __slots__ = ("parallel", "took")
 
     def __init__(self) -> None:
         #: ``None`` until decided by :meth:`probe` (only ever set before fanning out).
         self.parallel: bool | None = None
+        #: nanoseconds of the file unlinks timed so far (across directories).
+        self.took: list[int] = []
 
     def probe(self, dir_fd: int, names: list[str]) -> list[str]:
-        """Unlink the first few files, timing each; return the names left to do."""
+        """Unlink files, timing each, until :data:`_PROBE_FILES` were timed (in this
+        directory or earlier ones) and decide; return the names left to do."""
         clock = time.perf_counter_ns
         unlink = os.unlink
-        took: list[int] = []
-        probed = names[:_PROBE_FILES]
-        for name in probed:
+        took = self.took
+        done = 0
+        for name in names:
+            if len(took) >= _PROBE_FILES:
+                break
+            done += 1
             t0 = clock()
             try:
                 unlink(name, dir_fd=dir_fd)
@@ -408,10 +414,10 @@ class _Removal:
                 _remove_subdirectory(dir_fd, name, self)  # became a directory since the listing
                 continue
             took.append(clock() - t0)
-        if len(took) == len(probed) == _PROBE_FILES:
+        if len(took) >= _PROBE_FILES:
             took.sort()
             self.parallel = took[len(took) // 2] > _SLOW_UNLINK_NS
-        return names[len(probed) :]
+        return names[done:]
 
 
 def _empty_directory(dir_fd: int, removal: _Removal) -> None:
