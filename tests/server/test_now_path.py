@@ -486,6 +486,14 @@ async def test_a_worker_reply_the_socket_cannot_take_goes_through_the_loop(
         assert conn.send_threadsafe(b'"x"') is False
     finally:
         conn.resume_writing()
+    assert conn.transport is not None
+    buffered = conn.transport.get_write_buffer_size
+    conn.transport.get_write_buffer_size = lambda: 1  # type: ignore[method-assign]
+    try:
+        assert conn.send_threadsafe(b'"x"') is False  # would overtake the buffered bytes
+    finally:
+        conn.transport.get_write_buffer_size = buffered  # type: ignore[method-assign]
+    assert conn.send_threadsafe(b'"y' + b"z" * 70_000 + b'"') is False  # big: the loop's job
     processor = conn.on_message.__self__  # type: ignore[union-attr]
     processor_send = processor._send_threadsafe
     processor._send_threadsafe = lambda data, on_commit: False
