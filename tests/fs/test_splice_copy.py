@@ -124,3 +124,33 @@ def test_big_files_inside_a_tree_copy(where: Path) -> None:
     ops.copy(str(where / "tree"), str(where / "copy"), recursive=True)
     assert (where / "copy" / "sub" / "big").read_bytes() == big
     assert (where / "copy" / "small").read_bytes() == b"s"
+
+
+def test_a_fifo_destination_with_a_reader_gets_the_bytes(tmp_path: Path) -> None:
+    """Copying onto an existing FIFO that has a reader feeds it everything, waiting
+    for the reader like ``cp`` (and upstream) do; only regular files take the pipe."""
+    import threading
+
+    data = os.urandom(splice_copy.SPLICE_MIN + 5)
+    (tmp_path / "src").write_bytes(data)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader exists before the copy
+    os.set_blocking(reader, True)
+    holder = os.open(fifo, os.O_WRONLY)  # no EOF for the reader until the copy is done
+    got = bytearray()
+
+    def drain() -> None:
+        while chunk := os.read(reader, 1 << 16):
+            got.extend(chunk)
+
+    t = threading.Thread(target=drain)
+    t.start()
+    try:
+        ops.copy(str(tmp_path / "src"), str(fifo), recursive=False)
+    finally:
+        os.close(holder)
+        t.join(timeout=30)
+        os.close(reader)
+    assert not t.is_alive()
+    assert bytes(got) == data

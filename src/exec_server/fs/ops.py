@@ -756,9 +756,15 @@ def _copy_file_at(
                 os.ftruncate(dst_fd, 0)
             if stat.S_IMODE(dst_stat.st_mode) != perm:
                 os.fchmod(dst_fd, perm)
+            regular = stat.S_ISREG(dst_stat.st_mode)
+            if not regular:
+                # A FIFO with a reader (or a device): write like `cp` and upstream
+                # do, waiting for the reader, not failing once its buffer is full.
+                os.set_blocking(dst_fd, True)
             size = src_stat.st_size
             if not (
-                splice_pays_off(src_fd, src_stat.st_dev, dst_fd, dst_stat.st_dev, size)
+                regular
+                and splice_pays_off(src_fd, src_stat.st_dev, dst_fd, dst_stat.st_dev, size)
                 and copy_through_pipe(src_fd, dst_fd)
             ):
                 _copy_contents(src_fd, dst_fd, size)
@@ -794,8 +800,15 @@ def _copy_contents(src_fd: int, dst_fd: int, size: int = 0) -> None:
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                 raise
-    offset = os.lseek(dst_fd, 0, os.SEEK_CUR)
-    os.lseek(src_fd, offset, os.SEEK_SET)
+    try:
+        offset = os.lseek(dst_fd, 0, os.SEEK_CUR)
+    except OSError as exc:
+        if exc.errno != errno.ESPIPE:
+            raise
+        # A FIFO or socket destination: copy_file_range refused it before
+        # copying anything, so the source is still at its start.
+    else:
+        os.lseek(src_fd, offset, os.SEEK_SET)
     try:
         while os.sendfile(dst_fd, src_fd, None, _COPY_MAX):
             pass

@@ -34,6 +34,8 @@ _TMPFS_MAGIC: Final = 0x01021994
 _SPLICE_FRIENDLY: Final = frozenset({_EXT4_SUPER_MAGIC, _TMPFS_MAGIC})
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 _F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+#: a file that cannot be spliced (no splice support, not seekable): copy another way.
+_REFUSED: Final = frozenset({errno.EINVAL, errno.ENOSYS, errno.ESPIPE, errno.EOPNOTSUPP})
 
 
 class _StatFs(ctypes.Structure):
@@ -94,7 +96,7 @@ def copy_through_pipe(src_fd: int, dst_fd: int) -> bool:
             try:
                 got = os.splice(src_fd, w, _PIPE_SIZE, offset_src=offset)
             except OSError as exc:
-                if offset == 0 and exc.errno in (errno.EINVAL, errno.ENOSYS):
+                if offset == 0 and exc.errno in _REFUSED:
                     return False
                 raise
             if not got:
@@ -104,7 +106,7 @@ def copy_through_pipe(src_fd: int, dst_fd: int) -> bool:
                 try:
                     put = os.splice(r, dst_fd, left, offset_dst=offset + got - left)
                 except OSError as exc:
-                    if offset == 0 and left == got and exc.errno in (errno.EINVAL, errno.ENOSYS):
+                    if offset == 0 and left == got and exc.errno in _REFUSED:
                         return False
                     raise
                 if not put:  # a file write that moves nothing would loop forever
