@@ -162,8 +162,9 @@ Op = Callable[[Side, int], Awaitable[Any]]
 
 
 async def interleaved(sides: list[Side], metric: str, n: int, op: Op, rounds: int = 5) -> None:
-    """Run ``n`` samples of ``op`` per server in ``rounds`` alternating batches,
-    so load changes on a shared machine hit every server alike.
+    """Run ``n`` samples of ``op`` per server in ``rounds`` alternating batches
+    (the order flips every round), so load changes on a shared machine hit every
+    server alike.
 
     Starts with an untimed ``sync``: the fixtures and the previous metric leave
     megabytes of dirty pages, and their writeback (journal commits) would
@@ -173,9 +174,14 @@ async def interleaved(sides: list[Side], metric: str, n: int, op: Op, rounds: in
     await asyncio.to_thread(os.sync)
     done = 0
     per_round = max(1, -(-n // rounds))
+    flip = False
     while done < n:
         batch = min(per_round, n - done)
-        for side in sides:
+        # Alternate who goes first, so neither server always runs right after
+        # the sync (or right after the other's batch).
+        order = sides[::-1] if flip else sides
+        flip = not flip
+        for side in order:
             out = side.samples.setdefault(metric, [])
             for i in range(done, done + batch):
                 t0 = time.perf_counter()
