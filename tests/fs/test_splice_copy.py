@@ -16,6 +16,17 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def _assert_refused(src: int, dst_path: Path) -> None:
+    """``copy_through_pipe`` says no and writes nothing (closes ``src``)."""
+    dst = os.open(dst_path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        assert splice_copy.copy_through_pipe(src, dst) is False
+        assert os.fstat(dst).st_size == 0
+    finally:
+        os.close(src)
+        os.close(dst)
+
+
 @pytest.fixture(params=["tmp", "shm"])
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     """The test's temp dir (ext4 here and on CI) and, where there is one, a tmpfs."""
@@ -92,28 +103,14 @@ def test_a_pipe_that_cannot_grow_falls_back_without_writing(
         return real(fd, cmd, arg)
 
     monkeypatch.setattr(splice_copy.fcntl, "fcntl", refuse)
-    src = os.open(tmp_path / "src", os.O_RDONLY)
-    dst = os.open(tmp_path / "dst", os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        assert splice_copy.copy_through_pipe(src, dst) is False
-        assert os.fstat(dst).st_size == 0
-    finally:
-        os.close(src)
-        os.close(dst)
+    _assert_refused(os.open(tmp_path / "src", os.O_RDONLY), tmp_path / "dst")
     ops.copy(str(tmp_path / "src"), str(tmp_path / "copy"), recursive=False)  # falls back
     assert (tmp_path / "copy").read_bytes() == data
 
 
 def test_a_source_that_refuses_splice_falls_back(tmp_path: Path) -> None:
     """A directory fd refuses ``splice`` (EINVAL) before anything is written."""
-    src = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    dst = os.open(tmp_path / "dst", os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        assert splice_copy.copy_through_pipe(src, dst) is False
-        assert os.fstat(dst).st_size == 0
-    finally:
-        os.close(src)
-        os.close(dst)
+    _assert_refused(os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY), tmp_path / "dst")
 
 
 def test_big_files_inside_a_tree_copy(where: Path) -> None:
