@@ -96,3 +96,31 @@ async def test_git_created_between_two_calls_is_not_writable(
         await fs.write_file(str(target), b"evil", sandbox=sandbox)
     assert not target.exists()
     assert (workspace / "probe" / "HEAD").read_bytes() == b"x"
+
+
+def test_server_cwd_is_resolved_once_per_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``realpath`` of the cwd runs again only when ``getcwd()`` changes."""
+    import os
+
+    from exec_server.sandbox import fs_request
+
+    calls: list[str] = []
+    real = os.path.realpath
+
+    def counting(path: str) -> str:
+        calls.append(path)
+        return real(path)
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "b")
+    monkeypatch.setattr(fs_request.os.path, "realpath", counting)
+    monkeypatch.chdir(tmp_path / "a")
+    first = fs_request._server_cwd()
+    assert fs_request._server_cwd() == first == real(tmp_path / "a")
+    monkeypatch.chdir(tmp_path / "link")  # the kernel names the target directory
+    assert fs_request._server_cwd() == real(tmp_path / "b")
+    assert fs_request._server_cwd() == real(tmp_path / "b")
+    assert calls == [str(real(tmp_path / "a")), str(real(tmp_path / "b"))]

@@ -82,7 +82,10 @@ class Harness:
         """Wait until ``n`` answers were offered from worker threads."""
         async with asyncio.timeout(TIMEOUT):
             while len(self.offered) < n:
-                await asyncio.sleep(0.005)
+                self.changed.clear()
+                if len(self.offered) >= n:
+                    return
+                await self.changed.wait()
 
     def request(self, method: str, params: dict[str, Any]) -> tuple[int, str]:
         self._next += 1
@@ -147,6 +150,7 @@ async def harness() -> AsyncIterator[Harness]:
         def offer(result: object, error: BaseException | None) -> bool:
             sent = done.from_thread(result if error is None else None, error)
             h.offered.append((params.key, sent, threading.get_ident()))
+            h._loop.call_soon_threadsafe(h.changed.set)
             return bool(sent)
 
         def deliver(result: object, error: BaseException | None) -> None:
@@ -552,6 +556,101 @@ async def test_no_sending_from_threads_once_the_connection_is_gone(harness: Harn
     (conn,) = [c for c in harness.connections if isinstance(c, WsConnection)]
     await ws.close()
     async with asyncio.timeout(TIMEOUT):
-        while conn in harness.connections:
+        # No event says "the server saw it close": poll, bounded by the timeout.
+        while conn in harness.connections:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
     assert await asyncio.to_thread(conn.send_threadsafe, b'"late"') is False
+
+
+def _workspace_context(workspace: Any) -> dict[str, Any]:
+    """What codex 0.163 sends under ``--sandbox workspace-write`` (reads everything)."""
+    uri = f"file://{workspace}"
+
+    def special(kind: str, access: str) -> dict[str, Any]:
+        return {"path": {"type": "special", "value": {"kind": kind}}, "access": access}
+
+    return {
+        "permissions": {
+            "type": "managed",
+            "file_system": {
+                "type": "restricted",
+                "entries": [special("root", "read"), special("project_roots", "write")],
+            },
+            "network": "restricted",
+        },
+        "cwd": uri,
+        "policyContext": {"cwd": uri, "workspaceRoots": [uri]},
+        "workspaceRoots": [uri],
+        "windowsSandboxLevel": "disabled",
+        "useLegacyLandlock": False,
+    }
+
+
+async def test_reads_under_a_known_context_are_answered_on_arrival(
+    harness: Harness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A context seen before (decoded once, cached) no longer sends reads that run in
+    the server through the queue; the answers stay those of the async handlers."""
+    from exec_server.fs.service import FileSystemService
+
+    inline: list[bool] = []
+    real_now = FileSystemService.read_file_now
+
+    def spy(self: FileSystemService, path: str, route: Any, **kw: Any) -> bytes | None:
+        out = real_now(self, path, route, **kw)
+        inline.append(route.confined and out is not None)
+        return out
+
+    monkeypatch.setattr(FileSystemService, "read_file_now", spy)
+    # A server with the sandboxed filesystem configured (reads that read
+    # everything never start its helper).
+    from exec_server.fs.sandboxed import SandboxedFileSystem
+    from exec_server.sandbox.manager import SandboxManager
+
+    services = harness.server.services
+    sfs = SandboxedFileSystem(services.config, SandboxManager(services.config))
+    monkeypatch.setattr(services, "fs_sandbox", sfs)
+    monkeypatch.setattr(services, "fs_service", None)
+    (tmp_path / "small.txt").write_bytes(b"hello")
+    ctx = _workspace_context(tmp_path)
+    calls = [
+        ("fs/readFile", {"path": f"file://{tmp_path}/small.txt", "sandbox": ctx}),
+        ("fs/readFile", {"path": f"file://{tmp_path}/small.txt", "sandbox": ctx}),
+        ("fs/getMetadata", {"path": f"file://{tmp_path}/small.txt", "sandbox": ctx}),
+        ("fs/readFile", {"path": f"file://{tmp_path}/missing", "sandbox": ctx}),
+        ("fs/readFile", {"path": f"file://{tmp_path}", "sandbox": ctx}),
+        ("fs/readFile", {"path": f"file://{tmp_path}/small.txt", "sandbox": {"bogus": 1}}),
+    ]
+    ws = await harness.open()
+
+    async def run_all() -> list[dict[str, Any]]:
+        out = []
+        for method, params in calls:
+            rid, text = harness.request(method, params)
+            await ws.send(text)
+            (reply,) = await _replies(ws, 1)
+            assert reply.pop("id") == rid
+            out.append(reply)
+        return out
+
+    first = await run_all()
+    assert inline.count(True) >= 1  # the second read (context cached by the first) was inline
+    router = harness.server.router
+    saved = dict(router._routes)
+    for method in ("fs/getMetadata", "fs/readFile"):
+        route = router._routes.pop(method)
+        router.add(method, route.params_type, route.handler, route.family)
+    try:
+        second = await run_all()
+    finally:
+        router._routes.clear()
+        router._routes.update(saved)
+    for a, b in zip(first, second, strict=True):
+        assert a == b
+    assert base64.b64decode(first[1]["result"]["dataBase64"]) == b"hello"
+    assert first[2]["result"]["isFile"] is True
+    assert first[3]["error"]["code"] == -32004
+    assert first[4]["error"]["code"] == -32600
+    assert first[5]["error"]["code"] == -32602
+    await ws.close()
+    await sfs.aclose()

@@ -11,9 +11,9 @@ route identically. Malformed contexts are ``-32602`` naming the member.
 from __future__ import annotations
 
 from exec_server.fs.service import DIRECT, Route
-from exec_server.sandbox.convert import fs_route_from_wire
+from exec_server.sandbox.convert import cached_fs_route, fs_route_from_wire
 
-__all__ = ["route_from_wire"]
+__all__ = ["cached_route_from_wire", "route_from_wire"]
 
 
 def route_from_wire(raw: bytes | None) -> Route:
@@ -25,3 +25,10 @@ def route_from_wire(raw: bytes | None) -> Route:
     if raw is None or raw.strip() in (b"", b"null"):
         return DIRECT
     return fs_route_from_wire(raw)
+
+
+def cached_route_from_wire(raw: bytes) -> Route | None:
+    """The route of a context decoded before (cheap), else None: use :func:`route_from_wire`."""
+    if raw.strip() in (b"", b"null"):
+        return DIRECT
+    return cached_fs_route(raw)

@@ -248,6 +248,10 @@ class SandboxedFileSystem:
         _, data = await self.run(FsOperation("fs/readFile", path), req)
         return data
 
+    def reads_directly(self, context: object) -> bool:
+        """Whether read-only calls under ``context`` run in the server (no helper)."""
+        return _reads_everything(_request(context))
+
     async def write_file(self, context: object, path: str, data: bytes) -> None:
         await self.run(FsOperation("fs/writeFile", path, data=data), _request(context))
 

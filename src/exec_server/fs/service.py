@@ -106,6 +106,10 @@ class ConfinedFileSystem(Protocol):
 
     async def canonicalize(self, context: object, path: str) -> str: ...
 
+    def reads_directly(self, context: object) -> bool:
+        """Whether read-only calls under ``context`` may run in the server (no helper)."""
+        ...
+
 
 class FileSystemService:
     """Typed async filesystem API; every method takes the call's :class:`FsRoute`.
@@ -144,6 +148,13 @@ class FileSystemService:
         return await self._pool.run(ops.read_and_close, fd, size)
 
 
+    def reads_directly(self, route: Route) -> bool:
+        """Whether read-only calls on ``route`` run in the server: direct routes, and
+        confined ones whose policies provably read everything (as upstream does)."""
+        if not route.confined:
+            return True
+        return self._confined is not None and self._confined.reads_directly(route.context)
+
     def read_file_now(
         self, path: str, route: Route = DIRECT, *, directory_is_invalid: bool = False
     ) -> bytes | None:
@@ -151,7 +162,7 @@ class FileSystemService:
         at most :data:`INLINE_READ_LIMIT` bytes), else None (the caller uses
         :meth:`read_file`, which also reports any error). A ``stat`` decides
         first, so nothing else (a FIFO, a device) is ever opened twice."""
-        if route.confined:
+        if route.confined and not self.reads_directly(route):
             return None
         try:
             st = os.stat(path)

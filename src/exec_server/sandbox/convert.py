@@ -39,6 +39,7 @@ from exec_server.sandbox.access import (
 from exec_server.sandbox.fs_request import (
     FsRouteDecision,
     FsSandboxRequest,
+    cached_fs_route,
     fs_context_from_wire,
     fs_route_from_wire,
     root_alias_normalize,
@@ -70,6 +71,7 @@ __all__ = [
     "Generation",
     "LaunchSandboxRequest",
     "Preference",
+    "cached_fs_route",
     "cli_launch_request",
     "fs_context_from_wire",
     "fs_route_from_wire",

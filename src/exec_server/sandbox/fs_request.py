@@ -57,6 +57,7 @@ from exec_server.sandbox.policy import (
 __all__ = [
     "FsRouteDecision",
     "FsSandboxRequest",
+    "cached_fs_route",
     "fs_context_from_wire",
     "fs_route_from_wire",
     "root_alias_normalize",
@@ -231,12 +232,29 @@ class _RequestCache:
 _CURRENT_CACHE = _RequestCache(64)
 
 
+#: (``getcwd()``, its ``realpath``) from the last call of :func:`_server_cwd`.
+_last_cwd: tuple[str, str] | None = None
+
+
 def _server_cwd() -> str:
-    """The server's canonical cwd (PROTOCOL.md §10.1 step 1)."""
+    """The server's canonical cwd (PROTOCOL.md §10.1 step 1).
+
+    ``realpath`` (an ``lstat`` per component, ~30 µs) runs only when
+    ``getcwd()`` changes: the kernel's ``getcwd`` names the directory itself,
+    so the same text resolves the same way (fs calls with a context pay for
+    this on every call).
+    """
+    global _last_cwd
     try:
-        return os.path.realpath(os.getcwd())
+        cwd = os.getcwd()
+        last = _last_cwd
+        if last is not None and last[0] == cwd:
+            return last[1]
+        real = os.path.realpath(cwd)
     except OSError as exc:
         raise InternalError(f"failed to read current dir: {os_error_message(exc)}") from exc
+    _last_cwd = (cwd, real)
+    return real
 
 
 def fs_context_from_wire(
@@ -313,6 +331,19 @@ def fs_route_from_wire(raw: bytes | msgspec.Raw | None) -> FsRouteDecision:
     request = fs_context_from_wire(None if raw is None else msgspec.Raw(raw))
     if request is None:
         return FsRouteDecision(confined=False)
+    return FsRouteDecision(confined=not request.direct, context=request)
+
+
+def cached_fs_route(raw: bytes) -> FsRouteDecision | None:
+    """:func:`fs_route_from_wire` for a current-client context decoded before, else None.
+
+    Never decodes: a cache hit only (a fresh copy, see :class:`_RequestCache`),
+    so a caller that must not do expensive work (a request answered on
+    arrival) can ask first and leave anything else to the full path.
+    """
+    request = _CURRENT_CACHE.get((raw, _server_cwd(), os.environ.get("TMPDIR")))
+    if request is None:
+        return None
     return FsRouteDecision(confined=not request.direct, context=request)
 
 

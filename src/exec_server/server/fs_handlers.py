@@ -20,9 +20,9 @@ import msgspec
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import ops
-from exec_server.fs.context import route_from_wire
+from exec_server.fs.context import cached_route_from_wire, route_from_wire
 from exec_server.fs.ops import lossy_name
-from exec_server.fs.service import FileSystemService, Route
+from exec_server.fs.service import DIRECT, FileSystemService, Route
 from exec_server.protocol import fs_types as t
 from exec_server.protocol.codec import register_one_pass
 from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical
@@ -130,12 +130,25 @@ async def read_file(
     return t.ReadFileEncoded(data_base64=result)
 
 
+def _now_route(raw: t.SandboxField) -> Route:
+    """The route, if known without decoding (no context, or one decoded before), else
+    :class:`NotNow`: a new context is decoded once, on the async path."""
+    sandbox = t.sandbox_raw(raw)
+    if sandbox is None:
+        return DIRECT
+    route = cached_route_from_wire(bytes(sandbox))
+    if route is None:
+        raise NotNow
+    return route
+
+
 def read_file_now(ctx: RequestContext, params: t.ReadFileParams) -> t.ReadFileResult:
-    """:func:`read_file` for a small regular file, no sandbox context (else :class:`NotNow`)."""
-    if t.sandbox_raw(params.sandbox) is not None:
-        raise NotNow  # contexts are decoded once, on the async path
+    """:func:`read_file` for a small regular file read in the server (else :class:`NotNow`)."""
+    route = _now_route(params.sandbox)
     path = parse_wire_path(params.path)
-    data = _service(ctx).read_file_now(path.path, directory_is_invalid=path.form is PathForm.URI)
+    data = _service(ctx).read_file_now(
+        path.path, route, directory_is_invalid=path.form is PathForm.URI
+    )
     if data is None:
         raise NotNow
     return t.ReadFileResult(data_base64=data)
@@ -172,9 +185,10 @@ async def get_metadata(ctx: RequestContext, params: t.GetMetadataParams) -> t.Ge
 
 
 def get_metadata_now(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetMetadataResult:
-    """:func:`get_metadata` without a sandbox context (else :class:`NotNow`)."""
-    if t.sandbox_raw(params.sandbox) is not None:
-        raise NotNow  # contexts are decoded once, on the async path
+    """:func:`get_metadata` when it runs in the server (else :class:`NotNow`)."""
+    route = _now_route(params.sandbox)
+    if not _service(ctx).reads_directly(route):
+        raise NotNow  # the confined helper answers, on the async path
     path = parse_wire_path(params.path)
     return _metadata_result(path, ops.get_metadata(path.path))
 
