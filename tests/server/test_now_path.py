@@ -654,3 +654,44 @@ async def test_reads_under_a_known_context_are_answered_on_arrival(
     assert first[5]["error"]["code"] == -32602
     await ws.close()
     await sfs.aclose()
+
+
+async def test_calls_under_a_known_full_access_context_are_started_on_arrival(
+    harness: Harness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full-access context seen before lets writes, copies and removes take the
+    ``start`` path (a worker job handed over from the socket callback)."""
+    from exec_server.fs.workers import WorkerPool as Pool
+
+    started: list[str] = []
+    real = Pool.submit_offering
+
+    def spy(self: Pool, offer: Any, deliver: Any, call: Any) -> None:
+        if offer is not None:  # a start handler's job (the async path offers nothing)
+            started.append("job")
+        real(self, offer, deliver, call)
+
+    monkeypatch.setattr(Pool, "submit_offering", spy)
+    ctx = _workspace_context(tmp_path)
+    ctx["permissions"]["file_system"] = {"type": "unrestricted"}
+    ws = await harness.open()
+    answers = []
+    for i in range(2):
+        for method, params in (
+            ("fs/writeFile", {"path": f"{tmp_path}/w{i}", "dataBase64": "aGk=", "sandbox": ctx}),
+            ("fs/copy", {"sourcePath": f"{tmp_path}/w{i}", "destinationPath": f"{tmp_path}/c{i}",
+                         "recursive": False, "sandbox": ctx}),
+            ("fs/remove", {"path": f"{tmp_path}/w{i}", "sandbox": ctx}),
+        ):
+            rid, text = harness.request(method, params)
+            await ws.send(text)
+            (reply,) = await _replies(ws, 1)
+            assert reply.pop("id") == rid
+            answers.append(reply)
+    assert answers == [{"result": {}}] * 6
+    assert (tmp_path / "c0").read_bytes() == (tmp_path / "c1").read_bytes() == b"hi"
+    assert not (tmp_path / "w0").exists() and not (tmp_path / "w1").exists()
+    # The first call decoded the context on the async path; the five after it
+    # were started from the socket callback.
+    assert len(started) == 5
+    await ws.close()

@@ -265,8 +265,10 @@ _EMPTY: Final = t.EmptyResult()
 
 
 def _direct_only(sandbox: t.SandboxField) -> None:
-    if t.sandbox_raw(sandbox) is not None:
-        raise NotNow  # contexts are decoded once, on the async path
+    """Start only calls that run in the server: no context, or a known direct one
+    (full access, external, disabled); confined calls and new contexts: :class:`NotNow`."""
+    if _now_route(sandbox).confined:
+        raise NotNow
 
 
 def _submit_empty(
