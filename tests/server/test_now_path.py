@@ -602,6 +602,16 @@ async def test_reads_under_a_known_context_are_answered_on_arrival(
         return out
 
     monkeypatch.setattr(FileSystemService, "read_file_now", spy)
+    from exec_server.fs.workers import WorkerPool as Pool
+
+    started: list[bool] = []
+    real_submit = Pool.submit_offering
+
+    def submit_spy(self: Pool, offer: Any, deliver: Any, call: Any) -> None:
+        started.append(offer is not None)  # offered: a start handler's job
+        real_submit(self, offer, deliver, call)
+
+    monkeypatch.setattr(Pool, "submit_offering", submit_spy)
     # A server with the sandboxed filesystem configured (reads that read
     # everything never start its helper).
     from exec_server.fs.sandboxed import SandboxedFileSystem
@@ -617,6 +627,8 @@ async def test_reads_under_a_known_context_are_answered_on_arrival(
         ("fs/readFile", {"path": f"file://{tmp_path}/small.txt", "sandbox": ctx}),
         ("fs/readFile", {"path": f"file://{tmp_path}/small.txt", "sandbox": ctx}),
         ("fs/getMetadata", {"path": f"file://{tmp_path}/small.txt", "sandbox": ctx}),
+        ("fs/readDirectory", {"path": f"file://{tmp_path}", "sandbox": ctx}),
+        ("fs/readDirectory", {"path": f"file://{tmp_path}/missing", "sandbox": ctx}),
         ("fs/readFile", {"path": f"file://{tmp_path}/missing", "sandbox": ctx}),
         ("fs/readFile", {"path": f"file://{tmp_path}", "sandbox": ctx}),
         ("fs/readFile", {"path": f"file://{tmp_path}/small.txt", "sandbox": {"bogus": 1}}),
@@ -635,9 +647,10 @@ async def test_reads_under_a_known_context_are_answered_on_arrival(
 
     first = await run_all()
     assert inline.count(True) >= 1  # the second read (context cached by the first) was inline
+    assert started.count(True) == 2  # both listings were started on arrival
     router = harness.server.router
     saved = dict(router._routes)
-    for method in ("fs/getMetadata", "fs/readFile"):
+    for method in ("fs/getMetadata", "fs/readFile", "fs/readDirectory"):
         route = router._routes.pop(method)
         router.add(method, route.params_type, route.handler, route.family)
     try:
@@ -649,9 +662,13 @@ async def test_reads_under_a_known_context_are_answered_on_arrival(
         assert a == b
     assert base64.b64decode(first[1]["result"]["dataBase64"]) == b"hello"
     assert first[2]["result"]["isFile"] is True
-    assert first[3]["error"]["code"] == -32004
-    assert first[4]["error"]["code"] == -32600
-    assert first[5]["error"]["code"] == -32602
+    assert first[3]["result"]["entries"] == [
+        {"fileName": "small.txt", "isDirectory": False, "isFile": True}
+    ]
+    assert first[4]["error"]["code"] == -32004
+    assert first[5]["error"]["code"] == -32004
+    assert first[6]["error"]["code"] == -32600
+    assert first[7]["error"]["code"] == -32602
     await ws.close()
     await sfs.aclose()
 
