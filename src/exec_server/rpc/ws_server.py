@@ -118,8 +118,9 @@ class WsConnection(asyncio.Protocol):
         self._transport = transport
         sock = transport.get_extra_info("socket")
         set_nodelay(sock)
-        with contextlib.suppress(AttributeError, OSError):
-            self._fd = sock.fileno()
+        if transport.get_extra_info("sslcontext") is None:  # raw bytes on the fd are the stream
+            with contextlib.suppress(AttributeError, OSError):
+                self._fd = sock.fileno()
         self._loop = asyncio.get_running_loop()
         transport.set_write_buffer_limits(high=WRITE_HIGH)
         peer = transport.get_extra_info("peername")
