@@ -398,7 +398,6 @@ class _Removal:
         """Unlink files, timing each, until :data:`_PROBE_FILES` were timed (in this
         directory or earlier ones) and decide; return the names left to do."""
         clock = time.perf_counter_ns
-        unlink = os.unlink
         took = self.took
         done = 0
         for name in names:
@@ -406,14 +405,8 @@ class _Removal:
                 break
             done += 1
             t0 = clock()
-            try:
-                unlink(name, dir_fd=dir_fd)
-            except FileNotFoundError:
-                continue
-            except IsADirectoryError:
-                _remove_subdirectory(dir_fd, name, self)  # became a directory since the listing
-                continue
-            took.append(clock() - t0)
+            if _unlink_one(dir_fd, name, self):
+                took.append(clock() - t0)
         if len(took) >= _PROBE_FILES:
             took.sort()
             self.parallel = took[len(took) // 2] > _SLOW_UNLINK_NS
@@ -445,14 +438,20 @@ def _empty_directory(dir_fd: int, removal: _Removal) -> None:
 
 
 def _unlink_all(dir_fd: int, names: list[str], removal: _Removal) -> None:
-    unlink = os.unlink
     for name in names:
-        try:
-            unlink(name, dir_fd=dir_fd)
-        except FileNotFoundError:
-            continue
-        except IsADirectoryError:
-            _remove_subdirectory(dir_fd, name, removal)  # became a directory since the listing
+        _unlink_one(dir_fd, name, removal)
+
+
+def _unlink_one(dir_fd: int, name: str, removal: _Removal) -> bool:
+    """Unlink a listed non-directory; True if this call unlinked it as a file."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False  # gone meanwhile: fine
+    except IsADirectoryError:
+        _remove_subdirectory(dir_fd, name, removal)  # became a directory since the listing
+        return False
+    return True
 
 
 def _remove_subdirectory(dir_fd: int, name: str, removal: _Removal) -> None:
