@@ -643,3 +643,34 @@ class RouterCaller:
 def router_caller() -> Callable[..., RouterCaller]:
     """``router_caller(services=None)``: see :class:`RouterCaller`."""
     return RouterCaller
+
+
+def _workspace_write_context(workspace: str | os.PathLike[str]) -> dict[str, Any]:
+    """The current client's workspace-write ``sandbox`` member (``root`` read,
+    project roots write, no explicit carve-outs), for ``workspace``."""
+    uri = f"file://{os.fspath(workspace)}"
+
+    def special(kind: str, access: str) -> dict[str, Any]:
+        return {"path": {"type": "special", "value": {"kind": kind}}, "access": access}
+
+    return {
+        "permissions": {
+            "type": "managed",
+            "file_system": {
+                "type": "restricted",
+                "entries": [special("root", "read"), special("project_roots", "write")],
+            },
+            "network": "restricted",
+        },
+        "cwd": uri,
+        "policyContext": {"cwd": uri, "workspaceRoots": [uri]},
+        "workspaceRoots": [uri],
+        "windowsSandboxLevel": "disabled",
+        "useLegacyLandlock": False,
+    }
+
+
+@pytest.fixture
+def workspace_write_context() -> Callable[[str | os.PathLike[str]], dict[str, Any]]:
+    """``workspace_write_context(path)``: a fresh codex workspace-write context dict."""
+    return _workspace_write_context

@@ -9,6 +9,7 @@ so only the per-request detection (PROTOCOL.md §6.10) protects it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,27 +22,8 @@ from exec_server.fs.sandboxed import SandboxedFileSystem
 from exec_server.sandbox.convert import fs_context_from_wire
 from exec_server.sandbox.policy import Access
 
-
-def _context(workspace: Path) -> dict[str, Any]:
-    """The current client's workspace-write context without explicit carve-outs."""
-    uri = "file://" + str(workspace)
-
-    def special(kind: str) -> dict[str, Any]:
-        return {"path": {"type": "special", "value": {"kind": kind}}, "access": "read"}
-
-    write = dict(special("project_roots"), access="write")
-    return {
-        "permissions": {
-            "type": "managed",
-            "file_system": {"type": "restricted", "entries": [special("root"), write]},
-            "network": "restricted",
-        },
-        "cwd": uri,
-        "policyContext": {"cwd": uri, "workspaceRoots": [uri]},
-        "workspaceRoots": [uri],
-        "windowsSandboxLevel": "disabled",
-        "useLegacyLandlock": False,
-    }
+#: the ``workspace_write_context`` fixture (tests/conftest.py).
+Context = Callable[[Path], dict[str, Any]]
 
 
 @pytest.fixture
@@ -51,8 +33,10 @@ def workspace(tmp_path: Path) -> Path:
     return ws
 
 
-def test_repeated_context_is_decoded_fresh_for_protected_paths(workspace: Path) -> None:
-    raw = msgspec.Raw(json.dumps(_context(workspace)).encode())
+def test_repeated_context_is_decoded_fresh_for_protected_paths(
+    workspace: Path, workspace_write_context: Context
+) -> None:
+    raw = msgspec.Raw(json.dumps(workspace_write_context(workspace)).encode())
     first = fs_context_from_wire(raw)
     assert first is not None
     assert first.can_write(str(workspace / ".git" / "config"))
@@ -70,8 +54,10 @@ def test_repeated_context_is_decoded_fresh_for_protected_paths(workspace: Path) 
     assert first.can_write(str(workspace / "a.txt"))
 
 
-def test_cache_key_includes_server_cwd_and_tmpdir(workspace: Path, tmp_path: Path) -> None:
-    full = _context(workspace)
+def test_cache_key_includes_server_cwd_and_tmpdir(
+    workspace: Path, tmp_path: Path, workspace_write_context: Context
+) -> None:
+    full = workspace_write_context(workspace)
     ctx = {k: full[k] for k in ("permissions", "windowsSandboxLevel")}  # no cwd: the server's
     raw = msgspec.Raw(json.dumps(ctx).encode())
     a = fs_context_from_wire(raw, server_cwd=str(workspace), tmpdir="/t1")
@@ -84,10 +70,13 @@ def test_cache_key_includes_server_cwd_and_tmpdir(workspace: Path, tmp_path: Pat
 
 
 async def test_git_created_between_two_calls_is_not_writable(
-    zygote_sfs: SandboxedFileSystem, make_caller: Any, workspace: Path
+    zygote_sfs: SandboxedFileSystem,
+    make_caller: Any,
+    workspace: Path,
+    workspace_write_context: Context,
 ) -> None:
     fs = RemoteFileSystem(make_caller(zygote_sfs))
-    sandbox = _context(workspace)
+    sandbox = workspace_write_context(workspace)
     target = workspace / ".git" / "HEAD"
     (workspace / "probe").mkdir()
     await fs.write_file(str(workspace / "probe" / "HEAD"), b"x", sandbox=sandbox)

@@ -87,6 +87,16 @@ class Harness:
                     return
                 await self.changed.wait()
 
+    async def ask(
+        self, ws: ClientConnection, method: str, params: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Send one request and return its reply (id checked, then removed)."""
+        rid, text = self.request(method, params)
+        await ws.send(text)
+        (reply,) = await _replies(ws, 1)
+        assert reply.pop("id") == rid
+        return reply
+
     def request(self, method: str, params: dict[str, Any]) -> tuple[int, str]:
         self._next += 1
         return self._next, json.dumps({"id": self._next, "method": method, "params": params})
@@ -424,10 +434,7 @@ async def test_fs_start_routes_answer_like_the_async_handlers(
     async def run_all(ws: ClientConnection, root_suffix: str) -> list[dict[str, Any]]:
         out = []
         for method, params in calls:
-            rid, text = harness.request(method, params)
-            await ws.send(text)
-            (reply,) = await _replies(ws, 1)
-            assert reply.pop("id") == rid
+            reply = await harness.ask(ws, method, params)
             if method == "fs/readDirectory" and "result" in reply:
                 reply["result"]["entries"].sort(key=lambda e: e["fileName"])
             out.append(reply)
@@ -562,32 +569,8 @@ async def test_no_sending_from_threads_once_the_connection_is_gone(harness: Harn
     assert await asyncio.to_thread(conn.send_threadsafe, b'"late"') is False
 
 
-def _workspace_context(workspace: Any) -> dict[str, Any]:
-    """What codex 0.163 sends under ``--sandbox workspace-write`` (reads everything)."""
-    uri = f"file://{workspace}"
-
-    def special(kind: str, access: str) -> dict[str, Any]:
-        return {"path": {"type": "special", "value": {"kind": kind}}, "access": access}
-
-    return {
-        "permissions": {
-            "type": "managed",
-            "file_system": {
-                "type": "restricted",
-                "entries": [special("root", "read"), special("project_roots", "write")],
-            },
-            "network": "restricted",
-        },
-        "cwd": uri,
-        "policyContext": {"cwd": uri, "workspaceRoots": [uri]},
-        "workspaceRoots": [uri],
-        "windowsSandboxLevel": "disabled",
-        "useLegacyLandlock": False,
-    }
-
-
 async def test_reads_under_a_known_context_are_answered_on_arrival(
-    harness: Harness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    harness: Harness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, workspace_write_context: Any
 ) -> None:
     """A context seen before (decoded once, cached) no longer sends reads that run in
     the server through the queue; the answers stay those of the async handlers."""
@@ -622,7 +605,7 @@ async def test_reads_under_a_known_context_are_answered_on_arrival(
     monkeypatch.setattr(services, "fs_sandbox", sfs)
     monkeypatch.setattr(services, "fs_service", None)
     (tmp_path / "small.txt").write_bytes(b"hello")
-    ctx = _workspace_context(tmp_path)
+    ctx = workspace_write_context(tmp_path)
     calls = [
         ("fs/readFile", {"path": f"file://{tmp_path}/small.txt", "sandbox": ctx}),
         ("fs/readFile", {"path": f"file://{tmp_path}/small.txt", "sandbox": ctx}),
@@ -638,10 +621,7 @@ async def test_reads_under_a_known_context_are_answered_on_arrival(
     async def run_all() -> list[dict[str, Any]]:
         out = []
         for method, params in calls:
-            rid, text = harness.request(method, params)
-            await ws.send(text)
-            (reply,) = await _replies(ws, 1)
-            assert reply.pop("id") == rid
+            reply = await harness.ask(ws, method, params)
             out.append(reply)
         return out
 
@@ -674,7 +654,7 @@ async def test_reads_under_a_known_context_are_answered_on_arrival(
 
 
 async def test_calls_under_a_known_full_access_context_are_started_on_arrival(
-    harness: Harness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    harness: Harness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, workspace_write_context: Any
 ) -> None:
     """A full-access context seen before lets writes, copies and removes take the
     ``start`` path (a worker job handed over from the socket callback)."""
@@ -689,7 +669,7 @@ async def test_calls_under_a_known_full_access_context_are_started_on_arrival(
         real(self, offer, deliver, call)
 
     monkeypatch.setattr(Pool, "submit_offering", spy)
-    ctx = _workspace_context(tmp_path)
+    ctx = workspace_write_context(tmp_path)
     ctx["permissions"]["file_system"] = {"type": "unrestricted"}
     ws = await harness.open()
     answers = []
@@ -700,10 +680,7 @@ async def test_calls_under_a_known_full_access_context_are_started_on_arrival(
                          "recursive": False, "sandbox": ctx}),
             ("fs/remove", {"path": f"{tmp_path}/w{i}", "sandbox": ctx}),
         ):
-            rid, text = harness.request(method, params)
-            await ws.send(text)
-            (reply,) = await _replies(ws, 1)
-            assert reply.pop("id") == rid
+            reply = await harness.ask(ws, method, params)
             answers.append(reply)
     assert answers == [{"result": {}}] * 6
     assert (tmp_path / "c0").read_bytes() == (tmp_path / "c1").read_bytes() == b"hi"
