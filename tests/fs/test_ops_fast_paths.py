@@ -281,15 +281,20 @@ def test_copy_of_a_file_whose_size_is_zero_reads_to_eof(tdir: Path) -> None:
 def test_copy_contents_falls_back_when_copy_file_range_is_refused(
     tdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    refused: list[int] = []
+
     def refuse(src: int, dst: int, count: int) -> int:
+        refused.append(count)
         raise OSError(errno.EXDEV, "cross-device")
 
     monkeypatch.setattr(ops, "_copy_file_range", refuse)
-    data = os.urandom(300_000)
+    # Under splice_copy.SPLICE_MIN, so copy_file_range is what gets refused.
+    data = os.urandom(200_000)
     (tdir / "src").mkdir()
     (tdir / "src" / "f").write_bytes(data)
     ops.copy(str(tdir / "src"), str(tdir / "dst"), recursive=True)
     assert (tdir / "dst" / "f").read_bytes() == data
+    assert refused  # the fallback really ran
 
 
 def test_copy_contents_continues_after_a_short_copy(
