@@ -634,7 +634,7 @@ class RouterCaller:
     async def raw(self, method: str, params: Any) -> dict[str, Any]:
         """Send ``params`` (any JSON value) and return the reply as a dict."""
         self._next_id += 1
-        frame = json.dumps({"id": self._next_id, "method": method, "params": params})
+        frame = json.dumps({"id": self._next_id, "method": method, "params": params}).encode()
         reply: dict[str, Any] = json.loads(await self.exchange(frame))
         return reply
 

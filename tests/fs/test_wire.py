@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,42 @@ async def test_big_writes_decode_in_one_pass_with_the_same_answers(wire: Any, td
     reply = await wire.raw("fs/writeFile", {"path": 7, "dataBase64": b64(data)})
     assert error(reply)[0] == -32602
     assert target.read_bytes() == data  # failed writes left the file alone
+
+
+async def test_big_writes_decode_their_base64_where_it_lies(
+    wire: Any, tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big plain request leaves ``dataBase64`` undecoded until the writing worker
+    (natively when libcrypto is there); answers are those of the other paths."""
+    from exec_server.server import fs_handlers
+
+    spans: list[int] = []
+    real = fs_handlers.decode_data_span
+
+    def spy(span: Any) -> Any:
+        spans.append(len(span))
+        return real(span)
+
+    monkeypatch.setattr(fs_handlers, "decode_data_span", spy)
+    data = os.urandom(200_001)
+    target = tdir / "big"
+    reply = await wire.raw("fs/writeFile", {"path": uri(target), "dataBase64": b64(data)})
+    assert reply["result"] == {}
+    assert target.read_bytes() == data
+    if not fs_handlers.native_base64.available():
+        assert spans == []
+        return
+    assert spans == [len(b64(data))]
+    # A raw control character is not JSON text: still a -32600 naming the member,
+    # and the file keeps its content.
+    body = b64(data).encode()
+    frame = b'{"id":5,"method":"fs/writeFile","params":{"path":"%s","dataBase64":"%s"}}'
+    reply = json.loads(await wire.exchange(frame % (str(target).encode(), body[:-4] + b"QU\nD")))
+    assert reply["id"] == 5
+    code, message = error(reply)
+    assert code == -32600
+    assert message.startswith("fs/writeFile requires valid base64 dataBase64: ")
+    assert target.read_bytes() == data
 
 
 @pytest.mark.parametrize(

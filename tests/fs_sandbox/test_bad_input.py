@@ -234,6 +234,42 @@ async def test_large_payload_round_trip(no_leaks: None, layout: Any, ctx: Any) -
         await sfs.aclose()
 
 
+async def test_big_remote_write_under_a_confined_context(
+    no_leaks: None, layout: Any, ctx: Any, make_caller: Any
+) -> None:
+    """Over the wire a big write's base64 is decoded in a worker before it goes to
+    the confined writer; the kernel still refuses it outside the writable root."""
+    import base64
+
+    sfs = service()
+    caller = make_caller(sfs)
+    blob = os.urandom(300_000)
+    text = base64.b64encode(blob).decode()
+    try:
+        inside = await caller.raw(
+            "fs/writeFile",
+            {
+                "path": str(layout.allowed / "big.bin"),
+                "dataBase64": text,
+                "sandbox": ctx.ww(layout.allowed),
+            },
+        )
+        assert inside == {"id": inside["id"], "result": {}}
+        assert (layout.allowed / "big.bin").read_bytes() == blob
+        outside = await caller.raw(
+            "fs/writeFile",
+            {
+                "path": str(layout.outside / "big.bin"),
+                "dataBase64": text,
+                "sandbox": ctx.ww(layout.allowed),
+            },
+        )
+        assert outside["error"]["code"] == -32600, outside
+        assert not (layout.outside / "big.bin").exists()
+    finally:
+        await sfs.aclose()
+
+
 async def test_full_access_contexts_never_start_the_helper(no_leaks: None, layout: Any) -> None:
     sfs = service()
     fs = LocalFileSystem(confined=sfs)

@@ -180,7 +180,7 @@ def test_arbitrary_bytes_never_crash(data: bytes) -> None:
         decode_message(data)
 
 
-def test_one_pass_decoding_of_big_registered_requests() -> None:
+def test_one_pass_decoding_of_big_registered_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     """Big requests of a registered method come back with params already decoded
     (one scan of the text); the same message small, other methods, and params
     that do not fit take the generic path with identical results."""
@@ -188,6 +188,7 @@ def test_one_pass_decoding_of_big_registered_requests() -> None:
 
     import msgspec
 
+    from exec_server.protocol import codec
     from exec_server.protocol import fs_types as t
     from exec_server.protocol.codec import (
         ONE_PASS_MIN,
@@ -195,6 +196,10 @@ def test_one_pass_decoding_of_big_registered_requests() -> None:
         decode_params,
         register_one_pass,
     )
+
+    # Without the deferred-string path (tested in test_deferred_string.py),
+    # which the server registers for the same method.
+    monkeypatch.setattr(codec, "_deferred_decoder", None)
 
     register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParamsDecoded)
     data = base64.b64encode(b"\x01" * ONE_PASS_MIN).decode()

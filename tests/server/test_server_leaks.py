@@ -52,7 +52,13 @@ async def test_server_fds_return_to_baseline(
     await client.initialize()
     # Start-up sandbox probes run in the background; let them finish first.
     # (their pipes may close a moment after the probe child is reaped)
-    await wait_until(lambda: not server.child_pids() and not _pipes(server.open_fds()))
+    try:
+        await wait_until(lambda: not server.child_pids() and not _pipes(server.open_fds()))
+    except TimeoutError:
+        raise AssertionError(
+            f"start-up probes still running: children {server.child_pids()}, "
+            f"fds {server.open_fds()}"
+        ) from None
     baseline = server.open_fds()
     for round_ in range(2):
         for i in range(10):
@@ -67,4 +73,18 @@ async def test_server_fds_return_to_baseline(
         while len(closed) < 10:
             note = await client.notification("process/closed")
             closed.add(note["params"]["processId"])
-    await wait_until(lambda: server.open_fds() == baseline and not server.child_pids())
+    try:
+        await wait_until(lambda: server.open_fds() == baseline and not server.child_pids())
+    except TimeoutError:
+        now = server.open_fds()
+        extra = {fd: now[fd] for fd in now.keys() - baseline.keys()}
+        gone = {fd: baseline[fd] for fd in baseline.keys() - now.keys()}
+        changed = {
+            fd: (baseline[fd], now[fd])
+            for fd in now.keys() & baseline.keys()
+            if now[fd] != baseline[fd]
+        }
+        raise AssertionError(
+            f"server fds not back to baseline: extra {extra}, gone {gone}, changed {changed}, "
+            f"children {server.child_pids()}"
+        ) from None

@@ -199,13 +199,13 @@ class FileSystemService:
         return await self._pool.run(_read_mapped, fd, size, map_large, large_over)
 
     async def write_file_from(
-        self, path: str, produce: Callable[[], bytes], route: Route = DIRECT
+        self, path: str, produce: Callable[[], bytes | memoryview], route: Route = DIRECT
     ) -> None:
         """Like :meth:`write_file` with the data made by ``produce()`` in the same
         worker job (the server decodes big base64 payloads this way)."""
         if route.confined:
             data = await self._pool.run(produce)
-            return await self._confined_or_refuse(route).write_file(route.context, path, data)
+            return await self.write_file(path, data, route)
         await self._pool.run(_produce_and_write, path, produce)
 
     async def write_file(
@@ -268,5 +268,5 @@ def _read_mapped(
     return map_large(data) if len(data) > large_over else data
 
 
-def _produce_and_write(path: str, produce: Callable[[], bytes]) -> None:
+def _produce_and_write(path: str, produce: Callable[[], bytes | memoryview]) -> None:
     ops.write_file(path, produce())

@@ -14,11 +14,13 @@ their own camelCase renames).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final, TypeVar, Union
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
+from exec_server.protocol.json_span import StringSpan, find_string_member
 from exec_server.protocol.messages import (
     ErrorObject,
     ErrorResponse,
@@ -38,6 +40,8 @@ __all__ = [
     "encode_notification",
     "encode_request",
     "encode_result",
+    "register_deferred_string",
+    "register_one_pass",
 ]
 
 T = TypeVar("T")
@@ -128,19 +132,73 @@ def register_one_pass(method: str, params_type: type) -> None:
     if _one_pass_types.get(method) is params_type:
         return
     _one_pass_types[method] = params_type
+    _one_pass_decoder = _tagged_decoder(_one_pass_types, _one_pass_methods, "_OnePass")
+
+
+def _tagged_decoder(
+    types: dict[str, type], methods: dict[type, str], prefix: str
+) -> msgspec.json.Decoder[Any]:
+    """A decoder of ``{"id", "method", "params"}`` whose params type the method picks."""
     structs = []
-    _one_pass_methods.clear()
-    for index, (name, ptype) in enumerate(sorted(_one_pass_types.items())):
+    methods.clear()
+    for index, (name, ptype) in enumerate(sorted(types.items())):
         struct = msgspec.defstruct(
-            f"_OnePass{index}",
-            [("id", RequestId), ("params", ptype)],
-            tag_field="method",
-            tag=name,
+            f"{prefix}{index}", [("id", RequestId), ("params", ptype)], tag_field="method", tag=name
         )
-        _one_pass_methods[struct] = name
+        methods[struct] = name
         structs.append(struct)
     union: Any = structs[0] if len(structs) == 1 else Union[tuple(structs)]  # noqa: UP007
-    _one_pass_decoder = msgspec.json.Decoder(union)
+    return msgspec.json.Decoder(union)
+
+
+#: method -> (params member left undecoded, builder of the handler's params).
+_deferred: dict[str, tuple[bytes, Callable[[Any, StringSpan], object]]] = {}
+_deferred_heads: dict[str, type] = {}
+_deferred_methods: dict[type, str] = {}
+_deferred_decoder: msgspec.json.Decoder[Any] | None = None
+
+
+def register_deferred_string(
+    method: str,
+    member: str,
+    head_type: type,
+    build: Callable[[Any, StringSpan], object],
+) -> None:
+    """Leave the string ``params[member]`` of big ``method`` requests undecoded.
+
+    For a message of ``ONE_PASS_MIN`` bytes or more whose ``params.<member>``
+    is a string without escapes (:func:`find_string_member`), the message is
+    decoded with that string's text cut out, into ``head_type`` (where the
+    member must accept ``""``), and ``build(head, span)`` makes the params the
+    handler gets (``Request.decoded``); the handler decodes the span itself,
+    e.g. natively in a worker. Other messages take the one-pass or generic path.
+    """
+    global _deferred_decoder
+    _deferred[method] = (member.encode(), build)
+    _deferred_heads[method] = head_type
+    _deferred_decoder = _tagged_decoder(_deferred_heads, _deferred_methods, "_Head")
+
+
+def _decode_deferred(data: bytes) -> Request | None:
+    """``data`` with its deferred string member cut out (see above), or None."""
+    assert _deferred_decoder is not None
+    for member in {m for m, _ in _deferred.values()}:
+        span = find_string_member(data, b"params", member)
+        if span is None:
+            continue
+        start, end = span
+        try:
+            head = _deferred_decoder.decode(data[:start] + data[end:])
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return None
+        method = _deferred_methods[type(head)]
+        wanted, build = _deferred[method]
+        if wanted != member:
+            return None
+        return Request(head.id, method, None, build(head.params, StringSpan(data, start, end)))
+    return None
+
+
 _id_decoder: Final = msgspec.json.Decoder(int | str)
 _str_decoder: Final = msgspec.json.Decoder(str)
 _error_decoder: Final = msgspec.json.Decoder(ErrorObject)
@@ -169,6 +227,10 @@ def decode_message(data: bytes | str) -> Message:
     Raises:
         ProtocolError: not JSON, not an object, or no shape fits.
     """
+    if _deferred_decoder is not None and len(data) >= ONE_PASS_MIN and isinstance(data, bytes):
+        deferred = _decode_deferred(data)
+        if deferred is not None:
+            return deferred
     if _one_pass_decoder is not None and len(data) >= ONE_PASS_MIN:
         try:
             typed = _one_pass_decoder.decode(data)

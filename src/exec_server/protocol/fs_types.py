@@ -27,6 +27,8 @@ from __future__ import annotations
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from exec_server.protocol.json_span import StringSpan
+
 __all__ = [
     "FS_METHODS",
     "METHOD_CANONICALIZE",
@@ -52,6 +54,8 @@ __all__ = [
     "ReadFileResult",
     "RemoveParams",
     "WriteFileParams",
+    "WriteFileParamsHead",
+    "WriteFileParamsSpan",
     "WriteFileRequest",
     "sandbox_raw",
 ]
@@ -131,6 +135,30 @@ class WriteFileParamsDecoded(
     path: str
     data_base64: bytes
     sandbox: SandboxField = UNSET
+
+
+class WriteFileParamsHead(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
+):
+    """Decode shape of a big request with its ``dataBase64`` text cut out
+    (``codec.register_deferred_string``): the member is then ``""``."""
+
+    path: str
+    data_base64: str
+    sandbox: SandboxField = UNSET
+
+
+class WriteFileParamsSpan(msgspec.Struct, frozen=True, kw_only=True):
+    """What the handler gets for a big request: ``dataBase64`` still undecoded,
+    where it lies in the message (decoded natively, in the worker that writes)."""
+
+    path: str
+    data_base64: StringSpan
+    sandbox: SandboxField = UNSET
+
+    @classmethod
+    def from_head(cls, head: WriteFileParamsHead, span: StringSpan) -> WriteFileParamsSpan:
+        return cls(path=head.path, data_base64=span, sandbox=head.sandbox)
 
 
 class WriteFileRequest(

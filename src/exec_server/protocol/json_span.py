@@ -1,0 +1,148 @@
+"""Find where one string member of a JSON message lies, without decoding it.
+
+Why: a big ``fs/writeFile`` is one huge base64 string inside a small JSON
+object. Decoding the object with that string cut out, and the string natively
+(:mod:`native_base64`), is much cheaper than letting a JSON decoder walk every
+character. This walks only the structure; strings are skipped with
+``bytes.find`` (memchr speed). Anything unusual (escaped keys, duplicate
+members, escapes inside the wanted string, malformed text) gives None, and the
+caller uses the ordinary decoder, which also reports errors.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = ["StringSpan", "find_string_member"]
+
+_BACKSLASH: Final = 0x5C
+_QUOTE: Final = 0x22
+_OPEN: Final = frozenset(b"{[")
+_WHITESPACE: Final = frozenset(b" \t\r\n")
+_STRUCTURAL: Final = re.compile(rb'["{}\[\]]')
+_SCALAR_END: Final = re.compile(rb"[,}\]\s]")
+
+
+class _Unusual(Exception):
+    """The text is not the plain shape this scanner handles."""
+
+
+def _skip_ws(data: bytes, i: int) -> int:
+    n = len(data)
+    while i < n and data[i] in _WHITESPACE:
+        i += 1
+    if i >= n:
+        raise _Unusual
+    return i
+
+
+def _string_end(data: bytes, i: int) -> int:
+    """Index just past the string that opens at ``data[i]``."""
+    j = i + 1
+    while True:
+        j = data.find(b'"', j)
+        if j < 0:
+            raise _Unusual
+        k = j
+        while data[k - 1] == _BACKSLASH:
+            k -= 1
+        if (j - k) % 2 == 0:
+            return j + 1
+        j += 1
+
+
+def _value_end(data: bytes, i: int) -> int:
+    """Index just past the value that starts at ``data[i]``."""
+    c = data[i]
+    if c == _QUOTE:
+        return _string_end(data, i)
+    if c in _OPEN:
+        depth = 0
+        j = i
+        while True:
+            m = _STRUCTURAL.search(data, j)
+            if m is None:
+                raise _Unusual
+            j = m.start()
+            if data[j] == _QUOTE:
+                j = _string_end(data, j)
+                continue
+            depth += 1 if data[j] in _OPEN else -1
+            j += 1
+            if depth == 0:
+                return j
+    m = _SCALAR_END.search(data, i)
+    if m is None or m.start() == i:
+        raise _Unusual
+    return m.start()
+
+
+def _members(data: bytes, i: int) -> dict[bytes, tuple[int, int]]:
+    """The members of the object opening at ``data[i]``: raw key -> value span."""
+    if data[i] != ord("{"):
+        raise _Unusual
+    found: dict[bytes, tuple[int, int]] = {}
+    i = _skip_ws(data, i + 1)
+    if data[i] == ord("}"):
+        return found
+    while True:
+        if data[i] != _QUOTE:
+            raise _Unusual
+        key_end = _string_end(data, i)
+        key = data[i + 1 : key_end - 1]
+        if b"\\" in key or key in found:
+            raise _Unusual  # an escaped or repeated key: leave it to the real decoder
+        i = _skip_ws(data, key_end)
+        if data[i] != ord(":"):
+            raise _Unusual
+        start = _skip_ws(data, i + 1)
+        end = _value_end(data, start)
+        found[key] = (start, end)
+        i = _skip_ws(data, end)
+        if data[i] == ord("}"):
+            return found
+        if data[i] != ord(","):
+            raise _Unusual
+        i = _skip_ws(data, i + 1)
+
+
+def find_string_member(data: bytes, outer: bytes, inner: bytes) -> tuple[int, int] | None:
+    """Span (without quotes) of the string ``message[outer][inner]`` if it has no escapes.
+
+    The top-level object and ``outer`` are walked member by member, so a key
+    inside another string or a nested object never matches.
+    """
+    try:
+        top = _members(data, _skip_ws(data, 0))
+        outer_span = top.get(outer)
+        if outer_span is None:
+            return None
+        value = _members(data, outer_span[0]).get(inner)
+    except (_Unusual, IndexError):
+        return None
+    if value is None or data[value[0]] != _QUOTE:
+        return None
+    start, end = value[0] + 1, value[1] - 1
+    if data.find(b"\\", start, end) != -1:
+        return None
+    return start, end
+
+
+class StringSpan:
+    """A JSON string member left undecoded: its text is ``data[start:end]``,
+    which holds no escapes (see :func:`find_string_member`)."""
+
+    __slots__ = ("data", "end", "start")
+
+    def __init__(self, data: bytes, start: int, end: int) -> None:
+        self.data = data
+        self.start = start
+        self.end = end
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def token(self) -> bytes:
+        """The member as JSON text, quotes included (a copy: for the slow paths)."""
+        return self.data[self.start - 1 : self.end + 1]

@@ -1,0 +1,230 @@
+"""Big ``fs/writeFile`` requests: the base64 member is located in the text
+(:mod:`json_span`), left undecoded by the codec, and decoded natively
+(:mod:`native_base64`) with exactly msgspec's results and errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exec_server.exceptions import InvalidRequestError
+from exec_server.protocol import codec, native_base64
+from exec_server.protocol import fs_types as t
+from exec_server.protocol.codec import (
+    ONE_PASS_MIN,
+    decode_message,
+    register_deferred_string,
+    register_one_pass,
+)
+from exec_server.protocol.json_span import StringSpan, find_string_member
+from exec_server.protocol.messages import Request
+from exec_server.server.fs_handlers import decode_data_base64, decode_data_span
+
+needs_native = pytest.mark.skipif(not native_base64.available(), reason="no libcrypto")
+
+# ------------------------------------------------------------- json_span
+
+
+def span_text(data: bytes) -> bytes | None:
+    span = find_string_member(data, b"params", b"dataBase64")
+    return None if span is None else data[span[0] : span[1]]
+
+
+def test_finds_the_member_in_any_order_and_spacing() -> None:
+    assert span_text(b'{"id":1,"params":{"path":"/x","dataBase64":"QUJD"}}') == b"QUJD"
+    assert span_text(b' { "params" : { "dataBase64" : "QUJD" , "x" : [1, {"a": "}"}] } } ') == (
+        b"QUJD"
+    )
+    assert span_text(b'{"params":{"dataBase64":""},"method":"m"}') == b""
+
+
+def test_the_key_elsewhere_never_matches() -> None:
+    # inside another string, in a nested object, at the top level
+    assert span_text(b'{"params":{"path":"\\"dataBase64\\":\\"AAAA\\"","dataBase64":"QUJD"}}') == (
+        b"QUJD"
+    )
+    assert span_text(b'{"params":{"sandbox":{"dataBase64":"AAAA"},"dataBase64":"QUJD"}}') == (
+        b"QUJD"
+    )
+    assert span_text(b'{"dataBase64":"AAAA","params":{"dataBase64":"QUJD"}}') == b"QUJD"
+    assert span_text(b'{"x\\"dataBase64":"AAAA","params":{"dataBase64":"QUJD"}}') is None
+    assert span_text(b'{"params":{"p":"a\\\\","dataBase64":"QUJD"}}') == b"QUJD"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"params":{"dataBase64":"QU\\/D"}}',  # an escape inside the value
+        b'{"params":{"data\\u0042ase64":"QUJD"}}',  # an escaped key
+        b'{"params":{"dataBase64":"AAAA","dataBase64":"QUJD"}}',  # a repeated key
+        b'{"params":{"dataBase64":"QUJD"},"params":{}}',
+        b'{"params":{"dataBase64":5}}',  # not a string
+        b'{"params":"dataBase64"}',
+        b'["params"]',
+        b'{"params":{"dataBase64":"QUJD"',  # cut short
+        b'{"params":{"dataBase64" "QUJD"}}',
+        b"",
+        b"   ",
+    ],
+)
+def test_unusual_text_is_left_to_the_real_decoder(text: bytes) -> None:
+    assert span_text(text) is None
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    top=st.dictionaries(st.text(), _json_values, max_size=4),
+    params=st.dictionaries(st.text(), _json_values, max_size=4),
+    value=st.text(alphabet=st.characters(codec="ascii", exclude_characters='"\\')),
+    indent=st.sampled_from([None, 1]),
+)
+def test_span_matches_what_a_json_decoder_reads(
+    top: dict[str, Any], params: dict[str, Any], value: str, indent: int | None
+) -> None:
+    params["dataBase64"] = value
+    top["params"] = params
+    data = json.dumps(top, indent=indent).encode()
+    span = find_string_member(data, b"params", b"dataBase64")
+    if span is None:  # only when something needed escaping or the key was unusual
+        assert any("\\" in json.dumps(k) for k in [*top, *params]) or any(
+            c < " " or c == "\x7f" for c in value
+        )
+        return
+    assert data[span[0] : span[1]].decode() == value
+
+
+# --------------------------------------------------------- native_base64
+
+
+@needs_native
+@given(st.binary(max_size=300))
+def test_native_decodes_what_msgspec_decodes(data: bytes) -> None:
+    text = base64.b64encode(data)
+    decoded = native_base64.decode_strict(b"xx" + text + b"yy", 2, 2 + len(text))
+    assert decoded is not None and bytes(decoded) == data
+
+
+def _msgspec_bytes(text: bytes) -> bytes | None:
+    try:
+        return msgspec.json.decode(b'"' + text + b'"', type=bytes)
+    except msgspec.DecodeError:
+        return None
+
+
+@needs_native
+@given(
+    st.one_of(
+        st.binary(max_size=40),
+        st.text(alphabet="ABCDQRSTabc+/= \t\n-_", max_size=40).map(str.encode),
+    )
+)
+def test_native_never_accepts_more_than_msgspec(text: bytes) -> None:
+    got = native_base64.decode_strict(text, 0, len(text))
+    if got is not None:
+        assert bytes(got) == _msgspec_bytes(text)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "text", [b" QUJD", b"QUJD\n", b"\tQUJD", b"QQ==QUJD", b"QU=D", b"=QUJ", b"Q===", b"QUJ-"]
+)
+def test_native_refuses_what_evp_would_bend(text: bytes) -> None:
+    assert native_base64.decode_strict(text, 0, len(text)) is None
+
+
+@needs_native
+def test_native_trailing_padding() -> None:
+    for raw in (b"A", b"AB", b"ABC", b"ABCD"):
+        text = base64.b64encode(raw)
+        assert bytes(native_base64.decode_strict(text, 0, len(text)) or b"?") == raw
+    # msgspec accepts stray bits in the last group; so do we, with its result.
+    assert bytes(native_base64.decode_strict(b"QR==", 0, 4) or b"?") == b"A"
+
+
+# ------------------------------------------------------------------ codec
+
+
+@pytest.fixture
+def deferred(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's registration, undone afterwards."""
+    for name in ("_deferred", "_deferred_heads", "_deferred_methods"):
+        monkeypatch.setattr(codec, name, {})
+    monkeypatch.setattr(codec, "_deferred_decoder", None)
+    register_deferred_string(
+        t.METHOD_WRITE_FILE, "dataBase64", t.WriteFileParamsHead, t.WriteFileParamsSpan.from_head
+    )
+    register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParamsDecoded)  # as the server does
+
+
+def big_write(data_text: str, **extra: object) -> bytes:
+    params = {"path": "/x", "dataBase64": data_text, **extra}
+    return msgspec.json.encode({"id": 7, "method": "fs/writeFile", "params": params})
+
+
+@pytest.mark.usefixtures("deferred")
+def test_big_requests_leave_the_member_in_place() -> None:
+    payload = os.urandom(ONE_PASS_MIN)
+    message = big_write(base64.b64encode(payload).decode(), sandbox={"dataBase64": "x"})
+    msg = decode_message(message)
+    assert isinstance(msg, Request) and (msg.id, msg.method) == (7, "fs/writeFile")
+    params = msg.decoded
+    assert isinstance(params, t.WriteFileParamsSpan) and params.path == "/x"
+    assert bytes(t.sandbox_raw(params.sandbox) or b"") == b'{"dataBase64":"x"}'
+    assert isinstance(params.data_base64, StringSpan) and params.data_base64.data is message
+    assert bytes(decode_data_span(params.data_base64)) == payload
+
+
+@pytest.mark.usefixtures("deferred")
+def test_small_escaped_or_mistyped_requests_take_the_other_paths() -> None:
+    text = base64.b64encode(b"\xff" * ONE_PASS_MIN).decode()
+    small = decode_message(big_write("QUJD"))
+    assert isinstance(small, Request) and small.decoded is None
+    escaped = decode_message(big_write(text).replace(b"/", b"\\/"))
+    assert isinstance(escaped, Request) and isinstance(escaped.decoded, t.WriteFileParamsDecoded)
+    mistyped = decode_message(big_write(text).replace(b'"/x"', b"5"))
+    assert isinstance(mistyped, Request) and mistyped.decoded is None
+
+
+@pytest.mark.usefixtures("deferred")
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"!!!!",  # a bad symbol
+        b"QUJ",  # bad length
+        b"QUJD\\n",  # an escape: not deferred, same error
+        b"QUJD\n",  # a raw control character: not JSON text
+        b"QU\xffJD",  # not UTF-8
+    ],
+)
+def test_bad_base64_in_a_big_request_is_invalid_request(bad: bytes) -> None:
+    body = base64.b64encode(b"\0" * (ONE_PASS_MIN // 3 * 3 + 3)) + bad  # no padding
+    message = b'{"id":1,"method":"fs/writeFile","params":{"path":"/x","dataBase64":"%s"}}' % body
+    msg = decode_message(message)
+    assert isinstance(msg, Request)
+    params = msg.decoded
+    if isinstance(params, t.WriteFileParamsSpan):
+        with pytest.raises(InvalidRequestError) as span_error:
+            decode_data_span(params.data_base64)
+        message_text = span_error.value.message
+    else:
+        assert msg.params is not None
+        raw = msgspec.json.decode(msg.params, type=t.WriteFileParams).data_base64
+        with pytest.raises(InvalidRequestError) as raw_error:
+            decode_data_base64(raw)
+        message_text = raw_error.value.message
+    assert message_text.startswith("fs/writeFile requires valid base64 dataBase64: ")
+    if bad == b"!!!!":
+        assert message_text.endswith(f"Invalid symbol 33, offset {len(body) - 4}.")
