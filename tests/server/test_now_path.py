@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import sys
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -53,6 +54,7 @@ class Harness:
         self.pool = WorkerPool(max_workers=2)
         #: (key, sent from the worker?, thread) per offered answer.
         self.offered: list[tuple[str, bool, int]] = []
+        self.offered_now = threading.Event()
         self._next = 0
 
     async def open(self) -> ClientConnection:
@@ -154,12 +156,15 @@ async def harness() -> AsyncIterator[Harness]:
         """Like ``start``, but the worker offers its answer to ``done.from_thread``."""
 
         def job() -> Done:
+            if params.key.startswith("gate"):
+                assert h.gate.wait(TIMEOUT)
             h.record(params.key, "start")
             return Done(params.key, "start")
 
         def offer(result: object, error: BaseException | None) -> bool:
             sent = done.from_thread(result if error is None else None, error)
             h.offered.append((params.key, sent, threading.get_ident()))
+            h.offered_now.set()
             h._loop.call_soon_threadsafe(h.changed.set)
             return bool(sent)
 
@@ -482,6 +487,52 @@ async def test_a_worker_sends_its_reply_itself_and_releases_the_connection(
     rid, text = harness.request("test/now", {"key": "n1"})
     await ws.send(text)
     assert (await _replies(ws, 1))[0] == {"id": rid, "result": {"key": "n1", "path": "now"}}
+    await ws.close()
+
+
+async def test_requests_queued_behind_a_worker_sent_reply_go_on(harness: Harness) -> None:
+    """A request waiting behind a started job is served once the worker has sent
+    the job's reply itself (the worker wakes the waiting loop)."""
+    ws = await harness.open()
+    gated_id, gated = harness.request("test/offer", {"key": "gate-o"})
+    quick_id, quick = harness.request("test/now", {"key": "q"})
+    await ws.send(gated)
+    await ws.send(quick)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(ws.recv(), 0.3)
+    harness.gate.set()
+    replies = await _replies(ws, 2)
+    assert [r["id"] for r in replies] == [gated_id, quick_id]
+    assert harness.offered[0][:2] == ("gate-o", True)
+    await ws.close()
+
+
+async def test_a_worker_release_racing_the_wait_does_not_stall_the_queue(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker releases the connection after ``_serve`` saw it busy but before
+    its waiter exists (so the worker wakes nobody): ``_serve`` notices and goes on."""
+    ws = await harness.open()
+    loop = asyncio.get_running_loop()
+    real = loop.create_future
+    raced: list[bool] = []
+
+    def create_future() -> asyncio.Future[Any]:
+        if not raced and sys._getframe(1).f_code.co_name == "_serve":
+            raced.append(True)
+            harness.gate.set()  # the job ends and its worker sends the reply now
+            assert harness.offered_now.wait(TIMEOUT)
+        return real()
+
+    monkeypatch.setattr(loop, "create_future", create_future)
+    gated_id, gated = harness.request("test/offer", {"key": "gate-r"})
+    quick_id, quick = harness.request("test/now", {"key": "q"})
+    await ws.send(gated)
+    await ws.send(quick)
+    replies = await _replies(ws, 2)
+    assert [r["id"] for r in replies] == [gated_id, quick_id]
+    assert raced == [True]
+    assert harness.offered[0][:2] == ("gate-r", True)
     await ws.close()
 
 

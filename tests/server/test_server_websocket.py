@@ -557,3 +557,43 @@ async def test_fast_path_stays_on_after_fragmented_messages_and_pings() -> None:
     finally:
         srv.close()
         await srv.wait_closed()
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 125, 4096, 1 << 20])
+async def test_reads_cut_anywhere_in_the_receive_area(chunk: int) -> None:
+    """In-process: reads are parsed in the receive area; a frame cut by a read (in
+    its header, mask or payload) is kept aside and completed by the next reads."""
+    from exec_server.rpc.ws_server import WsConnection, serve_websocket
+
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+    conns: list[WsConnection] = []
+
+    async def handler(conn: WsConnection) -> None:
+        conns.append(conn)
+        while (msg := await conn.receive()) is not None:
+            assert isinstance(msg, bytes)
+            await got.put(msg)
+
+    srv = await serve_websocket(handler, "127.0.0.1", 0, max_message_size=1 << 20)
+    try:
+        port = srv.sockets[0].getsockname()[1]
+        _reader, writer = await _raw_upgrade(f"ws://127.0.0.1:{port}")
+        writer.write(_client_frame(b"first"))
+        assert await asyncio.wait_for(got.get(), TIMEOUT) == b"first"
+        conn = conns[0]
+        messages = [b"a", b"b" * 200, bytes(range(256)) * 300, b"c" * 125, b"d" * 126]
+        stream = b"".join(_client_frame(m, opcode=2) for m in messages)
+        stream += _client_frame(b"frag", fin=False) + _client_frame(b"ment", opcode=0)
+        for start in range(0, len(stream), chunk):
+            piece = stream[start : start + chunk]
+            area = conn.get_buffer(-1)
+            area[: len(piece)] = piece
+            conn.buffer_updated(len(piece))
+        for expected in [*messages, b"fragment"]:
+            assert await asyncio.wait_for(got.get(), TIMEOUT) == expected
+        assert conn._fast
+        assert not conn._rbuf  # nothing left over
+        writer.close()
+    finally:
+        srv.close()
+        await srv.wait_closed()

@@ -1,4 +1,4 @@
-"""A lean WebSocket server: websockets' sans-I/O protocol under an asyncio.Protocol.
+"""A lean WebSocket server: websockets' sans-I/O protocol under an asyncio.BufferedProtocol.
 
 Why not ``websockets.asyncio.server``: every message there crosses an
 assembler, an async generator and an async send context; for our small
@@ -10,6 +10,13 @@ writes the frame straight to the transport (awaiting only when the write
 buffer is over its high-water mark: backpressure). :meth:`WsConnection.send_threadsafe`
 lets a worker thread send a small reply itself when the socket takes it at
 once (every write holds one lock, so frames never interleave).
+
+Reads go into one receive area per connection (``BufferedProtocol``), an
+anonymous mapping touched only as far as data lands in it: a plain
+``Protocol`` gets a new 256 KiB ``bytes`` per read, which malloc maps, shrinks
+and unmaps again (three system calls and a page fault for every request).
+Whole frames are parsed straight from the area; only a partial frame is
+copied aside.
 
 Behaviour kept from the library: the HTTP upgrade (any path, no
 subprotocol, no compression), automatic Pong replies, the closing handshake,
@@ -25,6 +32,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import mmap
 import os
 import socket
 import struct
@@ -54,6 +62,8 @@ INBOUND_LOW: Final = 32
 WRITE_HIGH: Final = 1 << 20
 OPEN_TIMEOUT: Final = 10.0
 CLOSE_TIMEOUT: Final = 5.0
+#: bytes read from the socket at most per read (asyncio's own read size).
+RECV_AREA: Final = 256 * 1024
 
 Handler = Callable[["WsConnection"], Awaitable[None]]
 
@@ -63,7 +73,7 @@ _HEADER64: Final = struct.Struct("!BBQ")
 _JOIN_LIMIT: Final = 1 << 16
 
 
-class WsConnection(asyncio.Protocol):
+class WsConnection(asyncio.BufferedProtocol):
     """One accepted socket; a ``MessageTransport`` once the upgrade is done."""
 
     kind = "websocket"
@@ -99,6 +109,8 @@ class WsConnection(asyncio.Protocol):
         self._parts: list[bytes] = []
         self._size = 0
         self._head = b""
+        #: where the socket is read into (made at the first read).
+        self._area: memoryview | None = None
         # Fast path (see ``_receive_fast``): unparsed bytes, and whether it is on.
         self._rbuf = bytearray()
         self._fast = False
@@ -111,7 +123,7 @@ class WsConnection(asyncio.Protocol):
         """The underlying socket transport (None before ``connection_made``)."""
         return self._transport
 
-    # -- asyncio.Protocol --------------------------------------------------
+    # -- asyncio.BufferedProtocol -------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -131,11 +143,24 @@ class WsConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(OPEN_TIMEOUT, self._open_timeout)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        area = self._area
+        if area is None:
+            area = self._area = memoryview(mmap.mmap(-1, RECV_AREA))
+        return area
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self._area is not None
+        self._received(self._area[:nbytes])
+
+    def _received(self, chunk: memoryview) -> None:
+        """Bytes read from the socket (a view of the receive area, valid until we return)."""
         if self._fast:
-            data = self._receive_fast(data)
+            data = self._receive_fast(chunk)
             if not data:
                 return
+        else:
+            data = bytes(chunk)
         self._proto.receive_data(data)
         events = self._proto.events_received()
         self._flush()
@@ -256,7 +281,7 @@ class WsConnection(asyncio.Protocol):
             self._transport.pause_reading()
         self._wake()
 
-    def _receive_fast(self, data: bytes) -> bytes:
+    def _receive_fast(self, chunk: memoryview) -> bytes:
         """Parse data frames (whole or fragmented) and pings here; return what the library gets.
 
         The sans-I/O parser costs tens of microseconds per frame and copies
@@ -268,8 +293,13 @@ class WsConnection(asyncio.Protocol):
         (``current_size``) brought up to date, so its checks and errors apply
         unchanged.
         """
-        buf = self._rbuf
-        buf += data
+        kept = self._rbuf
+        buf: bytearray | memoryview
+        if kept:
+            kept += chunk
+            buf = kept
+        else:
+            buf = chunk  # parsed in place; a partial frame at the end is kept
         pos = 0
         end = len(buf)
         limit = self._server.frame_limit
@@ -292,18 +322,18 @@ class WsConnection(asyncio.Protocol):
             start = pos + 2
             if size == 126:
                 if end - start < 2:
-                    return self._keep(pos)
+                    return self._keep(buf, pos)
                 size = int.from_bytes(buf[start : start + 2], "big")
                 start += 2
             elif size == 127:
                 if end - start < 8:
-                    return self._keep(pos)
+                    return self._keep(buf, pos)
                 size = int.from_bytes(buf[start : start + 8], "big")
                 start += 8
             if size > limit or (opcode == 9 and size > 125):
                 break
             if end - start - 4 < size:
-                return self._keep(pos)
+                return self._keep(buf, pos)
             mask = bytes(buf[start : start + 4])
             start += 4
             view = memoryview(buf)
@@ -331,12 +361,12 @@ class WsConnection(asyncio.Protocol):
             if self._eof or self._lost:
                 break
         else:
-            return self._keep(pos)
+            return self._keep(buf, pos)
         # Hand the rest (from a frame boundary) to the library from now on.
         self._fast = False
         self._proto.current_size = self._frag_size
         rest = bytes(buf[pos:])
-        buf.clear()
+        kept.clear()
         return rest
 
     def _pong(self, payload: bytes) -> None:
@@ -344,9 +374,13 @@ class WsConnection(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._write(bytes((0x8A, len(payload))) + payload)
 
-    def _keep(self, pos: int) -> bytes:
-        if pos:
-            del self._rbuf[:pos]
+    def _keep(self, buf: bytearray | memoryview, pos: int) -> bytes:
+        """Keep the unparsed end of ``buf`` (a partial frame) for the next read."""
+        if buf is self._rbuf:
+            if pos:
+                del buf[:pos]
+        elif pos < len(buf):
+            self._rbuf += buf[pos:]
         return b""
 
     def _after_events(self) -> None:

@@ -249,9 +249,15 @@ class ConnectionProcessor:
             while self._started_pending:
                 # A request started from the receive callback is still running:
                 # it comes first (arrival order).
-                self._idle_waiter = asyncio.get_running_loop().create_future()
+                waiter = asyncio.get_running_loop().create_future()
+                self._idle_waiter = waiter
+                if not self._started_pending:
+                    # Released by a worker between the check and the line above:
+                    # it may have looked for a waiter before there was one.
+                    self._idle_waiter = None
+                    break
                 try:
-                    await self._idle_waiter
+                    await waiter
                 finally:
                     self._idle_waiter = None
             if self.attachment.evicted:
@@ -343,7 +349,8 @@ class ConnectionProcessor:
             message.id, message.method, self.attachment, self.services, self.registry
         )
         if kind == "start":
-            self._loop = asyncio.get_running_loop()
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
             self._started_pending = True
             try:
                 started = self.router.dispatch_start(
@@ -402,10 +409,13 @@ class ConnectionProcessor:
         send = self._send_threadsafe
         if send is None or self._closed or not send(reply, self._release_started):
             return False
-        loop = self._loop
-        assert loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop is gone
-            loop.call_soon_threadsafe(self._started_released)
+        # Wake the loop only if ``_serve`` waits: it sets the waiter, then checks
+        # ``_started_pending`` again, which ``send`` cleared before this read.
+        if self._idle_waiter is not None:
+            loop = self._loop
+            assert loop is not None
+            with contextlib.suppress(RuntimeError):  # the loop is gone
+                loop.call_soon_threadsafe(self._started_released)
         return True
 
     def _release_started(self) -> None:
