@@ -153,6 +153,15 @@ async def test_pool_backlog_runs_in_order_on_one_thread() -> None:
     assert pool.threads == 1
 
 
+async def test_sequential_jobs_reuse_the_thread_that_answered() -> None:
+    """A worker is idle again before its answer is delivered, so the caller's next
+    job finds that same thread free instead of starting another."""
+    pool = WorkerPool(max_workers=4)
+    threads = {await asyncio.wait_for(pool.run(threading.get_ident), WAIT) for _ in range(50)}
+    assert len(threads) == 1
+    assert pool.threads == 1
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
 async def test_pool_workers_run_as_batch_threads() -> None:
     """Workers do not preempt the event loop when woken (SCHED_BATCH)."""

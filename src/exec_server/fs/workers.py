@@ -240,6 +240,15 @@ class WorkerPool:
                 result = call()
             except BaseException as exc:  # handed to the awaiting task
                 error = exc
+            # Idle again *before* answering: the answer lets the client send its
+            # next request, and that request should find this thread (warm, on
+            # the loop's CPU) free, not start or wake another one that then
+            # contends for the GIL with this one. A job handed over meanwhile
+            # waits in the inbox until the answer is out.
+            with self._lock:
+                job = self._backlog.popleft() if self._backlog else None
+                if job is None:
+                    self._idle.append(worker)
             taken = False
             if offer is not None:
                 try:
@@ -250,10 +259,6 @@ class WorkerPool:
                 with contextlib.suppress(RuntimeError):  # the loop is gone
                     loop.call_soon_threadsafe(deliver, result, error)
             del loop, deliver, call, offer, result, error
-            with self._lock:
-                job = self._backlog.popleft() if self._backlog else None
-                if job is None:
-                    self._idle.append(worker)
 
 
 _SHARED: WorkerPool | None = None
