@@ -187,6 +187,15 @@ async def _replies(ws: ClientConnection, n: int) -> list[dict[str, Any]]:
     return [json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT)) for _ in range(n)]
 
 
+async def _send_while_held(ws: ClientConnection, held: str, queued: str) -> None:
+    """Send a request the test holds, then another; nothing is answered meanwhile
+    (checked for 0.3 s: the absence of a reply has no event to await)."""
+    await ws.send(held)
+    await ws.send(queued)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(ws.recv(), 0.3)
+
+
 async def test_idle_connection_is_answered_by_the_now_handler(harness: Harness) -> None:
     ws = await harness.open()
     rid, text = harness.request("test/now", {"key": "a"})
@@ -213,11 +222,8 @@ async def test_requests_behind_a_waiting_one_keep_their_order(harness: Harness) 
     ws = await harness.open()
     _, hold = harness.request("test/now", {"key": "async-hold"})
     _, quick = harness.request("test/now", {"key": "b"})
-    await ws.send(hold)
-    await ws.send(quick)
     # The quick request must still be unanswered while the held one waits.
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(ws.recv(), 0.3)
+    await _send_while_held(ws, hold, quick)
     assert harness.answered == []
     harness.release.set()
     replies = await _replies(ws, 2)
@@ -387,10 +393,7 @@ async def test_requests_wait_for_a_started_job(harness: Harness) -> None:
     ws = await harness.open()
     gated_id, gated = harness.request("test/start", {"key": "gate-1"})
     quick_id, quick = harness.request("test/now", {"key": "q"})
-    await ws.send(gated)
-    await ws.send(quick)
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(ws.recv(), 0.3)
+    await _send_while_held(ws, gated, quick)
     assert harness.answered == []
     harness.gate.set()
     replies = await _replies(ws, 2)
@@ -496,10 +499,7 @@ async def test_requests_queued_behind_a_worker_sent_reply_go_on(harness: Harness
     ws = await harness.open()
     gated_id, gated = harness.request("test/offer", {"key": "gate-o"})
     quick_id, quick = harness.request("test/now", {"key": "q"})
-    await ws.send(gated)
-    await ws.send(quick)
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(ws.recv(), 0.3)
+    await _send_while_held(ws, gated, quick)
     harness.gate.set()
     replies = await _replies(ws, 2)
     assert [r["id"] for r in replies] == [gated_id, quick_id]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -523,64 +524,66 @@ async def test_fragmentation_violations_close_with_1002(server: Any, frames: byt
     writer.close()
 
 
-async def test_fast_path_stays_on_after_fragmented_messages_and_pings() -> None:
-    """In-process: fragmented messages and pings do not push the connection onto the
-    library's slower parser (only a close or a malformed frame does)."""
-    from exec_server.rpc.ws_server import WsConnection, serve_websocket
+class _EchoServer:
+    """An in-process ``serve_websocket`` whose handler queues every message."""
 
-    got: asyncio.Queue[bytes] = asyncio.Queue()
-    conns: list[WsConnection] = []
+    def __init__(self) -> None:
+        from exec_server.rpc.ws_server import WsConnection
 
-    async def handler(conn: WsConnection) -> None:
-        conns.append(conn)
+        self.got: asyncio.Queue[bytes] = asyncio.Queue()
+        self.conns: list[WsConnection] = []
+
+    async def handler(self, conn: Any) -> None:
+        self.conns.append(conn)
         while (msg := await conn.receive()) is not None:
             assert isinstance(msg, bytes)
-            await got.put(msg)
+            await self.got.put(msg)
 
-    srv = await serve_websocket(handler, "127.0.0.1", 0, max_message_size=1 << 20)
+    async def next(self) -> bytes:
+        return await asyncio.wait_for(self.got.get(), TIMEOUT)
+
+
+@contextlib.asynccontextmanager
+async def _echo_server() -> AsyncIterator[tuple[_EchoServer, asyncio.StreamReader, Any]]:
+    """The server, and a raw client connection already past one message."""
+    from exec_server.rpc.ws_server import serve_websocket
+
+    echo = _EchoServer()
+    srv = await serve_websocket(echo.handler, "127.0.0.1", 0, max_message_size=1 << 20)
     try:
         port = srv.sockets[0].getsockname()[1]
         reader, writer = await _raw_upgrade(f"ws://127.0.0.1:{port}")
-        writer.write(_client_frame(b"one"))
-        assert await asyncio.wait_for(got.get(), TIMEOUT) == b"one"
-        writer.write(
-            _client_frame(b"tw", fin=False) + _client_frame(b"o", opcode=9)
-            + _client_frame(b"o", opcode=0)
-        )
-        assert await _read_frame(reader) == (10, b"o")
-        assert await asyncio.wait_for(got.get(), TIMEOUT) == b"two"
-        assert conns[0]._fast
-        writer.write(_client_frame(b"x" * 70000, opcode=2))
-        assert await asyncio.wait_for(got.get(), TIMEOUT) == b"x" * 70000
-        assert conns[0]._fast
+        writer.write(_client_frame(b"first"))
+        assert await echo.next() == b"first"
+        yield echo, reader, writer
         writer.close()
     finally:
         srv.close()
         await srv.wait_closed()
 
 
+async def test_fast_path_stays_on_after_fragmented_messages_and_pings() -> None:
+    """In-process: fragmented messages and pings do not push the connection onto the
+    library's slower parser (only a close or a malformed frame does)."""
+    async with _echo_server() as (echo, reader, writer):
+        writer.write(
+            _client_frame(b"tw", fin=False) + _client_frame(b"o", opcode=9)
+            + _client_frame(b"o", opcode=0)
+        )
+        assert await _read_frame(reader) == (10, b"o")
+        assert await echo.next() == b"two"
+        assert echo.conns[0]._fast
+        writer.write(_client_frame(b"x" * 70000, opcode=2))
+        assert await echo.next() == b"x" * 70000
+        assert echo.conns[0]._fast
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 7, 125, 4096, 1 << 20])
 async def test_reads_cut_anywhere_in_the_receive_area(chunk: int) -> None:
     """In-process: reads are parsed in the receive area; a frame cut by a read (in
     its header, mask or payload) is kept aside and completed by the next reads."""
-    from exec_server.rpc.ws_server import WsConnection, serve_websocket
-
-    got: asyncio.Queue[bytes] = asyncio.Queue()
-    conns: list[WsConnection] = []
-
-    async def handler(conn: WsConnection) -> None:
-        conns.append(conn)
-        while (msg := await conn.receive()) is not None:
-            assert isinstance(msg, bytes)
-            await got.put(msg)
-
-    srv = await serve_websocket(handler, "127.0.0.1", 0, max_message_size=1 << 20)
-    try:
-        port = srv.sockets[0].getsockname()[1]
-        _reader, writer = await _raw_upgrade(f"ws://127.0.0.1:{port}")
-        writer.write(_client_frame(b"first"))
-        assert await asyncio.wait_for(got.get(), TIMEOUT) == b"first"
-        conn = conns[0]
+    async with _echo_server() as (echo, _reader, _writer):
+        conn = echo.conns[0]
         messages = [b"a", b"b" * 200, bytes(range(256)) * 300, b"c" * 125, b"d" * 126]
         stream = b"".join(_client_frame(m, opcode=2) for m in messages)
         stream += _client_frame(b"frag", fin=False) + _client_frame(b"ment", opcode=0)
@@ -590,10 +593,6 @@ async def test_reads_cut_anywhere_in_the_receive_area(chunk: int) -> None:
             area[: len(piece)] = piece
             conn.buffer_updated(len(piece))
         for expected in [*messages, b"fragment"]:
-            assert await asyncio.wait_for(got.get(), TIMEOUT) == expected
+            assert await echo.next() == expected
         assert conn._fast
         assert not conn._rbuf  # nothing left over
-        writer.close()
-    finally:
-        srv.close()
-        await srv.wait_closed()
