@@ -185,6 +185,18 @@ def test_big_requests_leave_the_member_in_place() -> None:
     assert bytes(t.sandbox_raw(params.sandbox) or b"") == b'{"dataBase64":"x"}'
     assert isinstance(params.data_base64, StringSpan) and params.data_base64.data is message
     assert bytes(decode_data_span(params.data_base64)) == payload
+    # Member order does not matter, at either level.
+    reordered = msgspec.json.encode(
+        {
+            "params": {"dataBase64": base64.b64encode(payload).decode(), "path": "/y"},
+            "method": "fs/writeFile",
+            "id": "s",
+        }
+    )
+    msg2 = decode_message(reordered)
+    assert isinstance(msg2, Request) and msg2.id == "s"
+    assert isinstance(msg2.decoded, t.WriteFileParamsSpan) and msg2.decoded.path == "/y"
+    assert bytes(decode_data_span(msg2.decoded.data_base64)) == payload
 
 
 @pytest.mark.usefixtures("deferred")

@@ -238,5 +238,7 @@ def test_one_pass_decoding_of_big_registered_requests(monkeypatch: pytest.Monkey
     msg4 = decode_message(other)
     assert isinstance(msg4, Request) and msg4.decoded is None and msg4.params is not None
     # Small: generic, params raw.
-    small = decode_message(b'{"id":1,"method":"fs/writeFile","params":{"path":"/x","dataBase64":""}}')
+    small = decode_message(
+        b'{"id":1,"method":"fs/writeFile","params":{"path":"/x","dataBase64":""}}'
+    )
     assert isinstance(small, Request) and small.decoded is None and small.params is not None

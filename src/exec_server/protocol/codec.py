@@ -174,7 +174,10 @@ def register_deferred_string(
     e.g. natively in a worker. Other messages take the one-pass or generic path.
     """
     global _deferred_decoder
-    _deferred[method] = (member.encode(), build)
+    entry = (member.encode(), build)
+    if _deferred.get(method) == entry and _deferred_heads.get(method) is head_type:
+        return
+    _deferred[method] = entry
     _deferred_heads[method] = head_type
     _deferred_decoder = _tagged_decoder(_deferred_heads, _deferred_methods, "_Head")
 
