@@ -503,6 +503,7 @@ async def test_requests_queued_behind_a_worker_sent_reply_go_on(harness: Harness
     harness.gate.set()
     replies = await _replies(ws, 2)
     assert [r["id"] for r in replies] == [gated_id, quick_id]
+    await harness.offers(1)  # the worker notes it after sending
     assert harness.offered[0][:2] == ("gate-o", True)
     await ws.close()
 
@@ -532,6 +533,7 @@ async def test_a_worker_release_racing_the_wait_does_not_stall_the_queue(
     replies = await _replies(ws, 2)
     assert [r["id"] for r in replies] == [gated_id, quick_id]
     assert raced == [True]
+    await harness.offers(1)
     assert harness.offered[0][:2] == ("gate-r", True)
     await ws.close()
 
