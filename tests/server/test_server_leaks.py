@@ -51,15 +51,25 @@ async def test_server_fds_return_to_baseline(
     client = await rpc(server.url)
     await client.initialize()
     # Start-up sandbox probes run in the background; let them finish first.
-    # (their pipes may close a moment after the probe child is reaped)
+    # (their pipes may close a moment after the probe child is reaped). The
+    # baseline is the fd set seen in the same check: read apart from it, it
+    # once caught the pipes of a probe that started in between.
+    baseline: dict[int, str] = {}
+
+    def settled() -> bool:
+        fds = server.open_fds()
+        if _pipes(fds) or server.child_pids():
+            return False
+        baseline.update(fds)
+        return True
+
     try:
-        await wait_until(lambda: not server.child_pids() and not _pipes(server.open_fds()))
+        await wait_until(settled)
     except TimeoutError:
         raise AssertionError(
             f"start-up probes still running: children {server.child_pids()}, "
             f"fds {server.open_fds()}"
         ) from None
-    baseline = server.open_fds()
     for round_ in range(2):
         for i in range(10):
             pid = f"r{round_}-{i}"
