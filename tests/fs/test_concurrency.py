@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,7 @@ import pytest
 
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.fs import ops
-from exec_server.fs.workers import WorkerPool, current_cpu
+from exec_server.fs.workers import NEAR_JOB_LIMIT, WorkerPool, current_cpu, job_kind
 
 WAIT = 30.0
 
@@ -169,3 +172,61 @@ async def test_pool_workers_run_as_batch_threads() -> None:
     policy = await asyncio.wait_for(pool.run(os.sched_getscheduler, 0), WAIT)
     assert policy == os.SCHED_BATCH
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller is untouched
+
+
+def _job(delay: float) -> None:
+    """A job whose run time the test chooses: the pool measures how long jobs run."""
+    if delay:
+        time.sleep(delay)
+
+
+def _other_job() -> None:
+    """A second kind of job."""
+
+
+def test_job_kind_is_the_function_behind_partials_and_closures() -> None:
+    def make() -> Callable[[], None]:
+        def closure() -> None:
+            pass
+
+        return closure
+
+    assert job_kind(functools.partial(_job, 0.0)) == job_kind(_job)
+    assert job_kind(functools.partial(functools.partial(_job), 0.0)) == job_kind(_job)
+    assert job_kind(make()) == job_kind(make())  # a closure made per call: one kind
+    assert job_kind(_job) != job_kind(_other_job)
+    assert job_kind(os.getpid) == job_kind(os.getpid)  # a builtin is its own kind
+
+
+@pytest.mark.skipif(current_cpu() is None, reason="needs sched_getcpu and affinity control")
+async def test_kinds_of_long_jobs_are_not_woken_on_the_callers_cpu() -> None:
+    """A kind of job that runs long starts wherever the kernel places it; short
+    kinds (and kinds never seen) are still woken on the caller's CPU, and a kind
+    that turns short again is woken there again."""
+    pool = WorkerPool(max_workers=1)
+    assert pool.wakes_near(_job) and pool.wakes_near(_other_job)  # never run: short
+    slow = 20 * NEAR_JOB_LIMIT
+    for _ in range(3):
+        await asyncio.wait_for(pool.run(_job, slow), WAIT)
+    assert not pool.wakes_near(_job)
+    assert not pool.wakes_near(functools.partial(_job, 0.0))  # same kind
+    assert await _runs_until_near(pool, _other_job)
+    assert not pool.wakes_near(_job)  # kinds are kept apart
+    # The average follows the recent runs: quick runs bring the kind back.
+    assert await _runs_until_near(pool, functools.partial(_job, 0.0))
+
+
+async def _runs_until_near(pool: WorkerPool, job: Callable[[], None]) -> bool:
+    """Run quick ``job`` until its kind is woken near again (a run the machine
+    happened to preempt only delays that); False if it never is."""
+    for _ in range(1000):
+        await asyncio.wait_for(pool.run(job), WAIT)
+        if pool.wakes_near(job):
+            return True
+    return False
+
+
+async def test_pool_without_cpu_following_wakes_nothing_near() -> None:
+    pool = WorkerPool(max_workers=1, follow_caller_cpu=False)
+    await asyncio.wait_for(pool.run(_other_job), WAIT)
+    assert not pool.wakes_near(_other_job)
