@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import ctypes.util
-import gc
 import logging
 import os
 import sys
@@ -123,21 +120,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def _release_startup_memory() -> None:
-    """Hand start-up garbage (import-time temporaries) back to the OS.
-
-    The server then idles at a smaller RSS; glibc only, best effort.
-    """
-    gc.collect()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _announce(url: str) -> None:
-    _release_startup_memory()
     sys.stdout.write(url + "\n")
     sys.stdout.flush()
 

@@ -54,6 +54,7 @@ from exec_server.rpc.transport import (
 )
 from exec_server.rpc.ws_server import WsConnection, WsServer, serve_websocket
 from exec_server.server import env_handlers, fs_handlers, process_handlers
+from exec_server.server.heap import settle_startup_heap
 from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, SessionRegistry
@@ -524,6 +525,7 @@ async def run_server(
     try:
         if target == STDIO:
             transport = await _open_stdio("exec-server stdio", config.max_message_size)
+            settle_startup_heap()
             conn = asyncio.create_task(server.processor(transport).run())
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({conn, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -535,6 +537,7 @@ async def run_server(
             ws_server = await server.listen_websocket(target)
             sock = next(iter(ws_server.sockets))
             host, port = sock.getsockname()[:2]
+            settle_startup_heap()
             if announce is not None:
                 announce(format_ws_url(host, port))
             try:
