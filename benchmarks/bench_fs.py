@@ -286,7 +286,8 @@ async def bench_all(
     for mib in counts.round_trips:
         for target in targets:
             async with contextlib.AsyncExitStack() as stack:
-                await round_trip(target, temp_dir(stack, "bench_fs_rt_", parent=parent), mib, report)
+                work = temp_dir(stack, "bench_fs_rt_", parent=parent)
+                await round_trip(target, work, mib, report)
 
 
 async def run(args: argparse.Namespace) -> Report:
