@@ -382,3 +382,28 @@ async def test_process_read_long_poll_fails_after_resume(
     }
     assert (await b.call("process/terminate", {"processId": "quiet"}))["running"] is True
     await b.notification("process/closed")
+
+
+class _UnresolvableParams(msgspec.Struct):
+    value: NoSuchType  # type: ignore[name-defined]  # noqa: F821
+
+
+def test_router_makes_each_params_decoder_when_the_method_is_registered() -> None:
+    """A params decoder is made when its method is added, not on the first request
+    (making one costs ~0.2 ms); so a type it cannot decode fails at once."""
+    from exec_server.protocol.codec import params_decoder
+    from exec_server.server.router import Router
+
+    async def handler(ctx: RequestContext, params: object) -> None:
+        raise AssertionError("never called")
+
+    router = Router()
+    with pytest.raises(NameError, match="NoSuchType"):
+        router.add("test/unresolvable", _UnresolvableParams, handler, None)
+    assert "test/unresolvable" not in router
+
+    class Fine(msgspec.Struct):
+        value: int
+
+    router.add("test/fine", Fine, handler, None)
+    assert params_decoder(Fine).decode(b'{"value": 3}') == Fine(3)

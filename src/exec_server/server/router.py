@@ -23,7 +23,7 @@ from exec_server.exceptions import (
     InvalidRequestError,
     ProtocolClosedError,
 )
-from exec_server.protocol.codec import decode_params, encode_error, encode_result
+from exec_server.protocol.codec import decode_params, encode_error, encode_result, params_decoder
 from exec_server.protocol.connection import (
     NO_SESSION,
     SESSION_RESUMED,
@@ -221,6 +221,7 @@ class Router:
         """
         if method in self._routes:
             raise ValueError(f"method {method!r} registered twice")
+        params_decoder(params_type)  # now, not on the method's first request
         self._routes[method] = Route(method, params_type, handler, family, may_block, now, start)
 
     def add_now(
