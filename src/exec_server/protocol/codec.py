@@ -291,9 +291,8 @@ def decode_params(raw: Raw | None, params_type: type[T]) -> T:
         msgspec.ValidationError: the params do not fit (message is msgspec's).
     """
     data: Raw | bytes = raw if raw else _NULL  # no copy: params may be hundreds of MiB
-    decoder = _params_decoders.get(params_type)  # params_decoder's hit, without the call
-    if decoder is None:
-        decoder = params_decoder(params_type)
+    # params_decoder's cache hit inline: no call on the hot path.
+    decoder = _params_decoders.get(params_type) or params_decoder(params_type)
     try:
         result: T = decoder.decode(data)
         return result
