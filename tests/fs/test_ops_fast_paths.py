@@ -412,3 +412,94 @@ def test_copy_follows_a_file_that_grew_since_its_fstat(
         copied = tdir / "copy"
         ops.copy(str(source), str(copied), recursive=False)
     assert copied.read_bytes() == b"a" * 100 + b"b" * 5000
+
+
+# ------------------------------------------------ copy into itself, resolved
+
+
+def test_kernel_path_agrees_with_realpath(tdir: Path) -> None:
+    (tdir / "real" / "deep").mkdir(parents=True)
+    (tdir / "alias").symlink_to(tdir / "real")
+    (tdir / "dangling").symlink_to(tdir / "missing")
+    for path in (tdir / "real" / "deep", tdir / "alias" / "deep", tdir / "alias"):
+        assert ops._kernel_path(str(path)) == os.path.realpath(path)
+    assert ops._kernel_path(str(tdir / "missing")) is None
+    assert ops._kernel_path(str(tdir / "dangling")) is None
+
+
+def test_kernel_path_declines_a_name_that_looks_deleted(tdir: Path) -> None:
+    # /proc marks an unlinked directory with this suffix; a real name that
+    # ends the same way must take the portable way instead of being trusted.
+    (tdir / "x (deleted)").mkdir()
+    assert ops._kernel_path(str(tdir / "x (deleted)")) is None
+    with pytest.raises(InvalidRequestError):
+        ops.copy(str(tdir / "x (deleted)"), str(tdir / "x (deleted)" / "in"), recursive=True)
+    assert not (tdir / "x (deleted)" / "in").exists()
+
+
+@pytest.fixture(params=["kernel", "realpath"])
+def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with ``/proc`` answering, then as on a system where it cannot."""
+    if request.param == "realpath":
+        monkeypatch.setattr(ops, "_O_PATH", 0)
+    return str(request.param)
+
+
+def test_copy_into_itself_is_found_through_every_spelling(tdir: Path, resolver: str) -> None:
+    (tdir / "source" / "nested").mkdir(parents=True)
+    (tdir / "alias").symlink_to(tdir / "source")
+    (tdir / "into").symlink_to(tdir / "source" / "nested")
+    (tdir / "elsewhere").mkdir()
+    source = str(tdir / "source")
+    refused = [
+        source,  # itself
+        str(tdir / "source" / "nested"),  # an existing descendant
+        str(tdir / "source" / "nested" / "new"),  # a new name inside it
+        str(tdir / "into" / "new"),  # through a link to a descendant
+        str(tdir / "into"),  # a link to a descendant, merged into
+        str(tdir / "source" / "missing" / "deeper"),  # several missing levels
+    ]
+    for destination in refused:
+        assert ops._copies_into_itself(source, destination), destination
+        assert ops._copies_into_itself(str(tdir / "alias"), destination), destination
+    allowed = [
+        str(tdir / "source-copy"),  # a sibling whose name starts the same
+        str(tdir / "elsewhere" / "copy"),
+        str(tdir / "missing" / "deeper"),
+    ]
+    for destination in allowed:
+        assert not ops._copies_into_itself(source, destination), destination
+    with pytest.raises(InvalidRequestError):
+        ops.copy(source, str(tdir / "into" / "new"), recursive=True)
+    assert not (tdir / "source" / "nested" / "new").exists()
+    ops.copy(source, str(tdir / "source-copy"), recursive=True)
+    assert (tdir / "source-copy" / "nested").is_dir()
+
+
+@pytest.mark.parametrize("answers", ["first", "later"])
+def test_copy_into_itself_when_the_kernel_answers_for_one_side_only(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch, answers: str
+) -> None:
+    # One side resolved from /proc and the other not (it vanished, it is a
+    # dangling link...): both sides are then resolved by realpath.
+    (tdir / "source" / "nested").mkdir(parents=True)
+    (tdir / "into").symlink_to(tdir / "source" / "nested")
+    (tdir / "alias").symlink_to(tdir / "source")
+    calls: list[str] = []
+    kernel = ops._kernel_path
+
+    def one_side(path: str) -> str | None:
+        calls.append(path)
+        first = len(calls) == 1
+        return kernel(path) if first == (answers == "first") else None
+
+    monkeypatch.setattr(ops, "_kernel_path", one_side)
+    source = str(tdir / "alias")  # resolving it matters
+    for destination, refused in [
+        (str(tdir / "into" / "new"), True),
+        (str(tdir / "source" / "nested"), True),
+        (str(tdir / "other"), False),
+    ]:
+        calls.clear()
+        assert ops._copies_into_itself(source, destination) is refused, destination
+        assert calls[0] == source
