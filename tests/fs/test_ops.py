@@ -258,3 +258,29 @@ def test_copy_tree_merges_keeps_links_and_modes(tdir: Path) -> None:
     (src / "blocker").mkdir()
     with pytest.raises(InternalError):
         ops.copy(str(src), str(dst), recursive=True)  # a file where a directory goes
+
+
+def test_result_values_are_immutable_comparable_and_hashable(tdir: Path) -> None:
+    # Metadata, DirEntry and WirePath are msgspec Structs (cheap to build: they are
+    # made per request and per directory entry); they keep the frozen-value contract.
+    from exec_server.protocol.paths import PathForm, WirePath
+
+    (tdir / "f").write_bytes(b"abc")
+    meta = ops.get_metadata(str(tdir / "f"))
+    assert meta == ops.Metadata(
+        is_directory=False,
+        is_file=True,
+        is_symlink=False,
+        size=3,
+        created_at_ms=meta.created_at_ms,
+        modified_at_ms=meta.modified_at_ms,
+    )
+    entry = ops.read_directory(str(tdir))[0]
+    assert entry == ops.DirEntry("f", False, True)
+    assert repr(entry) == "DirEntry(file_name='f', is_directory=False, is_file=True)"
+    path = WirePath("/a", PathForm.URI)
+    assert path.render() == "file:///a"
+    assert len({meta, entry, path, WirePath("/a", PathForm.URI)}) == 3
+    for value, field in ((meta, "size"), (entry, "is_file"), (path, "path")):
+        with pytest.raises(AttributeError):
+            setattr(value, field, None)

@@ -36,7 +36,8 @@ import secrets
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs.errors import os_error, translate_os_errors
@@ -79,9 +80,12 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 
-@dataclass(frozen=True, slots=True)
-class Metadata:
-    """What ``fs/getMetadata`` reports; ``is_symlink``/``size`` are ``None`` when unknown."""
+class Metadata(msgspec.Struct, frozen=True, gc=False):
+    """What ``fs/getMetadata`` reports; ``is_symlink``/``size`` are ``None`` when unknown.
+
+    A frozen ``msgspec.Struct``, like :class:`DirEntry`: made per request and
+    per directory entry, and ~20x cheaper to build than a frozen dataclass.
+    """
 
     is_directory: bool
     is_file: bool
@@ -91,8 +95,7 @@ class Metadata:
     size: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class DirEntry:
+class DirEntry(msgspec.Struct, frozen=True, gc=False):
     """One ``fs/readDirectory`` entry; flags describe the symlink-followed target."""
 
     file_name: str
