@@ -90,6 +90,88 @@ def test_write_preserves_mode_and_replaces_link_target(tdir: Path) -> None:
     assert (tdir / "created-by-write").read_bytes() == b"made"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to other owners")
+def test_write_keeps_owner_group_and_special_bits_in_a_setgid_directory(tdir: Path) -> None:
+    # A set-group-ID directory gives the replacement file the directory's group; the
+    # old file's group (and its set-user-ID bit, which chown would clear) must survive,
+    # as they do for upstream's write in place.
+    shared = tdir / "shared"
+    shared.mkdir()
+    os.chown(shared, 0, 4242)
+    os.chmod(shared, 0o2775)
+    target = shared / "tool"
+    target.write_text("old")
+    os.chown(target, 0, 0)
+    os.chmod(target, 0o4750)
+    ops.write_file(str(target), b"new")
+    st = target.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o4750)
+    assert target.read_bytes() == b"new"
+
+    other = shared / "users"
+    other.write_text("old")
+    os.chown(other, 1234, 5678)
+    os.chmod(other, 0o644)
+    ops.write_file(str(other), b"new")
+    st = other.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 5678, 0o644)
+
+
+def test_write_in_place_when_the_owner_cannot_be_restored(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without the right to chown (a non-root server, another user's file), a
+    # replacement would hand the file to us: it is written in place instead.
+    target = tdir / "theirs"
+    target.write_text("old")
+    os.chmod(target, 0o640)
+    before = target.stat()
+    stat_result = os.stat_result
+    real_fstat = os.fstat
+
+    def fstat_as_other_owner(fd: int) -> os.stat_result:
+        st = real_fstat(fd)
+        if st.st_ino == before.st_ino:
+            return st
+        fields = list(st)
+        fields[4] = st.st_uid + 1  # the new file looks like someone else's to match_old_file
+        return stat_result(fields)
+
+    def refuse(fd: int, uid: int, gid: int) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "fstat", fstat_as_other_owner)
+    monkeypatch.setattr(os, "fchown", refuse)
+    ops.write_file(str(target), b"new")
+    after = target.stat()
+    assert after.st_ino == before.st_ino
+    assert after.st_mode & 0o7777 == 0o640
+    assert target.read_bytes() == b"new"
+    assert sorted(p.name for p in tdir.iterdir()) == ["theirs"]
+
+
+def test_write_skips_chmod_when_the_new_file_has_the_mode(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tdir / "plain"
+    target.write_text("old")
+    old_umask = os.umask(0o022)
+    try:
+        os.chmod(target, 0o644)
+        calls: list[int] = []
+        real_fchmod = os.fchmod
+        monkeypatch.setattr(os, "fchmod", lambda fd, mode: (calls.append(mode), real_fchmod(fd, mode)))
+        ops.write_file(str(target), b"same mode")
+        assert calls == []  # 0o666 & ~0o022 is already the old mode
+        os.chmod(target, 0o600)
+        ops.write_file(str(target), b"other mode")
+        assert calls == [0o600]
+    finally:
+        os.umask(old_umask)
+    assert target.stat().st_mode & 0o7777 == 0o600
+    assert target.read_bytes() == b"other mode"
+
+
 def test_write_new_file_honours_umask(tdir: Path) -> None:
     old = os.umask(0o027)
     try:

@@ -280,3 +280,44 @@ async def test_confined_replace_is_a_new_inode_with_the_old_mode_and_no_temp(
     assert keep.read_text() == "old contents"
     names = sorted(p.name for p in layout.allowed.iterdir())
     assert names == ["link", "old-link.txt", "replace.txt"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to other owners")
+async def test_confined_write_never_hands_a_file_to_another_owner(
+    fs: ExecutorFileSystem, layout: Any, ctx: Any
+) -> None:
+    """A confined write keeps the file's owner and group, also in a set-group-ID
+    directory (which gives a replacement file the directory's group). Where the
+    helper may not chown (the one-shot helpers drop root's capabilities), it writes
+    in place, as upstream always does, or is refused when the file's own bits forbid
+    it, like upstream; the zygote's children keep root's capabilities and restore
+    the owner of the replacement. Either way no file changes hands."""
+    shared = layout.allowed / "shared"
+    shared.mkdir()
+    os.chown(shared, 0, 4242)
+    os.chmod(shared, 0o2775)
+    sandbox = ctx.ww(layout.allowed)
+    cases = {"ours.txt": (0, 0, 0o640), "theirs.txt": (1234, 5678, 0o666)}
+    for name, (uid, gid, mode) in cases.items():
+        path = shared / name
+        path.write_text("old")
+        os.chown(path, uid, gid)
+        os.chmod(path, mode)
+        await fs.write_file(path, b"new", sandbox=sandbox)
+        st = path.stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, gid, mode), name
+        assert path.read_bytes() == b"new"
+
+    private = shared / "private.txt"
+    private.write_text("old")
+    os.chown(private, 1234, 5678)
+    os.chmod(private, 0o640)
+    try:
+        await fs.write_file(private, b"new", sandbox=sandbox)
+    except ExecServerError:
+        assert private.read_bytes() == b"old"  # refused: root without CAP_DAC_OVERRIDE
+    else:
+        assert private.read_bytes() == b"new"
+    st = private.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 5678, 0o640)
+    assert sorted(p.name for p in shared.iterdir()) == ["ours.txt", "private.txt", "theirs.txt"]

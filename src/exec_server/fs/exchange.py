@@ -1,4 +1,4 @@
-"""Replace a file by swapping a finished temp file into its name (``renameat2``).
+"""Replace a file by a finished temp file: made to match the old one, swapped into its name.
 
 Stdlib only: used by the server's direct writes (``fs/ops.py``) and by the
 confined helper (``fs/zygote_ops.py``, which runs under ``python -I -S``).
@@ -15,10 +15,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import stat
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["AT_FDCWD", "exchange_into_place"]
+__all__ = ["AT_FDCWD", "exchange_into_place", "match_old_file"]
 
 AT_FDCWD: Final = -100
 _RENAME_EXCHANGE: Final = 2
@@ -48,6 +49,34 @@ def _load_renameat2() -> Callable[..., int] | None:
 
 
 _renameat2 = _load_renameat2()
+
+
+def match_old_file(fd: int, old: os.stat_result) -> bool:
+    """Give the new file at ``fd`` the owner, group and permission bits of ``old``.
+
+    Compared with the new file itself, not with the process: a set-group-ID
+    directory gives new files its own group, and the umask strips bits. The
+    owner goes first, because ``chown`` clears the set-user-ID and
+    set-group-ID bits. A plain rewrite of a file we own, with its usual mode,
+    makes one ``fstat`` and nothing else.
+
+    Returns ``False``, with the mode left alone, when the owner or group cannot
+    be restored (no ``CAP_CHOWN``, an id not mapped in this user namespace):
+    the caller then writes the old file in place, as upstream always does,
+    so that an edit never hands a file to another owner.
+    """
+    new = os.fstat(fd)
+    if new.st_gid != old.st_gid or new.st_uid != old.st_uid:
+        try:
+            os.fchown(fd, old.st_uid, old.st_gid)
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EINVAL):
+                raise
+            return False
+    mode = stat.S_IMODE(old.st_mode)
+    if stat.S_IMODE(new.st_mode) != mode:
+        os.fchmod(fd, mode)
+    return True
 
 
 def exchange_into_place(tmp: str, target: str, dir_fd: int = AT_FDCWD) -> bool:

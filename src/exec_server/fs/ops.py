@@ -41,7 +41,7 @@ import msgspec
 
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs.errors import os_error, translate_os_errors
-from exec_server.fs.exchange import exchange_into_place
+from exec_server.fs.exchange import exchange_into_place, match_old_file
 from exec_server.fs.fanout import shared_fanout
 from exec_server.fs.splice_copy import SPLICE_MIN, copy_through_pipe, splice_pays_off
 
@@ -252,13 +252,14 @@ def _write_atomic(
     try:
         try:
             _write_all(fd, data)
-            if old is not None:
-                os.fchmod(fd, stat.S_IMODE(old.st_mode))
-                if (old.st_uid, old.st_gid) != (os.getuid(), os.getgid()):
-                    with contextlib.suppress(PermissionError):
-                        os.fchown(fd, old.st_uid, old.st_gid)
+            faithful = old is None or match_old_file(fd, old)
         finally:
             os.close(fd)
+        if not faithful:
+            # The replacement would change the file's owner: keep the owner, not atomicity.
+            os.unlink(tmp)
+            _write_in_place(target, data)
+            return
         if old is None or not _exchange_into_place(tmp, target):
             os.rename(tmp, target)
     except BaseException:

@@ -32,7 +32,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from exec_server.fs.exchange import exchange_into_place
+from exec_server.fs.exchange import exchange_into_place, match_old_file
 
 __all__ = [
     "MAX_READ_BYTES",
@@ -409,10 +409,14 @@ def _write_atomic(t: _Target, data: bytes | bytearray, old: os.stat_result | Non
     try:
         try:
             write_all(fd, data)
-            if old is not None:
-                os.fchmod(fd, stat.S_IMODE(old.st_mode))
+            faithful = old is None or match_old_file(fd, old)
         finally:
             os.close(fd)
+        if not faithful:
+            # Confined, the helper may not chown: keep the owner, not atomicity.
+            os.unlink(tmp, dir_fd=t.dirfd)
+            _write_in_place(t, data, os.O_NOFOLLOW)
+            return
         # Swap over an existing file (no ext4 writeback inside rename), else rename.
         if old is None or not exchange_into_place(tmp, t.name, t.dirfd):
             os.rename(tmp, t.name, src_dir_fd=t.dirfd, dst_dir_fd=t.dirfd)
