@@ -99,22 +99,15 @@ def test_write_keeps_owner_group_and_special_bits_in_a_setgid_directory(tdir: Pa
     shared.mkdir()
     os.chown(shared, 0, 4242)
     os.chmod(shared, 0o2775)
-    target = shared / "tool"
-    target.write_text("old")
-    os.chown(target, 0, 0)
-    os.chmod(target, 0o4750)
-    ops.write_file(str(target), b"new")
-    st = target.stat()
-    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o4750)
-    assert target.read_bytes() == b"new"
-
-    other = shared / "users"
-    other.write_text("old")
-    os.chown(other, 1234, 5678)
-    os.chmod(other, 0o644)
-    ops.write_file(str(other), b"new")
-    st = other.stat()
-    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 5678, 0o644)
+    for name, (uid, gid, mode) in {"tool": (0, 0, 0o4750), "users": (1234, 5678, 0o644)}.items():
+        target = shared / name
+        target.write_text("old")
+        os.chown(target, uid, gid)
+        os.chmod(target, mode)
+        ops.write_file(str(target), b"new")
+        st = target.stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, gid, mode), name
+        assert target.read_bytes() == b"new"
 
 
 def test_write_in_place_when_the_owner_cannot_be_restored(
