@@ -153,7 +153,12 @@ def test_write_skips_chmod_when_the_new_file_has_the_mode(
         os.chmod(target, 0o644)
         calls: list[int] = []
         real_fchmod = os.fchmod
-        monkeypatch.setattr(os, "fchmod", lambda fd, mode: (calls.append(mode), real_fchmod(fd, mode)))
+
+        def fchmod(fd: int, mode: int) -> None:
+            calls.append(mode)
+            real_fchmod(fd, mode)
+
+        monkeypatch.setattr(os, "fchmod", fchmod)
         ops.write_file(str(target), b"same mode")
         assert calls == []  # 0o666 & ~0o022 is already the old mode
         os.chmod(target, 0o600)
