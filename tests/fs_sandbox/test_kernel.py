@@ -9,6 +9,7 @@ system shows nothing was written.
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,10 @@ async def test_child_runs_with_nnp_seccomp_and_no_network(
     result = reply["result"]
     assert result["NoNewPrivs"] == "1"
     assert result["Seccomp"] == "2"
+    # No capabilities, even for a root server (as bwrap --cap-drop ALL): none to
+    # use, none to regain.
+    for cap_set in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(result[cap_set], 16) == 0, cap_set
     assert result["inet_socket"] == errno.EPERM
     # Platform defaults are not in this plan: even /etc is out of reach.
     assert result["etc_hostname"] == errno.EACCES
@@ -231,3 +236,27 @@ async def test_denied_carve_out_is_not_readable(
     names = {e["fileName"] for e in reply["result"]["entries"]}
     assert "pub.txt" in names and "private" not in names
     assert (secret / "key").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root server's child is the case at issue")
+async def test_child_obeys_file_permissions_like_upstreams_helper(
+    zygote_sfs: SandboxedFileSystem, layout: Any
+) -> None:
+    """Landlock allows the path, but the child has no CAP_DAC_OVERRIDE: another
+    user's private file is refused (EACCES), not read and not overwritten."""
+    secret = layout.allowed / "secret.txt"
+    secret.write_text("private")
+    os.chown(secret, 1234, 5678)
+    os.chmod(secret, 0o600)
+    base = {"expect": str(layout.allowed), "plan": plan(writable=[layout.allowed])}
+    reply, payload = await run(zygote_sfs, {"op": "fs/readFile", "path": str(secret), **base})
+    assert reply["status"] == "error", reply
+    assert "Permission denied" in reply["message"]
+    reply, _ = await run(
+        zygote_sfs, {"op": "fs/writeFile", "path": str(secret), **base}, b"overwritten"
+    )
+    assert reply["status"] == "error", reply
+    assert "Permission denied" in reply["message"]
+    assert secret.read_text() == "private"
+    assert sorted(p.name for p in layout.allowed.iterdir()) == ["link", "secret.txt"]
+    assert (secret.stat().st_uid, secret.stat().st_gid) == (1234, 5678)

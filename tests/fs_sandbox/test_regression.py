@@ -286,38 +286,37 @@ async def test_confined_replace_is_a_new_inode_with_the_old_mode_and_no_temp(
 async def test_confined_write_never_hands_a_file_to_another_owner(
     fs: ExecutorFileSystem, layout: Any, ctx: Any
 ) -> None:
-    """A confined write keeps the file's owner and group, also in a set-group-ID
-    directory (which gives a replacement file the directory's group). Where the
-    helper may not chown (the one-shot helpers drop root's capabilities), it writes
-    in place, as upstream always does, or is refused when the file's own bits forbid
-    it, like upstream; the zygote's children keep root's capabilities and restore
-    the owner of the replacement. Either way no file changes hands."""
+    """A confined write keeps the file's owner and group. The confined child has
+    no capabilities, even for a root server (as upstream's helper): a file it may
+    not give back to its owner is written in place, as upstream always does, and
+    one whose own bits forbid writing is refused, like upstream. A set-group-ID
+    directory's group is put back where it may be (our own group)."""
     shared = layout.allowed / "shared"
     shared.mkdir()
     os.chown(shared, 0, 4242)
     os.chmod(shared, 0o2775)
     sandbox = ctx.ww(layout.allowed)
-    cases = {"ours.txt": (0, 0, 0o640), "theirs.txt": (1234, 5678, 0o666)}
-    for name, (uid, gid, mode) in cases.items():
+    cases = {"ours.txt": (0, 0, 0o640, False), "theirs.txt": (1234, 5678, 0o666, True)}
+    for name, (uid, gid, mode, in_place) in cases.items():
         path = shared / name
         path.write_text("old")
         os.chown(path, uid, gid)
         os.chmod(path, mode)
+        inode = path.stat().st_ino
         await fs.write_file(path, b"new", sandbox=sandbox)
         st = path.stat()
         assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, gid, mode), name
+        assert (st.st_ino == inode) is in_place, name
         assert path.read_bytes() == b"new"
 
     private = shared / "private.txt"
     private.write_text("old")
     os.chown(private, 1234, 5678)
     os.chmod(private, 0o640)
-    try:
+    with pytest.raises(ExecServerError) as info:
         await fs.write_file(private, b"new", sandbox=sandbox)
-    except ExecServerError:
-        assert private.read_bytes() == b"old"  # refused: root without CAP_DAC_OVERRIDE
-    else:
-        assert private.read_bytes() == b"new"
+    assert "Permission denied" in str(info.value)
     st = private.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 5678, 0o640)
+    assert private.read_bytes() == b"old"
     assert sorted(p.name for p in shared.iterdir()) == ["ours.txt", "private.txt", "theirs.txt"]

@@ -16,8 +16,9 @@ Control channel (``SOCK_SEQPACKET``, one message per datagram):
   ``E`` + id + errno when the fork failed.
 
 The zygote itself carries no_new_privs and the seccomp network filter
-(``sandbox.linux.seccomp``), installed once after start-up; children inherit
-both. One child is kept pre-forked, waiting for a request socket.
+(``sandbox.linux.seccomp``), installed once after start-up, and as root drops
+every capability then; children inherit all three. One child is kept
+pre-forked, waiting for a request socket.
 
 The child: closes everything of the zygote's, arms ``PDEATHSIG``, reads its
 request frame from its socket, applies Landlock for *that* request's plan
@@ -100,6 +101,13 @@ class Zygote(ZygoteBase):
         # zygote once; every child inherits it (and no_new_privs) across fork.
         # From here on only sendmsg/recvmsg are used (the filter denies sendto).
         self.seccomp.install_network_filter()
+        if os.getuid() == 0:
+            # As the one-shot helper (bwrap --cap-drop ALL, the launcher) and
+            # upstream's: a confined operation obeys file permissions too, and
+            # has no mount or chown powers. Dropped once; children inherit.
+            from exec_server.sandbox.linux._launch import drop_capabilities
+
+            drop_capabilities(now=True)
         gc.collect()
         gc.freeze()
         self._send(b"R" + json.dumps({"abi": self.abi, "pid": os.getpid()}).encode())
@@ -311,7 +319,7 @@ class Zygote(ZygoteBase):
         out: dict[str, object] = {
             line.split(":")[0]: line.split(":", 1)[1].strip()
             for line in status.splitlines()
-            if line.startswith(("NoNewPrivs", "Seccomp"))
+            if line.startswith(("NoNewPrivs", "Seccomp", "Cap"))
         }
         try:
             socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()

@@ -236,8 +236,13 @@ def _apply_mounts(plan: _Plan) -> None:
             _bind_read_only("/dev/null", path)
 
 
-def _drop_capabilities() -> None:
-    """Root: empty the bounding, ambient and inheritable sets (SANDBOX.md §1.11)."""
+def drop_capabilities(*, now: bool = False) -> None:
+    """Root: empty the bounding, ambient and inheritable sets (SANDBOX.md §1.11).
+
+    ``execve`` then leaves the new program none. With ``now`` the effective and
+    permitted sets are emptied too, for a process that will not ``execve``
+    (the fs zygote, whose children run the confined operations themselves).
+    """
     from exec_server.sandbox.linux._libc import byref, c_uint32, call_prctl, call_syscall
 
     try:
@@ -253,10 +258,11 @@ def _drop_capabilities() -> None:
                 raise
     call_prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
     header = (c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-    data = (c_uint32 * 6)()
+    data = (c_uint32 * 6)()  # {effective, permitted, inheritable} x 2 words
     call_syscall("capget", byref(header), byref(data))
-    data[2] = 0
-    data[5] = 0
+    cleared = range(6) if now else (2, 5)
+    for word in cleared:
+        data[word] = 0
     call_syscall("capset", byref(header), byref(data))
 
 
@@ -284,7 +290,7 @@ def _confine(plan: _Plan, opts: dict[str, object]) -> None:
         raise _Setup("landlock", str(exc)) from exc
     if os.getuid() == 0:
         try:
-            _drop_capabilities()
+            drop_capabilities()
         except OSError as exc:
             raise _Setup("capabilities", f"dropping capabilities: {exc}") from exc
     try:
