@@ -251,6 +251,7 @@ async def test_child_obeys_file_permissions_like_upstreams_helper(
     base = {"expect": str(layout.allowed), "plan": plan(writable=[layout.allowed])}
     reply, payload = await run(zygote_sfs, {"op": "fs/readFile", "path": str(secret), **base})
     assert reply["status"] == "error", reply
+    assert payload == b""
     assert "Permission denied" in reply["message"]
     reply, _ = await run(
         zygote_sfs, {"op": "fs/writeFile", "path": str(secret), **base}, b"overwritten"
