@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import struct
 import threading
 from pathlib import Path
 
@@ -141,6 +142,65 @@ def test_write_in_place_when_the_owner_cannot_be_restored(
     assert after.st_mode & 0o7777 == 0o640
     assert target.read_bytes() == b"new"
     assert sorted(p.name for p in tdir.iterdir()) == ["theirs"]
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    """A ``system.posix_acl_*`` value: version 2, then (tag, perm, id) entries."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+_NO_ID = 0xFFFFFFFF
+#: user::rw- user:1234:rw- group::r-- mask::rw- other::r--
+_ACCESS_ACL = _acl((0x01, 6, _NO_ID), (0x02, 6, 1234), (0x04, 4, _NO_ID), (0x10, 6, _NO_ID),
+                   (0x20, 4, _NO_ID))
+
+
+def test_write_keeps_extended_attributes_and_acl(tdir: Path) -> None:
+    target = tdir / "shared.txt"
+    target.write_text("old")
+    os.setxattr(target, "user.origin", b"kept")
+    os.setxattr(target, "system.posix_acl_access", _ACCESS_ACL)
+    before = target.stat()
+    ops.write_file(str(target), b"new")
+    after = target.stat()
+    assert after.st_ino != before.st_ino  # replaced, and still the same file to its users
+    assert os.getxattr(target, "user.origin") == b"kept"
+    assert os.getxattr(target, "system.posix_acl_access") == _ACCESS_ACL
+    assert after.st_mode == before.st_mode
+    assert target.read_bytes() == b"new"
+
+
+def test_write_does_not_take_the_directory_default_acl(tdir: Path) -> None:
+    # A new file in a directory with a default ACL gets an access ACL from it; the
+    # rewritten file had none and must not gain one (nor its group bits).
+    target = tdir / "plain.txt"
+    target.write_text("old")
+    os.chmod(target, 0o600)
+    os.setxattr(tdir, "system.posix_acl_default", _ACCESS_ACL)
+    ops.write_file(str(target), b"new")
+    assert "system.posix_acl_access" not in os.listxattr(target)
+    assert target.stat().st_mode & 0o7777 == 0o600
+    assert target.read_bytes() == b"new"
+
+
+def test_write_in_place_when_an_attribute_cannot_be_copied(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tdir / "labelled.txt"
+    target.write_text("old")
+    os.setxattr(target, "user.label", b"x")
+    before = target.stat()
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setxattr", refuse)
+    ops.write_file(str(target), b"new")
+    after = target.stat()
+    assert after.st_ino == before.st_ino  # written in place, so the attribute stays
+    assert os.getxattr(target, "user.label") == b"x"
+    assert target.read_bytes() == b"new"
+    assert sorted(p.name for p in tdir.iterdir()) == ["labelled.txt"]
 
 
 def test_write_skips_chmod_when_the_new_file_has_the_mode(

@@ -320,3 +320,16 @@ async def test_confined_write_never_hands_a_file_to_another_owner(
     assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 5678, 0o640)
     assert private.read_bytes() == b"old"
     assert sorted(p.name for p in shared.iterdir()) == ["ours.txt", "private.txt", "theirs.txt"]
+
+
+async def test_confined_replace_keeps_extended_attributes(
+    fs: ExecutorFileSystem, layout: Any, ctx: Any
+) -> None:
+    target = layout.allowed / "tagged.txt"
+    target.write_text("old")
+    os.setxattr(target, "user.origin", b"kept")
+    before = target.stat()
+    await fs.write_file(target, b"new", sandbox=ctx.ww(layout.allowed))
+    assert target.stat().st_ino != before.st_ino
+    assert os.getxattr(target, "user.origin") == b"kept"
+    assert target.read_bytes() == b"new"

@@ -51,32 +51,70 @@ def _load_renameat2() -> Callable[..., int] | None:
 _renameat2 = _load_renameat2()
 
 
-def match_old_file(fd: int, old: os.stat_result) -> bool:
-    """Give the new file at ``fd`` the owner, group and permission bits of ``old``.
+#: errors that mean "this process may not make the new file like the old one".
+_CANNOT_MATCH: Final = frozenset(
+    (errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
+)
+_HAS_XATTR: Final = hasattr(os, "listxattr")
+
+
+def match_old_file(fd: int, old: os.stat_result, old_path: str) -> bool:
+    """Give the new file at ``fd`` the owner, group, extended attributes (ACLs,
+    labels, user data) and permission bits of the file ``old_path``, ``old``.
 
     Compared with the new file itself, not with the process: a set-group-ID
-    directory gives new files its own group, and the umask strips bits. The
-    owner goes first, because ``chown`` clears the set-user-ID and
-    set-group-ID bits. A plain rewrite of a file we own, with its usual mode,
-    makes one ``fstat`` and nothing else.
+    directory gives new files its own group, a default ACL an access ACL, the
+    umask strips bits. The owner goes first, because ``chown`` clears the
+    set-user-ID and set-group-ID bits and file capabilities; the mode last. A
+    rewrite of a file we own, with its usual mode and no attributes, makes an
+    ``fstat`` and two ``listxattr`` calls and nothing else.
 
-    Returns ``False``, with the mode left alone, when the owner or group cannot
-    be restored (no ``CAP_CHOWN``, an id not mapped in this user namespace):
-    the caller then writes the old file in place, as upstream always does,
-    so that an edit never hands a file to another owner.
+    Returns ``False`` when the new file cannot be made the same (no
+    ``CAP_CHOWN``, an id not mapped in this user namespace, an attribute this
+    process may not set): the caller then writes the old file in place, as
+    upstream always does, so that an edit never hands a file to another owner
+    or drops its ACL.
     """
     new = os.fstat(fd)
-    if new.st_gid != old.st_gid or new.st_uid != old.st_uid:
-        try:
+    try:
+        if new.st_gid != old.st_gid or new.st_uid != old.st_uid:
             os.fchown(fd, old.st_uid, old.st_gid)
-        except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.EINVAL):
-                raise
-            return False
+        if _HAS_XATTR and _match_xattrs(fd, old_path):
+            new = os.fstat(fd)  # an ACL written or removed changed the group bits
+    except OSError as exc:
+        if exc.errno not in _CANNOT_MATCH:
+            raise
+        return False
     mode = stat.S_IMODE(old.st_mode)
     if stat.S_IMODE(new.st_mode) != mode:
         os.fchmod(fd, mode)
     return True
+
+
+def _match_xattrs(fd: int, old_path: str) -> bool:
+    """Make the extended attributes of ``fd`` those of ``old_path`` (a path whose last
+    component is not followed); ``True`` if any was written or removed."""
+    want = _xattr_names(lambda: os.listxattr(old_path, follow_symlinks=False))
+    have = _xattr_names(lambda: os.listxattr(fd))
+    changed = False
+    for name in have.difference(want):
+        os.removexattr(fd, name)  # e.g. an access ACL made from the directory's default ACL
+        changed = True
+    for name in want:
+        value = os.getxattr(old_path, name, follow_symlinks=False)
+        if name not in have or os.getxattr(fd, name) != value:
+            os.setxattr(fd, name, value)
+            changed = True
+    return changed
+
+
+def _xattr_names(list_names: Callable[[], list[str]]) -> set[str]:
+    try:
+        return set(list_names())
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return set()  # a filesystem without extended attributes
+        raise
 
 
 def exchange_into_place(tmp: str, target: str, dir_fd: int = AT_FDCWD) -> bool:

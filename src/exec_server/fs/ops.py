@@ -252,7 +252,7 @@ def _write_atomic(
     try:
         try:
             _write_all(fd, data)
-            faithful = old is None or match_old_file(fd, old)
+            faithful = old is None or match_old_file(fd, old, target)
         finally:
             os.close(fd)
         if not faithful:

@@ -409,11 +409,13 @@ def _write_atomic(t: _Target, data: bytes | bytearray, old: os.stat_result | Non
     try:
         try:
             write_all(fd, data)
-            faithful = old is None or match_old_file(fd, old)
+            # The old file by path without following its name: through our directory fd.
+            old_path = f"/proc/self/fd/{t.dirfd}/{t.name}"
+            faithful = old is None or match_old_file(fd, old, old_path)
         finally:
             os.close(fd)
         if not faithful:
-            # Confined, the helper may not chown: keep the owner, not atomicity.
+            # The helper may not chown (no capabilities): keep the owner, not atomicity.
             os.unlink(tmp, dir_fd=t.dirfd)
             _write_in_place(t, data, os.O_NOFOLLOW)
             return
