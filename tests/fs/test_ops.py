@@ -111,39 +111,6 @@ def test_write_keeps_owner_group_and_special_bits_in_a_setgid_directory(tdir: Pa
         assert target.read_bytes() == b"new"
 
 
-def test_write_in_place_when_the_owner_cannot_be_restored(
-    tdir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Without the right to chown (a non-root server, another user's file), a
-    # replacement would hand the file to us: it is written in place instead.
-    target = tdir / "theirs"
-    target.write_text("old")
-    os.chmod(target, 0o640)
-    before = target.stat()
-    stat_result = os.stat_result
-    real_fstat = os.fstat
-
-    def fstat_as_other_owner(fd: int) -> os.stat_result:
-        st = real_fstat(fd)
-        if st.st_ino == before.st_ino:
-            return st
-        fields = list(st)
-        fields[4] = st.st_uid + 1  # the new file looks like someone else's to match_old_file
-        return stat_result(fields)
-
-    def refuse(fd: int, uid: int, gid: int) -> None:
-        raise PermissionError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(os, "fstat", fstat_as_other_owner)
-    monkeypatch.setattr(os, "fchown", refuse)
-    ops.write_file(str(target), b"new")
-    after = target.stat()
-    assert after.st_ino == before.st_ino
-    assert after.st_mode & 0o7777 == 0o640
-    assert target.read_bytes() == b"new"
-    assert sorted(p.name for p in tdir.iterdir()) == ["theirs"]
-
-
 def _acl(*entries: tuple[int, int, int]) -> bytes:
     """A ``system.posix_acl_*`` value: version 2, then (tag, perm, id) entries."""
     return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
@@ -183,24 +150,44 @@ def test_write_does_not_take_the_directory_default_acl(tdir: Path) -> None:
     assert target.read_bytes() == b"new"
 
 
-def test_write_in_place_when_an_attribute_cannot_be_copied(
-    tdir: Path, monkeypatch: pytest.MonkeyPatch
+def _refuse(*args: object, **kwargs: object) -> None:
+    raise PermissionError(errno.EPERM, "Operation not permitted")
+
+
+@pytest.mark.parametrize("what", ["owner", "attribute"])
+def test_write_in_place_when_the_new_file_cannot_match_the_old(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch, what: str
 ) -> None:
-    target = tdir / "labelled.txt"
+    # Without the right to chown (a non-root server, another user's file) or to set
+    # one of the file's attributes, a replacement would hand the file to us or drop
+    # the attribute: it is written in place instead.
+    target = tdir / "theirs"
     target.write_text("old")
+    os.chmod(target, 0o640)
     os.setxattr(target, "user.label", b"x")
     before = target.stat()
+    if what == "owner":
+        real_fstat = os.fstat
 
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise PermissionError(errno.EPERM, "Operation not permitted")
+        def fstat_as_other_owner(fd: int) -> os.stat_result:
+            st = real_fstat(fd)
+            if st.st_ino == before.st_ino:
+                return st
+            fields = list(st)
+            fields[4] = st.st_uid + 1  # the new file looks like someone else's
+            return os.stat_result(fields)
 
-    monkeypatch.setattr(os, "setxattr", refuse)
+        monkeypatch.setattr(os, "fstat", fstat_as_other_owner)
+        monkeypatch.setattr(os, "fchown", _refuse)
+    else:
+        monkeypatch.setattr(os, "setxattr", _refuse)
     ops.write_file(str(target), b"new")
     after = target.stat()
-    assert after.st_ino == before.st_ino  # written in place, so the attribute stays
+    assert after.st_ino == before.st_ino
+    assert after.st_mode & 0o7777 == 0o640
     assert os.getxattr(target, "user.label") == b"x"
     assert target.read_bytes() == b"new"
-    assert sorted(p.name for p in tdir.iterdir()) == ["labelled.txt"]
+    assert sorted(p.name for p in tdir.iterdir()) == ["theirs"]
 
 
 def test_write_skips_chmod_when_the_new_file_has_the_mode(

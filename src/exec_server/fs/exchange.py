@@ -94,8 +94,13 @@ def match_old_file(fd: int, old: os.stat_result, old_path: str) -> bool:
 def _match_xattrs(fd: int, old_path: str) -> bool:
     """Make the extended attributes of ``fd`` those of ``old_path`` (a path whose last
     component is not followed); ``True`` if any was written or removed."""
-    want = _xattr_names(lambda: os.listxattr(old_path, follow_symlinks=False))
-    have = _xattr_names(lambda: os.listxattr(fd))
+    try:
+        want = set(os.listxattr(old_path, follow_symlinks=False))
+        have = set(os.listxattr(fd))
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return False  # a filesystem without extended attributes
+        raise
     changed = False
     for name in have.difference(want):
         os.removexattr(fd, name)  # e.g. an access ACL made from the directory's default ACL
@@ -106,15 +111,6 @@ def _match_xattrs(fd: int, old_path: str) -> bool:
             os.setxattr(fd, name, value)
             changed = True
     return changed
-
-
-def _xattr_names(list_names: Callable[[], list[str]]) -> set[str]:
-    try:
-        return set(list_names())
-    except OSError as exc:
-        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
-            return set()  # a filesystem without extended attributes
-        raise
 
 
 def exchange_into_place(tmp: str, target: str, dir_fd: int = AT_FDCWD) -> bool:
