@@ -256,7 +256,8 @@ def _write_atomic(
         finally:
             os.close(fd)
         if not faithful:
-            # The replacement would change the file's owner: keep the owner, not atomicity.
+            # The new file cannot get the old one's owner or attributes: keep
+            # those (write in place, as upstream does), not atomicity.
             os.unlink(tmp)
             _write_in_place(target, data)
             return

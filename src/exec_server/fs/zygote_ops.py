@@ -415,7 +415,8 @@ def _write_atomic(t: _Target, data: bytes | bytearray, old: os.stat_result | Non
         finally:
             os.close(fd)
         if not faithful:
-            # The helper may not chown (no capabilities): keep the owner, not atomicity.
+            # The helper may not chown (no capabilities) or set every attribute:
+            # keep the old file's, not atomicity.
             os.unlink(tmp, dir_fd=t.dirfd)
             _write_in_place(t, data, os.O_NOFOLLOW)
             return
