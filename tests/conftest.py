@@ -50,6 +50,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import gc
 import itertools
 import json
@@ -176,6 +177,22 @@ def start_server(
         proc.stdout.close()
         raise RuntimeError(f"server did not announce a URL: {url!r}\n{stderr_path.read_text()}")
     return ServerProcess(proc, stderr_path, url)
+
+
+@pytest.fixture
+def set_xattr() -> Callable[[Path, str, bytes], None]:
+    """``os.setxattr`` for a test's set-up; skips the test on a filesystem (or
+    kernel) without that kind of attribute, e.g. ``user.*`` on tmpfs before 6.6."""
+
+    def setter(path: Path, name: str, value: bytes) -> None:
+        try:
+            os.setxattr(path, name, value)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                pytest.skip(f"{path}: no {name.split('.')[0]}.* attributes on this filesystem")
+            raise
+
+    return setter
 
 
 @pytest.fixture

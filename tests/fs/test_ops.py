@@ -7,6 +7,7 @@ import errno
 import os
 import struct
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -117,16 +118,17 @@ def _acl(*entries: tuple[int, int, int]) -> bytes:
 
 
 _NO_ID = 0xFFFFFFFF
+SetXattr = Callable[[Path, str, bytes], None]
 #: user::rw- user:1234:rw- group::r-- mask::rw- other::r--
 _ACCESS_ACL = _acl((0x01, 6, _NO_ID), (0x02, 6, 1234), (0x04, 4, _NO_ID), (0x10, 6, _NO_ID),
                    (0x20, 4, _NO_ID))
 
 
-def test_write_keeps_extended_attributes_and_acl(tdir: Path) -> None:
+def test_write_keeps_extended_attributes_and_acl(tdir: Path, set_xattr: SetXattr) -> None:
     target = tdir / "shared.txt"
     target.write_text("old")
-    os.setxattr(target, "user.origin", b"kept")
-    os.setxattr(target, "system.posix_acl_access", _ACCESS_ACL)
+    set_xattr(target, "user.origin", b"kept")
+    set_xattr(target, "system.posix_acl_access", _ACCESS_ACL)
     before = target.stat()
     ops.write_file(str(target), b"new")
     after = target.stat()
@@ -137,13 +139,13 @@ def test_write_keeps_extended_attributes_and_acl(tdir: Path) -> None:
     assert target.read_bytes() == b"new"
 
 
-def test_write_does_not_take_the_directory_default_acl(tdir: Path) -> None:
+def test_write_does_not_take_the_directory_default_acl(tdir: Path, set_xattr: SetXattr) -> None:
     # A new file in a directory with a default ACL gets an access ACL from it; the
     # rewritten file had none and must not gain one (nor its group bits).
     target = tdir / "plain.txt"
     target.write_text("old")
     os.chmod(target, 0o600)
-    os.setxattr(tdir, "system.posix_acl_default", _ACCESS_ACL)
+    set_xattr(tdir, "system.posix_acl_default", _ACCESS_ACL)
     ops.write_file(str(target), b"new")
     assert "system.posix_acl_access" not in os.listxattr(target)
     assert target.stat().st_mode & 0o7777 == 0o600
@@ -156,7 +158,7 @@ def _refuse(*args: object, **kwargs: object) -> None:
 
 @pytest.mark.parametrize("what", ["owner", "attribute"])
 def test_write_in_place_when_the_new_file_cannot_match_the_old(
-    tdir: Path, monkeypatch: pytest.MonkeyPatch, what: str
+    tdir: Path, monkeypatch: pytest.MonkeyPatch, set_xattr: SetXattr, what: str
 ) -> None:
     # Without the right to chown (a non-root server, another user's file) or to set
     # one of the file's attributes, a replacement would hand the file to us or drop
@@ -164,7 +166,7 @@ def test_write_in_place_when_the_new_file_cannot_match_the_old(
     target = tdir / "theirs"
     target.write_text("old")
     os.chmod(target, 0o640)
-    os.setxattr(target, "user.label", b"x")
+    set_xattr(target, "user.label", b"x")
     before = target.stat()
     if what == "owner":
         real_fstat = os.fstat

@@ -323,11 +323,11 @@ async def test_confined_write_never_hands_a_file_to_another_owner(
 
 
 async def test_confined_replace_keeps_extended_attributes(
-    fs: ExecutorFileSystem, layout: Any, ctx: Any
+    fs: ExecutorFileSystem, layout: Any, ctx: Any, set_xattr: Any
 ) -> None:
     target = layout.allowed / "tagged.txt"
     target.write_text("old")
-    os.setxattr(target, "user.origin", b"kept")
+    set_xattr(target, "user.origin", b"kept")
     before = target.stat()
     await fs.write_file(target, b"new", sandbox=ctx.ww(layout.allowed))
     assert target.stat().st_ino != before.st_ino
