@@ -288,7 +288,6 @@ def test_copy_contents_falls_back_when_copy_file_range_is_refused(
         raise OSError(errno.EXDEV, "cross-device")
 
     monkeypatch.setattr(ops, "_copy_file_range", refuse)
-    # Under splice_copy.SPLICE_MIN, so copy_file_range is what gets refused.
     data = os.urandom(200_000)
     (tdir / "src").mkdir()
     (tdir / "src" / "f").write_bytes(data)

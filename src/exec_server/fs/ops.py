@@ -43,7 +43,6 @@ from exec_server.exceptions import InvalidRequestError
 from exec_server.fs.errors import os_error, translate_os_errors
 from exec_server.fs.exchange import exchange_into_place, match_old_file
 from exec_server.fs.fanout import shared_fanout
-from exec_server.fs.splice_copy import SPLICE_MIN, copy_through_pipe, splice_pays_off
 
 __all__ = [
     "COPY_DIR_WITHOUT_RECURSIVE",
@@ -747,19 +746,14 @@ def _copy_new_file_at(src_dir_fd: int, dst_dir_fd: int, name: str, mask: int) ->
             # call for a file unchanged since its fstat. Anything else, errors
             # included, continues there from the current offsets.
             size = src_stat.st_size
-            if size >= SPLICE_MIN and splice_pays_off(
-                src_fd, src_stat.st_dev, dst_fd, _os_fstat(dst_fd).st_dev, size
-            ):
-                done = copy_through_pipe(src_fd, dst_fd)
-            else:
-                try:
-                    done = (
-                        size > 0
-                        and _copy_file_range is not None
-                        and _copy_file_range(src_fd, dst_fd, size + 1) == size
-                    )
-                except OSError:
-                    done = False
+            try:
+                done = (
+                    size > 0
+                    and _copy_file_range is not None
+                    and _copy_file_range(src_fd, dst_fd, size + 1) == size
+                )
+            except OSError:
+                done = False
             if not done:
                 _copy_contents(src_fd, dst_fd)
         finally:
@@ -811,18 +805,11 @@ def _copy_file_at(
                 os.ftruncate(dst_fd, 0)
             if stat.S_IMODE(dst_stat.st_mode) != perm:
                 os.fchmod(dst_fd, perm)
-            regular = stat.S_ISREG(dst_stat.st_mode)
-            if not regular:
+            if not stat.S_ISREG(dst_stat.st_mode):
                 # A FIFO with a reader (or a device): write like `cp` and upstream
                 # do, waiting for the reader, not failing once its buffer is full.
                 os.set_blocking(dst_fd, True)
-            size = src_stat.st_size
-            if not (
-                regular
-                and splice_pays_off(src_fd, src_stat.st_dev, dst_fd, dst_stat.st_dev, size)
-                and copy_through_pipe(src_fd, dst_fd)
-            ):
-                _copy_contents(src_fd, dst_fd, size)
+            _copy_contents(src_fd, dst_fd, src_stat.st_size)
         finally:
             os.close(dst_fd)
     finally:
