@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -111,3 +112,19 @@ async def sandboxed_fs(request: pytest.FixtureRequest) -> AsyncIterator[Executor
     else:
         async with open_live_server(full_services=True) as live:
             yield RemoteFileSystem(await live.client())
+
+
+@pytest.fixture(params=["disk", "memory"])
+def write_dir(request: pytest.FixtureRequest, tdir: Path) -> Path:
+    """Where write tests run: the test's temp dir (ext4 here and on CI) and a
+    directory on tmpfs (``/dev/shm``), where replacing writes rename instead of
+    exchanging and small ones run on the event loop (``fs/memfs.py``)."""
+    if request.param == "disk":
+        return tdir
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    d = Path(os.path.realpath(shm)) / f"write-test-{os.getpid()}-{tdir.name}"
+    d.mkdir()
+    request.addfinalizer(lambda: shutil.rmtree(d, ignore_errors=True))
+    return d

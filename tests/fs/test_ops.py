@@ -48,8 +48,10 @@ def test_permission_denied_message_texts() -> None:
     )
 
 
-def test_failed_write_keeps_the_complete_file(tdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    target = tdir / "data.txt"
+def test_failed_write_keeps_the_complete_file(
+    write_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = write_dir / "data.txt"
     target.write_bytes(b"complete old contents")
     real_write = os.write
     calls = 0
@@ -67,37 +69,37 @@ def test_failed_write_keeps_the_complete_file(tdir: Path, monkeypatch: pytest.Mo
     monkeypatch.undo()
     assert exc.value.message == "No space left on device (os error 28)"
     assert target.read_bytes() == b"complete old contents"
-    assert sorted(p.name for p in tdir.iterdir()) == ["data.txt"]  # temp file cleaned up
+    assert sorted(p.name for p in write_dir.iterdir()) == ["data.txt"]  # temp file cleaned up
 
 
-def test_write_preserves_mode_and_replaces_link_target(tdir: Path) -> None:
-    target = tdir / "script.sh"
+def test_write_preserves_mode_and_replaces_link_target(write_dir: Path) -> None:
+    target = write_dir / "script.sh"
     target.write_text("old")
     os.chmod(target, 0o754)
     ops.write_file(str(target), b"new")
     assert target.read_bytes() == b"new"
     assert target.stat().st_mode & 0o7777 == 0o754
 
-    link = tdir / "link"
+    link = write_dir / "link"
     link.symlink_to("script.sh")
     ops.write_file(str(link), b"through link")
     assert link.is_symlink()
     assert target.read_bytes() == b"through link"
     assert target.stat().st_mode & 0o7777 == 0o754
 
-    dangling = tdir / "dangling"
+    dangling = write_dir / "dangling"
     dangling.symlink_to("created-by-write")
     ops.write_file(str(dangling), b"made")
     assert dangling.is_symlink()
-    assert (tdir / "created-by-write").read_bytes() == b"made"
+    assert (write_dir / "created-by-write").read_bytes() == b"made"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to other owners")
-def test_write_keeps_owner_group_and_special_bits_in_a_setgid_directory(tdir: Path) -> None:
+def test_write_keeps_owner_group_and_special_bits_in_a_setgid_directory(write_dir: Path) -> None:
     # A set-group-ID directory gives the replacement file the directory's group; the
     # old file's group (and its set-user-ID bit, which chown would clear) must survive,
     # as they do for upstream's write in place.
-    shared = tdir / "shared"
+    shared = write_dir / "shared"
     shared.mkdir()
     os.chown(shared, 0, 4242)
     os.chmod(shared, 0o2775)
@@ -124,8 +126,8 @@ _ACCESS_ACL = _acl((0x01, 6, _NO_ID), (0x02, 6, 1234), (0x04, 4, _NO_ID), (0x10,
                    (0x20, 4, _NO_ID))
 
 
-def test_write_keeps_extended_attributes_and_acl(tdir: Path, set_xattr: SetXattr) -> None:
-    target = tdir / "shared.txt"
+def test_write_keeps_extended_attributes_and_acl(write_dir: Path, set_xattr: SetXattr) -> None:
+    target = write_dir / "shared.txt"
     target.write_text("old")
     set_xattr(target, "user.origin", b"kept")
     set_xattr(target, "system.posix_acl_access", _ACCESS_ACL)
@@ -139,13 +141,15 @@ def test_write_keeps_extended_attributes_and_acl(tdir: Path, set_xattr: SetXattr
     assert target.read_bytes() == b"new"
 
 
-def test_write_does_not_take_the_directory_default_acl(tdir: Path, set_xattr: SetXattr) -> None:
+def test_write_does_not_take_the_directory_default_acl(
+    write_dir: Path, set_xattr: SetXattr
+) -> None:
     # A new file in a directory with a default ACL gets an access ACL from it; the
     # rewritten file had none and must not gain one (nor its group bits).
-    target = tdir / "plain.txt"
+    target = write_dir / "plain.txt"
     target.write_text("old")
     os.chmod(target, 0o600)
-    set_xattr(tdir, "system.posix_acl_default", _ACCESS_ACL)
+    set_xattr(write_dir, "system.posix_acl_default", _ACCESS_ACL)
     ops.write_file(str(target), b"new")
     assert "system.posix_acl_access" not in os.listxattr(target)
     assert target.stat().st_mode & 0o7777 == 0o600
@@ -158,12 +162,12 @@ def _refuse(*args: object, **kwargs: object) -> None:
 
 @pytest.mark.parametrize("what", ["owner", "attribute"])
 def test_write_in_place_when_the_new_file_cannot_match_the_old(
-    tdir: Path, monkeypatch: pytest.MonkeyPatch, set_xattr: SetXattr, what: str
+    write_dir: Path, monkeypatch: pytest.MonkeyPatch, set_xattr: SetXattr, what: str
 ) -> None:
     # Without the right to chown (a non-root server, another user's file) or to set
     # one of the file's attributes, a replacement would hand the file to us or drop
     # the attribute: it is written in place instead.
-    target = tdir / "theirs"
+    target = write_dir / "theirs"
     target.write_text("old")
     os.chmod(target, 0o640)
     set_xattr(target, "user.label", b"x")
@@ -189,13 +193,13 @@ def test_write_in_place_when_the_new_file_cannot_match_the_old(
     assert after.st_mode & 0o7777 == 0o640
     assert os.getxattr(target, "user.label") == b"x"
     assert target.read_bytes() == b"new"
-    assert sorted(p.name for p in tdir.iterdir()) == ["theirs"]
+    assert sorted(p.name for p in write_dir.iterdir()) == ["theirs"]
 
 
 def test_write_skips_chmod_when_the_new_file_has_the_mode(
-    tdir: Path, monkeypatch: pytest.MonkeyPatch
+    write_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = tdir / "plain"
+    target = write_dir / "plain"
     target.write_text("old")
     old_umask = os.umask(0o022)
     try:
@@ -219,13 +223,13 @@ def test_write_skips_chmod_when_the_new_file_has_the_mode(
     assert target.read_bytes() == b"other mode"
 
 
-def test_write_new_file_honours_umask(tdir: Path) -> None:
+def test_write_new_file_honours_umask(write_dir: Path) -> None:
     old = os.umask(0o027)
     try:
-        ops.write_file(str(tdir / "new"), b"x")
+        ops.write_file(str(write_dir / "new"), b"x")
     finally:
         os.umask(old)
-    assert (tdir / "new").stat().st_mode & 0o777 == 0o640
+    assert (write_dir / "new").stat().st_mode & 0o777 == 0o640
 
 
 def test_write_to_character_device_is_in_place() -> None:
@@ -313,20 +317,20 @@ async def test_blocking_work_runs_off_the_event_loop(
 
 @pytest.mark.parametrize("exchange", [True, False])
 def test_replace_swaps_in_a_new_inode_and_leaves_no_temp(
-    tdir: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+    write_dir: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
 ) -> None:
     if not exchange:
         monkeypatch.setattr(exchange_module, "_renameat2", None)  # plain-rename fallback
-    target = tdir / "data.txt"
+    target = write_dir / "data.txt"
     target.write_bytes(b"old")
     os.chmod(target, 0o640)
-    keeper = tdir / "hardlink"
+    keeper = write_dir / "hardlink"
     os.link(target, keeper)
     ops.write_file(str(target), b"new contents")
     assert target.read_bytes() == b"new contents"
     assert target.stat().st_mode & 0o7777 == 0o640
     assert keeper.read_bytes() == b"old"  # the old inode lives on under its other name
-    assert sorted(p.name for p in tdir.iterdir()) == ["data.txt", "hardlink"]
+    assert sorted(p.name for p in write_dir.iterdir()) == ["data.txt", "hardlink"]
 
 
 @pytest.mark.parametrize("size", [0, 10, 64 * 1024, 64 * 1024 + 1, 3 * 1024 * 1024])

@@ -2,7 +2,7 @@
 
 Everything here is synchronous and blocking on purpose: callers run it in a
 worker thread (:mod:`exec_server.fs.service`, :mod:`exec_server.fs.workers`) so the
-event loop never stalls.
+event loop never stalls, except the few bounded calls that service runs inline.
 Paths are absolute, already lexically normalised ``str`` paths (non-UTF-8
 bytes as surrogate escapes, which ``os`` functions turn back into bytes).
 Every failure leaves as a typed :class:`~exec_server.exceptions.ExecServerError`
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import itertools
 import os
 import secrets
 import stat
@@ -40,6 +41,7 @@ from collections.abc import Callable
 import msgspec
 
 from exec_server.exceptions import InvalidRequestError
+from exec_server.fs import memfs
 from exec_server.fs.errors import os_error, translate_os_errors
 from exec_server.fs.exchange import exchange_into_place, match_old_file
 from exec_server.fs.fanout import shared_fanout
@@ -228,19 +230,51 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[written:]
 
 
+#: Temp names: a random tag per process and a counter (no ``getrandom`` per write).
+_temp_tag = secrets.token_hex(4)
+_temp_serial = itertools.count()
+#: Temp names tried before a write gives up (each taken one means someone made it).
+_TEMP_TRIES = 8
+
+
 def _temp_name(target: str) -> str:
     directory, base = os.path.split(target)
-    # Keep the name under NAME_MAX however long the target's name is.
-    stem = os.fsencode(base)[:100].decode("utf-8", "surrogateescape")
-    return os.path.join(directory, f".{stem}.{secrets.token_hex(6)}.tmp")
+    if len(base) > 100 or not base.isascii():
+        # Keep the name under NAME_MAX however long the target's name is.
+        base = os.fsencode(base)[:100].decode("utf-8", "surrogateescape")
+    sep = "" if directory.endswith("/") else "/"
+    return f"{directory}{sep}.{base}.{_temp_tag}{next(_temp_serial):x}.tmp"
+
+
+def _new_temp_tag() -> None:
+    global _temp_tag
+    _temp_tag = secrets.token_hex(4)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_temp_tag)  # a child's names differ from ours
+
+
+def _create_temp(target: str) -> tuple[str, int]:
+    """A new, empty temp file beside ``target``: its name and a write descriptor."""
+    for _ in range(_TEMP_TRIES - 1):
+        tmp = _temp_name(target)
+        try:
+            return tmp, os.open(tmp, _TEMP_FLAGS, 0o666)
+        except FileExistsError:
+            _new_temp_tag()  # someone made our next name: guess no more
+    tmp = _temp_name(target)
+    return tmp, os.open(tmp, _TEMP_FLAGS, 0o666)
+
+
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
 
 
 def _write_atomic(
     target: str, data: bytes | bytearray | memoryview, old: os.stat_result | None
 ) -> None:
-    tmp = _temp_name(target)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
+        tmp, fd = _create_temp(target)
     except PermissionError:
         if old is None:
             raise
@@ -252,6 +286,11 @@ def _write_atomic(
         try:
             _write_all(fd, data)
             faithful = old is None or match_old_file(fd, old, target)
+            # tmpfs renames over a file as cheaply as it exchanges (no data to
+            # allocate), and one call beats two. Learned once per device.
+            memory = old is not None and memfs.in_memory(old.st_dev)
+            if memory is None:
+                memory = memfs.learn(fd)
         finally:
             os.close(fd)
         if not faithful:
@@ -260,7 +299,7 @@ def _write_atomic(
             os.unlink(tmp)
             _write_in_place(target, data)
             return
-        if old is None or not _exchange_into_place(tmp, target):
+        if old is None or memory or not _exchange_into_place(tmp, target):
             os.rename(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -24,7 +24,10 @@ bounded: ``get_metadata`` (one ``lstat``, plus one ``stat`` for a symlink) and
 anything else - bigger files, FIFOs, devices, ``/proc`` - is read in a worker).
 The trade-off: a path on a hung network filesystem can stall the loop for that
 one ``stat``/``open``/small ``read``; local filesystems answer these from the
-page and dentry caches.
+page and dentry caches. A third runs inline: ``write_file`` of at most
+:data:`INLINE_WRITE_LIMIT` bytes replacing a regular file on tmpfs or ramfs
+(:func:`writes_inline`: one ``lstat`` on the loop decides), where nothing waits
+for a device; every other write still runs in a worker.
 """
 
 from __future__ import annotations
@@ -36,22 +39,26 @@ from stat import S_ISREG
 from typing import Protocol, TypeVar
 
 from exec_server.exceptions import InvalidRequestError
-from exec_server.fs import ops
+from exec_server.fs import memfs, ops
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.workers import WorkerPool, shared_pool
 
 __all__ = [
     "DIRECT",
     "INLINE_READ_LIMIT",
+    "INLINE_WRITE_LIMIT",
     "NO_RUNTIME_PATHS",
     "ConfinedFileSystem",
     "FileSystemService",
     "FsRoute",
     "Route",
+    "writes_inline",
 ]
 
 #: ``read_file`` reads regular files up to this size on the event loop (see module doc).
 INLINE_READ_LIMIT = 64 * 1024
+#: ``write_file`` of at most this many bytes may run on the event loop (:func:`writes_inline`).
+INLINE_WRITE_LIMIT = 64 * 1024
 
 T = TypeVar("T")
 
@@ -216,6 +223,8 @@ class FileSystemService:
             return await self._confined_or_refuse(route).write_file(
                 route.context, path, bytes(data) if not isinstance(data, bytes) else data
             )
+        if writes_inline(path, len(data)):
+            return ops.write_file(path, data)
         await self._pool.run(ops.write_file, path, data)
 
     async def create_directory(
@@ -259,6 +268,20 @@ class FileSystemService:
         if route.confined:
             return await self._confined_or_refuse(route).canonicalize(route.context, path)
         return await self._pool.run(ops.canonicalize, path)
+
+
+def writes_inline(path: str, size: int) -> bool:
+    """Whether a direct ``write_file`` of ``size`` bytes to ``path`` runs on the event
+    loop: at most :data:`INLINE_WRITE_LIMIT` bytes replacing a regular file on a
+    filesystem kept in memory (tmpfs, ramfs; learned by earlier writes, see
+    :mod:`exec_server.fs.memfs`), where it never waits for a device."""
+    if size > INLINE_WRITE_LIMIT or not memfs.any_in_memory():
+        return False  # not even a stat on machines where nothing was learned in memory
+    try:
+        st = os.lstat(path)
+    except (OSError, ValueError):
+        return False
+    return S_ISREG(st.st_mode) and memfs.in_memory(st.st_dev) is True
 
 
 def _read_mapped(

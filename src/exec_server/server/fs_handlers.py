@@ -22,7 +22,7 @@ from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import ops
 from exec_server.fs.context import cached_route_from_wire, route_from_wire
 from exec_server.fs.ops import lossy_name
-from exec_server.fs.service import DIRECT, FileSystemService, Route
+from exec_server.fs.service import DIRECT, FileSystemService, Route, writes_inline
 from exec_server.protocol import fs_types as t
 from exec_server.protocol import native_base64
 from exec_server.protocol.codec import register_deferred_string, register_one_pass
@@ -314,7 +314,16 @@ def write_file_start(ctx: RequestContext, params: t.WriteFileParams, done: Done)
     if not isinstance(raw, msgspec.Raw) or len(raw) > INLINE_CODEC_LIMIT:
         raise NotNow
     path = parse_wire_path(params.path)
-    _submit_empty(ctx, done, ops.write_file, path.path, decode_data_base64(raw))
+    data = decode_data_base64(raw)
+    if writes_inline(path.path, len(data)):
+        try:
+            ops.write_file(path.path, data)
+        except Exception as exc:
+            done(None, exc)
+        else:
+            done(_EMPTY, None)
+        return
+    _submit_empty(ctx, done, ops.write_file, path.path, data)
 
 
 def create_directory_start(
