@@ -22,7 +22,8 @@ the connection without replying (spec §3.5).
 from __future__ import annotations
 
 import enum
-import os
+
+from exec_server.errno_text import os_error_text
 
 __all__ = [
     "AlreadyAttachedError",
@@ -112,8 +113,9 @@ def error_for_code(code: int, message: str) -> ExecServerError:
 
 
 def os_error_message(exc: OSError) -> str:
-    """Format an OSError the way upstream (Rust std) does: ``<strerror> (os error N)``."""
+    """Format an OSError the way upstream (Rust std on musl) does: ``<text> (os error N)``
+    (:mod:`exec_server.errno_text`)."""
     if exc.errno is None:
         return str(exc)
-    return f"{os.strerror(exc.errno)} (os error {exc.errno})"
+    return os_error_text(exc.errno)
 

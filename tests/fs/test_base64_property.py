@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import re
+from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
-from exec_server.server.fs_handlers import decode_data_base64, encode_data_base64
+from exec_server.protocol import codec
+from exec_server.protocol import fs_types as t
+from exec_server.protocol.codec import ONE_PASS_MIN, ProtocolError, decode_message
+from exec_server.protocol.messages import Request
+from exec_server.server import fs_handlers
+from exec_server.server.fs_handlers import (
+    decode_data_base64,
+    decode_data_span,
+    encode_data_base64,
+)
+from exec_server.server.router import Router
 
 B64_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 
@@ -24,11 +38,15 @@ def test_round_trip(data: bytes) -> None:
 
 @given(st.one_of(st.text(alphabet=B64_CHARS, max_size=64), st.text(max_size=64)))
 def test_arbitrary_strings_decode_or_fail_cleanly(text: str) -> None:
+    """Accepted exactly when the text is the canonical padded encoding of its bytes
+    (the only form upstream's decoder accepts), refused with the prefix otherwise."""
     token = msgspec.Raw(msgspec.json.encode(text))
     try:
         expected: bytes | None = binascii.a2b_base64(text.encode("utf-8"), strict_mode=True)
     except (binascii.Error, ValueError):
         expected = None
+    if expected is not None and base64.b64encode(expected).decode() != text:
+        expected = None  # stray bits in the last symbol: not canonical
     try:
         got = decode_data_base64(token)
     except InvalidRequestError as exc:
@@ -46,3 +64,73 @@ def test_non_strings_are_invalid_params(value: object) -> None:
         assert "dataBase64" in exc.message
     else:
         raise AssertionError("a non-string decoded")
+
+
+_CORPUS = json.loads((Path(__file__).parent / "data" / "upstream_base64.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "case", _CORPUS["cases"], ids=lambda c: repr(c["dataBase64"])[:40]
+)
+def test_upstream_answers_are_reproduced(case: dict[str, str]) -> None:
+    """Each ``dataBase64`` upstream 0.163.0 was sent (recorded in
+    ``data/upstream_base64.json``): the same bytes, or the same error text."""
+    token = msgspec.Raw(msgspec.json.encode(case["dataBase64"]))
+    if case["error"] is None:
+        assert decode_data_base64(token).hex() == case["hex"]
+        return
+    with pytest.raises(InvalidRequestError) as exc:
+        decode_data_base64(token)
+    assert exc.value.message == f"fs/writeFile requires valid base64 dataBase64: {case['error']}"
+
+
+def _shifted(error: str, by: int) -> str:
+    """Upstream's error for the same text after ``by`` more leading characters."""
+    return re.sub(r"(offset |length: )(\d+)", lambda m: f"{m[1]}{int(m[2]) + by}", error)
+
+
+@pytest.fixture
+def big_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's registrations for big writes (undone afterwards)."""
+    for name in (
+        "_deferred", "_deferred_heads", "_deferred_methods", "_one_pass_types", "_one_pass_methods"
+    ):
+        monkeypatch.setattr(codec, name, {})
+    monkeypatch.setattr(codec, "_deferred_decoder", None)
+    monkeypatch.setattr(codec, "_one_pass_decoder", None)
+    fs_handlers.register(Router())
+
+
+@pytest.mark.usefixtures("big_paths")
+@pytest.mark.parametrize("case", _CORPUS["cases"][::5], ids=lambda c: repr(c["dataBase64"])[:40])
+def test_big_requests_give_the_same_answers(case: dict[str, str]) -> None:
+    """Behind 64 KiB of valid text the request takes the big paths (the payload
+    decoded where it lies, natively when it can be): same acceptance, same text."""
+    lead = "QUJD" * (ONE_PASS_MIN // 4)
+    text = lead + case["dataBase64"]
+    message = msgspec.json.encode(
+        {"id": 1, "method": "fs/writeFile", "params": {"path": "/x", "dataBase64": text}}
+    )
+    try:
+        msg = decode_message(message)
+    except ProtocolError:
+        assert case["error"] is not None and case["error"].startswith("Invalid symbol")
+        return  # not JSON text at all (a raw control character): the framing error
+    assert isinstance(msg, Request)
+    params = msg.decoded
+    try:
+        if isinstance(params, t.WriteFileParamsSpan):
+            got = bytes(decode_data_span(params.data_base64))
+        else:
+            raw = params.data_base64 if isinstance(params, t.WriteFileParams) else (
+                msgspec.json.decode(msg.params or b"{}", type=t.WriteFileParams).data_base64
+            )
+            got = decode_data_base64(raw)
+    except InvalidRequestError as exc:
+        assert case["error"] is not None, exc.message
+        assert exc.message == (
+            "fs/writeFile requires valid base64 dataBase64: " + _shifted(case["error"], len(lead))
+        )
+        return
+    assert case["error"] is None
+    assert got == b"ABC" * (len(lead) // 4) + bytes.fromhex(case["hex"])

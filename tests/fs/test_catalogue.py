@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -229,6 +230,26 @@ async def test_create_directory_modes(fs: ExecutorFileSystem, tdir: Path) -> Non
     with pytest.raises(InternalError) as exc:
         await fs.create_directory(tdir / "file", recursive=True)
     assert exc.value.message == "File exists (os error 17)"
+    # An ancestor that exists as something else (a file, a dangling symlink) is
+    # "File exists", as upstream's create_dir_all says, not "not found"; nothing made.
+    (tdir / "dangling").symlink_to(tdir / "nowhere")
+    for blocked, message in (
+        (tdir / "file" / "x" / "y", "Not a directory (os error 20)"),
+        (tdir / "dangling" / "x", "File exists (os error 17)"),
+    ):
+        with pytest.raises(InternalError) as exc:
+            await fs.create_directory(blocked, recursive=True)
+        assert exc.value.message == message
+    assert not (tdir / "nowhere").exists()
+    deep = tdir.joinpath(*["d"] * 1200)  # deeper than Python's recursion limit
+    try:
+        await fs.create_directory(deep)
+        assert deep.is_dir()
+    finally:
+        while deep != tdir:  # bottom up: recursive removers hit the same limit
+            with contextlib.suppress(FileNotFoundError):
+                deep.rmdir()
+            deep = deep.parent
 
 
 async def test_remove_defaults_and_flags(fs: ExecutorFileSystem, tdir: Path) -> None:
@@ -306,9 +327,24 @@ async def test_file_used_as_directory(fs: ExecutorFileSystem, tdir: Path) -> Non
     assert exc.value.message == "Not a directory (os error 20)"
 
 
-async def test_read_fifo_does_not_hang(fs: ExecutorFileSystem, tdir: Path) -> None:
+async def test_a_symlink_loop_is_reported_in_upstreams_words(
+    fs: ExecutorFileSystem, tdir: Path
+) -> None:
+    (tdir / "loop").symlink_to(tdir / "loop")
+    for call in (fs.read_file, fs.get_metadata, fs.read_directory):
+        with pytest.raises(InternalError) as exc:
+            await call(tdir / "loop")
+        assert exc.value.message == "Symbolic link loop (os error 40)"  # musl's text
+
+
+async def test_read_of_a_fifo_or_device_is_not_a_file(fs: ExecutorFileSystem, tdir: Path) -> None:
+    # Upstream 0.163.0's answer for anything but a regular file; the FIFO (no
+    # writer) is refused without hanging.
     os.mkfifo(tdir / "pipe")
-    assert await fs.read_file(tdir / "pipe") == b""
+    for path in (tdir / "pipe", Path("/dev/null")):
+        with pytest.raises(InvalidRequestError) as exc:
+            await fs.read_file(path)
+        assert exc.value.message == f"path `{path}` is not a file"
 
 
 async def test_relative_path_is_invalid_params(fs: ExecutorFileSystem) -> None:

@@ -30,6 +30,16 @@ CASES = [
     "/plain/./path/../x",
     "relative",
     "file:///a;b=c,d[e]",
+    "file:///a\\b",
+    "file:///a ",
+    " file:///a",
+    "file:///a\x01b",
+    "file://LOCALHOST/a",
+    "file://localhost:80/a",
+    "file://user@localhost/a",
+    "file:a.txt",
+    "file://",
+    "http://host/a",
 ]
 
 

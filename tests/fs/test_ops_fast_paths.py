@@ -315,6 +315,16 @@ def test_copy_contents_continues_after_a_short_copy(
     assert calls[0] == 4501 and len(calls) == 5
 
 
+@pytest.fixture(params=["recursive", "deep"])
+def removal_walk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a tree is emptied: the recursive walk, and the explicit-stack walk
+    trees deeper than ``_RECURSION_DEPTH`` get (forced here below the top)."""
+    if request.param == "deep":
+        monkeypatch.setattr(ops, "_RECURSION_DEPTH", 0)
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("removal_walk")
 def test_remove_tree_leaves_link_targets_outside_intact(tdir: Path) -> None:
     outside = tdir / "outside"
     (outside / "inner").mkdir(parents=True)
@@ -326,8 +336,12 @@ def test_remove_tree_leaves_link_targets_outside_intact(tdir: Path) -> None:
     (root / "a" / "to-inner").symlink_to(outside / "inner")
     (root / "a" / "b" / "to-file").symlink_to(outside / "file")
     (root / "a" / "b" / "x").write_text("x")
+    (root / "a" / "c" / "d").mkdir(parents=True)
+    (root / "a" / "c" / "d" / "y").write_text("y")
     os.mkfifo(root / "a" / "fifo")
+    before = len(os.listdir("/proc/self/fd"))
     ops.remove(str(root), recursive=True, force=False)
+    assert len(os.listdir("/proc/self/fd")) == before
     assert not root.exists()
     assert (outside / "inner" / "keep").read_text() == "keep"
     assert (outside / "file").read_text() == "file"
@@ -342,19 +356,66 @@ def test_remove_of_a_link_to_a_directory_removes_only_the_link(tdir: Path) -> No
     assert (tdir / "real" / "f").read_text() == "x"
 
 
+@pytest.mark.usefixtures("removal_walk")
 def test_remove_subdirectory_replaced_by_a_link_unlinks_the_link(tdir: Path) -> None:
     """Listed as a directory, swapped for a link before we open it: the link goes,
-    its target stays (``O_NOFOLLOW``)."""
+    its target stays (``O_NOFOLLOW``), at the top and further down."""
     (tdir / "outside").mkdir()
     (tdir / "outside" / "keep").write_text("keep")
-    (tdir / "root").mkdir()
+    (tdir / "root" / "deeper").mkdir(parents=True)
     (tdir / "root" / "sub").symlink_to(tdir / "outside")
     fd = os.open(tdir / "root", os.O_RDONLY | os.O_DIRECTORY)
     try:
         ops._remove_subdirectory(fd, "sub", ops._Removal())
+        assert os.listdir(tdir / "root") == ["deeper"]
+        # Deeper down: the listing says directory, the open finds a link.
+        (tdir / "root" / "deeper" / "sub").symlink_to(tdir / "outside")
+        listed = ops._unlink_files
+
+        def listed_as_directory(dir_fd: int) -> list[str]:
+            swapped = os.path.islink(f"/proc/self/fd/{dir_fd}/sub")
+            return listed(dir_fd) + (["sub"] if swapped else [])
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ops, "_unlink_files", listed_as_directory)
+            ops._empty_deep_directory(fd)
     finally:
         os.close(fd)
     assert os.listdir(tdir / "root") == []
+    assert (tdir / "outside" / "keep").read_text() == "keep"
+
+
+def test_remove_tree_of_any_depth(tdir: Path) -> None:
+    """Deeper than Python's recursion limit (the recursive walk failed at ~500
+    levels with RecursionError): removed, links at every level not followed, no
+    descriptor left open."""
+    (tdir / "outside").mkdir()
+    (tdir / "outside" / "keep").write_text("keep")
+    root = tdir / "root"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    level = fd
+    try:
+        for i in range(1200):  # made through descriptors: no PATH_MAX limit
+            os.mkdir("d", dir_fd=level)
+            os.symlink(tdir / "outside", "link", dir_fd=level)
+            os.close(os.open(f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=level))
+            below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=level)
+            if level != fd:
+                os.close(level)
+            level = below
+    finally:
+        if level != fd:
+            os.close(level)
+        os.close(fd)
+    before = len(os.listdir("/proc/self/fd"))
+    try:
+        ops.remove(str(root), recursive=True, force=False)
+    finally:
+        if root.exists():  # leave nothing pytest's own (recursive) clean-up cannot remove
+            ops._remove_tree(str(root))
+    assert not root.exists()
+    assert len(os.listdir("/proc/self/fd")) == before
     assert (tdir / "outside" / "keep").read_text() == "keep"
 
 

@@ -116,6 +116,32 @@ async def test_read_directory_as_file_per_generation(wire: Any, tdir: Path) -> N
     assert error(current) == (-32600, f"path `{tdir}` is not a file")
 
 
+async def test_read_fifo_and_device_per_generation(
+    wire: Any, tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Legacy (plain path): read what is there, never hanging on a FIFO without a
+    writer; current (URI): anything but a regular file is not a file (upstream
+    0.163.0), refused before it is opened (opening a FIFO would release a
+    writer waiting for a reader)."""
+    os.mkfifo(tdir / "pipe")
+    opened: list[str] = []
+    real_open = os.open
+
+    def recording_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.fsdecode(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    for path in (tdir / "pipe", Path("/dev/null")):
+        legacy = await wire.raw("fs/readFile", {"path": str(path)})
+        assert legacy["result"] == {"dataBase64": ""}
+        assert str(path) in opened
+        opened.clear()
+        current = await wire.raw("fs/readFile", {"path": uri(path)})
+        assert error(current) == (-32600, f"path `{path}` is not a file")
+        assert str(path) not in opened
+
+
 async def test_canonicalize_answers_in_request_form(wire: Any, tdir: Path) -> None:
     (tdir / "sp ace#x%y").mkdir()
     (tdir / "sp ace#x%y" / "é").write_text("")
@@ -139,6 +165,39 @@ async def test_uri_variants_accepted(wire: Any, tdir: Path) -> None:
     assert error(other)[0] == -32600
 
 
+BAD_HOST = "invalid URI: invalid international domain name"
+
+
+async def test_uri_spellings_read_as_upstream_reads_them(wire: Any, tdir: Path) -> None:
+    """Upstream (codex 0.163.0) parses path URIs with the URL standard; its answers,
+    recorded side by side with ours: each spelling names the same file, or gets
+    the same code (and, where upstream's text is known, the same message)."""
+    (tdir / "a.txt").write_text("x")
+    found = {"dataBase64": b64(b"x")}
+    for spelled in (
+        f"file://LOCALHOST{tdir}/a.txt",  # hosts are case-insensitive
+        f"file://{tdir}\\a.txt",  # a backslash is a slash in file URLs
+        f" file://{tdir}/a.txt ",  # spaces around a URL are dropped
+        f"file://{tdir}/a.t\txt",  # so are tabs and newlines anywhere
+    ):
+        reply = await wire.raw("fs/readFile", {"path": spelled})
+        assert reply.get("result") == found, spelled
+    for spelled, answer in (
+        ("file:a.txt", (-32004, "No such file or directory (os error 2)")),  # /a.txt
+        ("file://", (-32600, "path `/` is not a file")),  # the root
+        ("file://localhost", (-32600, "path `/` is not a file")),
+        (f"file://localhost:80{tdir}/a.txt", (-32602, BAD_HOST)),
+        (f"file://user@localhost{tdir}/a.txt", (-32602, BAD_HOST)),
+        (f"http://{tdir}/a.txt", (-32602, "unsupported path URI scheme `http`")),
+    ):
+        reply = await wire.raw("fs/readFile", {"path": spelled})
+        assert error(reply) == answer, spelled
+    # A plain path keeps its spaces: they are part of the name.
+    (tdir / "a.txt ").write_text("spaced")
+    reply = await wire.raw("fs/readFile", {"path": f"{tdir}/a.txt "})
+    assert reply["result"] == {"dataBase64": b64(b"spaced")}
+
+
 # ------------------------------------------------------------------ bad input
 
 
@@ -148,7 +207,14 @@ async def test_invalid_base64(wire: Any, tdir: Path) -> None:
         ("!!!!", "Invalid symbol 33, offset 0."),
         ("aGVsbG8", "Invalid padding"),
         ("aGVsbG8=x", "Invalid symbol 61, offset 7."),
-        ("a", "Invalid input length."),
+        ("a", "Invalid input length: 1"),
+        # Upstream's own answers (codex 0.163.0): stray bits in the last symbol,
+        # padding in the wrong place, a bad symbol found in its order.
+        ("aGVsbG9=", "Invalid last symbol 57, offset 6."),
+        ("aR==", "Invalid last symbol 82, offset 1."),
+        ("aGk==", "Invalid symbol 61, offset 3."),
+        ("====", "Invalid symbol 61, offset 0."),
+        ("\n fB!", "Invalid symbol 33, offset 4."),
     ]:
         reply = await wire.raw("fs/writeFile", {"path": str(tdir / "f"), "dataBase64": bad})
         assert error(reply) == (

@@ -162,7 +162,7 @@ class LocalFileSystem:
     async def read_file(self, path: PathArg, sandbox: FsSandbox = None) -> bytes:
         route = self._route(sandbox)
         return await self._service.read_file(
-            _wire_path(path).path, route, directory_is_invalid=True
+            _wire_path(path).path, route, regular_only=True
         )
 
     async def write_file(self, path: PathArg, data: bytes, sandbox: FsSandbox = None) -> None:

@@ -115,21 +115,24 @@ def not_a_file_message(path: str) -> str:
 # --------------------------------------------------------------------- read
 
 
-def read_file(path: str, *, limit: int = READ_LIMIT, directory_is_invalid: bool = False) -> bytes:
+def read_file(path: str, *, limit: int = READ_LIMIT, regular_only: bool = False) -> bytes:
     """Read a whole file, following symlinks.
 
     Args:
         limit: refuse (``-32600``) files larger than this many bytes.
-        directory_is_invalid: the current client's answer for a directory
-            (``-32600 path `/x` is not a file``) instead of the legacy OS error
-            (``-32603 Is a directory``) (CLIENT_COMPAT.md §6.4).
+        regular_only: the current client's rule (upstream 0.163.0): anything
+            but a regular file - a directory, FIFO, socket or device - is
+            ``-32600 path `/x` is not a file``, found with a ``stat`` before
+            anything is opened (CLIENT_COMPAT.md §6.4 names the directory case).
+            Otherwise (the legacy rule) a directory is the OS error
+            (``-32603 Is a directory``) and FIFOs and devices are read.
     """
-    fd, size = open_for_read(path, limit=limit, directory_is_invalid=directory_is_invalid)
+    fd, size = open_for_read(path, limit=limit, regular_only=regular_only)
     return read_and_close(fd, size, limit)
 
 
 def open_for_read(
-    path: str, *, limit: int = READ_LIMIT, directory_is_invalid: bool = False
+    path: str, *, limit: int = READ_LIMIT, regular_only: bool = False
 ) -> tuple[int, int | None]:
     """Open ``path`` for :func:`read_and_close`: ``(fd, st_size if regular else None)``.
 
@@ -137,13 +140,15 @@ def open_for_read(
     caller owns the returned descriptor.
     """
     with translate_os_errors():
+        if regular_only and not stat.S_ISREG(os.stat(path).st_mode):
+            raise InvalidRequestError(not_a_file_message(path))
         # O_NONBLOCK: opening a FIFO without a writer must not hang the worker.
         fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK)
         try:
             st = os.fstat(fd)
+            if regular_only and not stat.S_ISREG(st.st_mode):  # replaced since the stat
+                raise InvalidRequestError(not_a_file_message(path))
             if stat.S_ISDIR(st.st_mode):
-                if directory_is_invalid:
-                    raise InvalidRequestError(not_a_file_message(path))
                 raise os_error(errno.EISDIR)
             if st.st_size > limit:
                 raise InvalidRequestError(too_large_message(limit))
@@ -322,9 +327,42 @@ def create_directory(path: str, *, recursive: bool = True) -> None:
     """Create ``path``; recursive creates ancestors and accepts an existing directory."""
     with translate_os_errors():
         if recursive:
-            os.makedirs(path, exist_ok=True)
+            _create_dir_all(path)
         else:
             os.mkdir(path)
+
+
+def _create_dir_all(path: str) -> None:
+    """Rust's ``fs::create_dir_all``, which upstream uses: ``mkdir`` first (one call
+    when the parent exists), walking up only past missing ancestors.
+
+    Why not ``os.makedirs``: it tests each ancestor with ``exists`` first and
+    ignores an ancestor that exists as something else, so a path under a
+    dangling symlink came out as "not found" where upstream says
+    ``File exists``. Iterative: no recursion limit on deep paths.
+    """
+    missing: list[str] = []
+    current = path
+    while True:
+        try:
+            os.mkdir(current)
+            break
+        except FileNotFoundError:
+            parent = os.path.dirname(current)
+            if parent == current:
+                raise
+            missing.append(current)
+            current = parent
+        except OSError:
+            if os.path.isdir(current):
+                break  # there already (or made meanwhile): fine
+            raise
+    for name in reversed(missing):
+        try:
+            os.mkdir(name)
+        except OSError:
+            if not os.path.isdir(name):
+                raise
 
 
 def get_metadata(path: str) -> Metadata:
@@ -456,7 +494,7 @@ class _Removal:
         return names[done:]
 
 
-def _empty_directory(dir_fd: int, removal: _Removal) -> None:
+def _empty_directory(dir_fd: int, removal: _Removal, depth: int = 0) -> None:
     with os.scandir(dir_fd) as it:
         entries = list(it)
     files: list[str] = []
@@ -466,17 +504,19 @@ def _empty_directory(dir_fd: int, removal: _Removal) -> None:
     if removal.parallel is None and files:
         files = removal.probe(dir_fd, files)
     while dirs and removal.parallel is None:
-        _remove_subdirectory(dir_fd, dirs.pop(), removal)
+        _remove_subdirectory(dir_fd, dirs.pop(), removal, depth)
     if not removal.parallel:
         _unlink_all(dir_fd, files, removal)
         for name in dirs:
-            _remove_subdirectory(dir_fd, name, removal)
+            _remove_subdirectory(dir_fd, name, removal, depth)
         return
     tasks: list[Callable[[], object]] = [
         functools.partial(_unlink_all, dir_fd, files[i : i + _UNLINK_CHUNK], removal)
         for i in range(0, len(files), _UNLINK_CHUNK)
     ]
-    tasks += [functools.partial(_remove_subdirectory, dir_fd, name, removal) for name in dirs]
+    tasks += [
+        functools.partial(_remove_subdirectory, dir_fd, name, removal, depth) for name in dirs
+    ]
     shared_fanout().run(tasks)
 
 
@@ -492,12 +532,19 @@ def _unlink_one(dir_fd: int, name: str, removal: _Removal) -> bool:
     except FileNotFoundError:
         return False  # gone meanwhile: fine
     except IsADirectoryError:
-        _remove_subdirectory(dir_fd, name, removal)  # became a directory since the listing
+        # Became a directory since the listing (rare): removed without recursion.
+        _remove_subdirectory(dir_fd, name, removal, _RECURSION_DEPTH)
         return False
     return True
 
 
-def _remove_subdirectory(dir_fd: int, name: str, removal: _Removal) -> None:
+#: Directory levels a removal recurses through (two Python frames each); a
+#: subtree deeper than that is emptied with an explicit stack instead, so a
+#: tree of any depth goes, not only what Python's recursion limit allows.
+_RECURSION_DEPTH = 64
+
+
+def _remove_subdirectory(dir_fd: int, name: str, removal: _Removal, depth: int = 0) -> None:
     """Remove the tree ``name`` under ``dir_fd``; a link in its place is unlinked, not followed."""
     try:
         sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
@@ -510,11 +557,73 @@ def _remove_subdirectory(dir_fd: int, name: str, removal: _Removal) -> None:
             os.unlink(name, dir_fd=dir_fd)  # replaced by a file or link meanwhile
         return
     try:
-        _empty_directory(sub, removal)
+        if depth < _RECURSION_DEPTH:
+            _empty_directory(sub, removal, depth + 1)
+        else:
+            _empty_deep_directory(sub)
     finally:
         os.close(sub)
     with contextlib.suppress(FileNotFoundError):
         os.rmdir(name, dir_fd=dir_fd)
+
+
+def _unlink_files(dir_fd: int) -> list[str]:
+    """Unlink every non-directory in ``dir_fd``; return the subdirectories' names."""
+    with os.scandir(dir_fd) as it:
+        entries = list(it)
+    dirs: list[str] = []
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            dirs.append(entry.name)
+            continue
+        try:
+            os.unlink(entry.name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass  # gone meanwhile: fine
+        except IsADirectoryError:
+            dirs.append(entry.name)  # became a directory since the listing
+    return dirs
+
+
+def _empty_deep_directory(top: int) -> None:
+    """Empty ``top`` (a directory descriptor) sequentially, without recursion.
+
+    The walk keeps one descriptor open per level below ``top``, as the
+    recursive walk does, and the subdirectories still to do at each level.
+    Same rules: links are unlinked, never followed; entries that vanish
+    meanwhile are fine.
+    """
+    # (descriptor, its name in the level above, its subdirectories still to do)
+    levels: list[tuple[int, str, list[str]]] = [(top, "", _unlink_files(top))]
+    try:
+        while levels:
+            fd, name, dirs = levels[-1]
+            if not dirs:
+                levels.pop()
+                if levels:  # a level below top is empty: close it, remove it
+                    os.close(fd)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rmdir(name, dir_fd=levels[-1][0])
+                continue
+            sub = dirs.pop()
+            try:
+                child = os.open(sub, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(sub, dir_fd=fd)  # replaced by a file or link meanwhile
+                continue
+            try:
+                levels.append((child, sub, _unlink_files(child)))
+            except BaseException:
+                os.close(child)
+                raise
+    finally:
+        for fd, _, _ in levels[1:]:
+            os.close(fd)
 
 
 # -------------------------------------------------------------------- copy

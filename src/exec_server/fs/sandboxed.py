@@ -241,7 +241,7 @@ class SandboxedFileSystem:
         if _reads_everything(req):
             # Same as the unsandboxed route: small files inline (no thread hop).
             invalid = req.generation is Generation.CURRENT
-            fd, size = ops.open_for_read(path, directory_is_invalid=invalid)
+            fd, size = ops.open_for_read(path, regular_only=invalid)
             if size is not None and size <= _INLINE_READ_LIMIT:
                 return ops.read_and_close(fd, size)
             return await shared_pool().run(ops.read_and_close, fd, size)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from stat import S_ISREG
 from typing import Protocol, TypeVar
 
-from exec_server.exceptions import InvalidRequestError
+from exec_server.exceptions import ExecServerError, InvalidRequestError
 from exec_server.fs import memfs, ops
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.workers import WorkerPool, shared_pool
@@ -143,12 +143,12 @@ class FileSystemService:
         return self._confined
 
     async def read_file(
-        self, path: str, route: Route = DIRECT, *, directory_is_invalid: bool = False
+        self, path: str, route: Route = DIRECT, *, regular_only: bool = False
     ) -> bytes:
         """Whole file contents (cap :data:`~exec_server.fs.ops.READ_LIMIT`)."""
         if route.confined:
             return await self._confined_or_refuse(route).read_file(route.context, path)
-        fd, size = ops.open_for_read(path, directory_is_invalid=directory_is_invalid)
+        fd, size = ops.open_for_read(path, regular_only=regular_only)
         if size is not None and size <= INLINE_READ_LIMIT:
             return ops.read_and_close(fd, size)
         # Queued before the first await, so the worker closes fd even if we are cancelled.
@@ -162,9 +162,7 @@ class FileSystemService:
             return True
         return self._confined is not None and self._confined.reads_directly(route.context)
 
-    def read_file_now(
-        self, path: str, route: Route = DIRECT, *, directory_is_invalid: bool = False
-    ) -> bytes | None:
+    def read_file_now(self, path: str, route: Route = DIRECT) -> bytes | None:
         """The contents if this read is one done inline (direct, a regular file of
         at most :data:`INLINE_READ_LIMIT` bytes), else None (the caller uses
         :meth:`read_file`, which also reports any error). A ``stat`` decides
@@ -176,8 +174,13 @@ class FileSystemService:
         except (OSError, ValueError):
             return None
         if not S_ISREG(st.st_mode) or st.st_size > INLINE_READ_LIMIT:
+            return None  # the async path reads it, or reports what it is
+        # Known regular: no second ``stat``. Anything odd since (a swap, an open
+        # error) is left to the async path, which answers in the request's form.
+        try:
+            fd, size = ops.open_for_read(path)
+        except ExecServerError:
             return None
-        fd, size = ops.open_for_read(path, directory_is_invalid=directory_is_invalid)
         if size is None or size > INLINE_READ_LIMIT:  # replaced since the stat
             os.close(fd)
             return None
@@ -190,7 +193,7 @@ class FileSystemService:
         large_over: int,
         route: Route = DIRECT,
         *,
-        directory_is_invalid: bool = False,
+        regular_only: bool = False,
     ) -> bytes | T:
         """Like :meth:`read_file`, but contents over ``large_over`` bytes come back as
         ``map_large(data)`` computed in the worker that read them (one thread
@@ -200,7 +203,7 @@ class FileSystemService:
             if len(data) > large_over:
                 return await self._pool.run(map_large, data)
             return data
-        fd, size = ops.open_for_read(path, directory_is_invalid=directory_is_invalid)
+        fd, size = ops.open_for_read(path, regular_only=regular_only)
         if size is not None and size <= INLINE_READ_LIMIT and size <= large_over:
             return ops.read_and_close(fd, size)
         return await self._pool.run(_read_mapped, fd, size, map_large, large_over)

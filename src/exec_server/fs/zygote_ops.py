@@ -32,6 +32,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from exec_server.errno_text import os_error_text
 from exec_server.fs.exchange import exchange_into_place, match_old_file
 
 __all__ = [
@@ -75,7 +76,7 @@ def error_from_os(exc: OSError) -> OpError:
     num = exc.errno
     if num is None:
         return OpError(_INTERNAL, str(exc))
-    text = f"{os.strerror(num)} (os error {num})"
+    text = os_error_text(num)
     if num == errno.ENOENT:
         return OpError(_NOT_FOUND, text)
     if num in (errno.EACCES, errno.EPERM):
@@ -348,9 +349,10 @@ def _read_file(c: _Ctx) -> tuple[dict[str, object], bytes]:
         t.close()
     try:
         st = os.fstat(fd)
+        if c.req.not_a_file is not None and not stat.S_ISREG(st.st_mode):
+            # The current client's rule: a directory, FIFO or device is not a file.
+            raise OpError(_INVALID, f"path `{c.req.not_a_file}` is not a file")
         if stat.S_ISDIR(st.st_mode):
-            if c.req.not_a_file is not None:
-                raise OpError(_INVALID, f"path `{c.req.not_a_file}` is not a file")
             raise _os(errno.EISDIR)
         if st.st_size > MAX_READ_BYTES:
             raise OpError(_INVALID, f"file is too large to read: limit is {MAX_READ_BYTES} bytes")

@@ -121,22 +121,6 @@ class WriteFileParams(
     sandbox: SandboxField = UNSET
 
 
-class WriteFileParamsDecoded(
-    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
-):
-    """One-pass decode shape for big requests: ``data_base64`` already decoded.
-
-    msgspec's base64 decoding accepts exactly what the first step of the
-    handler's ``decode_data_base64`` accepts; anything it refuses fails this
-    shape, and the request takes the generic path (with ``WriteFileParams``),
-    which reports the error.
-    """
-
-    path: str
-    data_base64: bytes
-    sandbox: SandboxField = UNSET
-
-
 class WriteFileParamsHead(
     msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
 ):

@@ -9,6 +9,7 @@ the filesystem (PROTOCOL.md §5.2).
 from __future__ import annotations
 
 import enum
+import re
 import sys
 import urllib.parse
 
@@ -91,7 +92,20 @@ def is_uri(value: str) -> bool:
     return value[:5].lower() == "file:"
 
 
+#: What the URL standard strips from both ends of a URL (C0 controls and space).
+_C0_OR_SPACE = "".join(map(chr, range(0x21)))
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
 def _parse_uri(value: str) -> str:
+    """The path of a ``file:`` URL, read as upstream's parser (the URL standard) does.
+
+    Tabs and newlines anywhere are dropped and ``\\`` is a ``/`` (what
+    ``file:`` URLs get in browsers and in Rust's ``url`` crate); a URL
+    without slashes or without a path (``file:a``, ``file://``) is rooted
+    (``/a``, ``/``); the host ``localhost`` is matched in any case.
+    """
+    value = value.replace("\t", "").replace("\n", "").replace("\r", "").replace("\\", "/")
     parsed = urllib.parse.urlsplit(value)
     scheme = parsed.scheme.lower()
     if scheme != "file":
@@ -101,12 +115,13 @@ def _parse_uri(value: str) -> str:
     if parsed.fragment or "#" in value:
         raise InvalidParamsError("fragments are not allowed in path URIs")
     host = parsed.netloc
-    if host not in ("", "localhost"):
+    if "@" in host or (":" in host and not host.startswith("[")):
+        # user info or a port: a file URL has neither (the url crate's wording)
+        raise InvalidParamsError("invalid URI: invalid international domain name")
+    if host.lower() not in ("", "localhost"):
         raise InvalidRequestError(f"'{value}' is invalid on '{sys.platform}'")
     path = urllib.parse.unquote(parsed.path, errors="surrogateescape")
-    if not path.startswith("/"):
-        raise InvalidParamsError("invalid URI: relative URL without a base")
-    return path
+    return path if path.startswith("/") else "/" + path
 
 
 def parse_wire_path(value: str, *, normalize: bool = True) -> WirePath:
@@ -116,9 +131,14 @@ def parse_wire_path(value: str, *, normalize: bool = True) -> WirePath:
         InvalidParamsError: not absolute, bad URI (-32602).
         InvalidRequestError: a ``file://`` URI naming another host (-32600).
     """
-    if is_uri(value):
-        path = _parse_uri(value)
+    if value.startswith("/"):
+        path = value
+        form = PathForm.PLAIN
+    elif is_uri(text := value.strip(_C0_OR_SPACE)):
+        path = _parse_uri(text)
         form = PathForm.URI
+    elif scheme := _SCHEME.match(text):
+        raise InvalidParamsError(f"unsupported path URI scheme `{scheme[0][:-1].lower()}`")
     else:
         path = value
         form = PathForm.PLAIN

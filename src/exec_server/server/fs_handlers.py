@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import binascii
 import functools
+import re
 from collections.abc import Callable
 from typing import Final, cast
 
@@ -44,15 +45,15 @@ _B64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz
 
 
 #: Characters that make a ``file:///`` URI need the full parser (escapes, query,
-#: fragment, characters ``urlsplit`` drops, NUL).
-_URI_SLOW_CHARS = frozenset("%?#\t\r\n\x00")
+#: fragment, characters the URL standard drops or reads as ``/``, NUL).
+_URI_SLOW_CHARS = frozenset("%?#\t\r\n\x00\\")
 
 
 def parse_wire_path(value: str) -> WirePath:
     """:func:`exec_server.protocol.paths.parse_wire_path` with a fast path for the
     common ``file:///plain/path`` (what Codex sends): no ``urlsplit``/``unquote``,
     ~1 µs instead of ~4.5 µs; same result (tested against the full parser)."""
-    if value.startswith("file:///") and _URI_SLOW_CHARS.isdisjoint(value):
+    if value.startswith("file:///") and value[-1] > " " and _URI_SLOW_CHARS.isdisjoint(value):
         return WirePath(normalize_lexical(value[7:]), PathForm.URI)
     return _parse_wire_path_full(value)
 
@@ -71,19 +72,70 @@ def _route(raw: t.SandboxField) -> Route:
     return route_from_wire(None if sandbox is None else bytes(sandbox))
 
 
-def _base64_error_text(data: bytes) -> str:
-    """Upstream's (Rust ``base64`` crate) wording for the first defect in ``data``."""
-    end = len(data)
-    while end and data[end - 1] == ord("="):
-        end -= 1
-    for offset, byte in enumerate(data):
-        if byte not in _B64_ALPHABET and not (byte == ord("=") and offset >= end):
-            return f"Invalid symbol {byte}, offset {offset}."
-    if end % 4 == 1:
-        return "Invalid input length."
-    if len(data) % 4 != 0 or len(data) - end > 2:
+_B64_VALUES: Final = {
+    c: i for i, c in enumerate(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+}
+_PAD: Final = 0x3D
+_BACKSLASH: Final = re.compile(rb"\\")
+
+
+def _base64_error_text(data: bytes) -> str | None:
+    """Upstream's error for ``data`` (Rust ``base64`` 0.22, standard alphabet,
+    canonical padding, no stray bits in the last symbol), or None if it is valid.
+
+    Checked in upstream's order, so the same defect is named: a bad last byte
+    when the length leaves one symbol over; then every group but the last, in
+    order (``=`` counts as bad there); then the last group (padding place,
+    length, padding count, unused bits).
+    """
+    values = _B64_VALUES
+    n = len(data)
+    rem = n % 4
+    if rem == 1 and data[-1] != _PAD and data[-1] not in values:
+        return f"Invalid symbol {data[-1]}, offset {n - 1}."
+    body = max(n - rem - (4 if rem == 0 else 0), 0)
+    for offset in range(body):
+        if data[offset] not in values:
+            return f"Invalid symbol {data[offset]}, offset {offset}."
+    morsels: list[int] = []
+    pads = first_pad = last = 0
+    for k in range(body, n):
+        byte = data[k]
+        if byte == _PAD:
+            if k - body < 2:
+                return f"Invalid symbol {byte}, offset {k}."
+            if not pads:
+                first_pad = k
+            pads += 1
+            continue
+        if pads:
+            return f"Invalid symbol {_PAD}, offset {first_pad}."
+        value = values.get(byte)
+        if value is None:
+            return f"Invalid symbol {byte}, offset {k}."
+        last = byte
+        morsels.append(value)
+    if n and len(morsels) < 2:
+        return f"Invalid input length: {body + len(morsels)}"
+    if (pads + len(morsels)) % 4:
         return "Invalid padding"
-    return f"Invalid last symbol {data[end - 1]}, offset {end - 1}."
+    bits = 0
+    for i, value in enumerate(morsels):
+        bits |= value << (18 - 6 * i)
+    if bits & (0xFFFFFF >> (len(morsels) * 6 // 8 * 8)):
+        return f"Invalid last symbol {last}, offset {body + len(morsels) - 1}."
+    return None
+
+
+def _stray_bits(text: bytes | memoryview, start: int, end: int) -> bool:
+    """Whether padded base64 ``text[start:end]``, otherwise valid, sets bits its last
+    symbol does not carry (``aR==`` for ``aQ==``): upstream refuses it; msgspec,
+    ``binascii`` and libcrypto decode it."""
+    if end - start < 4 or text[end - 1] != _PAD:
+        return False
+    if text[end - 2] == _PAD:
+        return bool(_B64_VALUES.get(text[end - 3], 0) & 0x0F)
+    return bool(_B64_VALUES.get(text[end - 2], 0) & 0x03)
 
 
 def _not_json_text(exc: msgspec.DecodeError) -> InvalidRequestError:
@@ -97,15 +149,23 @@ def decode_data_base64(raw: msgspec.Raw) -> bytes:
 
     Raises:
         InvalidParamsError: the member is not a JSON string (-32602).
-        InvalidRequestError: the string is not padded standard base64 (-32600,
-            ``fs/writeFile requires valid base64 dataBase64: <error>``).
+        InvalidRequestError: the string is not canonical padded standard base64
+            (-32600, ``fs/writeFile requires valid base64 dataBase64: <error>``,
+            upstream's wording).
     """
+    refused: msgspec.ValidationError | None = None
     try:
-        return _bytes_decoder.decode(raw)
+        decoded = _bytes_decoder.decode(raw)
     except msgspec.ValidationError as exc:
         refused = exc
     except msgspec.DecodeError as exc:
         raise _not_json_text(exc) from exc
+    else:
+        token = memoryview(raw)
+        if _BACKSLASH.search(token) is None and not _stray_bits(token, 1, len(token) - 1):
+            return decoded
+        # An escape hides the text's last characters, or its last symbol has stray
+        # bits: judge the text itself.
     try:
         text = msgspec.json.decode(raw, type=str)
     except msgspec.ValidationError:
@@ -113,20 +173,19 @@ def decode_data_base64(raw: msgspec.Raw) -> bytes:
     except msgspec.DecodeError as exc:
         raise _not_json_text(exc) from exc
     data = text.encode("utf-8", "surrogatepass")
-    try:
-        # msgspec is lenient about the bits of a final partial group; be strict.
-        return binascii.a2b_base64(data, strict_mode=True)
-    except binascii.Error as exc:
-        raise InvalidRequestError(
-            f"fs/writeFile requires valid base64 dataBase64: {_base64_error_text(data)}"
-        ) from exc
+    error = _base64_error_text(data)
+    if error is not None:
+        raise InvalidRequestError(f"fs/writeFile requires valid base64 dataBase64: {error}")
+    if refused is None:
+        return decoded
+    return binascii.a2b_base64(data, strict_mode=True)  # valid by upstream's rules
 
 
 def decode_data_span(span: StringSpan) -> bytes | memoryview:
     """Decode a big request's ``dataBase64`` where it lies in the message: natively
     (no GIL) when it is plain padded base64, else as :func:`decode_data_base64`."""
     data = native_base64.decode_strict(span.data, span.start, span.end)
-    if data is not None:
+    if data is not None and not _stray_bits(span.data, span.start, span.end):
         return data
     return decode_data_base64(msgspec.Raw(span.token()))
 
@@ -145,7 +204,7 @@ async def read_file(
         encode_data_base64,
         INLINE_CODEC_LIMIT,
         _route(params.sandbox),
-        directory_is_invalid=path.form is PathForm.URI,
+        regular_only=path.form is PathForm.URI,
     )
     if isinstance(result, bytes):
         return t.ReadFileResult(data_base64=result)
@@ -168,9 +227,7 @@ def read_file_now(ctx: RequestContext, params: t.ReadFileParams) -> t.ReadFileRe
     """:func:`read_file` for a small regular file read in the server (else :class:`NotNow`)."""
     route = _now_route(params.sandbox)
     path = parse_wire_path(params.path)
-    data = _service(ctx).read_file_now(
-        path.path, route, directory_is_invalid=path.form is PathForm.URI
-    )
+    data = _service(ctx).read_file_now(path.path, route)
     if data is None:
         raise NotNow
     return t.ReadFileResult(data_base64=data)
@@ -178,7 +235,7 @@ def read_file_now(ctx: RequestContext, params: t.ReadFileParams) -> t.ReadFileRe
 
 async def write_file(
     ctx: RequestContext,
-    params: t.WriteFileParams | t.WriteFileParamsDecoded | t.WriteFileParamsSpan,
+    params: t.WriteFileParams | t.WriteFileParamsSpan,
 ) -> t.EmptyResult:
     path = parse_wire_path(params.path)
     route = _route(params.sandbox)
@@ -186,8 +243,6 @@ async def write_file(
     raw = params.data_base64
     if isinstance(raw, StringSpan):
         await service.write_file_from(path.path, functools.partial(decode_data_span, raw), route)
-    elif isinstance(raw, bytes):
-        await service.write_file(path.path, raw, route)  # decoded with the message
     elif len(raw) <= INLINE_CODEC_LIMIT:
         await service.write_file(path.path, decode_data_base64(raw), route)
     else:
@@ -383,7 +438,7 @@ def register(router: Router) -> None:
             t.WriteFileParamsHead,
             t.WriteFileParamsSpan.from_head,
         )
-    register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParamsDecoded)
+    register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParams)
     router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem", now=read_file_now)
     router.add(
         t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem", start=write_file_start
