@@ -189,6 +189,7 @@ async def test_uri_spellings_read_as_upstream_reads_them(wire: Any, tdir: Path) 
         (f"file://localhost:80{tdir}/a.txt", (-32602, BAD_HOST)),
         (f"file://user@localhost{tdir}/a.txt", (-32602, BAD_HOST)),
         (f"http://{tdir}/a.txt", (-32602, "unsupported path URI scheme `http`")),
+        (f"file://{tdir}/a%00.txt", (-32602, f"'file://{tdir}/a%00.txt' is invalid on 'linux'")),
     ):
         reply = await wire.raw("fs/readFile", {"path": spelled})
         assert error(reply) == answer, spelled

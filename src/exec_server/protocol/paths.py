@@ -143,6 +143,8 @@ def parse_wire_path(value: str, *, normalize: bool = True) -> WirePath:
         path = value
         form = PathForm.PLAIN
     if "\x00" in path:
+        if form is PathForm.URI:  # upstream's words (a NUL cannot be a file path)
+            raise InvalidParamsError(f"'{value}' is invalid on '{sys.platform}'")
         raise InvalidParamsError("path must not contain NUL bytes")
     if normalize:
         path = normalize_absolute(path)
