@@ -9,7 +9,8 @@
 
 The message is the OS error text in Rust's format, ``<text> (os error N)``
 (PROTOCOL.md §5.3), in musl's wording as upstream's static build prints it
-(:mod:`exec_server.errno_text`: ``I/O error``, ``Symbolic link loop``...). EROFS is deliberately *not* a permission error: upstream
+(:mod:`exec_server.errno_text`: ``I/O error``, ``Symbolic link loop``...).
+EROFS is deliberately *not* a permission error: upstream
 answers ``-32603 Read-only file system (os error 30)`` (CLIENT_COMPAT.md §6.5).
 The current Codex client depends on -32004 for a missing parent in
 ``fs/writeFile`` to create the directory and retry.
