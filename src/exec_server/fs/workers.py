@@ -116,13 +116,21 @@ def job_kind(call: Callable[..., object]) -> object:
     return getattr(call, "__code__", call)
 
 
-def _deliver(fut: asyncio.Future[object], result: object, exc: BaseException | None) -> None:
+def _deliver(fut: asyncio.Future[list[object]], result: object, exc: BaseException | None) -> None:
     if fut.done():  # the caller was cancelled meanwhile
         return
     if exc is not None:
         fut.set_exception(exc)
     else:
-        fut.set_result(result)
+        fut.set_result([result])  # boxed: see WorkerPool.run
+
+
+def _unbox(
+    deliver: Callable[[object, BaseException | None], None],
+    box: list[object],
+    error: BaseException | None,
+) -> None:
+    deliver(box.pop(), error)
 
 
 class _Worker:
@@ -177,9 +185,13 @@ class WorkerPool:
         Cancelling the caller does not interrupt the call already running;
         its result is dropped.
         """
-        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[list[object]] = asyncio.get_running_loop().create_future()
         self.submit(functools.partial(_deliver, fut), fn, *args, **kwargs)
-        return await fut  # type: ignore[return-value]
+        # The result comes in a box that is emptied here: the finished future
+        # lives on until the task next yields (the loop's handle that resumed
+        # it holds it), and a big result - an 85 MiB base64 reply body - must
+        # not be kept alive through the encoding and sending that follow.
+        return (await fut).pop()  # type: ignore[return-value]
 
     def submit(
         self,
@@ -314,8 +326,15 @@ class WorkerPool:
                 except Exception:  # deliver still reports the outcome
                     taken = False
             if not taken:
+                # Boxed, and emptied on the loop: this thread may still be inside
+                # call_soon_threadsafe (the GIL released while it wakes the loop)
+                # when the caller already runs on, and its handle must not keep
+                # a big result alive there.
+                box = [result]
+                result = None
                 with contextlib.suppress(RuntimeError):  # the loop is gone
-                    loop.call_soon_threadsafe(deliver, result, error)
+                    loop.call_soon_threadsafe(_unbox, deliver, box, error)
+                del box
             del loop, deliver, call, offer, kind, result, error
 
 
