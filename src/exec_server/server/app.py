@@ -269,9 +269,6 @@ class ConnectionProcessor:
             except ProtocolClosedError as exc:
                 self._request_close(str(exc))
                 return
-            # Not kept while the next message is awaited: it may be a 64 MiB
-            # write's text, which nothing needs any more.
-            del item
 
     async def _handle(self, item: bytes | OversizedMessage | None) -> None:
         if isinstance(item, OversizedMessage):
