@@ -691,3 +691,17 @@ def _workspace_write_context(workspace: str | os.PathLike[str]) -> dict[str, Any
 def workspace_write_context() -> Callable[[str | os.PathLike[str]], dict[str, Any]]:
     """``workspace_write_context(path)``: a fresh codex workspace-write context dict."""
     return _workspace_write_context
+
+
+@pytest.fixture
+def fresh_codec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start from a codec with no big-request registrations (one-pass, deferred
+    string); whatever the test registers is undone afterwards."""
+    from exec_server.protocol import codec
+
+    for name in (
+        "_deferred", "_deferred_heads", "_deferred_methods", "_one_pass_types", "_one_pass_methods"
+    ):
+        monkeypatch.setattr(codec, name, {})
+    monkeypatch.setattr(codec, "_deferred_decoder", None)
+    monkeypatch.setattr(codec, "_one_pass_decoder", None)

@@ -14,7 +14,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
-from exec_server.protocol import codec
 from exec_server.protocol import fs_types as t
 from exec_server.protocol.codec import ONE_PASS_MIN, ProtocolError, decode_message
 from exec_server.protocol.messages import Request
@@ -90,14 +89,8 @@ def _shifted(error: str, by: int) -> str:
 
 
 @pytest.fixture
-def big_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+def big_paths(fresh_codec: None) -> None:
     """The server's registrations for big writes (undone afterwards)."""
-    for name in (
-        "_deferred", "_deferred_heads", "_deferred_methods", "_one_pass_types", "_one_pass_methods"
-    ):
-        monkeypatch.setattr(codec, name, {})
-    monkeypatch.setattr(codec, "_deferred_decoder", None)
-    monkeypatch.setattr(codec, "_one_pass_decoder", None)
     fs_handlers.register(Router())
 
 

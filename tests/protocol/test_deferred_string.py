@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidRequestError
-from exec_server.protocol import codec, native_base64
 from exec_server.protocol import fs_types as t
+from exec_server.protocol import native_base64
 from exec_server.protocol.codec import (
     ONE_PASS_MIN,
     decode_message,
@@ -158,14 +158,8 @@ def test_native_trailing_padding() -> None:
 
 
 @pytest.fixture
-def deferred(monkeypatch: pytest.MonkeyPatch) -> None:
+def deferred(fresh_codec: None) -> None:
     """The server's registration, undone afterwards."""
-    for name in (
-        "_deferred", "_deferred_heads", "_deferred_methods", "_one_pass_types", "_one_pass_methods"
-    ):
-        monkeypatch.setattr(codec, name, {})
-    monkeypatch.setattr(codec, "_deferred_decoder", None)
-    monkeypatch.setattr(codec, "_one_pass_decoder", None)
     register_deferred_string(
         t.METHOD_WRITE_FILE, "dataBase64", t.WriteFileParamsHead, t.WriteFileParamsSpan.from_head
     )

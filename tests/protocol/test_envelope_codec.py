@@ -180,7 +180,8 @@ def test_arbitrary_bytes_never_crash(data: bytes) -> None:
         decode_message(data)
 
 
-def test_one_pass_decoding_of_big_registered_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("fresh_codec")
+def test_one_pass_decoding_of_big_registered_requests() -> None:
     """Big requests of a registered method come back with params already decoded
     (one scan of the text); the same message small, other methods, and params
     that do not fit take the generic path with identical results."""
@@ -188,7 +189,6 @@ def test_one_pass_decoding_of_big_registered_requests(monkeypatch: pytest.Monkey
 
     import msgspec
 
-    from exec_server.protocol import codec
     from exec_server.protocol import fs_types as t
     from exec_server.protocol.codec import (
         ONE_PASS_MIN,
@@ -198,11 +198,7 @@ def test_one_pass_decoding_of_big_registered_requests(monkeypatch: pytest.Monkey
     )
 
     # Without the deferred-string path (tested in test_deferred_string.py),
-    # which the server registers for the same method; registrations undone after.
-    monkeypatch.setattr(codec, "_deferred_decoder", None)
-    monkeypatch.setattr(codec, "_one_pass_types", {})
-    monkeypatch.setattr(codec, "_one_pass_methods", {})
-    monkeypatch.setattr(codec, "_one_pass_decoder", None)
+    # which the server registers for the same method (fresh_codec: none).
 
     class BytesParams(msgspec.Struct, frozen=True, rename="camel"):
         """A shape whose member msgspec decodes from base64 (the server keeps its

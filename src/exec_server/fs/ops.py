@@ -546,15 +546,8 @@ _RECURSION_DEPTH = 64
 
 def _remove_subdirectory(dir_fd: int, name: str, removal: _Removal, depth: int = 0) -> None:
     """Remove the tree ``name`` under ``dir_fd``; a link in its place is unlinked, not followed."""
-    try:
-        sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
-            raise
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=dir_fd)  # replaced by a file or link meanwhile
+    sub = _open_subdirectory(dir_fd, name)
+    if sub is None:
         return
     try:
         if depth < _RECURSION_DEPTH:
@@ -565,6 +558,21 @@ def _remove_subdirectory(dir_fd: int, name: str, removal: _Removal, depth: int =
         os.close(sub)
     with contextlib.suppress(FileNotFoundError):
         os.rmdir(name, dir_fd=dir_fd)
+
+
+def _open_subdirectory(dir_fd: int, name: str) -> int | None:
+    """A descriptor of the directory ``name`` under ``dir_fd``, never through a link;
+    None when it is gone, or was replaced by a file or link (then unlinked)."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dir_fd)  # replaced by a file or link meanwhile
+        return None
 
 
 def _unlink_files(dir_fd: int) -> list[str]:
@@ -606,15 +614,8 @@ def _empty_deep_directory(top: int) -> None:
                         os.rmdir(name, dir_fd=levels[-1][0])
                 continue
             sub = dirs.pop()
-            try:
-                child = os.open(sub, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
-                    raise
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(sub, dir_fd=fd)  # replaced by a file or link meanwhile
+            child = _open_subdirectory(fd, sub)
+            if child is None:
                 continue
             try:
                 levels.append((child, sub, _unlink_files(child)))
