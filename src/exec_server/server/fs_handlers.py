@@ -41,8 +41,6 @@ INLINE_CODEC_LIMIT: Final = 256 * 1024
 _bytes_decoder: Final = msgspec.json.Decoder(bytes)
 _encoder: Final = msgspec.json.Encoder()
 
-_B64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
-
 
 #: Characters that make a ``file:///`` URI need the full parser (escapes, query,
 #: fragment, characters the URL standard drops or reads as ``/``, NUL).
