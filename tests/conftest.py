@@ -56,6 +56,7 @@ import itertools
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -705,3 +706,18 @@ def fresh_codec(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(codec, name, {})
     monkeypatch.setattr(codec, "_deferred_decoder", None)
     monkeypatch.setattr(codec, "_one_pass_decoder", None)
+
+
+@pytest.fixture
+def codex_binary() -> str:
+    """Upstream's ``codex`` binary (``openai-codex-cli-bin``, in the test extras);
+    the test is skipped without it."""
+    try:
+        import codex_cli_bin  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        path = shutil.which("codex")
+    else:
+        path = os.path.join(os.path.dirname(codex_cli_bin.__file__), "bin", "codex")
+    if path is None or not os.access(path, os.X_OK):
+        pytest.skip("upstream codex not installed (pip install openai-codex-cli-bin)")
+    return path

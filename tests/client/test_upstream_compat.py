@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
-import shutil
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -21,22 +19,10 @@ pytestmark = pytest.mark.upstream
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 
 
-def _codex() -> str | None:
-    try:
-        import codex_cli_bin  # type: ignore[import-untyped,unused-ignore]
-    except ImportError:
-        return shutil.which("codex")
-    path = os.path.join(os.path.dirname(codex_cli_bin.__file__), "bin", "codex")
-    return path if os.access(path, os.X_OK) else None
-
-
 @pytest.fixture
-async def upstream_url() -> AsyncIterator[str]:
-    codex = _codex()
-    if codex is None:
-        pytest.skip("upstream codex not installed (pip install openai-codex-cli-bin)")
+async def upstream_url(codex_binary: str) -> AsyncIterator[str]:
     proc = await asyncio.create_subprocess_exec(
-        codex, "exec-server", "--listen", "ws://127.0.0.1:0",
+        codex_binary, "exec-server", "--listen", "ws://127.0.0.1:0",
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
     )

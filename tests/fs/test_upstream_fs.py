@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,15 +30,6 @@ import websockets
 pytestmark = pytest.mark.upstream
 
 URL = re.compile(rb"ws://\S+")
-
-
-def _codex() -> str | None:
-    try:
-        import codex_cli_bin  # type: ignore[import-untyped,unused-ignore]
-    except ImportError:
-        return shutil.which("codex")
-    path = os.path.join(os.path.dirname(codex_cli_bin.__file__), "bin", "codex")
-    return path if os.access(path, os.X_OK) else None
 
 
 class _Side:
@@ -85,10 +75,8 @@ async def _serve(argv: list[str], root: Path) -> AsyncIterator[_Side]:
 
 
 @pytest.fixture
-async def sides(tmp_path: Path) -> AsyncIterator[tuple[_Side, _Side]]:
-    codex = _codex()
-    if codex is None:
-        pytest.skip("upstream codex not installed (pip install openai-codex-cli-bin)")
+async def sides(codex_binary: str, tmp_path: Path) -> AsyncIterator[tuple[_Side, _Side]]:
+    codex = codex_binary
     (tmp_path / "up").mkdir()
     (tmp_path / "ours").mkdir()
     ours_argv = [sys.executable, "-m", "exec_server", "serve", "--listen", "ws://127.0.0.1:0"]
