@@ -12,7 +12,7 @@ import pytest
 
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.fs import memfs, ops
-from exec_server.fs.service import INLINE_WRITE_LIMIT, FileSystemService, writes_inline
+from exec_server.fs.service import INLINE_WRITE_LIMIT, FileSystemService, inline_write_target
 from exec_server.fs.workers import WorkerPool
 
 WAIT = 30.0
@@ -156,9 +156,9 @@ def _record_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     real = ops.write_file
 
-    def recording(path: str, data: Any) -> None:
+    def recording(path: str, data: Any, **kwargs: Any) -> None:
         seen.append(threading.get_ident())
-        real(path, data)
+        real(path, data, **kwargs)
 
     monkeypatch.setattr(ops, "write_file", recording)
     return seen
@@ -176,16 +176,17 @@ async def test_small_tmpfs_writes_run_on_the_loop_and_the_rest_in_workers(
     target = shm_dir / "f"
     await service.write_file(str(target), small)  # new file: in a worker (learns nothing)
     await service.write_file(str(target), small)  # replacing: a worker learns the device
-    assert writes_inline(str(target), len(small))
+    st = inline_write_target(str(target), len(small))
+    assert st is not None and st.st_ino == os.lstat(target).st_ino
     await service.write_file(str(target), small)  # now inline
     await service.write_file(str(target), big)  # too big: worker
-    assert not writes_inline(str(target), len(big))
+    assert inline_write_target(str(target), len(big)) is None
     (tdir / "f").write_bytes(b"old")
     await service.write_file(str(tdir / "f"), small)  # disk: worker
     await service.write_file(str(tdir / "f"), small)  # still a worker
     os.mkfifo(shm_dir / "fifo")
-    assert not writes_inline(str(shm_dir / "fifo"), 1)  # only regular files
-    assert not writes_inline(str(shm_dir / "missing"), 1)
+    assert inline_write_target(str(shm_dir / "fifo"), 1) is None  # only regular files
+    assert inline_write_target(str(shm_dir / "missing"), 1) is None
     on_loop = [t == loop_thread for t in seen]
     assert on_loop == [False, False, True, False, False, False]
     assert target.read_bytes() == big
@@ -218,3 +219,23 @@ async def test_inline_write_errors_are_the_usual_answers(
     assert os.listdir(shm_dir) == ["f"]
     await fs.write_file(target, b"five")  # the connection keeps serving
     assert target.read_bytes() == b"five"
+
+
+async def test_an_inline_write_looks_the_path_up_once(
+    fresh_table: None, shm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = FileSystemService(pool=WorkerPool(max_workers=1))
+    target = shm_dir / "f"
+    target.write_bytes(b"old")
+    await service.write_file(str(target), b"learn")  # a worker learns the device
+    looked_up: list[str] = []
+    real_lstat = os.lstat
+
+    def counting_lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        looked_up.append(os.fsdecode(path))
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", counting_lstat)
+    await service.write_file(str(target), b"inline")
+    assert looked_up.count(str(target)) == 1  # the decision's lstat serves the write
+    assert target.read_bytes() == b"inline"

@@ -196,14 +196,21 @@ def _read_all(fd: int, size: int, limit: int) -> bytes:
 # -------------------------------------------------------------------- write
 
 
-def write_file(path: str, data: bytes | bytearray | memoryview) -> None:
-    """Create or replace ``path`` with ``data``; parents are not created (``-32004``)."""
+def write_file(
+    path: str, data: bytes | bytearray | memoryview, *, lstat: os.stat_result | None = None
+) -> None:
+    """Create or replace ``path`` with ``data``; parents are not created (``-32004``).
+
+    ``lstat``: the caller's ``os.lstat(path)`` taken just before, if it has one
+    (the inline tmpfs write decided on it), so the path is not looked up twice.
+    """
     with translate_os_errors():
         target = path
-        try:
-            st: os.stat_result | None = os.lstat(path)
-        except FileNotFoundError:
-            st = None  # missing: creating the temp file tells a missing parent
+        st: os.stat_result | None = lstat
+        if st is None:
+            # Missing: creating the temp file tells a missing parent.
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(path)
         if st is not None and stat.S_ISLNK(st.st_mode):
             # Follow the link: replace its final target, keep the link.
             target = os.path.realpath(path)

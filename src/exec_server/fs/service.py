@@ -26,7 +26,7 @@ The trade-off: a path on a hung network filesystem can stall the loop for that
 one ``stat``/``open``/small ``read``; local filesystems answer these from the
 page and dentry caches. A third runs inline: ``write_file`` of at most
 :data:`INLINE_WRITE_LIMIT` bytes replacing a regular file on tmpfs or ramfs
-(:func:`writes_inline`: one ``lstat`` on the loop decides), where nothing waits
+(:func:`inline_write_target`: one ``lstat`` on the loop decides), where nothing waits
 for a device; every other write still runs in a worker.
 """
 
@@ -52,12 +52,12 @@ __all__ = [
     "FileSystemService",
     "FsRoute",
     "Route",
-    "writes_inline",
+    "inline_write_target",
 ]
 
 #: ``read_file`` reads regular files up to this size on the event loop (see module doc).
 INLINE_READ_LIMIT = 64 * 1024
-#: ``write_file`` of at most this many bytes may run on the event loop (:func:`writes_inline`).
+#: ``write_file`` of at most this many bytes may run on the loop (:func:`inline_write_target`).
 INLINE_WRITE_LIMIT = 64 * 1024
 
 T = TypeVar("T")
@@ -226,8 +226,9 @@ class FileSystemService:
             return await self._confined_or_refuse(route).write_file(
                 route.context, path, bytes(data) if not isinstance(data, bytes) else data
             )
-        if writes_inline(path, len(data)):
-            return ops.write_file(path, data)
+        st = inline_write_target(path, len(data))
+        if st is not None:
+            return ops.write_file(path, data, lstat=st)
         await self._pool.run(ops.write_file, path, data)
 
     async def create_directory(
@@ -273,18 +274,19 @@ class FileSystemService:
         return await self._pool.run(ops.canonicalize, path)
 
 
-def writes_inline(path: str, size: int) -> bool:
-    """Whether a direct ``write_file`` of ``size`` bytes to ``path`` runs on the event
-    loop: at most :data:`INLINE_WRITE_LIMIT` bytes replacing a regular file on a
-    filesystem kept in memory (tmpfs, ramfs; learned by earlier writes, see
-    :mod:`exec_server.fs.memfs`), where it never waits for a device."""
+def inline_write_target(path: str, size: int) -> os.stat_result | None:
+    """The ``lstat`` of ``path`` if a direct ``write_file`` of ``size`` bytes there runs
+    on the event loop, else None: at most :data:`INLINE_WRITE_LIMIT` bytes replacing
+    a regular file on a filesystem kept in memory (tmpfs, ramfs; learned by earlier
+    writes, see :mod:`exec_server.fs.memfs`), where it never waits for a device.
+    The write is handed the same ``lstat`` (``ops.write_file(..., lstat=)``)."""
     if size > INLINE_WRITE_LIMIT or not memfs.any_in_memory():
-        return False  # not even a stat on machines where nothing was learned in memory
+        return None  # not even a stat on machines where nothing was learned in memory
     try:
         st = os.lstat(path)
     except (OSError, ValueError):
-        return False
-    return S_ISREG(st.st_mode) and memfs.in_memory(st.st_dev) is True
+        return None
+    return st if S_ISREG(st.st_mode) and memfs.in_memory(st.st_dev) is True else None
 
 
 def _read_mapped(

@@ -23,7 +23,7 @@ from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import ops
 from exec_server.fs.context import cached_route_from_wire, route_from_wire
 from exec_server.fs.ops import lossy_name
-from exec_server.fs.service import DIRECT, FileSystemService, Route, writes_inline
+from exec_server.fs.service import DIRECT, FileSystemService, Route, inline_write_target
 from exec_server.protocol import fs_types as t
 from exec_server.protocol import native_base64
 from exec_server.protocol.codec import register_deferred_string, register_one_pass
@@ -368,9 +368,10 @@ def write_file_start(ctx: RequestContext, params: t.WriteFileParams, done: Done)
         raise NotNow
     path = parse_wire_path(params.path)
     data = decode_data_base64(raw)
-    if writes_inline(path.path, len(data)):
+    st = inline_write_target(path.path, len(data))
+    if st is not None:
         try:
-            ops.write_file(path.path, data)
+            ops.write_file(path.path, data, lstat=st)
         except Exception as exc:
             done(None, exc)
         else:
