@@ -21,7 +21,7 @@ from exec_server.server import fs_handlers
 from exec_server.server.fs_handlers import (
     decode_data_base64,
     decode_data_span,
-    encode_data_base64,
+    encode_read_reply,
 )
 from exec_server.server.router import Router
 
@@ -32,7 +32,8 @@ B64_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 def test_round_trip(data: bytes) -> None:
     token = msgspec.json.encode(base64.b64encode(data).decode())
     assert decode_data_base64(msgspec.Raw(token)) == data
-    assert bytes(encode_data_base64(data)) == token
+    reply = json.loads(encode_read_reply(7, data).payload)
+    assert reply == {"id": 7, "result": {"dataBase64": json.loads(token)}}
 
 
 @given(st.one_of(st.text(alphabet=B64_CHARS, max_size=64), st.text(max_size=64)))

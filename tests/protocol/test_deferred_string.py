@@ -196,6 +196,26 @@ def test_big_requests_leave_the_member_in_place() -> None:
     assert bytes(decode_data_span(msg2.decoded.data_base64)) == payload
 
 
+@needs_native
+@pytest.mark.usefixtures("deferred")
+def test_a_message_gathered_from_fragments_is_decoded_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fragmented message arrives as the bytearray its fragments grew: the member
+    is found and decoded natively there, nothing copied to ``bytes`` first."""
+    payload = os.urandom(ONE_PASS_MIN)
+    message = bytearray(big_write(base64.b64encode(payload).decode()))
+    msg = decode_message(message)
+    assert isinstance(msg, Request) and isinstance(msg.decoded, t.WriteFileParamsSpan)
+    span = msg.decoded.data_base64
+    assert isinstance(span, StringSpan) and span.data is message
+    monkeypatch.setattr(
+        "exec_server.server.fs_handlers.decode_data_base64",
+        lambda raw: pytest.fail("took the slow path"),
+    )
+    assert bytes(decode_data_span(span)) == payload
+
+
 @pytest.mark.usefixtures("deferred")
 def test_small_escaped_or_mistyped_requests_take_the_other_paths() -> None:
     text = base64.b64encode(b"\xff" * ONE_PASS_MIN).decode()

@@ -17,6 +17,7 @@ from exec_server.protocol.codec import (
     decode_result,
     encode_error,
     encode_notification,
+    encode_reply,
     encode_request,
     encode_result,
 )
@@ -149,6 +150,17 @@ def test_encoders_match_upstream_shapes() -> None:
         b'{"id":-1,"error":{"code":-32600,"message":"bad"}}'
     )
     assert encode_result(5, InitializeResult("s")) == b'{"id":5,"result":{"sessionId":"s"}}'
+
+
+def test_a_reply_encoded_ahead_is_sent_as_it_is_and_only_for_its_id() -> None:
+    """A worker encodes a big result's whole reply (no copy into a new envelope);
+    answering another id with it would be a bug, and is refused."""
+    reply = encode_reply(5, InitializeResult("s"))
+    assert encode_result(5, reply) is reply.payload
+    assert reply.payload == b'{"id":5,"result":{"sessionId":"s"}}'
+    for other in (6, "5"):
+        with pytest.raises(ValueError, match="reply encoded for id 5"):
+            encode_result(other, reply)
 
 
 def test_result_round_trip_through_raw() -> None:

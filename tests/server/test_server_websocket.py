@@ -532,12 +532,14 @@ class _EchoServer:
 
         self.got: asyncio.Queue[bytes] = asyncio.Queue()
         self.conns: list[WsConnection] = []
+        self.ended = asyncio.Event()  # a handler saw the end of the message stream
 
     async def handler(self, conn: Any) -> None:
         self.conns.append(conn)
         while (msg := await conn.receive()) is not None:
-            assert isinstance(msg, bytes)
-            await self.got.put(msg)
+            assert isinstance(msg, (bytes, bytearray))  # bytearray: gathered from fragments
+            await self.got.put(bytes(msg))
+        self.ended.set()
 
     async def next(self) -> bytes:
         return await asyncio.wait_for(self.got.get(), TIMEOUT)
@@ -596,3 +598,122 @@ async def test_reads_cut_anywhere_in_the_receive_area(chunk: int) -> None:
             assert await echo.next() == expected
         assert conn._fast
         assert not conn._rbuf  # nothing left over
+
+
+# -- big frames: fed to the socket a piece at a time ---------------------------
+
+BIG = 32 << 20  # more than loopback's socket buffers hold: the frame waits for the reader
+
+
+async def _read_big_frame(reader: asyncio.StreamReader, watch: Callable[[], None]) -> bytes:
+    """One frame read a megabyte at a time, calling ``watch`` after each piece."""
+    b0, b1 = await asyncio.wait_for(reader.readexactly(2), TIMEOUT)
+    assert b0 == 0x81 and b1 == 127
+    size = int.from_bytes(await reader.readexactly(8), "big")
+    got = bytearray()
+    while len(got) < size:
+        got += await asyncio.wait_for(reader.readexactly(min(1 << 20, size - len(got))), TIMEOUT)
+        watch()
+    return bytes(got)
+
+
+async def test_a_big_frame_is_fed_in_pieces_and_later_frames_follow_it() -> None:
+    """In-process: the transport never holds a copy of a big frame's unsent rest (a
+    megabyte or two at a time), and frames sent meanwhile, from the loop or a
+    thread, go out whole after it."""
+    import os
+
+    from exec_server.rpc.ws_server import _FEED, WRITE_HIGH
+
+    async with _echo_server() as (echo, reader, _writer):
+        conn = echo.conns[0]
+        big = os.urandom(BIG)
+        assert conn.send_nowait(big)
+        assert conn._stream is not None  # the socket took part of it; the rest waits
+        assert not conn.send_ready
+        assert not conn.send_nowait(b"refused")  # nothing written
+        # A worker's reply would overtake the rest of the frame: it must go by the loop.
+        assert not await asyncio.to_thread(conn.send_threadsafe, b"thread")
+        after = asyncio.create_task(conn.send(b"after"))
+        await asyncio.sleep(0)  # let it queue (a yield, not a wait for time)
+        assert not after.done()
+        held: list[int] = []
+        assert conn.transport is not None
+        transport = conn.transport
+        got = await _read_big_frame(reader, lambda: held.append(transport.get_write_buffer_size()))
+        assert got == big
+        assert await _read_frame(reader) == (1, b"after")
+        await asyncio.wait_for(after, TIMEOUT)
+        assert max(held) <= WRITE_HIGH + _FEED, f"transport held {max(held)} bytes"
+        assert conn.send_ready and conn._stream is None
+        assert conn.send_nowait(b"next")
+        assert await _read_frame(reader) == (1, b"next")
+
+
+async def test_a_close_during_a_big_frame_goes_out_after_it() -> None:
+    """In-process: the client closes while a big frame is still being fed; the
+    close reply and the end of the stream wait for the frame's last byte."""
+    import os
+
+    async with _echo_server() as (echo, reader, writer):
+        conn = echo.conns[0]
+        big = os.urandom(BIG)
+        assert conn.send_nowait(big)
+        writer.write(_client_frame((1000).to_bytes(2, "big"), opcode=8))
+        await asyncio.wait_for(echo.ended.wait(), TIMEOUT)  # the close was read
+        assert conn._stream is not None and conn._end_pending
+        assert await _read_big_frame(reader, lambda: None) == big
+        assert await _read_frame(reader) == (8, (1000).to_bytes(2, "big"))
+        assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""  # then EOF
+
+
+async def test_output_made_while_a_big_reply_is_sent_follows_it_whole(
+    server: Any, tmp_path: Any
+) -> None:
+    """A client starts receiving a 32 MiB reply and, before reading the rest, makes
+    a process print: its notifications queue behind the reply and arrive whole
+    after it (frames never interleave)."""
+    import base64
+    import os
+
+    data = os.urandom(24 << 20)
+    (tmp_path / "big").write_bytes(data)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    def message(msg_id: int, method: str, params: dict[str, Any]) -> bytes:
+        text = json.dumps({"id": msg_id, "method": method, "params": params})
+        return _client_frame(text.encode())
+
+    reader, writer = await _raw_upgrade(server.url)
+    writer.write(_client_frame(_init_request(1)))
+    assert json.loads((await _read_frame(reader))[1])["id"] == 1
+    writer.write(_client_frame(b'{"method":"initialized","params":{}}'))
+    writer.write(message(2, "process/start", {
+        "processId": "p", "argv": ["/bin/cat", str(fifo)], "cwd": str(tmp_path),
+        "env": {"PATH": "/usr/bin:/bin"}, "tty": False, "sandbox": None,
+    }))
+    assert json.loads((await _read_frame(reader))[1])["result"]["processId"] == "p"
+    writer.write(message(10, "fs/readFile", {"path": (tmp_path / "big").as_uri(), "sandbox": None}))
+    head = await asyncio.wait_for(reader.readexactly(10), TIMEOUT)  # the reply has begun
+    assert head[:2] == b"\x81\x7f"
+
+    def feed_fifo() -> None:
+        with open(fifo, "wb") as pipe:  # cat has it open for reading
+            pipe.write(b"tick\n")
+
+    await asyncio.wait_for(asyncio.to_thread(feed_fifo), TIMEOUT)
+    size = int.from_bytes(head[2:], "big")
+    reply = json.loads(await asyncio.wait_for(reader.readexactly(size), TIMEOUT))
+    assert base64.b64decode(reply["result"]["dataBase64"]) == data
+    output = b""
+    while True:
+        opcode, payload = await _read_frame(reader)
+        assert opcode == 1
+        note = json.loads(payload)
+        if note["method"] == "process/output":
+            output += base64.b64decode(note["params"]["chunk"])
+        elif note["method"] == "process/closed":
+            break
+    assert output == b"tick\n"
+    writer.close()

@@ -32,12 +32,14 @@ from exec_server.protocol.messages import (
 )
 
 __all__ = [
+    "EncodedReply",
     "ProtocolError",
     "decode_message",
     "decode_params",
     "decode_result",
     "encode_error",
     "encode_notification",
+    "encode_reply",
     "encode_request",
     "encode_result",
     "params_decoder",
@@ -183,7 +185,7 @@ def register_deferred_string(
     _deferred_decoder = _tagged_decoder(_deferred_heads, _deferred_methods, "_Head")
 
 
-def _decode_deferred(data: bytes) -> Request | None:
+def _decode_deferred(data: bytes | bytearray) -> Request | None:
     """``data`` with its deferred string member cut out (see above), or None."""
     assert _deferred_decoder is not None
     for member in {m for m, _ in _deferred.values()}:
@@ -225,13 +227,13 @@ def _member(raw: Raw, decoder: msgspec.json.Decoder[T]) -> T | UnsetType:
         raise ProtocolError(str(exc)) from None
 
 
-def decode_message(data: bytes | str) -> Message:
+def decode_message(data: bytes | bytearray | str) -> Message:
     """Decode one inbound frame or line.
 
     Raises:
         ProtocolError: not JSON, not an object, or no shape fits.
     """
-    if _deferred_decoder is not None and len(data) >= ONE_PASS_MIN and isinstance(data, bytes):
+    if _deferred_decoder is not None and len(data) >= ONE_PASS_MIN and not isinstance(data, str):
         deferred = _decode_deferred(data)
         if deferred is not None:
             return deferred
@@ -327,8 +329,34 @@ def encode_notification(method: str, params: msgspec.Struct | Raw | None = None)
     return _encoder.encode(_OutNotification(method, UNSET if params is None else params))
 
 
-def encode_result(request_id: RequestId, result: msgspec.Struct | Raw) -> bytes:
+class EncodedReply:
+    """A whole ``{"id":..,"result":..}`` reply, encoded where its result was made.
+
+    Why: a big ``fs/readFile`` result is ~85 MiB of base64 for a 64 MiB file.
+    Encoded in the worker that read the file, straight into the reply, that
+    text is written once; a result encoded first and wrapped in the envelope
+    afterwards was copied into it, one more copy at the peak.
+    :func:`encode_result` sends it as it is.
+    """
+
+    __slots__ = ("payload", "request_id")
+
+    def __init__(self, request_id: RequestId, payload: bytes) -> None:
+        self.request_id = request_id
+        self.payload = payload
+
+
+def encode_reply(request_id: RequestId, result: msgspec.Struct) -> EncodedReply:
+    """:func:`encode_result` ahead of time (safe in a worker thread)."""
+    return EncodedReply(request_id, _encoder.encode(_OutResult(request_id, result)))
+
+
+def encode_result(request_id: RequestId, result: msgspec.Struct | Raw | EncodedReply) -> bytes:
     """``{"id":..,"result":..}``."""
+    if isinstance(result, EncodedReply):
+        if result.request_id != request_id or type(result.request_id) is not type(request_id):
+            raise ValueError(f"reply encoded for id {result.request_id!r} answers {request_id!r}")
+        return result.payload
     return _encoder.encode(_OutResult(request_id, result))
 
 

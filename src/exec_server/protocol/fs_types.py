@@ -49,7 +49,6 @@ __all__ = [
     "GetMetadataResult",
     "ReadDirectoryParams",
     "ReadDirectoryResult",
-    "ReadFileEncoded",
     "ReadFileParams",
     "ReadFileResult",
     "RemoveParams",
@@ -103,12 +102,6 @@ class ReadFileParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", 
 
 class ReadFileResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     data_base64: bytes
-
-
-class ReadFileEncoded(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Server-side encode shape of a large result: ``dataBase64`` already a JSON token."""
-
-    data_base64: msgspec.Raw
 
 
 class WriteFileParams(

@@ -28,7 +28,7 @@ class _Unusual(Exception):
     """The text is not the plain shape this scanner handles."""
 
 
-def _skip_ws(data: bytes, i: int) -> int:
+def _skip_ws(data: bytes | bytearray, i: int) -> int:
     n = len(data)
     while i < n and data[i] in _WHITESPACE:
         i += 1
@@ -37,7 +37,7 @@ def _skip_ws(data: bytes, i: int) -> int:
     return i
 
 
-def _string_end(data: bytes, i: int) -> int:
+def _string_end(data: bytes | bytearray, i: int) -> int:
     """Index just past the string that opens at ``data[i]``."""
     j = i + 1
     while True:
@@ -52,7 +52,7 @@ def _string_end(data: bytes, i: int) -> int:
         j += 1
 
 
-def _value_end(data: bytes, i: int) -> int:
+def _value_end(data: bytes | bytearray, i: int) -> int:
     """Index just past the value that starts at ``data[i]``."""
     c = data[i]
     if c == _QUOTE:
@@ -78,7 +78,7 @@ def _value_end(data: bytes, i: int) -> int:
     return m.start()
 
 
-def _members(data: bytes, i: int) -> dict[bytes, tuple[int, int]]:
+def _members(data: bytes | bytearray, i: int) -> dict[bytes, tuple[int, int]]:
     """The members of the object opening at ``data[i]``: raw key -> value span."""
     if data[i] != ord("{"):
         raise _Unusual
@@ -90,7 +90,7 @@ def _members(data: bytes, i: int) -> dict[bytes, tuple[int, int]]:
         if data[i] != _QUOTE:
             raise _Unusual
         key_end = _string_end(data, i)
-        key = data[i + 1 : key_end - 1]
+        key = bytes(data[i + 1 : key_end - 1])  # hashable, also from a bytearray
         if b"\\" in key or key in found:
             raise _Unusual  # an escaped or repeated key: leave it to the real decoder
         i = _skip_ws(data, key_end)
@@ -107,7 +107,9 @@ def _members(data: bytes, i: int) -> dict[bytes, tuple[int, int]]:
         i = _skip_ws(data, i + 1)
 
 
-def find_string_member(data: bytes, outer: bytes, inner: bytes) -> tuple[int, int] | None:
+def find_string_member(
+    data: bytes | bytearray, outer: bytes, inner: bytes
+) -> tuple[int, int] | None:
     """Span (without quotes) of the string ``message[outer][inner]`` if it has no escapes.
 
     The top-level object and ``outer`` are walked member by member, so a key
@@ -135,7 +137,7 @@ class StringSpan:
 
     __slots__ = ("data", "end", "start")
 
-    def __init__(self, data: bytes, start: int, end: int) -> None:
+    def __init__(self, data: bytes | bytearray, start: int, end: int) -> None:
         self.data = data
         self.start = start
         self.end = end
@@ -145,4 +147,4 @@ class StringSpan:
 
     def token(self) -> bytes:
         """The member as JSON text, quotes included (a copy: for the slow paths)."""
-        return self.data[self.start - 1 : self.end + 1]
+        return bytes(self.data[self.start - 1 : self.end + 1])

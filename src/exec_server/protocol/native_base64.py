@@ -67,7 +67,7 @@ def available() -> bool:
     return _decode_block is not None
 
 
-def decode_strict(data: bytes, start: int, end: int) -> memoryview | None:
+def decode_strict(data: bytes | bytearray, start: int, end: int) -> memoryview | None:
     """Decode ``data[start:end]`` (padded standard base64), or None if it is not
     exactly that (or libcrypto is missing): the caller then decodes the slow way."""
     n = end - start
@@ -85,7 +85,10 @@ def decode_strict(data: bytes, start: int, end: int) -> memoryview | None:
     out = bytearray(n // 4 * 3)
     if not n:
         return memoryview(out)
-    src = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    if isinstance(data, bytearray):  # a message gathered from fragments
+        src: int | None = ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data))
+    else:
+        src = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
     dst = ctypes.addressof((ctypes.c_char * len(out)).from_buffer(out))
     assert src is not None
     done = 0

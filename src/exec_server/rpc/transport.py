@@ -61,8 +61,10 @@ class OversizedMessage:
     head: bytes
 
 
-#: What ``receive`` returns: a message, an oversized marker, or None at EOF.
-Inbound: TypeAlias = bytes | OversizedMessage | None
+#: What ``receive`` returns: a message, an oversized marker, or None at EOF. A
+#: message that came in several WebSocket fragments is the bytearray they were
+#: gathered in (not copied into a ``bytes``).
+Inbound: TypeAlias = bytes | bytearray | OversizedMessage | None
 
 
 class MessageTransport(Protocol):

@@ -71,6 +71,10 @@ _HEADER16: Final = struct.Struct("!BBH")
 _HEADER64: Final = struct.Struct("!BBQ")
 #: payloads up to this size are joined with their header into one write.
 _JOIN_LIMIT: Final = 1 << 16
+#: payloads over this size are fed to the transport a piece at a time (see ``_pump``).
+STREAM_MIN: Final = 4 << 20
+#: bytes handed to the transport per piece of a fed payload.
+_FEED: Final = 1 << 20
 
 
 class WsConnection(asyncio.BufferedProtocol):
@@ -84,17 +88,28 @@ class WsConnection(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
         self.label = "exec-server websocket"
         self.max_message_size = server.max_message_size
-        self._inbound: collections.deque[bytes | OversizedMessage] = collections.deque()
+        self._inbound: collections.deque[bytes | bytearray | OversizedMessage] = (
+            collections.deque()
+        )
         self._waiter: asyncio.Future[None] | None = None
         self._paused_reading = False
         self._drain: asyncio.Future[None] | None = None
+        #: what senders see: the transport's buffer is full, or a big payload is being fed.
         self._write_paused = False
+        #: the transport's own flow control (``pause_writing``/``resume_writing``).
+        self._transport_paused = False
+        #: the unsent rest of a big payload, fed to the transport as it drains.
+        self._stream: memoryview | None = None
+        #: frames written while a payload is being fed: they follow it, in order.
+        self._backlog: collections.deque[tuple[bytes, bytes | None]] = collections.deque()
+        #: the library's end of output (EOF or close) came while a payload was fed.
+        self._end_pending = False
         self._eof = False
         self._lost = False
         self._task: asyncio.Task[None] | None = None
         #: optional consumer tried first for a message arriving while none is
         #: queued: returns True if it took the message (answered it at once).
-        self.on_message: Callable[[bytes | OversizedMessage], bool] | None = None
+        self.on_message: Callable[[bytes | bytearray | OversizedMessage], bool] | None = None
         #: frames held back by :meth:`cork` (written together by :meth:`uncork`).
         self._corked: list[bytes] | None = None
         #: held by every write, from the loop or from :meth:`send_threadsafe`.
@@ -105,8 +120,10 @@ class WsConnection(asyncio.BufferedProtocol):
         self._tail: bytes | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
-        # message being assembled
-        self._parts: list[bytes] = []
+        # message being assembled: its first fragment, then (from the second) a
+        # bytearray that grows in place, not a list joined at the end (a second
+        # copy of the whole message beside its parts: 85 MiB for a 64 MiB write).
+        self._body: bytes | bytearray = b""
         self._size = 0
         self._head = b""
         #: where the socket is read into (made at the first read).
@@ -187,6 +204,8 @@ class WsConnection(asyncio.BufferedProtocol):
         with self._wlock:  # no thread is writing to the socket as asyncio closes it
             self._lost = True
             self._fd = -1
+            self._stream = None
+            self._backlog.clear()
         self._server.connections.discard(self)
         if self._timer is not None:
             self._timer.cancel()
@@ -196,10 +215,22 @@ class WsConnection(asyncio.BufferedProtocol):
             self._drain.exception()  # mark retrieved: nobody may be waiting
 
     def pause_writing(self) -> None:
+        self._transport_paused = True
         self._write_paused = True
 
     def resume_writing(self) -> None:
+        self._transport_paused = False
+        if self._stream is not None:
+            with self._wlock:
+                self._pump()
+            if self._stream is not None:
+                return  # still feeding: senders keep waiting
+            self._after_pump()
+            return
         self._write_paused = False
+        self._resolve_drain()
+
+    def _resolve_drain(self) -> None:
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
 
@@ -240,7 +271,7 @@ class WsConnection(asyncio.BufferedProtocol):
     def _on_frame(self, frame: Frame) -> None:
         opcode = frame.opcode
         if opcode in (Opcode.TEXT, Opcode.BINARY):
-            self._parts = []
+            self._body = b""
             self._size = 0
             self._head = b""
         elif opcode is Opcode.CLOSE:
@@ -252,24 +283,30 @@ class WsConnection(asyncio.BufferedProtocol):
             return  # ping/pong are answered by the protocol
         data = bytes(frame.data)
         self._size += len(data)
+        body = self._body
         if self._size > self.max_message_size:
             if not self._head:
-                self._head = (b"".join(self._parts) + data)[:HEAD_SIZE]
-                self._parts = []
+                self._head = (bytes(body[:HEAD_SIZE]) + data[:HEAD_SIZE])[:HEAD_SIZE]
+                self._body = b""
+        elif not body:
+            self._body = data
+        elif isinstance(body, bytearray):
+            body += data
         else:
-            self._parts.append(data)
+            self._body = bytearray(body)
+            self._body += data
         if not frame.fin:
             return
         if self._size > self.max_message_size:
-            item: bytes | OversizedMessage = OversizedMessage(
+            item: bytes | bytearray | OversizedMessage = OversizedMessage(
                 self._size, self.max_message_size, self._head
             )
         else:
-            item = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
-        self._parts = []
+            item = self._body
+        self._body = b""
         self._message(item)
 
-    def _message(self, item: bytes | OversizedMessage) -> None:
+    def _message(self, item: bytes | bytearray | OversizedMessage) -> None:
         """A complete inbound message: offered to ``on_message``, else queued."""
         hook = self.on_message
         if hook is not None and not self._inbound and not self._eof and hook(item):
@@ -436,12 +473,22 @@ class WsConnection(asyncio.BufferedProtocol):
         for data in self._proto.data_to_send():
             if data:
                 self._write(data)
-            elif transport.can_write_eof():
-                self._flush_tail()
-                with self._wlock, contextlib.suppress(Exception):
-                    transport.write_eof()
+            elif self._stream is not None:
+                self._end_pending = True  # after the payload being fed and what follows it
             else:
-                transport.close()
+                self._end_output()
+
+    def _end_output(self) -> None:
+        """The library's end of output: half-close, or close where that is impossible."""
+        transport = self._transport
+        if transport is None or self._lost:
+            return
+        if transport.can_write_eof():
+            self._flush_tail()
+            with self._wlock, contextlib.suppress(Exception):
+                transport.write_eof()
+        else:
+            transport.close()
 
     @property
     def send_ready(self) -> bool:
@@ -507,7 +554,8 @@ class WsConnection(asyncio.BufferedProtocol):
             self._write(header, data)
 
     def _write(self, data: bytes, more: bytes | None = None) -> None:
-        """Every write from the loop: under the lock, after a thread's unsent tail."""
+        """Every write from the loop: under the lock, after a thread's unsent tail
+        and after any payload still being fed (``more``: a big payload after ``data``)."""
         transport = self._transport
         assert transport is not None
         with self._wlock:
@@ -515,12 +563,66 @@ class WsConnection(asyncio.BufferedProtocol):
             if tail is not None:
                 self._tail = None
                 transport.write(tail)
+            if self._stream is not None:
+                self._backlog.append((data, more))
+                return
             transport.write(data)
-            if more is not None:
+            if more is None:
+                return
+            if len(more) <= STREAM_MIN:
                 # A view: what the socket does not take at once is copied into
                 # the transport's buffer once; a ``bytes`` payload would first be
-                # sliced (a second copy of the rest: 85 MiB for a 64 MiB readFile).
+                # sliced (a second copy of the rest).
                 transport.write(memoryview(more))
+                return
+            self._stream = memoryview(more)
+            self._write_paused = True
+            self._pump()
+        if self._stream is None:
+            self._after_pump()
+
+    def _pump(self) -> None:
+        """Feed the payload being streamed, then the frames behind it, while the
+        transport has room (``resume_writing`` calls again). Under the lock.
+
+        Why: asyncio's socket transport copies whatever the socket does not
+        take at once into its own buffer. A 64 MiB ``fs/readFile`` reply is
+        85 MiB, so the reply and that copy of it were held together; fed a
+        megabyte at a time, the transport holds two at most.
+        """
+        transport = self._transport
+        assert transport is not None
+        while True:
+            view = self._stream
+            while view is not None:
+                if self._transport_paused:
+                    return
+                if transport.is_closing():
+                    self._stream = None
+                    self._backlog.clear()
+                    return
+                # Set before writing: the write may call pause_writing.
+                self._stream = view[_FEED:] if len(view) > _FEED else None
+                transport.write(view[:_FEED])
+                view = self._stream
+            if not self._backlog:
+                return
+            data, more = self._backlog.popleft()
+            transport.write(data)
+            if more is not None:
+                if len(more) <= STREAM_MIN:
+                    transport.write(memoryview(more))
+                else:
+                    self._stream = memoryview(more)
+
+    def _after_pump(self) -> None:
+        """The fed payloads and their backlog are written: senders may go on."""
+        if self._end_pending:
+            self._end_pending = False
+            self._end_output()
+        self._write_paused = self._transport_paused
+        if not self._write_paused:
+            self._resolve_drain()
 
     def _flush_tail(self) -> None:
         transport = self._transport
@@ -552,6 +654,7 @@ class WsConnection(asyncio.BufferedProtocol):
                 or transport is None
                 or self._lost
                 or self._write_paused
+                or self._stream is not None
                 or self._tail is not None
                 or self._proto.state is not State.OPEN
                 or transport.is_closing()

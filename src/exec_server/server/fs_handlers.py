@@ -26,8 +26,14 @@ from exec_server.fs.ops import lossy_name
 from exec_server.fs.service import DIRECT, FileSystemService, Route, inline_write_target
 from exec_server.protocol import fs_types as t
 from exec_server.protocol import native_base64
-from exec_server.protocol.codec import register_deferred_string, register_one_pass
+from exec_server.protocol.codec import (
+    EncodedReply,
+    encode_reply,
+    register_deferred_string,
+    register_one_pass,
+)
 from exec_server.protocol.json_span import StringSpan
+from exec_server.protocol.messages import RequestId
 from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical
 from exec_server.protocol.paths import parse_wire_path as _parse_wire_path_full
 from exec_server.server.router import Done, NotNow, RequestContext, Router
@@ -39,7 +45,6 @@ __all__ = ["decode_data_base64", "register"]
 INLINE_CODEC_LIMIT: Final = 256 * 1024
 
 _bytes_decoder: Final = msgspec.json.Decoder(bytes)
-_encoder: Final = msgspec.json.Encoder()
 
 
 #: Characters that make a ``file:///`` URI need the full parser (escapes, query,
@@ -125,7 +130,7 @@ def _base64_error_text(data: bytes) -> str | None:
     return None
 
 
-def _stray_bits(text: bytes | memoryview, start: int, end: int) -> bool:
+def _stray_bits(text: bytes | bytearray | memoryview, start: int, end: int) -> bool:
     """Whether padded base64 ``text[start:end]``, otherwise valid, sets bits its last
     symbol does not carry (``aR==`` for ``aQ==``): upstream refuses it; msgspec,
     ``binascii`` and libcrypto decode it."""
@@ -188,25 +193,26 @@ def decode_data_span(span: StringSpan) -> bytes | memoryview:
     return decode_data_base64(msgspec.Raw(span.token()))
 
 
-def encode_data_base64(data: bytes) -> msgspec.Raw:
-    """``data`` as a ready JSON base64 string token (done in a worker for big files)."""
-    return msgspec.Raw(_encoder.encode(data))
+def encode_read_reply(request_id: RequestId, data: bytes) -> EncodedReply:
+    """The whole reply to a big ``fs/readFile``, made in the worker that read the file:
+    its base64 text is written once, straight into the reply (see :class:`EncodedReply`)."""
+    return encode_reply(request_id, t.ReadFileResult(data_base64=data))
 
 
 async def read_file(
     ctx: RequestContext, params: t.ReadFileParams
-) -> t.ReadFileResult | t.ReadFileEncoded:
+) -> t.ReadFileResult | EncodedReply:
     path = parse_wire_path(params.path)
     result = await _service(ctx).read_file_mapped(
         path.path,
-        encode_data_base64,
+        functools.partial(encode_read_reply, ctx.request_id),
         INLINE_CODEC_LIMIT,
         _route(params.sandbox),
         regular_only=path.form is PathForm.URI,
     )
     if isinstance(result, bytes):
         return t.ReadFileResult(data_base64=result)
-    return t.ReadFileEncoded(data_base64=result)
+    return result
 
 
 def _now_route(raw: t.SandboxField) -> Route:

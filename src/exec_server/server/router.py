@@ -23,7 +23,13 @@ from exec_server.exceptions import (
     InvalidRequestError,
     ProtocolClosedError,
 )
-from exec_server.protocol.codec import decode_params, encode_error, encode_result, params_decoder
+from exec_server.protocol.codec import (
+    EncodedReply,
+    decode_params,
+    encode_error,
+    encode_result,
+    params_decoder,
+)
 from exec_server.protocol.connection import (
     NO_SESSION,
     SESSION_RESUMED,
@@ -49,7 +55,8 @@ __all__ = [
 logger = logging.getLogger("exec_server.server")
 
 P = TypeVar("P")
-R = TypeVar("R", bound=msgspec.Struct)
+#: a handler returns its result struct, or (for a big one) its whole reply, encoded.
+R = TypeVar("R", bound=msgspec.Struct | EncodedReply)
 
 #: ``async def handler(ctx, params) -> ResultStruct``
 Handler = Callable[["RequestContext", P], Awaitable[R]]
@@ -180,10 +187,10 @@ class RequestContext:
 class Route:
     method: str
     params_type: Any
-    handler: Callable[[RequestContext, Any], Awaitable[msgspec.Struct]]
+    handler: Callable[[RequestContext, Any], Awaitable[msgspec.Struct | EncodedReply]]
     family: Family
     may_block: bool = False
-    now: Callable[[RequestContext, Any], msgspec.Struct] | None = None
+    now: Callable[[RequestContext, Any], msgspec.Struct | EncodedReply] | None = None
     start: Callable[[RequestContext, Any, Done], None] | None = None
 
 
