@@ -533,6 +533,7 @@ class _EchoServer:
         self.got: asyncio.Queue[bytes] = asyncio.Queue()
         self.conns: list[WsConnection] = []
         self.ended = asyncio.Event()  # a handler saw the end of the message stream
+        self.server: Any = None  # the WsServer (set by _echo_server)
 
     async def handler(self, conn: Any) -> None:
         self.conns.append(conn)
@@ -552,6 +553,7 @@ async def _echo_server() -> AsyncIterator[tuple[_EchoServer, asyncio.StreamReade
 
     echo = _EchoServer()
     srv = await serve_websocket(echo.handler, "127.0.0.1", 0, max_message_size=1 << 20)
+    echo.server = srv
     try:
         port = srv.sockets[0].getsockname()[1]
         reader, writer = await _raw_upgrade(f"ws://127.0.0.1:{port}")
@@ -665,6 +667,22 @@ async def test_a_close_during_a_big_frame_goes_out_after_it() -> None:
         assert await _read_big_frame(reader, lambda: None) == big
         assert await _read_frame(reader) == (8, (1000).to_bytes(2, "big"))
         assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""  # then EOF
+
+
+async def test_a_server_closing_during_a_big_frame_sends_it_first() -> None:
+    """In-process: the server shuts down while a big frame is still being fed; the
+    socket closes after the frame's last byte (as after a frame the transport
+    held whole), not in the middle of it."""
+    import os
+
+    async with _echo_server() as (echo, reader, _writer):
+        conn = echo.conns[0]
+        big = os.urandom(BIG)
+        assert conn.send_nowait(big)
+        echo.server.close()
+        assert conn._stream is not None and conn._close_pending
+        assert await _read_big_frame(reader, lambda: None) == big
+        assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""  # then the close
 
 
 async def test_output_made_while_a_big_reply_is_sent_follows_it_whole(

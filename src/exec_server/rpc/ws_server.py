@@ -104,6 +104,8 @@ class WsConnection(asyncio.BufferedProtocol):
         self._backlog: collections.deque[tuple[bytes, bytes | None]] = collections.deque()
         #: the library's end of output (EOF or close) came while a payload was fed.
         self._end_pending = False
+        #: :meth:`close` was called while a payload was fed.
+        self._close_pending = False
         self._eof = False
         self._lost = False
         self._task: asyncio.Task[None] | None = None
@@ -620,6 +622,10 @@ class WsConnection(asyncio.BufferedProtocol):
         if self._end_pending:
             self._end_pending = False
             self._end_output()
+        if self._close_pending:
+            self._close_pending = False
+            if self._transport is not None:
+                self._transport.close()
         self._write_paused = self._transport_paused
         if not self._write_paused:
             self._resolve_drain()
@@ -699,6 +705,17 @@ class WsConnection(asyncio.BufferedProtocol):
             return
         self._write(parts[0] + parts[1] if len(parts) == 2 else b"".join(parts))
 
+    def close(self) -> None:
+        """Close the socket once everything written so far is sent, as the
+        transport's own ``close`` does, including the rest of a frame still
+        being fed (which the transport has not seen yet)."""
+        if self._transport is None:
+            return
+        if self._stream is not None:
+            self._close_pending = True
+        else:
+            self._transport.close()
+
     async def aclose(self) -> None:
         """Start the closing handshake (1000); the socket closes when it completes."""
         if self._lost:
@@ -737,8 +754,7 @@ class WsServer:
         if not close_connections:
             return
         for conn in list(self.connections):
-            if conn.transport is not None:
-                conn.transport.close()
+            conn.close()
 
     async def wait_closed(self) -> None:
         """Wait for every connection handler to finish."""
