@@ -187,11 +187,18 @@ class WorkerPool:
         """
         fut: asyncio.Future[list[object]] = asyncio.get_running_loop().create_future()
         self.submit(functools.partial(_deliver, fut), fn, *args, **kwargs)
-        # The result comes in a box that is emptied here: the finished future
-        # lives on until the task next yields (the loop's handle that resumed
-        # it holds it), and a big result - an 85 MiB base64 reply body - must
-        # not be kept alive through the encoding and sending that follow.
-        return (await fut).pop()  # type: ignore[return-value]
+        try:
+            # The result comes in a box that is emptied here: the finished future
+            # lives on until the task next yields (the loop's handle that resumed
+            # it holds it), and a big result - an 85 MiB base64 reply body - must
+            # not be kept alive through the encoding and sending that follow.
+            return (await fut).pop()  # type: ignore[return-value]
+        finally:
+            # A raised error's traceback holds this frame: without this, the frame
+            # holds the future that holds the error, a cycle only the collector
+            # frees, and with it the frames of the failed call (a failed 64 MiB
+            # write's data and message).
+            del fut
 
     def submit(
         self,

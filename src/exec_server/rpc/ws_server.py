@@ -106,6 +106,8 @@ class WsConnection(asyncio.BufferedProtocol):
         self._end_pending = False
         #: :meth:`close` was called while a payload was fed.
         self._close_pending = False
+        #: ``_resume_pump`` is scheduled.
+        self._pump_pending = False
         self._eof = False
         self._lost = False
         self._task: asyncio.Task[None] | None = None
@@ -212,9 +214,10 @@ class WsConnection(asyncio.BufferedProtocol):
         if self._timer is not None:
             self._timer.cancel()
         self._set_eof()
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_exception(ConnectionResetError("connection lost"))
-            self._drain.exception()  # mark retrieved: nobody may be waiting
+        # Waiting senders wake and raise a fresh error themselves: an exception
+        # kept in the future would hold their frames (and the frame each was
+        # sending, 85 MiB for a big reply) in a cycle through this connection.
+        self._resolve_drain()
 
     def pause_writing(self) -> None:
         self._transport_paused = True
@@ -223,14 +226,26 @@ class WsConnection(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self._transport_paused = False
         if self._stream is not None:
-            with self._wlock:
-                self._pump()
-            if self._stream is not None:
-                return  # still feeding: senders keep waiting
-            self._after_pump()
-            return
+            # Fed from the next callback, not from inside this one: asyncio (3.11)
+            # calls this from its write-ready handler, and if a write made here
+            # fails, that handler and the failure both end the connection
+            # (``connection_lost`` twice; the second call's error was logged and
+            # kept the failed write's frames, with the payload, alive).
+            if not self._pump_pending and self._loop is not None:
+                self._pump_pending = True
+                self._loop.call_soon(self._resume_pump)
+            return  # still feeding: senders keep waiting
         self._write_paused = False
         self._resolve_drain()
+
+    def _resume_pump(self) -> None:
+        self._pump_pending = False
+        if self._stream is None or self._lost or self._transport_paused:
+            return
+        with self._wlock:
+            self._pump()
+        if self._stream is None:
+            self._after_pump()
 
     def _resolve_drain(self) -> None:
         if self._drain is not None and not self._drain.done():
@@ -522,6 +537,8 @@ class WsConnection(asyncio.BufferedProtocol):
             if self._drain is None or self._drain.done():
                 self._drain = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._drain)
+            if self._lost:
+                raise ConnectionResetError("connection lost")
 
     def _write_frame(self, data: bytes) -> None:
         transport = self._transport

@@ -160,7 +160,10 @@ def decode_data_base64(raw: msgspec.Raw) -> bytes:
     try:
         decoded = _bytes_decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        refused = exc
+        # Kept without its traceback, which holds this frame (and so the whole
+        # text and its decoding, which this frame holds): a cycle only the
+        # collector would free.
+        refused = exc.with_traceback(None)
     except msgspec.DecodeError as exc:
         raise _not_json_text(exc) from exc
     else:
