@@ -46,6 +46,38 @@ async def test_malformed_json_keeps_connection_usable(server: Any, rpc: Rpc) -> 
     assert uuid.UUID(session_id)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        b'{"path":"/tmp/\xff\xfe"}',  # fs/getMetadata answered at once
+        b'{"path":"/tmp/\xff","dataBase64":"","sandbox":null}',  # started in a worker
+        b'{"path":"/tmp/\xff","dataBase64":"' + b"QUFB" * 30000 + b'","sandbox":null}',  # big
+    ],
+    ids=["now", "start", "big"],
+)
+async def test_invalid_utf8_in_params_is_a_malformed_message(
+    server: Any, rpc: Rpc, params: bytes
+) -> None:
+    """Raw bytes that are not UTF-8 inside params (a path): the envelope is read
+    without looking into them, so they used to fail later as an internal error
+    (-32603, logged with a traceback). Now the request gets -32600 with the
+    malformed-message text, under its own id (upstream, which parses the whole
+    message at once, answers id -1); the connection keeps serving."""
+    client = await rpc(server.url)
+    await client.initialize()
+    method = b"fs/writeFile" if b"dataBase64" in params else b"fs/getMetadata"
+    await client.send_raw(b'{"id":5,"method":"' + method + b'","params":' + params + b"}")
+    reply = await client.response(5)
+    assert reply["error"]["code"] == -32600
+    assert reply["error"]["message"].startswith(
+        "failed to parse websocket JSON-RPC message from exec-server websocket 127.0.0.1:"
+    )
+    assert reply["error"]["message"].endswith(": Invalid UTF-8 encoded string")
+    assert await client.call("environment/status") == {"status": "ready"}
+    assert "internal error" not in server.stderr_text()
+    assert "Traceback" not in server.stderr_text()
+
+
 async def test_unknown_method_and_gating(server: Any, rpc: Rpc) -> None:
     client = await rpc(server.url)
     reply = await client.request("no/such", {}, msg_id=7)

@@ -52,6 +52,12 @@ def method_not_found_text(method: str) -> str:
     return f"exec-server stub does not implement `{method}` yet"
 
 
+def malformed_message_text(kind: str, label: str, detail: str) -> str:
+    """The answer to a message that is not JSON-RPC (PROTOCOL.md §3.6)."""
+    framing = "websocket JSON-RPC" if kind == "websocket" else "JSON-RPC"
+    return f"failed to parse {framing} message from {label}: {detail}"
+
+
 class HandshakeState(enum.Enum):
     NEW = "new"
     REQUESTED = "requested"

@@ -36,6 +36,7 @@ from exec_server.config import ServerConfig
 from exec_server.exceptions import ErrorCode, ProtocolClosedError
 from exec_server.protocol.codec import ProtocolError, decode_message, encode_error
 from exec_server.protocol.codec import encode_notification as _encode_notification
+from exec_server.protocol.connection import malformed_message_text
 from exec_server.protocol.messages import (
     MALFORMED_ID,
     ErrorResponse,
@@ -152,7 +153,9 @@ class ConnectionProcessor:
             transport, "send_threadsafe", None
         )
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.attachment = Attachment(transport.label, self._notify, self._notify_nowait)
+        self.attachment = Attachment(
+            transport.label, self._notify, self._notify_nowait, kind=transport.kind
+        )
         self._handlers: set[asyncio.Task[None]] = set()
         #: ``_serve`` waits for the next message (so nothing is being handled).
         self._parked = False
@@ -300,16 +303,11 @@ class ConnectionProcessor:
             else:
                 message = decode_message(item)
         except ProtocolError as exc:
-            prefix = (
-                "failed to parse websocket JSON-RPC message from"
-                if self.transport.kind == "websocket"
-                else "failed to parse JSON-RPC message from"
-            )
             await self._send(
                 encode_error(
                     MALFORMED_ID,
                     ErrorCode.INVALID_REQUEST,
-                    f"{prefix} {self.transport.label}: {exc.message}",
+                    malformed_message_text(self.transport.kind, self.transport.label, exc.message),
                 )
             )
             return

@@ -34,6 +34,7 @@ from exec_server.protocol.connection import (
     NO_SESSION,
     SESSION_RESUMED,
     Family,
+    malformed_message_text,
     method_not_found_text,
 )
 from exec_server.protocol.messages import Request, RequestId
@@ -369,7 +370,18 @@ class Router:
             # registered the route registered the shape, and its handler takes it.
             params: Any = decoded
         else:
-            params = decode_params(request.params, route.params_type)
+            try:
+                params = decode_params(request.params, route.params_type)
+            except msgspec.ValidationError:
+                raise  # a ValidationError is a DecodeError too: -32602, as it says
+            except msgspec.DecodeError as exc:
+                # The envelope was JSON, but not the params in it: the envelope's
+                # reader skips over them without checking their text (invalid
+                # UTF-8 in a string). Upstream reads the whole message at once and
+                # answers id -1; we know the id, so the request gets its answer.
+                raise InvalidRequestError(
+                    malformed_message_text(ctx.attachment.kind, ctx.attachment.label, str(exc))
+                ) from None
         att = ctx.attachment
         att.handshake.gate(route.family, has_session=att.session is not None, attached=att.attached)
         return params

@@ -69,10 +69,17 @@ class Attachment:
     """Per-connection state: handshake, attached session, notification sink."""
 
     def __init__(
-        self, label: str, sink: NotificationSink, sink_nowait: NotificationSinkNowait | None = None
+        self,
+        label: str,
+        sink: NotificationSink,
+        sink_nowait: NotificationSinkNowait | None = None,
+        *,
+        kind: str = "websocket",
     ) -> None:
         self.connection_id = uuid.uuid4().hex
         self.label = label
+        #: the transport's kind (``websocket``, ``stdio``...), for error texts.
+        self.kind = kind
         self.sink = sink
         self.sink_nowait = sink_nowait
         self.handshake = Handshake()
