@@ -437,7 +437,16 @@ async def test_fs_start_routes_answer_like_the_async_handlers(
         ("fs/readDirectory", {"path": str(tmp_path / "missing")}),
         ("fs/remove", {"path": str(tmp_path / "d" / "c.txt")}),
         ("fs/remove", {"path": str(tmp_path / "missing"), "force": False}),
+        # Nothing to do: answered from one stat on the loop (no worker job).
+        ("fs/createDirectory", {"path": str(tmp_path / "d" / "e")}),
+        ("fs/createDirectory", {"path": str(tmp_path / "link-to-d")}),
+        ("fs/createDirectory", {"path": str(tmp_path / "src.txt")}),
+        ("fs/createDirectory", {"path": str(tmp_path / "d"), "recursive": False}),
+        ("fs/remove", {"path": str(tmp_path / "missing")}),
+        ("fs/remove", {"path": str(tmp_path / "missing" / "deeper"), "force": True}),
+        ("fs/remove", {"path": str(tmp_path / "src.txt" / "under-a-file")}),
     ]
+    (tmp_path / "link-to-d").symlink_to(tmp_path / "d")
 
     async def run_all(ws: ClientConnection, root_suffix: str) -> list[dict[str, Any]]:
         out = []
@@ -471,6 +480,51 @@ async def test_fs_start_routes_answer_like_the_async_handlers(
     assert started[4]["error"]["code"] == -32600
     assert [e["fileName"] for e in started[7]["result"]["entries"]] == ["c.txt", "e", "w.txt"]
     assert (tmp_path / "d" / "w.txt").read_bytes() == b"hi"
+    assert started[11:] == [
+        {"result": {}},
+        {"result": {}},
+        {"error": {"code": -32603, "message": "File exists (os error 17)"}},
+        {"error": {"code": -32603, "message": "File exists (os error 17)"}},
+        {"result": {}},
+        {"result": {}},
+        {"error": {"code": -32603, "message": "Not a directory (os error 20)"}},
+    ]
+    await ws.close()
+
+
+async def test_calls_with_nothing_to_do_need_no_worker(
+    harness: Harness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recursive createDirectory of a directory (or a link to one) and a forced
+    remove of nothing are answered from the socket callback after one stat: a
+    worker's round trip cost ~50 µs more (mkdir of an existing directory 250 vs
+    upstream 199 µs, 208 now). Anything else still goes to a worker."""
+    from exec_server.fs.workers import WorkerPool as Pool
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "d")
+    jobs: list[object] = []
+    real_submit = Pool.submit_offering
+
+    def submit_spy(self: Pool, offer: Any, deliver: Any, call: Any) -> None:
+        jobs.append(call)
+        real_submit(self, offer, deliver, call)
+
+    monkeypatch.setattr(Pool, "submit_offering", submit_spy)
+    ws = await harness.open()
+    for method, params in [
+        ("fs/createDirectory", {"path": str(tmp_path / "d")}),
+        ("fs/createDirectory", {"path": f"file://{tmp_path}/link", "recursive": True}),
+        ("fs/remove", {"path": str(tmp_path / "gone")}),
+        ("fs/remove", {"path": f"file://{tmp_path}/gone/deeper", "force": True}),
+    ]:
+        assert await harness.ask(ws, method, params) == {"result": {}}
+    assert jobs == []
+    assert await harness.ask(ws, "fs/createDirectory", {"path": str(tmp_path / "new")}) == {
+        "result": {}
+    }
+    assert await harness.ask(ws, "fs/remove", {"path": str(tmp_path / "new")}) == {"result": {}}
+    assert len(jobs) == 2 and not (tmp_path / "new").exists()
     await ws.close()
 
 

@@ -372,6 +372,26 @@ def _create_dir_all(path: str) -> None:
                 raise
 
 
+def is_directory(path: str) -> bool:
+    """Whether ``path`` is a directory now (links followed, as ``create_dir_all``
+    does): a recursive ``createDirectory`` of it has nothing to do."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def is_missing(path: str) -> bool:
+    """Whether nothing is at ``path`` now: a forced ``remove`` of it has nothing to do."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def get_metadata(path: str) -> Metadata:
     """Stat following symlinks; ``is_symlink`` comes from ``lstat`` of the path itself."""
     with translate_os_errors():
