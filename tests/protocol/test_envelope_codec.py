@@ -109,6 +109,39 @@ def test_malformed_raises_protocol_error_with_parser_text(text: str, fragment: s
     assert fragment in info.value.message
 
 
+@pytest.mark.parametrize("where", ["params", "id", "unclosed"])
+def test_nesting_deeper_than_the_decoder_goes_is_malformed(where: str) -> None:
+    """msgspec stops at Python's recursion limit; that was a RecursionError out of
+    the decoder, which dropped the connection (upstream's serde stops at 128)."""
+    deep = b"[" * 5000 + (b"" if where == "unclosed" else b"]" * 5000)
+    if where == "id":
+        text = b'{"id":' + deep + b',"method":"m"}'
+    else:
+        text = b'{"id":1,"method":"m","params":{"x":' + deep + b"}}"
+    with pytest.raises(ProtocolError, match="recursion"):
+        decode_message(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "fits"),
+    [
+        ("9223372036854775807", Request),
+        ("-9223372036854775808", Request),
+        ("9223372036854775808", Notification),
+        ("-9223372036854775809", Notification),
+        ("1180591620717411303424", Notification),
+        ("1.0", Notification),
+    ],
+)
+def test_integer_ids_are_64_bit(text: str, fits: type) -> None:
+    """An id is an i64 or a string (upstream's type): a bigger integer is no id, so
+    the message fits no request shape, like a float id (a notification here)."""
+    msg = decode_message(f'{{"id":{text},"method":"m"}}'.encode())
+    assert type(msg) is fits
+    if fits is Request:
+        assert isinstance(msg, Request) and msg.id == int(text)
+
+
 def test_invalid_utf8_is_malformed() -> None:
     with pytest.raises(ProtocolError):
         decode_message(b'{"id":1,"method":"\xff"}')

@@ -78,6 +78,37 @@ async def test_invalid_utf8_in_params_is_a_malformed_message(
     assert "Traceback" not in server.stderr_text()
 
 
+@pytest.mark.parametrize("idle", [True, False], ids=["on-arrival", "queued"])
+async def test_deeply_nested_message_is_malformed_and_connection_survives(
+    server: Any, rpc: Rpc, idle: bool
+) -> None:
+    """5000 nested arrays in params: the decoder's RecursionError escaped, logged a
+    traceback and dropped the connection (on an idle connection, from the socket
+    callback, without a close frame). Now: the malformed-message error."""
+    client = await rpc(server.url)
+    await client.initialize()
+    deep = "[" * 5000 + "]" * 5000
+    message = '{"id":5,"method":"fs/getMetadata","params":{"path":"/tmp","x":' + deep + "}}"
+    if idle:
+        await client.send_raw(message)
+    else:  # behind a request still running, so it is decoded on the queued path
+        await client.send(
+            {"id": 4, "method": "process/start", "params": {
+                "processId": "p", "argv": ["/bin/true"], "cwd": "/", "env": {}, "tty": False,
+                "sandbox": None}}
+        )
+        await client.send_raw(message)
+        await client.response(4)
+    reply = await client.response(-1)
+    assert reply["error"]["code"] == -32600
+    assert "recursion" in reply["error"]["message"]
+    assert reply["error"]["message"].startswith(
+        "failed to parse websocket JSON-RPC message from exec-server websocket 127.0.0.1:"
+    )
+    assert await client.call("environment/status") == {"status": "ready"}
+    assert "Traceback" not in server.stderr_text()
+
+
 async def test_unknown_method_and_gating(server: Any, rpc: Rpc) -> None:
     client = await rpc(server.url)
     reply = await client.request("no/such", {}, msg_id=7)

@@ -205,7 +205,7 @@ def _decode_deferred(data: bytes | bytearray) -> Request | None:
     return None
 
 
-_id_decoder: Final = msgspec.json.Decoder(int | str)
+_id_decoder: Final = msgspec.json.Decoder(RequestId)
 _str_decoder: Final = msgspec.json.Decoder(str)
 _error_decoder: Final = msgspec.json.Decoder(ErrorObject)
 _encoder: Final = msgspec.json.Encoder()
@@ -231,8 +231,17 @@ def decode_message(data: bytes | bytearray | str) -> Message:
     """Decode one inbound frame or line.
 
     Raises:
-        ProtocolError: not JSON, not an object, or no shape fits.
+        ProtocolError: not JSON, not an object, no shape fits, or nested deeper
+            than the decoder goes (msgspec stops at Python's recursion limit,
+            ~1000 levels; upstream's serde at 128).
     """
+    try:
+        return _decode_message(data)
+    except RecursionError as exc:
+        raise ProtocolError(str(exc)) from None
+
+
+def _decode_message(data: bytes | bytearray | str) -> Message:
     if _deferred_decoder is not None and len(data) >= ONE_PASS_MIN and not isinstance(data, str):
         deferred = _decode_deferred(data)
         if deferred is not None:

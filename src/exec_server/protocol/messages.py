@@ -12,7 +12,7 @@ These are the decoded (inbound) shapes. Outbound messages are built by the
 
 from __future__ import annotations
 
-from typing import Final, TypeAlias
+from typing import Annotated, Final, TypeAlias
 
 import msgspec
 
@@ -32,8 +32,10 @@ __all__ = [
     "ShellInfo",
 ]
 
-#: An id is a JSON integer (64-bit signed) or a JSON string, echoed unchanged.
-RequestId: TypeAlias = int | str
+#: An id is a JSON integer (64-bit signed) or a JSON string, echoed unchanged. An
+#: integer out of that range is no id (upstream's is an ``i64``): the message then
+#: fits no request shape, as a float id does not.
+RequestId: TypeAlias = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | str
 
 #: The id used when answering a message that could not be parsed (§3.5).
 MALFORMED_ID: Final[int] = -1

@@ -124,7 +124,7 @@ def _sniff_id(head: bytes) -> RequestId:
     if match is None:
         return MALFORMED_ID
     try:
-        value: RequestId = msgspec.json.decode(match.group(1), type=int | str)
+        value: RequestId = msgspec.json.decode(match.group(1), type=RequestId)
     except msgspec.DecodeError:
         return MALFORMED_ID
     return value

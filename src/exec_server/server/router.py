@@ -374,11 +374,12 @@ class Router:
                 params = decode_params(request.params, route.params_type)
             except msgspec.ValidationError:
                 raise  # a ValidationError is a DecodeError too: -32602, as it says
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, RecursionError) as exc:
                 # The envelope was JSON, but not the params in it: the envelope's
                 # reader skips over them without checking their text (invalid
-                # UTF-8 in a string). Upstream reads the whole message at once and
-                # answers id -1; we know the id, so the request gets its answer.
+                # UTF-8 in a string), or they nest deeper than the decoder goes.
+                # Upstream reads the whole message at once and answers id -1; we
+                # know the id, so the request gets its answer.
                 raise InvalidRequestError(
                     malformed_message_text(ctx.attachment.kind, ctx.attachment.label, str(exc))
                 ) from None
