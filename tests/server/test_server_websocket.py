@@ -732,6 +732,23 @@ async def test_a_close_during_a_big_frame_goes_out_after_it() -> None:
         assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""  # then EOF
 
 
+async def test_a_client_ending_its_side_during_a_big_frame_still_gets_it() -> None:
+    """In-process: the client half-closes (TCP EOF, no close frame) while a big frame
+    is being fed; the frame is finished, then the connection ends (as with a frame
+    the transport held whole)."""
+    import os
+
+    async with _echo_server() as (echo, reader, writer):
+        conn = echo.conns[0]
+        big = os.urandom(BIG)
+        assert conn.send_nowait(big)
+        writer.write_eof()
+        await asyncio.wait_for(echo.ended.wait(), TIMEOUT)  # the EOF was read
+        assert conn._stream is not None
+        assert await _read_big_frame(reader, lambda: None) == big
+        assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""
+
+
 async def test_a_server_closing_during_a_big_frame_sends_it_first() -> None:
     """In-process: the server shuts down while a big frame is still being fed; the
     socket closes after the frame's last byte (as after a frame the transport

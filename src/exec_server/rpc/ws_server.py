@@ -202,7 +202,9 @@ class WsConnection(asyncio.BufferedProtocol):
         self._proto.events_received()
         self._flush()
         self._after_events()
-        return None
+        # True keeps asyncio from closing the socket at once: a frame still being
+        # fed is finished first, then ``close`` (pending) ends the connection.
+        return self._stream is not None
 
     def connection_lost(self, exc: Exception | None) -> None:
         with self._wlock:  # no thread is writing to the socket as asyncio closes it
@@ -441,8 +443,7 @@ class WsConnection(asyncio.BufferedProtocol):
         state = self._proto.state
         if state is State.CLOSED:
             self._set_eof()
-            if self._transport is not None:
-                self._transport.close()
+            self.close()  # after a frame still being fed, as after one the transport holds
             return
         if state is State.CLOSING:
             self._set_eof()  # closing handshake (or a protocol failure): no more messages
