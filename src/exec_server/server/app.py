@@ -55,7 +55,7 @@ from exec_server.rpc.transport import (
 )
 from exec_server.rpc.ws_server import WsConnection, WsServer, serve_websocket
 from exec_server.server import env_handlers, fs_handlers, process_handlers
-from exec_server.server.heap import release_freed_memory, settle_startup_heap
+from exec_server.server.heap import settle_startup_heap
 from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, SessionRegistry
@@ -76,13 +76,11 @@ BLOCKING_METHODS: Final = ("process/read",)
 #: messages up to this size may be answered straight from the socket callback
 #: (``ConnectionProcessor._offer``); bigger ones gain nothing from it.
 NOW_MAX_MESSAGE: Final = 64 * 1024
-#: A message or reply over this size is a big transfer: once it is handled (sent)
-#: it is let go at once and the freed memory handed back to the system
-#: (:func:`release_freed_memory`). Smaller messages are kept until the next one
-#: arrives: freed, their memory went back to the system and the next message
-#: faulted it in again (~0.8 ms per 1 MiB write); above glibc's largest mmap
-#: threshold every message gets fresh pages anyway.
-BIG_TRANSFER: Final = 32 << 20
+#: A message over this size is let go as soon as it is handled, not kept until the
+#: next one arrives. Smaller ones are kept: freed, their memory went back to the
+#: system and the next message faulted it in again (~0.8 ms per 1 MiB write);
+#: above glibc's largest mmap threshold every message gets fresh pages anyway.
+KEEP_MESSAGE_MAX: Final = 32 << 20
 _ID_PREFIX: Final = re.compile(rb'^\s*\{\s*"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
 
 
@@ -279,9 +277,8 @@ class ConnectionProcessor:
             except ProtocolClosedError as exc:
                 self._request_close(str(exc))
                 return
-            if not isinstance(item, OversizedMessage) and len(item) > BIG_TRANSFER:
+            if not isinstance(item, OversizedMessage) and len(item) > KEEP_MESSAGE_MAX:
                 del item  # an idle connection would hold a 64 MiB write's 85 MiB text
-                release_freed_memory()
 
     async def _handle(self, item: bytes | bytearray | OversizedMessage | None) -> None:
         if isinstance(item, OversizedMessage):
@@ -449,24 +446,17 @@ class ConnectionProcessor:
         )
         if not self.router.may_block(request.method):
             # Fast path: run inline, answer, then read the next message.
-            await self._send_reply(await self.router.dispatch(ctx, request))
+            await self._send(await self.router.dispatch(ctx, request))
             return
         task = asyncio.create_task(self._run_request(ctx, request))
         self._handlers.add(task)
         task.add_done_callback(self._handlers.discard)
         await ctx.released.wait()
 
-    async def _send_reply(self, reply: bytes) -> None:
-        """:meth:`_send`, and after a big reply, its memory back to the system."""
-        big = len(reply) > BIG_TRANSFER
-        await self._send(reply)
-        if big:
-            del reply
-            release_freed_memory()
-
     async def _run_request(self, ctx: RequestContext, request: Request) -> None:
         try:
-            await self._send_reply(await self.router.dispatch(ctx, request))
+            reply = await self.router.dispatch(ctx, request)
+            await self._send(reply)
         except ProtocolClosedError as exc:
             self._request_close(str(exc))
         finally:

@@ -11,13 +11,6 @@ as before.
 Why trim: import-time temporaries are freed by then; ``malloc_trim`` hands
 their pages back to the OS, so the server idles at a smaller RSS (glibc
 only, best effort).
-
-Later, :func:`release_freed_memory` trims again after each big transfer
-(a message or reply of tens of MiB). glibc sometimes serves a big block a
-worker thread asks for from that thread's own heap, not a mapping of its
-own, and once freed it stays resident for as long as something allocated
-above it lives: 42 MiB after one 32 MiB ``readFile`` in about one run in
-ten. ``malloc_trim`` returns the free pages of every heap.
 """
 
 from __future__ import annotations
@@ -25,33 +18,16 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-from collections.abc import Callable
-from typing import Final, cast
 
-__all__ = ["release_freed_memory", "settle_startup_heap"]
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-    fn.argtypes = (ctypes.c_size_t,)
-    fn.restype = ctypes.c_int
-    return cast("Callable[[int], int]", fn)
-
-
-_malloc_trim: Final = _load_malloc_trim()
-
-
-def release_freed_memory() -> None:
-    """Hand the free pages of every malloc heap back to the OS (glibc; else nothing)."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+__all__ = ["settle_startup_heap"]
 
 
 def settle_startup_heap() -> None:
     """Collect start-up garbage, freeze what survives, return freed memory to the OS."""
     gc.collect()
     gc.freeze()
-    release_freed_memory()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
