@@ -510,6 +510,30 @@ BAD_CURRENT = [
         },
         "sandbox.permissions.file_system.entries[0]",
     ),
+    *(
+        (
+            {
+                "permissions": {
+                    "type": "managed",
+                    "file_system": {
+                        "type": "restricted",
+                        "entries": [
+                            {
+                                "path": {
+                                    "type": "special",
+                                    "value": {"kind": "project_roots", "subpath": above},
+                                },
+                                "access": "write",
+                            }
+                        ],
+                    },
+                    "network": "restricted",
+                }
+            },
+            "entries[0].path.value.subpath: subpath must stay inside the root",
+        )
+        for above in ("..", "../..", "a/../../b", "./../x")
+    ),
     ({"permissions": {"type": "disabled"}, "cwd": "relative"}, "sandbox.cwd"),
     ({"permissions": {"type": "disabled"}, "workspaceRoots": ["a"]}, "sandbox.workspaceRoots[0]"),
 ]
@@ -525,6 +549,23 @@ def test_bad_current_context_names_the_field(ctx: dict[str, Any], needle: str) -
     assert needle in info.value.message
     with pytest.raises(InvalidParamsError):
         fs_context_from_wire(raw(ctx), server_cwd="/w")
+
+
+def test_a_subpath_may_use_dots_that_stay_inside_the_root() -> None:
+    """Only a subpath that climbs above its root is refused (see BAD_CURRENT)."""
+    entry = {
+        "path": {"type": "special", "value": {"kind": "project_roots", "subpath": "a/../.codex"}},
+        "access": "read",
+    }
+    ctx = {
+        "windowsSandboxLevel": "disabled",
+        "permissions": {
+            "type": "managed",
+            "file_system": {"type": "restricted", "entries": [entry]},
+            "network": "restricted",
+        },
+    }
+    launch_request_from_wire(raw(ctx), command_cwd="/w")
 
 
 # --- more PROTOCOL.md examples ---

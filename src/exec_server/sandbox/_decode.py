@@ -7,6 +7,7 @@ Private to the sandbox package: :mod:`exec_server.sandbox.convert` and
 from __future__ import annotations
 
 import enum
+import posixpath
 from collections.abc import Sequence
 
 import msgspec
@@ -93,6 +94,11 @@ def _subpath(value: str | None, where: str) -> str | None:
         return None
     if value.startswith("/") or "\x00" in value:
         raise InvalidParamsError(f"{where}: subpath must be a relative path")
+    normal = posixpath.normpath(value)
+    if normal == ".." or normal.startswith("../"):
+        # Meant to name something inside each root (".git", ".codex"): "../.."
+        # would grant, say, write access above every workspace root.
+        raise InvalidParamsError(f"{where}: subpath must stay inside the root")
     return value
 
 
