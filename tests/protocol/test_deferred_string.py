@@ -117,6 +117,18 @@ def test_native_decodes_what_msgspec_decodes(data: bytes) -> None:
     assert decoded is not None and bytes(decoded) == data
 
 
+@pytest.mark.skipif(not native_base64.encoder_available(), reason="no libcrypto")
+@given(st.binary(max_size=300), st.integers(0, 7))
+def test_native_encodes_what_base64_encodes(data: bytes, offset: int) -> None:
+    length = native_base64.encoded_length(len(data))
+    out = bytearray(b"?" * (offset + length + 1))
+    native_base64.encode_into(data, out, offset)
+    assert bytes(out[offset : offset + length]) == base64.b64encode(data)
+    assert out[:offset] == b"?" * offset  # nothing before the offset is touched
+    with pytest.raises(ValueError, match="too short"):
+        native_base64.encode_into(data, bytearray(offset + length), offset)
+
+
 def _msgspec_bytes(text: bytes) -> bytes | None:
     try:
         return msgspec.json.decode(b'"' + text + b'"', type=bytes)

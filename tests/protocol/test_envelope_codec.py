@@ -18,6 +18,7 @@ from exec_server.protocol.codec import (
     encode_error,
     encode_notification,
     encode_reply,
+    encode_reply_filled,
     encode_request,
     encode_result,
 )
@@ -183,6 +184,32 @@ def test_encoders_match_upstream_shapes() -> None:
         b'{"id":-1,"error":{"code":-32600,"message":"bad"}}'
     )
     assert encode_result(5, InitializeResult("s")) == b'{"id":5,"result":{"sessionId":"s"}}'
+
+
+class _Text(msgspec.Struct):
+    text: bytes
+
+
+@given(
+    st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=20)),
+    st.binary(max_size=300),
+)
+def test_a_reply_filled_outside_the_encoder_equals_the_encoded_one(
+    request_id: int | str, data: bytes
+) -> None:
+    """``encode_reply_filled`` leaves the member's text to a ``fill`` (the server's
+    GIL-free base64 for big reads): the reply must be byte for byte the encoder's,
+    whatever the id (an empty string id has its own ``""``)."""
+    import base64
+
+    text = base64.b64encode(data)
+
+    def fill(buffer: bytearray, at: int) -> None:
+        buffer[at : at + len(text) + 1] = text + b"\xff"  # and the scratch byte
+
+    filled = encode_reply_filled(request_id, _Text(b""), len(text), fill)
+    assert bytes(filled.payload) == encode_reply(request_id, _Text(data)).payload
+    assert encode_result(request_id, filled) is filled.payload
 
 
 def test_a_reply_encoded_ahead_is_sent_as_it_is_and_only_for_its_id() -> None:

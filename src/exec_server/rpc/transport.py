@@ -34,6 +34,7 @@ __all__ = [
     "Inbound",
     "MemoryTransport",
     "MessageTransport",
+    "Outbound",
     "OversizedMessage",
     "StreamTransport",
     "WebSocketTransport",
@@ -66,6 +67,10 @@ class OversizedMessage:
 #: gathered in (not copied into a ``bytes``).
 Inbound: TypeAlias = bytes | bytearray | OversizedMessage | None
 
+#: What ``send`` takes: one encoded message (a big reply may be the bytearray a
+#: worker built it in, see ``codec.encode_reply_filled``).
+Outbound: TypeAlias = bytes | bytearray
+
 
 class MessageTransport(Protocol):
     """A bidirectional, message-framed connection."""
@@ -79,7 +84,7 @@ class MessageTransport(Protocol):
         """Next inbound message; None once the peer is gone."""
         ...
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: Outbound) -> None:
         """Send one UTF-8 JSON message (waits for buffer space: backpressure).
 
         Raises:
@@ -133,7 +138,7 @@ class WebSocketTransport:
             return OversizedMessage(size, limit, head)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: Outbound) -> None:
         try:
             await self.ws.send(data, text=True)
         except ConnectionClosed as exc:
@@ -217,7 +222,7 @@ class StreamTransport:
                 return OversizedMessage(size, self.max_message_size, head)
             size += len(chunk)
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: Outbound) -> None:
         if self.writer.is_closing():
             raise ConnectionResetError("stream closed")
         self.writer.write(data)
@@ -256,10 +261,10 @@ class MemoryTransport:
             self.closed = True
         return item
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: Outbound) -> None:
         if self.closed:
             raise ConnectionResetError("transport closed")
-        await self._outbound.put(data)
+        await self._outbound.put(bytes(data) if isinstance(data, bytearray) else data)
 
     async def aclose(self) -> None:
         """Close both directions: the peer sees EOF, our reader stops."""

@@ -50,7 +50,7 @@ try:
 except ImportError:  # pragma: no cover - the C extension is missing
     from websockets.utils import apply_mask
 
-from exec_server.rpc.transport import HEAD_SIZE, Inbound, OversizedMessage, set_nodelay
+from exec_server.rpc.transport import HEAD_SIZE, Inbound, Outbound, OversizedMessage, set_nodelay
 
 __all__ = ["WsConnection", "WsServer", "serve_websocket"]
 
@@ -101,7 +101,9 @@ class WsConnection(asyncio.BufferedProtocol):
         #: the unsent rest of a big payload, fed to the transport as it drains.
         self._stream: memoryview | None = None
         #: frames written while a payload is being fed: they follow it, in order.
-        self._backlog: collections.deque[tuple[bytes, bytes | None]] = collections.deque()
+        self._backlog: collections.deque[tuple[Outbound, Outbound | None]] = (
+            collections.deque()
+        )
         #: the library's end of output (EOF or close) came while a payload was fed.
         self._end_pending = False
         #: :meth:`close` was called while a payload was fed.
@@ -115,7 +117,7 @@ class WsConnection(asyncio.BufferedProtocol):
         #: queued: returns True if it took the message (answered it at once).
         self.on_message: Callable[[bytes | bytearray | OversizedMessage], bool] | None = None
         #: frames held back by :meth:`cork` (written together by :meth:`uncork`).
-        self._corked: list[bytes] | None = None
+        self._corked: list[Outbound] | None = None
         #: held by every write, from the loop or from :meth:`send_threadsafe`.
         self._wlock = threading.Lock()
         #: the socket's fd, for :meth:`send_threadsafe` (-1 before ``connection_made``).
@@ -513,7 +515,7 @@ class WsConnection(asyncio.BufferedProtocol):
         """Whether :meth:`send_nowait` would send now (the write buffer has room)."""
         return not self._write_paused and not self._lost
 
-    def send_nowait(self, data: bytes) -> bool:
+    def send_nowait(self, data: Outbound) -> bool:
         """Send one Text frame unless the write buffer is full (then False, nothing sent).
 
         Lets a producer send from a callback, without a task, while the
@@ -527,7 +529,7 @@ class WsConnection(asyncio.BufferedProtocol):
         self._write_frame(data)
         return True
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: Outbound) -> None:
         """Send one Text frame; waits while the write buffer is full.
 
         Raises:
@@ -541,7 +543,7 @@ class WsConnection(asyncio.BufferedProtocol):
             if self._lost:
                 raise ConnectionResetError("connection lost")
 
-    def _write_frame(self, data: bytes) -> None:
+    def _write_frame(self, data: Outbound) -> None:
         transport = self._transport
         if (
             self._proto.state is not State.OPEN
@@ -573,7 +575,7 @@ class WsConnection(asyncio.BufferedProtocol):
         else:
             self._write(header, data)
 
-    def _write(self, data: bytes, more: bytes | None = None) -> None:
+    def _write(self, data: Outbound, more: Outbound | None = None) -> None:
         """Every write from the loop: under the lock, after a thread's unsent tail
         and after any payload still being fed (``more``: a big payload after ``data``)."""
         transport = self._transport
@@ -656,7 +658,9 @@ class WsConnection(asyncio.BufferedProtocol):
             if tail is not None and transport is not None and not self._lost:
                 transport.write(tail)
 
-    def send_threadsafe(self, data: bytes, on_commit: Callable[[], None] | None = None) -> bool:
+    def send_threadsafe(
+        self, data: Outbound, on_commit: Callable[[], None] | None = None
+    ) -> bool:
         """From any thread: send one small Text frame now, ahead of anything the loop writes later.
 
         Returns False, having done nothing, when the connection is closing,

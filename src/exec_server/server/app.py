@@ -50,6 +50,7 @@ from exec_server.protocol.messages import (
 from exec_server.rpc.listen import STDIO, ListenAddress, format_ws_url, parse_listen_url
 from exec_server.rpc.transport import (
     MessageTransport,
+    Outbound,
     OversizedMessage,
     StreamTransport,
 )
@@ -143,11 +144,11 @@ class ConnectionProcessor:
         self.router = router
         self.services = services
         self.registry = registry
-        self._send_nowait: Callable[[bytes], bool] | None = getattr(
+        self._send_nowait: Callable[[Outbound], bool] | None = getattr(
             transport, "send_nowait", None
         )
         #: sends a small reply from a worker thread, if the transport can (WebSocket).
-        self._send_threadsafe: Callable[[bytes, Callable[[], None]], bool] | None = getattr(
+        self._send_threadsafe: Callable[[Outbound, Callable[[], None]], bool] | None = getattr(
             transport, "send_threadsafe", None
         )
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -170,7 +171,7 @@ class ConnectionProcessor:
 
     # -- outbound ---------------------------------------------------------
 
-    async def _send(self, data: bytes) -> bool:
+    async def _send(self, data: Outbound) -> bool:
         """Hand one message to the transport; False if the connection is closing or gone."""
         if self._closed:
             return False
@@ -386,7 +387,7 @@ class ConnectionProcessor:
         finally:
             transport.uncork()
 
-    def _reply_now(self, reply: bytes) -> None:
+    def _reply_now(self, reply: Outbound) -> None:
         """Write a reply from a callback (room was checked, or it is one small frame)."""
         if self._closed:
             return
@@ -403,7 +404,7 @@ class ConnectionProcessor:
             self._closed = True
             self._request_close(f"send failed: {exc}")
 
-    def _started_reply_from_thread(self, reply: bytes) -> bool:
+    def _started_reply_from_thread(self, reply: Outbound) -> bool:
         """The answer of a request ``_offer`` started, sent by the worker that made it.
 
         Only when the transport can take it in order from this thread
@@ -432,7 +433,7 @@ class ConnectionProcessor:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _started_reply(self, reply: bytes) -> None:
+    def _started_reply(self, reply: Outbound) -> None:
         """The answer of a request ``_offer`` started: send it, then let ``_serve`` go on."""
         self._started_pending = False
         self._reply_now(reply)

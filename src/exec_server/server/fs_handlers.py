@@ -29,6 +29,7 @@ from exec_server.protocol import native_base64
 from exec_server.protocol.codec import (
     EncodedReply,
     encode_reply,
+    encode_reply_filled,
     register_deferred_string,
     register_one_pass,
 )
@@ -198,8 +199,16 @@ def decode_data_span(span: StringSpan) -> bytes | memoryview:
 
 def encode_read_reply(request_id: RequestId, data: bytes) -> EncodedReply:
     """The whole reply to a big ``fs/readFile``, made in the worker that read the file:
-    its base64 text is written once, straight into the reply (see :class:`EncodedReply`)."""
-    return encode_reply(request_id, t.ReadFileResult(data_base64=data))
+    its base64 text is written once, straight into the reply (see :class:`EncodedReply`),
+    by libcrypto without the GIL when it can be (see ``native_base64.encode_into``)."""
+    if not native_base64.encoder_available():
+        return encode_reply(request_id, t.ReadFileResult(data_base64=data))
+    return encode_reply_filled(
+        request_id,
+        t.ReadFileResult(data_base64=b""),
+        native_base64.encoded_length(len(data)),
+        functools.partial(native_base64.encode_into, data),
+    )
 
 
 async def read_file(

@@ -38,6 +38,7 @@ from exec_server.protocol.connection import (
     method_not_found_text,
 )
 from exec_server.protocol.messages import Request, RequestId
+from exec_server.rpc.transport import Outbound
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, Session, SessionRegistry
 
@@ -88,9 +89,9 @@ class Done:
 
     def __init__(
         self,
-        encode: Callable[[msgspec.Struct | None, BaseException | None], bytes],
-        reply: Callable[[bytes], None],
-        reply_from_thread: Callable[[bytes], bool] | None = None,
+        encode: Callable[[msgspec.Struct | None, BaseException | None], Outbound],
+        reply: Callable[[Outbound], None],
+        reply_from_thread: Callable[[Outbound], bool] | None = None,
     ) -> None:
         self._encode = encode
         self._reply = reply
@@ -270,7 +271,7 @@ class Router:
     def methods(self) -> list[str]:
         return sorted(self._routes)
 
-    async def dispatch(self, ctx: RequestContext, request: Request) -> bytes:
+    async def dispatch(self, ctx: RequestContext, request: Request) -> Outbound:
         """Handle one request and return the encoded Response or Error.
 
         Raises:
@@ -291,7 +292,7 @@ class Router:
         except Exception as exc:
             return self._error(request, exc)
 
-    def dispatch_now(self, ctx: RequestContext, request: Request) -> bytes | None:
+    def dispatch_now(self, ctx: RequestContext, request: Request) -> Outbound | None:
         """:meth:`dispatch` without waiting, for routes with a ``now`` handler.
 
         Returns None when the request needs the async path (no ``now``
@@ -320,8 +321,8 @@ class Router:
         self,
         ctx: RequestContext,
         request: Request,
-        reply: Callable[[bytes], None],
-        reply_from_thread: Callable[[bytes], bool] | None = None,
+        reply: Callable[[Outbound], None],
+        reply_from_thread: Callable[[Outbound], bool] | None = None,
     ) -> bool:
         """Start a request through its ``start`` handler; ``reply(bytes)`` gets the
         encoded answer, now (an error found before starting) or when the job ends.
@@ -338,7 +339,7 @@ class Router:
         if route is None or route.start is None:
             return False
 
-        def encode(result: msgspec.Struct | None, error: BaseException | None) -> bytes:
+        def encode(result: msgspec.Struct | None, error: BaseException | None) -> Outbound:
             if error is None:
                 assert result is not None
                 try:
