@@ -455,6 +455,24 @@ def test_current_entries_deny_glob_unknown() -> None:
     assert [e.access for e in req.fs_policy.entries] == [Access.NONE] * 2 + [Access.READ]
 
 
+def _one_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """A current-generation context whose managed filesystem policy is ``entry`` alone."""
+    return {
+        "permissions": {
+            "type": "managed",
+            "file_system": {"type": "restricted", "entries": [entry]},
+            "network": "restricted",
+        }
+    }
+
+
+def _project_subpath(subpath: str, access: str = "read") -> dict[str, Any]:
+    return {
+        "path": {"type": "special", "value": {"kind": "project_roots", "subpath": subpath}},
+        "access": access,
+    }
+
+
 BAD_CURRENT = [
     ({"permissions": {"type": "lenient"}}, "sandbox.permissions.type: Invalid value 'lenient'"),
     ({"permissions": {"type": "managed", "network": "restricted"}}, "sandbox.permissions"),
@@ -471,65 +489,19 @@ BAD_CURRENT = [
     ({"permissions": {"type": "external"}}, "`network`"),
     ({"permissions": {"type": "disabled"}, "windowsSandboxLevel": None}, "windowsSandboxLevel"),
     (
-        {
-            "permissions": {
-                "type": "managed",
-                "file_system": {
-                    "type": "restricted",
-                    "entries": [
-                        {
-                            "path": {
-                                "type": "special",
-                                "value": {"kind": "project_roots", "subpath": "/abs"},
-                            },
-                            "access": "read",
-                        }
-                    ],
-                },
-                "network": "restricted",
-            }
-        },
+        _one_entry(_project_subpath("/abs")),
         "sandbox.permissions.file_system.entries[0].path.value.subpath",
     ),
     (
-        {
-            "permissions": {
-                "type": "managed",
-                "file_system": {
-                    "type": "restricted",
-                    "entries": [
-                        {
-                            "path": {"type": "path", "path": "x"},
-                            "access": "read",
-                            "missing_path_behavior": "create",
-                        }
-                    ],
-                },
-                "network": "restricted",
-            }
-        },
+        _one_entry(
+            {"path": {"type": "path", "path": "x"}, "access": "read",
+             "missing_path_behavior": "create"}
+        ),
         "sandbox.permissions.file_system.entries[0]",
     ),
     *(
         (
-            {
-                "permissions": {
-                    "type": "managed",
-                    "file_system": {
-                        "type": "restricted",
-                        "entries": [
-                            {
-                                "path": {
-                                    "type": "special",
-                                    "value": {"kind": "project_roots", "subpath": above},
-                                },
-                                "access": "write",
-                            }
-                        ],
-                    },
-                    "network": "restricted",
-                }
-            },
+            _one_entry(_project_subpath(above, "write")),
             "entries[0].path.value.subpath: subpath must stay inside the root",
         )
         for above in ("..", "../..", "a/../../b", "./../x")
@@ -553,18 +525,7 @@ def test_bad_current_context_names_the_field(ctx: dict[str, Any], needle: str) -
 
 def test_a_subpath_may_use_dots_that_stay_inside_the_root() -> None:
     """Only a subpath that climbs above its root is refused (see BAD_CURRENT)."""
-    entry = {
-        "path": {"type": "special", "value": {"kind": "project_roots", "subpath": "a/../.codex"}},
-        "access": "read",
-    }
-    ctx = {
-        "windowsSandboxLevel": "disabled",
-        "permissions": {
-            "type": "managed",
-            "file_system": {"type": "restricted", "entries": [entry]},
-            "network": "restricted",
-        },
-    }
+    ctx = {"windowsSandboxLevel": "disabled", **_one_entry(_project_subpath("a/../.codex"))}
     launch_request_from_wire(raw(ctx), command_cwd="/w")
 
 
