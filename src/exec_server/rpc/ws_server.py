@@ -589,19 +589,25 @@ class WsConnection(asyncio.BufferedProtocol):
                 self._backlog.append((data, more))
                 return
             transport.write(data)
-            if more is None:
+            if more is None or not self._hand_over(more):
                 return
-            if len(more) <= STREAM_MIN:
-                # A view: what the socket does not take at once is copied into
-                # the transport's buffer once; a ``bytes`` payload would first be
-                # sliced (a second copy of the rest).
-                transport.write(memoryview(more))
-                return
-            self._stream = memoryview(more)
-            self._write_paused = True
             self._pump()
         if self._stream is None:
             self._after_pump()
+
+    def _hand_over(self, more: Outbound) -> bool:
+        """Write the big payload that follows a header: to the transport at once,
+        or (over ``STREAM_MIN``) as the payload to feed; True then. Under the lock."""
+        if len(more) <= STREAM_MIN:
+            # A view: what the socket does not take at once is copied into the
+            # transport's buffer once; a ``bytes`` payload would first be sliced
+            # (a second copy of the rest).
+            assert self._transport is not None
+            self._transport.write(memoryview(more))
+            return False
+        self._stream = memoryview(more)
+        self._write_paused = True
+        return True
 
     def _pump(self) -> None:
         """Feed the payload being streamed, then the frames behind it, while the
@@ -632,10 +638,7 @@ class WsConnection(asyncio.BufferedProtocol):
             data, more = self._backlog.popleft()
             transport.write(data)
             if more is not None:
-                if len(more) <= STREAM_MIN:
-                    transport.write(memoryview(more))
-                else:
-                    self._stream = memoryview(more)
+                self._hand_over(more)
 
     def _after_pump(self) -> None:
         """The fed payloads and their backlog are written: senders may go on."""
