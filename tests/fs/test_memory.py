@@ -161,6 +161,54 @@ async def test_a_client_leaving_mid_reply_leaves_nothing_held(
     assert "Exception in callback" not in server.stderr_text()
 
 
+async def test_memory_freed_by_concurrent_big_transfers_goes_back_once_they_stop(
+    server: Any, rpc: Any, tmp_path: Path, wait_until: Any
+) -> None:
+    """Two clients each read and write two 24 MiB files at once. glibc serves such
+    blocks from its heaps once its mmap threshold has risen, and keeps them
+    resident when freed: the server stayed 107-131 MiB over its start, used by
+    nothing. A ``malloc_trim`` a second after the last big transfer
+    (``HeapReleaser``) hands most of it back (24-49 MiB stay: the top of the
+    worker threads' heaps)."""
+    blobs = [os.urandom(24 * MIB) for _ in range(2)]
+    for i, blob in enumerate(blobs):
+        (tmp_path / f"f{i}").write_bytes(blob)
+    clients = []
+    for _ in range(2):
+        client = await rpc(server.url)
+        await client.initialize()
+        clients.append(client)
+    before = _status_kib(server.pid, "VmRSS")
+
+    async def copy_twice(client: Any, k: int) -> None:
+        for j in range(2):
+            read = await client.call(
+                "fs/readFile", {"path": (tmp_path / f"f{(k + j) % 2}").as_uri(), "sandbox": None},
+                timeout=120,
+            )
+            msg_id = 100 + 10 * k + j
+            message = _write_message(msg_id, (tmp_path / f"w{k}{j}").as_uri(), read["dataBase64"])
+            del read
+            await client.ws.send(message[i : i + MIB] for i in range(0, len(message), MIB))
+            del message
+            reply = await client.response(msg_id, timeout=120)
+            assert reply.get("result") == {}, reply
+
+    await asyncio.gather(*(copy_twice(client, k) for k, client in enumerate(clients)))
+    for k in range(2):
+        for j in range(2):
+            assert (tmp_path / f"w{k}{j}").read_bytes() == blobs[(k + j) % 2]
+    del blobs
+
+    def held_mib() -> float:
+        return (_status_kib(server.pid, "VmRSS") - before) / 1024
+
+    try:
+        await wait_until(lambda: held_mib() <= 64, timeout=15)
+    except TimeoutError:
+        raise AssertionError(f"{held_mib():.0f} MiB still held after the transfers") from None
+
+
 def _server_side_socket(server_port: int, client_port: int) -> str:
     """``socket:[inode]``, as the server's fd links read, of its end of a connection."""
     with open("/proc/net/tcp") as table:

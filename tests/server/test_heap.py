@@ -1,10 +1,15 @@
-"""The server settles its start-up heap (``gc.freeze``) before serving, in both modes."""
+"""The server settles its start-up heap (``gc.freeze``) before serving, in both modes,
+and hands memory freed by big transfers back once they stop (``HeapReleaser``)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
+import threading
+
+from exec_server.server.heap import BIG_TRANSFER, HeapReleaser
 
 TIMEOUT = 30.0
 
@@ -63,3 +68,53 @@ def test_stdio_server_freezes_its_start_up_heap() -> None:
     assert len(frozen) == 1
     assert int(frozen[0].split()[1]) > 10_000
     assert "announced" not in lines  # stdio has no URL to announce
+
+
+# -- HeapReleaser: one trim once big transfers stop ------------------------------
+
+class _Trims:
+    """A stand-in for ``malloc_trim``: counts calls and which thread made them."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.threads: list[int] = []
+        self.event = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.threads.append(threading.get_ident())
+        self._loop.call_soon_threadsafe(self.event.set)
+
+
+async def test_small_transfers_never_start_a_trim() -> None:
+    trims = _Trims()
+    releaser = HeapReleaser(trims, delay=0.0)
+    for size in (0, 1, 64 << 10, BIG_TRANSFER - 1):
+        releaser.note_transfer(size)
+    assert releaser._timer is None
+    assert releaser.releases == 0
+
+
+async def test_a_burst_of_big_transfers_makes_one_trim_in_a_worker_thread() -> None:
+    trims = _Trims()
+    releaser = HeapReleaser(trims, delay=0.05)
+    releaser.note_transfer(BIG_TRANSFER)
+    first = releaser._timer
+    assert first is not None
+    releaser.note_transfer(64 << 20)  # another one before the delay: the countdown restarts
+    assert first.cancelled()
+    assert releaser._timer is not first
+    async with asyncio.timeout(TIMEOUT):
+        await trims.event.wait()
+    assert trims.calls == 1
+    assert releaser.releases == 1
+    assert releaser._timer is None  # nothing else pending
+    assert trims.threads[0] != threading.get_ident()  # never on the event loop (~6 ms)
+
+
+async def test_without_a_trim_function_nothing_is_scheduled() -> None:
+    releaser = HeapReleaser(None, delay=0.0)
+    releaser.note_transfer(64 << 20)
+    assert releaser._timer is None
+    assert releaser.releases == 0

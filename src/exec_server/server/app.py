@@ -56,7 +56,7 @@ from exec_server.rpc.transport import (
 )
 from exec_server.rpc.ws_server import WsConnection, WsServer, serve_websocket
 from exec_server.server import env_handlers, fs_handlers, process_handlers
-from exec_server.server.heap import settle_startup_heap
+from exec_server.server.heap import heap_releaser, settle_startup_heap
 from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, SessionRegistry
@@ -182,6 +182,8 @@ class ConnectionProcessor:
             self._closed = True
             self._request_close(f"send failed: {exc}")
             return False
+        finally:
+            heap_releaser().note_transfer(len(data))
         return not self._closed
 
     async def _notify(self, method: str, params: msgspec.Struct) -> bool:
@@ -278,8 +280,11 @@ class ConnectionProcessor:
             except ProtocolClosedError as exc:
                 self._request_close(str(exc))
                 return
-            if not isinstance(item, OversizedMessage) and len(item) > KEEP_MESSAGE_MAX:
-                del item  # an idle connection would hold a 64 MiB write's 85 MiB text
+            if not isinstance(item, OversizedMessage):
+                size = len(item)
+                heap_releaser().note_transfer(size)
+                if size > KEEP_MESSAGE_MAX:
+                    del item  # an idle connection would hold a 64 MiB write's 85 MiB text
 
     async def _handle(self, item: bytes | bytearray | OversizedMessage | None) -> None:
         if isinstance(item, OversizedMessage):
@@ -391,6 +396,7 @@ class ConnectionProcessor:
         """Write a reply from a callback (room was checked, or it is one small frame)."""
         if self._closed:
             return
+        heap_releaser().note_transfer(len(reply))
         send_nowait = self._send_nowait
         assert send_nowait is not None
         try:
