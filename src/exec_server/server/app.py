@@ -56,7 +56,7 @@ from exec_server.rpc.transport import (
 )
 from exec_server.rpc.ws_server import WsConnection, WsServer, serve_websocket
 from exec_server.server import env_handlers, fs_handlers, process_handlers
-from exec_server.server.heap import heap_releaser, settle_startup_heap
+from exec_server.server.heap import BIG_TRANSFER, heap_releaser, settle_startup_heap
 from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, SessionRegistry
@@ -183,7 +183,8 @@ class ConnectionProcessor:
             self._request_close(f"send failed: {exc}")
             return False
         finally:
-            heap_releaser().note_transfer(len(data))
+            if len(data) >= BIG_TRANSFER:  # checked here: every small reply passes by
+                heap_releaser().note_transfer(len(data))
         return not self._closed
 
     async def _notify(self, method: str, params: msgspec.Struct) -> bool:
@@ -282,7 +283,8 @@ class ConnectionProcessor:
                 return
             if not isinstance(item, OversizedMessage):
                 size = len(item)
-                heap_releaser().note_transfer(size)
+                if size >= BIG_TRANSFER:
+                    heap_releaser().note_transfer(size)
                 if size > KEEP_MESSAGE_MAX:
                     del item  # an idle connection would hold a 64 MiB write's 85 MiB text
 
@@ -396,7 +398,8 @@ class ConnectionProcessor:
         """Write a reply from a callback (room was checked, or it is one small frame)."""
         if self._closed:
             return
-        heap_releaser().note_transfer(len(reply))
+        if len(reply) >= BIG_TRANSFER:
+            heap_releaser().note_transfer(len(reply))
         send_nowait = self._send_nowait
         assert send_nowait is not None
         try:
