@@ -29,6 +29,12 @@ def _status_kib(pid: int, field: str) -> int:
     raise AssertionError(f"no {field} for {pid}")
 
 
+def _reset_peak(pid: int) -> None:
+    """Start ``VmHWM`` again from the current resident size (``clear_refs`` 5)."""
+    with open(f"/proc/{pid}/clear_refs", "w") as clear:
+        clear.write("5")
+
+
 async def test_a_big_read_holds_the_file_and_its_text_once(
     server: Any, rpc: Any, tmp_path: Path
 ) -> None:
@@ -207,6 +213,60 @@ async def test_memory_freed_by_concurrent_big_transfers_goes_back_once_they_stop
         await wait_until(lambda: held_mib() <= 64, timeout=15)
     except TimeoutError:
         raise AssertionError(f"{held_mib():.0f} MiB still held after the transfers") from None
+
+
+async def test_big_lines_over_stdio_are_held_once(tmp_path: Path) -> None:
+    """The same bounds as over WebSocket. Before the tenth session a 32 MiB read
+    over stdio peaked 109 MiB over idle (asyncio's pipe transport copied the
+    unsent rest of the reply) and a write 112 MiB (the line was copied out of
+    the read buffer)."""
+    import sys
+
+    data = os.urandom(32 * MIB)
+    (tmp_path / "big.bin").write_bytes(data)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "exec_server", "serve", "--listen", "stdio",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 30,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+
+    async def call(msg_id: int, method: str, params: Any) -> Any:
+        line = json.dumps({"id": msg_id, "method": method, "params": params})
+        stdin.write(line.encode() + b"\n")
+        await stdin.drain()
+        async with asyncio.timeout(120):
+            reply = json.loads(await stdout.readline())
+        assert reply.get("id") == msg_id and "result" in reply, str(reply)[:300]
+        return reply["result"]
+
+    try:
+        await call(1, "initialize", {"clientName": "memory test"})
+        stdin.write(b'{"method":"initialized","params":{}}\n')
+        await call(2, "fs/getMetadata", {"path": str(tmp_path), "sandbox": None})
+
+        before = _status_kib(proc.pid, "VmRSS")
+        result = await call(3, "fs/readFile", {"path": str(tmp_path / "big.bin"), "sandbox": None})
+        assert base64.b64decode(result["dataBase64"]) == data
+        read_mib = (_status_kib(proc.pid, "VmHWM") - before) / 1024
+        text = result["dataBase64"]
+        del result
+
+        _reset_peak(proc.pid)
+        before = _status_kib(proc.pid, "VmRSS")
+        params = {"path": str(tmp_path / "copy.bin"), "dataBase64": text, "sandbox": None}
+        del text
+        assert await call(4, "fs/writeFile", params) == {}
+        del params
+        write_mib = (_status_kib(proc.pid, "VmHWM") - before) / 1024
+        assert (tmp_path / "copy.bin").read_bytes() == data
+
+        assert read_mib <= 2.75 * 32, f"read peak grew {read_mib:.0f} MiB for a 32 MiB file"
+        assert write_mib <= 2.55 * 32, f"write peak grew {write_mib:.0f} MiB for a 32 MiB file"
+    finally:
+        stdin.close()
+        async with asyncio.timeout(30):
+            await proc.wait()
 
 
 def _server_side_socket(server_port: int, client_port: int) -> str:

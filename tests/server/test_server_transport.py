@@ -63,3 +63,91 @@ async def test_memory_pair_round_trip_and_close() -> None:
     await a.aclose()
     assert await b.receive() is None
     assert await a.receive() is None
+
+
+# -- big lines: handed over on receipt, fed in pieces on send ---------------------
+
+
+async def test_a_long_line_is_handed_over_and_what_follows_it_kept() -> None:
+    """A line that is most of the buffer comes back in that buffer (no copy of it);
+    the short line after it, read in the same chunk, still comes next."""
+    big = b'{"x":"' + b"y" * (256 << 10) + b'"}'
+    t = _transport([big + b"\n" + b'{"next":1}\n', b" \n" + b'{"last":2}'])
+    first, second, third = await _all(t)
+    assert isinstance(first, bytearray) and first == big
+    assert second == b'{"next":1}' and isinstance(second, bytes)
+    assert third == b'{"last":2}'
+
+
+async def test_a_long_line_behind_more_than_itself_is_copied_out() -> None:
+    """When more follows a long line than the line itself, the line is copied out
+    (the cheaper of the two); the order and content are the same."""
+    line = b"a" * (80 << 10)
+    rest = b"b" * (100 << 10)
+    t = _transport([line + b"\n" + rest + b"\n"])
+    assert await _all(t) == [line, rest]
+
+
+async def _pipe_pair() -> tuple[StreamTransport, asyncio.StreamReader, list[object]]:
+    """A transport writing into a real pipe (as stdio's), and a reader of its other end."""
+    import os
+
+    loop = asyncio.get_running_loop()
+    rfd, wfd = os.pipe()
+    reader = asyncio.StreamReader(limit=1 << 30)
+    r_transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(rfd, "rb", buffering=0)
+    )
+    w_transport, w_protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, os.fdopen(wfd, "wb", buffering=0)
+    )
+    writer = asyncio.StreamWriter(w_transport, w_protocol, None, loop)
+    transport = StreamTransport(
+        asyncio.StreamReader(), writer, label="pipe", max_message_size=1 << 30
+    )
+    return transport, reader, [r_transport, w_transport]
+
+
+async def _read_lines(reader: asyncio.StreamReader, n: int) -> list[bytes]:
+    return [(await reader.readline()).rstrip(b"\n") for _ in range(n)]
+
+
+async def test_a_big_line_is_fed_whole_and_lines_sent_meanwhile_follow_it() -> None:
+    transport, reader, ends = await _pipe_pair()
+    try:
+        big = bytes(range(11, 256)) * ((9 << 20) // 245)  # ~9 MiB, no newline: fed in pieces
+        async with asyncio.timeout(30):
+            sending = asyncio.ensure_future(transport.send(big))
+            await asyncio.sleep(0)  # the feed has started and waits for the pipe
+            assert transport._feeding is not None
+            small = [asyncio.ensure_future(transport.send(b'{"n":%d}' % i)) for i in range(3)]
+            lines = await _read_lines(reader, 4)
+            await asyncio.gather(sending, *small)
+        assert lines[0] == big
+        assert lines[1:] == [b'{"n":0}', b'{"n":1}', b'{"n":2}']
+        assert transport._feeding is None
+    finally:
+        for end in ends:
+            end.close()  # type: ignore[attr-defined]
+
+
+async def test_a_cancelled_sender_does_not_cut_its_line() -> None:
+    """The feed runs in its own task: a sender cancelled halfway (its request
+    cancelled, say) leaves a whole line on the stream, then the next one."""
+    transport, reader, ends = await _pipe_pair()
+    try:
+        big = b"q" * (6 << 20)
+        async with asyncio.timeout(30):
+            sending = asyncio.ensure_future(transport.send(big))
+            # Until the first piece filled the pipe (nobody reads it yet): mid-line.
+            while not transport.writer.transport.get_write_buffer_size():  # noqa: ASYNC110 - a transport, no event
+                await asyncio.sleep(0)
+            sending.cancel()
+            after = asyncio.ensure_future(transport.send(b"after"))
+            lines = await _read_lines(reader, 2)
+            await after
+        assert sending.cancelled()
+        assert lines == [big, b"after"]
+    finally:
+        for end in ends:
+            end.close()  # type: ignore[attr-defined]
