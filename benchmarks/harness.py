@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -619,8 +620,6 @@ def ratio_interval(ours: Sequence[float], upstream: Sequence[float],
     """
     if len(ours) < 5 or len(upstream) < 5:
         return None
-    import random  # only the report needs it
-
     rng = random.Random(0x5EED)
     ratios = []
     for _ in range(BOOTSTRAP_ROUNDS):
@@ -668,6 +667,8 @@ class Report:
         self.servers = list(servers)
         self._rows: dict[str, _Row] = {}
         self.notes: list[str] = []
+        #: metric -> its interval, computed once (2000 resamples) until a value changes
+        self._intervals: dict[str, tuple[float, float] | None] = {}
 
     def metric(self, metric: str, unit: str, *, target: float | None = None,
                higher_is_better: bool = False) -> None:
@@ -679,6 +680,7 @@ class Report:
             target: float | None = None, higher_is_better: bool = False) -> None:
         self.metric(metric, unit, target=target, higher_is_better=higher_is_better)
         self._rows[metric].values[server] = value
+        self._intervals.pop(metric, None)
 
     @staticmethod
     def _median(v: Summary | float | None) -> float | None:
@@ -699,13 +701,17 @@ class Report:
     def interval(self, metric: str) -> tuple[float, float] | None:
         """95 % interval of :meth:`ratio` (see :func:`ratio_interval`), when both
         servers' samples are known."""
+        if metric in self._intervals:
+            return self._intervals[metric]
         row = self._rows.get(metric)
         if row is None:
             return None
         a, b = row.values.get(OURS), row.values.get(UPSTREAM)
-        if not isinstance(a, Summary) or not isinstance(b, Summary):
-            return None
-        return ratio_interval(a.samples, b.samples)
+        interval = None
+        if isinstance(a, Summary) and isinstance(b, Summary):
+            interval = ratio_interval(a.samples, b.samples)
+        self._intervals[metric] = interval
+        return interval
 
     def as_dict(self) -> dict[str, JSON]:
         out: dict[str, JSON] = {}

@@ -16,9 +16,9 @@ Why trim again after big transfers (:class:`HeapReleaser`): glibc raises its
 mmap threshold up to 32 MiB after the first big block is freed, so later
 blocks of a few MiB to 32 MiB (a file, its base64 text, a reply) come from the
 malloc heaps, and stay resident once freed. After two clients had each read
-and written two 24 MiB files at once, the server held 107-131 MiB more than
+and written two 24 MiB files at once, the server held 85-131 MiB more than
 before, used by nothing; one ``malloc_trim`` a second after the last big
-transfer brings that to 24-48 MiB (the rest is the top of the worker threads'
+transfer brings that to 24-49 MiB (the rest is the top of the worker threads'
 heaps, which glibc trims only on its own terms). The trim takes ~6 ms, so it
 runs in a worker thread, and only once transfers stop: a busy server pays
 nothing.
