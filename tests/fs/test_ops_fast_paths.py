@@ -419,6 +419,37 @@ def test_remove_tree_of_any_depth(tdir: Path) -> None:
     assert (tdir / "outside" / "keep").read_text() == "keep"
 
 
+@pytest.mark.usefixtures("removal_walk")
+def test_remove_tree_where_unlinking_a_directory_is_eperm(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk unlinks every name and descends where the kernel refuses a
+    directory. Linux says ``EISDIR``; macOS says ``EPERM``, which is also what
+    Linux says for a file it protects. Simulated here: directories answer
+    ``EPERM`` and are still removed; a file that answers ``EPERM`` stops the
+    removal with that error, and stays."""
+    root = tdir / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    for name in ("x", "a/y", "a/b/z", "a/b/protected"):
+        (root / name).write_text(name)
+    real_unlink = os.unlink
+    protect = True
+
+    def unlink(path: str, *, dir_fd: int | None = None) -> None:
+        st = os.lstat(path, dir_fd=dir_fd)
+        if stat.S_ISDIR(st.st_mode) or (protect and path == "protected"):
+            raise PermissionError(errno.EPERM, "Operation not permitted", path)
+        real_unlink(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    with pytest.raises(InvalidRequestError, match="not permitted"):
+        ops.remove(str(root), recursive=True, force=False)
+    assert (root / "a" / "b" / "protected").read_text() == "a/b/protected"
+    protect = False
+    ops.remove(str(root), recursive=True, force=False)
+    assert not root.exists()
+
+
 def test_remove_tree_that_vanishes_meanwhile_is_fine(tdir: Path) -> None:
     (tdir / "root").mkdir()
     fd = os.open(tdir / "root", os.O_RDONLY | os.O_DIRECTORY)

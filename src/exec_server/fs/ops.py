@@ -463,11 +463,14 @@ def _remove_tree(path: str) -> None:
     """Delete a directory tree through directory descriptors, never following symlinks.
 
     Why not ``shutil.rmtree``: its per-entry bookkeeping costs ~20 % more on a
-    200-file tree; this walks with ``scandir(fd)`` (``d_type``, no ``stat``)
-    and ``unlinkat``/``rmdirat`` relative to each directory's descriptor.
-    Entries that vanish meanwhile are fine; any other failure propagates.
-    The walk starts sequential and fans out (:mod:`exec_server.fs.fanout`)
-    once the first unlinks show the device makes each one wait.
+    200-file tree. This walk lists names only (``listdir(fd)``, no per-entry
+    objects) and unlinks each one relative to its directory's descriptor; the
+    names the kernel refuses as directories (``EISDIR``) are the ones to
+    descend into (tenth session: 15 % less time than listing with
+    ``scandir`` and sorting by ``d_type``, on tmpfs). Entries that vanish
+    meanwhile are fine; any other failure propagates. The walk starts
+    sequential and fans out (:mod:`exec_server.fs.fanout`) once the first
+    unlinks show the device makes each one wait.
     """
     try:
         fd = os.open(path, _DIR_FLAGS)
@@ -487,8 +490,10 @@ _PROBE_FILES = 8
 #: takes ~3 µs, an empty ext4 file ~6 µs, an ext4 file whose blocks are
 #: discarded synchronously ~80 µs.
 _SLOW_UNLINK_NS = 30_000
-#: Files per fanned-out unlink task (fewer tasks, less hand-off).
+#: Names per fanned-out unlink task (fewer tasks, less hand-off).
 _UNLINK_CHUNK = 4
+#: What :func:`_unlink_entry` did.
+_UNLINKED, _VANISHED, _A_DIRECTORY = 1, 0, -1
 
 
 class _Removal:
@@ -502,9 +507,10 @@ class _Removal:
         #: nanoseconds of the file unlinks timed so far (across directories).
         self.took: list[int] = []
 
-    def probe(self, dir_fd: int, names: list[str]) -> list[str]:
-        """Unlink files, timing each, until :data:`_PROBE_FILES` were timed (in this
-        directory or earlier ones) and decide; return the names left to do."""
+    def probe(self, dir_fd: int, names: list[str], dirs: list[str]) -> list[str]:
+        """Unlink names, timing each file's, until :data:`_PROBE_FILES` were timed (in
+        this directory or earlier ones) and decide; directories met go to ``dirs``.
+        Returns the names not tried yet."""
         clock = time.perf_counter_ns
         took = self.took
         done = 0
@@ -513,8 +519,11 @@ class _Removal:
                 break
             done += 1
             t0 = clock()
-            if _unlink_one(dir_fd, name, self):
+            outcome = _unlink_entry(dir_fd, name)
+            if outcome == _UNLINKED:
                 took.append(clock() - t0)
+            elif outcome == _A_DIRECTORY:
+                dirs.append(name)
         if len(took) >= _PROBE_FILES:
             took.sort()
             self.parallel = took[len(took) // 2] > _SLOW_UNLINK_NS
@@ -522,24 +531,20 @@ class _Removal:
 
 
 def _empty_directory(dir_fd: int, removal: _Removal, depth: int = 0) -> None:
-    with os.scandir(dir_fd) as it:
-        entries = list(it)
-    files: list[str] = []
+    names = os.listdir(dir_fd)
     dirs: list[str] = []
-    for entry in entries:
-        (dirs if entry.is_dir(follow_symlinks=False) else files).append(entry.name)
-    if removal.parallel is None and files:
-        files = removal.probe(dir_fd, files)
-    while dirs and removal.parallel is None:
-        _remove_subdirectory(dir_fd, dirs.pop(), removal, depth)
+    if removal.parallel is None and names:
+        names = removal.probe(dir_fd, names, dirs)
+        while dirs and removal.parallel is None:
+            _remove_subdirectory(dir_fd, dirs.pop(), removal, depth)
     if not removal.parallel:
-        _unlink_all(dir_fd, files, removal)
+        dirs += _unlink_names(dir_fd, names)
         for name in dirs:
             _remove_subdirectory(dir_fd, name, removal, depth)
         return
     tasks: list[Callable[[], object]] = [
-        functools.partial(_unlink_all, dir_fd, files[i : i + _UNLINK_CHUNK], removal)
-        for i in range(0, len(files), _UNLINK_CHUNK)
+        functools.partial(_unlink_chunk, dir_fd, names[i : i + _UNLINK_CHUNK], removal, depth)
+        for i in range(0, len(names), _UNLINK_CHUNK)
     ]
     tasks += [
         functools.partial(_remove_subdirectory, dir_fd, name, removal, depth) for name in dirs
@@ -547,22 +552,54 @@ def _empty_directory(dir_fd: int, removal: _Removal, depth: int = 0) -> None:
     shared_fanout().run(tasks)
 
 
-def _unlink_all(dir_fd: int, names: list[str], removal: _Removal) -> None:
-    for name in names:
-        _unlink_one(dir_fd, name, removal)
-
-
-def _unlink_one(dir_fd: int, name: str, removal: _Removal) -> bool:
-    """Unlink a listed non-directory; True if this call unlinked it as a file."""
+def _unlink_entry(dir_fd: int, name: str) -> int:
+    """Unlink ``name`` unless it is a directory: :data:`_UNLINKED`, :data:`_VANISHED`
+    (gone meanwhile: fine) or :data:`_A_DIRECTORY` (left for the caller)."""
     try:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
-        return False  # gone meanwhile: fine
-    except IsADirectoryError:
-        # Became a directory since the listing (rare): removed without recursion.
-        _remove_subdirectory(dir_fd, name, removal, _RECURSION_DEPTH)
+        return _VANISHED
+    except IsADirectoryError:  # Linux: unlinkat(2) of a directory
+        return _A_DIRECTORY
+    except PermissionError:  # macOS answers EPERM for a directory; Linux for a protected file
+        if _is_directory_at(dir_fd, name):
+            return _A_DIRECTORY
+        raise
+    return _UNLINKED
+
+
+def _unlink_names(dir_fd: int, names: list[str]) -> list[str]:
+    """Unlink every name that is not a directory; return the directories' names.
+
+    Hot: once per entry of a tree. :func:`_unlink_entry`'s common case inlined
+    (a function call per file is ~10 % of a tmpfs removal).
+    """
+    dirs: list[str] = []
+    unlink = os.unlink
+    for name in names:
+        try:
+            unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            dirs.append(name)
+        except OSError:
+            if _unlink_entry(dir_fd, name) == _A_DIRECTORY:  # tries again; raises the rest
+                dirs.append(name)
+    return dirs
+
+
+def _unlink_chunk(dir_fd: int, names: list[str], removal: _Removal, depth: int) -> None:
+    """A fanned-out task: unlink these names, and remove the trees among them."""
+    for name in _unlink_names(dir_fd, names):
+        _remove_subdirectory(dir_fd, name, removal, depth)
+
+
+def _is_directory_at(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except FileNotFoundError:
         return False
-    return True
 
 
 #: Directory levels a removal recurses through (two Python frames each); a
@@ -583,8 +620,10 @@ def _remove_subdirectory(dir_fd: int, name: str, removal: _Removal, depth: int =
             _empty_deep_directory(sub)
     finally:
         os.close(sub)
-    with contextlib.suppress(FileNotFoundError):
+    try:  # noqa: SIM105 - not contextlib.suppress: once per directory, ~1 µs less
         os.rmdir(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
 
 
 def _open_subdirectory(dir_fd: int, name: str) -> int | None:
@@ -604,20 +643,7 @@ def _open_subdirectory(dir_fd: int, name: str) -> int | None:
 
 def _unlink_files(dir_fd: int) -> list[str]:
     """Unlink every non-directory in ``dir_fd``; return the subdirectories' names."""
-    with os.scandir(dir_fd) as it:
-        entries = list(it)
-    dirs: list[str] = []
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            dirs.append(entry.name)
-            continue
-        try:
-            os.unlink(entry.name, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass  # gone meanwhile: fine
-        except IsADirectoryError:
-            dirs.append(entry.name)  # became a directory since the listing
-    return dirs
+    return _unlink_names(dir_fd, os.listdir(dir_fd))
 
 
 def _empty_deep_directory(top: int) -> None:
