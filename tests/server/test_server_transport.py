@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from exec_server.rpc.transport import OversizedMessage, StreamTransport, memory_pair
 
 
@@ -86,6 +89,38 @@ async def test_a_long_line_behind_more_than_itself_is_copied_out() -> None:
     rest = b"b" * (100 << 10)
     t = _transport([line + b"\n" + rest + b"\n"])
     assert await _all(t) == [line, rest]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lines=st.lists(
+        st.one_of(
+            st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")),
+            st.integers(64 << 10, 200 << 10).map(lambda n: b"{" + b"x" * n + b"}"),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    cuts=st.lists(st.integers(1, 300 << 10), max_size=8),
+)
+def test_lines_of_any_size_and_chunking_come_back_whole_and_in_order(
+    lines: list[bytes], cuts: list[int]
+) -> None:
+    """Short and long lines (the long ones handed over in their buffer) in any
+    chunking: the non-blank ones come back byte for byte, in order."""
+    stream = b"".join(line + b"\n" for line in lines)
+    chunks, start = [], 0
+    for cut in sorted(set(cuts)):
+        if start < cut < len(stream):
+            chunks.append(stream[start:cut])
+            start = cut
+    chunks.append(stream[start:])
+
+    async def read_all() -> list[object]:
+        return await _all(_transport(chunks, limit=1 << 20))
+
+    got = asyncio.run(read_all())
+    assert got == [line for line in lines if line and not line.isspace()]
 
 
 async def _pipe_pair() -> tuple[StreamTransport, asyncio.StreamReader, list[object]]:
