@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exec_server.exceptions import InternalError, InvalidRequestError
 from exec_server.fs import ops
@@ -448,6 +451,53 @@ def test_remove_tree_where_unlinking_a_directory_is_eperm(
     protect = False
     ops.remove(str(root), recursive=True, force=False)
     assert not root.exists()
+
+
+_TREE_ENTRY = st.tuples(
+    st.lists(st.sampled_from("abc"), min_size=0, max_size=3),  # parent directories
+    st.sampled_from(["file", "dir", "link-out", "link-in", "fifo"]),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(entries=st.lists(_TREE_ENTRY, max_size=25), fan_out=st.booleans())
+def test_remove_of_any_small_tree_removes_it_all_and_nothing_outside(
+    entries: list[tuple[list[str], str]], fan_out: bool
+) -> None:
+    """Files, directories, FIFOs and links (out of the tree, and inside it) at any
+    depth, removed sequentially or fanned out: the tree is gone, what the links
+    point to outside is intact, no descriptor is left open."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="rmprop-"))
+    try:
+        (base / "outside").mkdir()
+        (base / "outside" / "keep").write_text("keep")
+        root = base / "root"
+        root.mkdir()
+        for i, (parents, kind) in enumerate(entries):
+            where = root.joinpath(*parents)
+            where.mkdir(parents=True, exist_ok=True)
+            name = where / f"e{i}"
+            if kind == "file":
+                name.write_bytes(b"x" * i)
+            elif kind == "dir":
+                name.mkdir()
+            elif kind == "link-out":
+                name.symlink_to(base / "outside")
+            elif kind == "link-in":
+                name.symlink_to(root)
+            else:
+                os.mkfifo(name)
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ops, "_SLOW_UNLINK_NS", -1 if fan_out else 10**12)
+            ops.remove(str(root), recursive=True, force=False)
+        assert not root.exists()
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert (base / "outside" / "keep").read_text() == "keep"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_remove_tree_that_vanishes_meanwhile_is_fine(tdir: Path) -> None:
