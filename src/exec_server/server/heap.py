@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import gc
 from collections.abc import Callable
 from typing import Final
@@ -50,9 +49,10 @@ RELEASE_DELAY: Final = 1.0
 
 
 def _load_malloc_trim() -> Callable[[], object] | None:
+    # The C library already loaded (as elsewhere in the project): ``find_library``
+    # would run ``ldconfig -p`` in a subprocess at every start.
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to call
         return None
     trim.argtypes = [ctypes.c_size_t]
