@@ -243,7 +243,9 @@ class SandboxedFileSystem:
             invalid = req.generation is Generation.CURRENT
             fd, size = ops.open_for_read(path, regular_only=invalid)
             if size is not None and size <= _INLINE_READ_LIMIT:
-                return ops.read_and_close(fd, size)
+                data = ops.read_resident_and_close(fd, size)
+                if data is not None:
+                    return data
             return await shared_pool().run(ops.read_and_close, fd, size)
         _, data = await self.run(FsOperation("fs/readFile", path), req)
         return data

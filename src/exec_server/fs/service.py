@@ -21,10 +21,11 @@ because the ~40-50 µs thread hand-off is most of their cost and they are
 bounded: ``get_metadata`` (one ``lstat``, plus one ``stat`` for a symlink) and
 ``read_file`` of a regular file of at most :data:`INLINE_READ_LIMIT` bytes
 (known from ``fstat`` after an ``O_NONBLOCK`` open, which is also done inline;
-anything else - bigger files, FIFOs, devices, ``/proc`` - is read in a worker).
-The trade-off: a path on a hung network filesystem can stall the loop for that
-one ``stat``/``open``/small ``read``; local filesystems answer these from the
-page and dentry caches. A third runs inline: ``write_file`` of at most
+anything else - bigger files, FIFOs, devices, ``/proc`` - is read in a worker),
+and only if its pages are in memory (``ops.read_resident_and_close``: else a
+worker reads it too). The trade-off: a path on a hung network filesystem can
+stall the loop for that one ``stat``/``open``; local filesystems answer these
+from the dentry and inode caches. A third runs inline: ``write_file`` of at most
 :data:`INLINE_WRITE_LIMIT` bytes replacing a regular file on tmpfs or ramfs
 (:func:`inline_write_target`: one ``lstat`` on the loop decides), where nothing waits
 for a device; every other write still runs in a worker.
@@ -150,7 +151,9 @@ class FileSystemService:
             return await self._confined_or_refuse(route).read_file(route.context, path)
         fd, size = ops.open_for_read(path, regular_only=regular_only)
         if size is not None and size <= INLINE_READ_LIMIT:
-            return ops.read_and_close(fd, size)
+            data = ops.read_resident_and_close(fd, size)
+            if data is not None:
+                return data
         # Queued before the first await, so the worker closes fd even if we are cancelled.
         return await self._pool.run(ops.read_and_close, fd, size)
 
@@ -181,10 +184,12 @@ class FileSystemService:
             fd, size = ops.open_for_read(path)
         except ExecServerError:
             return None
-        if size is None or size > INLINE_READ_LIMIT:  # replaced since the stat
+        data = None
+        if size is not None and size <= INLINE_READ_LIMIT:  # else replaced since the stat
+            data = ops.read_resident_and_close(fd, size)
+        if data is None:
             os.close(fd)
-            return None
-        return ops.read_and_close(fd, size)
+        return data
 
     async def read_file_mapped(
         self,
@@ -205,7 +210,9 @@ class FileSystemService:
             return data
         fd, size = ops.open_for_read(path, regular_only=regular_only)
         if size is not None and size <= INLINE_READ_LIMIT and size <= large_over:
-            return ops.read_and_close(fd, size)
+            small = ops.read_resident_and_close(fd, size)
+            if small is not None:
+                return small
         return await self._pool.run(_read_mapped, fd, size, map_large, large_over)
 
     async def write_file_from(
