@@ -14,12 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
+from exec_server.fs import ops
 from exec_server.protocol import fs_types as t
 from exec_server.protocol import native_base64
 from exec_server.protocol.codec import ONE_PASS_MIN, ProtocolError, decode_message
 from exec_server.protocol.messages import Request
 from exec_server.server import fs_handlers
 from exec_server.server.fs_handlers import (
+    data_span_payload,
     decode_data_base64,
     decode_data_span,
     encode_read_reply,
@@ -101,7 +103,10 @@ def big_paths(fresh_codec: None) -> None:
 
 @pytest.mark.usefixtures("big_paths")
 @pytest.mark.parametrize("case", _CORPUS["cases"][::5], ids=lambda c: repr(c["dataBase64"])[:40])
-def test_big_requests_give_the_same_answers(case: dict[str, str]) -> None:
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "pieces"])
+def test_big_requests_give_the_same_answers(
+    case: dict[str, str], streamed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Behind 64 KiB of valid text the request takes the big paths (the payload
     decoded where it lies, natively when it can be): same acceptance, same text."""
     lead = "QUJD" * (ONE_PASS_MIN // 4)
@@ -118,7 +123,13 @@ def test_big_requests_give_the_same_answers(case: dict[str, str]) -> None:
     params = msg.decoded
     try:
         if isinstance(params, t.WriteFileParamsSpan):
-            got = bytes(decode_data_span(params.data_base64))
+            if streamed:
+                # The writer's way: in 4 KiB pieces, sent back to the exact decoder
+                # when a piece is refused.
+                monkeypatch.setattr(native_base64, "PIECE", 4096)
+                got = bytes(ops.payload_bytes(data_span_payload(params.data_base64)))
+            else:
+                got = bytes(decode_data_span(params.data_base64))
         else:
             raw = params.data_base64 if isinstance(params, t.WriteFileParams) else (
                 msgspec.json.decode(msg.params or b"{}", type=t.WriteFileParams).data_base64

@@ -264,6 +264,35 @@ async def test_big_writes_decode_in_one_pass_with_the_same_answers(wire: Any, td
     assert target.read_bytes() == data  # failed writes left the file alone
 
 
+async def test_big_writes_are_decoded_piece_by_piece_as_they_are_written(
+    wire: Any, tdir: Path
+) -> None:
+    """A 3 MiB write is 4 MiB of text, four 1 MiB pieces (``native_base64.PIECE``):
+    the whole file arrives, and a bad character in the third piece - after two
+    were written to the temp file - is upstream's error at its offset, with the
+    old file untouched and no temp file left."""
+    from exec_server.server import fs_handlers
+
+    if not fs_handlers.native_base64.available():
+        pytest.skip("no libcrypto: decoded whole")
+    data = os.urandom(3 * 1024 * 1024)
+    target = tdir / "big"
+    text = b64(data)
+    assert len(text) == 4 * fs_handlers.native_base64.PIECE
+    reply = await wire.raw("fs/writeFile", {"path": uri(target), "dataBase64": text})
+    assert reply["result"] == {}
+    assert target.read_bytes() == data
+    offset = 2 * fs_handlers.native_base64.PIECE + 12345
+    bad = text[:offset] + "*" + text[offset + 1 :]
+    reply = await wire.raw("fs/writeFile", {"path": uri(target), "dataBase64": bad})
+    assert error(reply) == (
+        -32600,
+        f"fs/writeFile requires valid base64 dataBase64: Invalid symbol 42, offset {offset}.",
+    )
+    assert target.read_bytes() == data
+    assert os.listdir(tdir) == ["big"]
+
+
 async def test_big_writes_decode_their_base64_where_it_lies(
     wire: Any, tdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -272,13 +301,13 @@ async def test_big_writes_decode_their_base64_where_it_lies(
     from exec_server.server import fs_handlers
 
     spans: list[int] = []
-    real = fs_handlers.decode_data_span
+    real = fs_handlers.data_span_payload
 
     def spy(span: Any) -> Any:
         spans.append(len(span))
         return real(span)
 
-    monkeypatch.setattr(fs_handlers, "decode_data_span", spy)
+    monkeypatch.setattr(fs_handlers, "data_span_payload", spy)
     data = os.urandom(200_001)
     target = tdir / "big"
     reply = await wire.raw("fs/writeFile", {"path": uri(target), "dataBase64": b64(data)})

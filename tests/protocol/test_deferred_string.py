@@ -166,6 +166,66 @@ def test_native_trailing_padding() -> None:
     assert bytes(native_base64.decode_strict(b"QR==", 0, 4) or b"?") == b"A"
 
 
+def _joined(pieces: Any) -> bytes:
+    out = bytearray()
+    for piece in pieces():
+        out += piece  # used before the next piece reuses the buffer
+    return bytes(out)
+
+
+@needs_native
+@given(st.binary(max_size=300), st.integers(1, 40).map(lambda n: 4 * n), st.booleans())
+def test_native_pieces_join_to_what_decode_strict_gives(
+    data: bytes, piece: int, gathered: bool
+) -> None:
+    text = b"xx" + base64.b64encode(data) + b"yy"
+    source: bytes | bytearray = bytearray(text) if gathered else text
+    pieces = native_base64.decode_pieces(source, 2, len(text) - 2, piece)
+    assert pieces is not None
+    assert _joined(pieces) == data
+    assert _joined(pieces) == data  # each call decodes anew
+    # One buffer, reused: never bigger than a piece's bytes.
+    assert all(len(p) <= piece // 4 * 3 for p in pieces())
+
+
+@needs_native
+@given(
+    st.one_of(
+        st.binary(max_size=40),
+        st.text(alphabet="ABCDQRSTabc+/= \t\n-_", max_size=40).map(str.encode),
+    ),
+    st.integers(1, 4).map(lambda n: 4 * n),
+)
+def test_native_pieces_accept_exactly_what_decode_strict_accepts(
+    text: bytes, piece: int
+) -> None:
+    whole = native_base64.decode_strict(text, 0, len(text))
+    pieces = native_base64.decode_pieces(text, 0, len(text), piece)
+    if pieces is None:
+        assert whole is None
+        return
+    try:
+        got = _joined(pieces)
+    except native_base64.Undecodable:
+        assert whole is None
+    else:
+        assert whole is not None and got == bytes(whole)
+
+
+@needs_native
+def test_native_pieces_stop_at_the_piece_evp_refuses() -> None:
+    good = base64.b64encode(os.urandom(3 * 1000))  # 4000 characters
+    text = good[:2500] + b"!" + good[2501:]
+    pieces = native_base64.decode_pieces(text, 0, len(text), 1000)
+    assert pieces is not None
+    seen = []
+    with pytest.raises(native_base64.Undecodable, match="characters 2000-3000"):
+        for piece in pieces():
+            seen.append(bytes(piece))
+    assert b"".join(seen) == base64.b64decode(good[:2000])
+    assert native_base64.decode_pieces(text, 0, len(text), 6) is None  # not whole groups
+
+
 # ------------------------------------------------------------------ codec
 
 

@@ -36,7 +36,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -53,11 +53,14 @@ __all__ = [
     "READ_LIMIT",
     "DirEntry",
     "Metadata",
+    "Payload",
+    "WriteInstead",
     "canonicalize",
     "copy",
     "create_directory",
     "get_metadata",
     "open_for_read",
+    "payload_bytes",
     "read_and_close",
     "read_directory",
     "read_file",
@@ -240,14 +243,52 @@ def _read_all(fd: int, size: int, limit: int) -> bytes:
 # -------------------------------------------------------------------- write
 
 
-def write_file(
-    path: str, data: bytes | bytearray | memoryview, *, lstat: os.stat_result | None = None
-) -> None:
+Buffer = bytes | bytearray | memoryview
+#: What :func:`write_file` writes: the bytes, or a function that gives them piece by
+#: piece - each call anew, each piece used before the next is asked for - so a big
+#: write need not hold all of them at once (the server decodes base64 this way).
+Payload = Buffer | Callable[[], Iterable[Buffer]]
+
+
+class WriteInstead(Exception):
+    """Raised by a payload's pieces: drop what was written and write ``data`` instead
+    (the pieces' source found it must be decoded another way)."""
+
+    def __init__(self, data: Buffer) -> None:
+        super().__init__("write the whole data instead")
+        self.data = data
+
+
+def payload_bytes(payload: Payload) -> Buffer:
+    """``payload`` as one buffer (for writers that need it whole)."""
+    if not callable(payload):
+        return payload
+    whole = bytearray()
+    try:
+        for piece in payload():
+            whole += piece
+    except WriteInstead as instead:
+        return instead.data
+    return whole
+
+
+def write_file(path: str, data: Payload, *, lstat: os.stat_result | None = None) -> None:
     """Create or replace ``path`` with ``data``; parents are not created (``-32004``).
 
     ``lstat``: the caller's ``os.lstat(path)`` taken just before, if it has one
     (the inline tmpfs write decided on it), so the path is not looked up twice.
+    A payload given in pieces goes to a temp file piece by piece; if its pieces
+    raise, the temp file is removed and the target left as it was (with
+    :class:`WriteInstead`, the write is redone with its data). Targets written
+    in place (devices, FIFOs, the fallbacks below) get it whole, decoded first.
     """
+    try:
+        _write_file(path, data, lstat)
+    except WriteInstead as instead:
+        _write_file(path, instead.data, None)
+
+
+def _write_file(path: str, data: Payload, lstat: os.stat_result | None) -> None:
     with translate_os_errors():
         target = path
         st: os.stat_result | None = lstat
@@ -271,19 +312,23 @@ def write_file(
         _write_atomic(target, data, st)
 
 
-def _write_in_place(path: str, data: bytes | bytearray | memoryview, extra_flags: int = 0) -> None:
+def _write_in_place(path: str, data: Payload, extra_flags: int = 0) -> None:
+    # Whole before the target is truncated: a payload that fails half way must
+    # not leave it half written.
+    whole = payload_bytes(data)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC | extra_flags, 0o666)
     try:
-        _write_all(fd, data)
+        _write_all(fd, whole)
     finally:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+def _write_all(fd: int, data: Payload) -> None:
+    for piece in data() if callable(data) else (data,):
+        view = memoryview(piece).cast("B")
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
 
 
 #: Temp names: a random tag per process and a counter (no ``getrandom`` per write).
@@ -326,9 +371,7 @@ def _create_temp(target: str) -> tuple[str, int]:
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
 
 
-def _write_atomic(
-    target: str, data: bytes | bytearray | memoryview, old: os.stat_result | None
-) -> None:
+def _write_atomic(target: str, data: Payload, old: os.stat_result | None) -> None:
     try:
         tmp, fd = _create_temp(target)
     except PermissionError:

@@ -216,12 +216,13 @@ class FileSystemService:
         return await self._pool.run(_read_mapped, fd, size, map_large, large_over)
 
     async def write_file_from(
-        self, path: str, produce: Callable[[], bytes | memoryview], route: Route = DIRECT
+        self, path: str, produce: Callable[[], ops.Payload], route: Route = DIRECT
     ) -> None:
         """Like :meth:`write_file` with the data made by ``produce()`` in the same
-        worker job (the server decodes big base64 payloads this way)."""
+        worker job (the server decodes big base64 payloads this way, a piece at a
+        time as they are written when it can: see ``ops.Payload``)."""
         if route.confined:
-            data = await self._pool.run(produce)
+            data = await self._pool.run(_produce_whole, produce)
             return await self.write_file(path, data, route)
         await self._pool.run(_produce_and_write, path, produce)
 
@@ -303,5 +304,9 @@ def _read_mapped(
     return map_large(data) if len(data) > large_over else data
 
 
-def _produce_and_write(path: str, produce: Callable[[], bytes | memoryview]) -> None:
+def _produce_and_write(path: str, produce: Callable[[], ops.Payload]) -> None:
     ops.write_file(path, produce())
+
+
+def _produce_whole(produce: Callable[[], ops.Payload]) -> ops.Buffer:
+    return ops.payload_bytes(produce())

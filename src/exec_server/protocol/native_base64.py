@@ -18,13 +18,28 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final, cast
 
-__all__ = ["available", "decode_strict", "encode_into", "encoded_length", "encoder_available"]
+__all__ = [
+    "PIECE",
+    "Undecodable",
+    "available",
+    "decode_pieces",
+    "decode_strict",
+    "encode_into",
+    "encoded_length",
+    "encoder_available",
+]
 
 #: ``EVP_DecodeBlock`` takes an ``int`` length: decode in chunks below it.
 _CHUNK: Final = 1 << 30
+#: Characters of base64 text :func:`decode_pieces` decodes at a time (1 MiB).
+PIECE: Final = 1 << 20
+
+
+class Undecodable(ValueError):
+    """A piece of the text turned out not to be plain padded base64."""
 
 
 def _load(name: str) -> Callable[[int, int, int], int] | None:
@@ -71,37 +86,93 @@ def available() -> bool:
     return _decode_block is not None
 
 
-def decode_strict(data: bytes | bytearray, start: int, end: int) -> memoryview | None:
-    """Decode ``data[start:end]`` (padded standard base64), or None if it is not
-    exactly that (or libcrypto is missing): the caller then decodes the slow way."""
+def _padding(data: bytes | bytearray, start: int, end: int) -> int | None:
+    """The ``=`` count ending ``data[start:end]``, or None where the text cannot be plain
+    padded base64 by its length or its ``=`` (or libcrypto is missing)."""
     n = end - start
     if _decode_block is None or n % 4 or start < 0 or end > len(data):
         return None
-    pad = 0
-    if n:
-        # '=' only as the last one or two characters (EVP reads it anywhere).
-        if data.find(b"=", start, end - 2) != -1:
-            return None
-        if data[end - 1] == 0x3D:
-            pad = 2 if data[end - 2] == 0x3D else 1
-        elif data[end - 2] == 0x3D:
-            return None
+    if not n:
+        return 0
+    # '=' only as the last one or two characters (EVP reads it anywhere).
+    if data.find(b"=", start, end - 2) != -1:
+        return None
+    if data[end - 1] == 0x3D:
+        return 2 if data[end - 2] == 0x3D else 1
+    return None if data[end - 2] == 0x3D else 0
+
+
+def _address(data: bytes | bytearray) -> tuple[int, object]:
+    """Where ``data``'s bytes are, and an object to keep while that address is used
+    (for a ``bytearray``, an export that stops it from being resized meanwhile)."""
+    if isinstance(data, bytearray):  # a message gathered from fragments
+        keep = (ctypes.c_char * len(data)).from_buffer(data)
+        return ctypes.addressof(keep), keep
+    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    assert address is not None
+    return address, data
+
+
+def decode_pieces(
+    data: bytes | bytearray, start: int, end: int, piece: int = PIECE
+) -> Callable[[], Iterator[memoryview]] | None:
+    """:func:`decode_strict` a piece at a time: a function whose every call decodes
+    ``data[start:end]`` anew, yielding the bytes of ``piece`` characters at a time
+    in one reused buffer (use each before taking the next), or None where
+    :func:`decode_strict` would be.
+
+    Why: a writer can then hold the text and one piece, not the text and all of
+    its decoding (a 64 MiB write: 85 MiB of text and 64 MiB of bytes before).
+    The iterator raises :class:`Undecodable` at a piece libcrypto refuses,
+    after the pieces before it.
+    """
+    pad = _padding(data, start, end)
+    if pad is None or piece <= 0 or piece % 4:
+        return None
+    decode = _decode_block
+    assert decode is not None
+
+    def pieces() -> Iterator[memoryview]:
+        src, keep = _address(data)
+        out = bytearray(min(piece, end - start) // 4 * 3)
+        dst = ctypes.addressof((ctypes.c_char * len(out)).from_buffer(out)) if out else 0
+        view = memoryview(out)
+        at = start
+        while at < end:
+            take = min(piece, end - at)
+            size = take // 4 * 3
+            if decode(dst, src + at, take) != size:
+                where = at - start
+                raise Undecodable(f"not plain base64 in characters {where}-{where + take}")
+            at += take
+            yield view[: size - pad] if at == end else view[:size]
+        del keep
+
+    return pieces
+
+
+def decode_strict(data: bytes | bytearray, start: int, end: int) -> memoryview | None:
+    """Decode ``data[start:end]`` (padded standard base64), or None if it is not
+    exactly that (or libcrypto is missing): the caller then decodes the slow way."""
+    pad = _padding(data, start, end)
+    if pad is None:
+        return None
+    decode = _decode_block
+    assert decode is not None  # else no padding was found
+    n = end - start
     out = bytearray(n // 4 * 3)
     if not n:
         return memoryview(out)
-    if isinstance(data, bytearray):  # a message gathered from fragments
-        src: int | None = ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data))
-    else:
-        src = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    src, keep = _address(data)
     dst = ctypes.addressof((ctypes.c_char * len(out)).from_buffer(out))
-    assert src is not None
     done = 0
     while done < n:
         take = min(_CHUNK, n - done)
         # A shorter result means EVP trimmed whitespace at an end; -1 a bad character.
-        if _decode_block(dst + done // 4 * 3, src + start + done, take) != take // 4 * 3:
+        if decode(dst + done // 4 * 3, src + start + done, take) != take // 4 * 3:
             return None
         done += take
+    del keep
     return memoryview(out)[: len(out) - pad]
 
 

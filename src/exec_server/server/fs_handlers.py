@@ -14,7 +14,7 @@ from __future__ import annotations
 import binascii
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final, cast
 
 import msgspec
@@ -197,6 +197,26 @@ def decode_data_span(span: StringSpan) -> bytes | memoryview:
     return decode_data_base64(msgspec.Raw(span.token()))
 
 
+def data_span_payload(span: StringSpan) -> ops.Payload:
+    """A big request's ``dataBase64`` as the writing worker needs it: decoded a piece
+    at a time as it is written (natively, no GIL) when it is plain padded base64,
+    so the worker holds the text and one piece rather than the text and all its
+    bytes; else whole, as :func:`decode_data_span` decodes it. A piece libcrypto
+    refuses sends the write back to :func:`decode_data_base64`, which names the
+    error as upstream does (and the temp file written so far is dropped)."""
+    pieces = native_base64.decode_pieces(span.data, span.start, span.end, native_base64.PIECE)
+    if pieces is None or _stray_bits(span.data, span.start, span.end):
+        return decode_data_span(span)
+
+    def decoded() -> Iterator[memoryview]:
+        try:
+            yield from pieces()
+        except native_base64.Undecodable:
+            raise ops.WriteInstead(decode_data_base64(msgspec.Raw(span.token()))) from None
+
+    return decoded
+
+
 def encode_read_reply(request_id: RequestId, data: bytes) -> EncodedReply:
     """The whole reply to a big ``fs/readFile``, made in the worker that read the file:
     its base64 text is written once, straight into the reply (see :class:`EncodedReply`),
@@ -258,7 +278,7 @@ async def write_file(
     service = _service(ctx)
     raw = params.data_base64
     if isinstance(raw, StringSpan):
-        await service.write_file_from(path.path, functools.partial(decode_data_span, raw), route)
+        await service.write_file_from(path.path, functools.partial(data_span_payload, raw), route)
     elif len(raw) <= INLINE_CODEC_LIMIT:
         await service.write_file(path.path, decode_data_base64(raw), route)
     else:

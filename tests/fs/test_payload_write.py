@@ -1,0 +1,106 @@
+"""``ops.write_file`` of data given piece by piece (``ops.Payload``): written as it
+comes, and a payload that fails half way leaves the target as it was."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exec_server.exceptions import InvalidRequestError
+from exec_server.fs import ops
+
+
+class _Pieces:
+    """A payload of ``parts``; ``fail_at`` raises that error before that part."""
+
+    def __init__(
+        self, parts: list[bytes], fail_at: int | None = None, error: BaseException | None = None
+    ) -> None:
+        self.parts = parts
+        self.fail_at = fail_at
+        self.error = error or InvalidRequestError("bad piece")
+        self.calls = 0
+
+    def __call__(self) -> Iterator[memoryview]:
+        self.calls += 1
+        buffer = bytearray(max(map(len, self.parts), default=0))
+        for i, part in enumerate(self.parts):
+            if i == self.fail_at:
+                raise self.error
+            buffer[: len(part)] = part  # one buffer, reused, as the decoder does
+            yield memoryview(buffer)[: len(part)]
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_pieces_are_written_in_order(tdir: Path, existing: bool) -> None:
+    target = tdir / "f"
+    if existing:
+        target.write_bytes(b"old contents")
+    parts = [os.urandom(n) for n in (1000, 1, 0, 4096, 77)]
+    payload = _Pieces(parts)
+    ops.write_file(str(target), payload)
+    assert target.read_bytes() == b"".join(parts)
+    assert payload.calls == 1
+    assert _names(tdir) == ["f"]
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_payload_failing_half_way_leaves_the_target_as_it_was(tdir: Path, existing: bool) -> None:
+    target = tdir / "f"
+    if existing:
+        target.write_bytes(b"old contents")
+    payload = _Pieces([b"a" * 5000, b"b" * 5000, b"c"], fail_at=2)
+    with pytest.raises(InvalidRequestError, match="bad piece"):
+        ops.write_file(str(target), payload)
+    if existing:
+        assert target.read_bytes() == b"old contents"
+        assert _names(tdir) == ["f"]
+    else:
+        assert _names(tdir) == []  # no temp file left either
+
+
+def test_write_instead_replaces_what_the_pieces_began(tdir: Path) -> None:
+    target = tdir / "f"
+    target.write_bytes(b"old contents")
+    payload = _Pieces([b"x" * 3000, b"y"], fail_at=1, error=ops.WriteInstead(b"the whole"))
+    ops.write_file(str(target), payload)
+    assert target.read_bytes() == b"the whole"
+    assert _names(tdir) == ["f"]
+
+
+def test_in_place_fallback_gets_the_payload_whole_before_truncating(
+    tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no temp file can be made (a directory that refuses new entries), the
+    target is written in place: a payload that fails must fail before the target
+    is truncated, and one that succeeds is written whole."""
+
+    def refuse(target: str) -> tuple[str, int]:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(ops, "_create_temp", refuse)
+    target = tdir / "f"
+    target.write_bytes(b"old contents")
+    with pytest.raises(InvalidRequestError):
+        ops.write_file(str(target), _Pieces([b"a" * 100, b"b"], fail_at=1))
+    assert target.read_bytes() == b"old contents"
+    ops.write_file(str(target), _Pieces([b"new ", b"contents"]))
+    assert target.read_bytes() == b"new contents"
+    ops.write_file(str(target), _Pieces([b"zz", b"?"], fail_at=1, error=ops.WriteInstead(b"w")))
+    assert target.read_bytes() == b"w"
+
+
+def test_payload_bytes_joins_or_takes_the_replacement() -> None:
+    assert ops.payload_bytes(b"plain") == b"plain"
+    assert bytes(ops.payload_bytes(_Pieces([b"ab", b"cd", b"e"]))) == b"abcde"
+    replaced = _Pieces([b"ab", b"cd"], fail_at=1, error=ops.WriteInstead(b"other"))
+    assert ops.payload_bytes(replaced) == b"other"
+    with pytest.raises(InvalidRequestError):
+        ops.payload_bytes(_Pieces([b"ab", b"cd"], fail_at=1))
