@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import re
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -25,6 +27,7 @@ from exec_server.server.fs_handlers import (
     decode_data_base64,
     decode_data_span,
     encode_read_reply,
+    read_into_reply,
 )
 from exec_server.server.router import Router
 
@@ -75,9 +78,7 @@ def test_non_strings_are_invalid_params(value: object) -> None:
 _CORPUS = json.loads((Path(__file__).parent / "data" / "upstream_base64.json").read_text())
 
 
-@pytest.mark.parametrize(
-    "case", _CORPUS["cases"], ids=lambda c: repr(c["dataBase64"])[:40]
-)
+@pytest.mark.parametrize("case", _CORPUS["cases"], ids=lambda c: repr(c["dataBase64"])[:40])
 def test_upstream_answers_are_reproduced(case: dict[str, str]) -> None:
     """Each ``dataBase64`` upstream 0.163.0 was sent (recorded in
     ``data/upstream_base64.json``): the same bytes, or the same error text."""
@@ -131,8 +132,10 @@ def test_big_requests_give_the_same_answers(
             else:
                 got = bytes(decode_data_span(params.data_base64))
         else:
-            raw = params.data_base64 if isinstance(params, t.WriteFileParams) else (
-                msgspec.json.decode(msg.params or b"{}", type=t.WriteFileParams).data_base64
+            raw = (
+                params.data_base64
+                if isinstance(params, t.WriteFileParams)
+                else (msgspec.json.decode(msg.params or b"{}", type=t.WriteFileParams).data_base64)
             )
             got = decode_data_base64(raw)
     except InvalidRequestError as exc:
@@ -143,3 +146,30 @@ def test_big_requests_give_the_same_answers(
         return
     assert case["error"] is None
     assert got == b"ABC" * (len(lead) // 4) + bytes.fromhex(case["hex"])
+
+
+def _reply_data(encoded: Any) -> bytes:
+    reply = json.loads(encoded.payload)
+    assert set(reply) == {"id", "result"} and reply["id"] == 9
+    return base64.b64decode(reply["result"]["dataBase64"], validate=True)
+
+
+@pytest.mark.parametrize("change", [0, -1, 1, -1000], ids=["same", "grew", "shrank", "grew-more"])
+@pytest.mark.parametrize("native", [True, False], ids=["native", "msgspec"])
+def test_read_into_reply_sends_the_file_as_it_is_when_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: int, native: bool
+) -> None:
+    """``size`` is what ``fstat`` said: a file read straight into its reply comes out
+    whole even if it is longer or shorter by then, and the descriptor is closed."""
+    if native and not native_base64.encoder_available():
+        pytest.skip("no libcrypto")
+    if not native:
+        monkeypatch.setattr(native_base64, "encoder_available", lambda: False)
+    data = os.urandom(3 * 100_000 + 1)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    encoded = read_into_reply(9, fd, len(data) + change)
+    assert _reply_data(encoded) == data
+    with pytest.raises(OSError):
+        os.fstat(fd)

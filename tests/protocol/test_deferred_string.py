@@ -129,6 +129,26 @@ def test_native_encodes_what_base64_encodes(data: bytes, offset: int) -> None:
         native_base64.encode_into(data, bytearray(offset + length), offset)
 
 
+@pytest.mark.skipif(not native_base64.encoder_available(), reason="no libcrypto")
+@given(st.binary(max_size=400), st.integers(1, 50).map(lambda n: 3 * n), st.integers(0, 7))
+def test_native_encodes_the_tail_of_its_own_buffer(data: bytes, piece: int, offset: int) -> None:
+    """The bytes wait at the back of the text's place; the text comes out in front."""
+    length = native_base64.encoded_length(len(data))
+    out = bytearray(b"<" * offset + b"?" * (length - len(data)) + data + b">")
+    native_base64.encode_tail_in_place(out, offset, len(data), piece)
+    assert bytes(out[offset : offset + length]) == base64.b64encode(data)
+    assert out[:offset] == b"<" * offset
+    assert len(out) == offset + length + 1
+
+
+@pytest.mark.skipif(not native_base64.encoder_available(), reason="no libcrypto")
+def test_native_in_place_encoding_refuses_what_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="too short"):
+        native_base64.encode_tail_in_place(bytearray(8), 0, 6)  # 8 characters, no spare byte
+    with pytest.raises(ValueError, match="multiple of 3"):
+        native_base64.encode_tail_in_place(bytearray(9), 0, 6, piece=4)
+
+
 def _msgspec_bytes(text: bytes) -> bytes | None:
     try:
         return msgspec.json.decode(b'"' + text + b'"', type=bytes)
@@ -196,9 +216,7 @@ def test_native_pieces_join_to_what_decode_strict_gives(
     ),
     st.integers(1, 4).map(lambda n: 4 * n),
 )
-def test_native_pieces_accept_exactly_what_decode_strict_accepts(
-    text: bytes, piece: int
-) -> None:
+def test_native_pieces_accept_exactly_what_decode_strict_accepts(text: bytes, piece: int) -> None:
     whole = native_base64.decode_strict(text, 0, len(text))
     pieces = native_base64.decode_pieces(text, 0, len(text), piece)
     if pieces is None:

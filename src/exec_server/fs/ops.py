@@ -63,7 +63,9 @@ __all__ = [
     "payload_bytes",
     "read_and_close",
     "read_directory",
+    "read_exactly",
     "read_file",
+    "read_from_start",
     "read_resident_and_close",
     "remove",
     "resolve_existing_prefix",
@@ -171,6 +173,26 @@ def read_and_close(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
             return _read_all(fd, size or 0, limit)
         finally:
             os.close(fd)
+
+
+def read_exactly(fd: int, view: memoryview) -> bool:
+    """Fill ``view`` from ``fd``'s position; True if the file then ends there (it is still
+    as long as its ``fstat`` said), False if it ended before or goes on."""
+    with translate_os_errors():
+        got = 0
+        while got < len(view):
+            n = os.readv(fd, [view[got:]])
+            if n == 0:
+                return False
+            got += n
+        return not os.read(fd, 1)
+
+
+def read_from_start(fd: int, limit: int = READ_LIMIT) -> bytes:
+    """Read ``fd`` from offset 0 to EOF, capped at ``limit``, leaving it open."""
+    with translate_os_errors():
+        os.lseek(fd, 0, os.SEEK_SET)
+        return _read_all(fd, 0, limit)
 
 
 def read_resident_and_close(fd: int, size: int) -> bytes | None:

@@ -199,10 +199,16 @@ class FileSystemService:
         route: Route = DIRECT,
         *,
         regular_only: bool = False,
+        read_large: Callable[[int, int], T] | None = None,
     ) -> bytes | T:
         """Like :meth:`read_file`, but contents over ``large_over`` bytes come back as
         ``map_large(data)`` computed in the worker that read them (one thread
-        hand-off instead of two; the server base64-encodes big files this way)."""
+        hand-off instead of two; the server base64-encodes big files this way).
+
+        ``read_large(fd, size)``, if given, does the reading and mapping itself for a
+        regular file of ``size`` bytes (by its ``fstat``) over ``large_over`` read
+        directly, and closes ``fd``: the server reads such a file straight into its
+        reply."""
         if route.confined:
             data = await self._confined_or_refuse(route).read_file(route.context, path)
             if len(data) > large_over:
@@ -213,6 +219,8 @@ class FileSystemService:
             small = ops.read_resident_and_close(fd, size)
             if small is not None:
                 return small
+        if read_large is not None and size is not None and size > large_over:
+            return await self._pool.run(read_large, fd, size)
         return await self._pool.run(_read_mapped, fd, size, map_large, large_over)
 
     async def write_file_from(
