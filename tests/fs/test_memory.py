@@ -35,8 +35,14 @@ def _reset_peak(pid: int) -> None:
         clear.write("5")
 
 
+#: A legacy read-only context with the default access (the whole disk): reads run
+#: in the server, as upstream runs them, not in a confined helper.
+READ_ONLY = {"sandboxPolicy": {"type": "read-only"}, "windowsSandboxLevel": "disabled"}
+
+
+@pytest.mark.parametrize("sandbox", [None, READ_ONLY], ids=["direct", "reads-everything"])
 async def test_a_big_read_holds_the_file_and_its_text_once(
-    server: Any, rpc: Any, tmp_path: Path
+    server: Any, rpc: Any, tmp_path: Path, sandbox: Any
 ) -> None:
     """A 32 MiB file goes out as ~43 MiB of base64: the file is read straight into
     the reply and encoded there, so the reply is all there is at peak, ~1.4
@@ -50,7 +56,7 @@ async def test_a_big_read_holds_the_file_and_its_text_once(
     await client.initialize()
     before = _status_kib(server.pid, "VmRSS")
     result = await client.call(
-        "fs/readFile", {"path": f"file://{tmp_path}/big.bin", "sandbox": None}, timeout=120
+        "fs/readFile", {"path": f"file://{tmp_path}/big.bin", "sandbox": sandbox}, timeout=120
     )
     assert base64.b64decode(result["dataBase64"]) == data
     grown_mib = (_status_kib(server.pid, "VmHWM") - before) / 1024

@@ -240,8 +240,7 @@ class SandboxedFileSystem:
         req = _request(context)
         if _reads_everything(req):
             # Same as the unsandboxed route: small files inline (no thread hop).
-            invalid = req.generation is Generation.CURRENT
-            fd, size = ops.open_for_read(path, regular_only=invalid)
+            fd, size = ops.open_for_read(path, regular_only=self.reads_regular_only(req))
             if size is not None and size <= _INLINE_READ_LIMIT:
                 data = ops.read_resident_and_close(fd, size)
                 if data is not None:
@@ -253,6 +252,10 @@ class SandboxedFileSystem:
     def reads_directly(self, context: object) -> bool:
         """Whether read-only calls under ``context`` run in the server (no helper)."""
         return _reads_everything(_request(context))
+
+    def reads_regular_only(self, context: object) -> bool:
+        """Whether a direct ``fs/readFile`` under ``context`` refuses non-regular files."""
+        return _request(context).generation is Generation.CURRENT
 
     async def write_file(self, context: object, path: str, data: bytes) -> None:
         await self.run(FsOperation("fs/writeFile", path, data=data), _request(context))

@@ -118,6 +118,11 @@ class ConfinedFileSystem(Protocol):
         """Whether read-only calls under ``context`` may run in the server (no helper)."""
         ...
 
+    def reads_regular_only(self, context: object) -> bool:
+        """For a ``context`` that :meth:`reads_directly`: whether its ``fs/readFile``
+        refuses anything but a regular file (the current generation's rule)."""
+        ...
+
 
 class FileSystemService:
     """Typed async filesystem API; every method takes the call's :class:`FsRoute`.
@@ -210,10 +215,14 @@ class FileSystemService:
         directly, and closes ``fd``: the server reads such a file straight into its
         reply."""
         if route.confined:
-            data = await self._confined_or_refuse(route).read_file(route.context, path)
-            if len(data) > large_over:
-                return await self._pool.run(map_large, data)
-            return data
+            confined = self._confined_or_refuse(route)
+            if not confined.reads_directly(route.context):
+                data = await confined.read_file(route.context, path)
+                if len(data) > large_over:
+                    return await self._pool.run(map_large, data)
+                return data
+            # As the confined service would read it itself, with this route's rule.
+            regular_only = confined.reads_regular_only(route.context)
         fd, size = ops.open_for_read(path, regular_only=regular_only)
         if size is not None and size <= INLINE_READ_LIMIT and size <= large_over:
             small = ops.read_resident_and_close(fd, size)
