@@ -13,8 +13,14 @@ from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import ops
 
 
-class _Pieces:
-    """A payload of ``parts``; ``fail_at`` raises that error before that part."""
+def _pieces(
+    parts: list[bytes], fail_at: int | None = None, error: BaseException | None = None
+) -> ops.Pieces:
+    return ops.Pieces(sum(map(len, parts)), _Parts(parts, fail_at, error))
+
+
+class _Parts:
+    """The pieces of ``parts``; ``fail_at`` raises that error before that part."""
 
     def __init__(
         self, parts: list[bytes], fail_at: int | None = None, error: BaseException | None = None
@@ -44,10 +50,11 @@ def test_pieces_are_written_in_order(tdir: Path, existing: bool) -> None:
     if existing:
         target.write_bytes(b"old contents")
     parts = [os.urandom(n) for n in (1000, 1, 0, 4096, 77)]
-    payload = _Pieces(parts)
+    parts_of = _Parts(parts)
+    payload = ops.Pieces(sum(map(len, parts)), parts_of)
     ops.write_file(str(target), payload)
     assert target.read_bytes() == b"".join(parts)
-    assert payload.calls == 1
+    assert parts_of.calls == 1
     assert _names(tdir) == ["f"]
 
 
@@ -56,7 +63,7 @@ def test_a_payload_failing_half_way_leaves_the_target_as_it_was(tdir: Path, exis
     target = tdir / "f"
     if existing:
         target.write_bytes(b"old contents")
-    payload = _Pieces([b"a" * 5000, b"b" * 5000, b"c"], fail_at=2)
+    payload = _pieces([b"a" * 5000, b"b" * 5000, b"c"], fail_at=2)
     with pytest.raises(InvalidRequestError, match="bad piece"):
         ops.write_file(str(target), payload)
     if existing:
@@ -69,7 +76,7 @@ def test_a_payload_failing_half_way_leaves_the_target_as_it_was(tdir: Path, exis
 def test_write_instead_replaces_what_the_pieces_began(tdir: Path) -> None:
     target = tdir / "f"
     target.write_bytes(b"old contents")
-    payload = _Pieces([b"x" * 3000, b"y"], fail_at=1, error=ops.WriteInstead(b"the whole"))
+    payload = _pieces([b"x" * 3000, b"y"], fail_at=1, error=ops.WriteInstead(b"the whole"))
     ops.write_file(str(target), payload)
     assert target.read_bytes() == b"the whole"
     assert _names(tdir) == ["f"]
@@ -89,18 +96,18 @@ def test_in_place_fallback_gets_the_payload_whole_before_truncating(
     target = tdir / "f"
     target.write_bytes(b"old contents")
     with pytest.raises(InvalidRequestError):
-        ops.write_file(str(target), _Pieces([b"a" * 100, b"b"], fail_at=1))
+        ops.write_file(str(target), _pieces([b"a" * 100, b"b"], fail_at=1))
     assert target.read_bytes() == b"old contents"
-    ops.write_file(str(target), _Pieces([b"new ", b"contents"]))
+    ops.write_file(str(target), _pieces([b"new ", b"contents"]))
     assert target.read_bytes() == b"new contents"
-    ops.write_file(str(target), _Pieces([b"zz", b"?"], fail_at=1, error=ops.WriteInstead(b"w")))
+    ops.write_file(str(target), _pieces([b"zz", b"?"], fail_at=1, error=ops.WriteInstead(b"w")))
     assert target.read_bytes() == b"w"
 
 
 def test_payload_bytes_joins_or_takes_the_replacement() -> None:
     assert ops.payload_bytes(b"plain") == b"plain"
-    assert bytes(ops.payload_bytes(_Pieces([b"ab", b"cd", b"e"]))) == b"abcde"
-    replaced = _Pieces([b"ab", b"cd"], fail_at=1, error=ops.WriteInstead(b"other"))
+    assert bytes(ops.payload_bytes(_pieces([b"ab", b"cd", b"e"]))) == b"abcde"
+    replaced = _pieces([b"ab", b"cd"], fail_at=1, error=ops.WriteInstead(b"other"))
     assert ops.payload_bytes(replaced) == b"other"
     with pytest.raises(InvalidRequestError):
-        ops.payload_bytes(_Pieces([b"ab", b"cd"], fail_at=1))
+        ops.payload_bytes(_pieces([b"ab", b"cd"], fail_at=1))

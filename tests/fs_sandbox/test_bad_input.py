@@ -270,6 +270,83 @@ async def test_big_remote_write_under_a_confined_context(
         await sfs.aclose()
 
 
+async def test_big_confined_write_is_decoded_as_it_goes_to_the_helper(
+    no_leaks: None, layout: Any, ctx: Any, make_caller: Any
+) -> None:
+    """A 3 MiB write is four 1 MiB pieces of text, decoded one by one as they are
+    sent to the confined child. A bad character in the third piece is upstream's
+    error at its offset: the child, two pieces in, is killed before it has all
+    the data, so nothing is written, and the service goes on."""
+    import base64
+
+    from exec_server.protocol import native_base64
+
+    if not native_base64.available():
+        pytest.skip("no libcrypto: decoded whole")
+    sfs = service()
+    caller = make_caller(sfs)
+    blob = os.urandom(3 << 20)
+    text = base64.b64encode(blob).decode()
+    target = layout.allowed / "big.bin"
+    sandbox = ctx.ww(layout.allowed)
+    try:
+        reply = await caller.raw(
+            "fs/writeFile", {"path": str(target), "dataBase64": text, "sandbox": sandbox}
+        )
+        assert reply == {"id": reply["id"], "result": {}}
+        assert target.read_bytes() == blob
+        offset = 2 * native_base64.PIECE + 999
+        bad = text[:offset] + "!" + text[offset + 1 :]
+        fresh = layout.allowed / "fresh.bin"
+        for path in (target, fresh):
+            reply = await caller.raw(
+                "fs/writeFile", {"path": str(path), "dataBase64": bad, "sandbox": sandbox}
+            )
+            assert reply["error"] == {
+                "code": -32600,
+                "message": "fs/writeFile requires valid base64 dataBase64: "
+                f"Invalid symbol 33, offset {offset}.",
+            }
+        assert target.read_bytes() == blob
+        assert not fresh.exists()
+        assert [n for n in os.listdir(layout.allowed) if n.startswith(".")] == []  # no temp
+        assert zygote_children(sfs) == set()
+        reply = await caller.raw(
+            "fs/writeFile", {"path": str(fresh), "dataBase64": text, "sandbox": sandbox}
+        )
+        assert reply == {"id": reply["id"], "result": {}}
+        assert fresh.read_bytes() == blob
+    finally:
+        await sfs.aclose()
+
+
+async def test_pieces_shorter_than_announced_are_a_helper_failure(
+    no_leaks: None, layout: Any, ctx: Any
+) -> None:
+    """The child reads exactly the announced size: pieces that fall short would
+    leave it waiting, so the request fails at once and the child is killed."""
+    import msgspec
+
+    from exec_server.fs import ops
+    from exec_server.sandbox.convert import fs_context_from_wire
+
+    sfs = service()
+    fs = LocalFileSystem(confined=sfs)
+    payload = ops.Pieces(10, lambda: iter([b"12345"]))
+    context = fs_context_from_wire(msgspec.Raw(json.dumps(ctx.ww(layout.allowed)).encode()))
+    try:
+        with pytest.raises(InternalError, match="payload was 5 bytes, not 10"):
+            await asyncio.wait_for(
+                sfs.write_file(context, str(layout.allowed / "f"), payload), TIMEOUT
+            )
+        assert not (layout.allowed / "f").exists()
+        assert zygote_children(sfs) == set()
+        await fs.write_file(layout.allowed / "f", b"fine", sandbox=ctx.ww(layout.allowed))
+        assert (layout.allowed / "f").read_bytes() == b"fine"
+    finally:
+        await sfs.aclose()
+
+
 async def test_full_access_contexts_never_start_the_helper(no_leaks: None, layout: Any) -> None:
     sfs = service()
     fs = LocalFileSystem(confined=sfs)

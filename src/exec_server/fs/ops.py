@@ -37,6 +37,7 @@ import secrets
 import stat
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import msgspec
 
@@ -54,6 +55,7 @@ __all__ = [
     "DirEntry",
     "Metadata",
     "Payload",
+    "Pieces",
     "WriteInstead",
     "canonicalize",
     "copy",
@@ -266,10 +268,21 @@ def _read_all(fd: int, size: int, limit: int) -> bytes:
 
 
 Buffer = bytes | bytearray | memoryview
-#: What :func:`write_file` writes: the bytes, or a function that gives them piece by
-#: piece - each call anew, each piece used before the next is asked for - so a big
-#: write need not hold all of them at once (the server decodes base64 this way).
-Payload = Buffer | Callable[[], Iterable[Buffer]]
+
+
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """``size`` bytes given piece by piece by ``produce()`` - each call anew, each piece
+    used before the next is asked for - so a big write need not hold all of them
+    at once (the server decodes base64 this way). Pieces may raise: the write
+    is then abandoned (see :func:`write_file`)."""
+
+    size: int
+    produce: Callable[[], Iterable[Buffer]]
+
+
+#: What :func:`write_file` writes: the bytes, or :class:`Pieces`.
+Payload = Buffer | Pieces
 
 
 class WriteInstead(Exception):
@@ -283,11 +296,11 @@ class WriteInstead(Exception):
 
 def payload_bytes(payload: Payload) -> Buffer:
     """``payload`` as one buffer (for writers that need it whole)."""
-    if not callable(payload):
+    if not isinstance(payload, Pieces):
         return payload
     whole = bytearray()
     try:
-        for piece in payload():
+        for piece in payload.produce():
             whole += piece
     except WriteInstead as instead:
         return instead.data
@@ -346,7 +359,7 @@ def _write_in_place(path: str, data: Payload, extra_flags: int = 0) -> None:
 
 
 def _write_all(fd: int, data: Payload) -> None:
-    for piece in data() if callable(data) else (data,):
+    for piece in data.produce() if isinstance(data, Pieces) else (data,):
         view = memoryview(piece).cast("B")
         while view:
             written = os.write(fd, view)

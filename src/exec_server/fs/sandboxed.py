@@ -90,7 +90,7 @@ class FsOperation:
     method: str
     path: str
     destination: str | None = None
-    data: bytes = b""
+    data: ops.Payload = b""
     recursive: bool = True
     force: bool = True
 
@@ -257,8 +257,14 @@ class SandboxedFileSystem:
         """Whether a direct ``fs/readFile`` under ``context`` refuses non-regular files."""
         return _request(context).generation is Generation.CURRENT
 
-    async def write_file(self, context: object, path: str, data: bytes) -> None:
-        await self.run(FsOperation("fs/writeFile", path, data=data), _request(context))
+    async def write_file(self, context: object, path: str, data: ops.Payload) -> None:
+        request = _request(context)
+        try:
+            await self.run(FsOperation("fs/writeFile", path, data=data), request)
+        except ops.WriteInstead as instead:
+            # The pieces' source gave up half way (that helper was killed, nothing
+            # written): write what it gives instead.
+            await self.run(FsOperation("fs/writeFile", path, data=instead.data), request)
 
     async def create_directory(self, context: object, path: str, recursive: bool) -> None:
         op = FsOperation("fs/createDirectory", path, recursive=recursive)
@@ -583,7 +589,7 @@ def _helper_request(
     else:
         params["path"] = src.path
     if op.method == "fs/writeFile":
-        params["dataBase64"] = base64.b64encode(op.data).decode("ascii")
+        params["dataBase64"] = base64.b64encode(ops.payload_bytes(op.data)).decode("ascii")
     elif op.method == "fs/createDirectory":
         params["recursive"] = op.recursive
     elif op.method == "fs/remove":

@@ -98,7 +98,7 @@ class ConfinedFileSystem(Protocol):
 
     async def read_file(self, context: object, path: str) -> bytes: ...
 
-    async def write_file(self, context: object, path: str, data: bytes) -> None: ...
+    async def write_file(self, context: object, path: str, data: ops.Payload) -> None: ...
 
     async def create_directory(self, context: object, path: str, recursive: bool) -> None: ...
 
@@ -239,8 +239,10 @@ class FileSystemService:
         worker job (the server decodes big base64 payloads this way, a piece at a
         time as they are written when it can: see ``ops.Payload``)."""
         if route.confined:
-            data = await self._pool.run(_produce_whole, produce)
-            return await self.write_file(path, data, route)
+            # Made in a worker (a small text is decoded there), handed over as made:
+            # pieces are decoded as they go to the confined helper.
+            payload = await self._pool.run(produce)
+            return await self._confined_or_refuse(route).write_file(route.context, path, payload)
         await self._pool.run(_produce_and_write, path, produce)
 
     async def write_file(
@@ -248,9 +250,7 @@ class FileSystemService:
     ) -> None:
         """Create or atomically replace ``path``."""
         if route.confined:
-            return await self._confined_or_refuse(route).write_file(
-                route.context, path, bytes(data) if not isinstance(data, bytes) else data
-            )
+            return await self._confined_or_refuse(route).write_file(route.context, path, data)
         st = inline_write_target(path, len(data))
         if st is not None:
             return ops.write_file(path, data, lstat=st)
@@ -324,6 +324,3 @@ def _read_mapped(
 def _produce_and_write(path: str, produce: Callable[[], ops.Payload]) -> None:
     ops.write_file(path, produce())
 
-
-def _produce_whole(produce: Callable[[], ops.Payload]) -> ops.Buffer:
-    return ops.payload_bytes(produce())

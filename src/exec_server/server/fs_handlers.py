@@ -215,7 +215,9 @@ def data_span_payload(span: StringSpan) -> ops.Payload:
         except native_base64.Undecodable:
             raise ops.WriteInstead(decode_data_base64(msgspec.Raw(span.token()))) from None
 
-    return decoded
+    text = span.data
+    pad = (text[span.end - 1] == _PAD) + (text[span.end - 2] == _PAD) if len(span) else 0
+    return ops.Pieces(len(span) // 4 * 3 - pad, decoded)
 
 
 def encode_read_reply(request_id: RequestId, data: bytes) -> EncodedReply:
