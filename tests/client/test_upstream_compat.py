@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 import pytest
 
 from exec_server.client import ExecServerClient
+from exec_server.client.fs import RemoteFileSystem
 from exec_server.exceptions import InvalidRequestError
 from exec_server.protocol.process_types import StartParams, WriteStatus
 
@@ -74,3 +77,15 @@ async def test_errors_map_the_same_way(upstream_url: str) -> None:
             await client.start_process(duplicate)
         assert await proc.terminate() is True
         await proc.wait()
+
+
+async def test_big_files_round_trip_through_upstream(upstream_url: str, tmp_path: Any) -> None:
+    """A 20 MiB write is 27 MiB of text: upstream refuses single frames over 16 MiB,
+    so the client sends big messages as fragments (before, this write failed)."""
+    data = os.urandom(20 << 20)
+    target = tmp_path / "big.bin"
+    async with await ExecServerClient.connect(upstream_url) as client:
+        fs = RemoteFileSystem(client)
+        await fs.write_file(target, data)
+        assert await fs.read_file(target) == data
+    assert target.read_bytes() == data

@@ -31,6 +31,8 @@ __all__ = [
 DEFAULT_MAX_MESSAGE_SIZE: Final = 1 << 30
 #: Seconds a spawned stdio server gets to exit after its stdin is closed.
 _STDIO_EXIT_GRACE: Final = 5.0
+#: Messages longer than this go out as a fragmented WebSocket message of pieces this long.
+SEND_FRAGMENT: Final = 1 << 20
 
 
 class Transport(Protocol):
@@ -81,7 +83,18 @@ class WebSocketTransport:
     async def send(self, data: bytes) -> None:
         try:
             # Text frame (the upstream framing), without a decode/encode round trip.
-            await self._ws.send(data, text=True)
+            if len(data) <= SEND_FRAGMENT:
+                await self._ws.send(data, text=True)
+            else:
+                # In 1 MiB fragments, each masked and written as the socket drains:
+                # whole, the library held the text masked, framed and buffered
+                # besides (a 32 MiB write cost the client 159 MiB). Upstream
+                # accepts fragmented messages; a single frame over 16 MiB it refuses.
+                view = memoryview(data)
+                await self._ws.send(
+                    (view[i : i + SEND_FRAGMENT] for i in range(0, len(data), SEND_FRAGMENT)),
+                    text=True,
+                )
         except websockets.ConnectionClosed as exc:
             raise ConnectionLostError(_close_reason(exc)) from exc
 
@@ -145,7 +158,8 @@ class StdioTransport:
 
     async def send(self, data: bytes) -> None:
         try:
-            self._stdin.write(data + b"\n")
+            self._stdin.write(data)  # no joined copy of a big message
+            self._stdin.write(b"\n")
             await self._stdin.drain()
         except (ConnectionError, BrokenPipeError) as exc:
             raise ConnectionLostError("stdio server closed its stdin") from exc

@@ -1,0 +1,50 @@
+"""The client library holds a big message once, not the several copies websockets
+makes of a whole frame it masks and buffers."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exec_server.client import ExecServerClient
+from exec_server.client._transport import SEND_FRAGMENT
+from exec_server.client.fs import RemoteFileSystem
+
+MIB = 1 << 20
+
+
+def _kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(field)
+
+
+def _reset_peak() -> None:
+    """Start ``VmHWM`` again from the current resident size (``clear_refs`` 5)."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux /proc only")
+async def test_a_big_write_costs_the_client_its_text_once(server: Any, tmp_path: Path) -> None:
+    """32 MiB is 43 MiB of JSON text, sent in 1 MiB fragments, each masked and
+    written as the socket drains: ~1.4 copies of the file. Sent whole, the
+    client peaked 159 MiB over its start (~5 copies)."""
+    data = os.urandom(32 * MIB)
+    target = tmp_path / "big.bin"
+    async with await ExecServerClient.connect(server.url) as client:
+        fs = RemoteFileSystem(client)
+        await fs.write_file(tmp_path / "warm", b"x" * (2 * SEND_FRAGMENT))  # fragments once
+        gc.collect()
+        _reset_peak()
+        before = _kib("VmRSS")
+        await fs.write_file(target, data)
+        grown_mib = (_kib("VmHWM") - before) / 1024
+    assert target.read_bytes() == data
+    assert grown_mib <= 1.75 * 32, f"client peak grew {grown_mib:.0f} MiB for a 32 MiB write"
