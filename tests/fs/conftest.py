@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ from websockets.asyncio.server import Server
 from exec_server.client.connection import ExecServerClient
 from exec_server.client.fs import ExecutorFileSystem, LocalFileSystem, RemoteFileSystem
 from exec_server.config import ServerConfig
+from exec_server.fs import memfs
 from exec_server.rpc.listen import ListenAddress
 from exec_server.server.app import ExecServer
 from exec_server.server.services import ServerServices
@@ -128,3 +129,11 @@ def write_dir(request: pytest.FixtureRequest, tdir: Path) -> Path:
     d.mkdir()
     request.addfinalizer(lambda: shutil.rmtree(d, ignore_errors=True))
     return d
+
+
+@pytest.fixture
+def fresh_table() -> Iterator[None]:
+    """An empty table of in-memory devices (``fs/memfs.py``), emptied again after."""
+    memfs.forget()
+    yield
+    memfs.forget()

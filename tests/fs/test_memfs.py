@@ -33,13 +33,6 @@ def _fs_type(path: Path) -> str:
 
 
 @pytest.fixture
-def fresh_table() -> Iterator[None]:
-    memfs.forget()
-    yield
-    memfs.forget()
-
-
-@pytest.fixture
 def shm_dir(tdir: Path) -> Iterator[Path]:
     shm = Path("/dev/shm")
     if not shm.is_dir() or _fs_type(shm) != "tmpfs":

@@ -7,7 +7,6 @@ import asyncio
 import errno
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,13 +46,6 @@ def _is_open(fd: int) -> bool:
         assert exc.errno == errno.EBADF
         return False
     return True
-
-
-@pytest.fixture
-def fresh_table() -> Iterator[None]:
-    memfs.forget()
-    yield
-    memfs.forget()
 
 
 def test_cached_file_is_read_and_closed(tdir: Path) -> None:
