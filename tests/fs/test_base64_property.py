@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import ops
+from exec_server.fs.fanout import shared_fanout
 from exec_server.protocol import fs_types as t
 from exec_server.protocol import native_base64
 from exec_server.protocol.codec import ONE_PASS_MIN, ProtocolError, decode_message
@@ -104,12 +105,14 @@ def big_paths(fresh_codec: None) -> None:
 
 @pytest.mark.usefixtures("big_paths")
 @pytest.mark.parametrize("case", _CORPUS["cases"][::5], ids=lambda c: repr(c["dataBase64"])[:40])
-@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "pieces"])
+@pytest.mark.parametrize("way", ["whole", "pieces", "paired"])
 def test_big_requests_give_the_same_answers(
-    case: dict[str, str], streamed: bool, monkeypatch: pytest.MonkeyPatch
+    case: dict[str, str], way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Behind 64 KiB of valid text the request takes the big paths (the payload
-    decoded where it lies, natively when it can be): same acceptance, same text."""
+    decoded where it lies, natively when it can be): same acceptance, same text.
+    ``pieces``: as a confined write decodes it; ``paired``: as a worker does, two
+    pieces at a time on two threads."""
     lead = "QUJD" * (ONE_PASS_MIN // 4)
     text = lead + case["dataBase64"]
     message = msgspec.json.encode(
@@ -124,11 +127,14 @@ def test_big_requests_give_the_same_answers(
     params = msg.decoded
     try:
         if isinstance(params, t.WriteFileParamsSpan):
-            if streamed:
+            if way != "whole":
                 # The writer's way: in 4 KiB pieces, sent back to the exact decoder
                 # when a piece is refused.
                 monkeypatch.setattr(native_base64, "PIECE", 4096)
-                got = bytes(ops.payload_bytes(data_span_payload(params.data_base64)))
+                monkeypatch.setattr(native_base64, "PAIR_MIN", 8)
+                payload = data_span_payload(params.data_base64)
+                paired = way == "paired"
+                got = bytes(_paired_bytes(payload) if paired else ops.payload_bytes(payload))
             else:
                 got = bytes(decode_data_span(params.data_base64))
         else:
@@ -146,6 +152,21 @@ def test_big_requests_give_the_same_answers(
         return
     assert case["error"] is None
     assert got == b"ABC" * (len(lead) // 4) + bytes.fromhex(case["hex"])
+
+
+def _paired_bytes(payload: ops.Payload) -> bytes:
+    """:func:`ops.payload_bytes`, with the pieces made two at a time by the fan-out
+    helpers (as ``ops.write_file`` makes them)."""
+    if not isinstance(payload, ops.Pieces):
+        return bytes(payload)
+    assert payload.produce_paired is not None
+    whole = bytearray()
+    try:
+        for piece in payload.produce_paired(shared_fanout().run):
+            whole += piece
+    except ops.WriteInstead as instead:
+        return bytes(instead.data)
+    return bytes(whole)
 
 
 def _reply_data(encoded: Any) -> bytes:

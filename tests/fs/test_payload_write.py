@@ -11,6 +11,7 @@ import pytest
 
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import ops
+from exec_server.fs.fanout import shared_fanout
 
 
 def _pieces(
@@ -111,3 +112,24 @@ def test_payload_bytes_joins_or_takes_the_replacement() -> None:
     assert ops.payload_bytes(replaced) == b"other"
     with pytest.raises(InvalidRequestError):
         ops.payload_bytes(_pieces([b"ab", b"cd"], fail_at=1))
+
+
+def test_a_worker_write_makes_the_pieces_with_the_fanout_helpers(tdir: Path) -> None:
+    """``produce_paired`` (two pieces at a time) is what ``write_file`` uses when a
+    payload has it, handed the shared helpers' ``run``; ``produce`` stays unused."""
+    target = tdir / "f"
+    parts = [os.urandom(5000), os.urandom(3)]
+    used: list[object] = []
+
+    def paired(run_pair: ops.RunTasks) -> Iterator[memoryview]:
+        used.append(run_pair)
+        done: list[int] = []
+        run_pair([lambda: done.append(1), lambda: done.append(2)])
+        assert sorted(done) == [1, 2]
+        yield from _Parts(parts)()
+
+    unused = _Parts([b"never"])
+    ops.write_file(str(target), ops.Pieces(5003, unused, paired))
+    assert target.read_bytes() == b"".join(parts)
+    assert used == [shared_fanout().run] and unused.calls == 0
+    assert _names(tdir) == ["f"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import threading
 from typing import Any
 
 import msgspec
@@ -242,6 +243,86 @@ def test_native_pieces_stop_at_the_piece_evp_refuses() -> None:
             seen.append(bytes(piece))
     assert b"".join(seen) == base64.b64decode(good[:2000])
     assert native_base64.decode_pieces(text, 0, len(text), 6) is None  # not whole groups
+
+
+class _Pairs:
+    """A ``run_pair`` that runs each pair on two real threads, the second task
+    first, and records the pairs it was given."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def __call__(self, tasks: Any) -> None:
+        self.sizes.append(len(tasks))
+        errors: list[BaseException] = []
+
+        def run(task: Any) -> None:
+            try:
+                task()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(task,)) for task in reversed(tasks)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+
+def _joined_paired(pieces: Any, pairs: _Pairs) -> bytes:
+    out = bytearray()
+    for piece in pieces(pairs):
+        out += piece
+    return bytes(out)
+
+
+@needs_native
+@given(st.binary(max_size=600), st.integers(1, 40).map(lambda n: 4 * n))
+def test_native_pieces_decoded_two_at_a_time_join_to_the_same_bytes(
+    data: bytes, piece: int
+) -> None:
+    text = b"xx" + base64.b64encode(data) + b"yy"
+    pieces = native_base64.decode_pieces(text, 2, len(text) - 2, piece)
+    assert pieces is not None
+    pairs = _Pairs()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native_base64, "PAIR_MIN", 8)
+        assert _joined_paired(pieces, pairs) == data
+        # Never more than half the text in one piece, so both threads get work.
+        n = len(text) - 4
+        assert all(len(p) <= max(1, -(-n // 8)) * 3 for p in pieces(_Pairs()))
+    if len(text) - 4 >= 8:
+        assert pairs.sizes and set(pairs.sizes[:-1]) <= {2}
+    else:
+        assert pairs.sizes == []  # below PAIR_MIN: decoded on the calling thread
+
+
+@needs_native
+def test_native_pieces_two_at_a_time_only_from_pair_min() -> None:
+    text = base64.b64encode(os.urandom(3 * (native_base64.PAIR_MIN // 4)))
+    below = text[: native_base64.PAIR_MIN - 4]
+    for source, paired in ((text, True), (below, False)):
+        pieces = native_base64.decode_pieces(source, 0, len(source))
+        assert pieces is not None
+        pairs = _Pairs()
+        assert _joined_paired(pieces, pairs) == base64.b64decode(source)
+        assert (pairs.sizes == [2]) is paired
+
+
+@needs_native
+@pytest.mark.parametrize("bad_at", [100, 2600], ids=["first-lane", "second-lane"])
+def test_native_pieces_two_at_a_time_stop_at_a_refused_piece(bad_at: int) -> None:
+    good = base64.b64encode(os.urandom(3 * 1000))  # 4000 characters: pieces of 2000
+    text = good[:bad_at] + b"!" + good[bad_at + 1 :]
+    pieces = native_base64.decode_pieces(text, 0, len(text), 4000)
+    assert pieces is not None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native_base64, "PAIR_MIN", 8)
+        where = "0-2000" if bad_at < 2000 else "2000-4000"
+        with pytest.raises(native_base64.Undecodable, match=f"characters {where}"):
+            _joined_paired(pieces, _Pairs())
 
 
 # ------------------------------------------------------------------ codec

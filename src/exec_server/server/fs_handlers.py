@@ -209,15 +209,15 @@ def data_span_payload(span: StringSpan) -> ops.Payload:
     if pieces is None or _stray_bits(span.data, span.start, span.end):
         return decode_data_span(span)
 
-    def decoded() -> Iterator[memoryview]:
+    def decoded(run_pair: ops.RunTasks | None = None) -> Iterator[memoryview]:
         try:
-            yield from pieces()
+            yield from pieces(run_pair)
         except native_base64.Undecodable:
             raise ops.WriteInstead(decode_data_base64(msgspec.Raw(span.token()))) from None
 
     text = span.data
     pad = (text[span.end - 1] == _PAD) + (text[span.end - 2] == _PAD) if len(span) else 0
-    return ops.Pieces(len(span) // 4 * 3 - pad, decoded)
+    return ops.Pieces(len(span) // 4 * 3 - pad, decoded, decoded)
 
 
 def encode_read_reply(request_id: RequestId, data: bytes) -> EncodedReply:
