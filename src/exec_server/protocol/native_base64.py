@@ -20,12 +20,13 @@ import ctypes
 import functools
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Final, cast
+from typing import Final, Protocol, cast
 
 __all__ = [
     "ENCODE_PIECE",
     "PAIR_MIN",
     "PIECE",
+    "PieceSource",
     "RunPair",
     "Undecodable",
     "available",
@@ -47,6 +48,12 @@ PAIR_MIN: Final = 1 << 19
 
 #: ``run_pair(tasks)``: run the (two) tasks at once, raise the first error after both.
 RunPair = Callable[[Sequence[Callable[[], object]]], None]
+
+
+class PieceSource(Protocol):
+    """What :func:`decode_pieces` returns: each call decodes the text anew."""
+
+    def __call__(self, run_pair: RunPair | None = None) -> Iterator[memoryview]: ...
 
 
 class Undecodable(ValueError):
@@ -126,7 +133,7 @@ def _address(data: bytes | bytearray) -> tuple[int, object]:
 
 def decode_pieces(
     data: bytes | bytearray, start: int, end: int, piece: int = PIECE
-) -> Callable[..., Iterator[memoryview]] | None:
+) -> PieceSource | None:
     """:func:`decode_strict` a piece at a time: a function whose every call decodes
     ``data[start:end]`` anew, yielding the bytes of ``piece`` characters at a time
     in a reused buffer (use each before taking the next), or None where
