@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import os
 import threading
@@ -11,11 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from exec_server.client.fs import RemoteFileSystem
+from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import ops
 from exec_server.fs.workers import NEAR_JOB_LIMIT, WorkerPool, current_cpu, job_kind
+from exec_server.protocol import fs_types as t
 
 WAIT = 30.0
 
@@ -230,3 +234,36 @@ async def test_pool_without_cpu_following_wakes_nothing_near() -> None:
     pool = WorkerPool(max_workers=1, follow_caller_cpu=False)
     await asyncio.wait_for(pool.run(_other_job), WAIT)
     assert not pool.wakes_near(_other_job)
+
+
+async def test_concurrent_big_writes_each_land_whole(live_server: Any, tdir: Path) -> None:
+    """Big writes are decoded two pieces at a time with the shared fan-out helpers
+    (``native_base64.PAIR_MIN``). Several at once, on four connections, one with a
+    bad character in its second half: each gets its own answer, the good ones
+    land whole, the refused one keeps the old file, and no temp file is left."""
+    clients = [await live_server.client() for _ in range(4)]
+    datas = [os.urandom((1 << 20) + k) for k in range(3)]
+    bad_target = tdir / "bad"
+    bad_target.write_bytes(b"old")
+    text = base64.b64encode(os.urandom(1 << 20))
+    offset = len(text) * 3 // 4
+    bad = text[:offset] + b"*" + text[offset + 1 :]
+
+    async def good(client: Any, k: int) -> None:
+        await RemoteFileSystem(client).write_file(tdir / f"f{k}", datas[k])
+
+    async def refused(client: Any) -> None:
+        params = t.WriteFileParams(path=str(bad_target), data_base64=msgspec.Raw(b'"' + bad + b'"'))
+        with pytest.raises(InvalidRequestError) as info:
+            await client.call("fs/writeFile", params, t.EmptyResult)
+        assert info.value.message == (
+            f"fs/writeFile requires valid base64 dataBase64: Invalid symbol 42, offset {offset}."
+        )
+
+    for _ in range(3):
+        jobs = [good(client, k) for k, client in enumerate(clients[:3])] + [refused(clients[3])]
+        await asyncio.wait_for(asyncio.gather(*jobs), WAIT)
+        for k, data in enumerate(datas):
+            assert (tdir / f"f{k}").read_bytes() == data
+        assert bad_target.read_bytes() == b"old"
+        assert sorted(os.listdir(tdir)) == ["bad", "f0", "f1", "f2"]
