@@ -29,6 +29,7 @@ from exec_server.server.fs_handlers import (
     decode_data_span,
     encode_read_reply,
     read_into_reply,
+    receive_into_reply,
 )
 from exec_server.server.router import Router
 
@@ -194,3 +195,17 @@ def test_read_into_reply_sends_the_file_as_it_is_when_read(
     assert _reply_data(encoded) == data
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 3 * 100_000 + 1, (3 << 18) * 2 + 5])
+def test_receive_into_reply_turns_the_received_bytes_into_the_reply(size: int) -> None:
+    """A confined read's bytes are received into the view ``receive_into_reply``
+    gives (the back of the reply's buffer), then encoded there: the reply
+    carries exactly those bytes, pieces of ``ENCODE_PIECE`` included."""
+    if not native_base64.encoder_available():
+        pytest.skip("no libcrypto")
+    data = os.urandom(size)
+    view, finish = receive_into_reply(9, size)
+    assert len(view) == size
+    view[:] = data
+    assert _reply_data(finish()) == data

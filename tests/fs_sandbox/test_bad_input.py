@@ -6,6 +6,7 @@ Each yields a clear error and leaves no process behind.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -65,8 +66,9 @@ def inject(sfs: SandboxedFileSystem, hook: str) -> None:
         data: bytes = b"",
         *,
         timeout: float,  # noqa: ASYNC109
+        into: Any = None,
     ) -> Any:
-        return await original({**header, "test_hook": hook}, data, timeout=timeout)
+        return await original({**header, "test_hook": hook}, data, timeout=timeout, into=into)
 
     zygote.run = run  # type: ignore[method-assign]
 
@@ -133,6 +135,31 @@ async def test_broken_helper_is_a_clear_internal_error(
         assert message in info.value.message
         # Returned errors come after the child was reaped: nothing is left.
         assert zygote_children(sfs) == set()
+    finally:
+        await sfs.aclose()
+
+
+async def test_a_big_read_cut_short_is_a_clear_internal_error(
+    no_leaks: None, layout: Any, ctx: Any, make_caller: Any
+) -> None:
+    """A big confined read is received straight into its reply's buffer: a helper
+    that announces 1 MiB and sends 10 bytes is a clear -32603, the child is
+    reaped, and the next read (whole, into its reply too) is answered."""
+    sfs = service()
+    try:
+        caller = make_caller(sfs)
+        big = os.urandom(300_000)
+        (layout.allowed / "f").write_bytes(big)
+        params = {"path": str(layout.allowed / "f"), "sandbox": ctx.ro(layout.allowed)}
+        honest = sfs.zygote.run
+        inject(sfs, "short")
+        reply = await caller.raw("fs/readFile", params)
+        assert reply["error"]["code"] == -32603, reply
+        assert reply["error"]["message"].startswith("fs sandbox helper"), reply
+        assert zygote_children(sfs) == set()
+        sfs.zygote.run = honest  # type: ignore[method-assign]
+        reply = await caller.raw("fs/readFile", params)
+        assert base64.b64decode(reply["result"]["dataBase64"]) == big
     finally:
         await sfs.aclose()
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from exec_server.protocol.codec import (
     ProtocolError,
+    ReplyToFill,
     decode_message,
     decode_params,
     decode_result,
@@ -210,6 +211,26 @@ def test_a_reply_filled_outside_the_encoder_equals_the_encoded_one(
     filled = encode_reply_filled(request_id, _Text(b""), len(text), fill)
     assert bytes(filled.payload) == encode_reply(request_id, _Text(data)).payload
     assert encode_result(request_id, filled) is filled.payload
+
+
+@given(
+    st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=20)),
+    st.binary(max_size=300),
+)
+def test_a_reply_filled_in_two_steps_equals_the_encoded_one(
+    request_id: int | str, data: bytes
+) -> None:
+    """``ReplyToFill``: the buffer first, the text written into it later (a confined
+    read receives its bytes there), then ``done``: the encoder's reply, byte for byte."""
+    import base64
+
+    text = base64.b64encode(data)
+    reply = ReplyToFill(request_id, _Text(b""), len(text))
+    assert len(reply.buffer) >= reply.at + len(text) + 1  # the text and a scratch byte
+    reply.buffer[reply.at : reply.at + len(text) + 1] = text + b"\xff"
+    done = reply.done()
+    assert bytes(done.payload) == encode_reply(request_id, _Text(data)).payload
+    assert encode_result(request_id, done) is done.payload
 
 
 def test_a_reply_encoded_ahead_is_sent_as_it_is_and_only_for_its_id() -> None:

@@ -56,6 +56,7 @@ __all__ = [
     "Metadata",
     "Payload",
     "Pieces",
+    "ReceiveInto",
     "RunTasks",
     "WriteInstead",
     "canonicalize",
@@ -272,6 +273,9 @@ Buffer = bytes | bytearray | memoryview
 #: ``run(tasks)``: run blocking tasks at once, raise the first error after all stopped
 #: (``FanOut.run``).
 RunTasks = Callable[[Sequence[Callable[[], object]]], None]
+#: ``into(size)``: a buffer of exactly ``size`` bytes to receive a file's contents in,
+#: or None to have them as new bytes (see ``FileSystemService.read_file_mapped``).
+ReceiveInto = Callable[[int], memoryview | None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -249,6 +249,25 @@ class SandboxedFileSystem:
         _, data = await self.run(FsOperation("fs/readFile", path), req)
         return data
 
+    async def read_file_into(
+        self, context: object, path: str, into: ops.ReceiveInto
+    ) -> bytes | None:
+        """:meth:`read_file`, but the helper's bytes may be received straight into the
+        buffer ``into(size)`` gives: None then (else the bytes, as ``read_file``)."""
+        req = _request(context)
+        if _reads_everything(req):
+            return await self.read_file(context, path)
+        taken = False
+
+        def receive(size: int) -> memoryview | None:
+            nonlocal taken
+            view = into(size)
+            taken = view is not None
+            return view
+
+        _, data = await self.run(FsOperation("fs/readFile", path), req, receive)
+        return None if taken else data
+
     def reads_directly(self, context: object) -> bool:
         """Whether read-only calls under ``context`` run in the server (no helper)."""
         return _reads_everything(_request(context))
@@ -316,9 +335,12 @@ class SandboxedFileSystem:
     # ------------------------------------------------------------- core
 
     async def run(
-        self, op: FsOperation, request: FsSandboxRequest
+        self, op: FsOperation, request: FsSandboxRequest, into: ops.ReceiveInto | None = None
     ) -> tuple[dict[str, object], bytes]:
         """Check ``op`` against ``request`` and run it confined.
+
+        ``into``: where a successful reply's payload may be received instead of
+        new bytes (as ``ZygoteClient.run`` takes it; the one-shot helper ignores it).
 
         Returns:
             The helper's result fields and raw payload (readFile bytes).
@@ -346,7 +368,7 @@ class SandboxedFileSystem:
             else None
         )
         async with self._slots:
-            return await self._dispatch(op, request, src, dst, not_a_file)
+            return await self._dispatch(op, request, src, dst, not_a_file, into)
 
     async def _dispatch(
         self,
@@ -355,10 +377,11 @@ class SandboxedFileSystem:
         src: _Checked,
         dst: _Checked | None,
         not_a_file: str | None,
+        into: ops.ReceiveInto | None = None,
     ) -> tuple[dict[str, object], bytes]:
         if self._mode != "helper":
             try:
-                return await self._run_zygote(op, request, src, dst, not_a_file)
+                return await self._run_zygote(op, request, src, dst, not_a_file, into)
             except ZygoteUnavailable as exc:
                 if self._mode == "zygote" or self._manager is None:
                     raise InternalError(f"failed to prepare fs sandbox: {exc}") from exc
@@ -381,6 +404,7 @@ class SandboxedFileSystem:
         src: _Checked,
         dst: _Checked | None,
         not_a_file: str | None,
+        into: ops.ReceiveInto | None = None,
     ) -> tuple[dict[str, object], bytes]:
         plan = request.helper_plan()
         header: dict[str, object] = {
@@ -399,7 +423,7 @@ class SandboxedFileSystem:
             header["not_a_file"] = not_a_file
         try:
             reply, payload = await self._zygote.run(
-                header, op.data, timeout=self._config.fs_helper_timeout
+                header, op.data, timeout=self._config.fs_helper_timeout, into=into
             )
         except HelperFailure as exc:
             raise InternalError(str(exc)) from exc

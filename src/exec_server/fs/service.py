@@ -98,6 +98,13 @@ class ConfinedFileSystem(Protocol):
 
     async def read_file(self, context: object, path: str) -> bytes: ...
 
+    async def read_file_into(
+        self, context: object, path: str, into: ops.ReceiveInto
+    ) -> bytes | None:
+        """:meth:`read_file`, the contents received into ``into(size)`` when that gives
+        a buffer (None is returned then)."""
+        ...
+
     async def write_file(self, context: object, path: str, data: ops.Payload) -> None: ...
 
     async def create_directory(self, context: object, path: str, recursive: bool) -> None: ...
@@ -205,6 +212,7 @@ class FileSystemService:
         *,
         regular_only: bool = False,
         read_large: Callable[[int, int], T] | None = None,
+        receive_large: Callable[[int], tuple[memoryview, Callable[[], T]]] | None = None,
     ) -> bytes | T:
         """Like :meth:`read_file`, but contents over ``large_over`` bytes come back as
         ``map_large(data)`` computed in the worker that read them (one thread
@@ -213,11 +221,31 @@ class FileSystemService:
         ``read_large(fd, size)``, if given, does the reading and mapping itself for a
         regular file of ``size`` bytes (by its ``fstat``) over ``large_over`` read
         directly, and closes ``fd``: the server reads such a file straight into its
-        reply."""
+        reply.
+
+        ``receive_large(size)``, if given, does the same for contents over
+        ``large_over`` bytes that a confined helper reads: it gives the buffer to
+        receive them in and a function that maps them (run in a worker)."""
         if route.confined:
             confined = self._confined_or_refuse(route)
             if not confined.reads_directly(route.context):
-                data = await confined.read_file(route.context, path)
+                if receive_large is None:
+                    data = await confined.read_file(route.context, path)
+                else:
+                    finish: Callable[[], T] | None = None
+
+                    def into(size: int) -> memoryview | None:
+                        nonlocal finish
+                        if size <= large_over:
+                            return None
+                        view, finish = receive_large(size)
+                        return view
+
+                    received = await confined.read_file_into(route.context, path, into)
+                    if received is None:
+                        assert finish is not None
+                        return await self._pool.run(finish)
+                    data = received
                 if len(data) > large_over:
                     return await self._pool.run(map_large, data)
                 return data

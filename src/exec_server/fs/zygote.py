@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Final
 
-from exec_server.fs.ops import Payload, Pieces
+from exec_server.fs.ops import Payload, Pieces, ReceiveInto
 from exec_server.fs.zygote_ops import encode_frame
 from exec_server.sandbox.linux.zygote_base import fds_from_anc
 
@@ -97,7 +97,7 @@ class Zygote:
 
     Args:
         start_timeout: seconds to wait for the zygote's ready message.
-        test_hooks: let requests carry ``test_hook`` (crash/garbage/hang) for tests.
+        test_hooks: let requests carry ``test_hook`` (crash/garbage/hang/short) for tests.
         prefork: keep one child forked ahead of time (takes the fork off the
             request's critical path).
     """
@@ -297,6 +297,7 @@ class Zygote:
         data: Payload = b"",
         *,
         timeout: float,  # noqa: ASYNC109
+        into: ReceiveInto | None = None,
     ) -> tuple[dict[str, object], bytes]:
         """Run one request in a fresh confined child.
 
@@ -310,6 +311,9 @@ class Zygote:
                 killed before it has all the data (it writes nothing) and the
                 error propagates.
             timeout: seconds before the child is killed.
+            into: for a successful reply's payload of ``n`` bytes, ``into(n)`` may
+                give a buffer of exactly ``n`` bytes to receive it in (the payload
+                returned is then empty); None receives it into new bytes.
 
         Returns:
             The reply header (``status`` ok/error …) and the raw reply payload.
@@ -319,17 +323,18 @@ class Zygote:
             HelperFailure: the child crashed, hung or sent garbage.
         """
         try:
-            return await self._run_once(header, data, timeout)
+            return await self._run_once(header, data, timeout, into)
         except _NotForked:
             # The zygote died before it could fork: nothing ran, so one retry
             # on a fresh zygote is safe.
-            return await self._run_once(header, data, timeout)
+            return await self._run_once(header, data, timeout, into)
 
     async def _run_once(
         self,
         header: dict[str, object],
         data: Payload,
         timeout: float,  # noqa: ASYNC109
+        into: ReceiveInto | None,
     ) -> tuple[dict[str, object], bytes]:
         await self.ensure_started()
         z = self._z
@@ -380,7 +385,7 @@ class Zygote:
                         pass  # the child died early; reading the reply reports how
                     # The zygote's ``P`` (pid + pidfd) arrives concurrently; it is
                     # only needed to kill the child or to explain a crash.
-                    reply = await self._read_reply(loop, ours, p)
+                    reply = await self._read_reply(loop, ours, p, into)
             except TimeoutError:
                 raise HelperFailure(
                     f"fs sandbox helper timed out after {timeout:g}s and was killed"
@@ -410,7 +415,11 @@ class Zygote:
                 await p.exited
 
     async def _read_reply(
-        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, p: _Pending
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        p: _Pending,
+        into: ReceiveInto | None,
     ) -> tuple[dict[str, object], bytes]:
         prefix = await _recv_exact(loop, sock, _FRAME.size)
         if prefix is None:
@@ -431,6 +440,13 @@ class Zygote:
             raise HelperFailure(
                 "failed to encode or decode fs sandbox helper message: not a reply object"
             )
+        view = into(dlen) if into is not None and dlen and header["status"] == "ok" else None
+        if view is not None:
+            if len(view) != dlen:
+                raise ValueError(f"a buffer of {len(view)} bytes for a payload of {dlen}")
+            if not await _recv_exact_into(loop, sock, view):
+                raise await self._crashed(p)
+            return header, b""
         data = await _recv_exact(loop, sock, dlen)
         if data is None:
             raise await self._crashed(p)
@@ -461,14 +477,23 @@ async def _recv_exact(
     if size == 0:
         return b""
     buf = bytearray(size)
-    view = memoryview(buf)
+    with memoryview(buf) as view:
+        whole = await _recv_exact_into(loop, sock, view)
+    return bytes(buf) if whole else None
+
+
+async def _recv_exact_into(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
+) -> bool:
+    """Fill ``view`` from ``sock``; False on a premature EOF."""
+    size = len(view)
     got = 0
     while got < size:
         try:
             n = await loop.sock_recv_into(sock, view[got:])
         except (ConnectionResetError, BrokenPipeError):
-            return None
+            return False
         if n == 0:
-            return None
+            return False
         got += n
-    return bytes(buf)
+    return True

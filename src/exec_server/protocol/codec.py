@@ -34,6 +34,7 @@ from exec_server.protocol.messages import (
 __all__ = [
     "EncodedReply",
     "ProtocolError",
+    "ReplyToFill",
     "decode_message",
     "decode_params",
     "decode_result",
@@ -374,15 +375,40 @@ def encode_reply_filled(
     Lets that text be made outside msgspec, straight into the reply: the server
     base64-encodes a big file without the GIL this way (``fs/readFile``).
     """
-    empty = _encoder.encode(_OutResult(request_id, result))
-    at = empty.rindex(b'""') + 1  # inside the member's quotes (an id comes before)
-    rest = len(empty) - at
-    buffer = bytearray(len(empty) + length + 1)
-    buffer[:at] = empty[:at]
-    fill(buffer, at)
-    buffer[at + length : at + length + rest] = empty[at:]
-    del buffer[-1]  # the scratch byte
-    return EncodedReply(request_id, buffer)
+    reply = ReplyToFill(request_id, result, length)
+    fill(reply.buffer, reply.at)
+    return reply.done()
+
+
+class ReplyToFill:
+    """:func:`encode_reply_filled` in two steps, for a text that is written later
+    and elsewhere: ``buffer[at : at + length]`` (and one scratch byte after it)
+    is the member's text to write, then :meth:`done` completes the reply.
+
+    Why: a confined read's bytes arrive from the helper's socket on the event
+    loop; received straight into the back of this buffer and encoded there in
+    a worker, the reply is all the server holds (see ``fs_handlers``).
+    """
+
+    __slots__ = ("_request_id", "_rest", "at", "buffer", "length")
+
+    def __init__(self, request_id: RequestId, result: msgspec.Struct, length: int) -> None:
+        empty = _encoder.encode(_OutResult(request_id, result))
+        at = empty.rindex(b'""') + 1  # inside the member's quotes (an id comes before)
+        self._request_id = request_id
+        self._rest = empty[at:]
+        self.at = at
+        self.length = length
+        self.buffer = bytearray(len(empty) + length + 1)
+        self.buffer[:at] = empty[:at]
+
+    def done(self) -> EncodedReply:
+        """The reply, once the text is written (no view of ``buffer`` may be left:
+        the scratch byte is cut off)."""
+        buffer, at, length = self.buffer, self.at, self.length
+        buffer[at + length : at + length + len(self._rest)] = self._rest
+        del buffer[-1]  # the scratch byte
+        return EncodedReply(self._request_id, buffer)
 
 
 def encode_result(

@@ -29,6 +29,7 @@ from exec_server.protocol import fs_types as t
 from exec_server.protocol import native_base64
 from exec_server.protocol.codec import (
     EncodedReply,
+    ReplyToFill,
     encode_reply,
     encode_reply_filled,
     register_deferred_string,
@@ -274,10 +275,33 @@ def read_into_reply(request_id: RequestId, fd: int, size: int) -> EncodedReply:
         os.close(fd)
 
 
+def receive_into_reply(
+    request_id: RequestId, size: int
+) -> tuple[memoryview, Callable[[], EncodedReply]]:
+    """The reply to a big confined ``fs/readFile`` of ``size`` bytes, made before they
+    arrive: where to receive them (the back of the reply's buffer, behind where
+    their text goes) and the function, for a worker, that turns them into that
+    text in place. As :func:`read_into_reply` for files the server reads: the
+    reply is all there is at the peak, not the file and the reply (a 32 MiB
+    read under a restricted read policy: 74 MiB over idle before)."""
+    text = native_base64.encoded_length(size)
+    reply = ReplyToFill(request_id, t.ReadFileResult(data_base64=b""), text)
+    tail = reply.at + reply.length - size
+    view = memoryview(reply.buffer)[tail : tail + size]
+
+    def finish() -> EncodedReply:
+        view.release()  # the buffer is resized by done()
+        native_base64.encode_tail_in_place(reply.buffer, reply.at, size)
+        return reply.done()
+
+    return view, finish
+
+
 async def read_file(
     ctx: RequestContext, params: t.ReadFileParams
 ) -> t.ReadFileResult | EncodedReply:
     path = parse_wire_path(params.path)
+    native = native_base64.encoder_available()
     result = await _service(ctx).read_file_mapped(
         path.path,
         functools.partial(encode_read_reply, ctx.request_id),
@@ -285,6 +309,7 @@ async def read_file(
         _route(params.sandbox),
         regular_only=path.form is PathForm.URI,
         read_large=functools.partial(read_into_reply, ctx.request_id),
+        receive_large=functools.partial(receive_into_reply, ctx.request_id) if native else None,
     )
     if isinstance(result, bytes):
         return t.ReadFileResult(data_base64=result)
