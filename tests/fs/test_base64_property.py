@@ -21,6 +21,7 @@ from exec_server.fs.fanout import shared_fanout
 from exec_server.protocol import fs_types as t
 from exec_server.protocol import native_base64
 from exec_server.protocol.codec import ONE_PASS_MIN, ProtocolError, decode_message
+from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.messages import Request
 from exec_server.server import fs_handlers
 from exec_server.server.fs_handlers import (
@@ -209,3 +210,35 @@ def test_receive_into_reply_turns_the_received_bytes_into_the_reply(size: int) -
     assert len(view) == size
     view[:] = data
     assert _reply_data(finish()) == data
+
+
+@given(
+    st.binary(min_size=1, max_size=3000),
+    st.integers(min_value=0),
+    st.sampled_from(["*", "=", "-", "_", " ", "A", "é", "\x7f"]),
+    st.integers(1, 30).map(lambda n: 4 * n),
+)
+def test_paired_pieces_answer_as_the_exact_decoder_wherever_the_text_breaks(
+    data: bytes, where: int, char: str, piece: int
+) -> None:
+    """A big write's text decoded two pieces at a time (as a worker does it), with
+    one character replaced anywhere - in either lane of any pair: the same bytes
+    as the exact decoder, or its very error text."""
+    text = base64.b64encode(data).decode()
+    where %= len(text)
+    text = text[:where] + char + text[where + 1 :]
+    token = msgspec.json.encode(text)
+    try:
+        expected: bytes | str = decode_data_base64(msgspec.Raw(token))
+    except InvalidRequestError as exc:
+        expected = exc.message
+    message = b'{"a":' + token + b"}"
+    span = StringSpan(message, 6, len(message) - 2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native_base64, "PIECE", piece)
+        mp.setattr(native_base64, "PAIR_MIN", 8)
+        try:
+            got: bytes | str = _paired_bytes(data_span_payload(span))
+        except InvalidRequestError as exc:
+            got = exc.message
+    assert got == expected
