@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import sys
 from collections.abc import Sequence
 from typing import Final, Protocol
 
 import websockets
-from websockets.asyncio.client import ClientConnection
 
+from exec_server.client._ws import WsClientConnection, WsClosed
+from exec_server.client._ws import connect as connect_ws
 from exec_server.client.errors import ConnectionLostError, HandshakeError
 
 __all__ = [
@@ -40,7 +40,7 @@ class Transport(Protocol):
 
     async def send(self, data: bytes) -> None: ...
 
-    async def recv(self) -> bytes | str | None: ...
+    async def recv(self) -> bytes | bytearray | str | None: ...
 
     async def aclose(self) -> None: ...
 
@@ -48,9 +48,10 @@ class Transport(Protocol):
 
 
 class WebSocketTransport:
-    """One WebSocket connection; TCP_NODELAY so small requests are not held by Nagle."""
+    """One WebSocket connection (:mod:`exec_server.client._ws`); TCP_NODELAY so small
+    requests are not held by Nagle."""
 
-    def __init__(self, ws: ClientConnection, url: str) -> None:
+    def __init__(self, ws: WsClientConnection, url: str) -> None:
         self._ws = ws
         self._url = url
 
@@ -64,60 +65,35 @@ class WebSocketTransport:
             HandshakeError: bad URL, refused, or the WebSocket upgrade failed.
         """
         try:
-            ws = await websockets.connect(
-                url,
-                max_size=max_message_size,
-                compression=None,
-                ping_interval=None,
-                close_timeout=2,
-                proxy=None,
-            )
-        except (OSError, websockets.WebSocketException) as exc:
+            ws = await connect_ws(url, max_size=max_message_size)
+        except (OSError, TimeoutError, websockets.WebSocketException) as exc:
             raise HandshakeError(f"cannot connect to {url}: {exc}") from exc
-        sock = ws.transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(ws, url)
 
     async def send(self, data: bytes) -> None:
         try:
-            # Text frame (the upstream framing), without a decode/encode round trip.
-            if len(data) <= SEND_FRAGMENT:
-                await self._ws.send(data, text=True)
-            else:
-                # In 1 MiB fragments, each masked and written as the socket drains:
-                # whole, the library held the text masked, framed and buffered
-                # besides (a 32 MiB write cost the client 159 MiB). Upstream
-                # accepts fragmented messages; a single frame over 16 MiB it refuses.
-                view = memoryview(data)
-                await self._ws.send(
-                    (view[i : i + SEND_FRAGMENT] for i in range(0, len(data), SEND_FRAGMENT)),
-                    text=True,
-                )
-        except websockets.ConnectionClosed as exc:
-            raise ConnectionLostError(_close_reason(exc)) from exc
+            # Text frames (the upstream framing). Over 1 MiB, in 1 MiB fragments,
+            # each masked and written as the socket drains: whole, websockets held
+            # the text masked, framed and buffered besides (a 32 MiB write cost
+            # the client 159 MiB). Upstream accepts fragmented messages; a single
+            # frame over 16 MiB it refuses.
+            await self._ws.send(data, SEND_FRAGMENT)
+        except WsClosed as exc:
+            raise ConnectionLostError(exc.reason) from exc
 
-    async def recv(self) -> bytes | str | None:
+    async def recv(self) -> bytes | bytearray | str | None:
         try:
-            return await self._ws.recv(decode=False)
-        except websockets.ConnectionClosedOK:
-            return None
-        except websockets.ConnectionClosed as exc:
-            raise ConnectionLostError(_close_reason(exc)) from exc
+            return await self._ws.recv()
+        except WsClosed as exc:
+            if exc.clean:
+                return None
+            raise ConnectionLostError(exc.reason) from exc
 
     async def aclose(self) -> None:
-        await self._ws.close()
+        await self._ws.aclose()
 
     def describe(self) -> str:
         return self._url
-
-
-def _close_reason(exc: websockets.ConnectionClosed) -> str:
-    rcvd = exc.rcvd
-    if rcvd is None:
-        return "connection closed without a close frame"
-    return f"connection closed ({rcvd.code}{': ' + rcvd.reason if rcvd.reason else ''})"
 
 
 def default_stdio_argv() -> list[str]:
