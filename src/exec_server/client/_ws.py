@@ -242,7 +242,7 @@ class WsClientConnection(asyncio.BufferedProtocol):
             if limit is not None and size + (self._fragments_size if opcode == 0 else 0) > limit:
                 return self._fail(1009, f"message over the limit of {limit} bytes")
             if have - start >= size:
-                payload = bytes(buf[start : start + size])
+                payload = buf[start : start + size]  # one copy, out of the scratch area
                 pos = start + size
                 self._on_frame(opcode, fin, payload)
                 continue
@@ -254,6 +254,9 @@ class WsClientConnection(asyncio.BufferedProtocol):
             self._frame_opcode, self._frame_fin = opcode, fin
             pos = have
             break
+        if self._closed is not None:
+            self._have = 0  # nothing more is read
+            return
         rest = have - pos
         if rest and pos:
             buf[:rest] = buf[pos:have]
