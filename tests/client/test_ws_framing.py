@@ -262,3 +262,31 @@ async def test_protocol_violations_fail_the_connection(frame: bytes, why: str) -
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_an_upgrade_never_answered_times_out_and_closes_the_socket() -> None:
+    gone: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        gone.set_result(await reader.read())  # EOF once the client gives up
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(TimeoutError):
+            await connect(f"ws://127.0.0.1:{port}", max_size=None, open_timeout=0.3)
+        assert await asyncio.wait_for(gone, WAIT) == b""
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_refused_tcp_connection_is_an_os_error() -> None:
+    probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = probe.sockets[0].getsockname()[1]
+    probe.close()
+    await probe.wait_closed()
+    with pytest.raises(OSError):
+        await asyncio.wait_for(connect(f"ws://127.0.0.1:{port}", max_size=None), WAIT)

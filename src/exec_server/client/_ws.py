@@ -131,9 +131,13 @@ class WsClientConnection(asyncio.BufferedProtocol):
         self._have += nbytes
         if not self._opened.done():
             self._feed_handshake(start)
-            if not self._opened.done() or self._opened.exception() is not None:
+            if not self._opened.done() or self._open_failed():
                 return
         self._parse()
+
+    def _open_failed(self) -> bool:
+        opened = self._opened
+        return opened.done() and (opened.cancelled() or opened.exception() is not None)
 
     def eof_received(self) -> bool | None:
         if not self._opened.done():
@@ -197,7 +201,7 @@ class WsClientConnection(asyncio.BufferedProtocol):
                     self._opened.set_exception(exc)
         if not self._opened.done() and self._hs.handshake_exc is not None:
             self._opened.set_exception(self._hs.handshake_exc)  # a malformed response
-        if self._opened.done() and self._opened.exception() is not None:
+        if self._open_failed():
             if self._transport is not None:
                 self._transport.abort()
             return
