@@ -694,6 +694,28 @@ def workspace_write_context() -> Callable[[str | os.PathLike[str]], dict[str, An
     return _workspace_write_context
 
 
+def _read_only_context(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """A legacy read-only ``sandbox`` member that reads only under ``root``
+    (PROTOCOL.md §15.6 RO(r)): a confined helper does the reading."""
+    return {
+        "sandboxPolicy": {
+            "type": "read-only",
+            "access": {
+                "type": "restricted",
+                "include_platform_defaults": False,
+                "readable_roots": [os.fspath(root)],
+            },
+        },
+        "windowsSandboxLevel": "disabled",
+    }
+
+
+@pytest.fixture
+def read_only_context() -> Callable[[str | os.PathLike[str]], dict[str, Any]]:
+    """``read_only_context(root)``: a fresh legacy read-only context dict reading only ``root``."""
+    return _read_only_context
+
+
 @pytest.fixture
 def fresh_codec(monkeypatch: pytest.MonkeyPatch) -> None:
     """Start from a codec with no big-request registrations (one-pass, deferred

@@ -175,9 +175,19 @@ async def test_a_refused_upgrade_is_an_error(peer: Any) -> None:
         await server.wait_closed()
 
 
-def _accept(key: str) -> str:
-    digest = hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
-    return base64.b64encode(digest).decode()
+async def _upgrade(reader: asyncio.StreamReader) -> bytes:
+    """Read a client's upgrade request; the 101 response that accepts it."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    key = next(
+        line.split(b":", 1)[1].strip()
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"sec-websocket-key:")
+    )
+    digest = hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()
+    return (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Accept: " + base64.b64encode(digest) + b"\r\n\r\n"
+    )
 
 
 @pytest.mark.parametrize("split", [1, 3, None], ids=["byte-by-byte", "in-threes", "one-write"])
@@ -186,16 +196,7 @@ async def test_frames_right_behind_the_upgrade_response_are_not_lost(split: int 
     few bytes at a time): the library gets exactly the head, our parser the frames."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        key = next(
-            line.split(b":", 1)[1].strip().decode()
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"sec-websocket-key:")
-        )
-        response = (
-            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Accept: {_accept(key)}\r\n\r\n"
-        ).encode()
+        response = await _upgrade(reader)
         frames = bytes((0x81, 5)) + b"first" + bytes((0x81, 126)) + (300).to_bytes(2, "big")
         frames += b"s" * 300
         out = response + frames
@@ -231,19 +232,7 @@ async def test_protocol_violations_fail_the_connection(frame: bytes, why: str) -
     got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        key = next(
-            line.split(b":", 1)[1].strip().decode()
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"sec-websocket-key:")
-        )
-        writer.write(
-            (
-                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                f"Connection: Upgrade\r\nSec-WebSocket-Accept: {_accept(key)}\r\n\r\n"
-            ).encode()
-            + frame
-        )
+        writer.write(await _upgrade(reader) + frame)
         got.set_result(await reader.read())  # the client's close frame, then EOF
         writer.close()
 

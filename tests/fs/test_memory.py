@@ -40,25 +40,9 @@ def _reset_peak(pid: int) -> None:
 READ_ONLY = {"sandboxPolicy": {"type": "read-only"}, "windowsSandboxLevel": "disabled"}
 
 
-def _read_only_in(root: Path) -> dict[str, Any]:
-    """A legacy read-only context that reads only under ``root``: a confined helper
-    reads the file and sends its bytes to the server."""
-    return {
-        "sandboxPolicy": {
-            "type": "read-only",
-            "access": {
-                "type": "restricted",
-                "include_platform_defaults": False,
-                "readable_roots": [str(root)],
-            },
-        },
-        "windowsSandboxLevel": "disabled",
-    }
-
-
 @pytest.mark.parametrize("way", ["direct", "reads-everything", "confined"])
 async def test_a_big_read_holds_the_file_and_its_text_once(
-    server: Any, rpc: Any, tmp_path: Path, way: str
+    server: Any, rpc: Any, tmp_path: Path, way: str, read_only_context: Any
 ) -> None:
     """A 32 MiB file goes out as ~43 MiB of base64: the file is read straight into
     the reply and encoded there, so the reply is all there is at peak, ~1.4
@@ -70,7 +54,9 @@ async def test_a_big_read_holds_the_file_and_its_text_once(
     twelfth session (74 MiB over idle before, ~2.3 copies)."""
     data = os.urandom(32 * MIB)
     (tmp_path / "big.bin").write_bytes(data)
-    sandbox = {"direct": None, "reads-everything": READ_ONLY}.get(way, _read_only_in(tmp_path))
+    sandbox = read_only_context(tmp_path) if way == "confined" else None
+    if way == "reads-everything":
+        sandbox = READ_ONLY
     client = await rpc(server.url)
     await client.initialize()
     # The helper's first start and imports are not the read's.
