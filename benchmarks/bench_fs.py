@@ -20,9 +20,11 @@ client, ``file://`` URIs, which both servers accept):
 Writes over 1 MiB are sent as fragmented WebSocket messages (1 MiB fragments) to
 both servers: upstream refuses single frames over 16 MiB.
 
-Both servers run side by side and every metric's samples are taken in alternating
-batches (ours, upstream, ours, ...), so load changes on a shared machine affect
-both alike. Medians in ms; ``ours/up`` is the ratio of medians (target <= 1.0).
+Both servers run side by side in one work directory (each on its own names)
+and every metric's samples are taken in alternating batches (ours, upstream,
+ours, ...), so load changes on a shared machine, and the filesystem's state in
+that directory, affect both alike. Medians in ms; ``ours/up`` is the ratio of
+medians (target <= 1.0).
 
 Usage: python benchmarks/bench_fs.py [--quick] [--no-upstream] [--json FILE]
 """
@@ -53,7 +55,6 @@ from harness import (
     connect_client,
     ours_target,
     rss_kib,
-    start_in_temp_dir,
     start_server,
     summarize,
     temp_dir,
@@ -93,16 +94,42 @@ def _exists(path: str) -> bool:
     return os.path.exists(path)
 
 
-def prepare(workdir: str, counts: Counts) -> None:
-    """Untimed fixtures: a 1000-entry directory, a tree to copy, trees to remove."""
-    listing = os.path.join(workdir, "listing")
+def prepare(prefix: str, counts: Counts) -> None:
+    """Untimed fixtures, named ``prefix`` + name: a 1000-entry directory, a tree to
+    copy, trees to remove."""
+    listing = prefix + "listing"
     os.mkdir(listing)
     for i in range(1000):
         with open(os.path.join(listing, f"entry-{i:04d}.txt"), "wb"):
             pass
-    build_tree(os.path.join(workdir, "tree"))
+    build_tree(prefix + "tree")
     for i in range(counts.tree + 1):  # + the warm-up's (see interleaved)
-        build_tree(os.path.join(workdir, f"victim-{i}"))
+        build_tree(prefix + f"victim-{i}")
+
+
+def create_cost_us(directory: str, n: int = 50) -> float:
+    """Median microseconds to create (and close) an empty file in ``directory``.
+
+    Printed with the figures because it is the filesystem's state, not a
+    server's: on ext4 without a journal, creating a file skips every inode of
+    its group freed in the last 60 s (300 s while the inode table is dirty),
+    one buffer lookup each, so after a mass delete (a test suite's or a
+    previous run's clean-up) each creation there costs up to ~1 ms. Our
+    ``fs/writeFile`` creates a file per call (a temp file renamed over the
+    target, so a failed write never leaves half a file) where upstream
+    truncates in place, so that row follows this figure (docs/benchmarks.md).
+    """
+    times = []
+    probe = os.path.join(directory, ".create-probe")
+    for i in range(n):
+        t0 = time.perf_counter()
+        fd = os.open(f"{probe}-{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        times.append(time.perf_counter() - t0)
+        os.close(fd)
+    for i in range(n):
+        os.unlink(f"{probe}-{i}")
+    times.sort()
+    return times[n // 2] * 1e6
 
 
 def build_tree(root: str) -> None:
@@ -147,15 +174,27 @@ async def round_trip(target: ServerTarget, workdir: str, mib: int, report: Repor
 
 @dataclass
 class Side:
-    """One server under test: its client, its own work directory, its samples."""
+    """One server under test: its client, its samples, and its files.
+
+    Every server works in the same directory, each on names starting with its
+    own prefix (``ours-``, ``upstream-``): files a call creates then come from
+    the same inode group of the same directory for every server, so the
+    filesystem's state there (see :func:`create_cost_us`) weighs on all alike.
+    Each server's own directory could land in a different group.
+    """
 
     name: str
     client: RawClient
     workdir: str
     samples: dict[str, list[float]]
 
-    def path(self, *parts: str) -> str:
-        return self.client.path(os.path.join(self.workdir, *parts))
+    def local(self, name: str, *parts: str) -> str:
+        """This side's ``name`` in the shared work directory, as a local path."""
+        return os.path.join(self.workdir, f"{self.name}-{name}", *parts)
+
+    def path(self, name: str, *parts: str) -> str:
+        """:meth:`local` in the form the client sends (``file://`` URI)."""
+        return self.client.path(self.local(name, *parts))
 
 
 Op = Callable[[Side, int], Awaitable[Any]]
@@ -243,7 +282,7 @@ async def copy_tree(side: Side, i: int) -> None:
 
 
 async def remove_tree(side: Side, i: int) -> None:
-    victim = os.path.join(side.workdir, f"victim-{i}")
+    victim = side.local(f"victim-{i}")
     await side.client.call("fs/remove", {"path": side.client.path(victim), "recursive": True,
                                          "force": True, "sandbox": None})
     assert not _exists(victim)
@@ -254,11 +293,17 @@ async def bench_all(
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         sides: list[Side] = []
+        workdir = temp_dir(stack, "bench_fs_", parent=parent)
         for target in targets:
-            srv, workdir = await start_in_temp_dir(stack, target, "bench_fs_", parent=parent)
+            srv = await stack.enter_async_context(start_server(target, cwd=workdir))
             client = await connect_client(stack, srv.url)
             sides.append(Side(target.name, client, workdir, {}))
-            await asyncio.to_thread(prepare, workdir, counts)
+            await asyncio.to_thread(prepare, os.path.join(workdir, f"{target.name}-"), counts)
+        cost = await asyncio.to_thread(create_cost_us, workdir)
+        report.notes.append(
+            f"creating a file in the work directory took {cost:.0f} us (median of 50, before "
+            "the run; see create_cost_us)"
+        )
 
         plan: list[tuple[str, int, Op]] = []
         for size, n, label in (
@@ -297,7 +342,8 @@ async def run(args: argparse.Namespace) -> Report:
     if UPSTREAM not in report.servers:
         report.notes.append("upstream codex not installed: pip install openai-codex-cli-bin")
     report.notes.append("client: harness RawClient with TCP_QUICKACK, file:// URIs, sandbox null")
-    report.notes.append(f"work directories under {args.dir or tempfile.gettempdir()}")
+    report.notes.append(f"work directory under {args.dir or tempfile.gettempdir()}, "
+                        "shared by both servers (names prefixed per server)")
     for target in targets:
         print(f"[bench_fs] {target.name}: {' '.join(target.argv)}", file=sys.stderr, flush=True)
     await bench_all(targets, counts, report, args.dir)
@@ -311,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-upstream", action="store_true", help="benchmark only our server")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     ap.add_argument("--dir", metavar="DIR", default=None,
-                    help="parent of the work directories (default: the temp dir); e.g. a "
+                    help="parent of the work directory (default: the temp dir); e.g. a "
                          "tmpfs such as /dev/shm to take the disk out of the figures")
     args = ap.parse_args(argv)
     report = asyncio.run(run(args))
