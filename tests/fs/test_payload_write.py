@@ -90,7 +90,7 @@ def test_in_place_fallback_gets_the_payload_whole_before_truncating(
     target is written in place: a payload that fails must fail before the target
     is truncated, and one that succeeds is written whole."""
 
-    def refuse(target: str) -> tuple[str, int]:
+    def refuse(target: str, *, spare: bool = False) -> tuple[str, int]:
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(ops, "_create_temp", refuse)

@@ -46,6 +46,7 @@ from exec_server.fs import memfs
 from exec_server.fs.errors import os_error, translate_os_errors
 from exec_server.fs.exchange import exchange_into_place, match_old_file
 from exec_server.fs.fanout import shared_fanout
+from exec_server.fs.spare import link_unnamed, shared_spares
 
 __all__ = [
     "COPY_DIR_WITHOUT_RECURSIVE",
@@ -410,8 +411,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_temp_tag)  # a child's names differ from ours
 
 
-def _create_temp(target: str) -> tuple[str, int]:
-    """A new, empty temp file beside ``target``: its name and a write descriptor."""
+def _create_temp(target: str, *, spare: bool = False) -> tuple[str, int]:
+    """A new, empty temp file beside ``target``: its name and a write descriptor.
+
+    With ``spare``, the spare unnamed file made in that directory ahead of
+    time (:mod:`exec_server.fs.spare`) when one is ready, named here, so this
+    write does not wait for an inode to be allocated. Not for an empty
+    payload: nothing written, it would keep the spare's older times.
+    """
+    if spare:
+        fd = shared_spares().take(os.path.dirname(target))
+        if fd is not None:
+            tmp = _name_spare(fd, target)
+            if tmp is not None:
+                return tmp, fd
     for _ in range(_TEMP_TRIES - 1):
         tmp = _temp_name(target)
         try:
@@ -425,9 +438,31 @@ def _create_temp(target: str) -> tuple[str, int]:
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
 
 
+def _name_spare(fd: int, target: str) -> str | None:
+    """Link the spare at ``fd`` under a temp name beside ``target`` and return the name;
+    None, the spare closed, if it cannot be (the caller creates a temp file instead,
+    which reports the directory's own error, if any)."""
+    for _ in range(_TEMP_TRIES):
+        tmp = _temp_name(target)
+        try:
+            link_unnamed(fd, tmp)
+        except FileExistsError:
+            _new_temp_tag()  # someone made our next name: guess no more
+        except OSError:
+            break
+        else:
+            return tmp
+    os.close(fd)
+    return None
+
+
+def _payload_size(data: Payload) -> int:
+    return data.size if isinstance(data, Pieces) else memoryview(data).nbytes
+
+
 def _write_atomic(target: str, data: Payload, old: os.stat_result | None) -> None:
     try:
-        tmp, fd = _create_temp(target)
+        tmp, fd = _create_temp(target, spare=_payload_size(data) > 0)
     except PermissionError:
         if old is None:
             raise

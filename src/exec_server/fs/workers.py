@@ -57,6 +57,7 @@ __all__ = [
     "DEFAULT_MAX_WORKERS",
     "NEAR_JOB_LIMIT",
     "WorkerPool",
+    "after_answer",
     "current_cpu",
     "job_kind",
     "shared_pool",
@@ -106,6 +107,32 @@ def current_cpu() -> int | None:
         return None
     cpu = _getcpu()
     return cpu if cpu >= 0 else None
+
+
+class _JobLocal(threading.local):
+    #: work the running job left for after its answer (None outside a pool's job)
+    later: list[Callable[[], object]] | None = None
+
+
+_job_local: Final = _JobLocal()
+
+
+def after_answer(fn: Callable[[], object]) -> bool:
+    """From inside a pool's job: run ``fn`` in the same thread once the job's answer
+    is out. Returns False, doing nothing, when not called from a pool's job.
+
+    For work the job makes possible but its caller need not wait for (a spare
+    temp file for the next write, :mod:`exec_server.fs.spare`): done by the
+    thread that is awake anyway, so no other thread is woken to do it and
+    none contends for the GIL with the next request. A job handed to this
+    thread meanwhile waits for it (its run time is not counted). Errors it
+    raises are dropped.
+    """
+    later = _job_local.later
+    if later is None:
+        return False
+    later.append(fn)
+    return True
 
 
 def job_kind(call: Callable[..., object]) -> object:
@@ -312,10 +339,14 @@ class WorkerPool:
             result: object = None
             error: BaseException | None = None
             started = time.perf_counter()
+            later: list[Callable[[], object]] = []
+            _job_local.later = later
             try:
                 result = call()
             except BaseException as exc:  # handed to the awaiting task
                 error = exc
+            finally:
+                _job_local.later = None
             self._note_run_time(kind, time.perf_counter() - started)
             # Idle again *before* answering: the answer lets the client send its
             # next request, and that request should find this thread (warm, on
@@ -343,6 +374,10 @@ class WorkerPool:
                     loop.call_soon_threadsafe(_unbox, deliver, box, error)
                 del box
             del loop, deliver, call, offer, kind, result, error
+            for fn in later:
+                with contextlib.suppress(Exception):
+                    fn()
+            del later
 
 
 _SHARED: WorkerPool | None = None
