@@ -147,6 +147,81 @@ async def test_concurrent_writes_in_one_directory_each_land_whole(
         assert (tmp_path / name).read_bytes() == data
 
 
+async def _spare_in(directory: Path, pool: WorkerPool) -> int:
+    """Have a spare made in ``directory`` (by a write there) and return its inode."""
+    await pool.run(ops.write_file, str(directory / "warm"), b"w")
+    _until(lambda: shared_spares().held(str(directory)) is not None)
+    ino = shared_spares().held(str(directory))
+    assert ino is not None
+    return ino
+
+
+async def test_a_copy_to_a_new_file_takes_the_spare_with_the_sources_mode(
+    tmp_path: Path, pool: WorkerPool
+) -> None:
+    source = tmp_path / "src.sh"
+    source.write_bytes(b"#!/bin/sh\n" * 1000)
+    source.chmod(0o751)
+    ino = await _spare_in(tmp_path, pool)
+
+    await pool.run(ops.copy, str(source), str(tmp_path / "dst.sh"), recursive=False)
+
+    st = (tmp_path / "dst.sh").stat()
+    assert st.st_ino == ino
+    assert st.st_mode & 0o7777 == 0o751
+    assert (tmp_path / "dst.sh").read_bytes() == source.read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["dst.sh", "src.sh", "warm"]
+
+
+async def test_a_copy_onto_an_existing_file_overwrites_it_without_the_spare(
+    tmp_path: Path, pool: WorkerPool
+) -> None:
+    (tmp_path / "src").write_bytes(b"new contents")
+    (tmp_path / "dst").write_bytes(b"old and longer contents")
+    old_ino = (tmp_path / "dst").stat().st_ino
+    ino = await _spare_in(tmp_path, pool)
+
+    await pool.run(ops.copy, str(tmp_path / "src"), str(tmp_path / "dst"), recursive=False)
+
+    assert (tmp_path / "dst").read_bytes() == b"new contents"
+    assert (tmp_path / "dst").stat().st_ino == old_ino != ino  # written in place, as before
+
+
+async def test_a_copy_onto_a_dangling_symlink_still_creates_its_target(
+    tmp_path: Path, pool: WorkerPool
+) -> None:
+    (tmp_path / "src").write_bytes(b"data")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    await _spare_in(tmp_path, pool)
+
+    await pool.run(ops.copy, str(tmp_path / "src"), str(tmp_path / "link"), recursive=False)
+
+    assert (tmp_path / "link").is_symlink()
+    assert (tmp_path / "target").read_bytes() == b"data"
+
+
+async def test_a_copy_onto_itself_is_still_refused(tmp_path: Path, pool: WorkerPool) -> None:
+    (tmp_path / "f").write_bytes(b"keep me")
+    await _spare_in(tmp_path, pool)
+
+    with pytest.raises(InvalidRequestError):
+        await pool.run(ops.copy, str(tmp_path / "f"), str(tmp_path / "f"), recursive=False)
+    assert (tmp_path / "f").read_bytes() == b"keep me"
+
+
+async def test_a_copy_of_an_empty_file_does_not_take_the_spare(
+    tmp_path: Path, pool: WorkerPool
+) -> None:
+    (tmp_path / "empty").write_bytes(b"")
+    ino = await _spare_in(tmp_path, pool)
+
+    await pool.run(ops.copy, str(tmp_path / "empty"), str(tmp_path / "copy"), recursive=False)
+
+    assert (tmp_path / "copy").stat().st_ino != ino
+    assert (tmp_path / "copy").read_bytes() == b""
+    assert shared_spares().held(str(tmp_path)) == ino
+
+
 def test_a_spare_is_not_given_out_once_its_directory_was_replaced(tmp_path: Path) -> None:
     spares = SpareFiles()
     directory = tmp_path / "d"

@@ -1162,12 +1162,21 @@ def _copy_file_at(
 
     The destination is opened without ``O_TRUNC`` and compared with the source
     first, so copying a file onto itself (or a hard link of itself) cannot
-    truncate it.
+    truncate it. A new destination given by path is, when one is ready, the
+    spare made in its directory (:func:`_new_file_from_spare`).
     """
     src_fd = os.open(source, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK, dir_fd=src_dir_fd)
     try:
         src_stat = os.fstat(src_fd)
         perm = stat.S_IMODE(src_stat.st_mode)
+        if dst_dir_fd is None and src_stat.st_size and stat.S_ISREG(src_stat.st_mode):
+            new_fd = _new_file_from_spare(destination, perm)
+            if new_fd is not None:
+                try:
+                    _copy_contents(src_fd, new_fd, src_stat.st_size)
+                finally:
+                    os.close(new_fd)
+                return
         # O_NONBLOCK: a FIFO destination fails (ENXIO) instead of hanging the worker.
         dst_fd = os.open(
             destination,
@@ -1192,6 +1201,29 @@ def _copy_file_at(
             os.close(dst_fd)
     finally:
         os.close(src_fd)
+
+
+def _new_file_from_spare(path: str, perm: int) -> int | None:
+    """A new, empty file at ``path`` with permission bits ``perm``, made from the spare
+    of its directory (:mod:`exec_server.fs.spare`: the inode was allocated after the
+    previous call there was answered), as a write descriptor; None, having changed
+    nothing, when there is no spare or ``path`` exists (the caller opens it as usual,
+    which overwrites it, refuses a copy onto itself, follows a symlink).
+
+    The bits are set before the name is given, so the file never shows other
+    ones. Not for an empty source (the caller checks): nothing written, the
+    file would keep the spare's older times.
+    """
+    fd = shared_spares().take(os.path.dirname(path))
+    if fd is None:
+        return None
+    try:
+        os.fchmod(fd, perm)
+        link_unnamed(fd, path)  # EEXIST if anything is there, a dangling symlink too
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 _COPY_MAX = 1 << 30

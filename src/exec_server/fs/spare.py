@@ -11,22 +11,23 @@ deletes a few thousand files, each creation there took 0.4-0.7 ms (measured;
 nothing.
 
 So a write takes an unnamed file (``O_TMPFILE``) made in its directory
-ahead of time, gives it a name (``linkat``) and swaps it in as before; the
-worker thread that ran the write makes the next spare there once the write
-is answered (``workers.after_answer``). The creation still costs what it
-costs, but while the client reads the answer and sends its next request,
-not inside a request. Not made by a thread of its own: woken per write, it
-contended for the GIL with the next request and made 1 KiB writes slower
-(0.25-0.35 -> 0.40-0.64 ms). In a quiet directory taking a spare costs
-about what creating the temp file did.
+ahead of time, gives it a name (``linkat``) and swaps it in as before, and a
+single-file copy to a new destination fills one linked at that name; the
+worker thread that ran the call makes the next spare there once the call is
+answered (``workers.after_answer``). The creation still costs what it costs,
+but while the client reads the answer and sends its next request, not inside
+a request. Not made by a thread of its own: woken per write, it contended
+for the GIL with the next request and made 1 KiB writes slower (0.25-0.35 ->
+0.40-0.64 ms). In a quiet directory taking a spare costs about what creating
+the temp file did.
 
 Bounds: at most :data:`MAX_DIRECTORIES` spares (one per directory), each
 closed after :data:`KEEP_SECONDS` unused by a reaper thread that wakes once
 per :data:`KEEP_SECONDS` at most and exits when none is left, so an idle
-server holds no spare descriptor. A spare is given
-out only while its directory's path still names the directory it was made
-in (device and inode compared), so a file never inherits the default ACL or
-set-group-ID group of a directory that was replaced meanwhile.
+server holds no spare descriptor. A spare is given out only while its
+directory's path still names the directory it was made in (device and inode
+compared), so a file never inherits the default ACL or set-group-ID group of
+a directory that was replaced meanwhile.
 
 Linux only (``O_TMPFILE`` and ``/proc/self/fd``); elsewhere, and on
 filesystems that refuse ``O_TMPFILE``, :meth:`SpareFiles.take` returns None
