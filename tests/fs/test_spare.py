@@ -1,9 +1,10 @@
 """Spare unnamed files for writes (``fs/spare.py``) and the pool's ``after_answer``.
 
 A write in a worker takes the spare made in its directory after the previous
-write was answered; the spare is only given out while the path still names
-the directory it was made in; spares expire, are bounded, and never outlive
-a failed write or a fork.
+write was answered, where creating files is slow; the spare is only given out
+while the path still names the directory it was made in; spares expire, are
+bounded, and never outlive a failed write or a fork. Most tests mark their
+directory slow (``note_create``) rather than slowing the filesystem down.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,13 @@ def _fds() -> set[int]:
     return {int(name) for name in os.listdir("/proc/self/fd")}
 
 
+@pytest.fixture
+def counted_fds() -> None:
+    """For tests that count this process's descriptors: none of the shared spares
+    (left by earlier tests) is open, so the reaper closes none meanwhile."""
+    shared_spares().close_all()
+
+
 def _until(predicate: Callable[[], bool]) -> None:
     """Wait for a thread's work to show (a spare made or closed), with a deadline."""
     deadline = time.monotonic() + DEADLINE
@@ -41,9 +49,25 @@ def _until(predicate: Callable[[], bool]) -> None:
         time.sleep(0.005)
 
 
+SLOW = 1.0  # seconds: a creation time that marks a directory as one for spares
+
+
+POOL_THREADS = 4
+
+
+def _nothing() -> None:
+    pass
+
+
 @pytest.fixture
-def pool() -> Iterator[WorkerPool]:
-    yield WorkerPool(max_workers=4)
+async def pool(tmp_path: Path) -> AsyncIterator[WorkerPool]:
+    """A pool, and ``tmp_path`` marked as a directory where creating files is slow."""
+    shared_spares().note_create(str(tmp_path), SLOW)
+    workers = WorkerPool(max_workers=POOL_THREADS)
+    yield workers
+    # One job per thread, handed out at once: each runs after the work its thread
+    # left for after its last answer (a spare), so none is made after this point.
+    await asyncio.gather(*(workers.run(_nothing) for _ in range(POOL_THREADS)))
     shared_spares().close_all()  # what this test's writes left for the next ones
 
 
@@ -110,12 +134,14 @@ async def test_an_empty_write_does_not_take_the_spare(tmp_path: Path, pool: Work
     assert shared_spares().held(str(tmp_path)) == ino  # still there for the next write
 
 
-def test_a_failed_write_closes_its_spare_and_leaves_the_target(
+async def test_a_failed_write_closes_its_spare_and_leaves_the_target(
     tmp_path: Path, pool: WorkerPool
 ) -> None:
     # Called outside a pool job: the spare is taken, and no next one is made.
+    del pool  # for tmp_path marked slow
     target = tmp_path / "keep.txt"
     target.write_bytes(b"complete")
+    shared_spares().close_all()  # no other spare expires while descriptors are counted
     shared_spares().make(str(tmp_path))
     assert shared_spares().held(str(tmp_path)) is not None
     before = _fds()
@@ -222,10 +248,12 @@ async def test_a_copy_of_an_empty_file_does_not_take_the_spare(
     assert shared_spares().held(str(tmp_path)) == ino
 
 
+@pytest.mark.usefixtures("counted_fds")
 def test_a_spare_is_not_given_out_once_its_directory_was_replaced(tmp_path: Path) -> None:
     spares = SpareFiles()
     directory = tmp_path / "d"
     directory.mkdir()
+    spares.note_create(str(directory), SLOW)
     before = _fds()
     spares.make(str(directory))
     assert spares.held(str(directory)) is not None
@@ -238,10 +266,12 @@ def test_a_spare_is_not_given_out_once_its_directory_was_replaced(tmp_path: Path
     spares.close_all()
 
 
+@pytest.mark.usefixtures("counted_fds")
 def test_a_spare_is_not_given_out_once_its_directory_is_gone(tmp_path: Path) -> None:
     spares = SpareFiles()
     directory = tmp_path / "d"
     directory.mkdir()
+    spares.note_create(str(directory), SLOW)
     before = _fds()
     spares.make(str(directory))
     directory.rmdir()  # an unnamed file is no entry: the directory is empty
@@ -254,6 +284,7 @@ def test_take_outside_a_pool_job_gives_what_is_there_and_asks_for_nothing(
     tmp_path: Path,
 ) -> None:
     spares = SpareFiles()
+    spares.note_create(str(tmp_path), SLOW)
     assert spares.take(str(tmp_path)) is None
     assert spares.held(str(tmp_path)) is None  # nothing was made for it
 
@@ -266,6 +297,80 @@ def test_take_outside_a_pool_job_gives_what_is_there_and_asks_for_nothing(
         os.close(fd)
 
 
+class _NoTime:
+    """``time`` for the spare module with creations that take no time (``perf_counter``
+    stands still), so only the test's own ``note_create`` figures count."""
+
+    monotonic = staticmethod(time.monotonic)
+
+    @staticmethod
+    def perf_counter() -> float:
+        return 0.0
+
+
+def test_spares_are_for_directories_where_creating_is_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spare, "time", _NoTime)
+    spares = SpareFiles()
+    d = str(tmp_path)
+    spares.make(d)  # its own creation, timed: 0 s
+    assert spares.take(d) is None  # quiet: nothing given out
+
+    spares.note_create(d, 1e-3)  # average 250 µs: slow
+    fd = spares.take(d)
+    assert fd is not None
+    os.close(fd)
+
+    for _ in range(5):
+        spares.note_create(d, 40e-6)  # down to ~90 µs: under SLOW_CREATE, over FAST_CREATE
+    spares.make(d)  # (~67 µs)
+    fd = spares.take(d)
+    assert fd is not None  # still on: it takes FAST_CREATE to stop
+    os.close(fd)
+
+    for _ in range(20):
+        spares.note_create(d, 10e-6)
+    spares.make(d)
+    assert spares.take(d) is None  # off
+
+    other = tmp_path / "other"
+    other.mkdir()
+    spares.note_create(str(other), 80e-6)  # between the two from the start: stays off
+    spares.make(str(other))
+    assert spares.take(str(other)) is None
+    spares.close_all()
+
+
+async def test_a_quiet_directory_gets_no_spares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # However slow this machine's creations are now, none counts as slow.
+    monkeypatch.setattr(spare, "SLOW_CREATE", float("inf"))
+    pool = WorkerPool(max_workers=1)  # one thread: the next job runs after the hooks
+    for i in range(5):
+        await pool.run(ops.write_file, str(tmp_path / f"f{i}"), b"data")
+    await pool.run(lambda: None)
+    assert shared_spares().held(str(tmp_path)) is None
+
+
+async def test_slow_creations_of_temp_files_start_the_spares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spare, "SLOW_CREATE", 0.0)  # any creation counts as slow
+    pool = WorkerPool(max_workers=1)
+    await pool.run(ops.write_file, str(tmp_path / "a"), b"a")  # timed: slow
+    await pool.run(ops.write_file, str(tmp_path / "b"), b"b")  # takes none, asks for one
+    await pool.run(lambda: None)
+    ino = shared_spares().held(str(tmp_path))
+    assert ino is not None
+    await pool.run(ops.write_file, str(tmp_path / "c"), b"c")
+    assert (tmp_path / "c").stat().st_ino == ino
+    await pool.run(_nothing)  # after the spare that write's thread makes next
+    shared_spares().close_all()
+
+
+@pytest.mark.usefixtures("counted_fds")
 def test_spares_expire_and_the_reaper_exits(tmp_path: Path) -> None:
     before = _fds()
     spares = SpareFiles(keep=0.05)
@@ -277,6 +382,7 @@ def test_spares_expire_and_the_reaper_exits(tmp_path: Path) -> None:
     assert _fds() == before
 
 
+@pytest.mark.usefixtures("counted_fds")
 def test_at_most_max_directories_are_held_oldest_out_first(tmp_path: Path) -> None:
     spares = SpareFiles(max_directories=2)
     dirs = []

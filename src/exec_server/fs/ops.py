@@ -417,10 +417,13 @@ def _create_temp(target: str, *, spare: bool = False) -> tuple[str, int]:
     With ``spare``, the spare unnamed file made in that directory ahead of
     time (:mod:`exec_server.fs.spare`) when one is ready, named here, so this
     write does not wait for an inode to be allocated. Not for an empty
-    payload: nothing written, it would keep the spare's older times.
+    payload: nothing written, it would keep the spare's older times. A
+    creation here is timed for :meth:`~exec_server.fs.spare.SpareFiles.note_create`.
     """
+    spares = shared_spares()
+    directory = os.path.dirname(target)
     if spare:
-        fd = shared_spares().take(os.path.dirname(target))
+        fd = spares.take(directory)
         if fd is not None:
             tmp = _name_spare(fd, target)
             if tmp is not None:
@@ -428,9 +431,13 @@ def _create_temp(target: str, *, spare: bool = False) -> tuple[str, int]:
     for _ in range(_TEMP_TRIES - 1):
         tmp = _temp_name(target)
         try:
-            return tmp, os.open(tmp, _TEMP_FLAGS, 0o666)
+            started = time.perf_counter()
+            fd = os.open(tmp, _TEMP_FLAGS, 0o666)
         except FileExistsError:
             _new_temp_tag()  # someone made our next name: guess no more
+        else:
+            spares.note_create(directory, time.perf_counter() - started)
+            return tmp, fd
     tmp = _temp_name(target)
     return tmp, os.open(tmp, _TEMP_FLAGS, 0o666)
 
@@ -1178,14 +1185,19 @@ def _copy_file_at(
                     os.close(new_fd)
                 return
         # O_NONBLOCK: a FIFO destination fails (ENXIO) instead of hanging the worker.
+        started = time.perf_counter()
         dst_fd = os.open(
             destination,
             os.O_WRONLY | os.O_CREAT | _O_CLOEXEC | _O_NONBLOCK,
             perm,
             dir_fd=dst_dir_fd,
         )
+        opened = time.perf_counter()
         try:
             dst_stat = os.fstat(dst_fd)
+            if dst_dir_fd is None and not dst_stat.st_size and dst_stat.st_nlink == 1:
+                # Most likely made by this open: its time is a creation's.
+                shared_spares().note_create(os.path.dirname(destination), opened - started)
             if os.path.samestat(src_stat, dst_stat):
                 raise InvalidRequestError(COPY_SAME_FILE)
             if dst_stat.st_size:

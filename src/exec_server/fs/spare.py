@@ -18,8 +18,9 @@ answered (``workers.after_answer``). The creation still costs what it costs,
 but while the client reads the answer and sends its next request, not inside
 a request. Not made by a thread of its own: woken per write, it contended
 for the GIL with the next request and made 1 KiB writes slower (0.25-0.35 ->
-0.40-0.64 ms). In a quiet directory taking a spare costs about what creating
-the temp file did.
+0.40-0.64 ms). Only for directories where creating a file is slow
+(:meth:`SpareFiles.note_create`): elsewhere the spare made after each answer
+only delays a client that sends its next request at once.
 
 Bounds: at most :data:`MAX_DIRECTORIES` spares (one per directory), each
 closed after :data:`KEEP_SECONDS` unused by a reaper thread that wakes once
@@ -48,12 +49,28 @@ from typing import Final, NamedTuple
 
 from exec_server.fs.workers import after_answer
 
-__all__ = ["KEEP_SECONDS", "MAX_DIRECTORIES", "SpareFiles", "link_unnamed", "shared_spares"]
+__all__ = [
+    "FAST_CREATE",
+    "KEEP_SECONDS",
+    "MAX_DIRECTORIES",
+    "SLOW_CREATE",
+    "SpareFiles",
+    "link_unnamed",
+    "shared_spares",
+]
 
 #: Seconds an unused spare is kept before it is closed.
 KEEP_SECONDS: Final = 3.0
 #: Most directories holding a spare at once (the least recently made goes first).
 MAX_DIRECTORIES: Final = 4
+#: Seconds: a directory gets spares once creating a file there averages this long...
+SLOW_CREATE: Final = 100e-6
+#: ...and stops once it averages less than this.
+FAST_CREATE: Final = 50e-6
+#: Weight of the newest creation in a directory's moving average.
+_WEIGHT: Final = 0.25
+#: Most directories whose creation cost is tracked (the oldest is forgotten first).
+_MAX_TRACKED: Final = 64
 
 _O_TMPFILE: Final = getattr(os, "O_TMPFILE", 0)
 _AT_FDCWD: Final = -100
@@ -120,21 +137,49 @@ class SpareFiles:
         self._spares: dict[str, _Spare] = {}  # insertion order: oldest first
         self._reaper: threading.Thread | None = None
         self._no_tmpfile: set[int] = set()  # devices that refused O_TMPFILE
+        #: directory -> moving average of the seconds creating a file there took
+        self._cost: dict[str, float] = {}
+        self._slow: set[str] = set()  # directories that get spares (see note_create)
 
     @property
     def supported(self) -> bool:
         """Whether this platform can make spares at all."""
         return _linkat is not None
 
+    def note_create(self, directory: str, seconds: float) -> None:
+        """Count a file creation in ``directory`` that took ``seconds``.
+
+        Spares are made only for directories where creating a file is slow
+        (a moving average of at least :data:`SLOW_CREATE`, until it falls under
+        :data:`FAST_CREATE`): elsewhere the work after each answer would only
+        delay a client that sends its next request at once (measured with a
+        client that answers in ~25 µs: a quiet directory's 1 KiB write 400 ->
+        450-480 µs with spares always made). Callers time their own ``O_CREAT``
+        opens; spares made time themselves. Plain dict updates under the GIL:
+        a lost update only delays the average by one creation.
+        """
+        cost = self._cost
+        old = cost.pop(directory, None)  # re-inserted last: the oldest go first
+        average = seconds if old is None else old + (seconds - old) * _WEIGHT
+        cost[directory] = average
+        if len(cost) > _MAX_TRACKED:
+            forgotten = next(iter(cost))
+            del cost[forgotten]
+            self._slow.discard(forgotten)
+        if average >= SLOW_CREATE:
+            self._slow.add(directory)
+        elif average < FAST_CREATE:
+            self._slow.discard(directory)
+
     def take(self, directory: str) -> int | None:
         """A spare made in ``directory`` (the caller owns and closes the descriptor),
-        or None.
+        or None: always None where creating a file is fast (:meth:`note_create`).
 
         Called from a worker pool's job, it also has the next spare there made
         once the job is answered (:func:`~exec_server.fs.workers.after_answer`);
         called elsewhere, it only hands out what is there.
         """
-        if _linkat is None:
+        if _linkat is None or directory not in self._slow:
             return None
         after_answer(functools.partial(self.make, directory))
         with self._lock:
@@ -216,11 +261,14 @@ class SpareFiles:
         if st.st_dev in self._no_tmpfile:
             return None
         try:
+            started = time.perf_counter()
             fd = os.open(directory, os.O_WRONLY | _O_TMPFILE | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             if exc.errno in _NO_TMPFILE:
                 self._no_tmpfile.add(st.st_dev)
             return None  # gone, not writable, full: the write will say
+        now = time.perf_counter()
+        self.note_create(directory, now - started)
         return _Spare(fd, st.st_dev, st.st_ino, time.monotonic())
 
     def _reap(self) -> None:
