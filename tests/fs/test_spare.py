@@ -159,6 +159,31 @@ async def test_a_failed_write_closes_its_spare_and_leaves_the_target(
     assert len(_fds()) == len(before) - 1  # the spare's descriptor was closed
 
 
+async def test_a_spare_that_cannot_be_linked_is_closed_and_the_call_goes_the_old_way(
+    tmp_path: Path, pool: WorkerPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    del pool  # for tmp_path marked slow; called here, outside a job: no refills
+    (tmp_path / "src").write_bytes(b"copied")
+    shared_spares().close_all()  # no other spare expires while descriptors are counted
+
+    def refuse(fd: int, path: str) -> None:
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), path)
+
+    monkeypatch.setattr(ops, "link_unnamed", refuse)
+    for call in (
+        lambda: ops.write_file(str(tmp_path / "written"), b"written"),
+        lambda: ops.copy(str(tmp_path / "src"), str(tmp_path / "copy"), recursive=False),
+    ):
+        shared_spares().make(str(tmp_path))
+        before = _fds()
+        call()
+        assert shared_spares().held(str(tmp_path)) is None  # taken
+        assert len(_fds()) == len(before) - 1  # and closed
+    assert (tmp_path / "written").read_bytes() == b"written"
+    assert (tmp_path / "copy").read_bytes() == b"copied"
+    assert sorted(os.listdir(tmp_path)) == ["copy", "src", "written"]
+
+
 async def test_concurrent_writes_in_one_directory_each_land_whole(
     tmp_path: Path, pool: WorkerPool
 ) -> None:
@@ -248,8 +273,20 @@ async def test_a_copy_of_an_empty_file_does_not_take_the_spare(
     assert shared_spares().held(str(tmp_path)) == ino
 
 
+def _replace(directory: Path) -> None:
+    directory.rename(directory.with_name("moved"))
+    directory.mkdir()
+
+
+def _remove(directory: Path) -> None:
+    directory.rmdir()  # an unnamed file is no entry: the directory is empty
+
+
 @pytest.mark.usefixtures("counted_fds")
-def test_a_spare_is_not_given_out_once_its_directory_was_replaced(tmp_path: Path) -> None:
+@pytest.mark.parametrize("change", [_replace, _remove], ids=["replaced", "gone"])
+def test_a_spare_is_not_given_out_once_its_directory_changed(
+    tmp_path: Path, change: Callable[[Path], None]
+) -> None:
     spares = SpareFiles()
     directory = tmp_path / "d"
     directory.mkdir()
@@ -257,27 +294,12 @@ def test_a_spare_is_not_given_out_once_its_directory_was_replaced(tmp_path: Path
     before = _fds()
     spares.make(str(directory))
     assert spares.held(str(directory)) is not None
-    directory.rename(tmp_path / "moved")
-    directory.mkdir()
+    change(directory)
 
     assert spares.take(str(directory)) is None
 
     assert _fds() == before  # the stale spare was closed
     spares.close_all()
-
-
-@pytest.mark.usefixtures("counted_fds")
-def test_a_spare_is_not_given_out_once_its_directory_is_gone(tmp_path: Path) -> None:
-    spares = SpareFiles()
-    directory = tmp_path / "d"
-    directory.mkdir()
-    spares.note_create(str(directory), SLOW)
-    before = _fds()
-    spares.make(str(directory))
-    directory.rmdir()  # an unnamed file is no entry: the directory is empty
-
-    assert spares.take(str(directory)) is None
-    assert _fds() == before
 
 
 def test_take_outside_a_pool_job_gives_what_is_there_and_asks_for_nothing(
@@ -339,6 +361,19 @@ def test_spares_are_for_directories_where_creating_is_slow(
     spares.note_create(str(other), 80e-6)  # between the two from the start: stays off
     spares.make(str(other))
     assert spares.take(str(other)) is None
+    spares.close_all()
+
+
+def test_only_the_latest_directories_costs_are_kept(tmp_path: Path) -> None:
+    spares = SpareFiles()
+    first = tmp_path / "first"
+    first.mkdir()
+    spares.note_create(str(first), SLOW)
+    spares.make(str(first))
+    for i in range(spare._MAX_TRACKED):  # as many other directories after it
+        spares.note_create(str(tmp_path / f"other-{i}"), SLOW)
+
+    assert spares.take(str(first)) is None  # forgotten: counts as never measured
     spares.close_all()
 
 

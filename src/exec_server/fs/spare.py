@@ -155,21 +155,21 @@ class SpareFiles:
         delay a client that sends its next request at once (measured with a
         client that answers in ~25 µs: a quiet directory's 1 KiB write 400 ->
         450-480 µs with spares always made). Callers time their own ``O_CREAT``
-        opens; spares made time themselves. Plain dict updates under the GIL:
-        a lost update only delays the average by one creation.
+        opens; spares made time themselves.
         """
-        cost = self._cost
-        old = cost.pop(directory, None)  # re-inserted last: the oldest go first
-        average = seconds if old is None else old + (seconds - old) * _WEIGHT
-        cost[directory] = average
-        if len(cost) > _MAX_TRACKED:
-            forgotten = next(iter(cost))
-            del cost[forgotten]
-            self._slow.discard(forgotten)
-        if average >= SLOW_CREATE:
-            self._slow.add(directory)
-        elif average < FAST_CREATE:
-            self._slow.discard(directory)
+        with self._lock:
+            cost = self._cost
+            old = cost.pop(directory, None)  # re-inserted last: the oldest go first
+            average = seconds if old is None else old + (seconds - old) * _WEIGHT
+            cost[directory] = average
+            if len(cost) > _MAX_TRACKED:
+                forgotten = next(iter(cost))
+                del cost[forgotten]
+                self._slow.discard(forgotten)
+            if average >= SLOW_CREATE:
+                self._slow.add(directory)
+            elif average < FAST_CREATE:
+                self._slow.discard(directory)
 
     def take(self, directory: str) -> int | None:
         """A spare made in ``directory`` (the caller owns and closes the descriptor),
