@@ -301,6 +301,9 @@ _SHARED_LOCK = threading.Lock()
 def shared_spares() -> SpareFiles:
     """The process-wide spares (used by ``ops.write_file``); created on first use."""
     global _SHARED
+    spares = _SHARED
+    if spares is not None:
+        return spares  # every write asks: no lock once it exists
     with _SHARED_LOCK:
         if _SHARED is None:
             _SHARED = SpareFiles()
