@@ -50,10 +50,10 @@ from harness import (
     available_targets,
     connect_client,
     ours_target,
+    publish,
     settle,
     start_in_temp_dir,
     summarize,
-    write_json,
 )
 
 MODES = ("quickack", "plain")
@@ -317,11 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics", default=",".join(METRICS),
                     help="comma list of " + ",".join(METRICS) + " (default all; RSS always)")
     args = ap.parse_args(argv)
-    report = asyncio.run(run(args))
-    report.print()
-    if args.json:
-        write_json(args.json, report.as_dict())
-    return 0
+    return publish(asyncio.run(run(args)), args.json)
 
 
 if __name__ == "__main__":

@@ -53,13 +53,14 @@ from harness import (
     ServerTarget,
     available_targets,
     connect_client,
+    fs_parser,
     ours_target,
+    publish,
     rss_kib,
     start_server,
     summarize,
     temp_dir,
     vm_hwm_kib,
-    write_json,
 )
 
 KIB = 1024
@@ -351,20 +352,10 @@ async def run(args: argparse.Namespace) -> Report:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="tiny iteration counts (smoke test)")
-    ap.add_argument("--no-upstream", action="store_true", help="benchmark only our server")
-    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    ap.add_argument("--dir", metavar="DIR", default=None,
-                    help="parent of the work directory (default: the temp dir); e.g. a "
-                         "tmpfs such as /dev/shm to take the disk out of the figures")
+    ap = fs_parser(__doc__, dir_help="parent of the work directory (default: the temp dir); "
+                   "e.g. a tmpfs such as /dev/shm to take the disk out of the figures")
     args = ap.parse_args(argv)
-    report = asyncio.run(run(args))
-    report.print()
-    if args.json:
-        write_json(args.json, report.as_dict())
-    return 0
+    return publish(asyncio.run(run(args)), args.json)
 
 
 if __name__ == "__main__":

@@ -44,9 +44,9 @@ from harness import (
     Summary,
     available_targets,
     connect_client,
+    publish,
     start_in_temp_dir,
     summarize,
-    write_json,
 )
 
 KIB = 1024
@@ -184,10 +184,7 @@ def main() -> int:
     for name, metrics in asyncio.run(bench(targets, args.n)).items():
         for metric, summary in metrics.items():
             report.add(name, metric, summary)
-    report.print()
-    if args.json:
-        write_json(args.json, report.as_dict())
-    return 0
+    return publish(report, args.json)
 
 
 if __name__ == "__main__":

@@ -46,11 +46,12 @@ from harness import (
     UPSTREAM,
     Report,
     available_targets,
+    fs_parser,
     ours_target,
+    publish,
     start_server,
     summarize,
     temp_dir,
-    write_json,
 )
 
 KIB = 1024
@@ -226,7 +227,7 @@ async def run(args: argparse.Namespace) -> Report:
     targets = [ours_target()] if args.no_upstream else available_targets()
     report = Report("fs calls: server time, blocking client (medians)",
                     [t.name for t in targets])
-    if UPSTREAM not in report.servers:
+    if UPSTREAM not in report.servers and not args.no_upstream:
         report.notes.append("upstream codex not installed: pip install openai-codex-cli-bin")
     report.notes.append("server time: request sent -> reply in the client's socket "
                         "(SO_TIMESTAMPNS); round trip: until the client has parsed it")
@@ -246,19 +247,9 @@ async def run(args: argparse.Namespace) -> Report:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="tiny counts (smoke test)")
-    ap.add_argument("--no-upstream", action="store_true", help="only our server")
-    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    ap.add_argument("--dir", metavar="DIR", default=None,
-                    help="parent of the work directory (default: the temp dir)")
+    ap = fs_parser(__doc__, dir_help="parent of the work directory (default: the temp dir)")
     args = ap.parse_args(argv)
-    report = asyncio.run(run(args))
-    report.print()
-    if args.json:
-        write_json(args.json, report.as_dict())
-    return 0
+    return publish(asyncio.run(run(args)), args.json)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ accepts both, so every path goes through ``RawClient.path()`` (URI form by defau
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import contextlib
@@ -61,7 +62,9 @@ __all__ = [
     "available_targets",
     "connect_client",
     "default_env",
+    "fs_parser",
     "ours_target",
+    "publish",
     "rss_kib",
     "start_in_temp_dir",
     "start_server",
@@ -237,6 +240,25 @@ def write_json(path: str, data: JSON) -> None:
     """Write benchmark figures (``--json FILE``); call outside the event loop."""
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
+
+
+def publish(report: Report, json_path: str | None) -> int:
+    """Print ``report``, write it to ``json_path`` when given; the script's exit status."""
+    report.print()
+    if json_path:
+        write_json(json_path, report.as_dict())
+    return 0
+
+
+def fs_parser(doc: str | None, *, dir_help: str) -> argparse.ArgumentParser:
+    """The options the filesystem benchmarks share: --quick, --no-upstream, --json, --dir."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny iteration counts (smoke test)")
+    ap.add_argument("--no-upstream", action="store_true", help="benchmark only our server")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    ap.add_argument("--dir", metavar="DIR", default=None, help=dir_help)
+    return ap
 
 
 def _proc_kib(path: str, key: str) -> int | None:

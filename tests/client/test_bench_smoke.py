@@ -1,4 +1,4 @@
-"""The benchmark script runs end to end (tiny counts, our server only)."""
+"""The benchmark scripts run end to end (tiny counts, our server only)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_exec.py"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-async def test_bench_exec_quick_against_our_server(tmp_path: Path) -> None:
-    out_json = tmp_path / "bench.json"
+async def _run(script: str, json_path: Path, *args: str) -> tuple[bytes, Any]:
+    """Run ``benchmarks/<script>`` with ``args`` and ``--json``; its stdout and figures."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(SCRIPT), "--quick", "--servers", "ours", "--modes", "quickack",
-        "--json", str(out_json),
+        sys.executable, str(BENCHMARKS / script), *args, "--json", str(json_path),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:
@@ -25,32 +25,26 @@ async def test_bench_exec_quick_against_our_server(tmp_path: Path) -> None:
             proc.kill()
             await proc.wait()
     assert proc.returncode == 0, err.decode()
+    return out, json.loads(await asyncio.to_thread(json_path.read_text))
+
+
+async def test_bench_exec_quick_against_our_server(tmp_path: Path) -> None:
+    out, figures = await _run(
+        "bench_exec.py", tmp_path / "bench.json",
+        "--quick", "--servers", "ours", "--modes", "quickack",
+    )
     assert b"true start->closed [quickack]" in out
-    figures = json.loads(out_json.read_text())
     throughput = figures["1 MiB stdout via notif [quickack]"]
     assert throughput["ours"]["median"] > 0
     assert figures["RSS idle"]["ours"] > 0
 
 
-SERVER_TIME = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_server_time.py"
-
-
 async def test_bench_server_time_quick_against_our_server(tmp_path: Path) -> None:
-    out_json = tmp_path / "server_time.json"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(SERVER_TIME), "--quick", "--no-upstream", "--dir", str(tmp_path),
-        "--json", str(out_json),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    out, figures = await _run(
+        "bench_server_time.py", tmp_path / "server_time.json",
+        "--quick", "--no-upstream", "--dir", str(tmp_path),
     )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 0, err.decode()
     assert b"copy 1 MiB file: server time" in out
-    figures = json.loads(out_json.read_text())
     for metric in ("getMetadata", "readFile 1 KiB", "writeFile 1 KiB", "copy 1 MiB file"):
         server = figures[f"{metric}: server time"]["ours"]["median"]
         trip = figures[f"{metric}: round trip"]["ours"]["median"]
