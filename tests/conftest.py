@@ -716,6 +716,28 @@ def read_only_context() -> Callable[[str | os.PathLike[str]], dict[str, Any]]:
     return _read_only_context
 
 
+def _legacy_workspace_write_context(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """A legacy workspace-write ``sandbox`` member that writes only under ``root``
+    and reads nothing else (PROTOCOL.md §15.6 WW(w); no ``/tmp``, no ``$TMPDIR``)."""
+    return {
+        "sandboxPolicy": {
+            "type": "workspace-write",
+            "writable_roots": [os.fspath(root)],
+            "read_only_access": {"type": "restricted", "include_platform_defaults": False},
+            "network_access": False,
+            "exclude_tmpdir_env_var": True,
+            "exclude_slash_tmp": True,
+        },
+        "windowsSandboxLevel": "disabled",
+    }
+
+
+@pytest.fixture
+def legacy_workspace_write_context() -> Callable[[str | os.PathLike[str]], dict[str, Any]]:
+    """``legacy_workspace_write_context(root)``: a fresh legacy WW(w) context dict."""
+    return _legacy_workspace_write_context
+
+
 @pytest.fixture
 def fresh_codec(monkeypatch: pytest.MonkeyPatch) -> None:
     """Start from a codec with no big-request registrations (one-pass, deferred

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import os
 import weakref
@@ -337,3 +338,35 @@ async def test_pool_does_not_keep_a_result_the_caller_took() -> None:
     ref = weakref.ref(value)
     del value
     assert ref() is None  # gone at once, before this task yields to the loop
+
+
+def _fail_holding(argument: _Result, refs: list[weakref.ref[_Result]]) -> None:
+    local = _Result()
+    refs += [weakref.ref(argument), weakref.ref(local)]
+    raise OSError("refused")
+
+
+async def test_pool_lets_a_failed_jobs_data_go_before_answering() -> None:
+    """A failed job's arguments and the locals its traceback holds are let go
+    before its answer is offered: the worker used to drop them only after
+    answering, so a client that read the error and then looked at the server's
+    memory could still find a failed 32 MiB write held (a loaded machine made
+    ``test_a_failed_big_write_leaves_nothing_held`` fail that way)."""
+    pool = WorkerPool(max_workers=1)
+    refs: list[weakref.ref[_Result]] = []
+    alive_at_answer: list[bool] = []
+    answered = asyncio.get_running_loop().create_future()
+
+    def offer(result: object, error: BaseException | None) -> bool:
+        alive_at_answer.extend(ref() is not None for ref in refs)
+        answered.get_loop().call_soon_threadsafe(answered.set_result, error)
+        return True
+
+    job = functools.partial(_fail_holding, _Result(), refs)
+    pool.submit_offering(offer, lambda r, e: None, job)
+    del job
+    async with asyncio.timeout(30):
+        error = await answered
+    assert isinstance(error, OSError)
+    assert alive_at_answer == [False, False]
+    assert error.__traceback__ is not None  # still there to log, without the locals

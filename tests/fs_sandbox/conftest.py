@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,41 +34,12 @@ from exec_server.sandbox.manager import SandboxManager
 from exec_server.server.services import ServerServices
 
 T = TypeVar("T")
+ContextMaker = Callable[[str | os.PathLike[str]], dict[str, Any]]
 
 HAS_LANDLOCK = landlock_abi() > 0
 HAS_BWRAP = shutil.which("bwrap") is not None
 
 needs_landlock = pytest.mark.skipif(not HAS_LANDLOCK, reason="kernel without Landlock")
-
-
-def ro(root: Path | str) -> dict[str, Any]:
-    """PROTOCOL.md §15.6 RO(r)."""
-    return {
-        "sandboxPolicy": {
-            "type": "read-only",
-            "access": {
-                "type": "restricted",
-                "include_platform_defaults": False,
-                "readable_roots": [str(root)],
-            },
-        },
-        "windowsSandboxLevel": "disabled",
-    }
-
-
-def ww(root: Path | str) -> dict[str, Any]:
-    """PROTOCOL.md §15.6 WW(w)."""
-    return {
-        "sandboxPolicy": {
-            "type": "workspace-write",
-            "writable_roots": [str(root)],
-            "read_only_access": {"type": "restricted", "include_platform_defaults": False},
-            "network_access": False,
-            "exclude_tmpdir_env_var": True,
-            "exclude_slash_tmp": True,
-        },
-        "windowsSandboxLevel": "disabled",
-    }
 
 
 def current_ww(workspace: Path | str, *, tmp: bool = True) -> dict[str, Any]:
@@ -121,17 +92,19 @@ def current_ww(workspace: Path | str, *, tmp: bool = True) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
 class Contexts:
     """The sandbox contexts tests use, as a fixture (tests never import conftest)."""
 
-    ro = staticmethod(ro)
-    ww = staticmethod(ww)
-    current_ww = staticmethod(current_ww)
+    ro: ContextMaker
+    ww: ContextMaker
+    current_ww: Callable[..., dict[str, Any]] = current_ww
 
 
 @pytest.fixture
-def ctx() -> Contexts:
-    return Contexts()
+def ctx(read_only_context: ContextMaker, legacy_workspace_write_context: ContextMaker) -> Contexts:
+    """RO/WW from the root conftest's fixtures, and the current client's context."""
+    return Contexts(ro=read_only_context, ww=legacy_workspace_write_context)
 
 
 @dataclass

@@ -50,6 +50,7 @@ import os
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Final, TypeVar
 
@@ -345,8 +346,14 @@ class WorkerPool:
                 result = call()
             except BaseException as exc:  # handed to the awaiting task
                 error = exc
+                # Its traceback's frames hold the call's locals (a failed 64 MiB
+                # write's data): let them go before the answer, not after it.
+                traceback.clear_frames(exc.__traceback__)
             finally:
                 _job_local.later = None
+            # So do the call's arguments: a client that reads the answer and
+            # looks at our memory must not find them still held.
+            del call
             self._note_run_time(kind, time.perf_counter() - started)
             # Idle again *before* answering: the answer lets the client send its
             # next request, and that request should find this thread (warm, on
@@ -373,7 +380,7 @@ class WorkerPool:
                 with contextlib.suppress(RuntimeError):  # the loop is gone
                     loop.call_soon_threadsafe(_unbox, deliver, box, error)
                 del box
-            del loop, deliver, call, offer, kind, result, error
+            del loop, deliver, offer, kind, result, error
             for fn in later:
                 with contextlib.suppress(Exception):
                     fn()
