@@ -22,6 +22,7 @@ the connection without replying (spec §3.5).
 from __future__ import annotations
 
 import enum
+import re
 
 from exec_server.errno_text import os_error_text
 
@@ -37,6 +38,7 @@ __all__ = [
     "ProtocolClosedError",
     "error_for_code",
     "os_error_message",
+    "params_error_text",
 ]
 
 
@@ -119,3 +121,15 @@ def os_error_message(exc: OSError) -> str:
         return str(exc)
     return os_error_text(exc.errno)
 
+
+
+_MISSING_FIELD = re.compile(r"\bObject missing required field (`[^`]*`)")
+
+
+def params_error_text(message: str) -> str:
+    """A params decoder's message (msgspec's) with a missing member in upstream's
+    (serde's) words, ``missing field `x```: CLIENT_COMPAT.md quotes that wording
+    for the fields clients omit, so a client or a log search may match on it.
+    Other texts (wrong types) pass unchanged: their wording is not part of the
+    contract (PROTOCOL.md §3.2)."""
+    return _MISSING_FIELD.sub(r"missing field \1", message)

@@ -112,7 +112,7 @@ def test_legacy_policy_encodes_snake_case_with_kebab_tags() -> None:
 
 BAD_POLICIES = [
     ({"type": "full-yolo"}, "sandbox.type: Invalid value 'full-yolo'"),
-    ({}, "sandbox: Object missing required field `type`"),
+    ({}, "sandbox: missing field `type`"),
     ({"type": "workspace-write", "writable_roots": ["rel/dir"]}, "sandbox.writable_roots[0]"),
     ({"type": "workspace-write", "writable_roots": ["~/x"]}, "path must be absolute"),
     ({"type": "read-only", "access": {"type": "partial"}}, "sandbox.access.type"),
@@ -272,7 +272,7 @@ BAD_LAUNCH = [
     ),
     (
         {"fileSystemPolicy": {"kind": "restricted", "entries": [{"access": "read"}]}},
-        "missing required field `path` - ",
+        "sandbox.fileSystemPolicy.entries[0]: missing field `path`",
     ),
     (
         {"additionalPermissions": {"file_system": {"write": ["out"]}}},

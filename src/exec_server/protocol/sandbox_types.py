@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import msgspec
 
-from exec_server.exceptions import InvalidParamsError
+from exec_server.exceptions import InvalidParamsError, params_error_text
 from exec_server.protocol.paths import parse_wire_path
 
 __all__ = [
@@ -393,7 +393,7 @@ def decode_sandbox(data: bytes | str | msgspec.Raw, tp: object, *, field: str = 
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise InvalidParamsError(_locate(str(exc), field)) from exc
+        raise InvalidParamsError(_locate(params_error_text(str(exc)), field)) from exc
     except msgspec.DecodeError as exc:
         raise InvalidParamsError(f"{field}: {exc}") from exc
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from exec_server.exceptions import InvalidParamsError
+from exec_server.exceptions import InvalidParamsError, params_error_text
 from exec_server.protocol import sandbox_types as wire
 from exec_server.protocol.paths import parse_wire_path
 from exec_server.sandbox.policy import (
@@ -191,7 +191,7 @@ def object_keys(raw: msgspec.Raw, field: str) -> dict[str, msgspec.Raw] | None:
     try:
         obj = msgspec.json.decode(raw, type=dict[str, msgspec.Raw] | None)
     except msgspec.ValidationError as exc:
-        raise InvalidParamsError(f"{field}: {exc}") from exc
+        raise InvalidParamsError(f"{field}: {params_error_text(str(exc))}") from exc
     except msgspec.DecodeError as exc:
         raise InvalidParamsError(f"{field}: {exc}") from exc
     return obj

@@ -22,6 +22,7 @@ from exec_server.exceptions import (
     ExecServerError,
     InvalidRequestError,
     ProtocolClosedError,
+    params_error_text,
 )
 from exec_server.protocol.codec import (
     EncodedReply,
@@ -395,7 +396,7 @@ class Router:
             return encode_error(request.id, exc.code, exc.message)
         if isinstance(exc, msgspec.ValidationError):
             # bad params, or a handler decoding a nested raw member (a sandbox object)
-            return encode_error(request.id, ErrorCode.INVALID_PARAMS, str(exc))
+            return encode_error(request.id, ErrorCode.INVALID_PARAMS, params_error_text(str(exc)))
         logger.error(
             "handler for %s (id %r) failed", request.method, request.id, exc_info=exc
         )
