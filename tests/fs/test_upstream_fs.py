@@ -131,6 +131,8 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("write replace", "fs/writeFile", {"path": "{U}/a.txt", "dataBase64": _b64("bye")}),
     ("write missing parent", "fs/writeFile", {"path": "{U}/no/x", "dataBase64": ""}),
     ("write directory", "fs/writeFile", {"path": "{U}/d", "dataBase64": ""}),
+    # No temp file can be made in /proc (ENOENT): the file's own error, never -32004.
+    ("write /proc file", "fs/writeFile", {"path": "file:///proc/version", "dataBase64": "eA=="}),
     ("base64 stray bits", "fs/writeFile", {"path": "{U}/b", "dataBase64": "aGVsbG9="}),
     ("base64 stray bits 2", "fs/writeFile", {"path": "{U}/b", "dataBase64": "aR=="}),
     ("base64 pad in body", "fs/writeFile", {"path": "{U}/b", "dataBase64": "aGk=="}),

@@ -470,11 +470,16 @@ def _payload_size(data: Payload) -> int:
 def _write_atomic(target: str, data: Payload, old: os.stat_result | None) -> None:
     try:
         tmp, fd = _create_temp(target, spare=_payload_size(data) > 0)
-    except PermissionError:
+    except FileExistsError:
+        raise  # every temp name taken: fail, changing nothing (see _create_temp)
+    except OSError:
         if old is None:
             raise
-        # The directory refuses new entries but the file itself may be
-        # writable: behave like upstream and truncate in place.
+        # The directory takes no new entry (refused, no inode left, a /proc
+        # directory, which answers ENOENT) but the file itself may be
+        # writable: behave like upstream, truncate in place, and report the
+        # file's own error, if any - never the directory's -32004, which the
+        # current client reads as "create the parent and retry".
         _write_in_place(target, data)
         return
     try:
@@ -494,8 +499,16 @@ def _write_atomic(target: str, data: Payload, old: os.stat_result | None) -> Non
             os.unlink(tmp)
             _write_in_place(target, data)
             return
-        if old is None or memory or not _exchange_into_place(tmp, target):
-            os.rename(tmp, target)
+        try:
+            if old is None or memory or not _exchange_into_place(tmp, target):
+                os.rename(tmp, target)
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or old is None:
+                raise
+            # A mount point (a bind-mounted file, like a container's
+            # /etc/hosts) cannot be replaced, only written.
+            os.unlink(tmp)
+            _write_in_place(target, data)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

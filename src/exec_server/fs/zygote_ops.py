@@ -403,9 +403,12 @@ def _write_atomic(t: _Target, data: bytes | bytearray, old: os.stat_result | Non
         fd = os.open(
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666, dir_fd=t.dirfd
         )
-    except PermissionError:
+    except FileExistsError:
+        raise
+    except OSError:
         if old is None:
             raise
+        # No new entry here, the file itself may be writable (as fs/ops.py).
         _write_in_place(t, data, os.O_NOFOLLOW)
         return
     try:
@@ -423,8 +426,14 @@ def _write_atomic(t: _Target, data: bytes | bytearray, old: os.stat_result | Non
             _write_in_place(t, data, os.O_NOFOLLOW)
             return
         # Swap over an existing file (no ext4 writeback inside rename), else rename.
-        if old is None or not exchange_into_place(tmp, t.name, t.dirfd):
-            os.rename(tmp, t.name, src_dir_fd=t.dirfd, dst_dir_fd=t.dirfd)
+        try:
+            if old is None or not exchange_into_place(tmp, t.name, t.dirfd):
+                os.rename(tmp, t.name, src_dir_fd=t.dirfd, dst_dir_fd=t.dirfd)
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or old is None:
+                raise
+            os.unlink(tmp, dir_fd=t.dirfd)  # a mount point: written, not replaced
+            _write_in_place(t, data, os.O_NOFOLLOW)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=t.dirfd)
