@@ -47,6 +47,7 @@ from exec_server.fs.errors import os_error, translate_os_errors
 from exec_server.fs.exchange import exchange_into_place, match_old_file
 from exec_server.fs.fanout import shared_fanout
 from exec_server.fs.spare import link_unnamed, shared_spares
+from exec_server.fs.workers import waiting_on_others
 
 __all__ = [
     "COPY_DIR_WITHOUT_RECURSIVE",
@@ -366,7 +367,16 @@ def _write_in_place(path: str, data: Payload, extra_flags: int = 0) -> None:
     whole = payload_bytes(data)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC | extra_flags, 0o666)
     try:
-        _write_all(fd, whole)
+        if extra_flags & _O_NONBLOCK:
+            # O_NONBLOCK only kept a FIFO without a reader from hanging the open
+            # (ENXIO). Written, it cut a write short once the pipe was full
+            # (EAGAIN after 64 KiB): wait for the reader as cp and upstream do,
+            # without holding a place in the worker pool.
+            os.set_blocking(fd, True)
+            with waiting_on_others():
+                _write_all(fd, whole)
+        else:
+            _write_all(fd, whole)
     finally:
         os.close(fd)
 
@@ -1217,11 +1227,15 @@ def _copy_file_at(
                 os.ftruncate(dst_fd, 0)
             if stat.S_IMODE(dst_stat.st_mode) != perm:
                 os.fchmod(dst_fd, perm)
-            if not stat.S_ISREG(dst_stat.st_mode):
+            if stat.S_ISREG(dst_stat.st_mode):
+                _copy_contents(src_fd, dst_fd, src_stat.st_size)
+            else:
                 # A FIFO with a reader (or a device): write like `cp` and upstream
-                # do, waiting for the reader, not failing once its buffer is full.
+                # do, waiting for the reader, not failing once its buffer is full,
+                # and without holding a place in the worker pool meanwhile.
                 os.set_blocking(dst_fd, True)
-            _copy_contents(src_fd, dst_fd, src_stat.st_size)
+                with waiting_on_others():
+                    _copy_contents(src_fd, dst_fd, src_stat.st_size)
         finally:
             os.close(dst_fd)
     finally:

@@ -51,17 +51,19 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
 
 __all__ = [
     "DEFAULT_MAX_WORKERS",
+    "MAX_WAITING",
     "NEAR_JOB_LIMIT",
     "WorkerPool",
     "after_answer",
     "current_cpu",
     "job_kind",
     "shared_pool",
+    "waiting_on_others",
 ]
 
 T = TypeVar("T")
@@ -74,6 +76,8 @@ NEAR_JOB_LIMIT: Final = 150e-6
 _AVERAGE_WEIGHT: Final = 0.25
 #: Most kinds of job tracked; more (never, with the server's fixed set) start afresh.
 _MAX_KINDS: Final = 256
+#: Most jobs at once that gave their place back (:func:`waiting_on_others`).
+MAX_WAITING: Final = 256
 
 #: ``offer(result, error) -> bool``, run in the worker: True if it took the outcome.
 Offer = Callable[[object, BaseException | None], bool]
@@ -113,6 +117,8 @@ def current_cpu() -> int | None:
 class _JobLocal(threading.local):
     #: work the running job left for after its answer (None outside a pool's job)
     later: list[Callable[[], object]] | None = None
+    #: the pool whose job this thread runs (None outside a pool's job)
+    pool: WorkerPool | None = None
 
 
 _job_local: Final = _JobLocal()
@@ -134,6 +140,29 @@ def after_answer(fn: Callable[[], object]) -> bool:
         return False
     later.append(fn)
     return True
+
+
+@contextlib.contextmanager
+def waiting_on_others() -> Iterator[None]:
+    """Around a wait that only another party can end (a pipe's reader): from inside
+    a pool's job, the job gives its thread's place in the pool back meanwhile, so
+    other calls get a thread (a new one if none is idle).
+
+    Why: a write into a FIFO whose reader never reads blocks for good, as
+    ``cp`` and upstream's would, and twenty of them held every thread of the
+    pool: every connection's filesystem calls waited (found by an audit).
+    Upstream's blocking pool has 512 threads; here the places given back are
+    capped at :data:`MAX_WAITING`, past which a job keeps its place.
+    Outside a pool's job this does nothing.
+    """
+    pool = _job_local.pool
+    released = pool is not None and pool._release_place()
+    try:
+        yield
+    finally:
+        if released:
+            assert pool is not None
+            pool._take_place_back()
 
 
 def job_kind(call: Callable[..., object]) -> object:
@@ -199,6 +228,8 @@ class WorkerPool:
         self._idle: list[_Worker] = []  # LIFO: the most recently used thread first
         self._backlog: collections.deque[_Job] = collections.deque()
         self._threads = 0
+        #: jobs that gave their place back (:func:`waiting_on_others`)
+        self._waiting = 0
         #: job kind -> moving average of its run time in seconds (see module doc)
         self._run_time: dict[object, float] = {}
 
@@ -273,12 +304,41 @@ class WorkerPool:
                 self._backlog.append(job)
         if worker is not None:
             if start:
-                threading.Thread(
-                    target=self._work, args=(worker,), name="exec-server-fs", daemon=True
-                ).start()
+                self._start(worker)
             if self._kind_wakes_near(kind):
                 self._narrow(worker)
             worker.inbox.put(job)
+
+    def _start(self, worker: _Worker) -> None:
+        threading.Thread(
+            target=self._work, args=(worker,), name="exec-server-fs", daemon=True
+        ).start()
+
+    def _release_place(self) -> bool:
+        """A job is about to wait on others: count its thread out (see
+        :func:`waiting_on_others`) and give a queued job a thread. False if too
+        many already wait."""
+        with self._lock:
+            if self._waiting >= MAX_WAITING:
+                return False
+            self._waiting += 1
+            self._threads -= 1
+            job: _Job | None = None
+            if self._backlog and self._threads < self._max:
+                job = self._backlog.popleft()
+                self._threads += 1
+        if job is not None:
+            worker = _Worker()
+            worker.inbox.put(job)
+            self._start(worker)
+        return True
+
+    def _take_place_back(self) -> None:
+        # The pool may hold one thread over its maximum until one goes idle and
+        # exits; no new thread starts meanwhile.
+        with self._lock:
+            self._waiting -= 1
+            self._threads += 1
 
     def wakes_near(self, call: Callable[..., object]) -> bool:
         """Whether a job running ``call`` would be woken on the caller's CPU now."""
@@ -342,6 +402,7 @@ class WorkerPool:
             started = time.perf_counter()
             later: list[Callable[[], object]] = []
             _job_local.later = later
+            _job_local.pool = self
             try:
                 result = call()
             except BaseException as exc:  # handed to the awaiting task
@@ -351,6 +412,7 @@ class WorkerPool:
                 traceback.clear_frames(exc.__traceback__)
             finally:
                 _job_local.later = None
+                _job_local.pool = None
             # So do the call's arguments: a client that reads the answer and
             # looks at our memory must not find them still held.
             del call

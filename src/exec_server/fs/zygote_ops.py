@@ -390,6 +390,10 @@ def _write_in_place(t: _Target, data: bytes | bytearray, extra: int) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | extra
     fd = os.open(t.name, flags, 0o666, dir_fd=t.dirfd)
     try:
+        if extra & os.O_NONBLOCK:
+            # Non-blocking only for the open (a FIFO without a reader is ENXIO,
+            # not a hang); the writes wait for the reader (EAGAIN after 64 KiB).
+            os.set_blocking(fd, True)
         write_all(fd, data)
     finally:
         os.close(fd)
