@@ -242,3 +242,21 @@ def test_paired_pieces_answer_as_the_exact_decoder_wherever_the_text_breaks(
         except InvalidRequestError as exc:
             got = exc.message
     assert got == expected
+
+
+@pytest.mark.parametrize("where", ["first", "before chunk end", "at chunk start", "last of body"])
+def test_a_bad_symbol_is_named_at_its_offset_across_scan_chunks(where: str) -> None:
+    """The body is scanned a chunk at a time in C; the first bad byte is found
+    wherever it falls, and a bad byte in the last group is judged there."""
+    chunk = fs_handlers._SCAN_CHUNK
+    text = bytearray(base64.b64encode(os.urandom(3 * chunk // 4 * 2 + 300)))
+    body = len(text) - 4  # the last group is checked apart (padding rules)
+    offset = {
+        "first": 0,
+        "before chunk end": chunk - 1,
+        "at chunk start": chunk,
+        "last of body": body - 1,
+    }[where]
+    text[offset] = ord("!")
+    text[-1] = ord("?")  # a later bad byte (last group) must not be the one named
+    assert fs_handlers._base64_error_text(bytes(text)) == f"Invalid symbol 33, offset {offset}."

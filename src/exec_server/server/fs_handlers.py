@@ -82,6 +82,25 @@ _B64_VALUES: Final = {
     c: i for i, c in enumerate(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 }
 _PAD: Final = 0x3D
+#: byte -> 0 for a base64 symbol, 1 for anything else
+_SYMBOL_OR_NOT: Final = bytes(0 if c in _B64_VALUES else 1 for c in range(256))
+_SCAN_CHUNK: Final = 1 << 20
+
+
+def _first_non_symbol(data: bytes, end: int) -> int:
+    """Offset of the first byte before ``end`` that is no base64 symbol, or -1.
+
+    In C, a chunk at a time (``translate`` then ``find``, ~0.1 s for 100 MiB,
+    without a copy of the whole text): a byte at a time in Python took ~10 s
+    for a 100 MiB payload whose last group was bad, holding the GIL all along.
+    """
+    view = memoryview(data)
+    for start in range(0, end, _SCAN_CHUNK):
+        stop = min(start + _SCAN_CHUNK, end)
+        found = bytes(view[start:stop]).translate(_SYMBOL_OR_NOT).find(1)
+        if found >= 0:
+            return start + found
+    return -1
 _BACKSLASH: Final = re.compile(rb"\\")
 
 
@@ -100,9 +119,9 @@ def _base64_error_text(data: bytes) -> str | None:
     if rem == 1 and data[-1] != _PAD and data[-1] not in values:
         return f"Invalid symbol {data[-1]}, offset {n - 1}."
     body = max(n - rem - (4 if rem == 0 else 0), 0)
-    for offset in range(body):
-        if data[offset] not in values:
-            return f"Invalid symbol {data[offset]}, offset {offset}."
+    offset = _first_non_symbol(data, body)
+    if offset >= 0:
+        return f"Invalid symbol {data[offset]}, offset {offset}."
     morsels: list[int] = []
     pads = first_pad = last = 0
     for k in range(body, n):
