@@ -53,6 +53,8 @@ from exec_server.sandbox.plan import SandboxType
 __all__ = [
     "DEFAULT_READ_SIZE",
     "DEFAULT_TERMINATE_GRACE",
+    "WRITE_QUEUE_BYTES",
+    "WRITE_QUEUE_DEPTH",
     "NotificationSink",
     "NotificationSinkNowait",
     "ProcessManager",
@@ -78,6 +80,12 @@ DEFAULT_READ_SIZE: Final = 131072
 DEFAULT_TERMINATE_GRACE: Final = 2.0
 #: Pending stdin writes per process before ``write`` waits (§14).
 WRITE_QUEUE_DEPTH: Final = 128
+#: Bytes queued for a child's stdin before ``write`` waits. The count alone let
+#: 128 writes of 4 MiB to a child that never reads hold 512 MiB; 16 MiB still
+#: keeps several MiB-sized writes queued, so a child that reads fast never waits
+#: for the client's next round trip. A bigger single write is taken whole
+#: once the queue is empty (it could never be written otherwise).
+WRITE_QUEUE_BYTES: Final = 16 << 20
 #: Remembered ``writeId`` values per process (CLIENT_COMPAT.md §5.1).
 WRITE_ID_MEMORY: Final = 4096
 #: Seconds a failed sandboxed process's output may drain before sandboxDenied is decided.
@@ -159,6 +167,7 @@ class _Record:
         "waiters",
         "write_ids",
         "write_queue",
+        "write_queued",
         "write_space",
         "writer_armed",
     )
@@ -180,6 +189,8 @@ class _Record:
         self.tasks: set[asyncio.Task[None]] = set()
         self.stdin_fd: int | None = None
         self.write_queue: deque[memoryview] = deque()
+        #: bytes in ``write_queue`` (what :data:`WRITE_QUEUE_BYTES` bounds).
+        self.write_queued = 0
         self.write_space: list[asyncio.Future[None]] = []
         self.writer_armed = False
         self.write_ids: OrderedDict[str, None] = OrderedDict()
@@ -688,17 +699,30 @@ class ProcessManager:
     async def write(self, process_id: str, data: bytes, write_id: str | None = None) -> WriteStatus:
         """``process/write`` (§8.5, CLIENT_COMPAT §5.1): queue ``data`` for the child's stdin.
 
-        Waits while the child's stdin queue is full (backpressure).
+        Waits while the child's stdin queue is full (backpressure): it holds
+        :data:`WRITE_QUEUE_DEPTH` writes or, with ``data``, would hold more
+        than :data:`WRITE_QUEUE_BYTES` (a bigger write waits for an empty
+        queue). The wait ends when the child reads, its stdin closes (exit,
+        session shutdown), or the caller is cancelled (the connection went
+        away): ``data`` is then not queued and ``write_id`` not remembered,
+        so a retry with the same id still writes.
         """
         status = self.write_now(process_id, data, write_id)
         if status is not None:
             return status
         rec = self._records[process_id]
-        self._remember_write_id(rec, write_id)
-        while len(rec.write_queue) >= WRITE_QUEUE_DEPTH and rec.stdin_fd is not None:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        while rec.stdin_fd is not None and self._stdin_full(rec, len(data)):
+            fut: asyncio.Future[None] = loop.create_future()
             rec.write_space.append(fut)
-            await fut
+            try:
+                await fut
+            finally:
+                if not fut.done():  # cancelled: leave no dead future behind
+                    fut.cancel()
+                    with contextlib.suppress(ValueError):
+                        rec.write_space.remove(fut)
+        self._remember_write_id(rec, write_id)
         if rec.stdin_fd is not None:
             self._enqueue(rec, data)
         return WriteStatus.ACCEPTED
@@ -716,13 +740,21 @@ class ProcessManager:
             return WriteStatus.STDIN_CLOSED
         if write_id is not None and write_id in rec.write_ids:
             return WriteStatus.ACCEPTED
-        if rec.stdin_fd is not None and data and len(rec.write_queue) >= WRITE_QUEUE_DEPTH:
+        if rec.stdin_fd is not None and data and self._stdin_full(rec, len(data)):
             return None
         self._remember_write_id(rec, write_id)
         if rec.stdin_fd is not None and data:
             self._enqueue(rec, data)
         # else exited/closed: accepted and dropped (observed upstream)
         return WriteStatus.ACCEPTED
+
+    @staticmethod
+    def _stdin_full(rec: _Record, size: int) -> bool:
+        """Must a write of ``size`` bytes wait for the child to read?"""
+        queued = rec.write_queued
+        return len(rec.write_queue) >= WRITE_QUEUE_DEPTH or (
+            queued > 0 and queued + size > WRITE_QUEUE_BYTES
+        )
 
     @staticmethod
     def _remember_write_id(rec: _Record, write_id: str | None) -> None:
@@ -733,6 +765,7 @@ class ProcessManager:
 
     def _enqueue(self, rec: _Record, data: bytes) -> None:
         rec.write_queue.append(memoryview(data))
+        rec.write_queued += len(data)
         self._flush_stdin(rec)
         # A terminal echoes the input during write(2): send the echo now, before
         # the reply, instead of one loop iteration later.
@@ -743,6 +776,7 @@ class ProcessManager:
     def _flush_stdin(self, rec: _Record) -> None:
         fd = rec.stdin_fd
         queue = rec.write_queue
+        queued = rec.write_queued
         while queue and fd is not None:
             head = queue[0]
             try:
@@ -751,11 +785,15 @@ class ProcessManager:
                 if not rec.writer_armed:
                     asyncio.get_running_loop().add_writer(fd, self._flush_stdin, rec)
                     rec.writer_armed = True
+                if rec.write_queued < queued:
+                    _wake(rec.write_space)  # room for a waiting write, perhaps
                 return
             except OSError:
                 # EPIPE/EIO: the child stopped reading; upstream ignores write errors.
                 queue.clear()
+                rec.write_queued = 0
                 break
+            rec.write_queued -= n
             if n < len(head):
                 queue[0] = head[n:]
             else:
@@ -774,6 +812,7 @@ class ProcessManager:
             rec.writer_armed = False
         rec.stdin_fd = None
         rec.write_queue.clear()
+        rec.write_queued = 0
         close_quietly(fd)
         _wake(rec.write_space)
 
