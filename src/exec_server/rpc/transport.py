@@ -10,9 +10,10 @@ connection"): websockets' own ``max_size`` fails the connection with close
 code 1009, so the WebSocket transport instead receives messages fragment by
 fragment and, once a message grows past ``max_message_size``, discards the
 rest of it and reports :class:`OversizedMessage`. A single *frame* is still
-buffered whole by websockets before we see it, so frames larger than
-``frame_hard_limit`` (default: twice the message limit) still close the
-connection with 1009: that is the memory guard. The line transport discards
+buffered whole before it is parsed, so frames larger than ``frame_limit``
+(:func:`~exec_server.rpc.ws_server.serve_websocket`; default twice the message
+limit plus 1 MiB) still close the connection with 1009: that is the memory
+guard. The line transport discards
 oversized lines chunk by chunk and never buffers more than the limit.
 """
 

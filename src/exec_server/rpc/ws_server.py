@@ -19,7 +19,8 @@ Whole frames are parsed straight from the area; only a partial frame is
 copied aside.
 
 Behaviour kept from the library: the HTTP upgrade (any path, no
-subprotocol, no compression), automatic Pong replies, the closing handshake,
+subprotocol, no compression), automatic Pong replies (only the latest ping's
+while the write buffer is full, see :meth:`WsConnection._pong`), the closing handshake,
 UTF-8 is *not* checked (the JSON decoder rejects bad text), and a frame
 larger than ``frame_limit`` fails the connection with 1009 (the memory guard,
 see ``rpc/transport.py``). Messages larger than ``max_message_size`` are
@@ -93,6 +94,10 @@ class WsConnection(asyncio.BufferedProtocol):
         )
         self._waiter: asyncio.Future[None] | None = None
         self._paused_reading = False
+        #: the latest ping's payload while the write buffer is full (see ``_pong``).
+        self._pong_due: bytes | None = None
+        #: ``_send_due_pong`` is scheduled.
+        self._pong_pending = False
         self._drain: asyncio.Future[None] | None = None
         #: what senders see: the transport's buffer is full, or a big payload is being fed.
         self._write_paused = False
@@ -214,10 +219,28 @@ class WsConnection(asyncio.BufferedProtocol):
             self._fd = -1
             self._stream = None
             self._backlog.clear()
+            self._tail = None
+            self._pong_due = None
         self._server.connections.discard(self)
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
         self._set_eof()
+        # What was read but never made a message: a frame cut by the reset (ours
+        # or, once it parses, the library's) and the receive area. The
+        # connection itself may live on until a full collection (its handler's
+        # objects refer to it), so nothing big may hang off it.
+        self._discarded(len(self._rbuf))
+        self._rbuf = bytearray()
+        self._area = None
+        proto = self._proto
+        if proto.state in (State.OPEN, State.CLOSING):
+            proto.receive_eof()  # the library drops a partial frame it buffers...
+            proto.events_received()
+            proto.data_to_send()
+            # ...but the error it records for it keeps its parser's frame, and
+            # with it the last frame parsed (a fragment, or a whole message).
+            proto.parser_exc = None
         # Waiting senders wake and raise a fresh error themselves: an exception
         # kept in the future would hold their frames (and the frame each was
         # sending, 85 MiB for a big reply) in a cycle through this connection.
@@ -241,6 +264,7 @@ class WsConnection(asyncio.BufferedProtocol):
             return  # still feeding: senders keep waiting
         self._write_paused = False
         self._resolve_drain()
+        self._pong_when_writable()
 
     def _resume_pump(self) -> None:
         self._pump_pending = False
@@ -254,6 +278,25 @@ class WsConnection(asyncio.BufferedProtocol):
     def _resolve_drain(self) -> None:
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
+
+    def _pong_when_writable(self) -> None:
+        """The write buffer has room again: send the pong that waited for it, if any.
+
+        From a callback of its own, as ``_resume_pump`` (a write made inside
+        ``resume_writing`` that fails ends the connection twice).
+        """
+        if self._pong_due is not None and not self._pong_pending and self._loop is not None:
+            self._pong_pending = True
+            self._loop.call_soon(self._send_due_pong)
+
+    def _send_due_pong(self) -> None:
+        self._pong_pending = False
+        payload = self._pong_due
+        if payload is None or self._write_paused:
+            return
+        self._pong_due = None
+        if self._proto.state is State.OPEN:  # nothing may follow our close frame
+            self._pong(payload)
 
     # -- handshake -----------------------------------------------------------
 
@@ -280,6 +323,7 @@ class WsConnection(asyncio.BufferedProtocol):
             logger.exception("%s: connection handler failed", self.label)
         finally:
             self._server.tasks.discard(task)
+            self._inbound.clear()  # nobody reads them any more
             await self.aclose()
 
     def _open_timeout(self) -> None:
@@ -291,6 +335,8 @@ class WsConnection(asyncio.BufferedProtocol):
 
     def _on_frame(self, frame: Frame) -> None:
         opcode = frame.opcode
+        if self._eof:
+            return  # after a close frame or a failure: no message can complete
         if opcode in (Opcode.TEXT, Opcode.BINARY):
             self._body = b""
             self._size = 0
@@ -329,8 +375,10 @@ class WsConnection(asyncio.BufferedProtocol):
 
     def _message(self, item: bytes | bytearray | OversizedMessage) -> None:
         """A complete inbound message: offered to ``on_message``, else queued."""
+        if self._eof:
+            return  # the stream has ended (our close, or the handler is gone): nobody reads it
         hook = self.on_message
-        if hook is not None and not self._inbound and not self._eof and hook(item):
+        if hook is not None and not self._inbound and hook(item):
             return
         self._inbound.append(item)
         if len(self._inbound) >= INBOUND_HIGH and not self._paused_reading:
@@ -428,9 +476,24 @@ class WsConnection(asyncio.BufferedProtocol):
         return rest
 
     def _pong(self, payload: bytes) -> None:
-        """Answer a ping as the library would (server frames are unmasked)."""
-        if self._transport is not None and not self._transport.is_closing():
-            self._write(bytes((0x8A, len(payload))) + payload)
+        """Answer a ping as the library would (server frames are unmasked).
+
+        While the write buffer is full only the latest ping is remembered and
+        answered once there is room (RFC 6455 §5.5.3 allows answering just the
+        most recent one): a client pinging without reading used to have every
+        pong kept (3 M unread pongs held 390 MB). Reading goes on, as it does
+        while replies to requests wait (until 128 messages are queued): a
+        client that writes before it reads must not be stalled by its own
+        keepalive pings, and ignored pings cost only their parsing.
+        """
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if self._write_paused:
+            self._pong_due = payload
+            return
+        self._pong_due = None  # this one answers any earlier ping still due
+        self._write(bytes((0x8A, len(payload))) + payload)
 
     def _keep(self, buf: bytearray | memoryview, pos: int) -> bytes:
         """Keep the unparsed end of ``buf`` (a partial frame) for the next read."""
@@ -458,8 +521,24 @@ class WsConnection(asyncio.BufferedProtocol):
             self._transport.abort()
 
     def _set_eof(self) -> None:
+        """No more messages: a close frame, a failure, or the end of the connection.
+
+        A message still being gathered can never complete now; it is let go at
+        once (a client that sent 35 MiB of fragments and left used to leave
+        them mapped until a full garbage collection happened to run).
+        """
         self._eof = True
+        self._discarded(len(self._body))
+        self._body = b""
+        self._head = b""
+        self._size = 0
         self._wake()
+
+    def _discarded(self, size: int) -> None:
+        """``size`` bytes of an unfinished message were let go: tell ``on_discard``."""
+        hook = self._server.on_discard
+        if size and hook is not None:
+            hook(size)
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -491,7 +570,9 @@ class WsConnection(asyncio.BufferedProtocol):
             self._proto.data_to_send()  # discard
             return
         for data in self._proto.data_to_send():
-            if data:
+            if data[:1] == b"\x8a" and len(data) <= 127:
+                self._pong(data[2:])  # the library's pong (one frame per item): as ours
+            elif data:
                 self._write(data)
             elif self._stream is not None:
                 self._end_pending = True  # after the payload being fed and what follows it
@@ -652,6 +733,7 @@ class WsConnection(asyncio.BufferedProtocol):
         self._write_paused = self._transport_paused
         if not self._write_paused:
             self._resolve_drain()
+            self._pong_when_writable()
 
     def _flush_tail(self) -> None:
         transport = self._transport
@@ -756,10 +838,19 @@ class WsConnection(asyncio.BufferedProtocol):
 class WsServer:
     """The listening sockets plus every live connection."""
 
-    def __init__(self, handler: Handler, *, max_message_size: int, frame_limit: int) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_message_size: int,
+        frame_limit: int,
+        on_discard: Callable[[int], None] | None = None,
+    ) -> None:
         self.handler = handler
         self.max_message_size = max_message_size
         self.frame_limit = frame_limit
+        #: called on the loop with the size of a message (or frame) dropped unfinished.
+        self.on_discard = on_discard
         self.connections: set[WsConnection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.server: asyncio.Server | None = None
@@ -796,12 +887,27 @@ async def serve_websocket(
     *,
     max_message_size: int,
     frame_limit: int | None = None,
+    on_discard: Callable[[int], None] | None = None,
 ) -> WsServer:
-    """Listen on ``host:port``; ``handler(conn)`` runs once per upgraded connection."""
+    """Listen on ``host:port``; ``handler(conn)`` runs once per upgraded connection.
+
+    Args:
+        max_message_size: a bigger message is discarded as it arrives and
+            reported as :class:`OversizedMessage`; the connection stays.
+        frame_limit: a single frame bigger than this fails the connection with
+            1009 (a frame is buffered whole before it is parsed). Default
+            ``2 * max_message_size + 1 MiB``: the slack keeps a small limit from
+            closing connections for the 1 MiB fragments clients commonly send.
+        on_discard: called on the loop with the bytes of a message a client
+            left unfinished (it disconnected or closed in the middle), once they
+            are let go: big freed blocks may stay resident until the heap is
+            trimmed (``server/heap.py``'s ``note_transfer`` fits).
+    """
     server = WsServer(
         handler,
         max_message_size=max_message_size,
         frame_limit=frame_limit if frame_limit is not None else 2 * max_message_size + (1 << 20),
+        on_discard=on_discard,
     )
     loop = asyncio.get_running_loop()
     server.server = await loop.create_server(lambda: WsConnection(server), host, port)

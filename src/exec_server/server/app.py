@@ -13,10 +13,16 @@ answer is sent whenever it is ready (answers are matched by id).
 ordering holds.
 
 EOF (or a protocol violation that closes: unexpected notifications, client
-responses, eviction) cancels in-flight blocking handlers at once, then
-detaches the session: processes keep running for the detach TTL. An inline
-handler that is running when the peer goes away finishes first (they are
-short: spawn, one filesystem operation).
+responses, eviction) cancels in-flight handlers at once, then detaches the
+session: processes keep running for the detach TTL (§2.7, §4.6). While a
+message is being handled the read loop does not read, so it would not see
+EOF; a request still in progress after :data:`READ_AHEAD_AFTER` (a
+``process/write`` waiting for a child that does not read its stdin, a worker
+job stuck on a FIFO) has the transport read on by a task of its own: later
+messages are kept in order for the loop (up to :data:`READ_AHEAD_MESSAGES` /
+:data:`READ_AHEAD_BYTES`, then reading waits as before), and EOF cancels the
+request and closes. Server shutdown closes every connection the same way
+(:meth:`ExecServer.close_connections`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import logging
 import os
 import re
 import signal
+import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -49,6 +57,7 @@ from exec_server.protocol.messages import (
 )
 from exec_server.rpc.listen import STDIO, ListenAddress, format_ws_url, parse_listen_url
 from exec_server.rpc.transport import (
+    Inbound,
     MessageTransport,
     Outbound,
     OversizedMessage,
@@ -82,6 +91,17 @@ NOW_MAX_MESSAGE: Final = 64 * 1024
 #: system and the next message faulted it in again (~0.8 ms per 1 MiB write);
 #: above glibc's largest mmap threshold every message gets fresh pages anyway.
 KEEP_MESSAGE_MAX: Final = 32 << 20
+#: Seconds one message may keep the read loop busy before the transport is read
+#: ahead (to notice EOF, §2.7). Most requests take far less; checking costs one
+#: timer per busy connection per period, not one per request.
+READ_AHEAD_AFTER: Final = 0.1
+#: Messages read ahead at most while a request is in progress; then reading
+#: waits, and the transport's own bound applies (128 messages on a WebSocket).
+#: A client that leaves more than that unanswered and then disconnects is
+#: noticed only when the request in progress ends (or at server shutdown).
+READ_AHEAD_MESSAGES: Final = 4096
+#: Bytes read ahead at most (the message that crosses it is still taken).
+READ_AHEAD_BYTES: Final = 64 << 20
 _ID_PREFIX: Final = re.compile(rb'^\s*\{\s*"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
 
 
@@ -129,6 +149,16 @@ def _sniff_id(head: bytes) -> RequestId:
     return value
 
 
+async def _not_delivered(method: str, params: msgspec.Struct) -> bool:
+    """The sink of a closed connection's attachment: nothing reaches a client."""
+    del method, params
+    return False
+
+
+def _inbound_size(item: bytes | bytearray | OversizedMessage) -> int:
+    return len(item.head) if isinstance(item, OversizedMessage) else len(item)
+
+
 class ConnectionProcessor:
     """One connection: handshake, ordered dispatch, notifications, teardown."""
 
@@ -168,6 +198,16 @@ class ConnectionProcessor:
         self._closed = False
         self._close_reason: str | None = None
         self._close_requested = asyncio.Event()
+        #: messages ``_serve`` took so far (tells a request still in progress apart).
+        self._dispatched = 0
+        self._busy_timer: asyncio.TimerHandle | None = None
+        #: reads the transport while ``_serve`` is busy (``_read_ahead``).
+        self._reader: asyncio.Task[None] | None = None
+        #: messages it read, for ``_serve`` in arrival order, and their size.
+        self._ahead: deque[bytes | bytearray | OversizedMessage] = deque()
+        self._ahead_bytes = 0
+        #: the reader saw EOF.
+        self._peer_gone = False
 
     # -- outbound ---------------------------------------------------------
 
@@ -219,7 +259,8 @@ class ConnectionProcessor:
     # -- main loop --------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve until the peer disconnects or the protocol says close."""
+        """Serve until the peer disconnects, the protocol says close, or :meth:`close`."""
+        self._loop = asyncio.get_running_loop()
         offers = hasattr(self.transport, "on_message")
         if offers:
             self.transport.on_message = self._offer  # type: ignore[attr-defined]
@@ -229,7 +270,13 @@ class ConnectionProcessor:
             await asyncio.wait({serve, closer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._closed = True
+            if self._busy_timer is not None:
+                self._busy_timer.cancel()
+                self._busy_timer = None
             tasks = [serve, closer, *self._handlers]
+            if self._reader is not None:
+                tasks.append(self._reader)
+            self._ahead.clear()
             for task in tasks:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -239,9 +286,18 @@ class ConnectionProcessor:
             if offers:
                 self.transport.on_message = None  # type: ignore[attr-defined]
             self.registry.detach(self.attachment)
+            # The attachment's sinks are this processor's bound methods: a cycle
+            # that kept the processor, its transport and their buffers until a
+            # full collection. Nothing is sent through them once detached.
+            self.attachment.sink = _not_delivered
+            self.attachment.sink_nowait = None
             with contextlib.suppress(Exception):
                 await self.transport.aclose()
             logger.debug("%s: closed (%s)", self.transport.label, self._close_reason or "eof")
+
+    def close(self, reason: str) -> None:
+        """End the connection: cancel what is in progress, detach, close (server shutdown)."""
+        self._request_close(reason)
 
     def _request_close(self, reason: str) -> None:
         if self._close_reason is None:
@@ -252,13 +308,20 @@ class ConnectionProcessor:
         """Read and dispatch in arrival order until EOF or a closing violation."""
         receive = self.transport.receive
         while not self._closed:
-            self._parked = True
-            try:
-                item = await receive()
-            finally:
-                self._parked = False
+            item: Inbound
+            if self._reader is None and not self._ahead and not self._peer_gone:
+                self._parked = True
+                try:
+                    item = await receive()
+                finally:
+                    self._parked = False
+            else:
+                item = await self._next()
             if item is None or self._close_requested.is_set():
                 return
+            self._dispatched += 1
+            if self._busy_timer is None:
+                self._watch_busy()
             while self._started_pending:
                 # A request started from the receive callback is still running:
                 # it comes first (arrival order).
@@ -287,6 +350,80 @@ class ConnectionProcessor:
                     heap_releaser().note_transfer(size)
                 if size > KEEP_MESSAGE_MAX:
                     del item  # an idle connection would hold a 64 MiB write's 85 MiB text
+
+    async def _next(self) -> Inbound:
+        """The next message in arrival order (read ahead, or from the transport); None at EOF.
+
+        (``_serve`` reads the transport itself while nothing was read ahead.)
+        """
+        while True:
+            ahead = self._ahead
+            if ahead:
+                item = ahead.popleft()
+                self._ahead_bytes -= _inbound_size(item)
+                return item
+            if self._peer_gone:
+                return None
+            reader = self._reader
+            self._parked = True
+            try:
+                if reader is None:
+                    return await self.transport.receive()
+                # The reader waits for the next message: it hands it over and ends.
+                await asyncio.wait((reader,))
+            finally:
+                self._parked = False
+
+    def _watch_busy(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        self._busy_timer = loop.call_later(READ_AHEAD_AFTER, self._check_busy, self._dispatched)
+
+    def _check_busy(self, dispatched: int) -> None:
+        """Timer: is ``_serve`` still on the message it took ``READ_AHEAD_AFTER`` ago?"""
+        self._busy_timer = None
+        if self._closed or self._parked or self._reader is not None:
+            return
+        if dispatched != self._dispatched:
+            self._watch_busy()  # busy with a later message: give that one its time
+            return
+        if len(self._ahead) < READ_AHEAD_MESSAGES and self._ahead_bytes < READ_AHEAD_BYTES:
+            loop = self._loop
+            assert loop is not None
+            self._reader = loop.create_task(self._read_ahead())
+
+    async def _read_ahead(self) -> None:
+        """Read the transport while ``_serve`` is busy, so EOF ends what it waits for.
+
+        A disconnect aborts the request in progress (PROTOCOL.md §2.7):
+        without this, a handler waiting for something only the peer's
+        departure should end (a child's stdin, for ever) kept the session
+        attached and its processes alive. Ends when ``_serve`` waits for the
+        next message (it was handed over), at EOF, or at the read-ahead bound.
+        """
+        try:
+            receive = self.transport.receive
+            while True:
+                item = await receive()
+                if item is None:
+                    self._peer_gone = True
+                    self._close_requested.set()  # cancels the request in progress
+                    return
+                self._ahead.append(item)
+                self._ahead_bytes += _inbound_size(item)
+                del item  # ``_serve`` lets a big one go once handled: not kept here
+                if (
+                    self._parked
+                    or len(self._ahead) >= READ_AHEAD_MESSAGES
+                    or self._ahead_bytes >= READ_AHEAD_BYTES
+                ):
+                    return
+        except Exception:  # task boundary: a failed read ends the connection
+            logger.exception("%s: read failed", self.transport.label)
+            self._peer_gone = True
+            self._close_requested.set()
+        finally:
+            self._reader = None
 
     async def _handle(self, item: bytes | bytearray | OversizedMessage | None) -> None:
         if isinstance(item, OversizedMessage):
@@ -340,6 +477,7 @@ class ConnectionProcessor:
         """
         if (
             not self._parked
+            or self._ahead  # read ahead, not yet taken by ``_serve``: they come first
             or self._started_pending
             or self._closed
             or self._close_requested.is_set()
@@ -481,11 +619,25 @@ class ExecServer:
         self.services = services if services is not None else ServerServices.create(config)
         self.registry = SessionRegistry(config)
         self.router = build_router()
+        #: every processor made (and not yet collected), for :meth:`close_connections`.
+        self._processors: weakref.WeakSet[ConnectionProcessor] = weakref.WeakSet()
 
     def processor(self, transport: MessageTransport) -> ConnectionProcessor:
-        return ConnectionProcessor(
+        processor = ConnectionProcessor(
             transport, router=self.router, services=self.services, registry=self.registry
         )
+        self._processors.add(processor)
+        return processor
+
+    def close_connections(self, reason: str = "server shutting down") -> None:
+        """End every connection: requests in progress are cancelled, sessions detach.
+
+        Closing the sockets is not enough: a connection busy with a request
+        notices EOF only by reading ahead, and a socket whose peer does not
+        read never finishes closing.
+        """
+        for processor in list(self._processors):
+            processor.close(reason)
 
     async def handle_websocket(self, conn: WsConnection) -> None:
         """Per-connection handler: one processor per upgraded socket."""
@@ -498,10 +650,13 @@ class ExecServer:
             address.host,
             address.port,
             max_message_size=self.config.max_message_size,
+            # A big message abandoned half way is memory to hand back, as a big one received.
+            on_discard=heap_releaser().note_transfer,
         )
 
     async def aclose(self) -> None:
         """Kill every session's processes and release services."""
+        self.close_connections()
         await self.registry.aclose()
         await self.services.aclose()
 
@@ -559,6 +714,7 @@ async def run_server(
                 await stop.wait()
             finally:
                 ws_server.close()
+                server.close_connections()
                 await ws_server.wait_closed()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

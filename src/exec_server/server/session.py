@@ -104,6 +104,8 @@ class SessionRegistry:
         self._config = config
         self._sessions: dict[str, Session] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: sessions being shut down (``_remove``): awaited, never cancelled.
+        self._closing: set[asyncio.Task[None]] = set()
         self._already_attached_code = already_attached_code
 
     def __len__(self) -> int:
@@ -161,6 +163,8 @@ class SessionRegistry:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         sessions = list(self._sessions.values())
         self._sessions.clear()
         for session in sessions:
@@ -196,6 +200,15 @@ class SessionRegistry:
     async def _remove(self, session: Session) -> None:
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
+        # In a task of its own: a caller cancelled meanwhile (an ``initialize``
+        # whose connection went away, an expiry timer at server shutdown) must
+        # not leave the processes killed but unreaped and the guard running.
+        task = asyncio.get_running_loop().create_task(self._close(session))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        await asyncio.shield(task)
+
+    async def _close(self, session: Session) -> None:
         await self._shutdown_processes(session)
         session.closed.set()
 
