@@ -118,3 +118,52 @@ async def test_without_a_trim_function_nothing_is_scheduled() -> None:
     releaser.note_transfer(64 << 20)
     assert releaser._timer is None
     assert releaser.releases == 0
+
+
+# -- HeapReleaser.watch: a trim when the resident size grew without big messages --
+
+
+class _Resident:
+    """A stand-in for ``resident_bytes``: returns the sizes it is given, in turn."""
+
+    def __init__(self, *sizes: int) -> None:
+        self.sizes = list(sizes)
+        self.looks = asyncio.Event()
+
+    def __call__(self) -> int | None:
+        self.looks.set()
+        return self.sizes.pop(0) if len(self.sizes) > 1 else self.sizes[0]
+
+
+async def _looks(resident: _Resident, count: int) -> None:
+    for _ in range(count):
+        resident.looks.clear()
+        async with asyncio.timeout(TIMEOUT):
+            await resident.looks.wait()
+
+
+async def test_growth_past_the_settled_size_makes_one_trim_then_settles_again() -> None:
+    mib = 1 << 20
+    trims = _Trims()
+    # start, +10 MiB (no trim), +600 MiB (trim), after it 550 (settles), stays: no trim
+    resident = _Resident(100 * mib, 110 * mib, 700 * mib, 550 * mib, 550 * mib)
+    releaser = HeapReleaser(trims, delay=0.0, resident=resident)
+    releaser.watch(interval=0.0, growth=64 * mib)
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            await trims.event.wait()
+        assert releaser.releases == 1
+        await _looks(resident, 6)  # 550 is where it settled: no second trim
+        assert releaser.releases == 1
+        assert trims.calls == 1
+    finally:
+        releaser.unwatch()
+    assert releaser._watcher is None
+
+
+async def test_watching_without_a_trim_function_looks_at_nothing() -> None:
+    resident = _Resident(1)
+    releaser = HeapReleaser(None, resident=resident)
+    releaser.watch(interval=0.0)
+    assert releaser._watcher is None
+    assert not resident.looks.is_set()

@@ -692,10 +692,12 @@ async def run_server(
         loop.add_signal_handler(sig, stop.set)
     server = ExecServer(config)
     server.services.start_warming()
+    releaser = heap_releaser()
     try:
         if target == STDIO:
             transport = await _open_stdio("exec-server stdio", config.max_message_size)
             settle_startup_heap()
+            releaser.watch()
             conn = asyncio.create_task(server.processor(transport).run())
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({conn, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -708,6 +710,7 @@ async def run_server(
             sock = next(iter(ws_server.sockets))
             host, port = sock.getsockname()[:2]
             settle_startup_heap()
+            releaser.watch()
             if announce is not None:
                 announce(format_ws_url(host, port))
             try:
@@ -717,6 +720,7 @@ async def run_server(
                 server.close_connections()
                 await ws_server.wait_closed()
     finally:
+        releaser.unwatch()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await server.aclose()
