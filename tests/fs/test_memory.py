@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from exec_server.client._ws import _frame_header
 from exec_server.fs.workers import WorkerPool
 
 MIB = 1 << 20
@@ -320,9 +321,8 @@ def _server_side_socket(server_port: int, client_port: int) -> str:
 
 
 def _masked_frame(payload: bytes) -> bytes:
-    size = len(payload)
-    head = bytes((0x81, 0x80 | size) if size < 126 else (0x81, 0xFE, *size.to_bytes(2, "big")))
-    return head + b"\0\0\0\0" + payload  # a zero mask leaves the payload as it is
+    """A masked text frame; the zero mask leaves the payload as it is."""
+    return _frame_header(1, True, len(payload), b"\0\0\0\0") + payload
 
 
 class _Result:

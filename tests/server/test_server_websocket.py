@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
+from websockets.utils import apply_mask
+
+from exec_server.client._ws import _frame_header
 
 TIMEOUT = 10.0
 Rpc = Callable[[str], Awaitable[Any]]
@@ -424,15 +427,7 @@ async def test_protocol_violation_fails_only_that_connection(server: Any, rpc: R
 def _client_frame(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
     """A masked client frame (RFC 6455 §5.2)."""
     mask = b"\x11\x22\x33\x44"
-    size = len(payload)
-    if size < 126:
-        head = bytes((0x80 * fin | opcode, 0x80 | size))
-    elif size < 0x10000:
-        head = bytes((0x80 * fin | opcode, 0x80 | 126)) + size.to_bytes(2, "big")
-    else:
-        head = bytes((0x80 * fin | opcode, 0x80 | 127)) + size.to_bytes(8, "big")
-    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-    return head + mask + masked
+    return _frame_header(opcode, fin, len(payload), mask) + apply_mask(payload, mask)
 
 
 async def test_frames_split_batched_then_ping_and_fragments(server: Any) -> None:

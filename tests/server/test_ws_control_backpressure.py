@@ -15,24 +15,19 @@ from typing import Any
 
 import pytest
 
+from exec_server.client._ws import _frame_header
 from exec_server.rpc.ws_server import RECV_AREA, WRITE_HIGH, WsConnection, serve_websocket
 
 TIMEOUT = 10.0
 MiB = 1 << 20
 #: pings (125-byte payload, 131 bytes each on the wire) per client write.
 BATCH = 1000
+ZERO_MASK = b"\0\0\0\0"
 
 
 def _client_frame(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
     """A masked client frame (RFC 6455 §5.2); the zero mask leaves the payload as is."""
-    size = len(payload)
-    if size < 126:
-        head = bytes((0x80 * fin | opcode, 0x80 | size))
-    elif size < 0x10000:
-        head = bytes((0x80 * fin | opcode, 0x80 | 126)) + size.to_bytes(2, "big")
-    else:
-        head = bytes((0x80 * fin | opcode, 0x80 | 127)) + size.to_bytes(8, "big")
-    return head + b"\0\0\0\0" + payload
+    return _frame_header(opcode, fin, len(payload), ZERO_MASK) + payload
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
