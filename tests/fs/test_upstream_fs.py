@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -95,6 +96,8 @@ def _layout(root: Path) -> None:
     (root / "dangling").symlink_to(root / "nowhere")
     (root / "loop").symlink_to(root / "loop")
     os.mkfifo(root / "fifo")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(root / "sock"))  # the file stays once the socket is closed
 
 
 def _b64(text: str) -> str:
@@ -107,6 +110,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("read missing", "fs/readFile", {"path": "{U}/missing"}),
     ("read directory", "fs/readFile", {"path": "{U}/d"}),
     ("read fifo", "fs/readFile", {"path": "{U}/fifo"}),
+    ("read socket", "fs/readFile", {"path": "{U}/sock"}),
     ("read device", "fs/readFile", {"path": "file:///dev/null"}),
     ("read symlink loop", "fs/readFile", {"path": "{U}/loop"}),
     ("read through link", "fs/readFile", {"path": "{U}/link"}),
