@@ -90,6 +90,34 @@ async def test_a_disconnect_ends_a_blocked_write_and_the_session_expires(
     assert "Traceback" not in srv.stderr_text()
 
 
+async def test_a_disconnect_is_seen_with_more_queued_than_is_read_ahead(
+    no_leaks: None,
+    wait_until: Callable[..., Awaitable[None]],
+    server_factory: Callable[..., Any],
+    rpc: Callable[[str], Awaitable[Any]],
+    tmp_path: Path,
+) -> None:
+    """Past the read-ahead bound (4096 messages) the connection is no longer read,
+    but its descriptor is watched for the peer leaving: a reset still ends the
+    blocked write and the session (it used to leave both for good)."""
+    from exec_server.server.app import READ_AHEAD_MESSAGES
+
+    srv = server_factory("--detach-ttl", "0.5")
+    client = await rpc(srv.url)
+    await client.initialize()
+    child = await _start_sleeper(client, str(tmp_path))
+    await _block_a_write(client)
+    behind = {"path": str(tmp_path), "sandbox": None}
+    for i in range(READ_AHEAD_MESSAGES + 300):
+        await client.send({"id": f"m{i}", "method": "fs/getMetadata", "params": behind})
+    client.ws.transport.abort()
+    await wait_until(lambda: not _alive(child), timeout=TIMEOUT)
+    other = await rpc(srv.url)
+    await other.initialize()
+    assert (await other.call("fs/getMetadata", behind))["isDirectory"] is True
+    assert srv.stop() == 0
+
+
 async def test_a_disconnect_ends_a_write_file_stuck_on_a_fifo(
     no_leaks: None,
     wait_until: Callable[..., Awaitable[None]],
@@ -149,6 +177,27 @@ async def test_stdin_eof_ends_a_stdio_server_with_a_blocked_write(
     await _block_a_write(client)
     await client.close_sending()  # end of stdin stops a stdio server
     await client.wait_closed()  # stdout ends: the server exited
+    assert not _alive(child)
+
+
+async def test_stdin_eof_past_the_read_ahead_bound_ends_a_stdio_server(
+    no_leaks: None,
+    stdio_rpc: Callable[..., Awaitable[Any]],
+    tmp_path: Path,
+) -> None:
+    """More lines than are read ahead, then end of stdin: the pipe's hang-up is
+    watched once reading stops, so the server still ends."""
+    from exec_server.server.app import READ_AHEAD_MESSAGES
+
+    client = await stdio_rpc()
+    await client.initialize()
+    child = await _start_sleeper(client, str(tmp_path))
+    await _block_a_write(client)
+    behind = {"path": str(tmp_path), "sandbox": None}
+    for i in range(READ_AHEAD_MESSAGES + 300):
+        await client.send({"id": f"m{i}", "method": "fs/getMetadata", "params": behind})
+    await client.close_sending()
+    await client.wait_closed()
     assert not _alive(child)
 
 

@@ -176,11 +176,15 @@ class StreamTransport:
         *,
         label: str,
         max_message_size: int,
+        hangup_fd: int | None = None,
     ) -> None:
         self.reader = reader
         self.writer = writer
         self.label = label
         self.max_message_size = max_message_size
+        #: the descriptor the peer's leaving shows on (stdin's), for
+        #: ``ConnectionProcessor`` to watch while it does not read; None: unknown.
+        self.hangup_fd = hangup_fd
         self._buffer = bytearray()
         self._scanned = 0
         self._eof = False

@@ -177,6 +177,12 @@ class WsConnection(asyncio.BufferedProtocol):
             area = self._area = memoryview(mmap.mmap(-1, RECV_AREA))
         return area
 
+    @property
+    def hangup_fd(self) -> int | None:
+        """The socket's descriptor, which shows the peer's leaving (for a processor
+        that stops reading, ``server/app.py``); None once closed."""
+        return self._fd if self._fd >= 0 else None
+
     def buffer_updated(self, nbytes: int) -> None:
         assert self._area is not None
         self._received(self._area[:nbytes])
