@@ -14,6 +14,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from exec_server.server.app import READ_AHEAD_MESSAGES
+
 TIMEOUT = 10.0
 #: 100 KB per write; WRITES of them exceed both bounds of a child's stdin queue
 #: (128 writes, 16 MiB) plus its pipe, so one of them waits while the child sleeps.
@@ -54,6 +58,14 @@ async def _block_a_write(client: Any) -> None:
         assert reply.get("result") == {"status": "accepted"}, reply
 
 
+async def _queue_behind(client: Any, count: int, tmp_path: Path) -> dict[str, Any]:
+    """Send ``count`` requests behind the blocked write; returns their params."""
+    metadata = {"path": str(tmp_path), "sandbox": None}
+    for i in range(count):
+        await client.send({"id": f"m{i}", "method": "fs/getMetadata", "params": metadata})
+    return metadata
+
+
 def _alive(pid: int) -> bool:
     """Running or a zombie nobody reaped (a reaped child has no /proc entry)."""
     try:
@@ -64,58 +76,35 @@ def _alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
 
 
+@pytest.mark.parametrize("behind", [0, READ_AHEAD_MESSAGES + 300], ids=["alone", "past-bound"])
 async def test_a_disconnect_ends_a_blocked_write_and_the_session_expires(
     no_leaks: None,
     wait_until: Callable[..., Awaitable[None]],
     server_factory: Callable[..., Any],
     rpc: Callable[[str], Awaitable[Any]],
     tmp_path: Path,
+    behind: int,
 ) -> None:
+    """``past-bound``: more requests queued behind the blocked write than are read
+    ahead (4096), so the connection is no longer read, but its descriptor is
+    watched for the peer leaving (the reset used to go unseen for good)."""
     srv = server_factory("--detach-ttl", "0.5")
     client = await rpc(srv.url)
     await client.initialize()
     child = await _start_sleeper(client, str(tmp_path))
     await _block_a_write(client)
+    metadata = await _queue_behind(client, behind, tmp_path)
     client.ws.transport.abort()  # a TCP reset, no close frame (as Codex leaves)
     # The blocked write used to keep the session attached: `sleep 1000` lived on.
     await wait_until(lambda: not _alive(child), timeout=TIMEOUT)
     other = await rpc(srv.url)
     await other.initialize()
-    meta = await other.call("fs/getMetadata", {"path": str(tmp_path)})
-    assert meta["isDirectory"] is True
+    assert (await other.call("fs/getMetadata", metadata))["isDirectory"] is True
     await other.call("process/start", _start("again", "exit 7", str(tmp_path)))
     exited = await other.notification("process/exited", timeout=TIMEOUT)
     assert exited["params"]["exitCode"] == 7
     assert srv.stop() == 0
     assert "Traceback" not in srv.stderr_text()
-
-
-async def test_a_disconnect_is_seen_with_more_queued_than_is_read_ahead(
-    no_leaks: None,
-    wait_until: Callable[..., Awaitable[None]],
-    server_factory: Callable[..., Any],
-    rpc: Callable[[str], Awaitable[Any]],
-    tmp_path: Path,
-) -> None:
-    """Past the read-ahead bound (4096 messages) the connection is no longer read,
-    but its descriptor is watched for the peer leaving: a reset still ends the
-    blocked write and the session (it used to leave both for good)."""
-    from exec_server.server.app import READ_AHEAD_MESSAGES
-
-    srv = server_factory("--detach-ttl", "0.5")
-    client = await rpc(srv.url)
-    await client.initialize()
-    child = await _start_sleeper(client, str(tmp_path))
-    await _block_a_write(client)
-    behind = {"path": str(tmp_path), "sandbox": None}
-    for i in range(READ_AHEAD_MESSAGES + 300):
-        await client.send({"id": f"m{i}", "method": "fs/getMetadata", "params": behind})
-    client.ws.transport.abort()
-    await wait_until(lambda: not _alive(child), timeout=TIMEOUT)
-    other = await rpc(srv.url)
-    await other.initialize()
-    assert (await other.call("fs/getMetadata", behind))["isDirectory"] is True
-    assert srv.stop() == 0
 
 
 async def test_a_disconnect_ends_a_write_file_stuck_on_a_fifo(
@@ -166,38 +155,21 @@ async def test_sigterm_ends_a_server_with_a_blocked_write(
     assert "Traceback" not in srv.stderr_text()
 
 
+@pytest.mark.parametrize("behind", [0, READ_AHEAD_MESSAGES + 300], ids=["alone", "past-bound"])
 async def test_stdin_eof_ends_a_stdio_server_with_a_blocked_write(
     no_leaks: None,
     stdio_rpc: Callable[..., Awaitable[Any]],
     tmp_path: Path,
+    behind: int,
 ) -> None:
+    """``past-bound``: stdin is no longer read, but its hang-up is watched."""
     client = await stdio_rpc()
     await client.initialize()
     child = await _start_sleeper(client, str(tmp_path))
     await _block_a_write(client)
+    await _queue_behind(client, behind, tmp_path)
     await client.close_sending()  # end of stdin stops a stdio server
     await client.wait_closed()  # stdout ends: the server exited
-    assert not _alive(child)
-
-
-async def test_stdin_eof_past_the_read_ahead_bound_ends_a_stdio_server(
-    no_leaks: None,
-    stdio_rpc: Callable[..., Awaitable[Any]],
-    tmp_path: Path,
-) -> None:
-    """More lines than are read ahead, then end of stdin: the pipe's hang-up is
-    watched once reading stops, so the server still ends."""
-    from exec_server.server.app import READ_AHEAD_MESSAGES
-
-    client = await stdio_rpc()
-    await client.initialize()
-    child = await _start_sleeper(client, str(tmp_path))
-    await _block_a_write(client)
-    behind = {"path": str(tmp_path), "sandbox": None}
-    for i in range(READ_AHEAD_MESSAGES + 300):
-        await client.send({"id": f"m{i}", "method": "fs/getMetadata", "params": behind})
-    await client.close_sending()
-    await client.wait_closed()
     assert not _alive(child)
 
 
