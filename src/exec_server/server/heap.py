@@ -61,6 +61,7 @@ RELEASE_DELAY: Final = 1.0
 WATCH_INTERVAL: Final = 5.0
 #: Bytes the resident size may grow past where it settled before a trim is tried.
 WATCH_GROWTH: Final = 64 << 20
+_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def resident_bytes() -> int | None:
@@ -71,8 +72,6 @@ def resident_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
 
-
-_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _load_malloc_trim() -> Callable[[], object] | None:
