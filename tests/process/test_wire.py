@@ -256,6 +256,32 @@ async def test_bad_input_gets_errors_and_connection_keeps_serving(client: Any) -
     assert (await collect(client, "ok"))["exited"]["exitCode"] == 0
 
 
+@pytest.mark.parametrize(
+    ("member", "value"),
+    [
+        ("afterSeq", -1),
+        ("afterSeq", 2**64),
+        ("maxBytes", 2**64),
+        ("maxBytes", -5),
+        ("waitMs", 2**70),
+    ],
+)
+async def test_read_numbers_outside_u64_are_refused(client: Any, member: str, value: int) -> None:
+    # Upstream's members are u64: a number past it is -32602, not a cursor past
+    # every chunk or a wait of 10^13 years (it used to be taken).
+    await client.call("process/start", legacy_start("u64", ["/bin/sh", "-c", "echo hi"]))
+    params = {"processId": "u64", "afterSeq": 0, "waitMs": 0, member: value}
+    text = await expect_error(client, "process/read", params, -32602, f"`{value}`")
+    assert text == f"invalid value: integer `{value}`, expected u64 for `{member}`"
+    # The largest u64 is taken, and the process's output is all still there.
+    edge = await client.call(
+        "process/read", {"processId": "u64", "afterSeq": 0, "maxBytes": 2**64 - 1, "waitMs": 10000}
+    )
+    assert [base64.b64decode(c["chunk"]) for c in edge["chunks"]] == [b"hi\n"]
+    past = await client.call("process/read", {"processId": "u64", "afterSeq": 2**64 - 1})
+    assert past["chunks"] == []
+
+
 async def test_closed_process_is_removed_after_retention(client: Any) -> None:
     await client.call("process/start", legacy_start("ret", ["true"]))
     await collect(client, "ret")

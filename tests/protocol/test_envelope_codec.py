@@ -144,6 +144,31 @@ def test_integer_ids_are_64_bit(text: str, fits: type) -> None:
         assert isinstance(msg, Request) and msg.id == int(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # msgspec calls these "Input data was truncated": the message was whole.
+        (b'{"id":1,"method":"m","params":{"p":"/tmp/\\ud800x"}}', "`\\ud800` in a string escape"),
+        (b'{"id":1,"method":"m","params":{"p":"\\uDBFF"}}', "`\\uDBFF` in a string escape"),
+        (b'{"id":1,"method":"m\\ud83d"}', "`\\ud83d` in a string escape (byte 19)"),
+        ('{"id":1,"method":"m","params":{"p":"é\\ud800"}}', "`\\ud800` in a string escape"),
+        # Text that does end early keeps msgspec's words, even with an escaped
+        # backslash before a "ud800" or a pair further on.
+        (b'{"id":1,"method":"m","params":{"p":"\\\\ud800', "Input data was truncated"),
+        (b'{"id":1,"method":"m","params":{"p":"\\ud83d\\ude00', "Input data was truncated"),
+    ],
+)
+def test_lone_leading_surrogate_is_named(text: bytes | str, expected: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_message(text)
+    assert expected in info.value.message
+    assert info.value.message.startswith(
+        "JSON is malformed: lone leading surrogate"
+        if "escape" in expected
+        else "Input data was truncated"
+    )
+
+
 def test_invalid_utf8_is_malformed() -> None:
     with pytest.raises(ProtocolError):
         decode_message(b'{"id":1,"method":"\xff"}')

@@ -14,6 +14,7 @@ their own camelCase renames).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, Final, TypeVar, Union
 
@@ -35,6 +36,7 @@ __all__ = [
     "EncodedReply",
     "ProtocolError",
     "ReplyToFill",
+    "decode_error_text",
     "decode_message",
     "decode_params",
     "decode_result",
@@ -54,6 +56,32 @@ T = TypeVar("T")
 _NULL: Final = b"null"
 _EMPTY_OBJECT: Final = b"{}"
 _NO_SHAPE: Final = "data did not match any variant of untagged enum JSONRPCMessage"
+#: msgspec's words for a lone leading surrogate escape (``"\\ud800x"``): as for text
+#: that really ends early, which misleads (the message was whole).
+_TRUNCATED: Final = "Input data was truncated"
+#: ``\uD800``-``\uDBFF`` not followed by a trailing one, after an even run of backslashes.
+_LONE_LEADING: Final = re.compile(
+    rb"(?:^|[^\\])(?:\\\\)*(\\u[dD][89abAB][0-9a-fA-F]{2})(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+
+
+def decode_error_text(exc: msgspec.DecodeError, data: bytes | bytearray | str) -> str:
+    """What is wrong with ``data``, from msgspec's error for it.
+
+    The one case reworded: a lone leading surrogate escape, which msgspec
+    reports as truncated input; upstream's serde says "unexpected end of hex
+    escape". Found only once an error is raised, so valid messages pay nothing.
+    """
+    text = str(exc)
+    if text != _TRUNCATED:
+        return text
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    found = _LONE_LEADING.search(raw)
+    if found is None:
+        return text
+    escape = found.group(1).decode("ascii")
+    where = found.start(1)
+    return f"JSON is malformed: lone leading surrogate `{escape}` in a string escape (byte {where})"
 
 
 class ProtocolError(Exception):
@@ -226,7 +254,7 @@ def _member(raw: Raw, decoder: msgspec.json.Decoder[T]) -> T | UnsetType:
     except msgspec.ValidationError:
         return UNSET
     except msgspec.DecodeError as exc:
-        raise ProtocolError(str(exc)) from None
+        raise ProtocolError(decode_error_text(exc, raw)) from None
 
 
 def decode_message(data: bytes | bytearray | str) -> Message:
@@ -264,7 +292,7 @@ def _decode_message(data: bytes | bytearray | str) -> Message:
     try:
         env = _envelope_decoder.decode(data)
     except msgspec.DecodeError as exc:
-        raise ProtocolError(str(exc)) from None
+        raise ProtocolError(decode_error_text(exc, data)) from None
     msg_id = _member(env.id, _id_decoder)
     method = _member(env.method, _str_decoder)
     params = env.params if env.params else None

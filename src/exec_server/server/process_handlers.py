@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from typing import Final
 
 import msgspec
 
@@ -145,16 +146,22 @@ async def handle_start(ctx: RequestContext, params: StartParams) -> StartResult:
     return StartResult(process_id=params.process_id, sandbox=kind.value)
 
 
-def _non_negative(value: int | None, name: str) -> int | None:
-    if value is not None and value < 0:
+_U64_MAX: Final = 2**64 - 1
+
+
+def _u64(value: int | None, name: str) -> int | None:
+    """Upstream's ``u64`` bound: JSON numbers are unbounded and msgspec's ``int`` is too,
+    so ``2**70`` used to be taken (a cursor past every chunk, a wait of ages) where
+    upstream refuses it."""
+    if value is not None and not 0 <= value <= _U64_MAX:
         raise InvalidParamsError(f"invalid value: integer `{value}`, expected u64 for `{name}`")
     return value
 
 
 async def handle_read(ctx: RequestContext, params: ReadParams) -> ReadResult:
-    after_seq = _non_negative(params.after_seq, "afterSeq") or 0
-    max_bytes = _non_negative(params.max_bytes, "maxBytes")
-    wait_ms = _non_negative(params.wait_ms, "waitMs") or 0
+    after_seq = _u64(params.after_seq, "afterSeq") or 0
+    max_bytes = _u64(params.max_bytes, "maxBytes")
+    wait_ms = _u64(params.wait_ms, "waitMs") or 0
     manager = _manager(ctx)
     now = await manager.read(params.process_id, after_seq=after_seq, max_bytes=max_bytes)
     if wait_ms <= 0 or now.chunks or now.closed or (now.exited and after_seq < now.next_seq - 1):

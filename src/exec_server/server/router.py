@@ -26,6 +26,7 @@ from exec_server.exceptions import (
 )
 from exec_server.protocol.codec import (
     EncodedReply,
+    decode_error_text,
     decode_params,
     encode_error,
     encode_result,
@@ -383,7 +384,13 @@ class Router:
                 # Upstream reads the whole message at once and answers id -1; we
                 # know the id, so the request gets its answer.
                 raise InvalidRequestError(
-                    malformed_message_text(ctx.attachment.kind, ctx.attachment.label, str(exc))
+                    malformed_message_text(
+                        ctx.attachment.kind,
+                        ctx.attachment.label,
+                        decode_error_text(exc, request.params or b"")
+                        if isinstance(exc, msgspec.DecodeError)
+                        else str(exc),
+                    )
                 ) from None
         att = ctx.attachment
         att.handshake.gate(route.family, has_session=att.session is not None, attached=att.attached)
