@@ -50,3 +50,16 @@ async def test_bench_server_time_quick_against_our_server(tmp_path: Path) -> Non
         trip = figures[f"{metric}: round trip"]["ours"]["median"]
         assert 0 < server <= trip  # the reply arrived before the client had parsed it
     assert os.listdir(tmp_path) == ["server_time.json"]  # its work directory is gone
+
+
+async def test_bench_fs_copy_quick_with_an_alternate_build(tmp_path: Path) -> None:
+    src = BENCHMARKS.parent / "src"
+    out, figures = await _run(
+        "bench_fs_copy.py", tmp_path / "copy.json",
+        "--quick", "--no-upstream", "--size", "4096", "--alt", str(src), "--dir", str(tmp_path),
+    )
+    assert b"copy 4096 B file" in out
+    row = figures["copy 4096 B file"]
+    assert row["ours"]["median"] > 0 and row["alt1"]["median"] > 0
+    assert row["ours"]["n"] == row["alt1"]["n"] == 4
+    assert os.listdir(tmp_path) == ["copy.json"]  # its work directory is gone
