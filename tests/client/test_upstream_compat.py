@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from exec_server.client import ExecServerClient
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.exceptions import InvalidRequestError
 from exec_server.protocol.process_types import StartParams, WriteStatus
+from exec_server.protocol.sandbox_types import CurrentSandboxContext, decode_sandbox
 
 pytestmark = pytest.mark.upstream
 
@@ -89,3 +91,24 @@ async def test_big_files_round_trip_through_upstream(upstream_url: str, tmp_path
         await fs.write_file(target, data)
         assert await fs.read_file(target) == data
     assert target.read_bytes() == data
+
+
+async def test_a_current_context_struct_is_taken_by_upstream(
+    upstream_url: str, tmp_path: Any
+) -> None:
+    """The client sends a context struct as upstream reads it: no ``null`` defaults
+    (``sandboxOverride: null`` was refused with -32602), paths as ``file://`` URIs."""
+    workspace = str(tmp_path)  # pytest's tmp_path is already resolved
+    ctx = decode_sandbox(
+        json.dumps({
+            "permissions": {"type": "disabled"},
+            "windowsSandboxLevel": "disabled",
+            "cwd": f"file://{workspace}",
+            "workspaceRoots": [f"file://{workspace}"],
+        }),
+        CurrentSandboxContext,
+    )
+    async with await ExecServerClient.connect(upstream_url) as client:
+        fs = RemoteFileSystem(client)
+        await fs.write_file(os.path.join(workspace, "f.txt"), b"hi", ctx)
+        assert await fs.read_file(os.path.join(workspace, "f.txt"), ctx) == b"hi"

@@ -365,19 +365,41 @@ class WsClientConnection(asyncio.BufferedProtocol):
         Raises:
             WsClosed: the connection is over.
         """
-        async with self._send_lock:
+        lock = self._send_lock
+        await lock.acquire()
+        handed_over = False
+        try:
             if self._closed is not None or self._close_sent:
                 raise self._closed or WsClosed("connection closed", clean=True)
             view = memoryview(data).cast("B")
-            size = len(view)
-            if size <= fragment:
+            if len(view) <= fragment:
                 self._write_frame(_OP_TEXT, view)
                 await self._drained()
                 return
+            # A fragmented message must be finished once begun: a caller
+            # cancelled between two fragments (a timeout around a big
+            # write_file) released the lock mid-message, and the next message's
+            # first frame broke the connection ("expected a continuation
+            # frame"; found by an audit). The fragments go out in a task of
+            # their own, which lets the lock go; the caller may stop waiting.
+            rest = asyncio.ensure_future(self._send_fragments(view, fragment))
+            handed_over = True
+        finally:
+            if not handed_over:
+                lock.release()
+        rest.add_done_callback(_retrieve)
+        await asyncio.shield(rest)
+
+    async def _send_fragments(self, view: memoryview, fragment: int) -> None:
+        """All of ``view`` in frames of ``fragment`` bytes; releases the send lock."""
+        try:
+            size = len(view)
             for at in range(0, size, fragment):
                 last = at + fragment >= size
                 self._write_frame(_OP_TEXT if at == 0 else _OP_CONT, view[at : at + fragment], last)
                 await self._drained()
+        finally:
+            self._send_lock.release()
 
     async def recv(self) -> bytes | bytearray:
         """The next message (a ``bytearray`` when it was received in place).
@@ -416,6 +438,12 @@ class WsClientConnection(asyncio.BufferedProtocol):
                 await asyncio.shield(self._lost)
         except TimeoutError:
             transport.abort()
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """Mark a finished send's error seen: its caller may have stopped waiting."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def connect(

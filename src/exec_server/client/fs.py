@@ -29,11 +29,13 @@ from typing import Protocol, TypeVar
 import msgspec
 
 from exec_server.config import ServerConfig
+from exec_server.exceptions import InvalidParamsError
 from exec_server.fs.context import route_from_wire
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import ConfinedFileSystem, FileSystemService, Route
 from exec_server.protocol import fs_types as t
 from exec_server.protocol.paths import PathForm, WirePath, parse_wire_path, render_path
+from exec_server.protocol.sandbox_types import encode_client_context
 
 __all__ = [
     "DirEntry",
@@ -102,10 +104,26 @@ async def read_text(
 
 
 def _sandbox_json(sandbox: FsSandbox) -> bytes | None:
+    """The context as JSON text, None when absent (``None``, or empty or ``null`` text).
+
+    Raises:
+        InvalidParamsError: ``Raw`` text that is not JSON (-32602, as the server says);
+            sent as it was, it made the whole request unreadable and the call
+            waited for an answer that never came.
+    """
     if sandbox is None:
         return None
     if isinstance(sandbox, msgspec.Raw):
-        return bytes(sandbox)
+        raw = bytes(sandbox)
+        if raw.strip() in (b"", b"null"):
+            return None
+        try:
+            msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise InvalidParamsError(f"sandbox: {exc}") from None
+        return raw
+    if isinstance(sandbox, msgspec.Struct):
+        return encode_client_context(sandbox)
     return msgspec.json.encode(sandbox)
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "encode_reply_filled",
     "encode_request",
     "encode_result",
+    "lossy_text",
     "params_decoder",
     "register_deferred_string",
     "register_one_pass",
@@ -451,5 +452,23 @@ def encode_result(
 
 
 def encode_error(request_id: RequestId, code: int, message: str) -> bytes:
-    """``{"id":..,"error":{"code":..,"message":..}}`` (``data`` never sent)."""
-    return _encoder.encode(_OutError(request_id, _OutErrorObject(code, message)))
+    """``{"id":..,"error":{"code":..,"message":..}}`` (``data`` never sent).
+
+    A message naming a file whose name is not UTF-8 holds its bytes as
+    surrogate escapes, which JSON cannot carry: they are sent as U+FFFD, as
+    upstream shows them. (msgspec refused the text, and the connection was
+    dropped: an audit of the client library found it.)
+    """
+    try:
+        return _encoder.encode(_OutError(request_id, _OutErrorObject(code, message)))
+    except UnicodeEncodeError:
+        return _encoder.encode(_OutError(request_id, _OutErrorObject(code, lossy_text(message))))
+
+
+def lossy_text(text: str) -> str:
+    """``text`` with the bytes it holds as surrogate escapes (a name's bytes that are
+    not UTF-8) as U+FFFD, and any other lone surrogate as ``?``."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar, overload
 import msgspec
 
 from exec_server.exceptions import InvalidParamsError, params_error_text
-from exec_server.protocol.paths import parse_wire_path
+from exec_server.protocol.paths import PathForm, parse_wire_path, render_path
 
 __all__ = [
     "AbsPath",
@@ -69,6 +69,7 @@ __all__ = [
     "WindowsSandboxLevel",
     "WorkspaceWritePolicy",
     "decode_sandbox",
+    "encode_client_context",
     "encode_sandbox",
 ]
 
@@ -401,6 +402,45 @@ def decode_sandbox(data: bytes | str | msgspec.Raw, tp: object, *, field: str = 
 def encode_sandbox(obj: object) -> bytes:
     """Encode a sandbox struct (``AbsPath`` values become plain strings)."""
     return _encoder.encode(obj)
+
+
+def encode_client_context(ctx: msgspec.Struct) -> bytes:
+    """A context as a client sends it: members at their default left out (upstream's
+    serde refuses ``null`` for several, e.g. ``sandboxOverride``), and paths as
+    ``file://`` URIs in the current shape (upstream 0.163 refuses plain ones
+    there), plain in the legacy one.
+
+    :func:`encode_sandbox` writes every member and plain paths: what the server
+    hands its own helpers.
+    """
+    as_uri = isinstance(ctx, CurrentSandboxContext)
+
+    def plain(value: object) -> object:
+        if isinstance(value, AbsPath):
+            return render_path(value, PathForm.URI if as_uri else PathForm.PLAIN)
+        if isinstance(value, msgspec.Struct):
+            config = value.__struct_config__
+            out: dict[str, object] = {}
+            if config.tag_field is not None:
+                out[config.tag_field] = config.tag
+            for field in msgspec.structs.fields(value):
+                member = getattr(value, field.name)
+                if field.default is not msgspec.NODEFAULT and member == field.default:
+                    continue
+                if (
+                    field.default_factory is not msgspec.NODEFAULT
+                    and member == field.default_factory()
+                ):
+                    continue
+                out[field.encode_name] = plain(member)
+            return out
+        if isinstance(value, list | tuple):
+            return [plain(item) for item in value]
+        if isinstance(value, dict):
+            return {key: plain(item) for key, item in value.items()}
+        return value
+
+    return msgspec.json.encode(plain(ctx))
 
 
 def _locate(message: str, field: str) -> str:
