@@ -38,6 +38,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 
@@ -365,7 +366,28 @@ def _write_file(path: str, data: Payload, lstat: os.stat_result | None) -> None:
             if not stat.S_ISREG(st.st_mode):
                 _write_in_place(target, data, _O_NONBLOCK)
                 return
+            _check_writable(target)
         _write_atomic(target, data, st)
+
+
+def _check_writable(path: str) -> None:
+    """Refuse to replace a file we may not write, as writing it in place would.
+
+    The rename needs only the directory's permission, so without this a
+    read-only file (mode 0444, another user's file in a shared directory) was
+    replaced where upstream's ``O_TRUNC`` open fails (``EACCES``). Root may
+    write anything, as upstream's open shows. Found by an audit.
+    """
+    if os.access(path, os.W_OK, effective_ids=_EFFECTIVE_ACCESS):
+        return
+    try:
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    raise os_error(errno.EROFS if read_only else errno.EACCES)
+
+
+_EFFECTIVE_ACCESS: Final = os.access in os.supports_effective_ids
 
 
 def _write_in_place(path: str, data: Payload, extra_flags: int = 0) -> None:
