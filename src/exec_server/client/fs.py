@@ -50,7 +50,8 @@ __all__ = [
 
 #: A sandbox context as callers may hand it over; ``None`` means none.
 FsSandbox = msgspec.Raw | msgspec.Struct | Mapping[str, object] | None
-PathArg = str | os.PathLike[str]
+#: A path: text, or bytes for a name that is not UTF-8 (``os.fsdecode`` rules).
+PathArg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 T = TypeVar("T")
 
@@ -128,8 +129,14 @@ def _sandbox_json(sandbox: FsSandbox) -> bytes | None:
 
 
 def _wire_path(path: PathArg) -> WirePath:
-    """Validate like the server does (-32602 for relative paths), normalise lexically."""
-    return parse_wire_path(os.fspath(path))
+    """Validate like the server does (-32602 for relative paths), normalise lexically.
+
+    Bytes are decoded as ``os`` decodes names (surrogate escapes), which the
+    remote side sends as ``%XX`` in its URI: a name that is not UTF-8 reaches
+    the same file on both backends. (Bytes used to fail deep inside with a
+    ``TypeError`` that did not say why.)
+    """
+    return parse_wire_path(os.fsdecode(path))
 
 
 class LocalFileSystem:
