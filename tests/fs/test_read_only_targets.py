@@ -11,6 +11,7 @@ to ``nobody`` before writing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -19,10 +20,14 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from exec_server.exceptions import InvalidRequestError
+
 NOBODY = 65534
+WAIT = 60.0
 
 CHILD = """
 import json, os, sys
@@ -96,3 +101,19 @@ def test_root_still_writes_a_read_only_file(shared_dir: Path) -> None:
     target = make(shared_dir / "read-only.txt", 0, 0o444)
     ops.write_file(str(target), b"new")
     assert target.read_bytes() == b"new"
+
+
+async def test_a_confined_write_does_not_replace_a_read_only_file(
+    sandboxed_fs: Any, tdir: Path, legacy_workspace_write_context: Any
+) -> None:
+    """The confined helper runs without capabilities (as upstream's): like any other
+    user, it may not write a 0444 file, so it does not replace it either."""
+    ctx = legacy_workspace_write_context(tdir)
+    read_only = make(tdir / "read-only.txt", 0, 0o444)
+    writable = make(tdir / "writable.txt", 0, 0o644)
+    with pytest.raises(InvalidRequestError, match=r"Permission denied \(os error 13\)"):
+        await asyncio.wait_for(sandboxed_fs.write_file(read_only, b"new", ctx), WAIT)
+    assert read_only.read_bytes() == b"old"
+    await asyncio.wait_for(sandboxed_fs.write_file(writable, b"new", ctx), WAIT)
+    assert writable.read_bytes() == b"new"
+    assert sorted(os.listdir(tdir)) == ["read-only.txt", "writable.txt"]

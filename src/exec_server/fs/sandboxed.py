@@ -46,6 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
+import msgspec
+
 from exec_server.config import ServerConfig
 from exec_server.exceptions import (
     ExecServerError,
@@ -290,11 +292,14 @@ class SandboxedFileSystem:
         await self.run(op, _request(context))
 
     async def get_metadata(self, context: object, path: str) -> Metadata:
-        if _reads_everything(_request(context)):
+        request = _request(context)
+        if _reads_everything(request):
             return ops.get_metadata(path)  # inline, bounded: as the unsandboxed route
-        return await self._read_only(
-            context, FsOperation("fs/getMetadata", path), ops.get_metadata, _metadata_reply
-        )
+        result, _ = await self.run(FsOperation("fs/getMetadata", path), request)
+        meta = _metadata_reply(result)
+        if not meta.is_symlink and _is_visible_link(request, path):
+            meta = msgspec.structs.replace(meta, is_symlink=True)
+        return meta
 
     async def read_directory(self, context: object, path: str) -> list[DirEntry]:
         return await self._read_only(
@@ -523,8 +528,6 @@ def _request(context: object) -> FsSandboxRequest:
     if isinstance(context, bytes | bytearray):
         # The router's fallback hands over the raw member when the policy
         # layer was missing at import time; decode it now.
-        import msgspec
-
         from exec_server.sandbox.convert import fs_context_from_wire
 
         decoded = fs_context_from_wire(msgspec.Raw(bytes(context)))
@@ -545,6 +548,24 @@ def _reads_everything(request: FsSandboxRequest) -> bool:
     if request.direct:
         return False
     return has_full_disk_read(request.policy) and has_full_disk_read(request.helper_policy)
+
+
+def _is_visible_link(request: FsSandboxRequest, path: str) -> bool:
+    """Whether ``path`` itself is a symlink the request policy lets the caller see.
+
+    getMetadata's path is resolved (PROTOCOL.md §10.2), so the helper stats the
+    link's target and cannot tell; ``isSymlink`` is of the path itself
+    (``lstat``, CLIENT_COMPAT.md §6.1), as on the direct path. Reported only
+    when the link is readable where it lives (the preserved-symlink check of
+    remove and the copy source): elsewhere the policy reveals nothing about it.
+    """
+    if not os.path.islink(path):
+        return False
+    try:
+        check_path(request, path, preserve=True, write=False)
+    except ExecServerError:
+        return False
+    return True
 
 
 def _metadata_reply(result: dict[str, object]) -> Metadata:

@@ -60,6 +60,7 @@ _INTERNAL = -32603
 _COPY_DIR_NEEDS_RECURSIVE = "fs/copy requires recursive: true when sourcePath is a directory"
 _COPY_INTO_ITSELF = "fs/copy cannot copy a directory to itself or one of its descendants"
 _COPY_UNSUPPORTED = "fs/copy only supports regular files, directories, and symlinks"
+_COPY_SAME_FILE = "fs/copy source and destination are the same file"
 
 
 class OpError(Exception):
@@ -290,20 +291,48 @@ class _Ctx:
                 raise self.changed(path)
         return fd
 
-    def open_any(self, path: str) -> int:
-        """``O_PATH`` fd of an existing path of any type (final symlink not followed)."""
-        t = self.target(path, self.req.expect)
-        try:
-            return os.open(t.name, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=t.dirfd)
-        finally:
-            t.close()
-
     def target(self, path: str, expect: str | None) -> _Target:
         if path == "/":
             return _Target(self.open_dir("/", "/"), ".", "/")
         parent, name = os.path.split(path)
         fd = self.open_dir(parent, expect)
         return _Target(fd, name, _fd_path(fd) if self.strict else parent)
+
+
+def _final_symlink(c: _Ctx, t: _Target) -> OSError | OpError:
+    """The error for a read that meets a symlink as the final component of a resolved path.
+
+    The server resolved the path (PROTOCOL.md §10.3), following every link it
+    could, so a link still there is dangling or a loop (``exists`` saw nothing
+    behind it), or was swapped in since. Following it is safe for the answer
+    only when that answer is a failure: a dangling link is ``ENOENT``
+    (``-32004``, as the direct path and upstream say: the client depends on
+    it), a loop ``ELOOP``. A link that resolves now is not followed (what it
+    points to was never checked): the path changed under us.
+    """
+    try:
+        os.stat(t.name, dir_fd=t.dirfd)
+    except OSError as exc:
+        return exc
+    return c.changed(c.req.path)
+
+
+def _open_final(c: _Ctx, t: _Target, flags: int) -> int:
+    """``openat`` of a read's final component; a final symlink is :func:`_final_symlink`'s."""
+    try:
+        return os.open(t.name, flags | c.nofollow, dir_fd=t.dirfd)
+    except OSError as exc:
+        if not c.strict or exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        # O_NOFOLLOW refuses a final link with ELOOP, or ENOTDIR with
+        # O_DIRECTORY; the same numbers for anything else are re-raised.
+        try:
+            is_link = stat.S_ISLNK(os.stat(t.name, dir_fd=t.dirfd, follow_symlinks=False).st_mode)
+        except OSError:
+            raise exc from None
+        if not is_link:
+            raise
+        raise _final_symlink(c, t) from None
 
 
 def _iter_chunks(fd: int) -> Iterator[bytes]:
@@ -343,8 +372,7 @@ def _read_file(c: _Ctx) -> tuple[dict[str, object], bytes]:
     try:
         c.guard.check(t.real, write=False)
         # O_NONBLOCK: a FIFO without a writer must not hang the helper.
-        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | c.nofollow
-        fd = os.open(t.name, flags, dir_fd=t.dirfd)
+        fd = _open_final(c, t, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     finally:
         t.close()
     try:
@@ -380,10 +408,26 @@ def _write_file(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], by
         if (old is not None and not stat.S_ISREG(old.st_mode)) or not c.strict:
             _write_in_place(t, data, c.nofollow | os.O_NONBLOCK)
         else:
+            if old is not None:
+                _check_writable(t)
             _write_atomic(t, data, old)
     finally:
         t.close()
     return {}, b""
+
+
+def _check_writable(t: _Target) -> None:
+    """Refuse to replace a file this helper may not write (as ``ops._check_writable``):
+    the rename needs only the directory's permission, and the helper runs without
+    capabilities, so a 0444 file was replaced where upstream's helper gets
+    ``EACCES`` from its open."""
+    if os.access(t.name, os.W_OK, dir_fd=t.dirfd, effective_ids=True, follow_symlinks=False):
+        return
+    try:
+        read_only = bool(os.fstatvfs(t.dirfd).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    raise _os(errno.EROFS if read_only else errno.EACCES)
 
 
 def _write_in_place(t: _Target, data: bytes | bytearray, extra: int) -> None:
@@ -503,7 +547,7 @@ def _get_metadata(c: _Ctx) -> tuple[dict[str, object], bytes]:
         lst = os.stat(t.name, dir_fd=t.dirfd, follow_symlinks=False)
         if stat.S_ISLNK(lst.st_mode):
             if c.strict:
-                raise _os(errno.ELOOP)
+                raise _final_symlink(c, t)
             st = os.stat(t.name, dir_fd=t.dirfd)
         else:
             st = lst
@@ -527,9 +571,7 @@ def _read_directory(c: _Ctx) -> tuple[dict[str, object], bytes]:
     t = c.target(c.req.path, c.req.expect)
     try:
         c.guard.check(t.real, write=False)
-        fd = os.open(
-            t.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | c.nofollow, dir_fd=t.dirfd
-        )
+        fd = _open_final(c, t, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     finally:
         t.close()
     real = t.real
@@ -587,34 +629,62 @@ def _remove(c: _Ctx) -> tuple[dict[str, object], bytes]:
     return {}, b""
 
 
-def _copy_file_fd(
-    src_dir: int, name: str, dst_dir: int, dst_name: str, mode: int, nofollow: int
-) -> None:
-    sfd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=src_dir)
+def _copy_file_fd(src_dir: int, name: str, dst_dir: int, dst_name: str, nofollow: int) -> None:
+    """One regular file, as the direct path copies it (``ops._copy_file_at``).
+
+    The destination is opened without ``O_TRUNC`` and compared with the source
+    first, so a copy onto the file itself (or a hard link of it) cannot
+    truncate it. ``O_NONBLOCK`` on the open: a FIFO destination without a
+    reader is ``ENXIO`` at once instead of holding the helper (and the
+    client's connection) until the helper times out.
+    """
+    sfd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src_dir)
     try:
+        src_st = os.fstat(sfd)
+        perm = stat.S_IMODE(src_st.st_mode)
         dfd = os.open(
             dst_name,
-            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | nofollow,
-            0o666,
+            os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | nofollow,
+            perm,
             dir_fd=dst_dir,
         )
         try:
-            while True:
-                try:
-                    n = os.copy_file_range(sfd, dfd, 1 << 30)
-                except OSError as exc:
-                    if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                        raise
-                    for chunk in _iter_chunks(sfd):
-                        write_all(dfd, chunk)
-                    break
-                if n == 0:
-                    break
-            os.fchmod(dfd, stat.S_IMODE(mode))
+            dst_st = os.fstat(dfd)
+            if os.path.samestat(src_st, dst_st):
+                raise OpError(_INVALID, _COPY_SAME_FILE)
+            if dst_st.st_size:
+                os.ftruncate(dfd, 0)
+            if stat.S_IMODE(dst_st.st_mode) != perm:
+                os.fchmod(dfd, perm)
+            if not stat.S_ISREG(dst_st.st_mode):
+                # A FIFO with a reader (or a device): written like the direct
+                # path and `cp`, waiting for the reader rather than failing
+                # once the pipe is full.
+                os.set_blocking(dfd, True)
+            _copy_contents(sfd, dfd)
         finally:
             os.close(dfd)
     finally:
         os.close(sfd)
+
+
+def _copy_contents(sfd: int, dfd: int) -> None:
+    """Copy from both files' offsets to EOF, in the kernel when it can."""
+    try:
+        while os.copy_file_range(sfd, dfd, 1 << 30):
+            pass
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    try:
+        os.lseek(sfd, os.lseek(dfd, 0, os.SEEK_CUR), os.SEEK_SET)
+    except OSError as exc:
+        # A FIFO destination: copy_file_range refused it before copying anything.
+        if exc.errno != errno.ESPIPE:
+            raise
+    for chunk in _iter_chunks(sfd):
+        write_all(dfd, chunk)
 
 
 def _copy_tree(c: _Ctx, src_fd: int, src_real: str, dst_fd: int, dst_real: str) -> None:
@@ -651,7 +721,7 @@ def _copy_tree(c: _Ctx, src_fd: int, src_real: str, dst_fd: int, dst_real: str) 
                 os.close(sub_src)
         elif stat.S_ISREG(st.st_mode):
             c.guard.check(d_real, write=True)
-            _copy_file_fd(src_fd, name, dst_fd, name, st.st_mode, os.O_NOFOLLOW)
+            _copy_file_fd(src_fd, name, dst_fd, name, os.O_NOFOLLOW)
         elif stat.S_ISLNK(st.st_mode):
             c.guard.check(d_real, write=True)
             os.symlink(os.readlink(name, dir_fd=src_fd), name, dir_fd=dst_fd)
@@ -699,10 +769,7 @@ def _copy(c: _Ctx) -> tuple[dict[str, object], bytes]:
             if stat.S_ISLNK(st.st_mode):
                 os.symlink(os.readlink(s.name, dir_fd=s.dirfd), d.name, dir_fd=d.dirfd)
             else:
-                with contextlib.suppress(FileNotFoundError):
-                    if os.path.samestat(st, os.stat(d.name, dir_fd=d.dirfd)):
-                        raise OpError(_INVALID, "fs/copy source and destination are the same file")
-                _copy_file_fd(s.dirfd, s.name, d.dirfd, d.name, st.st_mode, c.nofollow)
+                _copy_file_fd(s.dirfd, s.name, d.dirfd, d.name, c.nofollow)
         finally:
             d.close()
     finally:
@@ -712,11 +779,17 @@ def _copy(c: _Ctx) -> tuple[dict[str, object], bytes]:
 
 def _canonicalize(c: _Ctx) -> tuple[dict[str, object], bytes]:
     if c.strict:
-        fd = c.open_any(c.req.path)
+        t = c.target(c.req.path, c.req.expect)
         try:
-            real = _fd_path(fd)
+            fd = os.open(t.name, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=t.dirfd)
+            try:
+                if stat.S_ISLNK(os.fstat(fd).st_mode):
+                    raise _final_symlink(c, t)
+                real = _fd_path(fd)
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            t.close()
     else:
         real = os.path.realpath(c.req.path, strict=True)
     c.guard.check(real, write=False)
