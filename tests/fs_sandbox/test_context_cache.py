@@ -36,20 +36,24 @@ def workspace(tmp_path: Path) -> Path:
 def test_repeated_context_is_decoded_fresh_for_protected_paths(
     workspace: Path, workspace_write_context: Context
 ) -> None:
+    # What depends on the filesystem is a `gitdir:` pointer's target (a missing
+    # `.git` itself is read-only in a current context from the start).
     raw = msgspec.Raw(json.dumps(workspace_write_context(workspace)).encode())
+    (workspace / "store").mkdir()
     first = fs_context_from_wire(raw)
     assert first is not None
-    assert first.can_write(str(workspace / ".git" / "config"))
-    hit = fs_context_from_wire(raw)  # a cache hit, resolved before .git exists
-    assert hit is not None and hit.can_write(str(workspace / ".git" / "config"))
-    (workspace / ".git").mkdir()
+    assert first.can_write(str(workspace / "store" / "config"))
+    assert not first.can_write(str(workspace / ".git" / "config"))
+    hit = fs_context_from_wire(raw)  # a cache hit, resolved before the pointer exists
+    assert hit is not None and hit.can_write(str(workspace / "store" / "config"))
+    (workspace / ".git").write_text("gitdir: store\n")
     second = fs_context_from_wire(raw)
     assert second is not None
     assert second is not first and second is not hit  # the cache hands out fresh objects
     assert second == first  # ... of the same decoded policy
-    assert not second.can_write(str(workspace / ".git" / "config"))
-    assert second.resolve_access(str(workspace / ".git")) is Access.READ
-    assert str(workspace / ".git") in second.helper_plan().read_only_subpaths
+    assert not second.can_write(str(workspace / "store" / "config"))
+    assert second.resolve_access(str(workspace / "store")) is Access.READ
+    assert str(workspace / "store") in second.helper_plan().read_only_subpaths
     # The first object keeps its own (older) resolution: nothing shared.
     assert first.can_write(str(workspace / "a.txt"))
 

@@ -367,6 +367,12 @@ class SandboxedFileSystem:
             if op.destination is None:
                 raise InvalidRequestError("fs/copy requires destinationPath")
             dst = check_path(request, op.destination, preserve=False, write=True)
+            # A tree copied in must not bring what the policy keeps read-only
+            # below the destination (a `.git` planted in a writable root): refused
+            # before anything is written, not by the child half way through.
+            conflict = request.copy_conflict(src.path, dst.path)
+            if conflict is not None:
+                raise InvalidRequestError(NOT_PERMITTED.format(conflict))
         not_a_file = (
             op.path
             if op.method == "fs/readFile" and request.generation is Generation.CURRENT

@@ -10,12 +10,19 @@ writable root (§6.10), and answers two questions:
 
 Both use the same rule: the most specific matching path wins, ties broken
 ``none`` > ``write`` > ``read``, no match means ``none``.
+
+Current-client fs contexts resolve a little further (docs/sandbox-policy.md,
+"Pre-check for current contexts"): entry paths are canonicalised like check
+paths, ``.git``/``.codex``/``.agents``/``.aws`` under every writable root are
+read-only whether or not they exist, and a readable ``minimal`` entry makes
+the platform-default read roots readable in ``resolve_access``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 
 from exec_server.sandbox.globs import expand_glob
 from exec_server.sandbox.plan import SandboxPlan
@@ -40,6 +47,7 @@ from exec_server.sandbox.policy import (
 
 __all__ = [
     "LINUX_PLATFORM_DEFAULTS",
+    "PROTECTED_NAMES_ALWAYS",
     "ResolvedPolicy",
     "has_full_disk_read",
     "has_full_disk_write",
@@ -61,6 +69,11 @@ LINUX_PLATFORM_DEFAULTS = (
     "/nix/store",
     "/run/current-system/sw",
 )
+
+#: Names kept read-only directly under every writable root of a current-client
+#: fs context even when missing (CLIENT_COMPAT.md "Protected subpaths"): a
+#: planted ``.git/config`` or hook runs the next time git runs unsandboxed.
+PROTECTED_NAMES_ALWAYS = (".git", ".codex", ".agents", ".aws")
 
 
 def resolve_target(target: Target, scope: PolicyScope, probe: FsProbe) -> tuple[str, ...]:
@@ -179,10 +192,25 @@ class ResolvedPolicy:
         probe: filesystem probe (protected subpaths and ``/tmp`` existence).
         protect: add the §6.10 protected subpaths of every writable root as
             read-only rules.
+        canonicalize: resolve every entry path with this (the check-path rule,
+            "resolve existing prefix", PROTOCOL.md §10.3) and, in
+            :meth:`resolve_access`, the directory holding the candidate: a root
+            or entry given through a symlink then grants what it names. ``write``
+            rules keep only the canonical form (the link itself lives elsewhere);
+            ``read`` and ``none`` rules keep the lexical form too (fail closed).
+            None: paths are taken lexically, as §6.11 says.
+        protect_names: names kept read-only directly under every writable root
+            whether or not they exist (with ``protect``).
+        default_read_roots: the platform's default read roots; readable in
+            :meth:`resolve_access` (never writable, never in :meth:`plan`, which
+            takes them separately) when the policy has a readable ``minimal``
+            entry and reads are restricted. Missing ones are dropped.
     """
 
     __slots__ = (
+        "_canonicalize",
         "_combined",
+        "_defaults",
         "full_read",
         "full_write",
         "platform_defaults",
@@ -199,10 +227,14 @@ class ResolvedPolicy:
         *,
         probe: FsProbe | None = None,
         protect: bool = True,
+        canonicalize: Callable[[str], str] | None = None,
+        protect_names: Sequence[str] = (),
+        default_read_roots: Sequence[str] = (),
     ) -> None:
         probe = probe or OsProbe()
         self.policy = policy
         self.scope = scope
+        self._canonicalize = canonicalize
         merged: dict[str, Access] = {}
         if policy.kind is FsKind.RESTRICTED:
             for entry in policy.entries:
@@ -211,9 +243,10 @@ class ResolvedPolicy:
                 else:
                     paths = resolve_target(entry.target, scope, probe)
                 for path in paths:
-                    old = merged.get(path)
-                    if old is None or entry.access.precedence > old.precedence:
-                        merged[path] = entry.access
+                    for form in _forms(path, entry.access, canonicalize):
+                        old = merged.get(form)
+                        if old is None or entry.access.precedence > old.precedence:
+                            merged[form] = entry.access
         self.rules: tuple[tuple[str, Access], ...] = tuple(merged.items())
         self.full_read = has_full_disk_read(policy)
         self.full_write = has_full_disk_write(policy)
@@ -222,7 +255,13 @@ class ResolvedPolicy:
         if protect and not self.full_write:
             for path, access in self.rules:
                 if access is Access.WRITE:
-                    protected.extend(protected_subpaths(path, probe))
+                    base = path.rstrip("/")  # normalised: a plain join stays normalised
+                    subs = [
+                        *protected_subpaths(path, probe),
+                        *(f"{base}/{name}" for name in protect_names),
+                    ]
+                    for sub in subs:
+                        protected.extend(_forms(sub, Access.READ, canonicalize))
         self.protected: tuple[str, ...] = tuple(dict.fromkeys(protected))
         # Protected subpaths rank as read entries at their path: an explicit
         # `write` or `none` at the same path still wins (none > write > read).
@@ -230,15 +269,55 @@ class ResolvedPolicy:
         for path in self.protected:
             combined.setdefault(path, Access.READ)
         self._combined: tuple[tuple[str, Access], ...] = tuple(combined.items())
+        defaults: dict[str, None] = {}
+        if self.platform_defaults:
+            for root in default_read_roots:
+                if probe.is_dir(root):
+                    defaults.update(dict.fromkeys(_forms(root, Access.READ, canonicalize)))
+        self._defaults: tuple[tuple[str, Access], ...] = tuple((p, Access.READ) for p in defaults)
 
     def _rules(self, exclude: str | None = None) -> list[tuple[str, Access]]:
         return [(p, a) for p, a in self._combined if p != exclude]
 
     def resolve_access(self, path: str) -> Access:
-        """Access for ``path`` (relative paths join the policy cwd), §6.11 + protected subpaths."""
+        """Access for ``path`` (relative paths join the policy cwd), §6.11 + protected subpaths.
+
+        With ``canonicalize``, the directory holding ``path`` is canonicalised
+        first (its final component is kept: a preserved symlink is judged where
+        it really lives). Platform-default read roots (see the class) can turn
+        ``none`` into ``read``, never ``write`` into ``read``; a deeper or
+        equally deep ``none`` rule still wins over them.
+        """
         if self.policy.kind is not FsKind.RESTRICTED:
             return Access.WRITE
-        return _best(self._combined, _absolute(path, self.scope.cwd)) or Access.NONE
+        candidate = self._candidate(_absolute(path, self.scope.cwd))
+        access = _best(self._combined, candidate)
+        if self._defaults and access is not Access.WRITE:
+            access = _best((*self._combined, *self._defaults), candidate)
+        return access or Access.NONE
+
+    def holes_below(self, path: str) -> tuple[tuple[str, str], ...]:
+        """Rule paths strictly inside ``path`` that are not writable, shallow first.
+
+        Read-only holes (protected subpaths, ``read`` carve-outs) and ``none``
+        entries: what writing a whole tree at ``path`` could run into. Each as
+        ``(absolute path, path relative to path)``.
+        """
+        if self.policy.kind is not FsKind.RESTRICTED:
+            return ()
+        base = self._candidate(_absolute(path, self.scope.cwd))
+        skip = 1 if base == "/" else len(base) + 1
+        holes = sorted(
+            (p for p, access in self._combined if access is not Access.WRITE),
+            key=lambda p: (depth(p), p),
+        )
+        return tuple((p, p[skip:]) for p in holes if p != base and is_within(p, base))
+
+    def _candidate(self, path: str) -> str:
+        if self._canonicalize is None or path == "/":
+            return path
+        parent, name = os.path.split(path)
+        return join_normalized(self._canonicalize(parent), name)
 
     def can_read(self, path: str) -> bool:
         return self.resolve_access(path) is not Access.NONE
@@ -304,6 +383,16 @@ class ResolvedPolicy:
             read_only_subpaths=tuple(sorted(dict.fromkeys(read_only), key=depth)),
             denied_paths=tuple(denied),
         )
+
+
+def _forms(path: str, access: Access, canonicalize: Callable[[str], str] | None) -> tuple[str, ...]:
+    """The rule paths one resolved entry path contributes (see ``ResolvedPolicy``)."""
+    if canonicalize is None:
+        return (path,)
+    canonical = canonicalize(path)
+    if canonical == path or access is Access.WRITE:
+        return (canonical,)
+    return (path, canonical)
 
 
 def _glob(

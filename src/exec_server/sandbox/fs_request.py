@@ -8,9 +8,10 @@ pre-check's access rule), §10.4 (the helper's confinement); CLIENT_COMPAT.md
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -27,7 +28,12 @@ from exec_server.sandbox._decode import (
     object_keys,
     permissions_policy,
 )
-from exec_server.sandbox.access import ResolvedPolicy, has_full_disk_read, has_full_disk_write
+from exec_server.sandbox.access import (
+    PROTECTED_NAMES_ALWAYS,
+    ResolvedPolicy,
+    has_full_disk_read,
+    has_full_disk_write,
+)
 from exec_server.sandbox.plan import SandboxPlan
 from exec_server.sandbox.platform import platform_default_read_roots
 from exec_server.sandbox.policy import (
@@ -70,6 +76,55 @@ def _symlink_preserving_canonical(path: str) -> str:
         if os.path.islink("/" + "/".join(parts[:i])):
             return path
     return os.path.realpath(path)
+
+
+class _Canonical:
+    """"Resolve existing prefix" (PROTOCOL.md §10.3), memoised component by component.
+
+    The rule check paths are computed with: the deepest existing ancestor is
+    canonicalised (every symlink followed), missing components are re-appended
+    lexically (a dangling symlink counts as missing). One instance serves one
+    request, so a policy's entries, its protected subpaths and the candidate's
+    directory share their prefixes: one ``lstat`` per new component, a full
+    ``realpath`` only for components that are symlinks.
+    """
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: dict[str, str] = {"/": "/"}
+
+    def __call__(self, path: str) -> str:
+        seen = self._seen
+        found = seen.get(path)
+        if found is not None:
+            return found
+        if not path.startswith("/"):
+            return path
+        names: list[str] = []
+        lexical = path
+        base = None
+        while base is None:
+            lexical, name = os.path.split(lexical)
+            names.append(name)
+            base = seen.get(lexical)
+        missing = False
+        for name in reversed(names):
+            lexical = os.path.join(lexical, name)
+            child = os.path.join(base, name)
+            if not missing:
+                try:
+                    st = os.lstat(child)
+                except OSError:
+                    missing = True
+                else:
+                    if stat.S_ISLNK(st.st_mode):
+                        if os.path.exists(child):
+                            child = os.path.realpath(child)
+                        else:
+                            missing = True
+            seen[lexical] = base = child
+        return base
 
 
 def root_alias_normalize(path: str) -> str:
@@ -151,8 +206,26 @@ class FsSandboxRequest:
 
     @cached_property
     def resolved(self) -> ResolvedPolicy:
-        """Request policy pinned to paths, protected subpaths included."""
+        """Request policy pinned to paths, protected subpaths included.
+
+        Current-client contexts resolve further than §6.11 (docs/sandbox-policy.md,
+        "Pre-check for current contexts"); legacy ones keep PROTOCOL.md §10.
+        """
+        if self.generation is Generation.CURRENT:
+            return ResolvedPolicy(
+                self.policy,
+                self.scope,
+                probe=self.probe,
+                canonicalize=self._canonical,
+                protect_names=PROTECTED_NAMES_ALWAYS,
+                default_read_roots=platform_default_read_roots(),
+            )
         return ResolvedPolicy(self.policy, self.scope, probe=self.probe)
+
+    @cached_property
+    def _canonical(self) -> Callable[[str], str]:
+        """Canonicaliser shared by this request's pre-check and helper plan."""
+        return _Canonical()
 
     def resolve_access(self, path: str) -> Access:
         """§6.11 for ``path`` (relative joins ``cwd``) with protected subpaths read-only."""
@@ -163,6 +236,23 @@ class FsSandboxRequest:
 
     def can_write(self, path: str) -> bool:
         return self.resolve_access(path) is Access.WRITE
+
+    def copy_conflict(self, source: str, destination: str) -> str | None:
+        """The first path a recursive ``fs/copy`` would write that the pre-check refuses.
+
+        ``fs/copy`` of a directory merges its entries into ``destination``: it
+        writes ``destination/<rel>`` for every ``<rel>`` in the source tree. Only
+        rules strictly below ``destination`` (read-only holes such as a missing
+        ``.git`` of a writable root, ``none`` entries) can be hit, so each is
+        looked up in the source (``lstat``-cheap, no walk). Both arguments are
+        check paths (PROTOCOL.md §10.3). Returns None when nothing conflicts;
+        the caller refuses the copy with ``NOT_PERMITTED`` for the returned path
+        before anything is written.
+        """
+        for hole, rel in self.resolved.holes_below(destination):
+            if os.path.lexists(os.path.join(source, rel)):
+                return hole
+        return None
 
     def helper_plan(
         self,
@@ -178,7 +268,18 @@ class FsSandboxRequest:
             platform_defaults: override the platform's default read roots.
         """
         defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults
-        resolved = ResolvedPolicy(self.helper_policy, self.scope, probe=self.probe)
+        if self.generation is Generation.CURRENT:
+            # Same resolution as the pre-check: the confined child's guard then
+            # also refuses creating a missing `.git` & co. under a writable root.
+            resolved = ResolvedPolicy(
+                self.helper_policy,
+                self.scope,
+                probe=self.probe,
+                canonicalize=self._canonical,
+                protect_names=PROTECTED_NAMES_ALWAYS,
+            )
+        else:
+            resolved = ResolvedPolicy(self.helper_policy, self.scope, probe=self.probe)
         return resolved.plan(
             Network.RESTRICTED,
             platform_defaults=defaults,
