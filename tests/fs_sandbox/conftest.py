@@ -42,44 +42,14 @@ HAS_BWRAP = shutil.which("bwrap") is not None
 needs_landlock = pytest.mark.skipif(not HAS_LANDLOCK, reason="kernel without Landlock")
 
 
-def current_ww(workspace: Path | str, *, tmp: bool = True) -> dict[str, Any]:
-    """The current client's workspace-write context as sent on fs calls (CLIENT_COMPAT §1.4).
-
-    ``tmp=False`` drops the ``slash_tmp``/``tmpdir`` write entries (test
-    directories live under /tmp, which those entries would make writable).
-    """
+def current_context(workspace: Path | str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A current-client ``managed`` + ``restricted`` fs context rooted at ``workspace``
+    with these ``entries`` (the shape codex 0.163 sends, CLIENT_COMPAT §1.4)."""
     uri = "file://" + str(workspace)
-
-    def special(kind: str, **extra: str) -> dict[str, Any]:
-        return {"type": "special", "value": {"kind": kind, **extra}}
-
-    protected = [
-        {
-            "path": special("project_roots", subpath=name),
-            "access": "read",
-            "missing_path_behavior": "skip",
-        }
-        for name in (".git", ".agents", ".codex", ".aws")
-    ]
     return {
         "permissions": {
             "type": "managed",
-            "file_system": {
-                "type": "restricted",
-                "entries": [
-                    {"path": special("root"), "access": "read"},
-                    {"path": special("project_roots"), "access": "write"},
-                    *(
-                        [
-                            {"path": special("slash_tmp"), "access": "write"},
-                            {"path": special("tmpdir"), "access": "write"},
-                        ]
-                        if tmp
-                        else []
-                    ),
-                    *protected,
-                ],
-            },
+            "file_system": {"type": "restricted", "entries": entries},
             "network": "restricted",
         },
         "cwd": uri,
@@ -92,6 +62,39 @@ def current_ww(workspace: Path | str, *, tmp: bool = True) -> dict[str, Any]:
     }
 
 
+def current_ww(workspace: Path | str, *, tmp: bool = True) -> dict[str, Any]:
+    """The current client's workspace-write context as sent on fs calls (CLIENT_COMPAT §1.4).
+
+    ``tmp=False`` drops the ``slash_tmp``/``tmpdir`` write entries (test
+    directories live under /tmp, which those entries would make writable).
+    """
+
+    def special(kind: str, **extra: str) -> dict[str, Any]:
+        return {"type": "special", "value": {"kind": kind, **extra}}
+
+    protected = [
+        {
+            "path": special("project_roots", subpath=name),
+            "access": "read",
+            "missing_path_behavior": "skip",
+        }
+        for name in (".git", ".agents", ".codex", ".aws")
+    ]
+    tmp_entries = [
+        {"path": special("slash_tmp"), "access": "write"},
+        {"path": special("tmpdir"), "access": "write"},
+    ]
+    return current_context(
+        workspace,
+        [
+            {"path": special("root"), "access": "read"},
+            {"path": special("project_roots"), "access": "write"},
+            *(tmp_entries if tmp else []),
+            *protected,
+        ],
+    )
+
+
 @dataclass(frozen=True)
 class Contexts:
     """The sandbox contexts tests use, as a fixture (tests never import conftest)."""
@@ -99,6 +102,8 @@ class Contexts:
     ro: ContextMaker
     ww: ContextMaker
     current_ww: Callable[..., dict[str, Any]] = current_ww
+    #: ``current(workspace, entries)``: any current-client restricted context.
+    current: Callable[..., dict[str, Any]] = current_context
 
 
 @pytest.fixture

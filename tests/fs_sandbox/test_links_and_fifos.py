@@ -28,9 +28,8 @@ def uri(path: Path) -> str:
     return "file://" + str(path)
 
 
-def restricted_current(workspace: Path) -> dict[str, Any]:
-    """The current client's context reading only its workspace (and the platform minimum)."""
-    ws = uri(workspace)
+def restricted_entries() -> list[dict[str, Any]]:
+    """The current client's entries reading only its workspace (and the platform minimum)."""
 
     def entry(kind: str, access: str, subpath: str | None = None) -> dict[str, Any]:
         value = {"kind": kind} if subpath is None else {"kind": kind, "subpath": subpath}
@@ -39,27 +38,11 @@ def restricted_current(workspace: Path) -> dict[str, Any]:
             out["missing_path_behavior"] = "skip"
         return out
 
-    return {
-        "permissions": {
-            "type": "managed",
-            "file_system": {
-                "type": "restricted",
-                "entries": [
-                    entry("minimal", "read"),
-                    entry("project_roots", "write"),
-                    *(entry("project_roots", "read", s) for s in (".git", ".agents", ".codex")),
-                ],
-            },
-            "network": "restricted",
-        },
-        "cwd": ws,
-        "policyContext": {"cwd": ws, "workspaceRoots": [ws]},
-        "workspaceRoots": [ws],
-        "userHomeDir": "file:///home/user",
-        "temporaryDirectories": [],
-        "windowsSandboxLevel": "disabled",
-        "useLegacyLandlock": False,
-    }
+    return [
+        entry("minimal", "read"),
+        entry("project_roots", "write"),
+        *(entry("project_roots", "read", s) for s in (".git", ".agents", ".codex")),
+    ]
 
 
 @dataclass
@@ -95,7 +78,7 @@ def restricted_context(name: str, ctx: Any, ws: Path) -> dict[str, Any]:
         return dict(ctx.ro(ws))
     if name == "legacy-ww":
         return dict(ctx.ww(ws))
-    return restricted_current(ws)
+    return ctx.current(ws, restricted_entries())
 
 
 async def outcome(call: Any) -> tuple[str, Any]:
@@ -288,12 +271,12 @@ async def test_confined_legacy_read_of_a_fifo_answers_as_direct(
 
 
 async def test_codex_restricted_context_end_to_end(
-    server_factory: Any, rpc: Any, tree: Tree
+    server_factory: Any, rpc: Any, tree: Tree, ctx: Any
 ) -> None:
     server = server_factory(cwd=tree.ws)
     client = await rpc(server.url)
     await client.initialize()
-    sandbox = restricted_current(tree.ws)
+    sandbox = ctx.current(tree.ws, restricted_entries())
 
     async def both(method: str, **params: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         confined: dict[str, Any] = await client.request(method, {**params, "sandbox": sandbox})

@@ -63,24 +63,6 @@ def carve_outs() -> list[dict[str, Any]]:
     ]
 
 
-def current(workspace: Path | str, entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """A current-client ``managed`` + ``restricted`` context rooted at ``workspace``."""
-    return {
-        "permissions": {
-            "type": "managed",
-            "file_system": {"type": "restricted", "entries": entries},
-            "network": "restricted",
-        },
-        "cwd": uri(workspace),
-        "policyContext": {"cwd": uri(workspace), "workspaceRoots": [uri(workspace)]},
-        "workspaceRoots": [uri(workspace)],
-        "userHomeDir": "file:///root",
-        "temporaryDirectories": [],
-        "windowsSandboxLevel": "disabled",
-        "useLegacyLandlock": False,
-    }
-
-
 @dataclass
 class Tree:
     """``R/ws`` (server cwd, workspace), ``R/wslink -> ws``, ``R/extra``, ``R/out``."""
@@ -143,10 +125,10 @@ def assert_refused(reply: dict[str, Any]) -> None:
 
 
 async def test_workspace_root_through_symlink_grants_its_target(
-    session: Callable[[dict[str, Any]], Call], tree: Tree
+    session: Callable[[dict[str, Any]], Call], tree: Tree, ctx: Any
 ) -> None:
     call = session(
-        current(
+        ctx.current(
             tree.wslink,
             [
                 entry(special("root"), "read"),
@@ -186,10 +168,10 @@ async def test_workspace_root_through_symlink_grants_its_target(
 
 
 async def test_write_entry_through_symlink_grants_its_target(
-    session: Callable[[dict[str, Any]], Call], tree: Tree
+    session: Callable[[dict[str, Any]], Call], tree: Tree, ctx: Any
 ) -> None:
     call = session(
-        current(
+        ctx.current(
             tree.ws, [entry(special("root"), "read"), path_entry(tree.ws / "link_extra", "write")]
         )
     )
@@ -210,10 +192,10 @@ async def test_write_entry_through_symlink_grants_its_target(
 
 
 async def test_deny_entry_through_symlink_still_denies(
-    session: Callable[[dict[str, Any]], Call], tree: Tree
+    session: Callable[[dict[str, Any]], Call], tree: Tree, ctx: Any
 ) -> None:
     call = session(
-        current(
+        ctx.current(
             tree.wslink,
             [
                 entry(special("root"), "read"),
@@ -277,11 +259,11 @@ def _platform_file() -> Path:
 
 
 async def test_minimal_reads_platform_defaults(
-    session: Callable[[dict[str, Any]], Call], tree: Tree
+    session: Callable[[dict[str, Any]], Call], tree: Tree, ctx: Any
 ) -> None:
     target = _platform_file()
     call = session(
-        current(
+        ctx.current(
             tree.ws,
             [
                 entry(special("minimal"), "read"),
@@ -313,11 +295,11 @@ async def test_minimal_reads_platform_defaults(
 
 
 async def test_minimal_platform_defaults_yield_to_deny_entries(
-    session: Callable[[dict[str, Any]], Call], tree: Tree
+    session: Callable[[dict[str, Any]], Call], tree: Tree, ctx: Any
 ) -> None:
     target = _platform_file()
     call = session(
-        current(
+        ctx.current(
             tree.ws,
             [
                 entry(special("minimal"), "read"),
@@ -358,8 +340,8 @@ async def test_legacy_minimal_never_matches_a_path(
 # --------------------------------------------------------------- protected names
 
 
-def _no_carve_outs(tree: Tree) -> dict[str, Any]:
-    return current(
+def _no_carve_outs(ctx: Any, tree: Tree) -> dict[str, Any]:
+    return ctx.current(
         tree.ws,
         [
             entry(special("root"), "read"),
@@ -371,9 +353,9 @@ def _no_carve_outs(tree: Tree) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", PROTECTED)
 async def test_missing_protected_names_cannot_be_created(
-    session: Callable[[dict[str, Any]], Call], tree: Tree, name: str
+    session: Callable[[dict[str, Any]], Call], tree: Tree, name: str, ctx: Any
 ) -> None:
-    call = session(_no_carve_outs(tree))
+    call = session(_no_carve_outs(ctx, tree))
     for root in (tree.extra, tree.ws):
         target = root / name
         if target.exists():
@@ -400,9 +382,9 @@ async def test_missing_protected_names_cannot_be_created(
 
 
 async def test_copy_cannot_plant_git_into_writable_root(
-    session: Callable[[dict[str, Any]], Call], tree: Tree
+    session: Callable[[dict[str, Any]], Call], tree: Tree, ctx: Any
 ) -> None:
-    call = session(_no_carve_outs(tree))
+    call = session(_no_carve_outs(ctx, tree))
     (tree.ws / "gitsrc" / "a.txt").write_bytes(b"a\n")
     (tree.ws / "gitsrc" / "0-first.txt").write_bytes(b"0\n")
     r = await call(
@@ -437,18 +419,20 @@ async def test_copy_cannot_plant_git_into_writable_root(
 
 
 async def test_protected_names_stay_readable(
-    session: Callable[[dict[str, Any]], Call], tree: Tree
+    session: Callable[[dict[str, Any]], Call], tree: Tree, ctx: Any
 ) -> None:
-    call = session(_no_carve_outs(tree))
+    call = session(_no_carve_outs(ctx, tree))
     r = await call("fs/readFile", path=uri(tree.ws / ".git" / "HEAD"))
     assert base64.b64decode(r["result"]["dataBase64"]) == b"ref: refs/heads/main\n", r
     r = await call("fs/readDirectory", path=uri(tree.ws / ".git"))
     assert [e["fileName"] for e in r["result"]["entries"]] == ["HEAD"], r
 
 
-async def test_missing_git_is_read_only_on_every_confinement_path(fs: Any, tree: Tree) -> None:
+async def test_missing_git_is_read_only_on_every_confinement_path(
+    fs: Any, tree: Tree, ctx: Any
+) -> None:
     """The helper plan carries the missing names too: the confined child refuses them."""
-    sandbox = _no_carve_outs(tree)
+    sandbox = _no_carve_outs(ctx, tree)
     with pytest.raises(ExecServerError):
         await fs.copy(tree.ws / "gitsrc", tree.extra, recursive=True, sandbox=sandbox)
     assert absent(tree.extra / ".git")
