@@ -85,14 +85,20 @@ class FanOut:
         """Helper threads currently alive (for tests and diagnostics)."""
         return self._threads
 
-    def run(self, tasks: Sequence[Callable[[], object]]) -> None:
-        """Run every task (helpers join in); re-raise the first error once all stopped."""
-        if len(tasks) <= 1 or self._max < 1:
+    def run(self, tasks: Sequence[Callable[[], object]], *, width: int | None = None) -> None:
+        """Run every task (helpers join in); re-raise the first error once all stopped.
+
+        ``width``: most threads on this batch, the caller included (default:
+        every helper). For work that keeps the CPU busy in the kernel rather
+        than waiting, more threads than CPUs only add switching.
+        """
+        helpers = self._max if width is None else min(self._max, width - 1)
+        if len(tasks) <= 1 or helpers < 1:
             for task in tasks:
                 task()
             return
         batch = _Batch(tasks)
-        wanted = min(self._max, len(tasks) - 1)
+        wanted = min(helpers, len(tasks) - 1)
         with self._lock:
             new = max(0, wanted - self._threads)
             self._threads += new
