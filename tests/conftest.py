@@ -486,15 +486,27 @@ def _tracked_fds() -> dict[int, str]:
     return out
 
 
-def _set_subreaper() -> None:
+def _set_subreaper(on: bool) -> None:
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 
 @pytest.fixture
 def no_leaks() -> Iterator[None]:
-    """Fail the test if it leaves child processes or pipe/pty/socket fds behind."""
-    _set_subreaper()
+    """Fail the test if it leaves child processes or pipe/pty/socket fds behind.
+
+    The test process is a subreaper only meanwhile: kept on, it would adopt
+    every orphan of later tests (a stopped server's sandbox helpers) and,
+    never waiting for them, collect hundreds of zombies over a run.
+    """
+    _set_subreaper(True)
+    try:
+        yield from _check_no_leaks()
+    finally:
+        _set_subreaper(False)
+
+
+def _check_no_leaks() -> Iterator[None]:
     me = os.getpid()
     children_before = _children_of(me)
     fds_before = _tracked_fds()
