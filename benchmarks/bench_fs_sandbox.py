@@ -49,47 +49,14 @@ from harness import (
     summarize,
 )
 
+from exec_server.client.sandbox_contexts import to_wire, workspace_write
+
 KIB = 1024
-
-
-def _special(kind: str, **extra: str) -> dict[str, Any]:
-    return {"type": "special", "value": {"kind": kind, **extra}}
 
 
 def permissions_context(workspace: str, *, full_read: bool = True) -> dict[str, Any]:
     """What codex 0.163 sends on fs calls under ``--sandbox workspace-write``."""
-    uri = "file://" + workspace
-    entries: list[dict[str, Any]] = []
-    if full_read:
-        entries.append({"path": _special("root"), "access": "read"})
-    else:
-        entries.append({"path": _special("minimal"), "access": "read"})
-    entries += [
-        {"path": _special("project_roots"), "access": "write"},
-        {"path": _special("slash_tmp"), "access": "write"},
-        {"path": _special("tmpdir"), "access": "write"},
-    ]
-    entries += [
-        {
-            "path": _special("project_roots", subpath=name),
-            "access": "read",
-            "missing_path_behavior": "skip",
-        }
-        for name in (".git", ".agents", ".codex", ".aws")
-    ]
-    return {
-        "permissions": {
-            "type": "managed",
-            "file_system": {"type": "restricted", "entries": entries},
-            "network": "restricted",
-        },
-        "cwd": uri,
-        "policyContext": {"cwd": uri, "workspaceRoots": [uri]},
-        "workspaceRoots": [uri],
-        "userHomeDir": "file://" + os.path.expanduser("~"),
-        "windowsSandboxLevel": "disabled",
-        "useLegacyLandlock": False,
-    }
+    return to_wire(workspace_write(workspace, full_read=full_read))
 
 
 Call = Callable[[], Awaitable[None]]

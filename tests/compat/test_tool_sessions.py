@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
 from exec_server.client import ExecServerClient
 from exec_server.client.fs import RemoteFileSystem
+from exec_server.client.sandbox_contexts import workspace_write
 from exec_server.patch.apply import apply_patch
 from exec_server.patch.errors import ApplyError
 from exec_server.protocol.process_types import EnvPolicy
@@ -49,42 +49,6 @@ def workspace(tmp_path: Path) -> Path:
     (ws / "edit_me.txt").write_text("alpha\nbeta\ngamma\n")
     (ws / "delete_me.txt").write_text("bye\n")
     return ws
-
-
-def _workspace_write_context(ws: Path) -> dict[str, Any]:
-    """The current client's workspace-write context, as in sandboxed_*.rpc.jsonl."""
-    uri = f"file://{ws}"
-    special = [
-        ({"kind": "root"}, "read"),
-        ({"kind": "project_roots"}, "write"),
-        ({"kind": "slash_tmp"}, "write"),
-        ({"kind": "tmpdir"}, "write"),
-    ]
-    entries: list[dict[str, Any]] = [
-        {"path": {"type": "special", "value": value}, "access": access} for value, access in special
-    ]
-    entries += [
-        {
-            "path": {"type": "special", "value": {"kind": "project_roots", "subpath": sub}},
-            "access": "read",
-            "missing_path_behavior": "skip",
-        }
-        for sub in (".git", ".agents", ".codex")
-    ]
-    return {
-        "permissions": {
-            "type": "managed",
-            "file_system": {"type": "restricted", "entries": entries},
-            "network": "restricted",
-        },
-        "cwd": uri,
-        "policyContext": {"cwd": uri, "workspaceRoots": [uri]},
-        "workspaceRoots": [uri],
-        "userHomeDir": f"file://{Path.home()}",
-        "temporaryDirectories": [],
-        "windowsSandboxLevel": "disabled",
-        "useLegacyLandlock": False,
-    }
 
 
 async def test_shell_session_through_the_library(
@@ -129,11 +93,9 @@ async def test_tty_write_stdin_session_through_the_library(server: Any, workspac
 async def test_apply_patch_session_through_the_library(
     server: Any, workspace: Path, sandboxed: bool
 ) -> None:
-    context = msgspec.json.encode(_workspace_write_context(workspace)) if sandboxed else None
+    sandbox = workspace_write(workspace) if sandboxed else None
     async with await ExecServerClient.connect(server.url) as client:
-        fs = RemoteFileSystem(client)
-        sandbox = msgspec.Raw(context) if context is not None else None
-        affected = await apply_patch(PATCH, workspace, fs, sandbox)
+        affected = await apply_patch(PATCH, workspace, RemoteFileSystem(client), sandbox)
     assert affected.summary() == (
         "Success. Updated the following files:\n"
         "A sub/dir/added.txt\nM edit_me.txt\nD delete_me.txt\n"
@@ -160,7 +122,7 @@ async def test_sandboxed_apply_patch_refuses_outside_path(server: Any, outside_d
     ws = outside_dir / "workspace"
     ws.mkdir()
     patch = "*** Begin Patch\n*** Add File: ../escaped.txt\n+nope\n*** End Patch\n"
-    context = msgspec.Raw(msgspec.json.encode(_workspace_write_context(ws)))
+    context = workspace_write(ws)
     async with await ExecServerClient.connect(server.url) as client:
         with pytest.raises(ApplyError, match=r"Failed to write file .*/escaped\.txt"):
             await apply_patch(patch, ws, RemoteFileSystem(client), context)

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import pytest
 
 from exec_server.client.fs import ExecutorFileSystem, LocalFileSystem, RemoteFileSystem
+from exec_server.client.sandbox_contexts import to_wire, workspace_write
 from exec_server.config import ServerConfig
 from exec_server.fs.sandboxed import SandboxedFileSystem
 from exec_server.fs.zygote import Zygote
@@ -63,36 +64,13 @@ def current_context(workspace: Path | str, entries: list[dict[str, Any]]) -> dic
 
 
 def current_ww(workspace: Path | str, *, tmp: bool = True) -> dict[str, Any]:
-    """The current client's workspace-write context as sent on fs calls (CLIENT_COMPAT §1.4).
+    """The current client's workspace-write context as sent on fs calls (CLIENT_COMPAT §1.4),
+    from the client library's builder.
 
     ``tmp=False`` drops the ``slash_tmp``/``tmpdir`` write entries (test
     directories live under /tmp, which those entries would make writable).
     """
-
-    def special(kind: str, **extra: str) -> dict[str, Any]:
-        return {"type": "special", "value": {"kind": kind, **extra}}
-
-    protected = [
-        {
-            "path": special("project_roots", subpath=name),
-            "access": "read",
-            "missing_path_behavior": "skip",
-        }
-        for name in (".git", ".agents", ".codex", ".aws")
-    ]
-    tmp_entries = [
-        {"path": special("slash_tmp"), "access": "write"},
-        {"path": special("tmpdir"), "access": "write"},
-    ]
-    return current_context(
-        workspace,
-        [
-            {"path": special("root"), "access": "read"},
-            {"path": special("project_roots"), "access": "write"},
-            *(tmp_entries if tmp else []),
-            *protected,
-        ],
-    )
+    return to_wire(workspace_write(workspace, tmp=tmp, home="/home/user"))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,161 @@
+"""Sandbox contexts as the current Codex client builds them (CLIENT_COMPAT.md §1.4).
+
+Every :class:`~exec_server.client.fs.ExecutorFileSystem` method and
+``process/start`` take an optional ``sandbox`` context. Written by hand, the
+current shape is easy to get subtly wrong and still valid: without workspace
+roots ``project_roots`` grants nothing, so every write is refused; without the
+read-only ``.git``/``.codex`` carve-outs a sandboxed call may plant a git hook.
+These builders give the contexts codex 0.163 sends on ``fs/*`` calls (checked
+against its recordings in the tests), for any workspace.
+
+The results are :class:`~exec_server.protocol.sandbox_types.CurrentSandboxContext`
+structs, which the client's filesystem backends accept as they are;
+:func:`to_wire` gives the JSON object for hand-written JSON-RPC.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+
+from exec_server.protocol.sandbox_types import (
+    AbsPath,
+    CurrentSandboxContext,
+    FileSystemAccess,
+    FileSystemSandboxEntry,
+    FileSystemSpecialPath,
+    FileSystemSpecialPathEntry,
+    ManagedPermissions,
+    PermissionsDisabled,
+    PolicyContext,
+    RestrictedFileSystem,
+    SpecialMinimal,
+    SpecialProjectRoots,
+    SpecialRoot,
+    SpecialSlashTmp,
+    SpecialTmpdir,
+    encode_client_context,
+)
+
+__all__ = ["PROTECTED_SUBPATHS", "full_access", "read_only", "to_wire", "workspace_write"]
+
+#: Names under every workspace root that stay read-only (skipped when missing), in
+#: the order codex 0.163 lists them.
+PROTECTED_SUBPATHS = (".git", ".agents", ".codex", ".aws")
+
+StrPath = str | os.PathLike[str]
+
+
+def workspace_write(
+    workspace: StrPath,
+    *,
+    home: StrPath | None = None,
+    full_read: bool = True,
+    tmp: bool = True,
+    network: bool = False,
+) -> CurrentSandboxContext:
+    """``--sandbox workspace-write``: read everywhere, write in ``workspace`` (and
+    ``/tmp`` and ``$TMPDIR`` unless ``tmp`` is false), its protected names read-only.
+
+    Args:
+        workspace: the workspace root and policy cwd (absolute).
+        home: the user's home directory sent along (default: this user's).
+        full_read: read the whole filesystem; False reads only the platform's
+            minimal set besides the workspace (``minimal``).
+        tmp: include the ``slash_tmp`` and ``tmpdir`` write entries.
+        network: whether sandboxed commands may use the network.
+    """
+    entries = [_entry(SpecialRoot() if full_read else SpecialMinimal(), "read")]
+    entries.append(_entry(SpecialProjectRoots(), "write"))
+    if tmp:
+        entries += [_entry(SpecialSlashTmp(), "write"), _entry(SpecialTmpdir(), "write")]
+    entries += _protected()
+    return _managed(workspace, entries, home=home, network=network)
+
+
+def read_only(
+    workspace: StrPath,
+    *,
+    home: StrPath | None = None,
+    full_read: bool = True,
+    network: bool = False,
+) -> CurrentSandboxContext:
+    """``--sandbox read-only``: reads only (everywhere, or with ``full_read=False``
+    the platform's minimal set and ``workspace``); nothing may be written.
+
+    Not in the recordings: the workspace-write context without its write
+    entries (nothing is writable, so no read-only carve-outs either).
+    """
+    entries = [_entry(SpecialRoot(), "read")]
+    if not full_read:
+        entries = [_entry(SpecialMinimal(), "read"), _entry(SpecialProjectRoots(), "read")]
+    return _managed(workspace, entries, home=home, network=network)
+
+
+def full_access(workspace: StrPath, *, home: StrPath | None = None) -> CurrentSandboxContext:
+    """``--sandbox danger-full-access``: permissions disabled; calls run unconfined
+    (as with no context at all)."""
+    root = _abs(workspace)
+    return CurrentSandboxContext(
+        permissions=PermissionsDisabled(),
+        windows_sandbox_level="disabled",
+        policy_context=PolicyContext(cwd=root, workspace_roots=[root]),
+        user_home_dir=_home(home),
+        temporary_directories=[],
+    )
+
+
+def to_wire(ctx: msgspec.Struct) -> dict[str, Any]:
+    """The JSON object a client sends for ``ctx`` (``file://`` URIs, defaults left out)."""
+    wire: dict[str, Any] = msgspec.json.decode(encode_client_context(ctx))
+    return wire
+
+
+def _entry(value: FileSystemSpecialPath, access: FileSystemAccess) -> FileSystemSandboxEntry:
+    return FileSystemSandboxEntry(path=FileSystemSpecialPathEntry(value=value), access=access)
+
+
+def _protected() -> list[FileSystemSandboxEntry]:
+    return [
+        FileSystemSandboxEntry(
+            path=FileSystemSpecialPathEntry(value=SpecialProjectRoots(subpath=name)),
+            access="read",
+            missing_path_behavior="skip",
+        )
+        for name in PROTECTED_SUBPATHS
+    ]
+
+
+def _managed(
+    workspace: StrPath,
+    entries: list[FileSystemSandboxEntry],
+    *,
+    home: StrPath | None,
+    network: bool,
+) -> CurrentSandboxContext:
+    root = _abs(workspace)
+    return CurrentSandboxContext(
+        permissions=ManagedPermissions(
+            file_system=RestrictedFileSystem(entries=entries),
+            network="enabled" if network else "restricted",
+        ),
+        windows_sandbox_level="disabled",
+        cwd=root,
+        workspace_roots=[root],
+        policy_context=PolicyContext(cwd=root, workspace_roots=[root]),
+        user_home_dir=_home(home),
+        temporary_directories=[],
+    )
+
+
+def _abs(path: StrPath) -> AbsPath:
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        raise ValueError(f"sandbox context paths must be absolute: {text!r}")
+    return AbsPath(os.path.normpath(text))
+
+
+def _home(home: StrPath | None) -> AbsPath:
+    return _abs(os.path.expanduser("~") if home is None else home)
