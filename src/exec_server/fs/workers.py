@@ -35,6 +35,11 @@ after 14 % of jobs instead of 33 %.
 Threads start on demand up to ``max_workers`` (so one long copy or remove
 never holds up other calls, PROTOCOL.md §9.3's "worker thread"), and an idle
 thread exits after ``idle_timeout`` seconds, so an idle server keeps none.
+A job that has run for :data:`STUCK_AFTER` seconds no longer counts against
+``max_workers`` once a job waits for a thread (up to :data:`MAX_WAITING` such
+jobs): one on a hung network or FUSE mount may never return, and sixteen of
+them held every thread, so every connection's filesystem calls waited
+(upstream's blocking pool has 512 threads).
 Threads are daemons: an interrupted ``write_file`` leaves at most a temp file
 behind, never a half-written target (the write is a rename).
 """
@@ -58,6 +63,7 @@ __all__ = [
     "DEFAULT_MAX_WORKERS",
     "MAX_WAITING",
     "NEAR_JOB_LIMIT",
+    "STUCK_AFTER",
     "WorkerPool",
     "after_answer",
     "current_cpu",
@@ -76,8 +82,11 @@ NEAR_JOB_LIMIT: Final = 150e-6
 _AVERAGE_WEIGHT: Final = 0.25
 #: Most kinds of job tracked; more (never, with the server's fixed set) start afresh.
 _MAX_KINDS: Final = 256
-#: Most jobs at once that gave their place back (:func:`waiting_on_others`).
+#: Most jobs at once that gave their place back (:func:`waiting_on_others`, or
+#: running longer than :data:`STUCK_AFTER`).
 MAX_WAITING: Final = 256
+#: Seconds after which a running job gives its place to a job waiting for a thread.
+STUCK_AFTER: Final = 0.25
 
 #: ``offer(result, error) -> bool``, run in the worker: True if it took the outcome.
 Offer = Callable[[object, BaseException | None], bool]
@@ -119,6 +128,8 @@ class _JobLocal(threading.local):
     later: list[Callable[[], object]] | None = None
     #: the pool whose job this thread runs (None outside a pool's job)
     pool: WorkerPool | None = None
+    #: the pool's record of this thread (None outside a pool's job)
+    worker: _Worker | None = None
 
 
 _job_local: Final = _JobLocal()
@@ -156,13 +167,14 @@ def waiting_on_others() -> Iterator[None]:
     Outside a pool's job this does nothing.
     """
     pool = _job_local.pool
-    released = pool is not None and pool._release_place()
+    worker = _job_local.worker
+    released = pool is not None and worker is not None and pool._release_place(worker)
     try:
         yield
     finally:
         if released:
-            assert pool is not None
-            pool._take_place_back()
+            assert pool is not None and worker is not None
+            pool._take_place_back(worker)
 
 
 def job_kind(call: Callable[..., object]) -> object:
@@ -193,7 +205,7 @@ def _unbox(
 class _Worker:
     """One thread and its inbox; ``tid`` is known once the thread runs."""
 
-    __slots__ = ("inbox", "narrowed", "started", "tid")
+    __slots__ = ("busy_since", "inbox", "narrowed", "released", "started", "tid")
 
     def __init__(self) -> None:
         self.inbox: queue.SimpleQueue[_Job] = queue.SimpleQueue()
@@ -201,6 +213,10 @@ class _Worker:
         self.started = threading.Event()
         #: the caller narrowed this thread's affinity for the next job.
         self.narrowed = False
+        #: ``time.monotonic()`` when its running job started; 0.0 while idle.
+        self.busy_since = 0.0
+        #: its job gave its place in the pool back (pool lock held to change it).
+        self.released = False
 
 
 class WorkerPool:
@@ -226,7 +242,10 @@ class WorkerPool:
         self._follow = follow_caller_cpu and _getcpu is not None
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []  # LIFO: the most recently used thread first
+        self._busy: set[_Worker] = set()
         self._backlog: collections.deque[_Job] = collections.deque()
+        #: a check for stuck jobs is scheduled (see :meth:`_unstick`).
+        self._check_pending = False
         self._threads = 0
         #: jobs that gave their place back (:func:`waiting_on_others`)
         self._waiting = 0
@@ -293,6 +312,7 @@ class WorkerPool:
         job: _Job = (loop, deliver, call, offer, kind)
         worker: _Worker | None = None
         start = False
+        check = False
         with self._lock:
             if self._idle:
                 worker = self._idle.pop()
@@ -302,43 +322,88 @@ class WorkerPool:
                 start = True
             else:
                 self._backlog.append(job)
+                check = not self._check_pending
+                self._check_pending = True
         if worker is not None:
             if start:
                 self._start(worker)
             if self._kind_wakes_near(kind):
                 self._narrow(worker)
             worker.inbox.put(job)
+        elif check:
+            self._unstick(loop)
 
     def _start(self, worker: _Worker) -> None:
         threading.Thread(
             target=self._work, args=(worker,), name="exec-server-fs", daemon=True
         ).start()
 
-    def _release_place(self) -> bool:
-        """A job is about to wait on others: count its thread out (see
+    def _release_place(self, worker: _Worker) -> bool:
+        """``worker``'s job is about to wait on others: count its thread out (see
         :func:`waiting_on_others`) and give a queued job a thread. False if too
-        many already wait."""
+        many already wait, or its place was given back already."""
         with self._lock:
-            if self._waiting >= MAX_WAITING:
+            if not self._count_out(worker):
                 return False
-            self._waiting += 1
-            self._threads -= 1
-            job: _Job | None = None
-            if self._backlog and self._threads < self._max:
-                job = self._backlog.popleft()
-                self._threads += 1
-        if job is not None:
+            jobs = self._jobs_for_free_places()
+        self._start_jobs(jobs)
+        return True
+
+    def _count_out(self, worker: _Worker) -> bool:
+        # Pool lock held.
+        if worker.released or self._waiting >= MAX_WAITING:
+            return False
+        worker.released = True
+        self._waiting += 1
+        self._threads -= 1
+        return True
+
+    def _jobs_for_free_places(self) -> list[_Job]:
+        # Pool lock held: queued jobs that get a new thread each, counted in.
+        jobs: list[_Job] = []
+        while self._backlog and self._threads < self._max:
+            jobs.append(self._backlog.popleft())
+            self._threads += 1
+        return jobs
+
+    def _start_jobs(self, jobs: list[_Job]) -> None:
+        for job in jobs:
             worker = _Worker()
             worker.inbox.put(job)
             self._start(worker)
-        return True
 
-    def _take_place_back(self) -> None:
+    def _take_place_back(self, worker: _Worker) -> None:
         # The pool may hold one thread over its maximum until one goes idle and
         # exits; no new thread starts meanwhile.
         with self._lock:
-            self._waiting -= 1
-            self._threads += 1
+            if worker.released:
+                worker.released = False
+                self._waiting -= 1
+                self._threads += 1
+
+    def _unstick(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Jobs wait for a thread: count out those running for :data:`STUCK_AFTER`
+        seconds (their places go to the waiting jobs), and look again when the
+        next running job reaches that age while any still wait."""
+        now = time.monotonic()
+        with self._lock:
+            next_due: float | None = None
+            for worker in self._busy:
+                since = worker.busy_since
+                if worker.released or not since:
+                    continue
+                if now - since >= STUCK_AFTER:
+                    self._count_out(worker)
+                elif next_due is None or since + STUCK_AFTER < next_due:
+                    next_due = since + STUCK_AFTER
+            jobs = self._jobs_for_free_places()
+            again = bool(self._backlog) and next_due is not None
+            self._check_pending = again
+        self._start_jobs(jobs)
+        if again:
+            assert next_due is not None
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_later(max(0.0, next_due - now), self._unstick, loop)
 
     def wakes_near(self, call: Callable[..., object]) -> bool:
         """Whether a job running ``call`` would be woken on the caller's CPU now."""
@@ -403,6 +468,10 @@ class WorkerPool:
             later: list[Callable[[], object]] = []
             _job_local.later = later
             _job_local.pool = self
+            _job_local.worker = worker
+            worker.busy_since = time.monotonic()
+            with self._lock:
+                self._busy.add(worker)
             try:
                 result = call()
             except BaseException as exc:  # handed to the awaiting task
@@ -413,6 +482,7 @@ class WorkerPool:
             finally:
                 _job_local.later = None
                 _job_local.pool = None
+                _job_local.worker = None
             # So do the call's arguments: a client that reads the answer and
             # looks at our memory must not find them still held.
             del call
@@ -423,6 +493,12 @@ class WorkerPool:
             # contends for the GIL with this one. A job handed over meanwhile
             # waits in the inbox until the answer is out.
             with self._lock:
+                self._busy.discard(worker)
+                worker.busy_since = 0.0
+                if worker.released:  # counted out while it ran: counted in again
+                    worker.released = False
+                    self._waiting -= 1
+                    self._threads += 1
                 job = self._backlog.popleft() if self._backlog else None
                 if job is None:
                     self._idle.append(worker)
