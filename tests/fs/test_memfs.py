@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from exec_server.client.fs import RemoteFileSystem
-from exec_server.fs import memfs, ops
+from exec_server.fs import memfs, nonblocking, ops
 from exec_server.fs.service import INLINE_WRITE_LIMIT, FileSystemService, inline_write_target
 from exec_server.fs.workers import WorkerPool
 
@@ -223,12 +223,19 @@ async def test_an_inline_write_looks_the_path_up_once(
     await service.write_file(str(target), b"learn")  # a worker learns the device
     looked_up: list[str] = []
     real_lstat = os.lstat
+    real_stat_now = nonblocking.stat_now
 
     def counting_lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
         looked_up.append(os.fsdecode(path))
         return real_lstat(path, *args, **kwargs)
 
+    def counting_stat_now(path: Any, *, follow: bool = True) -> os.stat_result | None:
+        looked_up.append(os.fsdecode(path))
+        return real_stat_now(path, follow=follow)
+
     monkeypatch.setattr(os, "lstat", counting_lstat)
+    monkeypatch.setattr(nonblocking, "stat_now", counting_stat_now)
     await service.write_file(str(target), b"inline")
-    assert looked_up.count(str(target)) == 1  # the decision's lstat serves the write
+    # The decision's look-up (without blocking, fs/nonblocking.py) serves the write.
+    assert looked_up.count(str(target)) == 1
     assert target.read_bytes() == b"inline"

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -492,17 +494,36 @@ async def test_fs_start_routes_answer_like_the_async_handlers(
     await ws.close()
 
 
+def _settle_link(link: Any) -> None:
+    """A new link's atime equals its ctime, so (relatime) following it updates the
+    atime, which a cached-only look-up will not do: a worker asks instead, until a
+    first follow made it newer. One in the future needs no update."""
+    st = os.lstat(link)
+    future = time.time_ns() + 3600 * 10**9
+    os.utime(link, ns=(future, st.st_mtime_ns), follow_symlinks=False)
+
+
+def _look_up(*paths: Any) -> None:
+    """Look each path up (links followed): the dentry cache knows them afterwards."""
+    for path in paths:
+        os.path.exists(path)
+
+
 async def test_calls_with_nothing_to_do_need_no_worker(
     harness: Harness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A recursive createDirectory of a directory (or a link to one) and a forced
     remove of nothing are answered from the socket callback after one stat: a
     worker's round trip cost ~50 µs more (mkdir of an existing directory 250 vs
-    upstream 199 µs, 208 now). Anything else still goes to a worker."""
+    upstream 199 µs, 208 now). Only when the dentry cache knows the answer
+    (fs/nonblocking.py), as after any earlier look-up. Anything else still goes
+    to a worker."""
     from exec_server.fs.workers import WorkerPool as Pool
 
     (tmp_path / "d").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "d")
+    _settle_link(tmp_path / "link")
+    _look_up(tmp_path / "d", tmp_path / "link", tmp_path / "gone")
     jobs: list[object] = []
     real_submit = Pool.submit_offering
 

@@ -43,7 +43,7 @@ from typing import Final
 import msgspec
 
 from exec_server.exceptions import InvalidRequestError
-from exec_server.fs import memfs
+from exec_server.fs import memfs, nonblocking
 from exec_server.fs.errors import os_error, translate_os_errors
 from exec_server.fs.exchange import exchange_into_place, match_old_file
 from exec_server.fs.fanout import shared_fanout
@@ -607,37 +607,50 @@ def _create_dir_all(path: str) -> None:
                 raise
 
 
-def is_directory(path: str) -> bool:
-    """Whether ``path`` is a directory now (links followed, as ``create_dir_all``
-    does): a recursive ``createDirectory`` of it has nothing to do."""
+def is_directory_now(path: str) -> bool:
+    """Whether ``path`` is known, without blocking (:mod:`exec_server.fs.nonblocking`),
+    to be a directory now (links followed, as ``create_dir_all`` does): a recursive
+    ``createDirectory`` of it has nothing to do. False also when unknown."""
     try:
-        return stat.S_ISDIR(os.stat(path).st_mode)
-    except (OSError, ValueError):
+        st = nonblocking.stat_now(path)
+    except OSError:
         return False
+    return st is not None and stat.S_ISDIR(st.st_mode)
 
 
-def is_missing(path: str) -> bool:
-    """Whether nothing is at ``path`` now: a forced ``remove`` of it has nothing to do."""
-    try:
-        os.lstat(path)
-    except FileNotFoundError:
-        return True
-    except (OSError, ValueError):
-        return False
-    return False
+def is_missing_now(path: str) -> bool:
+    """Whether nothing is known, without blocking, to be at ``path`` now: a forced
+    ``remove`` of it has nothing to do. False also when unknown."""
+    return nonblocking.lookup(path, follow=False) is nonblocking.Lookup.MISSING
 
 
 def get_metadata(path: str) -> Metadata:
     """Stat following symlinks; ``is_symlink`` comes from ``lstat`` of the path itself."""
     with translate_os_errors():
         lst = os.lstat(path)
-        is_symlink = stat.S_ISLNK(lst.st_mode)
-        st = os.stat(path) if is_symlink else lst
+        st = os.stat(path) if stat.S_ISLNK(lst.st_mode) else lst
+    return _metadata(lst, st)
+
+
+def metadata_now(path: str) -> Metadata | None:
+    """:func:`get_metadata` if it cannot block (:mod:`exec_server.fs.nonblocking`:
+    everything cached, on a local filesystem), else None: for the event loop."""
+    with translate_os_errors():
+        lst = nonblocking.stat_now(path, follow=False)
+        if lst is None:
+            return None
+        st = nonblocking.stat_now(path) if stat.S_ISLNK(lst.st_mode) else lst
+        if st is None:
+            return None
+    return _metadata(lst, st)
+
+
+def _metadata(lst: os.stat_result, st: os.stat_result) -> Metadata:
     birth = getattr(st, "st_birthtime", None)
     return Metadata(
         is_directory=stat.S_ISDIR(st.st_mode),
         is_file=stat.S_ISREG(st.st_mode),
-        is_symlink=is_symlink,
+        is_symlink=stat.S_ISLNK(lst.st_mode),
         size=st.st_size,
         created_at_ms=int(birth * 1000) if birth else 0,
         modified_at_ms=st.st_mtime_ns // 1_000_000,

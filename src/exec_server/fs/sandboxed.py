@@ -56,7 +56,7 @@ from exec_server.exceptions import (
     error_for_code,
     os_error_message,
 )
-from exec_server.fs import ops
+from exec_server.fs import nonblocking, ops
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import INLINE_READ_LIMIT as _INLINE_READ_LIMIT
 from exec_server.fs.workers import shared_pool
@@ -242,7 +242,13 @@ class SandboxedFileSystem:
         req = _request(context)
         if _reads_everything(req):
             # Same as the unsandboxed route: small files inline (no thread hop).
-            fd, size = ops.open_for_read(path, regular_only=self.reads_regular_only(req))
+            regular_only = self.reads_regular_only(req)
+            if nonblocking.safe_to_touch(path):
+                fd, size = ops.open_for_read(path, regular_only=regular_only)
+            else:
+                fd, size = await shared_pool().run(
+                    ops.open_for_read, path, regular_only=regular_only
+                )
             if size is not None and size <= _INLINE_READ_LIMIT:
                 data = ops.read_resident_and_close(fd, size)
                 if data is not None:
@@ -294,7 +300,8 @@ class SandboxedFileSystem:
     async def get_metadata(self, context: object, path: str) -> Metadata:
         request = _request(context)
         if _reads_everything(request):
-            return ops.get_metadata(path)  # inline, bounded: as the unsandboxed route
+            meta = ops.metadata_now(path)  # inline when it cannot block: as unsandboxed
+            return meta if meta is not None else await shared_pool().run(ops.get_metadata, path)
         result, _ = await self.run(FsOperation("fs/getMetadata", path), request)
         meta = _metadata_reply(result)
         if not meta.is_symlink and _is_visible_link(request, path):

@@ -23,12 +23,13 @@ bounded: ``get_metadata`` (one ``lstat``, plus one ``stat`` for a symlink) and
 (known from ``fstat`` after an ``O_NONBLOCK`` open, which is also done inline;
 anything else - bigger files, FIFOs, devices, ``/proc`` - is read in a worker),
 and only if its pages are in memory (``ops.read_resident_and_close``: else a
-worker reads it too). The trade-off: a path on a hung network filesystem can
-stall the loop for that one ``stat``/``open``; local filesystems answer these
-from the dentry and inode caches. A third runs inline: ``write_file`` of at most
+worker reads it too). A third runs inline: ``write_file`` of at most
 :data:`INLINE_WRITE_LIMIT` bytes replacing a regular file on tmpfs or ramfs
-(:func:`inline_write_target`: one ``lstat`` on the loop decides), where nothing waits
-for a device; every other write still runs in a worker.
+(:func:`inline_write_target`: one look-up on the loop decides), where nothing waits
+for a device; every other write still runs in a worker. The loop only ever looks
+up a path that :mod:`exec_server.fs.nonblocking` says cannot block (cached, on a
+local filesystem, or known missing): a path on a hung network or FUSE mount goes
+to a worker, and the other connections keep being served.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from stat import S_ISREG
 from typing import Protocol, TypeVar
 
 from exec_server.exceptions import ExecServerError, InvalidRequestError
-from exec_server.fs import memfs, ops
+from exec_server.fs import memfs, nonblocking, ops
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.workers import WorkerPool, shared_pool
 
@@ -161,7 +162,7 @@ class FileSystemService:
         """Whole file contents (cap :data:`~exec_server.fs.ops.READ_LIMIT`)."""
         if route.confined:
             return await self._confined_or_refuse(route).read_file(route.context, path)
-        fd, size = ops.open_for_read(path, regular_only=regular_only)
+        fd, size = await self.open_for_read(path, regular_only=regular_only)
         if size is not None and size <= INLINE_READ_LIMIT:
             data = ops.read_resident_and_close(fd, size)
             if data is not None:
@@ -169,6 +170,14 @@ class FileSystemService:
         # Queued before the first await, so the worker closes fd even if we are cancelled.
         return await self._pool.run(ops.read_and_close, fd, size)
 
+    async def open_for_read(
+        self, path: str, *, regular_only: bool = False
+    ) -> tuple[int, int | None]:
+        """:func:`ops.open_for_read`, on the loop only if that cannot block
+        (:mod:`exec_server.fs.nonblocking`), else in a worker."""
+        if nonblocking.safe_to_touch(path):
+            return ops.open_for_read(path, regular_only=regular_only)
+        return await self._pool.run(ops.open_for_read, path, regular_only=regular_only)
 
     def reads_directly(self, route: Route) -> bool:
         """Whether read-only calls on ``route`` run in the server: direct routes, and
@@ -185,10 +194,10 @@ class FileSystemService:
         if route.confined and not self.reads_directly(route):
             return None
         try:
-            st = os.stat(path)
-        except (OSError, ValueError):
+            st = nonblocking.stat_now(path)
+        except OSError:
             return None
-        if not S_ISREG(st.st_mode) or st.st_size > INLINE_READ_LIMIT:
+        if st is None or not S_ISREG(st.st_mode) or st.st_size > INLINE_READ_LIMIT:
             return None  # the async path reads it, or reports what it is
         # Known regular: no second ``stat``. Anything odd since (a swap, an open
         # error) is left to the async path, which answers in the request's form.
@@ -251,7 +260,7 @@ class FileSystemService:
                 return data
             # As the confined service would read it itself, with this route's rule.
             regular_only = confined.reads_regular_only(route.context)
-        fd, size = ops.open_for_read(path, regular_only=regular_only)
+        fd, size = await self.open_for_read(path, regular_only=regular_only)
         if size is not None and size <= INLINE_READ_LIMIT and size <= large_over:
             small = ops.read_resident_and_close(fd, size)
             if small is not None:
@@ -296,7 +305,8 @@ class FileSystemService:
     async def get_metadata(self, path: str, route: Route = DIRECT) -> Metadata:
         if route.confined:
             return await self._confined_or_refuse(route).get_metadata(route.context, path)
-        return ops.get_metadata(path)  # inline: bounded, see module doc
+        meta = ops.metadata_now(path)  # inline when it cannot block, see module doc
+        return meta if meta is not None else await self._pool.run(ops.get_metadata, path)
 
     async def read_directory(self, path: str, route: Route = DIRECT) -> list[DirEntry]:
         if route.confined:
@@ -336,8 +346,10 @@ def inline_write_target(path: str, size: int) -> os.stat_result | None:
     if size > INLINE_WRITE_LIMIT or not memfs.any_in_memory():
         return None  # not even a stat on machines where nothing was learned in memory
     try:
-        st = os.lstat(path)
-    except (OSError, ValueError):
+        st = nonblocking.stat_now(path, follow=False)
+    except OSError:
+        return None
+    if st is None:
         return None
     return st if S_ISREG(st.st_mode) and memfs.in_memory(st.st_dev) is True else None
 
@@ -351,4 +363,3 @@ def _read_mapped(
 
 def _produce_and_write(path: str, produce: Callable[[], ops.Payload]) -> None:
     ops.write_file(path, produce())
-

@@ -421,7 +421,10 @@ def get_metadata_now(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetM
     if not _service(ctx).reads_directly(route):
         raise NotNow  # the confined helper answers, on the async path
     path = parse_wire_path(params.path)
-    return _metadata_result(path, ops.get_metadata(path.path))
+    meta = ops.metadata_now(path.path)
+    if meta is None:
+        raise NotNow  # could block (not cached, or a network/FUSE mount): a worker asks
+    return _metadata_result(path, meta)
 
 
 def _metadata_result(path: WirePath, meta: ops.Metadata) -> t.GetMetadataResult:
@@ -539,9 +542,9 @@ def create_directory_start(
     _direct_only(params.sandbox)
     path = parse_wire_path(params.path)
     recursive = True if params.recursive is None else params.recursive
-    if recursive and ops.is_directory(path.path):
-        # Nothing to do, known from one stat on the loop (as getMetadata's): a
-        # worker's round trip costs ~50 µs more than this whole answer.
+    if recursive and ops.is_directory_now(path.path):
+        # Nothing to do, known without blocking (as getMetadata's): a worker's
+        # round trip costs ~50 µs more than this whole answer.
         done(_EMPTY, None)
         return
     _submit_empty(ctx, done, ops.create_directory, path.path, recursive=recursive)
@@ -551,7 +554,7 @@ def remove_start(ctx: RequestContext, params: t.RemoveParams, done: Done) -> Non
     _direct_only(params.sandbox)
     path = parse_wire_path(params.path)
     force = True if params.force is None else params.force
-    if force and ops.is_missing(path.path):
+    if force and ops.is_missing_now(path.path):
         done(_EMPTY, None)  # nothing to remove (see create_directory_start)
         return
     _submit_empty(

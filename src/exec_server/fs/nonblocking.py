@@ -1,0 +1,242 @@
+"""Tell, without blocking, whether touching a path on the event loop could block.
+
+Why: a ``stat`` or ``open`` of a path on a hung network or FUSE mount waits
+until that filesystem's server or daemon answers, and on the event loop that
+stalls every connection. Measured with a FUSE mount whose daemon never
+answers: ``fs/getMetadata``, a small ``fs/readFile``, a recursive
+``fs/createDirectory`` of an existing directory and a forced ``fs/remove``
+each froze the whole server, where upstream's blocking thread pool kept
+serving the other connections. The fast paths that answer on the loop
+(:mod:`exec_server.fs.service`, ``server/fs_handlers.py``) now ask
+:func:`lookup` first and hand the call to a worker thread unless it says
+:data:`LOCAL` or :data:`MISSING`.
+
+How (Linux 5.12+): ``openat2(O_PATH, RESOLVE_CACHED)`` resolves the path from
+the dentry cache only, failing with ``EAGAIN`` where a filesystem would have
+to be asked (an uncached name, or one whose cache entry its filesystem wants
+to revalidate); ``statx(AT_STATX_DONT_SYNC, STATX_MNT_ID)`` of the result then
+names its mount without asking the filesystem either, and only filesystems
+whose cached attributes are the truth (local disks, tmpfs, overlay, procfs,
+...: :data:`LOCAL_TYPES`, read from ``/proc/self/mountinfo`` and re-read
+when the mount table changes) count as :data:`LOCAL`. A cached "no such
+entry" is :data:`MISSING`: the same answer a blocking lookup would give now,
+since the filesystem accepted that cache entry without being asked.
+Elsewhere (macOS, older kernels, no ``/proc``) every answer is
+:data:`UNKNOWN`: everything goes to a worker.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import errno
+import os
+import select
+import sys
+import threading
+from typing import Final
+
+__all__ = ["LOCAL_TYPES", "Lookup", "available", "lookup", "safe_to_touch", "stat_now"]
+
+
+class Lookup(enum.Enum):
+    """What the caches say about a path."""
+
+    #: it exists, on a filesystem whose cached state is authoritative
+    LOCAL = "local"
+    #: nothing is there (a cached negative entry)
+    MISSING = "missing"
+    #: asking would (or might) wait for a filesystem: use a worker
+    UNKNOWN = "unknown"
+
+
+#: Filesystems whose cached dentries and attributes are the truth: nothing to
+#: ask a server or daemon, so a lookup that resolved from the cache does not wait.
+LOCAL_TYPES: Final = frozenset(
+    {
+        "bcachefs", "btrfs", "devpts", "devtmpfs", "exfat", "ext2", "ext3", "ext4",
+        "f2fs", "hfsplus", "jfs", "msdos", "nilfs2", "ntfs3", "overlay", "proc",
+        "ramfs", "reiserfs", "sysfs", "tmpfs", "vfat", "xfs", "zfs",
+    }
+)  # fmt: skip
+
+_SYS_OPENAT2: Final = 437  # the same number on every Linux architecture
+_RESOLVE_CACHED: Final = 0x20
+_AT_FDCWD: Final = -100
+_AT_EMPTY_PATH: Final = 0x1000
+_AT_STATX_DONT_SYNC: Final = 0x4000
+_STATX_MNT_ID: Final = 0x1000
+_O_PATH: Final = getattr(os, "O_PATH", 0)
+_STATX_SIZE: Final = 256
+_STX_MASK_OFFSET: Final = 0
+_STX_MNT_ID_OFFSET: Final = 144
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [
+        ("flags", ctypes.c_uint64),
+        ("mode", ctypes.c_uint64),
+        ("resolve", ctypes.c_uint64),
+    ]
+
+
+_HOW_SIZE: Final = ctypes.sizeof(_OpenHow)
+
+
+class _Buffers:
+    """One thread's ``open_how`` and ``statx`` buffers, and typed views into the latter."""
+
+    __slots__ = ("how", "how_address", "mask", "mnt_id", "statx")
+
+    def __init__(self) -> None:
+        self.how = _OpenHow()
+        self.how_address = ctypes.addressof(self.how)
+        self.statx = ctypes.create_string_buffer(_STATX_SIZE)
+        self.mask = ctypes.c_uint32.from_buffer(self.statx, _STX_MASK_OFFSET)
+        self.mnt_id = ctypes.c_uint64.from_buffer(self.statx, _STX_MNT_ID_OFFSET)
+
+
+class _Kernel:
+    """``openat2`` and ``statx`` through libc, and the mount table's types by id."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._syscall = libc.syscall
+        self._syscall.argtypes = [
+            ctypes.c_long,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+        ]
+        self._syscall.restype = ctypes.c_long
+        self._statx = libc.statx
+        self._statx.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_void_p,
+        ]
+        self._statx.restype = ctypes.c_int
+        # Per-thread buffers: the fast paths run on the loop, tests and the
+        # client's local backend may call from other threads too.
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._types: dict[int, str] = {}
+        self._mountinfo = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        self._changes = select.poll()
+        self._changes.register(self._mountinfo, select.POLLPRI | select.POLLERR)
+        self._changes.poll(0)  # consume the first "changed": the table is read next
+        self._read_mounts()
+
+    def _buffers(self) -> _Buffers:
+        bufs: _Buffers | None = getattr(self._local, "bufs", None)
+        if bufs is None:
+            bufs = self._local.bufs = _Buffers()
+        return bufs
+
+    def open_cached(self, path: bytes, follow: bool) -> int:
+        """An ``O_PATH`` descriptor of ``path`` resolved from the dentry cache;
+        raises ``OSError`` (``EAGAIN``: not all of it is cached)."""
+        bufs = self._buffers()
+        how = bufs.how
+        how.flags = _O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+        how.resolve = _RESOLVE_CACHED
+        fd: int = self._syscall(_SYS_OPENAT2, _AT_FDCWD, path, bufs.how_address, _HOW_SIZE)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return fd
+
+    def mount_id(self, fd: int) -> int | None:
+        """The mount ``fd`` is on, asked of the VFS only (no filesystem call)."""
+        bufs = self._buffers()
+        if self._statx(fd, b"", _AT_EMPTY_PATH | _AT_STATX_DONT_SYNC, _STATX_MNT_ID, bufs.statx):
+            return None
+        if not bufs.mask.value & _STATX_MNT_ID:
+            return None
+        return bufs.mnt_id.value
+
+    def mount_type(self, mount: int) -> str | None:
+        with self._lock:
+            if self._changes.poll(0):  # mounted or unmounted since: ids may be reused
+                self._read_mounts()
+            return self._types.get(mount)
+
+    def _read_mounts(self) -> None:
+        os.lseek(self._mountinfo, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(self._mountinfo, 1 << 16):
+            chunks.append(chunk)
+        types: dict[int, str] = {}
+        for line in b"".join(chunks).splitlines():
+            fields = line.split(b" ")
+            try:
+                after = fields.index(b"-")
+                types[int(fields[0])] = fields[after + 1].decode("ascii", "replace")
+            except (ValueError, IndexError):
+                continue
+        self._types = types
+
+
+def _load() -> _Kernel | None:
+    if not sys.platform.startswith("linux") or not _O_PATH:
+        return None
+    try:
+        kernel = _Kernel()
+    except (OSError, AttributeError):
+        return None
+    try:  # the kernel must know openat2 and RESOLVE_CACHED (5.12+)
+        os.close(kernel.open_cached(b"/", follow=True))
+    except OSError:
+        return None
+    return kernel
+
+
+_kernel: Final = _load()
+
+
+def available() -> bool:
+    """Whether :func:`lookup` can ever say anything but :data:`Lookup.UNKNOWN` here."""
+    return _kernel is not None
+
+
+def lookup(path: str | bytes, *, follow: bool = True) -> Lookup:
+    """What a ``stat`` (``follow``) or ``lstat`` of ``path`` would meet, if that can
+    be known without waiting for any filesystem (see module doc)."""
+    try:
+        st = stat_now(path, follow=follow)
+    except FileNotFoundError:
+        return Lookup.MISSING
+    return Lookup.UNKNOWN if st is None else Lookup.LOCAL
+
+
+def stat_now(path: str | bytes, *, follow: bool = True) -> os.stat_result | None:
+    """``os.stat`` (``follow``) or ``os.lstat`` of ``path`` when it cannot block, else
+    None (:data:`Lookup.UNKNOWN`). Raises ``FileNotFoundError`` as they would when
+    the cache knows nothing is there (:data:`Lookup.MISSING`)."""
+    kernel = _kernel
+    if kernel is None:
+        return None
+    try:
+        fd = kernel.open_cached(os.fsencode(path), follow)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+        return None
+    except ValueError:  # an embedded NUL: the real call reports it
+        return None
+    try:
+        mount = kernel.mount_id(fd)
+        if mount is None or kernel.mount_type(mount) not in LOCAL_TYPES:
+            return None
+        return os.fstat(fd)  # a local filesystem: its cached attributes, no waiting
+    finally:
+        os.close(fd)
+
+
+def safe_to_touch(path: str | bytes, *, follow: bool = True) -> bool:
+    """Whether the event loop may ``stat``/``open`` ``path`` itself: everything on the
+    way is cached and what it names is local, or the cache knows nothing is there."""
+    return lookup(path, follow=follow) is not Lookup.UNKNOWN

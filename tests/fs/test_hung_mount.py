@@ -1,0 +1,187 @@
+"""A path on a hung mount never stalls the server (fs/nonblocking.py, fs/workers.py).
+
+The mount is a FUSE filesystem whose daemon never answers, not even its INIT:
+every look-up under it waits until the test closes ``/dev/fuse``, which fails
+the waiting calls with ``ENOTCONN``. While one connection's call waits there,
+other connections must be served (a ``stat`` on the event loop used to freeze
+the whole server), and calls stuck in every worker thread must not hold up
+the calls that need one (upstream's blocking pool has 512 threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exec_server.client import ExecServerClient
+from exec_server.client.fs import RemoteFileSystem
+from exec_server.exceptions import ExecServerError
+from exec_server.fs import nonblocking, workers
+
+WAIT = 20.0
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+
+
+class HungMount:
+    """A FUSE mount at ``path`` that never answers until :meth:`release`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+        libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        self._libc = libc
+        self._fd: int | None = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+        opts = f"fd={self._fd},rootmode=40000,user_id=0,group_id=0".encode()
+        flags = _MS_NOSUID | _MS_NODEV
+        if libc.mount(b"hungfuse", os.fsencode(path), b"fuse", flags, opts) != 0:
+            err = ctypes.get_errno()
+            os.close(self._fd)
+            raise OSError(err, os.strerror(err))
+
+    def release(self) -> None:
+        """Close the daemon's end: every waiting call fails with ENOTCONN; detach."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self._libc.umount2(os.fsencode(self.path), _MNT_DETACH)
+
+
+@pytest.fixture
+def hung(tdir: Path) -> Iterator[HungMount]:
+    if not nonblocking.available():
+        pytest.skip("needs openat2 with RESOLVE_CACHED (Linux 5.12+)")
+    mnt = tdir / "mnt"
+    mnt.mkdir()
+    try:
+        mount = HungMount(mnt)
+    except OSError as exc:  # no /dev/fuse, not root, ...
+        pytest.skip(f"cannot mount a FUSE filesystem here: {exc}")
+    try:
+        yield mount
+    finally:
+        mount.release()
+
+
+@contextlib.asynccontextmanager
+async def _clients(server: Any, n: int) -> AsyncIterator[list[RemoteFileSystem]]:
+    """``n`` connections to the server (a process of its own: were its loop to stall,
+    this test's would not, and it would fail instead of hanging)."""
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(await ExecServerClient.connect(server.url))
+            for _ in range(n)
+        ]
+        yield [RemoteFileSystem(client) for client in clients]
+
+
+def _calls(target: Path, tdir: Path) -> dict[str, Any]:
+    return {
+        "getMetadata": lambda fs: fs.get_metadata(target),
+        "readFile": lambda fs: fs.read_file(target),
+        "writeFile": lambda fs: fs.write_file(target, b"x"),
+        "createDirectory": lambda fs: fs.create_directory(target, recursive=True),
+        "remove": lambda fs: fs.remove(target, recursive=True, force=True),
+        "readDirectory": lambda fs: fs.read_directory(target),
+        "copy": lambda fs: fs.copy(target, tdir / "copied", recursive=False),
+        "canonicalize": lambda fs: fs.canonicalize(target),
+    }
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "getMetadata",
+        "readFile",
+        "writeFile",
+        "createDirectory",
+        "remove",
+        "readDirectory",
+        "copy",
+        "canonicalize",
+    ],
+)
+async def test_a_call_into_a_hung_mount_does_not_stall_other_connections(
+    server: Any, hung: HungMount, tdir: Path, method: str
+) -> None:
+    (tdir / "ok.txt").write_bytes(b"fine")
+    async with _clients(server, 2) as (stuck, other):
+        waiting = asyncio.ensure_future(_calls(hung.path / "x", tdir)[method](stuck))
+        try:
+            async with asyncio.timeout(WAIT):
+                meta = await other.get_metadata(tdir / "ok.txt")
+                assert meta.size == 4
+                assert await other.read_file(tdir / "ok.txt") == b"fine"
+                await other.write_file(tdir / "new.txt", b"new")
+                names = {e.file_name for e in await other.read_directory(tdir)}
+                assert {"ok.txt", "new.txt"} <= names
+            assert not waiting.done()  # still waiting on the mount
+        finally:
+            hung.release()
+        with pytest.raises(ExecServerError, match="not connected"):
+            await asyncio.wait_for(waiting, WAIT)
+
+
+def _threads_waiting_on_fuse(pid: int) -> int:
+    count = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/wchan") as f:
+            count += f.read().startswith("fuse")
+    return count
+
+
+async def test_calls_stuck_in_every_worker_thread_leave_room_for_others(
+    server: Any, hung: HungMount, tdir: Path, wait_until: Any
+) -> None:
+    """More stuck calls than the pool has threads (a connection each: a connection's
+    own calls run in order); a call that needs a worker is still answered."""
+    many = workers.DEFAULT_MAX_WORKERS + 4
+    (tdir / "d").mkdir()
+    (tdir / "d" / "f").write_bytes(b"f")
+    async with _clients(server, many + 1) as clients:
+        *stuck, other = clients
+        waiting = [
+            asyncio.ensure_future(fs.get_metadata(hung.path / f"x{i}"))
+            for i, fs in enumerate(stuck)
+        ]
+        try:
+            # Every thread the pool may start is stuck before the other call is sent.
+            await wait_until(
+                lambda: _threads_waiting_on_fuse(server.pid) >= workers.DEFAULT_MAX_WORKERS,
+                WAIT,
+            )
+            async with asyncio.timeout(WAIT):
+                entries = await other.read_directory(tdir / "d")
+                assert [e.file_name for e in entries] == ["f"]
+                await other.copy(tdir / "d" / "f", tdir / "d" / "g", recursive=False)
+                assert (tdir / "d" / "g").read_bytes() == b"f"
+            assert not any(w.done() for w in waiting)
+        finally:
+            hung.release()
+        results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), WAIT)
+    assert all(isinstance(r, ExecServerError) for r in results), results
+
+
+def test_the_cache_only_look_up_tells_local_missing_and_unknown(
+    hung: HungMount, tdir: Path
+) -> None:
+    (tdir / "f").write_bytes(b"x")
+    os.path.exists(tdir / "gone")  # a look-up: the cache now knows it is missing
+    assert nonblocking.lookup(tdir / "f") is nonblocking.Lookup.LOCAL
+    assert nonblocking.lookup(tdir / "gone") is nonblocking.Lookup.MISSING
+    assert nonblocking.lookup(tdir / "gone" / "deeper") is nonblocking.Lookup.MISSING
+    # Under the hung mount nothing is cached, and nothing waits to find that out.
+    assert nonblocking.lookup(hung.path / "x") is nonblocking.Lookup.UNKNOWN
+    assert nonblocking.lookup(hung.path) is nonblocking.Lookup.UNKNOWN
+    st = nonblocking.stat_now(tdir / "f")
+    assert st is not None and st.st_size == 1
+    with pytest.raises(FileNotFoundError):
+        nonblocking.stat_now(tdir / "gone")
+    assert nonblocking.stat_now(hung.path / "x") is None
