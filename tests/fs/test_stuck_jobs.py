@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 from exec_server.fs import workers
 from exec_server.fs.workers import WorkerPool
 
 WAIT = 20.0
+
+
+def _thread_and_time() -> tuple[int, float]:
+    return threading.get_ident(), time.monotonic()
 
 
 async def test_a_waiting_job_gets_a_thread_once_the_running_ones_are_stuck() -> None:
@@ -18,9 +23,11 @@ async def test_a_waiting_job_gets_a_thread_once_the_running_ones_are_stuck() -> 
     started = [threading.Event(), threading.Event()]
 
     stuck_threads: set[int] = set()
+    stuck_since: list[float] = []
 
     def stuck(i: int) -> str:
         stuck_threads.add(threading.get_ident())
+        stuck_since.append(time.monotonic())
         started[i].set()
         assert release.wait(WAIT)
         return f"stuck {i}"
@@ -29,14 +36,12 @@ async def test_a_waiting_job_gets_a_thread_once_the_running_ones_are_stuck() -> 
     try:
         for event in started:
             assert await asyncio.to_thread(event.wait, WAIT)
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        served_by = await asyncio.wait_for(pool.run(threading.get_ident), WAIT)
+        served_by, served_at = await asyncio.wait_for(pool.run(_thread_and_time), WAIT)
         assert served_by not in stuck_threads  # a third thread
-        # Not before the running jobs were stuck for STUCK_AFTER seconds.
-        assert loop.time() - began >= workers.STUCK_AFTER * 0.9
+        # Not before a running job was stuck for STUCK_AFTER seconds.
+        assert served_at - min(stuck_since) >= workers.STUCK_AFTER
         assert not any(b.done() for b in blocked)
-        assert pool.threads == 1  # the stuck two are counted out of the limit
+        assert pool.threads <= 2  # the limit still holds for the threads counted in
     finally:
         release.set()
     assert await asyncio.wait_for(asyncio.gather(*blocked), WAIT) == ["stuck 0", "stuck 1"]

@@ -30,7 +30,7 @@ import msgspec
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidParamsError
-from exec_server.fs.context import route_from_wire
+from exec_server.fs.context import route_for
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import ConfinedFileSystem, FileSystemService, Route
 from exec_server.protocol import fs_types as t
@@ -180,32 +180,31 @@ class LocalFileSystem:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    @staticmethod
-    def _route(sandbox: FsSandbox) -> Route:
-        return route_from_wire(_sandbox_json(sandbox))
+    async def _route(self, sandbox: FsSandbox) -> Route:
+        return await route_for(_sandbox_json(sandbox), self._service.pool)
 
     async def read_file(self, path: PathArg, sandbox: FsSandbox = None) -> bytes:
-        route = self._route(sandbox)
+        route = await self._route(sandbox)
         return await self._service.read_file(
             _wire_path(path).path, route, regular_only=True
         )
 
     async def write_file(self, path: PathArg, data: bytes, sandbox: FsSandbox = None) -> None:
-        route = self._route(sandbox)
+        route = await self._route(sandbox)
         await self._service.write_file(_wire_path(path).path, data, route)
 
     async def create_directory(
         self, path: PathArg, *, recursive: bool = True, sandbox: FsSandbox = None
     ) -> None:
-        route = self._route(sandbox)
+        route = await self._route(sandbox)
         await self._service.create_directory(_wire_path(path).path, route, recursive=recursive)
 
     async def get_metadata(self, path: PathArg, sandbox: FsSandbox = None) -> Metadata:
-        route = self._route(sandbox)
+        route = await self._route(sandbox)
         return await self._service.get_metadata(_wire_path(path).path, route)
 
     async def read_directory(self, path: PathArg, sandbox: FsSandbox = None) -> list[DirEntry]:
-        route = self._route(sandbox)
+        route = await self._route(sandbox)
         return await self._service.read_directory(_wire_path(path).path, route)
 
     async def remove(
@@ -216,7 +215,7 @@ class LocalFileSystem:
         force: bool = True,
         sandbox: FsSandbox = None,
     ) -> None:
-        route = self._route(sandbox)
+        route = await self._route(sandbox)
         await self._service.remove(_wire_path(path).path, route, recursive=recursive, force=force)
 
     async def copy(
@@ -227,13 +226,13 @@ class LocalFileSystem:
         recursive: bool,
         sandbox: FsSandbox = None,
     ) -> None:
-        route = self._route(sandbox)
+        route = await self._route(sandbox)
         await self._service.copy(
             _wire_path(source).path, _wire_path(destination).path, route, recursive=recursive
         )
 
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str:
-        route = self._route(sandbox)
+        route = await self._route(sandbox)
         return await self._service.canonicalize(_wire_path(path).path, route)
 
 

@@ -11,9 +11,10 @@ route identically. Malformed contexts are ``-32602`` naming the member.
 from __future__ import annotations
 
 from exec_server.fs.service import DIRECT, Route
+from exec_server.fs.workers import WorkerPool
 from exec_server.sandbox.convert import cached_fs_route, fs_route_from_wire
 
-__all__ = ["cached_route_from_wire", "route_from_wire"]
+__all__ = ["cached_route_from_wire", "route_for", "route_from_wire"]
 
 
 def route_from_wire(raw: bytes | None) -> Route:
@@ -32,3 +33,19 @@ def cached_route_from_wire(raw: bytes) -> Route | None:
     if raw.strip() in (b"", b"null"):
         return DIRECT
     return cached_fs_route(raw)
+
+
+async def route_for(raw: bytes | None, pool: WorkerPool) -> Route:
+    """:func:`route_from_wire` for the event loop: a context decoded before comes from
+    the cache, a new one is decoded in a worker of ``pool``.
+
+    Why: decoding looks at the filesystem (the server's cwd, the policy's roots:
+    ``realpath``, ``isdir``), which under a hung network or FUSE mount would
+    stall every connection (see :mod:`exec_server.fs.nonblocking`).
+    """
+    if raw is None:
+        return DIRECT
+    cached = cached_route_from_wire(raw)
+    if cached is not None:
+        return cached
+    return await pool.run(route_from_wire, raw)

@@ -60,7 +60,14 @@ from exec_server.fs import nonblocking, ops
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import INLINE_READ_LIMIT as _INLINE_READ_LIMIT
 from exec_server.fs.workers import shared_pool
-from exec_server.fs.zygote import HelperFailure, Zygote, ZygoteUnavailable, describe_wait_status
+from exec_server.fs.zygote import (
+    HelperFailure,
+    Zygote,
+    ZygoteUnavailable,
+    describe_wait_status,
+    new_temp_token,
+    remove_write_temp,
+)
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.access import has_full_disk_read
 from exec_server.sandbox.convert import FsSandboxRequest, Generation, root_alias_normalize
@@ -143,6 +150,30 @@ def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: b
         # path and leaves the rest to the platform sandbox).
         _require(request, os.path.join(expect, os.path.basename(checked)), write=write)
     return _Checked(checked, expect)
+
+
+def _check_operation(
+    op: FsOperation, request: FsSandboxRequest
+) -> tuple[_Checked, _Checked | None]:
+    """The check paths of ``op``'s source and destination (PROTOCOL.md §10.2-§10.3).
+
+    Raises:
+        InvalidRequestError: the policy does not allow an access (-32600).
+        InternalError: canonicalisation failed.
+    """
+    src = check_path(
+        request, op.path, preserve=op.method in _PRESERVE_OPS, write=op.method in _WRITE_OPS
+    )
+    if op.method != "fs/copy" or op.destination is None:
+        return src, None
+    dst = check_path(request, op.destination, preserve=False, write=True)
+    # A tree copied in must not bring what the policy keeps read-only below the
+    # destination (a `.git` planted in a writable root): refused before anything
+    # is written, not by the child half way through.
+    conflict = request.copy_conflict(src.path, dst.path)
+    if conflict is not None:
+        raise InvalidRequestError(NOT_PERMITTED.format(conflict))
+    return src, dst
 
 
 def _require(request: FsSandboxRequest, path: str, *, write: bool) -> None:
@@ -364,22 +395,12 @@ class SandboxedFileSystem:
             raise InternalError("the filesystem sandbox is shut down")
         if request.direct:
             raise InvalidRequestError(NEEDS_POLICY)
-        # Checks touch only a handful of inodes (lstat/realpath): cheap enough
-        # to run on the loop, and a thread hop would double the latency.
-        src = check_path(
-            request, op.path, preserve=op.method in _PRESERVE_OPS, write=op.method in _WRITE_OPS
-        )
-        dst: _Checked | None = None
-        if op.method == "fs/copy":
-            if op.destination is None:
-                raise InvalidRequestError("fs/copy requires destinationPath")
-            dst = check_path(request, op.destination, preserve=False, write=True)
-            # A tree copied in must not bring what the policy keeps read-only
-            # below the destination (a `.git` planted in a writable root): refused
-            # before anything is written, not by the child half way through.
-            conflict = request.copy_conflict(src.path, dst.path)
-            if conflict is not None:
-                raise InvalidRequestError(NOT_PERMITTED.format(conflict))
+        if op.method == "fs/copy" and op.destination is None:
+            raise InvalidRequestError("fs/copy requires destinationPath")
+        # In a worker: the checks lstat and realpath the paths, which under a hung
+        # network or FUSE mount would stall every connection (fs/nonblocking.py);
+        # the hop is a small part of a confined call, which waits for its helper.
+        src, dst = await shared_pool().run(_check_operation, op, request)
         not_a_file = (
             op.path
             if op.method == "fs/readFile" and request.generation is Generation.CURRENT
@@ -476,13 +497,18 @@ class SandboxedFileSystem:
             raise InvalidRequestError(f"failed to prepare fs sandbox: {exc.message}") from exc
         if not wrapped.argv:
             raise InvalidRequestError("fs sandbox command was empty")
-        message = json.dumps(_helper_request(op, src, dst, plan, not_a_file)).encode()
+        token = new_temp_token() if op.method == "fs/writeFile" else None
+        message = json.dumps(_helper_request(op, src, dst, plan, not_a_file, token)).encode()
+        status = -1
         try:
             stdout, stderr, status = await self._spawn(wrapped, message)
         finally:
             if wrapped.cleanup is not None:
                 with contextlib.suppress(OSError):
                     wrapped.cleanup()
+            if token is not None and status != 0:
+                # Killed (timeout, cancelled caller) or crashed: no temp file left.
+                await remove_write_temp(src.path, src.expect, token)
         if status != 0:
             raise InternalError(
                 f"fs sandbox helper failed with status {describe_wait_status(status)}: "
@@ -637,9 +663,11 @@ def _helper_request(
     dst: _Checked | None,
     plan: SandboxPlan,
     not_a_file: str | None,
+    tmp: str | None = None,
 ) -> dict[str, object]:
     """PROTOCOL.md §10.5 request, plus an ``x-exec-server`` member our helper uses
-    for the same strict checks as the zygote (unknown members are ignored)."""
+    for the same strict checks as the zygote (unknown members are ignored); ``tmp``:
+    a writeFile's temp file token (``zygote_ops.temp_name``)."""
     params: dict[str, object] = {"sandbox": None}
     if op.method == "fs/copy":
         assert dst is not None
@@ -664,6 +692,8 @@ def _helper_request(
         ext["dest_expect"] = dst.expect
     if not_a_file is not None:
         ext["not_a_file"] = not_a_file
+    if tmp is not None:
+        ext["tmp"] = tmp
     return {"operation": op.method, "params": params, "x-exec-server": ext}
 
 

@@ -22,7 +22,7 @@ import msgspec
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import ops
-from exec_server.fs.context import cached_route_from_wire, route_from_wire
+from exec_server.fs.context import cached_route_from_wire, route_for
 from exec_server.fs.ops import lossy_name
 from exec_server.fs.service import DIRECT, FileSystemService, Route, inline_write_target
 from exec_server.protocol import fs_types as t
@@ -73,9 +73,9 @@ def _service(ctx: RequestContext) -> FileSystemService:
     return service
 
 
-def _route(raw: t.SandboxField) -> Route:
+async def _route(ctx: RequestContext, raw: t.SandboxField) -> Route:
     sandbox = t.sandbox_raw(raw)
-    return route_from_wire(None if sandbox is None else bytes(sandbox))
+    return await route_for(None if sandbox is None else bytes(sandbox), _service(ctx).pool)
 
 
 _B64_VALUES: Final = {
@@ -352,7 +352,7 @@ async def read_file(
         path.path,
         functools.partial(encode_read_reply, ctx.request_id),
         INLINE_CODEC_LIMIT,
-        _route(params.sandbox),
+        await _route(ctx, params.sandbox),
         regular_only=path.form is PathForm.URI,
         read_large=functools.partial(read_into_reply, ctx.request_id),
         receive_large=functools.partial(receive_into_reply, ctx.request_id) if native else None,
@@ -389,7 +389,7 @@ async def write_file(
     params: t.WriteFileParams | t.WriteFileParamsSpan,
 ) -> t.EmptyResult:
     path = parse_wire_path(params.path)
-    route = _route(params.sandbox)
+    route = await _route(ctx, params.sandbox)
     service = _service(ctx)
     raw = params.data_base64
     if isinstance(raw, StringSpan):
@@ -405,13 +405,14 @@ async def write_file(
 async def create_directory(ctx: RequestContext, params: t.CreateDirectoryParams) -> t.EmptyResult:
     path = parse_wire_path(params.path)
     recursive = True if params.recursive is None else params.recursive
-    await _service(ctx).create_directory(path.path, _route(params.sandbox), recursive=recursive)
+    route = await _route(ctx, params.sandbox)
+    await _service(ctx).create_directory(path.path, route, recursive=recursive)
     return t.EmptyResult()
 
 
 async def get_metadata(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetMetadataResult:
     path = parse_wire_path(params.path)
-    meta = await _service(ctx).get_metadata(path.path, _route(params.sandbox))
+    meta = await _service(ctx).get_metadata(path.path, await _route(ctx, params.sandbox))
     return _metadata_result(path, meta)
 
 
@@ -449,7 +450,7 @@ async def read_directory(
     ctx: RequestContext, params: t.ReadDirectoryParams
 ) -> t.ReadDirectoryResult:
     path = parse_wire_path(params.path)
-    entries = await _service(ctx).read_directory(path.path, _route(params.sandbox))
+    entries = await _service(ctx).read_directory(path.path, await _route(ctx, params.sandbox))
     return _directory_result(entries)
 
 
@@ -468,7 +469,7 @@ async def remove(ctx: RequestContext, params: t.RemoveParams) -> t.EmptyResult:
     path = parse_wire_path(params.path)
     await _service(ctx).remove(
         path.path,
-        _route(params.sandbox),
+        await _route(ctx, params.sandbox),
         recursive=True if params.recursive is None else params.recursive,
         force=True if params.force is None else params.force,
     )
@@ -479,14 +480,14 @@ async def copy(ctx: RequestContext, params: t.CopyParams) -> t.EmptyResult:
     source = parse_wire_path(params.source_path)
     destination = parse_wire_path(params.destination_path)
     await _service(ctx).copy(
-        source.path, destination.path, _route(params.sandbox), recursive=params.recursive
+        source.path, destination.path, await _route(ctx, params.sandbox), recursive=params.recursive
     )
     return t.EmptyResult()
 
 
 async def canonicalize(ctx: RequestContext, params: t.CanonicalizeParams) -> t.CanonicalizeResult:
     path = parse_wire_path(params.path)
-    resolved = await _service(ctx).canonicalize(path.path, _route(params.sandbox))
+    resolved = await _service(ctx).canonicalize(path.path, await _route(ctx, params.sandbox))
     if path.form is PathForm.PLAIN:
         resolved = lossy_name(resolved)  # JSON strings cannot carry raw bytes
     return t.CanonicalizeResult(path=path.render(resolved))
