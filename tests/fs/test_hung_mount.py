@@ -215,3 +215,42 @@ async def test_a_context_rooted_in_a_hung_mount_does_not_stall_other_connections
             hung.release()
         await asyncio.wait_for(asyncio.gather(waiting, return_exceptions=True), WAIT)
     assert (tdir / "ok.txt").read_bytes() == b"fine"  # outside the workspace: refused
+
+
+async def test_a_process_started_in_a_hung_mount_does_not_stall_other_connections(
+    server: Any, hung: HungMount, tdir: Path
+) -> None:
+    """The spawning thread waits until the child has changed to its cwd and exec'd:
+    for a cwd on the hung mount that is a worker, not the event loop."""
+    async with contextlib.AsyncExitStack() as stack:
+        stuck, other = [
+            await stack.enter_async_context(await ExecServerClient.connect(server.url))
+            for _ in range(2)
+        ]
+        waiting = asyncio.ensure_future(stuck.spawn(["true"], cwd=str(hung.path / "x")))
+        try:
+            async with asyncio.timeout(WAIT):
+                handle = await other.spawn(["/bin/echo", "served"], cwd=str(tdir))
+                done = await handle.collect()
+                assert done.stdout == b"served\n"
+            assert not waiting.done()
+        finally:
+            hung.release()
+        outcome = await asyncio.wait_for(asyncio.gather(waiting, return_exceptions=True), WAIT)
+    assert isinstance(outcome[0], ExecServerError), outcome
+    assert "not connected" in str(outcome[0])
+
+
+async def test_a_spawn_that_fails_in_a_worker_reports_it_and_frees_the_id(
+    server: Any, tdir: Path
+) -> None:
+    """A cwd never looked up is not in the cache: the spawn runs in a worker, and its
+    failure is the same error as on the loop, the process id usable again."""
+    missing = tdir / "never-looked-up" / "x"
+    async with await ExecServerClient.connect(server.url) as client:
+        with pytest.raises(ExecServerError, match="No such file or directory"):
+            await asyncio.wait_for(client.spawn(["true"], cwd=str(missing), process_id="p"), WAIT)
+        handle = await asyncio.wait_for(
+            client.spawn(["/bin/echo", "again"], cwd=str(tdir), process_id="p"), WAIT
+        )
+        assert (await asyncio.wait_for(handle.collect(), WAIT)).stdout == b"again\n"

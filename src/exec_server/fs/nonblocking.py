@@ -34,6 +34,7 @@ import os
 import select
 import sys
 import threading
+import time
 from typing import Final
 
 __all__ = ["LOCAL_TYPES", "Lookup", "available", "lookup", "safe_to_touch", "stat_now"]
@@ -68,6 +69,8 @@ _AT_STATX_DONT_SYNC: Final = 0x4000
 _STATX_MNT_ID: Final = 0x1000
 _O_PATH: Final = getattr(os, "O_PATH", 0)
 _STATX_SIZE: Final = 256
+#: Seconds between two checks for a changed mount table.
+_POLL_INTERVAL: Final = 0.05
 _STX_MASK_OFFSET: Final = 0
 _STX_MNT_ID_OFFSET: Final = 144
 
@@ -128,6 +131,7 @@ class _Kernel:
         self._changes = select.poll()
         self._changes.register(self._mountinfo, select.POLLPRI | select.POLLERR)
         self._changes.poll(0)  # consume the first "changed": the table is read next
+        self._next_poll = 0.0
         self._read_mounts()
 
     def _buffers(self) -> _Buffers:
@@ -159,10 +163,15 @@ class _Kernel:
         return bufs.mnt_id.value
 
     def mount_type(self, mount: int) -> str | None:
-        with self._lock:
-            if self._changes.poll(0):  # mounted or unmounted since: ids may be reused
-                self._read_mounts()
-            return self._types.get(mount)
+        now = time.monotonic()
+        if now >= self._next_poll:
+            # Mounted or unmounted since? Ids are reused, so the table is read again.
+            # Asked at most every _POLL_INTERVAL (the poll is a third of a look-up).
+            with self._lock:
+                self._next_poll = now + _POLL_INTERVAL
+                if self._changes.poll(0):
+                    self._read_mounts()
+        return self._types.get(mount)
 
     def _read_mounts(self) -> None:
         os.lseek(self._mountinfo, 0, os.SEEK_SET)

@@ -33,8 +33,15 @@ from typing import Final, Protocol
 import msgspec
 
 from exec_server.exceptions import InternalError, InvalidRequestError, os_error_message
+from exec_server.fs.workers import shared_pool
 from exec_server.process.output import RETAINED_OUTPUT_CAP, OutputBuffer
-from exec_server.process.pipes import ProcessGuard, SpawnedChild, close_quietly, spawn_pipes
+from exec_server.process.pipes import (
+    ProcessGuard,
+    SpawnedChild,
+    close_quietly,
+    spawn_may_block,
+    spawn_pipes,
+)
 from exec_server.process.pty import spawn_pty
 from exec_server.process.spec import ExitStatus, LaunchService, LaunchSpec
 from exec_server.protocol.process_types import (
@@ -242,6 +249,21 @@ def _set_if_pending(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+def _spawn(spec: LaunchSpec, owner: object | None) -> SpawnedChild:
+    if spec.tty:
+        return spawn_pty(spec, service_owner=owner)
+    return spawn_pipes(spec, service_owner=owner)
+
+
+def _spawn_error(exc: BaseException) -> BaseException:
+    """What a failed spawn raises: the OS text as an internal error (§8.1)."""
+    if isinstance(exc, OSError):
+        return InternalError(os_error_message(exc))
+    if isinstance(exc, subprocess.SubprocessError | ValueError):
+        return InternalError(f"failed to start process: {exc}")
+    return exc
+
+
 class ProcessManager:
     """All processes of one session.
 
@@ -334,6 +356,42 @@ class ProcessManager:
             InternalError: spawn failure with the OS text.
         """
         loop = asyncio.get_running_loop()
+        rec, owner = self._begin(process_id, spec, current)
+        child = self._spawn_or_forget(rec, spec, owner)
+        self._attach(rec, child, spec, loop)
+
+    async def start_async(
+        self, process_id: str, spec: LaunchSpec, *, current: bool = False
+    ) -> None:
+        """:meth:`start`, but a spawn that could wait on a filesystem runs in a worker
+        thread, the process "starting" meanwhile.
+
+        Why: the spawning thread waits until the child has changed to its cwd and
+        exec'd its program (``vfork``); with either on a hung network or FUSE mount
+        that was the event loop, and every connection stalled. Spawns whose cwd and
+        program the dentry cache resolves on local filesystems
+        (:mod:`exec_server.fs.nonblocking`), and those a launch service starts,
+        stay on the loop.
+        """
+        if spec.zygote is not None or not spawn_may_block(spec):
+            self.start(process_id, spec, current=current)
+            return
+        loop = asyncio.get_running_loop()
+        rec, owner = self._begin(process_id, spec, current)
+        try:
+            child = await shared_pool().run(_spawn, spec, owner)
+        except BaseException as exc:
+            self._forget(rec, spec)
+            raise _spawn_error(exc) from exc
+        if self._closed:  # shut down meanwhile: nobody will capture it
+            await self._abandon(child)
+            self._discard_launch(spec)
+            raise InternalError("failed to start process: the server is shutting down")
+        self._attach(rec, child, spec, loop)
+
+    def _begin(
+        self, process_id: str, spec: LaunchSpec, current: bool
+    ) -> tuple[_Record, object | None]:
         if process_id in self._records:
             self._discard_launch(spec)
             raise InvalidRequestError(f"process {process_id} already exists")
@@ -343,19 +401,30 @@ class ProcessManager:
         if spec.zygote is not None and self._use_services:
             owner = self
             self._services[id(spec.zygote.service)] = spec.zygote.service
+        return rec, owner
+
+    def _spawn_or_forget(
+        self, rec: _Record, spec: LaunchSpec, owner: object | None
+    ) -> SpawnedChild:
+        """Spawn; on failure forget ``rec``, discard the launch and raise InternalError."""
         try:
-            if spec.tty:
-                child = spawn_pty(spec, service_owner=owner)
-            else:
-                child = spawn_pipes(spec, service_owner=owner)
-        except OSError as exc:
-            del self._records[process_id]
-            self._discard_launch(spec)
-            raise InternalError(os_error_message(exc)) from exc
-        except (subprocess.SubprocessError, ValueError) as exc:
-            del self._records[process_id]
-            self._discard_launch(spec)
-            raise InternalError(f"failed to start process: {exc}") from exc
+            return _spawn(spec, owner)
+        except BaseException as exc:
+            self._forget(rec, spec)
+            raise _spawn_error(exc) from exc
+
+    def _forget(self, rec: _Record, spec: LaunchSpec) -> None:
+        if self._records.get(rec.process_id) is rec:
+            del self._records[rec.process_id]
+        self._discard_launch(spec)
+
+    def _attach(
+        self,
+        rec: _Record,
+        child: SpawnedChild,
+        spec: LaunchSpec,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         for fd in spec.pass_fds:
             close_quietly(fd)
         self._guard.add(child.pid)
@@ -372,6 +441,19 @@ class ProcessManager:
         for stream, fd in child.outputs:
             self._spawn_task(rec, self._capture(rec, stream, fd), loop)
         self._spawn_task(rec, self._watch_exit(rec, child), loop)
+
+    @staticmethod
+    async def _abandon(child: SpawnedChild) -> None:
+        """Kill and reap a child no record will own (spawned while shutting down)."""
+        with contextlib.suppress(OSError):
+            os.killpg(child.pid, _signal.SIGKILL)
+        for _, fd in child.outputs:
+            close_quietly(fd)
+        close_quietly(child.stdin_fd)
+        for fd in child.extra_fds:
+            close_quietly(fd)
+        if child.popen is not None:
+            await shared_pool().run(child.popen.wait)
 
     @staticmethod
     def _discard_launch(spec: LaunchSpec) -> None:

@@ -139,7 +139,7 @@ async def handle_start(ctx: RequestContext, params: StartParams) -> StartResult:
         pipe_stdin=params.pipe_stdin is True and not params.tty,
     )
     spec = await _prepare_sandbox(ctx, spec, params)
-    _manager(ctx).start(params.process_id, spec, current=current)
+    await _manager(ctx).start_async(params.process_id, spec, current=current)
     kind = spec.sandbox_type
     if current:
         return StartResult(process_id=params.process_id, sandbox_type=kind.camel)
