@@ -76,11 +76,16 @@ def test_notification() -> None:
     assert msg.method == "initialized"
 
 
-def test_id_that_is_not_int_or_string_makes_a_notification() -> None:
-    # upstream's untagged enum: Request needs a valid id, Notification fits next
-    assert isinstance(decode_message(b'{"id":null,"method":"m"}'), Notification)
-    assert isinstance(decode_message(b'{"id":1.5,"method":"m"}'), Notification)
-    assert isinstance(decode_message(b'{"id":true,"method":"m"}'), Notification)
+def test_id_that_is_not_int_or_string_is_malformed() -> None:
+    # upstream 0.163 refuses an id member that is no RequestId (id -1, -32600);
+    # it is no notification (tests/protocol/test_request_id_shapes.py)
+    for text in (
+        b'{"id":null,"method":"m"}',
+        b'{"id":1.5,"method":"m"}',
+        b'{"id":true,"method":"m"}',
+    ):
+        with pytest.raises(ProtocolError, match="untagged enum RequestId"):
+            decode_message(text)
 
 
 def test_response_and_error() -> None:
@@ -129,19 +134,21 @@ def test_nesting_deeper_than_the_decoder_goes_is_malformed(where: str) -> None:
     [
         ("9223372036854775807", Request),
         ("-9223372036854775808", Request),
-        ("9223372036854775808", Notification),
-        ("-9223372036854775809", Notification),
-        ("1180591620717411303424", Notification),
-        ("1.0", Notification),
+        ("9223372036854775808", ProtocolError),
+        ("-9223372036854775809", ProtocolError),
+        ("1180591620717411303424", ProtocolError),
+        ("1.0", ProtocolError),
     ],
 )
 def test_integer_ids_are_64_bit(text: str, fits: type) -> None:
     """An id is an i64 or a string (upstream's type): a bigger integer is no id, so
-    the message fits no request shape, like a float id (a notification here)."""
+    the message is malformed, like one with a float id."""
+    if fits is ProtocolError:
+        with pytest.raises(ProtocolError):
+            decode_message(f'{{"id":{text},"method":"m"}}'.encode())
+        return
     msg = decode_message(f'{{"id":{text},"method":"m"}}'.encode())
-    assert type(msg) is fits
-    if fits is Request:
-        assert isinstance(msg, Request) and msg.id == int(text)
+    assert isinstance(msg, Request) and msg.id == int(text)
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,9 @@
 Decoding follows upstream's untagged enum: the first shape that fits wins, in
 the order Request (``id`` + ``method``), Notification (``method``), Response
 (``id`` + ``result``), Error (``id`` + ``error``). Anything else - invalid
-JSON, a JSON array (batch), a scalar - raises :class:`ProtocolError` whose
-``message`` is the parser's text; the transport turns it into an error with
-id ``-1`` (§3.6).
+JSON, a JSON array (batch), a scalar, an ``id`` member that is no id (not an
+i64 or a string) - raises :class:`ProtocolError` whose ``message`` is the
+parser's text; the transport turns it into an error with id ``-1`` (§3.6).
 
 Encoding builds compact JSON with members in upstream's order and omits
 ``params`` when absent. Payload structs are encoded as they are (they carry
@@ -57,6 +57,10 @@ T = TypeVar("T")
 _NULL: Final = b"null"
 _EMPTY_OBJECT: Final = b"{}"
 _NO_SHAPE: Final = "data did not match any variant of untagged enum JSONRPCMessage"
+#: upstream's words for an ``id`` member that is neither an i64 nor a string.
+_BAD_ID: Final = "data did not match any variant of untagged enum RequestId"
+#: the text of an integer that may be past i64/u64 yet fit an i128/u128 (``_bad_id``).
+_WIDE_INT: Final = re.compile(rb"-?[0-9]{19,39}")
 #: msgspec's words for a lone leading surrogate escape (``"\\ud800x"``): as for text
 #: that really ends early, which misleads (the message was whole).
 _TRUNCATED: Final = "Input data was truncated"
@@ -258,6 +262,25 @@ def _member(raw: Raw, decoder: msgspec.json.Decoder[T]) -> T | UnsetType:
         raise ProtocolError(decode_error_text(exc, raw)) from None
 
 
+def _bad_id(raw: Raw) -> ProtocolError:
+    """The error for an ``id`` member that is present but no RequestId.
+
+    Upstream refuses such a message whatever else it holds (a method, a
+    result, nothing): a float, ``null``, a bool, an object, an array, or an
+    integer outside i64 is "no variant of RequestId", except an integer that
+    fits a u128 (past u64) or an i128 (below i64), which its buffering refuses
+    first with the words mirrored here.
+    """
+    text = bytes(raw)
+    if _WIDE_INT.fullmatch(text):
+        value = int(text)
+        if 2**64 <= value < 2**128:
+            return ProtocolError(f"invalid type: integer `{value}` as u128, expected any value")
+        if -(2**127) <= value < -(2**63):
+            return ProtocolError(f"invalid type: integer `{value}` as i128, expected any value")
+    return ProtocolError(_BAD_ID)
+
+
 def decode_message(data: bytes | bytearray | str) -> Message:
     """Decode one inbound frame or line.
 
@@ -295,6 +318,10 @@ def _decode_message(data: bytes | bytearray | str) -> Message:
     except msgspec.DecodeError as exc:
         raise ProtocolError(decode_error_text(exc, data)) from None
     msg_id = _member(env.id, _id_decoder)
+    if env.id and isinstance(msg_id, UnsetType):
+        # An id member that is no id is not a notification (that has no id at
+        # all) nor a response: the message is malformed, as upstream says (§3.6).
+        raise _bad_id(env.id)
     method = _member(env.method, _str_decoder)
     params = env.params if env.params else None
     if not isinstance(method, UnsetType):

@@ -103,7 +103,15 @@ READ_AHEAD_AFTER: Final = 0.1
 READ_AHEAD_MESSAGES: Final = 4096
 #: Bytes read ahead at most (the message that crosses it is still taken).
 READ_AHEAD_BYTES: Final = 64 << 20
-_ID_PREFIX: Final = re.compile(rb'^\s*\{\s*"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
+#: ``{"id": <integer or string>`` at the start of a message (JSON whitespace
+#: only), the value ending where the member does: ``1.5``, ``7e3``, ``2.0`` are
+#: no ids, not ``1``, ``7``, ``2`` (``_sniff_id``). Possessive, so a failed
+#: match does not backtrack into the value.
+_ID_PREFIX: Final = re.compile(
+    rb'^[ \t\n\r]*\{[ \t\n\r]*"id"[ \t\n\r]*:[ \t\n\r]*'
+    rb'(-?[0-9]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")'
+    rb"[ \t\n\r]*[,}]"
+)
 
 
 async def handle_initialize(ctx: RequestContext, params: InitializeParams) -> InitializeResult:
