@@ -274,11 +274,16 @@ def many_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ops, "_usable_cpus", lambda: 4)
 
 
-@pytest.mark.usefixtures("many_cpus")
+@pytest.fixture
+def slow_copies(many_cpus: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file copy counts as slow: tree copies fan out after their probe."""
+    monkeypatch.setattr(ops, "_SLOW_COPY_NS", -1)
+
+
+@pytest.mark.usefixtures("slow_copies")
 def test_slow_file_copies_fan_the_tree_copy_out_and_it_is_whole(
-    tmp_path: Path, recording: _Recording, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, recording: _Recording
 ) -> None:
-    monkeypatch.setattr(ops, "_SLOW_COPY_NS", -1)  # every file copy counts as slow
     src = tmp_path / "src"
     _copy_source(src)
     (tmp_path / "outside").mkdir()
@@ -318,11 +323,10 @@ def test_one_cpu_never_fans_out(
     assert recording.batches == 0
 
 
-@pytest.mark.usefixtures("many_cpus")
+@pytest.mark.usefixtures("slow_copies")
 def test_a_fanned_out_copy_merges_into_an_existing_tree(
-    tmp_path: Path, recording: _Recording, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, recording: _Recording
 ) -> None:
-    monkeypatch.setattr(ops, "_SLOW_COPY_NS", -1)
     src = tmp_path / "src"
     _copy_source(src)
     dst = tmp_path / "dst"
@@ -336,11 +340,10 @@ def test_a_fanned_out_copy_merges_into_an_existing_tree(
     assert recording.batches > 0
 
 
-@pytest.mark.usefixtures("many_cpus")
+@pytest.mark.usefixtures("slow_copies")
 def test_a_failure_inside_a_fanned_out_copy_is_reported(
-    tmp_path: Path, recording: _Recording, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, recording: _Recording
 ) -> None:
-    monkeypatch.setattr(ops, "_SLOW_COPY_NS", -1)
     src = tmp_path / "src"
     _copy_source(src)
     dst = tmp_path / "dst"
@@ -352,11 +355,10 @@ def test_a_failure_inside_a_fanned_out_copy_is_reported(
     assert recording.batches > 0
 
 
-@pytest.mark.usefixtures("many_cpus")
+@pytest.mark.usefixtures("slow_copies")
 def test_a_fanned_out_copy_of_a_deep_tree_goes_on_sequentially_below_the_limit(
     tmp_path: Path, recording: _Recording, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ops, "_SLOW_COPY_NS", -1)
     monkeypatch.setattr(ops, "_RECURSION_DEPTH", 3)
     src = tmp_path / "src"
     level = src
@@ -372,12 +374,11 @@ def test_a_fanned_out_copy_of_a_deep_tree_goes_on_sequentially_below_the_limit(
     assert recording.batches > 0
 
 
-@pytest.mark.usefixtures("many_cpus")
+@pytest.mark.usefixtures("slow_copies")
 def test_the_copy_probe_counts_files_across_small_directories(
-    tmp_path: Path, recording: _Recording, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, recording: _Recording
 ) -> None:
     """No directory has eight files, yet the timed copies add up and the rest fans out."""
-    monkeypatch.setattr(ops, "_SLOW_COPY_NS", -1)
     src = tmp_path / "src"
     for d in range(12):
         (src / f"d{d:02d}").mkdir(parents=True)

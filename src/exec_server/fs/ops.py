@@ -94,8 +94,6 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 
 
-
-
 class Metadata(msgspec.Struct, frozen=True, gc=False):
     """What ``fs/getMetadata`` reports; ``is_symlink``/``size`` are ``None`` when unknown.
 
@@ -1044,9 +1042,7 @@ def _copy_tree(source: str, destination: str) -> None:
     each one waits on the filesystem (:class:`_TreeCopy`).
     """
     created = _make_tree_root(destination)
-    _copy_directories(
-        [(source, destination, _MASK_TO_CHECK if created else None)], _TreeCopy(), 0
-    )
+    _copy_directories([(source, destination, _MASK_TO_CHECK if created else None)], _TreeCopy(), 0)
 
 
 #: A directory still to copy: (source path, destination path, creation mask or None).
@@ -1110,6 +1106,18 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+@dataclass(frozen=True, slots=True)
+class _Pair:
+    """One directory being copied: both descriptors and paths, and the creation mask
+    of the destination (``None``: an existing directory merged into)."""
+
+    src_fd: int
+    src_dir: str
+    dst_fd: int
+    dst_dir: str
+    mask: int | None
+
+
 def _copy_directories(pending: list[_PendingDir], copy: _TreeCopy, depth: int) -> None:
     """Copy the contents of each pending directory and of the subdirectories met,
     until none is left (or hand them all to a fan-out)."""
@@ -1121,7 +1129,8 @@ def _copy_directories(pending: list[_PendingDir], copy: _TreeCopy, depth: int) -
             try:
                 if mask == _MASK_TO_CHECK:
                     mask = copy.mask_of(dst_fd)
-                _copy_directory(src_fd, src_dir, dst_fd, dst_dir, mask, pending, copy, depth)
+                pair = _Pair(src_fd, src_dir, dst_fd, dst_dir, mask)
+                _copy_directory(pair, pending, copy, depth)
             finally:
                 os.close(dst_fd)
         finally:
@@ -1198,42 +1207,23 @@ def _creation_mask(dir_fd: int, umask: int) -> int:
     return _MASK_UNKNOWN
 
 
-def _copy_directory(
-    src_fd: int,
-    src_dir: str,
-    dst_fd: int,
-    dst_dir: str,
-    mask: int | None,
-    pending: list[_PendingDir],
-    copy: _TreeCopy,
-    depth: int,
-) -> None:
-    """Copy one directory's entries; ``mask`` is ``None`` when ``dst_fd`` was merged into.
+def _copy_directory(pair: _Pair, pending: list[_PendingDir], copy: _TreeCopy, depth: int) -> None:
+    """Copy one directory's entries; subdirectories join ``pending``.
 
-    Subdirectories join ``pending``. Once the copy is known to be slow, this
-    directory's remaining entries and everything pending are fanned out
-    instead (and the fanned-out subtrees fan out in turn, down to
-    :data:`_RECURSION_DEPTH` levels; deeper ones are copied sequentially).
+    Once the copy is known to be slow, this directory's remaining entries and
+    everything pending are fanned out instead (and the fanned-out subtrees fan
+    out in turn, down to :data:`_RECURSION_DEPTH` levels; deeper ones are
+    copied sequentially).
     """
-    with os.scandir(src_fd) as it:
+    with os.scandir(pair.src_fd) as it:
         entries = list(it)
     if copy.parallel is None:
-        entries = _probe_entries(src_fd, src_dir, dst_fd, dst_dir, mask, entries, pending, copy)
+        entries = _probe_entries(pair, entries, pending, copy)
     if not copy.parallel or depth >= _RECURSION_DEPTH:
-        _copy_entries(src_fd, src_dir, dst_fd, dst_dir, mask, entries, pending)
+        _copy_entries(pair, entries, pending)
         return
     tasks: list[Callable[[], object]] = [
-        functools.partial(
-            _copy_entries_fanned,
-            src_fd,
-            src_dir,
-            dst_fd,
-            dst_dir,
-            mask,
-            entries[i : i + _COPY_CHUNK],
-            copy,
-            depth,
-        )
+        functools.partial(_copy_entries_fanned, pair, entries[i : i + _COPY_CHUNK], copy, depth)
         for i in range(0, len(entries), _COPY_CHUNK)
     ]
     tasks += [functools.partial(_copy_directories, [item], copy, depth + 1) for item in pending]
@@ -1242,14 +1232,7 @@ def _copy_directory(
 
 
 def _probe_entries(
-    src_fd: int,
-    src_dir: str,
-    dst_fd: int,
-    dst_dir: str,
-    mask: int | None,
-    entries: list[os.DirEntry[str]],
-    pending: list[_PendingDir],
-    copy: _TreeCopy,
+    pair: _Pair, entries: list[os.DirEntry[str]], pending: list[_PendingDir], copy: _TreeCopy
 ) -> list[os.DirEntry[str]]:
     """Copy entries one by one, timing each file, until the copy decides
     (:meth:`_TreeCopy.note`); returns the entries not copied yet."""
@@ -1258,74 +1241,53 @@ def _probe_entries(
         if copy.parallel is not None:
             return entries[done:]
         t0 = clock()
-        if _copy_entry(src_fd, src_dir, dst_fd, dst_dir, mask, entry, pending):
+        if _copy_entry(pair, entry, pending):
             copy.note(clock() - t0)
     return []
 
 
-def _copy_entries(
-    src_fd: int,
-    src_dir: str,
-    dst_fd: int,
-    dst_dir: str,
-    mask: int | None,
-    entries: list[os.DirEntry[str]],
-    pending: list[_PendingDir],
-) -> None:
+def _copy_entries(pair: _Pair, entries: list[os.DirEntry[str]], pending: list[_PendingDir]) -> None:
     # Hot: its loop runs once per entry. Regular files, the common case, inlined.
+    src_fd, dst_fd, mask = pair.src_fd, pair.dst_fd, pair.mask
     for entry in entries:
         if entry.is_file(follow_symlinks=False):
             name = entry.name
             if mask is None or not _copy_new_file_at(src_fd, dst_fd, name, mask):
                 _copy_file_at(src_fd, name, dst_fd, name)
         else:
-            _copy_entry(src_fd, src_dir, dst_fd, dst_dir, mask, entry, pending)
+            _copy_entry(pair, entry, pending)
 
 
 def _copy_entries_fanned(
-    src_fd: int,
-    src_dir: str,
-    dst_fd: int,
-    dst_dir: str,
-    mask: int | None,
-    entries: list[os.DirEntry[str]],
-    copy: _TreeCopy,
-    depth: int,
+    pair: _Pair, entries: list[os.DirEntry[str]], copy: _TreeCopy, depth: int
 ) -> None:
     """A fanned-out task: copy these entries, and the subtrees among them."""
     subdirs: list[_PendingDir] = []
-    _copy_entries(src_fd, src_dir, dst_fd, dst_dir, mask, entries, subdirs)
+    _copy_entries(pair, entries, subdirs)
     for item in subdirs:
         _copy_directories([item], copy, depth + 1)
 
 
-def _copy_entry(
-    src_fd: int,
-    src_dir: str,
-    dst_fd: int,
-    dst_dir: str,
-    mask: int | None,
-    entry: os.DirEntry[str],
-    pending: list[_PendingDir],
-) -> bool:
+def _copy_entry(pair: _Pair, entry: os.DirEntry[str], pending: list[_PendingDir]) -> bool:
     """Copy one entry (a directory is created and joins ``pending``); True for a regular file."""
     name = entry.name
+    mask = pair.mask
     if entry.is_file(follow_symlinks=False):
-        if mask is None or not _copy_new_file_at(src_fd, dst_fd, name, mask):
-            _copy_file_at(src_fd, name, dst_fd, name)
+        if mask is None or not _copy_new_file_at(pair.src_fd, pair.dst_fd, name, mask):
+            _copy_file_at(pair.src_fd, name, pair.dst_fd, name)
         return True
     if entry.is_dir(follow_symlinks=False):
         try:
-            os.mkdir(name, dir_fd=dst_fd)
+            os.mkdir(name, dir_fd=pair.dst_fd)
             # A new directory inherits its parent's default ACL, so its mask.
             child = _MASK_TO_CHECK if mask is None else mask
         except FileExistsError:
-            if not stat.S_ISDIR(os.stat(name, dir_fd=dst_fd).st_mode):
+            if not stat.S_ISDIR(os.stat(name, dir_fd=pair.dst_fd).st_mode):
                 raise
             child = None
-        pending.append((f"{src_dir}/{name}", f"{dst_dir}/{name}", child))
+        pending.append((f"{pair.src_dir}/{name}", f"{pair.dst_dir}/{name}", child))
     elif entry.is_symlink():
-        os.symlink(os.readlink(name, dir_fd=src_fd), name, dir_fd=dst_fd)
+        os.symlink(os.readlink(name, dir_fd=pair.src_fd), name, dir_fd=pair.dst_fd)
     # FIFOs, sockets and devices inside a tree are skipped (§9.3).
     return False
 
