@@ -68,6 +68,7 @@ def _decode(raw: bytes) -> tuple[OpRequest, bytes, bool]:
             "denied",
             "full_write",
             "not_a_file",
+            "tmp",
         )
         if k in ext
     }

@@ -11,7 +11,10 @@ back the child's pid and a pidfd, streams the request frame (raw bytes, no
 base64) and reads the reply frame until complete. A hang is bounded by the
 caller's timeout (the child is ``SIGKILL``ed through its pidfd), an early EOF
 or an undecodable frame becomes ``HelperFailure`` with the exit status the
-zygote reports, and a dead zygote is restarted on the next request.
+zygote reports, and a dead zygote is restarted on the next request. A writeFile
+whose caller goes away once its child has the whole request is finished in the
+background (:meth:`Zygote.drain`), and the temp file name of a writeFile child
+that died is removed (:func:`remove_temp_file`; docs/sandboxed-fs.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -30,10 +34,19 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from exec_server.fs.ops import Payload, Pieces, ReceiveInto
-from exec_server.fs.zygote_ops import encode_frame
+from exec_server.fs.workers import shared_pool
+from exec_server.fs.zygote_ops import encode_frame, temp_name
 from exec_server.sandbox.linux.zygote_base import fds_from_anc
 
-__all__ = ["HelperFailure", "Zygote", "ZygoteUnavailable", "describe_wait_status"]
+__all__ = [
+    "HelperFailure",
+    "Zygote",
+    "ZygoteUnavailable",
+    "describe_wait_status",
+    "new_temp_token",
+    "remove_temp_file",
+    "remove_write_temp",
+]
 
 logger = logging.getLogger("exec_server.fs.sandbox")
 
@@ -48,6 +61,10 @@ _FS_DIR: Final = os.path.dirname(os.path.abspath(__file__))
 _COALESCE: Final = 256 * 1024
 #: how long to wait for the zygote to report a killed child as reaped.
 _REAP_TIMEOUT: Final = 5.0
+#: operations whose child, once it has the whole request, is not killed when the
+#: caller stops waiting: it finishes in the background within the call's timeout,
+#: as a cancelled direct call's worker thread does (docs/sandboxed-fs.md).
+_FINISH_WHEN_CANCELLED: Final = frozenset({"fs/writeFile"})
 
 
 class ZygoteUnavailable(Exception):
@@ -83,6 +100,18 @@ class _Pending:
 
 
 @dataclass(eq=False, slots=True)
+class _Call:
+    """One request on its way: its zygote, child, socket and writeFile temp name."""
+
+    z: _Process
+    req_id: int
+    p: _Pending
+    sock: socket.socket
+    #: (directory, name) of the temp file a killed writeFile child may leave.
+    temp: tuple[str, str] | None = None
+
+
+@dataclass(eq=False, slots=True)
 class _Process:
     proc: asyncio.subprocess.Process
     ctl: socket.socket
@@ -97,7 +126,8 @@ class Zygote:
 
     Args:
         start_timeout: seconds to wait for the zygote's ready message.
-        test_hooks: let requests carry ``test_hook`` (crash/garbage/hang/short) for tests.
+        test_hooks: let requests carry ``test_hook`` (crash/garbage/hang/short) and
+            ``test_pause`` (``zygote_main.Zygote._arm_pause``) for tests.
         prefork: keep one child forked ahead of time (takes the fork off the
             request's critical path).
     """
@@ -113,6 +143,8 @@ class Zygote:
         self._next_id = 0
         self._closed = False
         self._unavailable: str | None = None
+        #: calls whose caller went away while their child finishes (``_FINISH_WHEN_CANCELLED``).
+        self._finishing: set[asyncio.Task[tuple[dict[str, object], bytes]]] = set()
 
     @property
     def pid(self) -> int | None:
@@ -213,6 +245,14 @@ class Zygote:
         z, self._z = self._z, None
         if z is not None:
             await self._shutdown(z)
+        await self.drain()
+
+    async def drain(self) -> None:
+        """Wait until the calls whose callers stopped waiting have finished: their
+        children answered, or were killed at the timeout and reaped, and their temp
+        files removed."""
+        while self._finishing:
+            await asyncio.gather(*self._finishing, return_exceptions=True)
 
     async def _shutdown(self, z: _Process) -> None:
         for p in list(z.pending.values()):
@@ -340,12 +380,20 @@ class Zygote:
         z = self._z
         assert z is not None
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         self._next_id += 1
         req_id = self._next_id
         p = _Pending(started=loop.create_future(), exited=loop.create_future())
         z.pending[req_id] = p
+        temp = None
+        op = header.get("op")
+        path, expect = header.get("path"), header.get("expect")
+        if op == "fs/writeFile" and isinstance(path, str) and isinstance(expect, str):
+            token = new_temp_token()
+            header = {**header, "tmp": token}
+            temp = _temp_file(path, expect, token)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        clean = False
+        call = _Call(z, req_id, p, ours, temp)
         try:
             ours.setblocking(False)
             try:
@@ -360,32 +408,66 @@ class Zygote:
                 theirs.close()
             raw = json.dumps(header).encode()
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout_at(deadline):
                     # The frame goes into the socket buffer while the zygote forks.
-                    try:
-                        if isinstance(data, Pieces):
-                            await loop.sock_sendall(ours, encode_frame(raw, data.size))
-                            # Each piece is made (decoded) here, on the loop, in the
-                            # ~0.3 ms libcrypto takes for 1 MiB of text.
-                            sent = 0
-                            for piece in data.produce():
-                                await loop.sock_sendall(ours, piece)
-                                sent += len(piece)
-                            if sent != data.size:  # the child would wait for the rest
-                                raise HelperFailure(
-                                    f"fs sandbox payload was {sent} bytes, not {data.size}"
-                                )
-                        elif len(data) <= _COALESCE:
-                            frame = encode_frame(raw, len(data))
-                            await loop.sock_sendall(ours, frame + data)  # one wake-up
-                        else:
-                            await loop.sock_sendall(ours, encode_frame(raw, len(data)))
-                            await loop.sock_sendall(ours, data)
-                    except (BrokenPipeError, ConnectionResetError):
-                        pass  # the child died early; reading the reply reports how
+                    await self._send(loop, ours, raw, data)
+            except TimeoutError:
+                raise HelperFailure(
+                    f"fs sandbox helper timed out after {timeout:g}s and was killed"
+                ) from None
+        except BaseException:
+            # The child (almost always) does not have its whole request yet: it has
+            # done nothing, and is killed.
+            await self._end(call, clean=False)
+            raise
+        receive = self._receive(call, into, deadline, timeout)
+        if op not in _FINISH_WHEN_CANCELLED:
+            return await receive
+        # The child has everything it needs: if our caller stops waiting, it is not
+        # killed half way but finishes in the background (``drain``).
+        task = loop.create_task(receive)
+        self._finishing.add(task)
+        task.add_done_callback(self._finished)
+        return await asyncio.shield(task)
+
+    async def _send(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, raw: bytes, data: Payload
+    ) -> None:
+        try:
+            if isinstance(data, Pieces):
+                await loop.sock_sendall(sock, encode_frame(raw, data.size))
+                # Each piece is made (decoded) here, on the loop, in the
+                # ~0.3 ms libcrypto takes for 1 MiB of text.
+                sent = 0
+                for piece in data.produce():
+                    await loop.sock_sendall(sock, piece)
+                    sent += len(piece)
+                if sent != data.size:  # the child would wait for the rest
+                    raise HelperFailure(f"fs sandbox payload was {sent} bytes, not {data.size}")
+            elif len(data) <= _COALESCE:
+                frame = encode_frame(raw, len(data))
+                await loop.sock_sendall(sock, frame + data)  # one wake-up
+            else:
+                await loop.sock_sendall(sock, encode_frame(raw, len(data)))
+                await loop.sock_sendall(sock, data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the child died early; reading the reply reports how
+
+    async def _receive(
+        self,
+        call: _Call,
+        into: ReceiveInto | None,
+        deadline: float,
+        timeout: float,  # noqa: ASYNC109
+    ) -> tuple[dict[str, object], bytes]:
+        loop = asyncio.get_running_loop()
+        clean = False
+        try:
+            try:
+                async with asyncio.timeout_at(deadline):
                     # The zygote's ``P`` (pid + pidfd) arrives concurrently; it is
                     # only needed to kill the child or to explain a crash.
-                    reply = await self._read_reply(loop, ours, p, into)
+                    reply = await self._read_reply(loop, call.sock, call.p, into)
             except TimeoutError:
                 raise HelperFailure(
                     f"fs sandbox helper timed out after {timeout:g}s and was killed"
@@ -393,26 +475,54 @@ class Zygote:
             clean = True
             return reply
         finally:
-            ours.close()
-            z.pending.pop(req_id, None)
+            await self._end(call, clean=clean)
+
+    async def _end(self, call: _Call, *, clean: bool) -> None:
+        """Release a call; unless it ended with a reply, kill and reap its child and
+        remove the temp file a writeFile child may have been killed with."""
+        call.sock.close()
+        call.z.pending.pop(call.req_id, None)
+        p = call.p
+        try:
             if not clean:
-                await self._kill_and_reap(p)
+                dead = await self._kill_and_reap(p)
+                if call.temp is not None:
+                    if dead:
+                        await _remove_temp(*call.temp)
+                    elif p.pidfd is not None:
+                        _remove_temp_once_dead(p.pidfd, *call.temp)
+        finally:
             if p.pidfd is not None:
                 os.close(p.pidfd)
                 p.pidfd = None
 
-    async def _kill_and_reap(self, p: _Pending) -> None:
-        """SIGKILL a child and wait (bounded) until the zygote has reaped it."""
+    def _finished(self, task: asyncio.Task[tuple[dict[str, object], bytes]]) -> None:
+        self._finishing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Its caller may be gone: the failure is only logged.
+            logger.debug("fs sandbox call ended: %s", task.exception())
+
+    async def _kill_and_reap(self, p: _Pending) -> bool:
+        """SIGKILL a child and wait (bounded) until it is dead; False if it may still run."""
         if not p.started.done():
             with contextlib.suppress(TimeoutError, HelperFailure):
                 async with asyncio.timeout(_REAP_TIMEOUT):
                     await p.started
         if p.pid is None:
-            return
+            # Never forked, or the zygote died before telling us the pid (its
+            # children die with it: PDEATHSIG).
+            return True
         _kill(p)
-        with contextlib.suppress(TimeoutError, HelperFailure):
+        try:
             async with asyncio.timeout(_REAP_TIMEOUT):
                 await p.exited
+        except TimeoutError:
+            return False
+        except HelperFailure:
+            # The zygote is gone (it kills its children on its way out): the pidfd
+            # tells when this one is.
+            return p.pidfd is None or await _exited(p.pidfd, _REAP_TIMEOUT)
+        return True
 
     async def _read_reply(
         self,
@@ -462,6 +572,88 @@ class Zygote:
         except HelperFailure as exc:
             return HelperFailure(f"fs sandbox helper failed: {exc}")
         return HelperFailure(f"fs sandbox helper failed with status {describe_wait_status(status)}")
+
+
+def new_temp_token() -> str:
+    """A fresh token for a writeFile's temp file name (``zygote_ops.temp_name``)."""
+    return os.urandom(6).hex()
+
+
+def remove_temp_file(directory: str, name: str) -> None:
+    """Remove the temp file ``name`` a killed writeFile helper may have left in ``directory``.
+
+    Only a regular file, only that entry (``unlinkat`` never follows a symlink),
+    and only if ``directory`` still resolves to itself (the real path the helper
+    verified): a component swapped for a symlink since is not followed elsewhere.
+    The name carries the server's random token and exists only while a helper
+    puts its finished file in place, so nothing else can be there.
+    """
+    try:
+        fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}") != directory:
+            return
+        if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+            os.unlink(name, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _temp_file(path: str, expect: str, token: str) -> tuple[str, str]:
+    return expect, temp_name(os.path.basename(path), token)
+
+
+async def remove_write_temp(path: str, expect: str, token: str) -> None:
+    """Remove what a writeFile helper given ``tmp=token`` for the check path ``path``
+    (whose real parent is ``expect``) may have left, once it is dead: a helper
+    killed (timeout, cancelled caller) or crashed while it put its file in place
+    leaves its temp file's name (``zygote_ops._write_atomic``)."""
+    await _remove_temp(*_temp_file(path, expect, token))
+
+
+async def _remove_temp(directory: str, name: str) -> None:
+    """:func:`remove_temp_file` in a worker (the directory may be on a hung mount)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_REAP_TIMEOUT):
+            await shared_pool().run(remove_temp_file, directory, name)
+
+
+def _remove_temp_once_dead(pidfd: int, directory: str, name: str) -> None:
+    """Remove the temp file once the child of ``pidfd`` (still running after SIGKILL,
+    e.g. in a write to a hung mount) is gone."""
+    loop = asyncio.get_running_loop()
+    fd = os.dup(pidfd)
+
+    def gone() -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+        shared_pool().submit(lambda _result, _error: None, remove_temp_file, directory, name)
+
+    loop.add_reader(fd, gone)
+
+
+async def _exited(pidfd: int, timeout: float) -> bool:  # noqa: ASYNC109
+    """Whether the process of ``pidfd`` ends within ``timeout`` (its pidfd turns readable)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(pidfd, readable)
+    try:
+        async with asyncio.timeout(timeout):
+            await done
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(pidfd)
+    return True
 
 
 def _kill(p: _Pending) -> None:

@@ -41,6 +41,7 @@ import struct
 import sys
 import time
 from types import ModuleType
+from typing import Any
 
 if __name__ == "__main__":
     # Landlock plumbing, the seccomp program and the zygote loop are the
@@ -276,6 +277,7 @@ class Zygote(ZygoteBase):
                 raise ops.OpError(-32600, "fs sandbox request is not an object")
             if self.test_hooks:
                 self._test_hook(fd, header.get("test_hook"))
+                self._arm_pause(header.get("test_pause"))
             req = ops.OpRequest.from_header(header)
             plan = header.get("plan")
             if not isinstance(plan, dict):
@@ -349,6 +351,29 @@ class Zygote(ZygoteBase):
             ok = json.dumps({"status": "ok", "result": {}}).encode()
             self.ops.write_all(fd, self.ops.encode_frame(ok, 1 << 20) + b"0123456789")
             os._exit(0)
+
+    def _arm_pause(self, spec: object) -> None:
+        """Tests (``--test-hooks``): ``{"stage", "paused", "resume", "named"}`` stops a
+        write at ``stage`` (``zygote_ops.test_pause``): the child writes
+        ``<stage> <pid>\n`` to the FIFO ``paused`` and goes on once it reads a byte
+        (or EOF) from the FIFO ``resume``. Both are opened before Landlock.
+        ``named``: a named temp file instead of an unnamed one."""
+        if not isinstance(spec, dict):
+            return
+        ops: Any = self.ops
+        ops.test_named_temp = bool(spec.get("named"))
+        stage = spec.get("stage")
+        if not isinstance(stage, str):
+            return
+        paused = os.open(str(spec["paused"]), os.O_WRONLY | os.O_CLOEXEC)
+        resume = os.open(str(spec["resume"]), os.O_RDONLY | os.O_CLOEXEC)
+
+        def pause(at: str) -> None:
+            if at == stage:
+                os.write(paused, f"{at} {os.getpid()}\n".encode())
+                os.read(resume, 1)
+
+        ops.test_pause = pause
 
 
 def main(argv: list[str]) -> int:

@@ -29,7 +29,7 @@ import os
 import shutil
 import stat
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from exec_server.errno_text import os_error_text
@@ -44,6 +44,7 @@ __all__ = [
     "execute",
     "prefault",
     "read_frame",
+    "temp_name",
     "write_all",
 ]
 
@@ -61,6 +62,15 @@ _COPY_DIR_NEEDS_RECURSIVE = "fs/copy requires recursive: true when sourcePath is
 _COPY_INTO_ITSELF = "fs/copy cannot copy a directory to itself or one of its descendants"
 _COPY_UNSUPPORTED = "fs/copy only supports regular files, directories, and symlinks"
 _COPY_SAME_FILE = "fs/copy source and destination are the same file"
+
+_O_TMPFILE = getattr(os, "O_TMPFILE", 0)
+
+#: Failure injection, set only in a zygote child started with ``--test-hooks``:
+#: ``test_pause(stage)`` is called half way through writing a replacing file's
+#: data (``"write"``) and once its temp file has its name (``"linked"``);
+#: ``test_named_temp`` writes a named temp file, as where ``O_TMPFILE`` is missing.
+test_pause: Callable[[str], None] | None = None
+test_named_temp = False
 
 
 class OpError(Exception):
@@ -94,7 +104,8 @@ class OpRequest:
     """One operation, decoded from the frame header (or a §10.5 helper request).
 
     ``expect`` / ``dest_expect`` are the real parent directories the server
-    saw at check time (strict mode only).
+    saw at check time (strict mode only). ``tmp`` is the server's token for the
+    name of a writeFile's temp file (:func:`temp_name`; random when absent).
     """
 
     op: str
@@ -109,6 +120,7 @@ class OpRequest:
     denied: tuple[str, ...] = ()
     full_write: bool = False
     not_a_file: str | None = None
+    tmp: str | None = None
 
     @staticmethod
     def from_header(h: Mapping[str, object]) -> OpRequest:
@@ -133,6 +145,11 @@ class OpRequest:
         op = h.get("op")
         if not isinstance(op, str):
             raise OpError(_INVALID, "fs sandbox request has no operation")
+        tmp = h.get("tmp")
+        if tmp is not None and not (
+            isinstance(tmp, str) and 0 < len(tmp) <= 64 and tmp.isascii() and tmp.isalnum()
+        ):
+            raise OpError(_INVALID, "fs sandbox request has an invalid `tmp`")
         path = s("path", True)
         assert path is not None
         return OpRequest(
@@ -148,6 +165,7 @@ class OpRequest:
             denied=paths("denied"),
             full_write=bool(h.get("full_write", False)),
             not_a_file=s("not_a_file"),
+            tmp=tmp,
         )
 
 
@@ -410,7 +428,7 @@ def _write_file(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], by
         else:
             if old is not None:
                 _check_writable(t)
-            _write_atomic(t, data, old)
+            _write_atomic(t, data, old, c.req.tmp)
     finally:
         t.close()
     return {}, b""
@@ -443,48 +461,121 @@ def _write_in_place(t: _Target, data: bytes | bytearray, extra: int) -> None:
         os.close(fd)
 
 
-def _write_atomic(t: _Target, data: bytes | bytearray, old: os.stat_result | None) -> None:
-    tmp = (
-        f".{os.fsencode(t.name)[:100].decode('utf-8', 'surrogateescape')}.{os.urandom(6).hex()}.tmp"
-    )
+def temp_name(name: str, token: str) -> str:
+    """The name of the temp file that replaces ``name``: ``.<name>.<token>.tmp``.
+
+    The server picks ``token`` (the request's ``tmp``) so that it can remove what a
+    killed helper leaves at that name (``fs/zygote.py``).
+    """
+    return f".{os.fsencode(name)[:100].decode('utf-8', 'surrogateescape')}.{token}.tmp"
+
+
+def _open_unnamed(t: _Target) -> int | None:
+    """An unnamed file (``O_TMPFILE``) in the target's directory, or None where there
+    is none (a filesystem without it, or one this process may not create in)."""
+    if not _O_TMPFILE or test_named_temp:
+        return None
     try:
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666, dir_fd=t.dirfd
-        )
-    except FileExistsError:
-        raise
+        return os.open(".", os.O_WRONLY | _O_TMPFILE | os.O_CLOEXEC, 0o666, dir_fd=t.dirfd)
     except OSError:
-        if old is None:
-            raise
-        # No new entry here, the file itself may be writable (as fs/ops.py).
-        _write_in_place(t, data, os.O_NOFOLLOW)
+        return None  # the named temp file below says what is wrong, as before
+
+
+def _link_unnamed(fd: int, t: _Target, name: str) -> bool:
+    """Give the unnamed file ``fd`` the name ``name`` in the target's directory;
+    False if that name is taken.
+
+    Through ``/proc/self/fd`` (``linkat(AT_SYMLINK_FOLLOW)``, which ``os.link``
+    makes with a directory fd): ``AT_EMPTY_PATH`` would need
+    ``CAP_DAC_READ_SEARCH``, which the helper never has.
+    """
+    try:
+        os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=t.dirfd)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _write_data(fd: int, data: bytes | bytearray) -> None:
+    if test_pause is None:
+        write_all(fd, data)
         return
+    half = len(data) // 2
+    with memoryview(data) as view:
+        write_all(fd, view[:half])
+        test_pause("write")
+        write_all(fd, view[half:])
+
+
+def _write_atomic(
+    t: _Target, data: bytes | bytearray, old: os.stat_result | None, token: str | None
+) -> None:
+    """Write ``data`` to a new file and put it in place of ``t`` in one step.
+
+    The new file is unnamed (``O_TMPFILE``) while its data is written: a helper
+    killed then (the caller went away, the timeout, a crash) leaves nothing
+    behind, the kernel frees the file. It gets a name only when complete: the
+    target's own if there is no file there, else ``.<name>.<token>.tmp``, swapped
+    or renamed over the target at once. A helper killed in that last step leaves
+    the temp name, which the server (knowing ``token``) removes once the helper
+    is dead. Where no unnamed file can be made, a named temp file as before.
+    """
+    tmp = temp_name(t.name, token if token is not None else os.urandom(6).hex())
+    fd = _open_unnamed(t)
+    named = fd is None
+    if fd is None:
+        try:
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666, dir_fd=t.dirfd
+            )
+        except FileExistsError:
+            raise
+        except OSError:
+            if old is None:
+                raise
+            # No new entry here, the file itself may be writable (as fs/ops.py).
+            _write_in_place(t, data, os.O_NOFOLLOW)
+            return
+    linked = named  # whether ``tmp`` names our file (to remove on failure)
     try:
         try:
-            write_all(fd, data)
+            _write_data(fd, data)
             # The old file by path without following its name: through our directory fd.
             old_path = f"/proc/self/fd/{t.dirfd}/{t.name}"
             faithful = old is None or match_old_file(fd, old, old_path)
+            if faithful and not named:
+                if old is None and _link_unnamed(fd, t, t.name):
+                    return  # a new file, named at once: no temp name ever existed
+                if not _link_unnamed(fd, t, tmp):
+                    raise _os(errno.EEXIST)
+                linked = True
         finally:
             os.close(fd)
         if not faithful:
             # The helper may not chown (no capabilities) or set every attribute:
             # keep the old file's, not atomicity.
-            os.unlink(tmp, dir_fd=t.dirfd)
+            if linked:
+                os.unlink(tmp, dir_fd=t.dirfd)
+                linked = False
             _write_in_place(t, data, os.O_NOFOLLOW)
             return
+        if test_pause is not None:
+            test_pause("linked")
         # Swap over an existing file (no ext4 writeback inside rename), else rename.
         try:
             if old is None or not exchange_into_place(tmp, t.name, t.dirfd):
                 os.rename(tmp, t.name, src_dir_fd=t.dirfd, dst_dir_fd=t.dirfd)
+            linked = False
         except OSError as exc:
             if exc.errno != errno.EBUSY or old is None:
                 raise
             os.unlink(tmp, dir_fd=t.dirfd)  # a mount point: written, not replaced
+            linked = False
             _write_in_place(t, data, os.O_NOFOLLOW)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=t.dirfd)
+        if linked:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=t.dirfd)
         raise
 
 
