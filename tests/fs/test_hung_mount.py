@@ -111,7 +111,7 @@ METHODS = [
 @pytest.mark.parametrize("sandboxed", [False, True], ids=["direct", "workspace-write"])
 @pytest.mark.parametrize("method", METHODS)
 async def test_a_call_into_a_hung_mount_does_not_stall_other_connections(
-    server: Any, hung: HungMount, tdir: Path, method: str, sandboxed: bool
+    server: Any, hung: HungMount, tdir: Path, method: str, sandboxed: bool, wait_until: Any
 ) -> None:
     """Direct, and under the current client's workspace-write context: its reads run
     in the server, its writes are checked (lstat, realpath) before a confined helper
@@ -121,6 +121,8 @@ async def test_a_call_into_a_hung_mount_does_not_stall_other_connections(
     async with _clients(server, 2) as (stuck, other):
         waiting = asyncio.ensure_future(_calls(hung.path / "x", tdir, ctx)[method](stuck))
         try:
+            # Stuck on the mount before the other calls are sent.
+            await wait_until(lambda: _threads_waiting_on_fuse(server.pid) >= 1, WAIT)
             async with asyncio.timeout(WAIT):
                 meta = await other.get_metadata(tdir / "ok.txt")
                 assert meta.size == 4
@@ -140,11 +142,23 @@ async def test_a_call_into_a_hung_mount_does_not_stall_other_connections(
 
 
 def _threads_waiting_on_fuse(pid: int) -> int:
+    """Threads of ``pid`` and of its descendants (a spawn's ``vfork`` child, the
+    sandbox helpers) blocked in the FUSE request path."""
     count = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    for tid in _listdir(f"/proc/{pid}/task"):
         with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/wchan") as f:
             count += f.read().startswith("fuse")
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
+            # A child is listed by the thread that made it.
+            count += sum(_threads_waiting_on_fuse(int(child)) for child in f.read().split())
     return count
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 async def test_calls_stuck_in_every_worker_thread_leave_room_for_others(
@@ -198,7 +212,11 @@ def test_the_cache_only_look_up_tells_local_missing_and_unknown(
 
 
 async def test_a_context_rooted_in_a_hung_mount_does_not_stall_other_connections(
-    server: Any, hung: HungMount, tdir: Path, legacy_workspace_write_context: Any
+    server: Any,
+    hung: HungMount,
+    tdir: Path,
+    legacy_workspace_write_context: Any,
+    wait_until: Any,
 ) -> None:
     """Decoding a context looks at its roots (a legacy workspace-write one: is there a
     ``.git`` in the writable root?): in a worker."""
@@ -207,6 +225,7 @@ async def test_a_context_rooted_in_a_hung_mount_does_not_stall_other_connections
     async with _clients(server, 2) as (stuck, other):
         waiting = asyncio.ensure_future(stuck.write_file(tdir / "ok.txt", b"no", sandbox=ctx))
         try:
+            await wait_until(lambda: _threads_waiting_on_fuse(server.pid) >= 1, WAIT)
             async with asyncio.timeout(WAIT):
                 assert await other.read_file(tdir / "ok.txt") == b"fine"
                 await other.write_file(tdir / "other.txt", b"served")
@@ -218,7 +237,7 @@ async def test_a_context_rooted_in_a_hung_mount_does_not_stall_other_connections
 
 
 async def test_a_process_started_in_a_hung_mount_does_not_stall_other_connections(
-    server: Any, hung: HungMount, tdir: Path
+    server: Any, hung: HungMount, tdir: Path, wait_until: Any
 ) -> None:
     """The spawning thread waits until the child has changed to its cwd and exec'd:
     for a cwd on the hung mount that is a worker, not the event loop."""
@@ -229,6 +248,8 @@ async def test_a_process_started_in_a_hung_mount_does_not_stall_other_connection
         ]
         waiting = asyncio.ensure_future(stuck.spawn(["true"], cwd=str(hung.path / "x")))
         try:
+            # The child is stuck changing to that cwd before the other call is sent.
+            await wait_until(lambda: _threads_waiting_on_fuse(server.pid) >= 1, WAIT)
             async with asyncio.timeout(WAIT):
                 handle = await other.spawn(["/bin/echo", "served"], cwd=str(tdir))
                 done = await handle.collect()
