@@ -206,9 +206,21 @@ def test_the_cache_only_look_up_tells_local_missing_and_unknown(
     assert nonblocking.lookup(hung.path) is nonblocking.Lookup.UNKNOWN
     st = nonblocking.stat_now(tdir / "f")
     assert st is not None and st.st_size == 1
+    # The hot paths' variant reads the same fields from statx's buffer.
+    assert nonblocking.attributes_now(tdir / "f") == (st.st_mode, st.st_size, st.st_mtime_ns)
+    (tdir / "link").symlink_to("f")
+    lst = os.lstat(tdir / "link")
+    assert nonblocking.attributes_now(tdir / "link", follow=False) == (
+        lst.st_mode,
+        lst.st_size,
+        lst.st_mtime_ns,
+    )
     with pytest.raises(FileNotFoundError):
         nonblocking.stat_now(tdir / "gone")
+    with pytest.raises(FileNotFoundError):
+        nonblocking.attributes_now(tdir / "gone")
     assert nonblocking.stat_now(hung.path / "x") is None
+    assert nonblocking.attributes_now(hung.path / "x") is None
 
 
 async def test_a_context_rooted_in_a_hung_mount_does_not_stall_other_connections(

@@ -37,7 +37,15 @@ import threading
 import time
 from typing import Final
 
-__all__ = ["LOCAL_TYPES", "Lookup", "available", "lookup", "safe_to_touch", "stat_now"]
+__all__ = [
+    "LOCAL_TYPES",
+    "Lookup",
+    "attributes_now",
+    "available",
+    "lookup",
+    "safe_to_touch",
+    "stat_now",
+]
 
 
 class Lookup(enum.Enum):
@@ -73,6 +81,11 @@ _STATX_SIZE: Final = 256
 _POLL_INTERVAL: Final = 0.05
 _STX_MASK_OFFSET: Final = 0
 _STX_MNT_ID_OFFSET: Final = 144
+_STX_MODE_OFFSET: Final = 28
+_STX_SIZE_OFFSET: Final = 40
+_STX_MTIME_OFFSET: Final = 112
+#: ``STATX_BASIC_STATS``: mode, size, times, ... (all a local filesystem fills in).
+_STATX_BASIC: Final = 0x7FF
 
 
 class _OpenHow(ctypes.Structure):
@@ -84,43 +97,57 @@ class _OpenHow(ctypes.Structure):
 
 
 _HOW_SIZE: Final = ctypes.sizeof(_OpenHow)
+# Arguments of the variadic ``syscall``, typed once.
+_NR_OPENAT2: Final = ctypes.c_long(_SYS_OPENAT2)
+_CWD: Final = ctypes.c_int(_AT_FDCWD)
+_HOW_SIZE_ARG: Final = ctypes.c_size_t(_HOW_SIZE)
+_FOLLOW: Final = _O_PATH | os.O_CLOEXEC
+_NOFOLLOW: Final = _O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW
+_STATX_FLAGS: Final = _AT_EMPTY_PATH | _AT_STATX_DONT_SYNC
+_STATX_WANT: Final = _STATX_BASIC | _STATX_MNT_ID
 
 
 class _Buffers:
-    """One thread's ``open_how`` and ``statx`` buffers, and typed views into the latter."""
+    """One thread's ``open_how`` and ``statx`` buffers, as ready-made arguments."""
 
-    __slots__ = ("how", "how_address", "mask", "mnt_id", "statx")
+    __slots__ = (
+        "how",
+        "how_ref",
+        "mask",
+        "mnt_id",
+        "mode",
+        "mtime_nsec",
+        "mtime_sec",
+        "size",
+        "statx",
+        "statx_ref",
+    )
 
     def __init__(self) -> None:
         self.how = _OpenHow()
-        self.how_address = ctypes.addressof(self.how)
+        self.how_ref = ctypes.byref(self.how)
         self.statx = ctypes.create_string_buffer(_STATX_SIZE)
+        self.statx_ref = ctypes.byref(self.statx)
         self.mask = ctypes.c_uint32.from_buffer(self.statx, _STX_MASK_OFFSET)
         self.mnt_id = ctypes.c_uint64.from_buffer(self.statx, _STX_MNT_ID_OFFSET)
+        self.mode = ctypes.c_uint16.from_buffer(self.statx, _STX_MODE_OFFSET)
+        self.size = ctypes.c_uint64.from_buffer(self.statx, _STX_SIZE_OFFSET)
+        self.mtime_sec = ctypes.c_int64.from_buffer(self.statx, _STX_MTIME_OFFSET)
+        self.mtime_nsec = ctypes.c_uint32.from_buffer(self.statx, _STX_MTIME_OFFSET + 8)
 
 
 class _Kernel:
-    """``openat2`` and ``statx`` through libc, and the mount table's types by id."""
+    """``openat2`` and ``statx`` through libc, and the mount table's types by id.
+
+    The foreign functions take ctypes objects made once, without ``argtypes``:
+    converting each argument per call cost ~1.8 µs of a ~6.5 µs look-up.
+    """
 
     def __init__(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         self._syscall = libc.syscall
-        self._syscall.argtypes = [
-            ctypes.c_long,
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-        ]
         self._syscall.restype = ctypes.c_long
         self._statx = libc.statx
-        self._statx.argtypes = [
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_int,
-            ctypes.c_uint,
-            ctypes.c_void_p,
-        ]
         self._statx.restype = ctypes.c_int
         # Per-thread buffers: the fast paths run on the loop, tests and the
         # client's local backend may call from other threads too.
@@ -145,18 +172,29 @@ class _Kernel:
         raises ``OSError`` (``EAGAIN``: not all of it is cached)."""
         bufs = self._buffers()
         how = bufs.how
-        how.flags = _O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+        how.flags = _FOLLOW if follow else _NOFOLLOW
         how.resolve = _RESOLVE_CACHED
-        fd: int = self._syscall(_SYS_OPENAT2, _AT_FDCWD, path, bufs.how_address, _HOW_SIZE)
+        fd: int = self._syscall(_NR_OPENAT2, _CWD, path, bufs.how_ref, _HOW_SIZE_ARG)
         if fd < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         return fd
 
+    def attributes(self, fd: int) -> _Buffers | None:
+        """``statx`` of ``fd`` (basic fields and mount id, asked of the VFS only) into
+        this thread's buffer, if it is on a local filesystem, else None."""
+        bufs = self._buffers()
+        if self._statx(fd, b"", _STATX_FLAGS, _STATX_WANT, bufs.statx_ref):
+            return None
+        mask = bufs.mask.value
+        if mask & _STATX_WANT != _STATX_WANT:
+            return None
+        return bufs if self.mount_type(bufs.mnt_id.value) in LOCAL_TYPES else None
+
     def mount_id(self, fd: int) -> int | None:
         """The mount ``fd`` is on, asked of the VFS only (no filesystem call)."""
         bufs = self._buffers()
-        if self._statx(fd, b"", _AT_EMPTY_PATH | _AT_STATX_DONT_SYNC, _STATX_MNT_ID, bufs.statx):
+        if self._statx(fd, b"", _STATX_FLAGS, _STATX_MNT_ID, bufs.statx_ref):
             return None
         if not bufs.mask.value & _STATX_MNT_ID:
             return None
@@ -249,3 +287,32 @@ def safe_to_touch(path: str | bytes, *, follow: bool = True) -> bool:
     """Whether the event loop may ``stat``/``open`` ``path`` itself: everything on the
     way is cached and what it names is local, or the cache knows nothing is there."""
     return lookup(path, follow=follow) is not Lookup.UNKNOWN
+
+
+def attributes_now(path: str | bytes, *, follow: bool = True) -> tuple[int, int, int] | None:
+    """``(st_mode, st_size, st_mtime_ns)`` of ``path`` (``stat``, or ``lstat`` without
+    ``follow``) when that cannot block, else None; raises ``FileNotFoundError`` as
+    :func:`stat_now` does. For the hot paths (getMetadata, small reads): one
+    ``statx`` read straight from its buffer, no ``fstat``."""
+    kernel = _kernel
+    if kernel is None:
+        return None
+    try:
+        fd = kernel.open_cached(os.fsencode(path), follow)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+        return None
+    except ValueError:
+        return None
+    try:
+        bufs = kernel.attributes(fd)
+    finally:
+        os.close(fd)
+    if bufs is None:
+        return None
+    return (
+        bufs.mode.value,
+        bufs.size.value,
+        bufs.mtime_sec.value * 1_000_000_000 + bufs.mtime_nsec.value,
+    )

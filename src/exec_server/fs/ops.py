@@ -610,10 +610,10 @@ def is_directory_now(path: str) -> bool:
     to be a directory now (links followed, as ``create_dir_all`` does): a recursive
     ``createDirectory`` of it has nothing to do. False also when unknown."""
     try:
-        st = nonblocking.stat_now(path)
+        st = nonblocking.attributes_now(path)
     except OSError:
         return False
-    return st is not None and stat.S_ISDIR(st.st_mode)
+    return st is not None and stat.S_ISDIR(st[0])
 
 
 def is_missing_now(path: str) -> bool:
@@ -634,13 +634,21 @@ def metadata_now(path: str) -> Metadata | None:
     """:func:`get_metadata` if it cannot block (:mod:`exec_server.fs.nonblocking`:
     everything cached, on a local filesystem), else None: for the event loop."""
     with translate_os_errors():
-        lst = nonblocking.stat_now(path, follow=False)
+        lst = nonblocking.attributes_now(path, follow=False)
         if lst is None:
             return None
-        st = nonblocking.stat_now(path) if stat.S_ISLNK(lst.st_mode) else lst
+        st = nonblocking.attributes_now(path) if stat.S_ISLNK(lst[0]) else lst
         if st is None:
             return None
-    return _metadata(lst, st)
+    mode, size, mtime_ns = st
+    return Metadata(
+        is_directory=stat.S_ISDIR(mode),
+        is_file=stat.S_ISREG(mode),
+        is_symlink=stat.S_ISLNK(lst[0]),
+        size=size,
+        created_at_ms=0,  # as _metadata where os.stat has no st_birthtime (Linux)
+        modified_at_ms=mtime_ns // 1_000_000,
+    )
 
 
 def _metadata(lst: os.stat_result, st: os.stat_result) -> Metadata:

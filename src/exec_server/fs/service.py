@@ -194,10 +194,10 @@ class FileSystemService:
         if route.confined and not self.reads_directly(route):
             return None
         try:
-            st = nonblocking.stat_now(path)
+            st = nonblocking.attributes_now(path)
         except OSError:
             return None
-        if st is None or not S_ISREG(st.st_mode) or st.st_size > INLINE_READ_LIMIT:
+        if st is None or not S_ISREG(st[0]) or st[1] > INLINE_READ_LIMIT:
             return None  # the async path reads it, or reports what it is
         # Known regular: no second ``stat``. Anything odd since (a swap, an open
         # error) is left to the async path, which answers in the request's form.
