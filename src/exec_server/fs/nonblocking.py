@@ -191,15 +191,6 @@ class _Kernel:
             return None
         return bufs if self.mount_type(bufs.mnt_id.value) in LOCAL_TYPES else None
 
-    def mount_id(self, fd: int) -> int | None:
-        """The mount ``fd`` is on, asked of the VFS only (no filesystem call)."""
-        bufs = self._buffers()
-        if self._statx(fd, b"", _STATX_FLAGS, _STATX_MNT_ID, bufs.statx_ref):
-            return None
-        if not bufs.mask.value & _STATX_MNT_ID:
-            return None
-        return bufs.mnt_id.value
-
     def mount_type(self, mount: int) -> str | None:
         now = time.monotonic()
         if now >= self._next_poll:
@@ -263,24 +254,32 @@ def stat_now(path: str | bytes, *, follow: bool = True) -> os.stat_result | None
     """``os.stat`` (``follow``) or ``os.lstat`` of ``path`` when it cannot block, else
     None (:data:`Lookup.UNKNOWN`). Raises ``FileNotFoundError`` as they would when
     the cache knows nothing is there (:data:`Lookup.MISSING`)."""
+    fd = _open_cached(path, follow)
+    if fd is None:
+        return None
+    try:
+        assert _kernel is not None
+        if _kernel.attributes(fd) is None:
+            return None
+        return os.fstat(fd)  # a local filesystem: its cached attributes, no waiting
+    finally:
+        os.close(fd)
+
+
+def _open_cached(path: str | bytes, follow: bool) -> int | None:
+    """An ``O_PATH`` descriptor of ``path`` resolved from the dentry cache only, None
+    when that cannot be done here; raises ``FileNotFoundError`` for a cached miss."""
     kernel = _kernel
     if kernel is None:
         return None
     try:
-        fd = kernel.open_cached(os.fsencode(path), follow)
+        return kernel.open_cached(os.fsencode(path), follow)
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
         return None
     except ValueError:  # an embedded NUL: the real call reports it
         return None
-    try:
-        mount = kernel.mount_id(fd)
-        if mount is None or kernel.mount_type(mount) not in LOCAL_TYPES:
-            return None
-        return os.fstat(fd)  # a local filesystem: its cached attributes, no waiting
-    finally:
-        os.close(fd)
 
 
 def safe_to_touch(path: str | bytes, *, follow: bool = True) -> bool:
@@ -294,19 +293,12 @@ def attributes_now(path: str | bytes, *, follow: bool = True) -> tuple[int, int,
     ``follow``) when that cannot block, else None; raises ``FileNotFoundError`` as
     :func:`stat_now` does. For the hot paths (getMetadata, small reads): one
     ``statx`` read straight from its buffer, no ``fstat``."""
-    kernel = _kernel
-    if kernel is None:
+    fd = _open_cached(path, follow)
+    if fd is None:
         return None
     try:
-        fd = kernel.open_cached(os.fsencode(path), follow)
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
-        return None
-    except ValueError:
-        return None
-    try:
-        bufs = kernel.attributes(fd)
+        assert _kernel is not None
+        bufs = _kernel.attributes(fd)
     finally:
         os.close(fd)
     if bufs is None:
