@@ -16,9 +16,10 @@ and helpers killed and reaped) at teardown.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -171,3 +172,26 @@ async def sfs_fs(
 @pytest.fixture
 async def fs(sfs_fs: tuple[SandboxedFileSystem, ExecutorFileSystem]) -> ExecutorFileSystem:
     return sfs_fs[1]
+
+
+async def _process_gone(pid: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    """Await the exit of ``pid`` (its pidfd becomes readable), with a deadline."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    loop.add_reader(fd, done.set)
+    try:
+        async with asyncio.timeout(timeout):
+            await done.wait()
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+@pytest.fixture
+def process_gone() -> Callable[[int], Awaitable[None]]:
+    """``await process_gone(pid)``: the process has exited (deadline 10 s)."""
+    return _process_gone

@@ -39,23 +39,6 @@ def zygote_children(sfs: SandboxedFileSystem) -> set[int]:
     return {int(p) for p in text.split()}
 
 
-async def process_gone(pid: int) -> None:
-    """Await the exit of ``pid`` (its pidfd becomes readable), with a deadline."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    loop = asyncio.get_running_loop()
-    done = asyncio.Event()
-    loop.add_reader(fd, done.set)
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            await done.wait()
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
 def inject(sfs: SandboxedFileSystem, hook: str) -> None:
     """Make every request of ``sfs`` carry a failure-injection hook."""
     zygote = sfs.zygote
@@ -184,7 +167,9 @@ async def test_hung_helper_is_killed_after_the_timeout(
         await sfs.aclose()
 
 
-async def test_dead_zygote_is_restarted(no_leaks: None, layout: Any, ctx: Any) -> None:
+async def test_dead_zygote_is_restarted(
+    no_leaks: None, layout: Any, ctx: Any, process_gone: Any
+) -> None:
     sfs = service()
     fs = LocalFileSystem(confined=sfs)
     (layout.allowed / "f").write_text("f")

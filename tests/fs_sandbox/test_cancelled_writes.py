@@ -18,10 +18,12 @@ the new file) or putting its file in place (``linked``: the temp name exists).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -129,20 +131,30 @@ def unnamed_file_size(pid: int, directory: Path) -> int | None:
     return None
 
 
-async def wait_for_process_exit(pid: int) -> None:
+@contextlib.asynccontextmanager
+async def paused_service(
+    layout: Any,
+    stage: str,
+    *,
+    named: bool = False,
+    timeout: float = TIMEOUT,  # noqa: ASYNC109
+) -> AsyncIterator[tuple[SandboxedFileSystem, Pause]]:
+    """A zygote service whose write children pause at ``stage``; closed afterwards."""
+    sfs = service(timeout)
+    pause = Pause(layout.root / "ctl", stage, named=named)
+    pause.inject(sfs)
     try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    loop = asyncio.get_running_loop()
-    done = asyncio.Event()
-    loop.add_reader(fd, done.set)
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            await done.wait()
+        yield sfs, pause
     finally:
-        loop.remove_reader(fd)
-        os.close(fd)
+        pause.close()
+        await sfs.aclose()
+
+
+async def cancel(write: asyncio.Task[None]) -> None:
+    """Cancel the caller's call (as a disconnect does) and see it cancelled."""
+    write.cancel()
+    await asyncio.wait({write}, timeout=TIMEOUT)
+    assert write.cancelled()
 
 
 async def paused_mid_write(
@@ -176,51 +188,35 @@ def target(layout: Any) -> Path:
 
 @pytest.mark.parametrize("named", [False, True], ids=["unnamed", "named"])
 async def test_a_cancelled_write_is_finished_not_killed(
-    no_leaks: None, layout: Any, ctx: Any, target: Path, named: bool
+    no_leaks: None, layout: Any, ctx: Any, target: Path, named: bool, process_gone: Any
 ) -> None:
     """The audit's case: the caller goes away while the child writes. As on the
     direct route, the write is carried out; nothing is left beside it."""
-    sfs = service()
-    pause = Pause(layout.root / "ctl", "write", named=named)
-    pause.inject(sfs)
-    try:
+    async with paused_service(layout, "write", named=named) as (sfs, pause):
         write, pid = await paused_mid_write(sfs, pause, target, ctx.ww(layout.allowed))
-        write.cancel()
-        await asyncio.wait({write}, timeout=TIMEOUT)
-        assert write.cancelled()
+        await cancel(write)
         assert contents(target) == OLD  # the child is still paused
         pause.release()
         await asyncio.wait_for(sfs.zygote.drain(), TIMEOUT)
-        await wait_for_process_exit(pid)
+        await process_gone(pid)
         assert contents(target) == NEW
         assert temp_files(layout.allowed) == []
-    finally:
-        pause.close()
-        await sfs.aclose()
 
 
 @pytest.mark.parametrize("named", [False, True], ids=["unnamed", "named"])
 async def test_a_cancelled_write_that_then_hangs_is_killed_at_the_timeout(
-    no_leaks: None, layout: Any, ctx: Any, target: Path, named: bool
+    no_leaks: None, layout: Any, ctx: Any, target: Path, named: bool, process_gone: Any
 ) -> None:
     """A cancelled write's child finishes within the call's timeout or is killed;
     either way the temp file goes and the old file stays whole."""
-    sfs = service(timeout=SHORT)
-    pause = Pause(layout.root / "ctl", "write", named=named)
-    pause.inject(sfs)
-    try:
+    async with paused_service(layout, "write", named=named, timeout=SHORT) as (sfs, pause):
         write, pid = await paused_mid_write(sfs, pause, target, ctx.ww(layout.allowed))
-        write.cancel()
-        await asyncio.wait({write}, timeout=TIMEOUT)
-        assert write.cancelled()
+        await cancel(write)
         # Never released: the background wait ends at the timeout with a kill.
         await asyncio.wait_for(sfs.zygote.drain(), TIMEOUT)
-        await wait_for_process_exit(pid)
+        await process_gone(pid)
         assert contents(target) == OLD
         assert temp_files(layout.allowed) == []
-    finally:
-        pause.close()
-        await sfs.aclose()
 
 
 @pytest.mark.parametrize("how", ["timeout", "sigkill"])
@@ -234,10 +230,8 @@ async def test_a_killed_write_leaves_no_temp_file(
 ) -> None:
     """Killed at the timeout, or by anyone else, while writing its data or while its
     finished file has the temp name: the old file stays, whole, and alone."""
-    sfs = service(timeout=SHORT if how == "timeout" else TIMEOUT)
-    pause = Pause(layout.root / "ctl", stage, named=named)
-    pause.inject(sfs)
-    try:
+    timeout = SHORT if how == "timeout" else TIMEOUT
+    async with paused_service(layout, stage, named=named, timeout=timeout) as (sfs, pause):
         write, pid = await paused_mid_write(sfs, pause, target, ctx.ww(layout.allowed))
         if how == "sigkill":
             os.kill(pid, signal.SIGKILL)
@@ -249,31 +243,20 @@ async def test_a_killed_write_leaves_no_temp_file(
         assert info.value.message == message
         assert contents(target) == OLD
         assert temp_files(layout.allowed) == []
-    finally:
-        pause.close()
-        await sfs.aclose()
 
 
 async def test_shutdown_while_a_cancelled_write_finishes(
-    no_leaks: None, layout: Any, ctx: Any, target: Path
+    no_leaks: None, layout: Any, ctx: Any, target: Path, process_gone: Any
 ) -> None:
     """``aclose`` kills the child a cancelled write left running and waits for it:
     no process, no temp file, the old file whole."""
-    sfs = service()
-    pause = Pause(layout.root / "ctl", "linked")
-    pause.inject(sfs)
-    try:
+    async with paused_service(layout, "linked") as (sfs, pause):
         write, pid = await paused_mid_write(sfs, pause, target, ctx.ww(layout.allowed))
-        write.cancel()
-        await asyncio.wait({write}, timeout=TIMEOUT)
-        assert write.cancelled()
+        await cancel(write)
         await asyncio.wait_for(sfs.aclose(), TIMEOUT)
-        await wait_for_process_exit(pid)
+        await process_gone(pid)
         assert contents(target) == OLD
         assert temp_files(layout.allowed) == []
-    finally:
-        pause.close()
-        await sfs.aclose()
 
 
 async def test_a_killed_write_of_a_new_file_leaves_nothing(
@@ -281,12 +264,9 @@ async def test_a_killed_write_of_a_new_file_leaves_nothing(
 ) -> None:
     """A write that creates its file writes an unnamed file, linked at the target's
     own name once complete (there is no temp name): killed before, nothing is left."""
-    sfs = service()
-    pause = Pause(layout.root / "ctl", "write")
-    pause.inject(sfs)
-    path = layout.allowed / "fresh.bin"
-    fs = LocalFileSystem(confined=sfs)
-    try:
+    async with paused_service(layout, "write") as (sfs, pause):
+        path = layout.allowed / "fresh.bin"
+        fs = LocalFileSystem(confined=sfs)
         write = asyncio.create_task(fs.write_file(path, NEW, sandbox=ctx.ww(layout.allowed)))
         pid = await pause.reached()
         assert unnamed_file_size(pid, layout.allowed) == len(NEW) // 2
@@ -294,9 +274,6 @@ async def test_a_killed_write_of_a_new_file_leaves_nothing(
         with pytest.raises(InternalError):
             await asyncio.wait_for(write, TIMEOUT)
         assert os.listdir(layout.allowed) == ["link"]
-    finally:
-        pause.close()
-        await sfs.aclose()
 
 
 @pytest.mark.parametrize("confinement", ["helper-bwrap", "helper-landlock"])
