@@ -641,25 +641,26 @@ def metadata_now(path: str) -> Metadata | None:
         if st is None:
             return None
     mode, size, mtime_ns = st
-    return Metadata(
-        is_directory=stat.S_ISDIR(mode),
-        is_file=stat.S_ISREG(mode),
-        is_symlink=stat.S_ISLNK(lst[0]),
-        size=size,
-        created_at_ms=0,  # as _metadata where os.stat has no st_birthtime (Linux)
-        modified_at_ms=mtime_ns // 1_000_000,
-    )
+    return _metadata_of(lst[0], mode, size, mtime_ns, 0)  # Linux: no birth time (as os.stat)
 
 
 def _metadata(lst: os.stat_result, st: os.stat_result) -> Metadata:
     birth = getattr(st, "st_birthtime", None)
+    created = int(birth * 1000) if birth else 0
+    return _metadata_of(lst.st_mode, st.st_mode, st.st_size, st.st_mtime_ns, created)
+
+
+def _metadata_of(
+    link_mode: int, mode: int, size: int, mtime_ns: int, created_at_ms: int
+) -> Metadata:
+    """``link_mode``: the path's own (``lstat``) mode; the rest of what it names."""
     return Metadata(
-        is_directory=stat.S_ISDIR(st.st_mode),
-        is_file=stat.S_ISREG(st.st_mode),
-        is_symlink=stat.S_ISLNK(lst.st_mode),
-        size=st.st_size,
-        created_at_ms=int(birth * 1000) if birth else 0,
-        modified_at_ms=st.st_mtime_ns // 1_000_000,
+        is_directory=stat.S_ISDIR(mode),
+        is_file=stat.S_ISREG(mode),
+        is_symlink=stat.S_ISLNK(link_mode),
+        size=size,
+        created_at_ms=created_at_ms,
+        modified_at_ms=mtime_ns // 1_000_000,
     )
 
 
