@@ -26,7 +26,15 @@ ours, ...), so load changes on a shared machine, and the filesystem's state in
 that directory, affect both alike. Medians in ms; ``ours/up`` is the ratio of
 medians (target <= 1.0).
 
-Usage: python benchmarks/bench_fs.py [--quick] [--no-upstream] [--json FILE]
+``--alt DIR`` (repeatable; in every filesystem benchmark) adds another build of
+this server, run with ``PYTHONPATH=DIR``, as ``alt1``, ``alt2``, ... in the same
+batches: ``mkdir /tmp/base && git archive HEAD src | tar -x -C /tmp/base``, then
+``--alt /tmp/base/src`` compares a change with the last commit and upstream in
+one run. On this project's VMs a server's figures move by 1.5-2x within an hour,
+so only figures from one run compare.
+
+Usage: python benchmarks/bench_fs.py [--quick] [--no-upstream] [--json FILE] [--dir DIR]
+                                   [--alt DIR ...]
 """
 
 from __future__ import annotations
@@ -51,10 +59,9 @@ from harness import (
     RawClient,
     Report,
     ServerTarget,
-    available_targets,
     connect_client,
     fs_parser,
-    ours_target,
+    fs_targets,
     publish,
     rss_kib,
     start_server,
@@ -338,7 +345,7 @@ async def bench_all(
 
 async def run(args: argparse.Namespace) -> Report:
     counts = QUICK if args.quick else Counts()
-    targets = [ours_target()] if args.no_upstream else available_targets()
+    targets = fs_targets(args)
     report = Report("exec-server filesystem benchmarks (medians)", [t.name for t in targets])
     if UPSTREAM not in report.servers:
         report.notes.append("upstream codex not installed: pip install openai-codex-cli-bin")

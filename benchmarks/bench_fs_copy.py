@@ -34,24 +34,14 @@ from harness import (
     OURS,
     UPSTREAM,
     Report,
-    ServerTarget,
-    available_targets,
     connect_client,
     fs_parser,
-    ours_target,
+    fs_targets,
     publish,
     start_server,
     summarize,
     temp_dir,
 )
-
-
-def targets(args: argparse.Namespace) -> list[ServerTarget]:
-    out = [ours_target()] if args.no_upstream else available_targets()
-    base = ours_target()
-    for k, alt in enumerate(args.alt):
-        out.insert(1 + k, ServerTarget(f"alt{k + 1}", base.argv, {"PYTHONPATH": alt}))
-    return out
 
 
 def write_source(path: str, data: bytes) -> None:
@@ -90,7 +80,7 @@ def windows(ours: list[float], upstream: list[float], size: int) -> list[float]:
 
 
 async def run(args: argparse.Namespace) -> Report:
-    chosen = targets(args)
+    chosen = fs_targets(args)
     metric = "copy tree (200 files)" if args.tree else f"copy {args.size} B file"
     suffix = "" if args.tree else ".bin"
     report = Report(f"exec-server {metric} (medians)", [t.name for t in chosen])
@@ -145,8 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=120, help="copies per server")
     ap.add_argument("--batch", type=int, default=6, help="copies per server per batch")
     ap.add_argument("--window", type=int, default=30, help="samples per printed ratio")
-    ap.add_argument("--alt", action="append", default=[], metavar="DIR",
-                    help="another build: PYTHONPATH for an extra server (repeatable)")
     args = ap.parse_args(argv)
     if args.quick:
         args.samples, args.batch, args.window = 4, 2, 2

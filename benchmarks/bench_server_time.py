@@ -19,7 +19,7 @@ Both servers work in one directory (names prefixed per server), and every
 metric alternates batches between them, flipping who goes first. Linux only
 (``SO_TIMESTAMPNS``).
 
-Usage: python benchmarks/bench_server_time.py [--quick] [--no-upstream] [--dir DIR]
+Usage: python benchmarks/bench_server_time.py [--quick] [--no-upstream] [--dir DIR] [--alt DIR ...]
                                               [--json FILE]
 """
 
@@ -45,9 +45,8 @@ from harness import (
     MIB,
     UPSTREAM,
     Report,
-    available_targets,
     fs_parser,
-    ours_target,
+    fs_targets,
     publish,
     start_server,
     summarize,
@@ -224,7 +223,7 @@ def measure(clients: dict[str, BlockingClient], workdir: str, n: int,
 
 
 async def run(args: argparse.Namespace) -> Report:
-    targets = [ours_target()] if args.no_upstream else available_targets()
+    targets = fs_targets(args)
     report = Report("fs calls: server time, blocking client (medians)",
                     [t.name for t in targets])
     if UPSTREAM not in report.servers and not args.no_upstream:

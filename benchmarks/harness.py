@@ -258,7 +258,21 @@ def fs_parser(doc: str | None, *, dir_help: str) -> argparse.ArgumentParser:
     ap.add_argument("--no-upstream", action="store_true", help="benchmark only our server")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     ap.add_argument("--dir", metavar="DIR", default=None, help=dir_help)
+    ap.add_argument("--alt", action="append", default=[], metavar="DIR",
+                    help="another build of this server, run with PYTHONPATH=DIR (a directory "
+                    "holding an exec_server package, e.g. from `git archive REV src`); "
+                    "repeatable")
     return ap
+
+
+def fs_targets(args: argparse.Namespace) -> list[ServerTarget]:
+    """The servers a :func:`fs_parser` benchmark runs: ours, each ``--alt`` build
+    (``alt1``, ``alt2``, ...), then upstream unless ``--no-upstream``."""
+    out = [ours_target()] if args.no_upstream else available_targets()
+    base = ours_target()
+    for k, alt in enumerate(args.alt):
+        out.insert(1 + k, ServerTarget(f"alt{k + 1}", base.argv, {"PYTHONPATH": alt}))
+    return out
 
 
 def _proc_kib(path: str, key: str) -> int | None:
