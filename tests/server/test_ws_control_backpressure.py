@@ -117,6 +117,10 @@ async def _echo_server(
 
 #: pings sent by a flood: 39 MB of pongs if each were kept.
 FLOOD = 300_000
+#: Seconds one batch of the flood may take to be read: a hang detector only. A
+#: CI run beside a heavy differential test once took over 10 s for one batch
+#: (the whole flood: ~4 s alone, up to 28 s beside three busy CPUs).
+FLOOD_BATCH_TIMEOUT = 60.0
 
 
 def _ping(payload: bytes) -> bytes:
@@ -140,7 +144,7 @@ async def test_pongs_a_client_never_reads_are_not_kept(parser: str) -> None:
         held = 0
         for _ in range(FLOOD // BATCH):
             writer.write(batch)
-            await asyncio.wait_for(writer.drain(), TIMEOUT)  # the server reads on
+            await asyncio.wait_for(writer.drain(), FLOOD_BATCH_TIMEOUT)  # the server reads on
             held = max(held, transport.get_write_buffer_size())
         writer.write(_ping(b"last") + _client_frame(b'{"after":"flood"}'))
         got = await asyncio.wait_for(echo.got.get(), TIMEOUT)
@@ -347,7 +351,7 @@ async def test_a_ping_flood_nobody_reads_leaves_the_server_resident_size_bounded
     batch = _ping(b"p" * 125) * BATCH
     for _ in range(FLOOD // BATCH):
         writer.write(batch)
-        await asyncio.wait_for(writer.drain(), TIMEOUT)
+        await asyncio.wait_for(writer.drain(), FLOOD_BATCH_TIMEOUT)
     writer.write(_ping(b"last") + _client_frame(b'{"id":2,"method":"environment/status"}'))
     await asyncio.wait_for(writer.drain(), TIMEOUT)
     await wait_until(lambda: _unread(int(port), client_port) == 0)  # all read and answered
