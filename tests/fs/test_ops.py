@@ -396,6 +396,31 @@ def test_copy_tree_merges_keeps_links_and_modes(tdir: Path) -> None:
         ops.copy(str(src), str(dst), recursive=True)  # a file where a directory goes
 
 
+@pytest.mark.parametrize("link_to", ["nowhere", "self"])
+def test_copy_tree_meeting_a_broken_link_where_a_directory_goes_says_file_exists(
+    tdir: Path, link_to: str
+) -> None:
+    """Upstream's create_dir_all answers "File exists" when the place holds a link
+    leading nowhere (or to itself); we used to report the link's own error (-32004,
+    or a symbolic link loop). Found by the random differential test."""
+    src = tdir / "src"
+    (src / "e").mkdir(parents=True)
+    (src / "e" / "f").write_text("f")
+    dst = tdir / "dst"
+    dst.mkdir()
+    (dst / "e").symlink_to("e" if link_to == "self" else "nowhere")
+    with pytest.raises(InternalError) as exc:
+        ops.copy(str(src), str(dst), recursive=True)
+    assert exc.value.message == "File exists (os error 17)"
+    assert os.readlink(dst / "e") == ("e" if link_to == "self" else "nowhere")  # left alone
+    # A link to a directory is merged into, as before.
+    (tdir / "real").mkdir()
+    (dst / "e").unlink()
+    (dst / "e").symlink_to(tdir / "real")
+    ops.copy(str(src), str(dst), recursive=True)
+    assert (tdir / "real" / "f").read_text() == "f"
+
+
 def test_result_values_are_immutable_comparable_and_hashable(tdir: Path) -> None:
     # Metadata, DirEntry and WirePath are msgspec Structs (cheap to build: they are
     # made per request and per directory entry); they keep the frozen-value contract.

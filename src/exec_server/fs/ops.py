@@ -1291,7 +1291,10 @@ def _copy_entry(pair: _Pair, entry: os.DirEntry[str], pending: list[_PendingDir]
             # A new directory inherits its parent's default ACL, so its mask.
             child = _MASK_TO_CHECK if mask is None else mask
         except FileExistsError:
-            if not stat.S_ISDIR(os.stat(name, dir_fd=pair.dst_fd).st_mode):
+            if not _leads_to_directory_at(pair.dst_fd, name):
+                # A file, or a link leading nowhere or to itself, holds the place:
+                # "File exists", as upstream's create_dir_all says (not the error of
+                # following the link).
                 raise
             child = None
         pending.append((f"{pair.src_dir}/{name}", f"{pair.dst_dir}/{name}", child))
@@ -1299,6 +1302,15 @@ def _copy_entry(pair: _Pair, entry: os.DirEntry[str], pending: list[_PendingDir]
         os.symlink(os.readlink(name, dir_fd=pair.src_fd), name, dir_fd=pair.dst_fd)
     # FIFOs, sockets and devices inside a tree are skipped (§9.3).
     return False
+
+
+def _leads_to_directory_at(dir_fd: int, name: str) -> bool:
+    """Whether ``name`` in ``dir_fd`` is a directory or a link to one (Rust's ``is_dir``:
+    any error, a dangling or looping link's included, is "no")."""
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
 
 
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
