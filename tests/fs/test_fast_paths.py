@@ -40,6 +40,11 @@ CASES = [
     "file:a.txt",
     "file://",
     "http://host/a",
+    "file:///a/b//../c",
+    "file:///a//%2e%2e/c",
+    "file:///a//",
+    "file://%6Cocalhost/a",
+    "file://[::1/a",
 ]
 
 

@@ -173,15 +173,37 @@ async def test_uri_spellings_read_as_upstream_reads_them(wire: Any, tdir: Path) 
     recorded side by side with ours: each spelling names the same file, or gets
     the same code (and, where upstream's text is known, the same message)."""
     (tdir / "a.txt").write_text("x")
+    (tdir / "d").mkdir()
+    (tdir / "d" / "a.txt").write_text("in d")
     found = {"dataBase64": b64(b"x")}
     for spelled in (
         f"file://LOCALHOST{tdir}/a.txt",  # hosts are case-insensitive
         f"file://{tdir}\\a.txt",  # a backslash is a slash in file URLs
         f" file://{tdir}/a.txt ",  # spaces around a URL are dropped
         f"file://{tdir}/a.t\txt",  # so are tabs and newlines anywhere
+        # A host is percent-decoded and mapped as IDNA maps it (full-width letters,
+        # soft hyphens) before it is compared with localhost.
+        f"file://%6Cocalhost{tdir}/a.txt",
+        f"file://LOCAL%48OST{tdir}/a.txt",
+        f"file://\uff4c\uff4f\uff43\uff41\uff4c\uff48\uff4f\uff53\uff54{tdir}/a.txt",
+        f"file://loc\u00adalhost{tdir}/a.txt",
     ):
         reply = await wire.raw("fs/readFile", {"path": spelled})
         assert reply.get("result") == found, spelled
+    # An empty segment counts for a URL's `..` (it removes the empty segment), so
+    # these name d/a.txt, where a file path's normalisation would give a.txt.
+    for spelled in (
+        f"file://{tdir}/d//../a.txt",
+        f"file://{tdir}/d///../../a.txt",
+        f"file://{tdir}/d//%2E%2e/a.txt",
+    ):
+        reply = await wire.raw("fs/readFile", {"path": spelled})
+        assert reply.get("result") == {"dataBase64": b64(b"in d")}, spelled
+    reply = await wire.raw("fs/canonicalize", {"path": f"file://{tdir}/d//.."})
+    assert reply["result"] == {"path": f"file://{tdir}/d"}
+    # Plain paths are file paths: `..` after a doubled slash leaves d.
+    reply = await wire.raw("fs/readFile", {"path": f"{tdir}/d//../a.txt"})
+    assert reply.get("result") == found
     for spelled, answer in (
         ("file:a.txt", (-32004, "No such file or directory (os error 2)")),  # /a.txt
         ("file://", (-32600, "path `/` is not a file")),  # the root
@@ -190,6 +212,15 @@ async def test_uri_spellings_read_as_upstream_reads_them(wire: Any, tdir: Path) 
         (f"file://user@localhost{tdir}/a.txt", (-32602, BAD_HOST)),
         (f"http://{tdir}/a.txt", (-32602, "unsupported path URI scheme `http`")),
         (f"file://{tdir}/a%00.txt", (-32602, f"'file://{tdir}/a%00.txt' is invalid on 'linux'")),
+        # Hosts that are no domain, and an unclosed IPv6 literal (was -32603).
+        (f"file://xn--{tdir}/a.txt", (-32602, BAD_HOST)),
+        (f"file://%{tdir}/a.txt", (-32602, BAD_HOST)),
+        (f"file://a b{tdir}/a.txt", (-32602, BAD_HOST)),
+        (f"file://[::1{tdir}/a.txt", (-32602, "invalid URI: invalid IPv6 address")),
+        # Another host is named as upstream writes the URL back: its ASCII form.
+        (f"file://ex%41mple.com{tdir}/a.txt",
+         (-32600, f"'file://example.com{tdir}/a.txt' is invalid on 'linux'")),
+        (f"file://a..b{tdir}/a.txt", (-32600, f"'file://a..b{tdir}/a.txt' is invalid on 'linux'")),
     ):
         reply = await wire.raw("fs/readFile", {"path": spelled})
         assert error(reply) == answer, spelled

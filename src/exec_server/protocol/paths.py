@@ -8,6 +8,7 @@ the filesystem (PROTOCOL.md §5.2).
 
 from __future__ import annotations
 
+import encodings.idna
 import enum
 import re
 import sys
@@ -106,7 +107,10 @@ def _parse_uri(value: str) -> str:
     (``/a``, ``/``); the host ``localhost`` is matched in any case.
     """
     value = value.replace("\t", "").replace("\n", "").replace("\r", "").replace("\\", "/")
-    parsed = urllib.parse.urlsplit(value)
+    try:
+        parsed = urllib.parse.urlsplit(value)
+    except ValueError:  # an unclosed `[`: the only way splitting fails
+        raise InvalidParamsError("invalid URI: invalid IPv6 address") from None
     scheme = parsed.scheme.lower()
     if scheme != "file":
         raise InvalidParamsError(f"unsupported path URI scheme `{scheme}`")
@@ -117,11 +121,81 @@ def _parse_uri(value: str) -> str:
     host = parsed.netloc
     if "@" in host or (":" in host and not host.startswith("[")):
         # user info or a port: a file URL has neither (the url crate's wording)
-        raise InvalidParamsError("invalid URI: invalid international domain name")
-    if host.lower() not in ("", "localhost"):
-        raise InvalidRequestError(f"'{value}' is invalid on '{sys.platform}'")
-    path = urllib.parse.unquote(parsed.path, errors="surrogateescape")
+        raise InvalidParamsError(_BAD_HOST)
+    if host and (domain := _domain(host)) != "localhost":
+        # Upstream names the URL as its parser wrote it back: the host's ASCII form.
+        shown = f"file://{domain}{parsed.path}"
+        raise InvalidRequestError(f"'{shown}' is invalid on '{sys.platform}'")
+    raw = parsed.path
+    if "//" in raw:
+        raw = _resolve_dot_segments(raw)
+    path = urllib.parse.unquote(raw, errors="surrogateescape")
     return path if path.startswith("/") else "/" + path
+
+
+_BAD_HOST = "invalid URI: invalid international domain name"
+#: What the URL standard forbids in a domain once it is decoded and mapped.
+_FORBIDDEN_IN_DOMAIN = frozenset(
+    "\x00\t\n\r #/:<>?@[\\]^|%\x7f" + "".join(map(chr, range(0x20)))
+)
+_SINGLE_DOT = frozenset((".", "%2e"))
+_DOUBLE_DOT = frozenset(("..", ".%2e", "%2e.", "%2e%2e"))
+
+
+def _domain(host: str) -> str:
+    """A file URL's host as the URL standard reads it (upstream's url crate): percent-
+    decoded, then each label mapped to its ASCII form (case folded, full-width letters
+    and soft hyphens mapped, others punycoded, as IDNA does), so ``LOCAL%48OST`` and
+    its full-width spelling are ``localhost``. Empty labels (``a..b``) are kept, as
+    the standard's lenient mapping keeps them. An IPv6 literal is returned as written.
+
+    Raises:
+        InvalidParamsError: no valid domain (upstream's -32602 wording).
+    """
+    if host.startswith("["):
+        return host
+    try:
+        decoded = urllib.parse.unquote_to_bytes(host).decode("utf-8")
+        labels = [_ascii_label(label) for label in decoded.split(".")]
+    except UnicodeError:
+        raise InvalidParamsError(_BAD_HOST) from None
+    ascii_form = ".".join(labels)
+    if not ascii_form or _FORBIDDEN_IN_DOMAIN.intersection(ascii_form):
+        raise InvalidParamsError(_BAD_HOST)
+    return ascii_form
+
+
+def _ascii_label(label: str) -> str:
+    if not label:
+        return label
+    ascii_label = encodings.idna.ToASCII(label).decode("ascii").lower()
+    if ascii_label.startswith("xn--") and not ascii_label[4:].encode().decode("punycode"):
+        raise UnicodeError("an empty punycode label")
+    return ascii_label
+
+
+def _resolve_dot_segments(raw: str) -> str:
+    """Apply a URL path's ``.`` and ``..`` segments (also spelled ``%2e``) as the URL
+    standard does, before anything else: an empty segment counts, so ``/d//../f`` is
+    ``/d/f`` (the ``..`` removes the empty segment), where a file path's lexical
+    normalisation, which drops empty segments first, would give ``/f``.
+    Only called for paths with an empty segment: elsewhere both agree."""
+    segments = raw.split("/")[1:] if raw.startswith("/") else raw.split("/")
+    out: list[str] = []
+    last = len(segments) - 1
+    for i, segment in enumerate(segments):
+        folded = segment.lower()
+        if folded in _DOUBLE_DOT:
+            if out:
+                out.pop()
+            if i == last:
+                out.append("")  # `a/..` is `a/`'s parent with a trailing slash
+        elif folded in _SINGLE_DOT:
+            if i == last:
+                out.append("")
+        else:
+            out.append(segment)
+    return "/" + "/".join(out)
 
 
 def parse_wire_path(value: str, *, normalize: bool = True) -> WirePath:
