@@ -16,14 +16,19 @@ is the root conftest's ``router_caller``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
+import re
 import shutil
-from collections.abc import AsyncIterator, Iterator
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import websockets
 from websockets.asyncio.server import Server
 
 from exec_server.client.connection import ExecServerClient
@@ -137,3 +142,76 @@ def fresh_table() -> Iterator[None]:
     memfs.forget()
     yield
     memfs.forget()
+
+
+# ---------------------------------------------------------------------------
+# Upstream's server and ours side by side (the differential tests)
+# ---------------------------------------------------------------------------
+
+_URL = re.compile(rb"ws://\S+")
+
+
+class _Side:
+    """One server: its process, a raw WebSocket JSON-RPC connection, its work dir."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, ws: Any, root: Path) -> None:
+        self.proc, self.ws, self.root = proc, ws, root
+        self.next_id = 0
+
+    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self.next_id += 1
+        await self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        async with asyncio.timeout(30):
+            while True:
+                reply = json.loads(await self.ws.recv())
+                if reply.get("id") == self.next_id:
+                    return dict(reply)
+
+
+@contextlib.asynccontextmanager
+async def _serve(argv: list[str], root: Path) -> AsyncIterator[_Side]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        cwd=root,
+    )
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        match = _URL.search(line)
+        assert match, line
+        async with websockets.connect(match.group(0).decode(), max_size=None) as ws:
+            side = _Side(proc, ws, root)
+            assert "result" in await side.call("initialize", {"clientName": "test"})
+            await ws.send(json.dumps({"method": "initialized", "params": {}}))
+            yield side
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+@pytest.fixture
+def upstream_and_ours(
+    codex_binary: str,
+) -> Callable[[Path], contextlib.AbstractAsyncContextManager[tuple[_Side, _Side]]]:
+    """``async with upstream_and_ours(root) as (up, ours)``: upstream's server and ours,
+    each started in its own new work dir (``root/up``, ``root/ours``) with a raw
+    WebSocket JSON-RPC connection (``side.call(method, params)`` returns the whole
+    reply; ``side.root`` is its work dir). Skips where upstream's binary is missing."""
+
+    @contextlib.asynccontextmanager
+    async def start(root: Path) -> AsyncIterator[tuple[_Side, _Side]]:
+        (root / "up").mkdir()
+        (root / "ours").mkdir()
+        ours_argv = [sys.executable, "-m", "exec_server", "serve", "--listen", "ws://127.0.0.1:0"]
+        async with (
+            _serve([codex_binary, "exec-server", "--listen", "ws://127.0.0.1:0"], root / "up")
+            as up,
+            _serve(ours_argv, root / "ours") as ours,
+        ):
+            yield up, ours
+
+    return start

@@ -13,79 +13,24 @@ not here.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import json
 import os
-import re
 import socket
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import websockets
 
 pytestmark = pytest.mark.upstream
 
-URL = re.compile(rb"ws://\S+")
-
-
-class _Side:
-    """One server: its process, a raw WebSocket JSON-RPC connection, its work dir."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, ws: Any, root: Path) -> None:
-        self.proc, self.ws, self.root = proc, ws, root
-        self.next_id = 0
-
-    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        self.next_id += 1
-        await self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        async with asyncio.timeout(30):
-            while True:
-                reply = json.loads(await self.ws.recv())
-                if reply.get("id") == self.next_id:
-                    return dict(reply)
-
-
-@contextlib.asynccontextmanager
-async def _serve(argv: list[str], root: Path) -> AsyncIterator[_Side]:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        cwd=root,
-    )
-    assert proc.stdout is not None
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
-        match = URL.search(line)
-        assert match, line
-        async with websockets.connect(match.group(0).decode(), max_size=None) as ws:
-            side = _Side(proc, ws, root)
-            assert "result" in await side.call("initialize", {"clientName": "test"})
-            await ws.send(json.dumps({"method": "initialized", "params": {}}))
-            yield side
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
 
 
 @pytest.fixture
-async def sides(codex_binary: str, tmp_path: Path) -> AsyncIterator[tuple[_Side, _Side]]:
-    codex = codex_binary
-    (tmp_path / "up").mkdir()
-    (tmp_path / "ours").mkdir()
-    ours_argv = [sys.executable, "-m", "exec_server", "serve", "--listen", "ws://127.0.0.1:0"]
-    async with (
-        _serve([codex, "exec-server", "--listen", "ws://127.0.0.1:0"], tmp_path / "up") as up,
-        _serve(ours_argv, tmp_path / "ours") as ours,
-    ):
-        yield up, ours
+async def sides(upstream_and_ours: Any, tmp_path: Path) -> AsyncIterator[tuple[Any, Any]]:
+    async with upstream_and_ours(tmp_path) as pair:
+        yield pair
 
 
 def _layout(root: Path) -> None:
@@ -210,7 +155,7 @@ def _on_disk(root: Path) -> list[tuple[str, str, str]]:
     return seen
 
 
-async def test_fs_answers_match_upstream(sides: tuple[_Side, _Side]) -> None:
+async def test_fs_answers_match_upstream(sides: tuple[Any, Any]) -> None:
     up, ours = sides
     differences = []
     for index, (name, method, params) in enumerate(CASES):

@@ -23,16 +23,13 @@ Skipped when upstream's binary is not installed (the ``codex_binary`` fixture).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
 import os
 import random
-import re
 import shutil
 import stat
-import sys
 import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
@@ -40,11 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import websockets
 
 pytestmark = pytest.mark.upstream
 
-URL = re.compile(rb"ws://\S+")
 SEEDS = range(6)
 STEPS = 60
 #: Every entry of the starting tree has this modification time (2001-09-09), so a
@@ -53,50 +48,8 @@ OLD_NS = 1_000_000_000 * 1_000_000_000
 
 
 # ---------------------------------------------------------------------------
-# The two servers (as in test_upstream_fs.py)
+# The two servers (upstream_and_ours in conftest.py), on disk or tmpfs
 # ---------------------------------------------------------------------------
-
-
-class _Side:
-    """One server: its process, a raw WebSocket JSON-RPC connection, its work dir."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, ws: Any, root: Path) -> None:
-        self.proc, self.ws, self.root = proc, ws, root
-        self.next_id = 0
-
-    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        self.next_id += 1
-        await self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        async with asyncio.timeout(30):
-            while True:
-                reply = json.loads(await self.ws.recv())
-                if reply.get("id") == self.next_id:
-                    return dict(reply)
-
-
-@contextlib.asynccontextmanager
-async def _serve(argv: list[str], root: Path) -> AsyncIterator[_Side]:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        cwd=root,
-    )
-    assert proc.stdout is not None
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
-        match = URL.search(line)
-        assert match, line
-        async with websockets.connect(match.group(0).decode(), max_size=None) as ws:
-            side = _Side(proc, ws, root)
-            assert "result" in await side.call("initialize", {"clientName": "test"})
-            await ws.send(json.dumps({"method": "initialized", "params": {}}))
-            yield side
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
 
 
 @pytest.fixture
@@ -117,16 +70,9 @@ def work_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-async def sides(codex_binary: str, work_dir: Path) -> AsyncIterator[tuple[_Side, _Side]]:
-    (work_dir / "up").mkdir()
-    (work_dir / "ours").mkdir()
-    ours_argv = [sys.executable, "-m", "exec_server", "serve", "--listen", "ws://127.0.0.1:0"]
-    async with (
-        _serve([codex_binary, "exec-server", "--listen", "ws://127.0.0.1:0"], work_dir / "up")
-        as up,
-        _serve(ours_argv, work_dir / "ours") as ours,
-    ):
-        yield up, ours
+async def sides(upstream_and_ours: Any, work_dir: Path) -> AsyncIterator[tuple[Any, Any]]:
+    async with upstream_and_ours(work_dir) as pair:
+        yield pair
 
 
 # ---------------------------------------------------------------------------
@@ -475,7 +421,7 @@ def _report(
 
 
 async def _run(
-    up: _Side, ours: _Side, sequence: list[tuple[str, dict[str, Any]]], label: str
+    up: Any, ours: Any, sequence: list[tuple[str, dict[str, Any]]], label: str
 ) -> list[tuple[Any, Any]]:
     """Send ``sequence`` to both servers, each in a fresh copy of the tree (``label``);
     the normalised replies and trees after each step."""
@@ -497,7 +443,7 @@ async def _run(
 
 @pytest.mark.parametrize("work_dir", ["disk", "tmpfs"], indirect=True)
 @pytest.mark.parametrize("seed", SEEDS)
-async def test_random_fs_sequences_match_upstream(sides: tuple[_Side, _Side], seed: int) -> None:
+async def test_random_fs_sequences_match_upstream(sides: tuple[Any, Any], seed: int) -> None:
     up, ours = sides
     roots = [up.root / "w", ours.root / "w"]
     for root in roots:
@@ -523,7 +469,7 @@ async def test_random_fs_sequences_match_upstream(sides: tuple[_Side, _Side], se
 
 
 async def _assert_same(
-    sides: tuple[_Side, _Side], sequence: list[tuple[str, dict[str, Any]]]
+    sides: tuple[Any, Any], sequence: list[tuple[str, dict[str, Any]]]
 ) -> None:
     up, ours = sides
     for step, (replies, disks) in enumerate(await _run(up, ours, sequence, "repro")):
@@ -538,7 +484,7 @@ async def _assert_same(
 # tests/fs/test_wire.py).
 
 
-async def test_copy_dir_onto_dangling_link(sides: tuple[_Side, _Side]) -> None:
+async def test_copy_dir_onto_dangling_link(sides: tuple[Any, Any]) -> None:
     await _assert_same(sides, [
         ("fs/createDirectory", {"path": "{U}/c"}),
         # c/e -> nowhere (the link's text is copied, relative: dangling in c too)
@@ -549,7 +495,7 @@ async def test_copy_dir_onto_dangling_link(sides: tuple[_Side, _Side]) -> None:
     ])
 
 
-async def test_copy_dir_onto_looping_link(sides: tuple[_Side, _Side]) -> None:
+async def test_copy_dir_onto_looping_link(sides: tuple[Any, Any]) -> None:
     await _assert_same(sides, [
         ("fs/createDirectory", {"path": "{U}/c/loop"}),
         # c/loop is a directory: its place in the work dir is the link to itself
@@ -565,7 +511,7 @@ async def test_copy_dir_onto_looping_link(sides: tuple[_Side, _Side]) -> None:
     "subdirectories' contents, so entries listed after the failing subdirectory are "
     "copied too (same error reply, different tree left)",
 )
-async def test_copy_stops_in_another_place(sides: tuple[_Side, _Side]) -> None:
+async def test_copy_stops_in_another_place(sides: tuple[Any, Any]) -> None:
     files = [f"f{i}" for i in range(8)]
     sequence: list[tuple[str, dict[str, Any]]] = [("fs/createDirectory", {"path": "{U}/c"})]
     sequence += [("fs/writeFile", {"path": f"{{U}}/c/{name}", "dataBase64": "eA=="})
@@ -588,7 +534,7 @@ async def test_copy_stops_in_another_place(sides: tuple[_Side, _Side]) -> None:
 
 
 @pytest.mark.parametrize("path", ["{U}/d//../f", "{U}/d///../../f"])
-async def test_empty_segment_before_dotdot(sides: tuple[_Side, _Side], path: str) -> None:
+async def test_empty_segment_before_dotdot(sides: tuple[Any, Any], path: str) -> None:
     await _assert_same(sides, [("fs/readFile", {"path": path})])
 
 
@@ -596,5 +542,5 @@ async def test_empty_segment_before_dotdot(sides: tuple[_Side, _Side], path: str
     "%6Cocalhost", "LOCAL%48OST", "\uff4c\uff4f\uff43\uff41\uff4c\uff48\uff4f\uff53\uff54",
     "loc\u00adalhost", "xn--", "%", "a b", "a..b", "%2e", "ex%41mple.com", "[::1", "l%C3%B6",
 ])
-async def test_uri_host_spellings(sides: tuple[_Side, _Side], host: str) -> None:
+async def test_uri_host_spellings(sides: tuple[Any, Any], host: str) -> None:
     await _assert_same(sides, [("fs/readFile", {"path": f"file://{host}{{P}}/a"})])
