@@ -214,6 +214,7 @@ async def test_uri_spellings_read_as_upstream_reads_them(wire: Any, tdir: Path) 
         (f"file://{tdir}/a%00.txt", (-32602, f"'file://{tdir}/a%00.txt' is invalid on 'linux'")),
         # Hosts that are no domain, and an unclosed IPv6 literal (was -32603).
         (f"file://xn--{tdir}/a.txt", (-32602, BAD_HOST)),
+        (f"file://xn--a{tdir}/a.txt", (-32602, BAD_HOST)),  # decodes to no valid label
         (f"file://%{tdir}/a.txt", (-32602, BAD_HOST)),
         (f"file://a b{tdir}/a.txt", (-32602, BAD_HOST)),
         (f"file://[::1{tdir}/a.txt", (-32602, "invalid URI: invalid IPv6 address")),
@@ -221,6 +222,9 @@ async def test_uri_spellings_read_as_upstream_reads_them(wire: Any, tdir: Path) 
         (f"file://ex%41mple.com{tdir}/a.txt",
          (-32600, f"'file://example.com{tdir}/a.txt' is invalid on 'linux'")),
         (f"file://a..b{tdir}/a.txt", (-32600, f"'file://a..b{tdir}/a.txt' is invalid on 'linux'")),
+        # No length limit on a label (IDNA 2003's is 63).
+        (f"file://{'A' * 70}{tdir}/a.txt",
+         (-32600, f"'file://{'a' * 70}{tdir}/a.txt' is invalid on 'linux'")),
     ):
         reply = await wire.raw("fs/readFile", {"path": spelled})
         assert error(reply) == answer, spelled

@@ -166,11 +166,17 @@ def _domain(host: str) -> str:
 
 
 def _ascii_label(label: str) -> str:
-    if not label:
-        return label
-    ascii_label = encodings.idna.ToASCII(label).decode("ascii").lower()
-    if ascii_label.startswith("xn--") and not ascii_label[4:].encode().decode("punycode"):
-        raise UnicodeError("an empty punycode label")
+    if label.isascii():
+        # As the standard's mapping: lower case, no length limit (IDNA 2003's
+        # ToASCII refuses labels over 63 characters).
+        ascii_label = label.lower()
+    else:
+        ascii_label = encodings.idna.ToASCII(label).decode("ascii").lower()
+    if ascii_label.startswith("xn--"):
+        # An encoded label must decode to a label that encodes back to it.
+        decoded = ascii_label[4:].encode("ascii").decode("punycode")
+        if not decoded or encodings.idna.ToASCII(decoded).decode("ascii").lower() != ascii_label:
+            raise UnicodeError("not a valid punycode label")
     return ascii_label
 
 
