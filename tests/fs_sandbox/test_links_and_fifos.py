@@ -115,6 +115,40 @@ async def test_confined_reads_of_a_dangling_or_looping_link_answer_as_direct(
         assert path.is_symlink()
 
 
+@pytest.mark.parametrize("context", ["legacy-ww", "current"])
+async def test_a_broken_link_where_a_directory_goes_is_file_exists_confined_as_direct(
+    fs: ExecutorFileSystem, tree: Tree, ctx: Any, context: str
+) -> None:
+    """A recursive createDirectory of a link leading nowhere or to itself, and a tree
+    copy whose subdirectory's place holds one (or a file), answer "File exists", as
+    the direct path and upstream's create_dir_all do. The confined helper answered
+    the link's own error (Not a directory, or a symbolic link loop): found by the
+    sandboxed random differential test (tests/fs/test_upstream_fs_random.py)."""
+    sandbox = restricted_context(context, ctx, tree.ws)
+    exists = ("error", (-32603, "File exists (os error 17)"))
+    source = tree.ws / "src"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "f").write_text("f")
+    for name in ("dangling", "dangling_rel", "loop"):
+        path = tree.ws / name
+        for box in (sandbox, None):
+            made = await outcome(fs.create_directory(path, recursive=True, sandbox=box))
+            assert made == exists, (name, box)
+        dest = tree.ws / f"dest-{name}"
+        dest.mkdir()
+        (dest / "sub").symlink_to(os.readlink(path))
+        for box in (sandbox, None):
+            copied = await outcome(fs.copy(source, dest, recursive=True, sandbox=box))
+            assert copied == exists, (name, box)
+        assert path.is_symlink() and (dest / "sub").is_symlink()  # left as they were
+    blocked = tree.ws / "dest-file"
+    blocked.mkdir()
+    (blocked / "sub").write_text("a file")
+    for box in (sandbox, None):
+        assert await outcome(fs.copy(source, blocked, recursive=True, sandbox=box)) == exists
+    assert (blocked / "sub").read_text() == "a file"
+
+
 @pytest.mark.parametrize("context", RESTRICTED)
 async def test_confined_get_metadata_of_a_symlink_reports_is_symlink(
     fs: ExecutorFileSystem, tree: Tree, ctx: Any, context: str

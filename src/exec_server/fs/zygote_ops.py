@@ -579,6 +579,26 @@ def _write_atomic(
         raise
 
 
+def _mkdir_unless_directory(name: str, dir_fd: int) -> None:
+    """``mkdir`` ``name`` in ``dir_fd`` unless a directory, or a link to one, is there.
+
+    Anything else there is "File exists", as upstream's ``create_dir_all`` says
+    and the direct path answers: a file, or a link leading nowhere or to itself
+    (whose own error, "Not a directory" from the caller's ``O_NOFOLLOW`` open or a
+    link loop, was answered before). A link to a directory is left to the caller's
+    open, which follows it or, in strict mode, refuses it.
+    """
+    try:
+        os.mkdir(name, 0o777, dir_fd=dir_fd)
+    except FileExistsError:
+        try:
+            is_directory = stat.S_ISDIR(os.stat(name, dir_fd=dir_fd).st_mode)
+        except OSError:
+            is_directory = False
+        if not is_directory:
+            raise
+
+
 def _make_dirs(c: _Ctx, path: str, expect: str | None) -> tuple[int, str]:
     """``mkdir -p`` by directory fds; returns an ``O_PATH`` fd of ``path`` and its real path."""
     missing: list[str] = []
@@ -594,8 +614,10 @@ def _make_dirs(c: _Ctx, path: str, expect: str | None) -> tuple[int, str]:
             cur, name = os.path.split(cur)
             missing.append(name)
             cur_expect = cur if cur_expect is not None else None
-        except NotADirectoryError:
-            if cur == path and os.path.lexists(path):
+        except OSError as exc:
+            # A file, or a link looping to itself, where the directory goes: "File
+            # exists", as upstream's create_dir_all says.
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP) and cur == path and os.path.lexists(path):
                 raise _os(errno.EEXIST) from None
             raise
     real = _fd_path(fd) if c.strict else cur
@@ -603,8 +625,7 @@ def _make_dirs(c: _Ctx, path: str, expect: str | None) -> tuple[int, str]:
         for name in reversed(missing):
             child_real = real.rstrip("/") + "/" + name
             c.guard.check(child_real, write=True)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o777, dir_fd=fd)
+            _mkdir_unless_directory(name, fd)
             nfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC | c.nofollow, dir_fd=fd)
             os.close(fd)
             fd, real = nfd, child_real
@@ -795,8 +816,7 @@ def _copy_tree(c: _Ctx, src_fd: int, src_real: str, dst_fd: int, dst_real: str) 
                 continue  # carved-out (`none`) entries are never read
         if stat.S_ISDIR(st.st_mode):
             c.guard.check(d_real, write=True)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o777, dir_fd=dst_fd)
+            _mkdir_unless_directory(name, dst_fd)
             sub_src = os.open(
                 name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=src_fd
             )
