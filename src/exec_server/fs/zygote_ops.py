@@ -584,9 +584,9 @@ def _mkdir_unless_directory(name: str, dir_fd: int) -> None:
 
     Anything else there is "File exists", as upstream's ``create_dir_all`` says
     and the direct path answers: a file, or a link leading nowhere or to itself
-    (whose own error, "Not a directory" from the caller's ``O_NOFOLLOW`` open or a
-    link loop, was answered before). A link to a directory is left to the caller's
-    open, which follows it or, in strict mode, refuses it.
+    (not the error the caller's open of it would give: "Not a directory" under
+    ``O_NOFOLLOW``, or a link loop). A link to a directory is left to the
+    caller's open, which follows it or, in strict mode, refuses it.
     """
     try:
         os.mkdir(name, 0o777, dir_fd=dir_fd)

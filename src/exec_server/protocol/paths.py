@@ -104,7 +104,9 @@ def _parse_uri(value: str) -> str:
     Tabs and newlines anywhere are dropped and ``\\`` is a ``/`` (what
     ``file:`` URLs get in browsers and in Rust's ``url`` crate); a URL
     without slashes or without a path (``file:a``, ``file://``) is rooted
-    (``/a``, ``/``); the host ``localhost`` is matched in any case.
+    (``/a``, ``/``); the host is read as a domain (:func:`_domain`) before it is
+    compared with ``localhost``; ``.`` and ``..`` segments count empty ones
+    (:func:`_resolve_dot_segments`).
     """
     value = value.replace("\t", "").replace("\n", "").replace("\r", "").replace("\\", "/")
     try:
