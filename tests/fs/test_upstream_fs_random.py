@@ -342,15 +342,15 @@ def _confined_differs(
     end of this file: a write through a link leading nowhere, links in a tree
     copy's destination not followed."""
     if method == "fs/writeFile":
-        return _dangling(source)  # test_confined_write_through_dangling_link
+        return _dangling(source)  # test_confined_symlink_choices
     if method != "fs/copy":
         return False
     with contextlib.suppress(OSError):
         kind = stat.S_IFMT(os.lstat(source).st_mode)
         if kind == stat.S_IFREG:
-            return _dangling(destination)  # test_confined_write_through_dangling_link
+            return _dangling(destination)  # test_confined_symlink_choices
         if kind == stat.S_IFDIR and recursive:
-            # test_confined_copy_tree_through_link
+            # test_confined_symlink_choices
             return (os.path.islink(destination) and os.path.isdir(destination)) or any(
                 os.path.islink(os.path.join(destination, rel)) for rel, _mode in _tree(source)
             )
@@ -733,24 +733,35 @@ async def test_confined_copy_tree_onto_non_directory(
     ], "workspace-write")
 
 
-@pytest.mark.xfail(
+#: docs/compat.md, Sandboxed fs/* and symlinks (docs/sandboxed-fs.md, strict mode).
+_COPY_THROUGH_LINK = pytest.mark.xfail(
     strict=True,
-    reason="docs/compat.md, Sandboxed fs/* and symlinks (docs/sandboxed-fs.md, strict "
-    "mode: the confined copy walks never follow symlinks): where an entry's place in a "
-    "recursive fs/copy's destination is a link to a directory (to a file), upstream "
-    "merges into (writes through) it; our confined helper (zygote_ops.py _copy_tree, "
-    "O_NOFOLLOW) answers -32603 Not a directory (os error 20) (Symbolic link loop (os error 40))",
+    reason="where an entry's place in a recursive fs/copy's destination is a link to a "
+    "directory (to a file), upstream merges into (writes through) it; our confined "
+    "helper (zygote_ops.py _copy_tree, O_NOFOLLOW) answers -32603 Not a directory "
+    "(os error 20) (Symbolic link loop (os error 40))",
 )
+#: docs/compat.md, Sandboxed fs/* and symlinks (docs/sandboxed-fs.md, Choices where
+#: the spec is silent).
+_WRITE_THROUGH_DANGLING = pytest.mark.xfail(
+    strict=True,
+    reason="a confined write (writeFile, fs/copy of a file) through a final link "
+    "leading nowhere is refused by our helper (zygote_ops.py _write_file, "
+    "_copy_file_fd: -32603 Symbolic link loop (os error 40)); upstream creates the "
+    "link's target, or answers what creating it gives (Not a directory (os error 20))",
+)
+
+
 @pytest.mark.parametrize("sequence", [
-    [
+    pytest.param([
         ("fs/createDirectory", {"path": "{U}/c/e"}),
         ("fs/writeFile", {"path": "{U}/c/e/z", "dataBase64": "eA=="}),
         # e -> d: where the copy makes c/e in the work dir (upstream writes d/z)
         ("fs/copy", {"sourcePath": "{U}/dlink", "destinationPath": "{U}/e",
                      "recursive": False}),
         ("fs/copy", {"sourcePath": "{U}/c", "destinationPath": "{U}", "recursive": True}),
-    ],
-    [
+    ], id="copy-tree-through-link-to-directory", marks=_COPY_THROUGH_LINK),
+    pytest.param([
         ("fs/createDirectory", {"path": "{U}/c/e"}),
         ("fs/writeFile", {"path": "{U}/c/f", "dataBase64": "eA=="}),
         # c/e/g -> ../f, the file c/f: where the copy writes d/e/g (upstream into c/f)
@@ -758,33 +769,19 @@ async def test_confined_copy_tree_onto_non_directory(
                      "recursive": False}),
         ("fs/copy", {"sourcePath": "{U}/d/e", "destinationPath": "{U}/c/e",
                      "recursive": True}),
-    ],
-], ids=["directory", "file"])
-async def test_confined_copy_tree_through_link(
-    sides: tuple[Any, Any], sequence: list[tuple[str, dict[str, Any]]]
-) -> None:
-    await _assert_same(sides, sequence, "workspace-write")
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/compat.md, Sandboxed fs/* and symlinks (docs/sandboxed-fs.md, Choices "
-    "where the spec is silent): a confined write (writeFile, fs/copy of a file) through a final "
-    "link leading nowhere is refused by our helper (zygote_ops.py _write_file, "
-    "_copy_file_fd: -32603 Symbolic link loop (os error 40)); upstream creates the "
-    "link's target, or answers what creating it gives (Not a directory (os error 20))",
-)
-@pytest.mark.parametrize("sequence", [
-    [("fs/writeFile", {"path": "{U}/dangling", "dataBase64": "eA=="})],
-    [("fs/copy", {"sourcePath": "{U}/a", "destinationPath": "{U}/dangling",
-                  "recursive": False})],
-    [
+    ], id="copy-tree-through-link-to-file", marks=_COPY_THROUGH_LINK),
+    pytest.param([("fs/writeFile", {"path": "{U}/dangling", "dataBase64": "eA=="})],
+                 id="write-through-dangling", marks=_WRITE_THROUGH_DANGLING),
+    pytest.param([("fs/copy", {"sourcePath": "{U}/a", "destinationPath": "{U}/dangling",
+                               "recursive": False})],
+                 id="copy-through-dangling", marks=_WRITE_THROUGH_DANGLING),
+    pytest.param([
         ("fs/remove", {"path": "{U}/d", "recursive": True}),
         ("fs/writeFile", {"path": "{U}/d", "dataBase64": "eA=="}),
         ("fs/writeFile", {"path": "{U}/abs", "dataBase64": "eA=="}),  # abs -> <T>/d/f
-    ],
-], ids=["write", "copy", "under-a-file"])
-async def test_confined_write_through_dangling_link(
+    ], id="write-through-link-under-a-file", marks=_WRITE_THROUGH_DANGLING),
+])
+async def test_confined_symlink_choices(
     sides: tuple[Any, Any], sequence: list[tuple[str, dict[str, Any]]]
 ) -> None:
     await _assert_same(sides, sequence, "workspace-write")
