@@ -7,11 +7,14 @@ The library never reads the environment or argv; ``cli/serve.py`` builds a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
+
+from exec_server.rpc.ws_auth import WsAuthSettings
 
 __all__ = [
     "DEFAULT_CLOSED_RETENTION",
+    "DEFAULT_CONCURRENT_REQUESTS",
     "DEFAULT_DETACH_TTL",
     "DEFAULT_FS_HELPER_TIMEOUT",
     "DEFAULT_LISTEN",
@@ -36,6 +39,11 @@ DEFAULT_OUTPUT_CAP: Final = 1_048_576
 DEFAULT_MAX_MESSAGE_SIZE: Final = 1 << 30
 #: The issue requires at least 64 MiB to be accepted.
 MIN_MAX_MESSAGE_SIZE: Final = 64 << 20
+#: Requests of one connection in progress at once (``--concurrent-requests``).
+#: Upstream's default is 1 (a ``process/read`` long poll holds every later
+#: request); ours lets long polls wait side by side, up to this many, so one
+#: connection cannot start unbounded work. Past it, later requests wait.
+DEFAULT_CONCURRENT_REQUESTS: Final = 64
 #: Seconds a sandboxed filesystem helper may run before it is killed.
 DEFAULT_FS_HELPER_TIMEOUT: Final = 30.0
 
@@ -59,6 +67,11 @@ class ServerConfig:
         fs_helper_timeout: seconds before a sandboxed fs helper is killed.
         launch_zygote: start Landlock-backend launches through the warm spawn
             zygote instead of a fresh launcher interpreter each.
+        ws_auth: the ``--ws-auth`` flags (validated when the server starts).
+        tls_cert_file, tls_key_file: serve ``wss://`` with this certificate chain and key.
+        allow_unauthenticated_network: listen on a non-loopback address without
+            ``--ws-auth`` (refused otherwise).
+        concurrent_requests: requests of one connection in progress at once.
     """
 
     listen: str = DEFAULT_LISTEN
@@ -71,6 +84,11 @@ class ServerConfig:
     sandbox_backend: SandboxBackendName = "auto"
     fs_helper_timeout: float = DEFAULT_FS_HELPER_TIMEOUT
     launch_zygote: bool = True
+    ws_auth: WsAuthSettings = field(default_factory=WsAuthSettings)
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    allow_unauthenticated_network: bool = False
+    concurrent_requests: int = DEFAULT_CONCURRENT_REQUESTS
 
     def __post_init__(self) -> None:
         if self.detach_ttl < 0:
@@ -85,3 +103,7 @@ class ServerConfig:
             raise ValueError(f"unknown sandbox backend {self.sandbox_backend!r}")
         if self.fs_helper_timeout <= 0:
             raise ValueError("fs_helper_timeout must be > 0")
+        if self.concurrent_requests < 1:
+            raise ValueError("concurrent_requests must be >= 1")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("`--tls-cert-file` and `--tls-key-file` must be given together")

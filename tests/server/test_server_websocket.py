@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from websockets.exceptions import InvalidStatus
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.utils import apply_mask
@@ -338,12 +339,17 @@ async def test_tcp_drop_without_close_frame_detaches(server: Any, rpc: Rpc) -> N
     assert reply["result"]["sessionId"] == session_id
 
 
-async def test_path_is_not_inspected(server: Any) -> None:
-    async with connect(server.url + "/any/path?x=1", compression=None) as ws:
+async def test_root_path_with_a_query_is_served_other_paths_are_404(server: Any) -> None:
+    """As upstream 0.163 (AUTH_AND_DISCOVERY.md §2.4): only ``/`` upgrades; a query is ignored."""
+    async with connect(server.url + "/?x=1", compression=None) as ws:
         await ws.send('{"id":1,"method":"environment/status"}')
         assert json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))["result"] == {
             "status": "ready"
         }
+    with pytest.raises(InvalidStatus) as info:
+        async with connect(server.url + "/any/path", compression=None):
+            pass
+    assert info.value.response.status_code == 404
 
 
 async def test_single_frame_far_over_the_limit_closes_with_1009(

@@ -20,9 +20,11 @@ import sys
 import termios
 import tty as tty_mod
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 if TYPE_CHECKING:
+    import ssl
+
     from exec_server.client import ProcessHandle
 
 __all__ = ["register"]
@@ -34,6 +36,11 @@ _EOT: Final = b"\x04"
 _STDIN_READ_SIZE: Final = 65536
 
 
+class ConnectionOptions(NamedTuple):
+    token: str | None
+    ssl: ssl.SSLContext | None
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``exec`` subcommand."""
     p = subparsers.add_parser(
@@ -41,7 +48,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run a command on a remote exec-server",
         description="Run CMD on the exec-server at --url, stream its output, exit with its code.",
     )
-    p.add_argument("--url", required=True, help="ws://HOST:PORT of the exec-server")
+    p.add_argument("--url", required=True, help="ws://HOST:PORT (or wss://) of the exec-server")
+    p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="file holding the server's --ws-auth token (default: $EXEC_SERVER_TOKEN)",
+    )
+    p.add_argument(
+        "--ca-file", metavar="PATH", help="CA certificate(s) for a wss:// server"
+    )
     p.add_argument("--tty", action="store_true", help="run on a PTY and forward stdin")
     p.add_argument("--cwd", default=None, help="remote working directory (default: ours)")
     p.add_argument(
@@ -70,16 +85,61 @@ def _run(ns: argparse.Namespace) -> int:
             return 2
         env[key] = value
     cwd = os.path.abspath(ns.cwd) if ns.cwd else os.getcwd()
-    return asyncio.run(_exec(ns.url, argv, cwd=cwd, env=env, tty=ns.tty))
+    try:
+        connection = _connection_options(ns)
+    except ValueError as exc:
+        print(f"exec-server exec: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_exec(ns.url, argv, cwd=cwd, env=env, tty=ns.tty, connection=connection))
 
 
-async def _exec(url: str, argv: Sequence[str], *, cwd: str, env: dict[str, str], tty: bool) -> int:
+def _connection_options(ns: argparse.Namespace) -> ConnectionOptions:
+    """The token (``--token-file``, else ``$EXEC_SERVER_TOKEN``) and TLS trust (``--ca-file``).
+
+    Raises:
+        ValueError: a file cannot be read, or the token file is empty.
+    """
+    import ssl
+
+    from exec_server.client.environment import TOKEN_ENV_VAR
+
+    token: str | None
+    if ns.token_file is not None:
+        try:
+            with open(ns.token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read --token-file {ns.token_file}: {exc}") from None
+        if not token:
+            raise ValueError(f"--token-file {ns.token_file} is empty")
+    else:
+        token = os.environ.get(TOKEN_ENV_VAR, "").strip() or None
+    context = None
+    if ns.ca_file is not None:
+        try:
+            context = ssl.create_default_context(cafile=ns.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot load --ca-file {ns.ca_file}: {exc}") from None
+    return ConnectionOptions(token=token, ssl=context)
+
+
+async def _exec(
+    url: str,
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    tty: bool,
+    connection: ConnectionOptions,
+) -> int:
     from exec_server.client import ClientError, ExecServerClient
     from exec_server.exceptions import ExecServerError
     from exec_server.protocol.process_types import EnvPolicy, ProcessStream
 
     try:
-        client = await ExecServerClient.connect(url, client_name="exec-server-exec")
+        client = await ExecServerClient.connect(
+            url, client_name="exec-server-exec", token=connection.token, ssl=connection.ssl
+        )
     except ClientError as exc:
         print(f"exec-server exec: {exc}", file=sys.stderr)
         return EXIT_CLIENT_FAILURE

@@ -15,13 +15,16 @@ import sys
 
 from exec_server.config import (
     DEFAULT_CLOSED_RETENTION,
+    DEFAULT_CONCURRENT_REQUESTS,
     DEFAULT_DETACH_TTL,
     DEFAULT_LISTEN,
     DEFAULT_MAX_MESSAGE_SIZE,
     ServerConfig,
 )
 from exec_server.rpc.listen import ListenUrlError, parse_listen_url
+from exec_server.rpc.ws_auth import DEFAULT_CLOCK_SKEW, WsAuthSettings
 from exec_server.server.app import run_server
+from exec_server.server.listener import INSECURE_FLAG
 
 __all__ = ["register", "run"]
 
@@ -52,13 +55,87 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    """``--concurrent-requests``: an integer >= 1 (upstream's wording for 0)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid digit found in string {text!r}") from None
+    if value == 0:
+        raise argparse.ArgumentTypeError("number would be zero for non-zero type")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid digit found in string {text!r}")
+    return value
+
+
+def _skew(text: str) -> int:
+    """``--ws-max-clock-skew-seconds``: an unsigned integer."""
+    if not text.isascii() or not text.isdigit():
+        raise argparse.ArgumentTypeError(f"invalid unsigned integer {text!r}")
+    return int(text)
+
+
+def _add_security_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "WebSocket security",
+        "Whoever can open a connection can run commands as this user. Browser "
+        "requests (any Origin header) are always refused.",
+    )
+    g.add_argument(
+        "--ws-auth",
+        choices=("capability-token", "signed-bearer-token"),
+        metavar="MODE",
+        help="require `Authorization: Bearer <token>` on the upgrade: "
+        "capability-token or signed-bearer-token (HS256 JWT)",
+    )
+    g.add_argument("--ws-token-file", metavar="PATH", help="capability token file (trimmed)")
+    g.add_argument(
+        "--ws-token-sha256", metavar="HEX", help="SHA-256 of the capability token (64 hex digits)"
+    )
+    g.add_argument(
+        "--ws-shared-secret-file",
+        metavar="PATH",
+        help="HS256 secret for signed bearer tokens (trimmed, at least 32 bytes)",
+    )
+    g.add_argument("--ws-issuer", metavar="ISSUER", help="required JWT `iss` (blank: not checked)")
+    g.add_argument(
+        "--ws-audience", metavar="AUDIENCE", help="required JWT `aud` (blank: not checked)"
+    )
+    g.add_argument(
+        "--ws-max-clock-skew-seconds",
+        type=_skew,
+        metavar="SECONDS",
+        help=f"slack for JWT exp and nbf (default {DEFAULT_CLOCK_SKEW})",
+    )
+    g.add_argument(
+        "--tls-cert-file", metavar="PATH", help="serve wss:// with this certificate chain"
+    )
+    g.add_argument("--tls-key-file", metavar="PATH", help="the TLS certificate's private key")
+    g.add_argument(
+        INSECURE_FLAG,
+        dest="allow_unauthenticated_network",
+        action="store_true",
+        help="allow a non-loopback --listen address without --ws-auth (dangerous: anyone "
+        "who can reach the port runs commands as this user)",
+    )
+    p.add_argument(
+        "--concurrent-requests",
+        type=_count,
+        default=DEFAULT_CONCURRENT_REQUESTS,
+        metavar="COUNT",
+        help="requests of one connection in progress at once; later ones wait "
+        f"(default {DEFAULT_CONCURRENT_REQUESTS}; upstream's default is 1)",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``serve`` subcommand."""
     p = subparsers.add_parser(
         "serve",
         help="serve the exec-server protocol over WebSocket or stdio",
         description="Serve the exec-server JSON-RPC protocol. Prints the bound "
-        "ws://IP:PORT as the only line on stdout.",
+        "ws://IP:PORT (wss:// with TLS) as the only line on stdout. A non-loopback "
+        "address needs --ws-auth. SIGHUP re-reads the token or secret file.",
     )
     p.add_argument(
         "--listen",
@@ -117,6 +194,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=("debug", "info", "warning", "error"),
         help="stderr log level (default: $EXEC_SERVER_LOG or warning)",
     )
+    _add_security_flags(p)
     p.set_defaults(func=run)
 
 
@@ -132,6 +210,9 @@ def run(ns: argparse.Namespace) -> int:
         level=getattr(logging, str(ns.log_level).upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if ns.log_level != "debug":
+        # one line per upgrade comes from the gate; the library's own lines are debug detail
+        logging.getLogger("exec_server.rpc.wire").setLevel(logging.WARNING)
     try:
         parse_listen_url(ns.listen)
         config = ServerConfig(
@@ -143,12 +224,28 @@ def run(ns: argparse.Namespace) -> int:
             allow_unsandboxed=ns.allow_unsandboxed,
             sandbox_backend=ns.sandbox_backend,
             launch_zygote=ns.launch_zygote,
+            ws_auth=WsAuthSettings(
+                mode=ns.ws_auth,
+                token_file=ns.ws_token_file,
+                token_sha256=ns.ws_token_sha256,
+                shared_secret_file=ns.ws_shared_secret_file,
+                issuer=ns.ws_issuer,
+                audience=ns.ws_audience,
+                max_clock_skew=ns.ws_max_clock_skew_seconds,
+            ),
+            tls_cert_file=ns.tls_cert_file,
+            tls_key_file=ns.tls_key_file,
+            allow_unauthenticated_network=ns.allow_unauthenticated_network,
+            concurrent_requests=ns.concurrent_requests,
         )
     except (ListenUrlError, ValueError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     try:
         asyncio.run(run_server(config, announce=_announce))
+    except ValueError as exc:  # the auth / TLS / listener checks, before binding
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import sys
 from collections.abc import Sequence
 from typing import Final, Protocol
 
 import websockets
+from websockets.exceptions import InvalidStatus
 
 from exec_server.client._ws import WsClientConnection, WsClosed
 from exec_server.client._ws import connect as connect_ws
@@ -57,17 +59,38 @@ class WebSocketTransport:
 
     @classmethod
     async def open(
-        cls, url: str, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+        cls,
+        url: str,
+        *,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> WebSocketTransport:
-        """Connect to ``url`` (``ws://HOST:PORT``).
+        """Connect to ``url`` (``ws://HOST:PORT`` or ``wss://``).
 
         Raises:
-            HandshakeError: bad URL, refused, or the WebSocket upgrade failed.
+            HandshakeError: bad URL, refused (``status`` set: 401 for a missing or
+                wrong token, 403 for a browser Origin), TLS failure, or the
+                WebSocket upgrade failed.
         """
         try:
-            ws = await connect_ws(url, max_size=max_message_size)
-        except (OSError, TimeoutError, websockets.WebSocketException) as exc:
-            raise HandshakeError(f"cannot connect to {url}: {exc}") from exc
+            ws = await connect_ws(
+                url, max_size=max_message_size, token=token, ssl_context=ssl_context
+            )
+        except InvalidStatus as exc:
+            raise HandshakeError(_refusal_text(url, exc), status=exc.response.status_code) from exc
+        except ssl.SSLCertVerificationError as exc:
+            raise HandshakeError(
+                f"cannot connect to {url}: TLS certificate verification failed: "
+                f"{exc.verify_message or exc.reason}"
+            ) from exc
+        except ssl.SSLError as exc:
+            raise HandshakeError(
+                f"cannot connect to {url}: TLS handshake failed: {exc.reason or exc} "
+                "(does the server serve wss://?)"
+            ) from exc
+        except (OSError, TimeoutError, ValueError, websockets.WebSocketException) as exc:
+            raise HandshakeError(f"cannot connect to {url}: {exc or type(exc).__name__}") from exc
         return cls(ws, url)
 
     async def send(self, data: bytes) -> None:
@@ -94,6 +117,17 @@ class WebSocketTransport:
 
     def describe(self) -> str:
         return self._url
+
+
+def _refusal_text(url: str, exc: InvalidStatus) -> str:
+    response = exc.response
+    text = f"{url} refused the connection: HTTP {response.status_code} {response.reason_phrase}"
+    body = response.body.decode("utf-8", "replace").strip() if response.body else ""
+    if body:
+        text += f": {body[:200]}"
+    if response.status_code == 401:
+        text += " (pass the server's token: token=... / --token-file / EXEC_SERVER_TOKEN)"
+    return text
 
 
 def default_stdio_argv() -> list[str]:

@@ -74,7 +74,10 @@ def _frame_header(opcode: int, fin: bool, size: int, mask: bytes) -> bytes:
 class WsClientConnection(asyncio.BufferedProtocol):
     """One client connection; made by :func:`connect`."""
 
-    def __init__(self, handshake: ClientProtocol, max_size: int | None) -> None:
+    def __init__(
+        self, handshake: ClientProtocol, max_size: int | None, token: str | None = None
+    ) -> None:
+        self._token = token
         self._hs = handshake
         self._max_size = max_size
         self._transport: asyncio.Transport | None = None
@@ -111,7 +114,10 @@ class WsClientConnection(asyncio.BufferedProtocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._hs.send_request(self._hs.connect())
+        request = self._hs.connect()
+        if self._token is not None:
+            request.headers["Authorization"] = f"Bearer {self._token}"
+        self._hs.send_request(request)
         self._flush_handshake()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -447,22 +453,34 @@ def _retrieve(task: asyncio.Future[None]) -> None:
 
 
 async def connect(
-    url: str, *, max_size: int | None, open_timeout: float = 10.0
+    url: str,
+    *,
+    max_size: int | None,
+    open_timeout: float = 10.0,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> WsClientConnection:
     """Open a connection to ``url`` (``ws://`` or ``wss://``) and complete the upgrade.
 
+    Args:
+        token: sent as ``Authorization: Bearer <token>`` on the upgrade.
+        ssl_context: verifies a ``wss://`` server (default: the system's CAs).
+
     Raises:
-        OSError: the TCP (or TLS) connection failed.
+        OSError: the TCP (or TLS) connection failed (``ssl.SSLError`` included).
         websockets.WebSocketException: bad URL or refused upgrade.
         TimeoutError: no upgrade within ``open_timeout`` seconds.
+        ValueError: ``ssl_context`` with a ``ws://`` URL.
     """
     wsuri = parse_uri(url)
+    if ssl_context is not None and not wsuri.secure:
+        raise ValueError(f"a TLS context needs a wss:// URL, not {url}")
     handshake = ClientProtocol(wsuri, max_size=max_size)
     loop = asyncio.get_running_loop()
-    context = ssl.create_default_context() if wsuri.secure else None
+    context = (ssl_context or ssl.create_default_context()) if wsuri.secure else None
     async with asyncio.timeout(open_timeout):
         transport, conn = await loop.create_connection(
-            lambda: WsClientConnection(handshake, max_size),
+            lambda: WsClientConnection(handshake, max_size, token),
             wsuri.host,
             wsuri.port,
             ssl=context,

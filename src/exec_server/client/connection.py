@@ -18,6 +18,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from ssl import SSLContext
 from typing import Final, TypeVar, final
 
 import msgspec
@@ -145,6 +147,7 @@ class ExecServerClient:
         self._transport = transport
         self._client_name = client_name
         self._url = reconnect_url
+        self._ws_options = _WsOptions()
         self._max_message_size = max_message_size
         self._poll_interval = poll_interval
         self._next_id = 0
@@ -170,18 +173,27 @@ class ExecServerClient:
         initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
+        token: str | None = None,
+        ssl: SSLContext | None = None,
     ) -> ExecServerClient:
-        """Connect to ``ws://HOST:PORT`` and run the initialize handshake.
+        """Connect to ``ws://HOST:PORT`` (or ``wss://``) and run the initialize handshake.
 
         Args:
             resume_session_id: reattach to a detached session (its processes keep
                 their ids); the server rejects ids it does not know.
+            token: the server's ``--ws-auth`` token (a capability token or a
+                signed JWT), sent as ``Authorization: Bearer``; kept for
+                :meth:`reconnect`.
+            ssl: verifies a ``wss://`` server, e.g.
+                ``ssl.create_default_context(cafile=...)`` (default: system CAs).
 
         Raises:
-            HandshakeError: connect or initialize timed out, or the connection failed.
+            HandshakeError: connect or initialize timed out, the connection
+                failed, or the server refused it (``status`` 401: token).
             InvalidRequestError: the server refused the resume (unknown/attached id).
         """
-        transport = await _open_ws(url, connect_timeout, max_message_size)
+        options = _WsOptions(token=token, ssl_context=ssl)
+        transport = await _open_ws(url, connect_timeout, max_message_size, options)
         return await cls._open(
             transport,
             client_name=client_name,
@@ -190,6 +202,7 @@ class ExecServerClient:
             poll_interval=poll_interval,
             resume_session_id=resume_session_id,
             initialize_timeout=initialize_timeout,
+            ws_options=options,
         )
 
     @classmethod
@@ -228,6 +241,7 @@ class ExecServerClient:
         poll_interval: float,
         resume_session_id: str | None,
         initialize_timeout: float,
+        ws_options: _WsOptions | None = None,
     ) -> ExecServerClient:
         """Wrap an open transport and run the handshake; the client is closed if it fails."""
         client = cls(
@@ -237,6 +251,8 @@ class ExecServerClient:
             max_message_size=max_message_size,
             poll_interval=poll_interval,
         )
+        if ws_options is not None:
+            client._ws_options = ws_options
         try:
             await client._handshake(resume_session_id, initialize_timeout)
         except BaseException:
@@ -342,7 +358,9 @@ class ExecServerClient:
         if self._url is None:
             raise HandshakeError("a stdio client cannot reconnect")
         await self.disconnect()
-        transport = await _open_ws(self._url, connect_timeout, self._max_message_size)
+        transport = await _open_ws(
+            self._url, connect_timeout, self._max_message_size, self._ws_options
+        )
         self._transport = transport
         self._lost = None
         self._reader = asyncio.create_task(self._read_loop(transport))
@@ -538,10 +556,28 @@ class ExecServerClient:
         self._handles.pop(process_id, None)
 
 
-async def _open_ws(url: str, limit: float, max_message_size: int) -> WebSocketTransport:
+@dataclass(frozen=True, slots=True)
+class _WsOptions:
+    """How a WebSocket connection (and each reconnection) is opened."""
+
+    token: str | None = None
+    ssl_context: SSLContext | None = None
+
+    def __repr__(self) -> str:  # never show the token
+        return f"_WsOptions(token={'***' if self.token else None}, ssl={self.ssl_context})"
+
+
+async def _open_ws(
+    url: str, limit: float, max_message_size: int, options: _WsOptions
+) -> WebSocketTransport:
     try:
         async with asyncio.timeout(limit):
-            return await WebSocketTransport.open(url, max_message_size=max_message_size)
+            return await WebSocketTransport.open(
+                url,
+                max_message_size=max_message_size,
+                token=options.token,
+                ssl_context=options.ssl_context,
+            )
     except TimeoutError as exc:
         raise HandshakeError(f"connecting to {url} timed out after {limit} s") from exc
 

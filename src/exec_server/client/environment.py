@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DISABLED_VALUE",
     "ENVIRONMENT_CLIENT_NAME",
+    "TOKEN_ENV_VAR",
     "URL_ENV_VARS",
     "Environment",
     "EnvironmentManager",
@@ -39,6 +40,9 @@ __all__ = [
 
 #: Checked in this order by :meth:`EnvironmentManager.from_env`; the first one set wins.
 URL_ENV_VARS: Final = ("EXEC_SERVER_URL", "CODEX_EXEC_SERVER_URL")
+#: the remote server's ``--ws-auth`` token (Codex 0.163 has no such variable:
+#: it reads ``auth_bearer_token`` from ``environments.toml``).
+TOKEN_ENV_VAR: Final = "EXEC_SERVER_TOKEN"
 #: The value that disables execution altogether (case-insensitive).
 DISABLED_VALUE: Final = "none"
 #: PROTOCOL.md §13.2: the client name a remote environment announces.
@@ -107,11 +111,13 @@ class Environment:
         local_config: ServerConfig | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
+        token: str | None = None,
     ) -> Environment:
         """Create a remote environment for ``url`` or a local one for None/blank.
 
         Remote: connects as ``codex-environment`` (5 s connect / initialize
-        timeouts, no resume). Local: never opens a connection.
+        timeouts, no resume), presenting ``token`` if given. Local: never
+        opens a connection.
 
         Raises:
             ValueError: ``url`` is ``none`` (``disabled mode does not create an Environment``).
@@ -129,6 +135,7 @@ class Environment:
             )
         client = await ExecServerClient.connect(
             normalized,
+            token=token,
             client_name=ENVIRONMENT_CLIENT_NAME,
             connect_timeout=connect_timeout,
             initialize_timeout=initialize_timeout,
@@ -213,8 +220,10 @@ class EnvironmentManager:
         *,
         runtime_paths: RuntimePaths | None = None,
         local_config: ServerConfig | None = None,
+        token: str | None = None,
     ) -> None:
         self._url, self._disabled = normalize_exec_server_url(exec_server_url)
+        self._token = token
         self._runtime_paths = runtime_paths
         self._local_config = local_config
         self._current: Environment | None = None
@@ -227,14 +236,16 @@ class EnvironmentManager:
         *,
         runtime_paths: RuntimePaths | None = None,
     ) -> EnvironmentManager:
-        """Build from ``EXEC_SERVER_URL``, else ``CODEX_EXEC_SERVER_URL`` (the only env read).
+        """Build from ``EXEC_SERVER_URL``, else ``CODEX_EXEC_SERVER_URL``, and the
+        server's token from ``EXEC_SERVER_TOKEN`` (the only variables read).
 
         Args:
             environ: the mapping to read (default ``os.environ``).
         """
         env = os.environ if environ is None else environ
         value = next((env[name] for name in URL_ENV_VARS if name in env), None)
-        return cls(value, runtime_paths=runtime_paths)
+        token = env.get(TOKEN_ENV_VAR, "").strip() or None
+        return cls(value, runtime_paths=runtime_paths, token=token)
 
     @classmethod
     def from_environment(cls, environment: Environment | None) -> EnvironmentManager:
@@ -271,6 +282,7 @@ class EnvironmentManager:
                         self._url,
                         runtime_paths=self._runtime_paths,
                         local_config=self._local_config,
+                        token=self._token,
                     )
         return self._current
 

@@ -52,7 +52,15 @@ class ConnectionLostError(ClientError, ConnectionError):
 
 
 class HandshakeError(ClientError):
-    """Connecting or the ``initialize`` handshake failed (or timed out)."""
+    """Connecting or the ``initialize`` handshake failed (or timed out).
+
+    ``status`` is the HTTP status of a refused upgrade (401: the token was
+    missing or wrong, the message says which), else None.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ServerProtocolError(ClientError):

@@ -34,11 +34,11 @@ class ListenAddress:
         return format_ws_url(self.host, self.port)
 
 
-def format_ws_url(host: str, port: int) -> str:
-    """``ws://IP:PORT``; IPv6 in brackets."""
+def format_ws_url(host: str, port: int, *, scheme: str = "ws") -> str:
+    """``ws://IP:PORT`` (or ``wss://``); IPv6 in brackets."""
     if ":" in host:
-        return f"ws://[{host}]:{port}"
-    return f"ws://{host}:{port}"
+        return f"{scheme}://[{host}]:{port}"
+    return f"{scheme}://{host}:{port}"
 
 
 def _parse_port(text: str) -> int | None:

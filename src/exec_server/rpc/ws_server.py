@@ -18,9 +18,11 @@ and unmaps again (three system calls and a page fault for every request).
 Whole frames are parsed straight from the area; only a partial frame is
 copied aside.
 
-Behaviour kept from the library: the HTTP upgrade (any path, no
-subprotocol, no compression), automatic Pong replies (only the latest ping's
-while the write buffer is full, see :meth:`WsConnection._pong`), the closing handshake,
+Every HTTP request first meets :class:`~exec_server.rpc.http_gate.UpgradeGate`
+(Origin refusal, ``/readyz``, paths, authentication). Behaviour kept from the
+library: the rest of the HTTP upgrade (no subprotocol, no compression),
+automatic Pong replies (only the latest ping's while the write buffer is
+full, see :meth:`WsConnection._pong`), the closing handshake,
 UTF-8 is *not* checked (the JSON decoder rejects bad text), and a frame
 larger than ``frame_limit`` fails the connection with 1009 (the memory guard,
 see ``rpc/transport.py``). Messages larger than ``max_message_size`` are
@@ -36,6 +38,7 @@ import logging
 import mmap
 import os
 import socket
+import ssl as ssl_module
 import struct
 import threading
 from collections.abc import Awaitable, Callable
@@ -51,11 +54,17 @@ try:
 except ImportError:  # pragma: no cover - the C extension is missing
     from websockets.utils import apply_mask
 
+from exec_server.rpc.http_gate import UpgradeGate
 from exec_server.rpc.transport import HEAD_SIZE, Inbound, Outbound, OversizedMessage, set_nodelay
+from exec_server.rpc.ws_auth import Grant
 
 __all__ = ["WsConnection", "WsServer", "serve_websocket"]
 
 logger = logging.getLogger("exec_server.rpc")
+#: the library's own handshake and frame messages ("connection open", "HTTP
+#: response sent"): the gate already logs each upgrade once, so these show
+#: only with ``--log-level debug``.
+wire_logger = logging.getLogger("exec_server.rpc.wire")
 
 #: inbound messages buffered before we stop reading the socket (PROTOCOL.md §14).
 INBOUND_HIGH: Final = 128
@@ -85,9 +94,15 @@ class WsConnection(asyncio.BufferedProtocol):
 
     def __init__(self, server: WsServer) -> None:
         self._server = server
-        self._proto = ServerProtocol(max_size=(None, server.frame_limit), logger=logger)
+        self._proto = ServerProtocol(max_size=(None, server.frame_limit), logger=wire_logger)
         self._transport: asyncio.Transport | None = None
         self.label = "exec-server websocket"
+        #: ``host:port`` of the peer, for the upgrade's log line.
+        self.peer = "unknown peer"
+        #: what the upgrade was accepted with (a JWT's expiry), set by the gate.
+        self.grant = Grant()
+        #: the close frame :meth:`aclose` sends (code, reason).
+        self.close_with: tuple[int, str] = (1000, "")
         self.max_message_size = server.max_message_size
         self._inbound: collections.deque[bytes | bytearray | OversizedMessage] = (
             collections.deque()
@@ -166,7 +181,8 @@ class WsConnection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             host = f"[{peer[0]}]" if ":" in str(peer[0]) else str(peer[0])
-            self.label = f"exec-server websocket {host}:{peer[1]}"
+            self.peer = f"{host}:{peer[1]}"
+            self.label = f"exec-server websocket {self.peer}"
         self._server.connections.add(self)
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(OPEN_TIMEOUT, self._open_timeout)
@@ -307,11 +323,17 @@ class WsConnection(asyncio.BufferedProtocol):
     # -- handshake -----------------------------------------------------------
 
     def _on_request(self, request: Request) -> None:
-        response = self._proto.accept(request)
+        decision = self._server.gate.decide(request, self.peer)
+        if isinstance(decision, Grant):
+            self.grant = decision
+            response = self._proto.accept(request)
+        else:
+            response = decision
         self._proto.send_response(response)
         self._flush()
         if self._proto.state is not State.OPEN:
-            logger.info("rejected a WebSocket handshake: %s", self._proto.handshake_exc)
+            if isinstance(decision, Grant):  # the library refused the handshake itself
+                logger.info("upgrade from %s refused: %s", self.peer, self._proto.handshake_exc)
             return
         if self._timer is not None:
             self._timer.cancel()
@@ -834,7 +856,7 @@ class WsConnection(asyncio.BufferedProtocol):
         if self._lost:
             return
         if self._proto.state is State.OPEN:
-            self._proto.send_close(1000)
+            self._proto.send_close(*self.close_with)
             self._flush()
             self._after_events()
         elif self._transport is not None and self._proto.state is State.CONNECTING:
@@ -851,8 +873,11 @@ class WsServer:
         max_message_size: int,
         frame_limit: int,
         on_discard: Callable[[int], None] | None = None,
+        gate: UpgradeGate | None = None,
     ) -> None:
         self.handler = handler
+        #: decides each HTTP request before the upgrade (Origin, path, auth).
+        self.gate = gate if gate is not None else UpgradeGate()
         self.max_message_size = max_message_size
         self.frame_limit = frame_limit
         #: called on the loop with the size of a message (or frame) dropped unfinished.
@@ -894,6 +919,8 @@ async def serve_websocket(
     max_message_size: int,
     frame_limit: int | None = None,
     on_discard: Callable[[int], None] | None = None,
+    gate: UpgradeGate | None = None,
+    ssl: ssl_module.SSLContext | None = None,
 ) -> WsServer:
     """Listen on ``host:port``; ``handler(conn)`` runs once per upgraded connection.
 
@@ -908,13 +935,17 @@ async def serve_websocket(
             left unfinished (it disconnected or closed in the middle), once they
             are let go: big freed blocks may stay resident until the heap is
             trimmed (``server/heap.py``'s ``note_transfer`` fits).
+        gate: what every HTTP request meets before the upgrade (default:
+            refuse Origin, no authentication).
+        ssl: serve TLS (``wss://``) with this context.
     """
     server = WsServer(
         handler,
         max_message_size=max_message_size,
         frame_limit=frame_limit if frame_limit is not None else 2 * max_message_size + (1 << 20),
         on_discard=on_discard,
+        gate=gate,
     )
     loop = asyncio.get_running_loop()
-    server.server = await loop.create_server(lambda: WsConnection(server), host, port)
+    server.server = await loop.create_server(lambda: WsConnection(server), host, port, ssl=ssl)
     return server

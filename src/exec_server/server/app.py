@@ -34,6 +34,7 @@ import os
 import re
 import select
 import signal
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -67,6 +68,12 @@ from exec_server.rpc.transport import (
 from exec_server.rpc.ws_server import WsConnection, WsServer, serve_websocket
 from exec_server.server import env_handlers, fs_handlers, process_handlers
 from exec_server.server.heap import BIG_TRANSFER, heap_releaser, settle_startup_heap
+from exec_server.server.listener import (
+    Listener,
+    check_stdio,
+    prepare_listener,
+    reload_authenticator,
+)
 from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, SessionRegistry
@@ -195,6 +202,11 @@ class ConnectionProcessor:
             transport.label, self._notify, self._notify_nowait, kind=transport.kind
         )
         self._handlers: set[asyncio.Task[None]] = set()
+        #: requests in progress at once (``--concurrent-requests``): the one
+        #: being dispatched plus the long polls in ``_handlers``.
+        self._limit = services.config.concurrent_requests
+        #: ``_start_request`` waits for a handler to end (the limit is reached).
+        self._slot_waiter: asyncio.Future[None] | None = None
         #: ``_serve`` waits for the next message (so nothing is being handled).
         self._parked = False
         #: a message ``_offer`` decoded but left to ``_serve`` (and its decoding).
@@ -529,6 +541,7 @@ class ConnectionProcessor:
             not self._parked
             or self._ahead  # read ahead, not yet taken by ``_serve``: they come first
             or self._started_pending
+            or len(self._handlers) >= self._limit
             or self._closed
             or self._close_requested.is_set()
             or not isinstance(item, bytes)
@@ -639,6 +652,12 @@ class ConnectionProcessor:
             waiter.set_result(None)
 
     async def _start_request(self, request: Request) -> None:
+        while len(self._handlers) >= self._limit:
+            waiter = self._slot_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._slot_waiter = None
         ctx = RequestContext(
             request.id, request.method, self.attachment, self.services, self.registry
         )
@@ -648,8 +667,14 @@ class ConnectionProcessor:
             return
         task = asyncio.create_task(self._run_request(ctx, request))
         self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
+        task.add_done_callback(self._handler_done)
         await ctx.released.wait()
+
+    def _handler_done(self, task: asyncio.Task[None]) -> None:
+        self._handlers.discard(task)
+        waiter = self._slot_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def _run_request(self, ctx: RequestContext, request: Request) -> None:
         try:
@@ -690,11 +715,37 @@ class ExecServer:
             processor.close(reason)
 
     async def handle_websocket(self, conn: WsConnection) -> None:
-        """Per-connection handler: one processor per upgraded socket."""
-        await self.processor(conn).run()
+        """Per-connection handler: one processor per upgraded socket.
 
-    async def listen_websocket(self, address: ListenAddress) -> WsServer:
-        """Bind and start accepting; the caller closes the returned server."""
+        A connection opened with a signed token is closed (1008) when the
+        token expires, unlike upstream, which keeps it open: its session
+        detaches, and resuming it needs a fresh token.
+        """
+        processor = self.processor(conn)
+        expiry: asyncio.TimerHandle | None = None
+        expires_at = conn.grant.expires_at
+        if expires_at is not None:
+            loop = asyncio.get_running_loop()
+            expiry = loop.call_later(
+                max(0.0, expires_at - time.time()), _expire, conn, processor
+            )
+        try:
+            await processor.run()
+        finally:
+            if expiry is not None:
+                expiry.cancel()
+
+    async def listen_websocket(
+        self, address: ListenAddress, listener: Listener | None = None
+    ) -> WsServer:
+        """Bind and start accepting; the caller closes the returned server.
+
+        Raises:
+            AuthConfigError, ListenerRefused: without ``listener``, the config's
+                auth and TLS flags do not allow this address.
+        """
+        if listener is None:
+            listener = prepare_listener(self.config, address)
         return await serve_websocket(
             self.handle_websocket,
             address.host,
@@ -702,6 +753,8 @@ class ExecServer:
             max_message_size=self.config.max_message_size,
             # A big message abandoned half way is memory to hand back, as a big one received.
             on_discard=heap_releaser().note_transfer,
+            gate=listener.gate,
+            ssl=listener.ssl_context,
         )
 
     async def aclose(self) -> None:
@@ -709,6 +762,12 @@ class ExecServer:
         self.close_connections()
         await self.registry.aclose()
         await self.services.aclose()
+
+
+def _expire(conn: WsConnection, processor: ConnectionProcessor) -> None:
+    logger.info("%s: websocket jwt expired, closing", conn.label)
+    conn.close_with = (1008, "websocket jwt expired")
+    processor.close("websocket jwt expired")
 
 
 async def _open_stdio(label: str, max_message_size: int) -> StreamTransport:
@@ -731,13 +790,22 @@ async def run_server(
 ) -> None:
     """Run until SIGTERM/SIGINT (or stdin EOF with ``--listen stdio``).
 
-    ``announce`` receives the bound ``ws://IP:PORT`` (the CLI prints it).
+    ``announce`` receives the bound ``ws://IP:PORT`` (``wss://`` with TLS; the
+    CLI prints it). SIGHUP re-reads the auth token or secret file.
 
     Raises:
         ListenUrlError: bad ``config.listen``.
+        AuthConfigError, ListenerRefused: the auth or TLS flags cannot start a
+            server on this address (before anything is bound).
         OSError: the address cannot be bound.
     """
     target = parse_listen_url(config.listen)
+    listener: Listener | None = None
+    if target == STDIO:
+        check_stdio(config)
+    else:
+        assert isinstance(target, ListenAddress)
+        listener = prepare_listener(config, target)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -757,17 +825,19 @@ async def run_server(
                 task.cancel()
             await asyncio.gather(conn, stopper, return_exceptions=True)
         else:
-            assert isinstance(target, ListenAddress)
-            ws_server = await server.listen_websocket(target)
+            assert isinstance(target, ListenAddress) and listener is not None
+            ws_server = await server.listen_websocket(target, listener)
             sock = next(iter(ws_server.sockets))
             host, port = sock.getsockname()[:2]
             settle_startup_heap()
             releaser.watch()
+            loop.add_signal_handler(signal.SIGHUP, reload_authenticator, listener)
             if announce is not None:
-                announce(format_ws_url(host, port))
+                announce(format_ws_url(host, port, scheme=listener.scheme))
             try:
                 await stop.wait()
             finally:
+                loop.remove_signal_handler(signal.SIGHUP)
                 ws_server.close()
                 server.close_connections()
                 await ws_server.wait_closed()
