@@ -171,7 +171,7 @@ def start_server(
         proc.stdout.close()
         raise
     url = line.decode().strip()
-    if not url.startswith("ws://"):
+    if not url.startswith(("ws://", "wss://")):
         proc.kill()
         proc.wait()
         assert proc.stdout is not None

@@ -90,7 +90,7 @@ class WebSocketTransport:
                 "(does the server serve wss://?)"
             ) from exc
         except (OSError, TimeoutError, ValueError, websockets.WebSocketException) as exc:
-            raise HandshakeError(f"cannot connect to {url}: {exc or type(exc).__name__}") from exc
+            raise HandshakeError(f"cannot connect to {url}: {_failure_text(url, exc)}") from exc
         return cls(ws, url)
 
     async def send(self, data: bytes) -> None:
@@ -117,6 +117,21 @@ class WebSocketTransport:
 
     def describe(self) -> str:
         return self._url
+
+
+def _failure_text(url: str, exc: BaseException) -> str:
+    """``str(exc)``, or what happened when it is empty (a reset has no text)."""
+    text = str(exc)
+    if not text:
+        if isinstance(exc, ConnectionResetError):
+            text = "connection reset by the server"
+        elif isinstance(exc, TimeoutError):
+            text = "timed out"
+        else:
+            text = type(exc).__name__
+    if url.startswith("wss://") and isinstance(exc, ConnectionError):
+        text += " during the TLS handshake (does the server serve wss://?)"
+    return text
 
 
 def _refusal_text(url: str, exc: InvalidStatus) -> str:
