@@ -11,9 +11,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from websockets.exceptions import InvalidStatus
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.utils import apply_mask
 
 from exec_server.client._ws import _frame_header
