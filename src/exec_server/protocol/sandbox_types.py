@@ -17,14 +17,21 @@ Unknown members are ignored; unknown tags and enum values are decode errors.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar, overload
+from typing import Annotated, Any, Final, Literal, TypeVar, overload
 
 import msgspec
 
 from exec_server.exceptions import InvalidParamsError, params_error_text
 from exec_server.protocol.paths import PathForm, parse_wire_path, render_path
 
+#: Most paths (entries, roots) one list of a sandbox object may hold. A plan
+#: costs about 20 µs of CPU per entry (3,000: ~70 ms); Codex sends under 20.
+#: Past it the request gets -32602 naming the list, before any work is done.
+MAX_SANDBOX_ENTRIES: Final = 4096
+
+
 __all__ = [
+    "MAX_SANDBOX_ENTRIES",
     "AbsPath",
     "CurrentSandboxContext",
     "DangerFullAccessPolicy",
@@ -102,7 +109,7 @@ class ReadOnlyAccessRestricted(msgspec.Struct, tag="restricted", **_LEGACY):
     """Reads limited to roots (+ platform defaults, which default to on: PROTOCOL §17 trap)."""
 
     include_platform_defaults: bool = True
-    readable_roots: list[AbsPath] = msgspec.field(default_factory=list)
+    readable_roots: _Paths = msgspec.field(default_factory=list)
 
 
 ReadOnlyAccess = ReadOnlyAccessFull | ReadOnlyAccessRestricted
@@ -129,7 +136,7 @@ class ExternalSandboxPolicy(msgspec.Struct, tag="external-sandbox", **_LEGACY):
 class WorkspaceWritePolicy(msgspec.Struct, tag="workspace-write", **_LEGACY):
     """Writes to cwd, writable roots, /tmp and $TMPDIR (unless excluded)."""
 
-    writable_roots: list[AbsPath] = msgspec.field(default_factory=list)
+    writable_roots: _Paths = msgspec.field(default_factory=list)
     read_only_access: ReadOnlyAccess = _FULL_ACCESS
     network_access: bool = False
     exclude_tmpdir_env_var: bool = False
@@ -219,11 +226,16 @@ class FileSystemSandboxEntry(msgspec.Struct, frozen=True, kw_only=True, omit_def
     missing_path_behavior: Literal["skip"] | None = None
 
 
+#: a bounded list of sandbox entries / paths (:data:`MAX_SANDBOX_ENTRIES`).
+_Entries = Annotated[list[FileSystemSandboxEntry], msgspec.Meta(max_length=MAX_SANDBOX_ENTRIES)]
+_Paths = Annotated[list[AbsPath], msgspec.Meta(max_length=MAX_SANDBOX_ENTRIES)]
+
+
 class FileSystemSandboxPolicy(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Legacy derived filesystem policy (PROTOCOL.md §6.2)."""
 
     kind: Literal["restricted", "unrestricted", "external-sandbox"] = "restricted"
-    entries: list[FileSystemSandboxEntry] = msgspec.field(default_factory=list)
+    entries: _Entries = msgspec.field(default_factory=list)
 
 
 # --- PermissionProfile ("additional permissions", PROTOCOL.md §6.4), snake_case ---
@@ -234,8 +246,8 @@ class NetworkPermissions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class FileSystemPermissions(msgspec.Struct, frozen=True, kw_only=True):
-    read: list[AbsPath] | None = None
-    write: list[AbsPath] | None = None
+    read: _Paths | None = None
+    write: _Paths | None = None
 
 
 class PermissionProfile(msgspec.Struct, frozen=True, kw_only=True):
@@ -289,7 +301,7 @@ class UnrestrictedFileSystem(msgspec.Struct, tag="unrestricted", **_PERM):
 class RestrictedFileSystem(msgspec.Struct, tag="restricted", **_PERM):
     """Filesystem confined to ``entries``."""
 
-    entries: list[FileSystemSandboxEntry]
+    entries: _Entries
     glob_scan_max_depth: int | None = None
 
 
@@ -320,7 +332,7 @@ class PolicyContext(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Overrides the context's ``cwd``/``workspaceRoots`` when present (CLIENT_COMPAT §1.5)."""
 
     cwd: AbsPath | None = None
-    workspace_roots: list[AbsPath] | None = None
+    workspace_roots: _Paths | None = None
 
 
 class CurrentSandboxContext(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -329,10 +341,10 @@ class CurrentSandboxContext(msgspec.Struct, frozen=True, kw_only=True, rename="c
     permissions: Permissions
     windows_sandbox_level: WindowsSandboxLevel
     cwd: AbsPath | None = None
-    workspace_roots: list[AbsPath] = msgspec.field(default_factory=list)
+    workspace_roots: _Paths = msgspec.field(default_factory=list)
     policy_context: PolicyContext | None = None
     user_home_dir: AbsPath | None = None
-    temporary_directories: list[AbsPath] | None = None
+    temporary_directories: _Paths | None = None
     windows_sandbox_private_desktop: bool = False
     windows_sandbox_proxy_settings_mode: Literal["reconcile", "preserve"] | None = None
     use_legacy_landlock: bool = False

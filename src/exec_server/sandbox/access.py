@@ -98,16 +98,46 @@ def resolve_target(target: Target, scope: PolicyScope, probe: FsProbe) -> tuple[
     return ()
 
 
+class _RuleIndex:
+    """Rules by path, for look-ups that cost the depth of the path, not the rule count.
+
+    The rule that decides a path is the deepest rule path containing it
+    (component-wise), the highest precedence among rules at that same path:
+    only one ancestor of a path exists at each depth, so walking the
+    ancestors upwards and stopping at the first one with a rule finds it. (A
+    scan of every rule per path made a plan of 3,000 entries cost 2 s.)
+    """
+
+    def __init__(self, rules: Iterable[tuple[str, Access]]) -> None:
+        by_path: dict[str, Access] = {}
+        for path, access in rules:
+            old = by_path.get(path)
+            if old is None or access.precedence > old.precedence:
+                by_path[path] = access
+        self._by_path = by_path
+
+    def best(self, path: str, *, above: bool = False) -> Access | None:
+        """The access the rules give ``path`` (absolute, normalised); with
+        ``above``, ignoring rules at ``path`` itself (what its parents grant)."""
+        if not path.startswith("/"):
+            return None
+        by_path = self._by_path
+        current = path
+        if above:
+            if current == "/":
+                return None
+            current = current.rsplit("/", 1)[0] or "/"
+        while True:
+            access = by_path.get(current)
+            if access is not None:
+                return access
+            if current == "/":
+                return None
+            current = current.rsplit("/", 1)[0] or "/"
+
+
 def _best(rules: Iterable[tuple[str, Access]], path: str) -> Access | None:
-    best: tuple[int, int] | None = None
-    access: Access | None = None
-    for rule_path, rule_access in rules:
-        if not is_within(path, rule_path):
-            continue
-        key = (depth(rule_path), rule_access.precedence)
-        if best is None or key > best:
-            best, access = key, rule_access
-    return access
+    return _RuleIndex(rules).best(path)
 
 
 def _absolute(path: str, cwd: str) -> str:
@@ -211,6 +241,8 @@ class ResolvedPolicy:
         "_canonicalize",
         "_combined",
         "_defaults",
+        "_index",
+        "_index_with_defaults",
         "full_read",
         "full_write",
         "platform_defaults",
@@ -275,9 +307,10 @@ class ResolvedPolicy:
                 if probe.is_dir(root):
                     defaults.update(dict.fromkeys(_forms(root, Access.READ, canonicalize)))
         self._defaults: tuple[tuple[str, Access], ...] = tuple((p, Access.READ) for p in defaults)
-
-    def _rules(self, exclude: str | None = None) -> list[tuple[str, Access]]:
-        return [(p, a) for p, a in self._combined if p != exclude]
+        self._index = _RuleIndex(self._combined)
+        self._index_with_defaults = (
+            _RuleIndex((*self._combined, *self._defaults)) if self._defaults else self._index
+        )
 
     def resolve_access(self, path: str) -> Access:
         """Access for ``path`` (relative paths join the policy cwd), §6.11 + protected subpaths.
@@ -291,9 +324,9 @@ class ResolvedPolicy:
         if self.policy.kind is not FsKind.RESTRICTED:
             return Access.WRITE
         candidate = self._candidate(_absolute(path, self.scope.cwd))
-        access = _best(self._combined, candidate)
+        access = self._index.best(candidate)
         if self._defaults and access is not Access.WRITE:
-            access = _best((*self._combined, *self._defaults), candidate)
+            access = self._index_with_defaults.best(candidate)
         return access or Access.NONE
 
     def holes_below(self, path: str) -> tuple[tuple[str, str], ...]:
@@ -327,7 +360,7 @@ class ResolvedPolicy:
 
     def _context_access(self, path: str) -> Access:
         """Access ``path`` would have without its own rules (what its parents grant)."""
-        return _best(self._rules(exclude=path), path) or Access.NONE
+        return self._index.best(path, above=True) or Access.NONE
 
     def plan(
         self,
