@@ -629,3 +629,43 @@ def test_kernel_knob_mounts_read_only(backend: Any, run: Run, plan_for: PlanFor,
     lines = res.output.splitlines()
     assert "ro /proc/sys" in lines, lines
     assert [line for line in lines if line.startswith("rw ")] == []
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "pty"])
+@pytest.mark.parametrize("backend_name", ["bwrap", "landlock"])
+async def test_server_first_launch_env_output_and_terminate(backend_name: str, tty: bool,
+                                                            server_factory: Any, rpc: Any,
+                                                            ws: Any) -> None:
+    """Positive control on a fresh server's cold path: the env arrives, output and
+    ``process/terminate`` work, the exit is the signal's."""
+    from exec_server.sandbox.select import SandboxUnavailableError, select_backend
+
+    try:
+        select_backend(backend_name)
+    except SandboxUnavailableError as exc:
+        pytest.skip(f"{backend_name} backend unusable: {exc}")
+    srv = server_factory("--sandbox-backend", backend_name, cwd=ws.root)
+    client = await rpc(srv.url)
+    await client.initialize()
+    params = {"processId": "t", "argv": ["sh", "-c", 'echo "hello $GREETING"; exec sleep 30'],
+              "cwd": ws.root, "env": {"PATH": "/usr/bin:/bin", "GREETING": "from-the-client"},
+              "tty": tty, "arg0": None, "sandbox": _legacy_workspace_write(ws.root)}
+    assert (await client.call("process/start", params))["sandbox"] == "linux-seccomp"
+    out, code, terminated = bytearray(), None, False
+    while True:
+        msg = await client.notification(timeout=30)
+        p = msg.get("params") or {}
+        if p.get("processId") != "t":
+            continue
+        if msg["method"] == "process/output":
+            out += base64.b64decode(p.get("chunk") or "")
+            if b"hello from-the-client" in out and not terminated:
+                terminated = True
+                assert (await client.call("process/terminate", {"processId": "t"})) == {
+                    "running": True}
+        elif msg["method"] == "process/exited":
+            code = p.get("exitCode")
+        elif msg["method"] == "process/closed":
+            break
+    assert terminated, bytes(out)
+    assert code in (128 + signal.SIGTERM, 128 + signal.SIGKILL), (code, bytes(out))
