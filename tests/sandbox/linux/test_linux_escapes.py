@@ -669,3 +669,20 @@ async def test_server_first_launch_env_output_and_terminate(backend_name: str, t
             break
     assert terminated, bytes(out)
     assert code in (128 + signal.SIGTERM, 128 + signal.SIGKILL), (code, bytes(out))
+
+
+def test_env_too_large_for_bwrap_refused_clearly(backend: Any, run: Run, ws: Any,
+                                                 plan_for: PlanFor) -> None:
+    """bwrap parses at most 9000 arguments: a clear refusal, not its exit 1 mid-launch.
+    The Landlock launcher has no such limit: the whole env arrives."""
+    from exec_server.process.spec import LaunchSpec
+
+    env = {"PATH": "/usr/bin:/bin", **{f"V{i}": f"x{i}" for i in range(3000)}}
+    if backend.name == "bwrap":
+        with pytest.raises(ValueError, match="too many environment variables"):
+            backend.wrap(LaunchSpec(argv=["true"], cwd=ws.root, env=env), plan_for(ws))
+        return
+    res = run(backend, plan_for(ws), ["sh", "-c", 'echo "$V0 $V2999"; env | wc -l'],
+              cwd=ws.root, env=env)
+    assert res.code == 0, res.output
+    assert res.output.split() == ["x0", "x2999", str(len(env) + 1)]  # + sh's PWD

@@ -46,6 +46,12 @@ class BwrapInfo:
     version: str = ""
 
 
+#: bwrap refuses more arguments than this (its cmdline and ``--args`` together).
+_MAX_ARGS = 9000
+#: room kept for our own options (namespaces, binds, knobs, protected paths).
+_OWN_ARGS_ALLOWANCE = 1000
+
+
 def _depth(path: str) -> int:
     return len([p for p in path.split("/") if p])
 
@@ -153,8 +159,12 @@ class BwrapBackend(LinuxBackend):
             raise SandboxUnavailableError(
                 f"bwrap at {self.info.path} lies inside a writable root; refusing to use it")
         env = sandbox_env(spec, plan)
+        entries = env_entries(env)
+        if 3 * len(entries) + len(spec.argv) > _MAX_ARGS - _OWN_ARGS_ALLOWANCE:
+            raise ValueError(f"too many environment variables for bwrap ({len(entries)}; it "
+                             f"parses at most {_MAX_ARGS} arguments, three per variable)")
         env_args = b"".join(b"--setenv\0" + name + b"\0" + value + b"\0"
-                            for name, value in env_entries(env))
+                            for name, value in entries)
         mode = seccomp.MODE_RESTRICTED if not plan.network else seccomp.MODE_VSOCK
         fd = _seccomp_pipe(seccomp.build_filter(mode))
         fds = [fd]
