@@ -263,7 +263,7 @@ class SandboxManager:
             wrapped = backend.wrap(spec, plan)
         except ExecServerError as exc:
             raise SandboxLaunchError(exc.message) from exc
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: an env execve cannot carry
             raise SandboxLaunchError(str(exc)) from exc
         return replace(wrapped, sandbox_type=SandboxType.LINUX_SECCOMP)
 

@@ -9,7 +9,9 @@ connection, the outside process really is still alive.
 
 from __future__ import annotations
 
+import base64
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -338,3 +340,349 @@ def test_renaming_workspace_away_from_its_protection_fails(backend: Any, run: Ru
     assert "done" in res.output
     assert not os.path.exists(moved), res.output
     assert not os.path.exists(os.path.join(git, "config")), res.output
+
+
+# ---------------------------------------------------------------- the client's environment
+#
+# A wrapper (bwrap, the Landlock launcher's interpreter, the spawn zygote) runs
+# outside the sandbox until the command is confined: nothing from the request's
+# env may reach it. Each injection writes a marker outside every writable root
+# (only an unconfined process can) and one in the workspace (the confined
+# command: proves the env did reach it).
+
+_MARK_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+__attribute__((constructor)) static void exec_server_test_mark(void) {
+    char path[4096];
+    int fd;
+    snprintf(path, sizeof path, "%s/ldpreload_%ld", OUTSIDE, (long)getpid());
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) close(fd);
+    snprintf(path, sizeof path, "%s/seen_ldpreload_%ld", INSIDE, (long)getpid());
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) close(fd);
+}
+"""
+
+_MARK_PY = """import os
+for _d, _n in (({outside!r}, "pyinject_"), ({inside!r}, "seen_pyinject_")):
+    try:
+        open(os.path.join(_d, _n + str(os.getpid())), "w").close()
+    except OSError:
+        pass
+class W(Warning):
+    pass
+"""
+
+
+def build_ldpreload(libdir: str, outside: str, inside: str) -> str:
+    """A shared library whose constructor marks ``outside`` and ``inside`` (gcc, else skip)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    src = os.path.join(libdir, "mark.c")
+    lib = os.path.join(libdir, "libmark.so")
+    with open(src, "w") as f:
+        f.write(_MARK_C)
+    subprocess.run([gcc, "-shared", "-fPIC", "-O1", f'-DOUTSIDE="{outside}"',
+                    f'-DINSIDE="{inside}"', "-o", lib, src], check=True,
+                   capture_output=True, timeout=60)
+    return lib
+
+
+def python_injection(libdir: str, outside: str, inside: str) -> dict[str, str]:
+    """``PYTHON*`` variables that run the marker if an interpreter honours them.
+
+    ``resource``/``struct`` shadow modules the launcher imports; the warnings
+    category makes an honouring interpreter import ``pyinject_mod`` at start-up.
+    """
+    code = _MARK_PY.format(outside=outside, inside=inside)
+    for name in ("pyinject_mod.py", "resource.py", "struct.py", "startup.py"):
+        with open(os.path.join(libdir, name), "w") as f:
+            f.write(code)
+    return {"PYTHONPATH": libdir, "PYTHONSTARTUP": os.path.join(libdir, "startup.py"),
+            "PYTHONWARNINGS": "ignore::pyinject_mod.W", "PYTHONINSPECT": ""}
+
+
+def markers(directory: str, prefix: str) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.startswith(prefix))
+
+
+def take_markers(directory: str, prefix: str) -> int:
+    """How many markers there are; removes them (pids repeat in a PID namespace)."""
+    found = markers(directory, prefix)
+    for name in found:
+        os.unlink(os.path.join(directory, name))
+    return len(found)
+
+
+@pytest.fixture
+def libdir(tmp_path: Any) -> str:
+    path = os.path.join(str(tmp_path), "lib")
+    os.mkdir(path)
+    return path
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "pty"])
+def test_ld_preload_reaches_only_the_confined_command(backend: Any, run: Run,
+                                                      plan_for: PlanFor, ws: Any,
+                                                      libdir: str, tty: bool) -> None:
+    lib = build_ldpreload(libdir, ws.outside, ws.root)
+    env = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": lib, "LD_LIBRARY_PATH": libdir}
+    res = run(backend, plan_for(ws), ["true"], cwd=ws.root, env=env, tty=tty)
+    assert res.code == 0, res.output
+    assert markers(ws.outside, "ldpreload_") == [], "an unconfined process loaded it"
+    assert markers(ws.root, "seen_ldpreload_"), "the command never got its LD_PRELOAD"
+
+
+def test_python_env_reaches_only_the_confined_command(backend: Any, run: Run,
+                                                      plan_for: PlanFor, ws: Any, py: str,
+                                                      libdir: str) -> None:
+    env = {"PATH": "/usr/bin:/bin", **python_injection(libdir, ws.outside, ws.root)}
+    res = run(backend, plan_for(ws), [py, "-S", "-c", "import pyinject_mod"], cwd=ws.root,
+              env=env)
+    assert res.code == 0, res.output
+    assert markers(ws.outside, "pyinject_") == [], "an unconfined interpreter ran it"
+    assert markers(ws.root, "seen_pyinject_"), "the command never got its PYTHONPATH"
+
+
+def test_command_env_arrives_whole(backend: Any, run: Run, plan_for: PlanFor, ws: Any,
+                                   py: str) -> None:
+    """Spaces, '=', newlines, empty and non-UTF-8 values arrive as sent, and nothing more."""
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "SPACED": "a b  c", "EQ": "x=y=z",
+           "NL": "one\ntwo", "EMPTY": "", "RAW": os.fsdecode(b"\xff\xfe"), "LD_PRELOAD": ""}
+    dump = ("import os\nwith open('env.out', 'wb') as f:\n"
+            "    f.write(b''.join(k + b'=' + v + b'\\0' for k, v in os.environb.items()))\n")
+    res = run(backend, plan_for(ws), [py, "-I", "-S", "-c", dump], cwd=ws.root, env=env)
+    assert res.code == 0, res.output
+    with open(os.path.join(ws.root, "env.out"), "rb") as f:
+        got = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if item)
+    got.pop(b"PWD", None)  # bwrap sets it (as upstream's does)
+    assert got == {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+
+
+def test_bad_env_names_refused_before_any_launch(backend: Any, ws: Any, plan_for: PlanFor) -> None:
+    from exec_server.process.spec import LaunchSpec
+
+    for env in ({"A=B": "x"}, {"": "x"}, {"A": "x\0y"}):
+        with pytest.raises(ValueError):
+            backend.wrap(LaunchSpec(argv=["true"], cwd=ws.root, env=env), plan_for(ws))
+
+
+# ---------------------------------------------------------------- global kernel knobs
+
+LEASE = "/proc/sys/fs/lease-break-time"
+CORE = "/proc/sys/kernel/core_pattern"
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("full_write", [False, True], ids=["workspace-write", "full-write"])
+def test_sysctl_writes_denied(backend: Any, run: Run, plan_for: PlanFor, ws: Any,
+                              full_write: bool) -> None:
+    """/proc/sys stays read-only, also for root and for a full-write plan."""
+    lease, core = _read(LEASE), _read(CORE)
+    plan = (SandboxPlan(full_read=True, full_write=True, network=False, cwd=ws.root)
+            if full_write else plan_for(ws))
+    script = (f'echo "$NEW_LEASE" > {LEASE} && echo lease-written; '
+              f'printf "%s\\n" "$SAME_CORE" > {CORE} && echo core-written; echo done')
+    env = {"PATH": "/usr/bin:/bin", "NEW_LEASE": str(int(lease) + 1),
+           "SAME_CORE": core.rstrip("\n")}
+    try:
+        res = run(backend, plan, ["sh", "-c", script], cwd=ws.root, env=env)
+    finally:
+        changed = _read(LEASE) != lease
+        if changed:  # an escape changed a host sysctl: put it back before failing
+            with open(LEASE, "w") as f:
+                f.write(lease)
+    assert not changed
+    assert "done" in res.output, res.output
+    assert "lease-written" not in res.output and "core-written" not in res.output, res.output
+    assert _read(CORE) == core
+
+
+# ------------------------------------------ the same through a server: first and warm launches
+
+
+def _legacy_workspace_write(workspace: str) -> dict[str, Any]:
+    """The legacy client's workspace-write ``sandbox`` (no /tmp, no TMPDIR)."""
+    root = {"type": "special", "value": {"kind": "root"}}
+    cwd = {"type": "special", "value": {"kind": "current_working_directory"}}
+    return {
+        "sandboxPreference": "require",
+        "policy": {"type": "workspace-write", "writable_roots": [], "network_access": False,
+                   "exclude_tmpdir_env_var": True, "exclude_slash_tmp": True},
+        "fileSystemPolicy": {"kind": "restricted", "entries": [
+            {"path": root, "access": "read"}, {"path": cwd, "access": "write"}]},
+        "networkPolicy": "restricted",
+        "sandboxPolicyCwd": workspace,
+        "additionalPermissions": None,
+        "enforceManagedNetwork": False,
+        "windowsSandboxLevel": "disabled",
+        "windowsSandboxPrivateDesktop": False,
+        "useLegacyLandlock": False,
+    }
+
+
+async def _start_and_wait(client: Any, process_id: str, argv: list[str], cwd: str,
+                          env: dict[str, str]) -> tuple[int, bytes]:
+    params = {"processId": process_id, "argv": argv, "cwd": cwd, "env": env, "tty": False,
+              "arg0": None, "sandbox": _legacy_workspace_write(cwd)}
+    result = await client.call("process/start", params)
+    assert result["sandbox"] == "linux-seccomp"
+    out, code = bytearray(), None
+    while True:
+        msg = await client.notification(timeout=30)
+        p = msg.get("params") or {}
+        if p.get("processId") != process_id:
+            continue
+        if msg["method"] == "process/output":
+            out += base64.b64decode(p.get("chunk") or "")
+        elif msg["method"] == "process/exited":
+            code = p.get("exitCode")
+        elif msg["method"] == "process/closed":
+            assert code is not None
+            return int(code), bytes(out)
+
+
+def _parent_is_zygote(stat: bytes) -> bool:
+    ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+    try:
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            return b"--zygote" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("injection", ["ld_preload", "python"])
+@pytest.mark.parametrize("backend_name", ["bwrap", "landlock"])
+async def test_server_launches_keep_the_env_from_wrappers(backend_name: str, injection: str,
+                                                          server_factory: Any, rpc: Any,
+                                                          ws: Any, libdir: str, py: str) -> None:
+    """A fresh server's very first sandboxed start, then warm ones (Landlock: the zygote's)."""
+    from exec_server.sandbox.select import SandboxUnavailableError, select_backend
+
+    try:
+        select_backend(backend_name)
+    except SandboxUnavailableError as exc:
+        pytest.skip(f"{backend_name} backend unusable: {exc}")
+    if injection == "ld_preload":
+        env = {"LD_PRELOAD": build_ldpreload(libdir, ws.outside, ws.root)}
+        outside, seen = "ldpreload_", "seen_ldpreload_"
+        argv = ["cat", "/proc/self/stat"]
+    else:
+        env = python_injection(libdir, ws.outside, ws.root)
+        outside, seen = "pyinject_", "seen_pyinject_"
+        argv = [py, "-S", "-c", "import pyinject_mod; print(open('/proc/self/stat').read())"]
+    env["PATH"] = "/usr/bin:/bin"
+    srv = server_factory("--sandbox-backend", backend_name, cwd=ws.root)
+    client = await rpc(srv.url)
+    await client.initialize()
+    code, out = await _start_and_wait(client, "first", argv, ws.root, env)
+    assert code == 0, out
+    assert markers(ws.outside, outside) == [], "the first launch's wrapper loaded it"
+    assert take_markers(ws.root, seen) == 1, "the first command never got its env"
+    first_via_zygote = _parent_is_zygote(out)
+    for i in range(200):  # until a launch goes through the warm launcher (Landlock)
+        code, out = await _start_and_wait(client, f"warm-{i}", argv, ws.root, env)
+        assert code == 0, out
+        assert markers(ws.outside, outside) == [], f"warm launch {i}'s wrapper loaded it"
+        assert take_markers(ws.root, seen) == 1, f"warm command {i} never got its env"
+        if backend_name == "bwrap" or _parent_is_zygote(out):
+            break
+    else:
+        raise AssertionError("launches never went through the spawn zygote")
+    assert not first_via_zygote, "the first launch must be the cold path"
+
+
+_KNOB_MOUNTS = """import os
+knobs = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/sys")
+points = set()
+for line in open("/proc/self/mountinfo"):
+    p = line.split()[4]
+    if any(p == k or p.startswith(k + "/") for k in knobs):
+        points.add(p)
+for p in sorted(points):
+    print("rw" if not os.statvfs(p).f_flag & os.ST_RDONLY else "ro", p)
+"""
+
+
+@pytest.mark.parametrize("full_write", [False, True], ids=["workspace-write", "full-write"])
+def test_kernel_knob_mounts_read_only(backend: Any, run: Run, plan_for: PlanFor, ws: Any,
+                                      py: str, full_write: bool) -> None:
+    """Every visible mount at or below a knob (cgroup, binfmt_misc...) is read-only."""
+    if backend.name == "landlock" and not full_write:
+        pytest.skip("Landlock itself denies writes outside the writable roots (the knobs "
+                    "stay rw mounts); test_sysctl_writes_denied proves the write fails")
+    if backend.name == "landlock" and os.getuid() != 0:
+        pytest.skip("only root passes the knobs' file mode; the launcher binds them as root")
+    plan = (SandboxPlan(full_read=True, full_write=True, network=False, cwd=ws.root)
+            if full_write else plan_for(ws))
+    res = run(backend, plan, [py, "-I", "-S", "-c", _KNOB_MOUNTS], cwd=ws.root)
+    assert res.code == 0, res.output
+    lines = res.output.splitlines()
+    assert "ro /proc/sys" in lines, lines
+    assert [line for line in lines if line.startswith("rw ")] == []
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "pty"])
+@pytest.mark.parametrize("backend_name", ["bwrap", "landlock"])
+async def test_server_first_launch_env_output_and_terminate(backend_name: str, tty: bool,
+                                                            server_factory: Any, rpc: Any,
+                                                            ws: Any) -> None:
+    """Positive control on a fresh server's cold path: the env arrives, output and
+    ``process/terminate`` work, the exit is the signal's."""
+    from exec_server.sandbox.select import SandboxUnavailableError, select_backend
+
+    try:
+        select_backend(backend_name)
+    except SandboxUnavailableError as exc:
+        pytest.skip(f"{backend_name} backend unusable: {exc}")
+    srv = server_factory("--sandbox-backend", backend_name, cwd=ws.root)
+    client = await rpc(srv.url)
+    await client.initialize()
+    params = {"processId": "t", "argv": ["sh", "-c", 'echo "hello $GREETING"; exec sleep 30'],
+              "cwd": ws.root, "env": {"PATH": "/usr/bin:/bin", "GREETING": "from-the-client"},
+              "tty": tty, "arg0": None, "sandbox": _legacy_workspace_write(ws.root)}
+    assert (await client.call("process/start", params))["sandbox"] == "linux-seccomp"
+    out, code, terminated = bytearray(), None, False
+    while True:
+        msg = await client.notification(timeout=30)
+        p = msg.get("params") or {}
+        if p.get("processId") != "t":
+            continue
+        if msg["method"] == "process/output":
+            out += base64.b64decode(p.get("chunk") or "")
+            if b"hello from-the-client" in out and not terminated:
+                terminated = True
+                assert (await client.call("process/terminate", {"processId": "t"})) == {
+                    "running": True}
+        elif msg["method"] == "process/exited":
+            code = p.get("exitCode")
+        elif msg["method"] == "process/closed":
+            break
+    assert terminated, bytes(out)
+    assert code in (128 + signal.SIGTERM, 128 + signal.SIGKILL), (code, bytes(out))
+
+
+def test_env_too_large_for_bwrap_refused_clearly(backend: Any, run: Run, ws: Any,
+                                                 plan_for: PlanFor) -> None:
+    """bwrap parses at most 9000 arguments: a clear refusal, not its exit 1 mid-launch.
+    The Landlock launcher has no such limit: the whole env arrives."""
+    from exec_server.process.spec import LaunchSpec
+
+    env = {"PATH": "/usr/bin:/bin", **{f"V{i}": f"x{i}" for i in range(3000)}}
+    if backend.name == "bwrap":
+        with pytest.raises(ValueError, match="too many environment variables"):
+            backend.wrap(LaunchSpec(argv=["true"], cwd=ws.root, env=env), plan_for(ws))
+        return
+    res = run(backend, plan_for(ws), ["sh", "-c", 'echo "$V0 $V2999"; env | wc -l'],
+              cwd=ws.root, env=env)
+    assert res.code == 0, res.output
+    assert res.output.split() == ["x0", "x2999", str(len(env) + 1)]  # + sh's PWD

@@ -346,3 +346,20 @@ def test_command_env_is_exactly_the_request(backend: Any, run: Any, plan_for: An
     assert sorted(res.output.splitlines()) == ["ONLY=x", "PATH=/usr/bin:/bin"]
     kept = run(backend, plan_for(ws), ["env"], cwd=ws.root, env={**env, "LC_CTYPE": "C"})
     assert "LC_CTYPE=C" in kept.output.splitlines()
+
+
+def test_read_only_knobs_cover_what_a_plan_leaves_writable() -> None:
+    from exec_server.sandbox.linux.knobs import KERNEL_KNOBS, PROC_KNOBS, read_only_knobs
+
+    existing = [k for k in KERNEL_KNOBS if os.path.lexists(k)]
+    assert read_only_knobs(full_write=False, writable_roots=("/work", "/tmp")) == []
+    assert sorted(read_only_knobs(full_write=True, writable_roots=())) == sorted(existing)
+    assert sorted(read_only_knobs(full_write=False, writable_roots=("/",))) == sorted(existing)
+    assert read_only_knobs(full_write=False, writable_roots=("/proc",)) == [
+        k for k in existing if k in PROC_KNOBS]
+    fresh = read_only_knobs(full_write=False, writable_roots=("/work",), fresh_proc=True)
+    assert fresh == [k for k in existing if k in PROC_KNOBS]
+    if os.path.isdir("/sys/fs/cgroup"):  # a root inside a knob: protected itself
+        assert read_only_knobs(full_write=False, writable_roots=("/sys/fs/cgroup",)) == [
+            "/sys/fs/cgroup"]
+    assert read_only_knobs(full_write=False, writable_roots=("/proc/sys/nope",)) == []

@@ -15,8 +15,14 @@ exit 125; exec failures exit 127 (not found) or 126 (not executable).
 
 Flags: ``--status-fd N``, ``--full-read``, ``--read P``, ``--full-write``,
 ``--write P``, ``--ro P``, ``--deny P``, ``--network``, ``--command-cwd D``,
-``--sandbox-policy-cwd D``, ``--arg0 NAME``, ``--reset-env NAME[=VALUE]`` (unset or
-set in the inherited environment before exec), ``--strict-mounts``, ``--probe``.
+``--sandbox-policy-cwd D``, ``--arg0 NAME``, ``--env-fd N`` (the command's
+environment, ``NAME=VALUE`` entries each ending in NUL, read to EOF from fd N),
+``--strict-mounts``, ``--probe``.
+
+Environment: the launcher runs outside the sandbox until ``_confine`` returns,
+so the server starts it with an empty environment (``base.WRAPPER_ENV``) and
+hands the command's through ``--env-fd`` (or, in the spawn zygote's child,
+as ``main``'s ``env``): it is used only by the final ``execve``.
 """
 
 
@@ -92,7 +98,7 @@ def _report(status_fd: int, kind: str, stage: str, message: str) -> None:
 def _parse(args: list[str]) -> tuple[_Plan, dict[str, object], list[str]]:
     plan = _Plan()
     opts: dict[str, object] = {"status_fd": -1, "cwd": None, "arg0": None,
-                               "strict_mounts": False, "probe": False, "reset_env": []}
+                               "strict_mounts": False, "probe": False, "env_fd": -1}
     i = 0
     multi = {"--read": plan.readable_roots, "--write": plan.writable_roots,
              "--ro": plan.read_only_subpaths, "--deny": plan.denied_paths}
@@ -126,8 +132,8 @@ def _parse(args: list[str]) -> tuple[_Plan, dict[str, object], list[str]]:
         elif arg == "--arg0":
             opts["arg0"] = args[i + 1]
             i += 1
-        elif arg == "--reset-env":
-            opts["reset_env"].append(args[i + 1])  # type: ignore[attr-defined]
+        elif arg == "--env-fd":
+            opts["env_fd"] = int(args[i + 1])
             i += 1
         else:
             raise _Setup("args", f"unknown launcher flag {arg!r}")
@@ -211,7 +217,41 @@ def _placeholder_for(path: str, writable: list[str]) -> str | None:
     return missing
 
 
-def _apply_mounts(plan: _Plan) -> None:
+def _mountinfo_path(raw: bytes) -> str:
+    """A mount point from ``/proc/self/mountinfo`` (octal escapes such as ``\\040`` undone)."""
+    out = bytearray()
+    i = 0
+    while i < len(raw):
+        if raw[i] == 0x5C and raw[i + 1:i + 4].isdigit() and i + 4 <= len(raw):
+            out.append(int(raw[i + 1:i + 4], 8) & 0xFF)
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return os.fsdecode(bytes(out))
+
+
+def _bind_read_only_tree(path: str) -> None:
+    """``path`` and every mount below it read-only (``/sys/fs/cgroup``, ``binfmt_misc``...)."""
+    _bind_read_only(path, path)
+    prefix = path.rstrip("/") + "/"
+    fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while data := os.read(fd, 1 << 16):
+            chunks.append(data)
+    finally:
+        os.close(fd)
+    for line in b"".join(chunks).splitlines():
+        fields = line.split(b" ")
+        if len(fields) > 4:
+            point = _mountinfo_path(fields[4])
+            if point.startswith(prefix):
+                _mount(None, point, None,
+                       _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _locked_flags(point))
+
+
+def _apply_mounts(plan: _Plan, knobs: "list[str]") -> None:
     _enter_mount_namespace()
     if not plan.full_write:
         # Writable roots become mountpoints: a writable parent cannot then rename a
@@ -234,6 +274,8 @@ def _apply_mounts(plan: _Plan) -> None:
                    | _MS_NOEXEC, "mode=000,size=4k")
         elif os.path.lexists(path):
             _bind_read_only("/dev/null", path)
+    for path in knobs:
+        _bind_read_only_tree(path)
 
 
 def drop_capabilities(*, now: bool = False) -> None:
@@ -277,9 +319,16 @@ def _confine(plan: _Plan, opts: dict[str, object]) -> None:
     except (OSError, ValueError) as exc:
         raise _Setup("rlimit", f"setting RLIMIT_CORE: {exc}") from exc
     confine_fs = not plan.full_write
-    if (confine_fs and plan.read_only_subpaths) or plan.denied_paths:
+    knobs: list[str] = []
+    if os.getuid() == 0:
+        # Only root passes the knobs' permission check; Landlock already keeps them
+        # read-only unless the plan makes them writable (see knobs.py).
+        from exec_server.sandbox.linux.knobs import read_only_knobs
+
+        knobs = read_only_knobs(full_write=plan.full_write, writable_roots=plan.writable_roots)
+    if (confine_fs and plan.read_only_subpaths) or plan.denied_paths or knobs:
         try:
-            _apply_mounts(plan)
+            _apply_mounts(plan, knobs)
         except OSError as exc:
             if opts["strict_mounts"]:
                 raise _Setup("mounts", f"read-only rebinds: {exc}") from exc
@@ -371,6 +420,30 @@ def _execvp(program: str, argv: list[str], env: dict[str, str] | None = None) ->
     raise saved or last or FileNotFoundError(2, "No such file or directory", program)
 
 
+def _read_env(fd: int) -> dict[str, str]:
+    """The command's environment from ``--env-fd`` (``NAME=VALUE\\0``...); closes ``fd``."""
+    chunks = []
+    try:
+        while True:
+            data = os.read(fd, 1 << 16)
+            if not data:
+                break
+            chunks.append(data)
+    except OSError as exc:
+        raise _Setup("env", f"reading the command environment: {exc.strerror}") from exc
+    finally:
+        try:  # noqa: SIM105 - contextlib costs start-up time here
+            os.close(fd)
+        except OSError:
+            pass
+    env = {}
+    for item in b"".join(chunks).split(b"\0"):
+        if item:
+            name, _, value = item.partition(b"=")
+            env[os.fsdecode(name)] = os.fsdecode(value)
+    return env
+
+
 def _restore_signals() -> None:
     """Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec."""
     import _signal  # type: ignore[import-not-found]  # builtin; ``signal`` costs more
@@ -391,9 +464,10 @@ def _pdeathsig() -> None:
 def main(argv: list[str], env: dict[str, str] | None = None) -> int:
     """Confine this process and exec the command; returns only on failure (an exit code).
 
-    The launcher script calls it with its command line; the spawn zygote's
-    forked child (``spawn_zygote_main``) with the same flags and the
-    command's ``env`` (None: keep the inherited environment).
+    The launcher script calls it with its command line (the command's
+    environment in ``--env-fd``); the spawn zygote's forked child
+    (``spawn_zygote_main``) with the same flags and the command's ``env``.
+    Neither: the command inherits the launcher's own environment.
     """
     status_fd = -1
     try:
@@ -405,6 +479,9 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
             return _probe()
         if not command:
             raise _Setup("args", "no command given after --")
+        env_fd = int(str(opts["env_fd"]))
+        if env_fd >= 0:
+            env = _read_env(env_fd)
         _pdeathsig()
         cwd = opts["cwd"]
         if not isinstance(cwd, str):
@@ -425,15 +502,6 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
         sys.stderr.write(f"exec-server sandbox: bad launcher arguments: {exc}\n")
         return EXIT_SETUP
     _restore_signals()
-    if env is None:
-        # The interpreter's C-locale coercion (PEP 538) rewrote LC_CTYPE in our
-        # environment; the command must get exactly the requested one.
-        for item in opts["reset_env"]:  # type: ignore[attr-defined]
-            name, eq, value = item.partition("=")
-            if eq:
-                os.environ[name] = value
-            else:
-                os.environ.pop(name, None)
     arg0 = opts["arg0"]
     program = command[0]
     visible = [arg0 if isinstance(arg0, str) else program, *command[1:]]

@@ -14,16 +14,27 @@ from exec_server.sandbox.plan import SandboxPlan, SandboxType
 
 __all__ = [
     "NETWORK_DISABLED_ENV",
+    "WRAPPER_ENV",
     "LinuxBackend",
     "PlaceholderRegistry",
     "chain_cleanup",
+    "env_entries",
     "first_missing_component",
     "is_inside",
+    "memfd_holding",
     "sandbox_env",
 ]
 
 #: set in the child's env when the network is restricted (PROTOCOL.md §7.5).
 NETWORK_DISABLED_ENV = "CODEX_SANDBOX_NETWORK_DISABLED"
+
+#: The environment every wrapper (bwrap, the Landlock launcher) is started with.
+#: Empty on purpose: a wrapper runs outside the sandbox, so nothing the client
+#: chose (``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``LOCPATH``, ``GCONV_PATH``,
+#: ``PYTHON*``, ``PATH``...) may reach its dynamic loader, libc or interpreter.
+#: The command's own environment travels in an fd and applies only at the
+#: final, confined ``execve`` (docs/sandbox-linux.md).
+WRAPPER_ENV: dict[str, str] = {}
 
 
 class LinuxBackend(ABC):
@@ -80,6 +91,41 @@ def sandbox_env(spec: LaunchSpec, plan: SandboxPlan) -> dict[str, str]:
     env = dict(spec.env)
     env.update(plan.extra_env)
     return env
+
+
+def env_entries(env: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """``env`` as (name, value) bytes, refusing what ``execve`` cannot carry.
+
+    Raises:
+        ValueError: an empty name, ``=`` in a name, or a NUL anywhere (the
+            same refusals as ``subprocess`` for an unconfined launch).
+    """
+    entries = []
+    for name, value in env.items():
+        key, val = os.fsencode(name), os.fsencode(value)
+        if not key or b"=" in key:
+            raise ValueError(f"illegal environment variable name {name!r}")
+        if b"\0" in key or b"\0" in val:
+            raise ValueError(f"embedded null byte in environment variable {name!r}")
+        entries.append((key, val))
+    return entries
+
+
+def memfd_holding(name: str, data: bytes) -> int:
+    """A close-on-exec memfd holding ``data``, its offset back at 0 (readers read to EOF).
+
+    A memfd rather than a pipe: any size fits without a reader running yet.
+    """
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def chain_cleanup(*steps: Callable[[], None] | None) -> Callable[[], None] | None:

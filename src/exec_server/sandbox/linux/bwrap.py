@@ -2,8 +2,13 @@
 
 Upstream-equivalent filesystem arguments plus ``--cap-drop ALL`` (root
 callers keep capabilities otherwise, §3.2), user/pid/ipc namespaces, a fresh
-``/proc``, ``--unshare-net`` when the network is restricted, and our seccomp
-BPF handed over through ``--seccomp FD`` (no second interpreter inside).
+``/proc`` with the global kernel knobs bound read-only (``knobs.py``),
+``--unshare-net`` when the network is restricted, and our seccomp BPF handed
+over through ``--seccomp FD`` (no second interpreter inside).
+
+bwrap runs outside the sandbox, so it starts with ``WRAPPER_ENV``; the
+command's env reaches it as ``--setenv`` options in an ``--args`` memfd, used
+only by its final exec (docs/sandbox-linux.md).
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ from dataclasses import dataclass
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.linux import seccomp
 from exec_server.sandbox.linux.base import (
+    WRAPPER_ENV,
     LinuxBackend,
     PlaceholderRegistry,
+    env_entries,
     finish_spec,
     first_missing_component,
     is_inside,
+    memfd_holding,
     sandbox_env,
 )
+from exec_server.sandbox.linux.knobs import read_only_knobs
 from exec_server.sandbox.plan import SandboxPlan
 
 __all__ = ["BwrapBackend", "BwrapInfo", "build_args"]
@@ -35,6 +44,12 @@ class BwrapInfo:
     proc: bool = True
     argv0: bool = False
     version: str = ""
+
+
+#: bwrap refuses more arguments than this (its cmdline and ``--args`` together).
+_MAX_ARGS = 9000
+#: room kept for our own options (namespaces, binds, knobs, protected paths).
+_OWN_ARGS_ALLOWANCE = 1000
 
 
 def _depth(path: str) -> int:
@@ -91,6 +106,10 @@ def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
         args.append("--unshare-net")
     if proc:
         args += ["--proc", "/proc"]
+    # Global kernel knobs stay read-only even for (mapped) root: see knobs.py.
+    for knob in read_only_knobs(full_write=plan.full_write, writable_roots=plan.writable_roots,
+                                fresh_proc=proc):
+        args += ["--ro-bind", knob, knob]
     args += ["--cap-drop", "ALL"]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
@@ -99,11 +118,11 @@ def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
     return args, placeholders
 
 
-def _resolvable(program: str, spec: LaunchSpec) -> bool:
+def _resolvable(program: str, search_path: str, cwd: str) -> bool:
     """Whether ``program`` resolves to an executable on the host (cheap pre-check)."""
     if "/" in program:
-        return os.access(os.path.join(spec.cwd, program), os.X_OK)
-    return shutil.which(program, path=spec.env.get("PATH", os.defpath)) is not None
+        return os.access(os.path.join(cwd, program), os.X_OK)
+    return shutil.which(program, path=search_path) is not None
 
 
 def _seccomp_pipe(program: bytes) -> int:
@@ -139,12 +158,30 @@ class BwrapBackend(LinuxBackend):
 
             raise SandboxUnavailableError(
                 f"bwrap at {self.info.path} lies inside a writable root; refusing to use it")
+        env = sandbox_env(spec, plan)
+        entries = env_entries(env)
+        if 3 * len(entries) + len(spec.argv) > _MAX_ARGS - _OWN_ARGS_ALLOWANCE:
+            raise ValueError(f"too many environment variables for bwrap ({len(entries)}; it "
+                             f"parses at most {_MAX_ARGS} arguments, three per variable)")
+        env_args = b"".join(b"--setenv\0" + name + b"\0" + value + b"\0"
+                            for name, value in entries)
         mode = seccomp.MODE_RESTRICTED if not plan.network else seccomp.MODE_VSOCK
         fd = _seccomp_pipe(seccomp.build_filter(mode))
-        args, placeholders = build_args(plan, spec.cwd, proc=self.info.proc, seccomp_fd=fd,
-                                        new_session=not spec.tty)
+        fds = [fd]
+        try:
+            args, placeholders = build_args(plan, spec.cwd, proc=self.info.proc, seccomp_fd=fd,
+                                            new_session=not spec.tty)
+            if env_args:
+                # The command's env reaches bwrap only as --setenv options read from an
+                # fd (not its cmdline), applied after its loader and libc started clean.
+                fds.append(memfd_holding("exec-server-env", env_args))
+                args += ["--args", str(fds[-1])]
+        except BaseException:
+            for opened in fds:
+                os.close(opened)
+            raise
         command = list(spec.argv)
-        if not _resolvable(command[0], spec):
+        if not _resolvable(command[0], env.get("PATH", os.defpath), spec.cwd):
             # bwrap reports exec failures as exit 1; let a shell give the usual 126/127
             command = ["/bin/sh", "-c", 'exec "$0" "$@"', *command]
         if spec.arg0 is not None and spec.arg0 != command[0]:
@@ -155,5 +192,5 @@ class BwrapBackend(LinuxBackend):
                            spec.arg0, *command]
         argv = [self.info.path, *args, "--", *command]
         release = self._placeholders.acquire(placeholders)
-        return finish_spec(spec, argv=argv, env=sandbox_env(spec, plan), arg0=None,
-                           pass_fds=(fd,), cleanup=release)
+        return finish_spec(spec, argv=argv, env=dict(WRAPPER_ENV), arg0=None,
+                           pass_fds=tuple(fds), cleanup=release)

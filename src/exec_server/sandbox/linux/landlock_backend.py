@@ -6,16 +6,19 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from exec_server.process.spec import LaunchSpec, ZygoteLaunch
 from exec_server.sandbox.linux.base import (
+    WRAPPER_ENV,
     LinuxBackend,
     PlaceholderRegistry,
     chain_cleanup,
+    env_entries,
     finish_spec,
     first_missing_component,
     is_inside,
+    memfd_holding,
     sandbox_env,
 )
 from exec_server.sandbox.linux.spawn_zygote import SpawnRequest, SpawnZygote
@@ -33,20 +36,20 @@ LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch
 def launcher_argv(plan: SandboxPlan, command: list[str], *, cwd: str | None,
                   arg0: str | None = None, status_fd: int | None = None,
                   strict_mounts: bool = False,
-                  python: str | None = None, reset_env: Sequence[str] = ()) -> list[str]:
+                  python: str | None = None, env_fd: int | None = None) -> list[str]:
     """The launcher command line for ``plan`` (flags documented in _launch.py)."""
     return [python or sys.executable, "-I", "-S", LAUNCHER_PATH,
             *launcher_flags(plan, command, cwd=cwd, arg0=arg0, status_fd=status_fd,
-                            strict_mounts=strict_mounts, reset_env=reset_env)]
+                            strict_mounts=strict_mounts, env_fd=env_fd)]
 
 
 def launcher_flags(plan: SandboxPlan, command: list[str], *, cwd: str | None,
                    arg0: str | None = None, status_fd: int | None = None,
-                   strict_mounts: bool = False, reset_env: Sequence[str] = ()) -> list[str]:
+                   strict_mounts: bool = False, env_fd: int | None = None) -> list[str]:
     """``_launch.main``'s arguments: the launcher script's and the spawn zygote child's."""
     argv: list[str] = []
-    for item in reset_env:
-        argv += ["--reset-env", item]
+    if env_fd is not None:
+        argv += ["--env-fd", str(env_fd)]
     if status_fd is not None:
         argv += ["--status-fd", str(status_fd)]
     if plan.full_read:
@@ -138,14 +141,15 @@ class LandlockBackend(LinuxBackend):
 
     def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
         arg0 = spec.arg0 if spec.arg0 is not None and spec.arg0 != spec.argv[0] else None
-        r, w = os.pipe()
         env = sandbox_env(spec, plan)
-        # The launcher's interpreter may rewrite LC_CTYPE (PEP 538 locale coercion).
-        ctype = env.get("LC_CTYPE")
-        reset = ("LC_CTYPE" if ctype is None else f"LC_CTYPE={ctype}",)
+        # The launcher runs unconfined until it has confined itself: it starts with
+        # WRAPPER_ENV, and the command's env reaches only its final execve.
+        env_fd = memfd_holding("exec-server-env", b"".join(
+            name + b"=" + value + b"\0" for name, value in env_entries(env)))
+        r, w = os.pipe()
         argv = launcher_argv(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0, status_fd=w,
                              strict_mounts=self.strict_mounts, python=self.python,
-                             reset_env=reset)
+                             env_fd=env_fd)
         placeholders: list[str] = []
         if self.mount_ns and not plan.full_write:
             for sub in plan.read_only_subpaths:
@@ -155,7 +159,8 @@ class LandlockBackend(LinuxBackend):
                     placeholders.append(missing)
         release = self._placeholders.acquire(placeholders)
         # the write end is closed by the spawner after the spawn (pass_fds contract)
-        wrapped = finish_spec(spec, argv=argv, env=env, arg0=None, pass_fds=(w,),
+        wrapped = finish_spec(spec, argv=argv, env=dict(WRAPPER_ENV), arg0=None,
+                              pass_fds=(w, env_fd),
                               cleanup=chain_cleanup(_status_reader(r), release))
         if self.spawn_zygote is not None:
             flags = launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0,

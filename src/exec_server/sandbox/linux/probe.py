@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from exec_server.sandbox.linux import seccomp
 from exec_server.sandbox.linux.bwrap import BwrapInfo
+from exec_server.sandbox.linux.knobs import read_only_knobs
 from exec_server.sandbox.linux.landlock_backend import LAUNCHER_PATH
 
 __all__ = ["BwrapProbe", "LandlockProbe", "find_bwrap", "probe_bwrap", "probe_landlock"]
@@ -101,7 +102,9 @@ def probe_bwrap(path: str | None = None) -> BwrapProbe:
     base = ["--new-session", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
             "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net"]
     tail = ["--cap-drop", "ALL", "--", true]
-    rc, err = _run_bwrap(bwrap, [*base, "--proc", "/proc", *tail])
+    knobs = [a for k in read_only_knobs(full_write=False, writable_roots=(), fresh_proc=True)
+             for a in ("--ro-bind", k, k)]
+    rc, err = _run_bwrap(bwrap, [*base, "--proc", "/proc", *knobs, *tail])
     proc_ok = rc == 0
     if not proc_ok:
         if any(s in err for s in _USERNS_ERRORS):
@@ -110,8 +113,9 @@ def probe_bwrap(path: str | None = None) -> BwrapProbe:
         if rc != 0:
             return BwrapProbe(False, f"bwrap probe failed ({rc}): {err.strip()[-300:]}")
     _, help_text = _run_bwrap_help(bwrap)
-    if "--seccomp" not in help_text:
-        return BwrapProbe(False, f"{bwrap} lacks --seccomp")
+    for needed in ("--seccomp", "--args"):  # --args: how the command's env travels
+        if needed not in help_text:
+            return BwrapProbe(False, f"{bwrap} lacks {needed}")
     version = ""
     try:
         out = subprocess.run([bwrap, "--version"], capture_output=True, timeout=_TIMEOUT,

@@ -41,7 +41,7 @@ import struct
 import sys
 import time
 
-from exec_server.sandbox.linux import _launch, landlock, seccomp
+from exec_server.sandbox.linux import _launch, knobs, landlock, seccomp
 from exec_server.sandbox.linux._libc import call_prctl
 from exec_server.sandbox.linux.zygote_base import ZygoteBase, fds_from_anc
 
@@ -218,6 +218,7 @@ def _warm_up() -> None:
     for mode in (seccomp.MODE_RESTRICTED, seccomp.MODE_VSOCK):
         seccomp.build_filter(mode)
     landlock.abi_version()
+    knobs.read_only_knobs(full_write=False, writable_roots=())  # imported by root launches
     _launch._parse(["--status-fd", "3", "--write", "/x", "--ro", "/x/.git", "--network",
                     "--command-cwd", "/", "--", "true"])
     _launch._json_str("warm \"up\"\n")

@@ -1,0 +1,48 @@
+"""Global kernel knobs a sandboxed command must never write, whatever its plan.
+
+``/proc/sys`` (sysctls such as ``kernel/core_pattern``), ``/proc/sysrq-trigger``
+and the other ``/proc`` and ``/sys`` trees Docker also keeps read-only change
+the *host*, not the sandbox. Their permission check is the file mode against
+the global root uid, not a capability: a command running as (mapped) root
+with every capability dropped still writes them. Each backend therefore
+mounts them read-only over whatever its plan would leave writable (a fresh
+``/proc``, a writable root that holds them, or a full-write plan).
+
+Stdlib only: the Landlock launcher (``python -I -S``) imports it too.
+"""
+
+import os
+
+__all__ = ["KERNEL_KNOBS", "PROC_KNOBS", "read_only_knobs"]
+
+#: knobs inside ``/proc`` (a freshly mounted ``/proc`` has them writable).
+PROC_KNOBS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+KERNEL_KNOBS = (*PROC_KNOBS, "/sys")
+
+
+def _inside(path: str, root: str) -> bool:
+    return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def read_only_knobs(*, full_write: bool, writable_roots: "list[str] | tuple[str, ...]",
+                    fresh_proc: bool = False) -> "list[str]":
+    """Existing paths to bind read-only over themselves, shallowest first.
+
+    A knob under a writable root (or any knob, for a full-write plan) is
+    protected whole; a writable root inside a knob is protected itself (the
+    rest of the knob stays as the plan has it, e.g. unreadable). With
+    ``fresh_proc`` every ``/proc`` knob is protected: the new ``/proc`` is
+    writable whatever the plan says.
+    """
+    roots = ["/"] if full_write else list(writable_roots)
+    found: list[str] = []
+    for knob in KERNEL_KNOBS:
+        if (fresh_proc and knob in PROC_KNOBS) or any(_inside(knob, r) for r in roots):
+            found.append(knob)
+            continue
+        found += [r for r in roots if _inside(r, knob)]
+    out = []
+    for path in dict.fromkeys(found):
+        if os.path.lexists(path) and not any(_inside(path, p) and path != p for p in found):
+            out.append(path)
+    return sorted(out, key=lambda p: p.count("/"))
