@@ -135,6 +135,6 @@ async def _send_body(
 
 
 def register(router: Router) -> None:
-    """Add ``http/request`` (ungated, like upstream's) as a route that may wait."""
-    router.add(METHOD_HTTP_REQUEST, HttpRequestParams, handle_http_request, None, may_block=True)
+    """Add ``http/request`` (family ``http``: after the handshake) as a route that may wait."""
+    router.add(METHOD_HTTP_REQUEST, HttpRequestParams, handle_http_request, "http", may_block=True)
 
