@@ -79,8 +79,11 @@ class HttpResponse:
         try:
             while True:
                 try:
-                    async with asyncio.timeout_at(self._deadline):
+                    if self._deadline is None:
                         chunk = await anext(raw)
+                    else:
+                        async with asyncio.timeout_at(self._deadline):
+                            chunk = await anext(raw)
                 except StopAsyncIteration:
                     return
                 except (httpx.HTTPError, TimeoutError, OSError):
