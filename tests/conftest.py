@@ -794,7 +794,7 @@ class HttpPeer:
     256 KiB pieces, each awaited (``drain``); ``written`` counts them and
     ``finished`` is set at the end.
     ``/hold``: the head (``content-length: 6``) and ``abc`` at once, then ``def``
-    once ``release`` is set. ``/nohead``: nothing until ``release`` is set.
+    once ``release`` is set; ``dropped`` is set if the client leaves first. ``/nohead``: nothing until ``release`` is set.
     ``/trunc``: ``content-length: 100``, then ``abc`` and the connection closes.
     ``/status/NNN``: that status, empty body.
     ``requests`` lists ``(method, path)`` in arrival order.
@@ -804,6 +804,7 @@ class HttpPeer:
         self.release = asyncio.Event()
         self.finished = asyncio.Event()
         self.head_sent = asyncio.Event()
+        self.dropped = asyncio.Event()
         self.written = 0
         self.requests: list[tuple[str, str]] = []
         self._server: asyncio.Server | None = None
@@ -846,7 +847,7 @@ class HttpPeer:
                 length = next((int(v) for k, v in headers if k.lower() == "content-length"), 0)
                 body = await reader.readexactly(length)
                 self.requests.append((method, path))
-                if not await self._route(method, path, headers, body, writer):
+                if not await self._route(method, path, headers, body, reader, writer):
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -860,6 +861,7 @@ class HttpPeer:
         path: str,
         headers: list[list[str]],
         body: bytes,
+        reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> bool:
         def head(status: int, length: int, extra: str = "") -> bytes:
@@ -889,7 +891,14 @@ class HttpPeer:
             writer.write(head(200, 6) + b"abc")
             await writer.drain()
             self.head_sent.set()
-            await self.release.wait()
+            released = asyncio.ensure_future(self.release.wait())
+            eof = asyncio.ensure_future(reader.read(1))
+            await asyncio.wait((released, eof), return_when=asyncio.FIRST_COMPLETED)
+            released.cancel()
+            eof.cancel()
+            if not self.release.is_set():
+                self.dropped.set()
+                return False
             writer.write(b"def")
         elif path == "/nohead":
             await self.release.wait()

@@ -301,3 +301,18 @@ async def test_body_waits_for_a_client_that_does_not_read(
     status = Path(f"/proc/{conn.server.pid}/status").read_text()  # noqa: ASYNC240
     rss_kib = int(next(line.split()[1] for line in status.splitlines() if "VmRSS:" in line))
     assert rss_kib < 200 * 1024, rss_kib
+
+
+async def test_disconnect_ends_the_http_exchanges(
+    server_factory: Callable[..., Any], rpc: Callable[[str], Awaitable[Any]], http_peer: Any
+) -> None:
+    """A connection's streams and requests in flight end with it: the HTTP
+    connection to the peer is closed, nothing keeps reading for nobody."""
+    srv = server_factory()
+    client = await rpc(srv.url)
+    await client.initialize()
+    await client.call("http/request", _req(http_peer.base + "/hold", streamResponse=True))
+    await client.notification("http/request/bodyDelta")
+    await client.aclose()
+    async with asyncio.timeout(10):
+        await http_peer.dropped.wait()
