@@ -793,8 +793,9 @@ class HttpPeer:
     ``/bytes/N``: N bytes of ``pattern(N)`` with a content length, written in
     256 KiB pieces, each awaited (``drain``); ``written`` counts them and
     ``finished`` is set at the end.
-    ``/hold``: the head (``content-length: 6``) and ``abc`` at once, then ``def``
-    once ``release`` is set; ``dropped`` is set if the client leaves first. ``/nohead``: nothing until ``release`` is set.
+    ``/hold``: the head (``content-length: 6``) and ``abc`` at once, then
+    ``def`` once ``release`` is set; ``dropped`` is set if the client leaves
+    first. ``/nohead``: nothing until ``release`` is set.
     ``/trunc``: ``content-length: 100``, then ``abc`` and the connection closes.
     ``/status/NNN``: that status, empty body.
     ``requests`` lists ``(method, path)`` in arrival order.
