@@ -797,7 +797,7 @@ class HttpPeer:
     ``def`` once ``release`` is set; ``dropped`` is set if the client leaves
     first. ``/nohead``: nothing until ``release`` is set.
     ``/trunc``: ``content-length: 100``, then ``abc`` and the connection closes.
-    ``/status/NNN``: that status, empty body.
+    ``/status/NNN``: that status, empty body. ``/redirect``: 302 to ``/echo``.
     ``requests`` lists ``(method, path)`` in arrival order.
     """
 
@@ -908,6 +908,8 @@ class HttpPeer:
             writer.write(head(200, 100) + b"abc")
             await writer.drain()
             return False
+        elif path == "/redirect":
+            writer.write(head(302, 0, "location: /echo\r\n"))
         elif path.startswith("/status/"):
             writer.write(head(int(path.rsplit("/", 1)[1]), 0))
         else:

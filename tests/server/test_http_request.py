@@ -89,6 +89,17 @@ async def test_any_status_is_a_result(conn: Any, http_peer: Any) -> None:
         assert result["status"] == status and result["bodyBase64"] == ""
 
 
+async def test_redirect_policy(conn: Any, http_peer: Any) -> None:
+    followed = await conn.call("http/request", _req(http_peer.base + "/redirect"))
+    assert followed["status"] == 200
+    assert json.loads(base64.b64decode(followed["bodyBase64"]))["method"] == "GET"
+    stopped = await conn.call(
+        "http/request", _req(http_peer.base + "/redirect", redirectPolicy="stop")
+    )
+    assert stopped["status"] == 302
+    assert {"name": "location", "value": "/echo"} in stopped["headers"]
+
+
 @pytest.mark.parametrize(
     ("var", "message"),
     [
