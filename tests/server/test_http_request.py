@@ -327,3 +327,14 @@ async def test_disconnect_ends_the_http_exchanges(
     await client.aclose()
     async with asyncio.timeout(10):
         await http_peer.dropped.wait()
+
+
+async def test_streamed_body_over_stdio(
+    stdio_rpc: Callable[..., Awaitable[Any]], http_peer: Any
+) -> None:
+    client = await stdio_rpc()
+    await client.initialize()
+    size = 3 << 20
+    await client.call("http/request", _req(f"{http_peer.base}/bytes/{size}", streamResponse=True))
+    data, frames = await _body(client, "r1")
+    assert data == http_peer.pattern(size) and frames[-1]["error"] is None
