@@ -227,6 +227,16 @@ async def test_streamed_64_mib_body(conn: Any, http_peer: Any) -> None:
     assert digest.digest() == hashlib.sha256(http_peer.pattern(size)).digest()
 
 
+async def test_buffered_64_mib_body(conn: Any, http_peer: Any) -> None:
+    size = 64 << 20
+    result = await conn.call(
+        "http/request", _req(f"{http_peer.base}/bytes/{size}"), timeout=60
+    )
+    body = base64.b64decode(result["bodyBase64"])
+    assert len(body) == size
+    assert hashlib.sha256(body).digest() == hashlib.sha256(http_peer.pattern(size)).digest()
+
+
 async def test_peer_closing_mid_body(conn: Any, http_peer: Any) -> None:
     reply = await conn.request("http/request", _req(http_peer.base + "/trunc"))
     assert reply["error"] == {
