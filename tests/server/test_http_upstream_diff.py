@@ -95,6 +95,7 @@ def _probes(base: str) -> list[dict[str, Any]]:
         req(method="post", bodyBase64=base64.b64encode(b"body").decode()),
         req(url=base + "/status/404"),
         req(url=base + "/redirect", redirectPolicy="stop"),
+        req(url=base + "/redirect"),
         req(url=base + "/status/500", streamResponse=True),
         req(url=base + "/bytes/3000000", streamResponse=True),
         req(url=base + "/trunc"),

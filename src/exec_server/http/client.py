@@ -5,7 +5,8 @@ pools are per client). Two httpx clients sit behind it: one that honours the
 ambient proxy variables of the executor (``HTTP_PROXY``, ``NO_PROXY``...) and
 one that goes direct, used for literal loopback addresses. Neither adds
 default headers of its own beyond ``accept: */*`` (appended when the caller
-sent none), nor decodes content encodings: the body is forwarded as received.
+sent none) and, on a followed redirect, ``referer``; neither decodes content
+encodings: the body is forwarded as received.
 
 A response's body is read only as fast as the caller asks for it
 (:meth:`HttpResponse.chunks`), so a slow consumer holds back the sender
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import ipaddress
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Final
@@ -35,6 +37,28 @@ BODY_ERROR_TEXT: Final = "error decoding response body"
 EXPIRED_TEXT: Final = "route-aware request timed out"
 #: largest piece :meth:`HttpResponse.chunks` yields (the client refuses bigger frames).
 MAX_CHUNK: Final = 1 << 20
+
+
+#: the URL a followed redirect came from, for its ``referer`` (one ``send`` at a time per task).
+_REDIRECTED_FROM: contextvars.ContextVar[httpx.URL | None] = contextvars.ContextVar(
+    "redirected_from", default=None
+)
+
+
+async def _note_redirect(response: httpx.Response) -> None:
+    """Response hook: remember where a redirect came from."""
+    _REDIRECTED_FROM.set(response.request.url if response.has_redirect_location else None)
+
+
+async def _add_referer(request: httpx.Request) -> None:
+    """Request hook: a followed redirect carries ``referer`` (as reqwest, upstream's
+    client, sends it): the previous URL without credentials or fragment, and none
+    from https to http."""
+    previous = _REDIRECTED_FROM.get()
+    if previous is None or (previous.scheme == "https" and request.url.scheme == "http"):
+        return
+    referer = previous.copy_with(username=None, password=None, fragment=None)
+    request.headers["referer"] = str(referer)
 
 
 def _is_loopback_literal(host: str) -> bool:
@@ -126,6 +150,7 @@ class HttpClient:
                 # later requests of pool slots.
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
                 trust_env=not direct,
+                event_hooks={"request": [_add_referer], "response": [_note_redirect]},
             )
             client.headers.clear()
             if direct:
@@ -153,6 +178,7 @@ class HttpClient:
         client = self._client(url)
         built = client.build_request("GET", url, headers=headers, content=request.body)
         built.method = request.method  # httpx upper-cases; the caller's case is sent
+        _REDIRECTED_FROM.set(None)
         try:
             if deadline is not None and deadline <= loop.time():
                 raise HttpRequestFailed(EXPIRED_TEXT)
