@@ -15,7 +15,6 @@ connections, go on meanwhile.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
     from exec_server.server.session import Attachment
 
 __all__ = ["register"]
-
-logger = logging.getLogger("exec_server.server")
 
 #: ``Attachment.streams`` keys of HTTP bodies (other kinds of stream may share the map).
 _STREAM_KEY = "http:"
@@ -113,6 +110,11 @@ async def _send_body(
     replied: asyncio.Event,
 ) -> None:
     """Forward the body as ``bodyDelta`` notifications once the answer is out."""
+
+    def release_id() -> None:
+        if attachment.streams.get(key) is asyncio.current_task():
+            del attachment.streams[key]
+
     try:
         await replied.wait()
         seq = 0
@@ -127,11 +129,13 @@ async def _send_body(
                     return  # the connection is gone: nobody reads the rest
         except HttpBodyFailed as exc:
             error = exc.cause
+        # Free the id before the ``done`` frame can reach the client, which may
+        # reuse it at once.
+        release_id()
         await attachment.sink(NOTIFY_BODY_DELTA, BodyDelta(request_id, seq + 1, b"", True, error))
     finally:
+        release_id()
         await response.aclose()
-        if attachment.streams.get(key) is asyncio.current_task():
-            del attachment.streams[key]
 
 
 def register(router: Router) -> None:
