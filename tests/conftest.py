@@ -777,3 +777,157 @@ def codex_binary() -> str:
     if path is None or not os.access(path, os.X_OK):
         pytest.skip("upstream codex not installed (pip install openai-codex-cli-bin)")
     return path
+
+
+# ---------------------------------------------------------------------------
+# A local HTTP peer for http/request tests
+# ---------------------------------------------------------------------------
+
+
+class HttpPeer:
+    """A small HTTP/1.1 server on 127.0.0.1 whose behaviour each path chooses.
+
+    ``/echo``: 200 with JSON ``{"method", "headers": [[name, value], ...], "body"}``
+    of what it received (header names as sent), plus response headers
+    ``x-multi: a``, ``x-multi: b`` and a non-ASCII ``x-bin``.
+    ``/bytes/N``: N bytes of ``pattern(N)`` with a content length, written in
+    256 KiB pieces, each awaited (``drain``); ``written`` counts them and
+    ``finished`` is set at the end.
+    ``/hold``: the head (``content-length: 6``) and ``abc`` at once, then
+    ``def`` once ``release`` is set; ``dropped`` is set if the client leaves
+    first. ``/nohead``: nothing until ``release`` is set.
+    ``/trunc``: ``content-length: 100``, then ``abc`` and the connection closes.
+    ``/status/NNN``: that status, empty body. ``/redirect``: 302 to ``/echo``.
+    ``requests`` lists ``(method, path)`` in arrival order.
+    """
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.head_sent = asyncio.Event()
+        self.dropped = asyncio.Event()
+        self.written = 0
+        self.requests: list[tuple[str, str]] = []
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    @staticmethod
+    def pattern(size: int) -> bytes:
+        block = bytes(range(256)) * 1024
+        return (block * (size // len(block) + 1))[:size]
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def aclose(self) -> None:
+        self.release.set()
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()  # ends the handlers' reads and writes
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=TIMEOUT)
+
+    def _track(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _respond(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = [line.split(": ", 1) for line in lines[1:] if line]
+                length = next((int(v) for k, v in headers if k.lower() == "content-length"), 0)
+                body = await reader.readexactly(length)
+                self.requests.append((method, path))
+                if not await self._route(method, path, headers, body, reader, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _route(
+        self,
+        method: str,
+        path: str,
+        headers: list[list[str]],
+        body: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        def head(status: int, length: int, extra: str = "") -> bytes:
+            return (
+                f"HTTP/1.1 {status} X\r\ncontent-length: {length}\r\n{extra}\r\n"
+            ).encode("latin-1")
+
+        if path == "/echo":
+            payload = json.dumps(
+                {"method": method, "headers": headers, "body": body.decode("latin-1")}
+            ).encode()
+            extra = (
+                "x-multi: a\r\nx-multi: b\r\nx-bin: caf\xe9\r\n"
+                "content-type: application/json\r\n"
+            )
+            writer.write(head(200, len(payload), extra) + (b"" if method == "HEAD" else payload))
+        elif path.startswith("/bytes/"):
+            size = int(path.rsplit("/", 1)[1])
+            data = self.pattern(size)
+            writer.write(head(200, size))
+            for start in range(0, size, 256 * 1024):
+                writer.write(data[start : start + 256 * 1024])
+                await writer.drain()
+                self.written = min(size, start + 256 * 1024)
+            self.finished.set()
+        elif path == "/hold":
+            writer.write(head(200, 6) + b"abc")
+            await writer.drain()
+            self.head_sent.set()
+            released = asyncio.ensure_future(self.release.wait())
+            eof = asyncio.ensure_future(reader.read(1))
+            await asyncio.wait((released, eof), return_when=asyncio.FIRST_COMPLETED)
+            released.cancel()
+            eof.cancel()
+            if not self.release.is_set():
+                self.dropped.set()
+                return False
+            writer.write(b"def")
+        elif path == "/nohead":
+            await self.release.wait()
+            writer.write(head(200, 0))
+        elif path == "/trunc":
+            writer.write(head(200, 100) + b"abc")
+            await writer.drain()
+            return False
+        elif path == "/redirect":
+            writer.write(head(302, 0, "location: /echo\r\n"))
+        elif path.startswith("/status/"):
+            writer.write(head(int(path.rsplit("/", 1)[1]), 0))
+        else:
+            writer.write(head(404, 0))
+        await writer.drain()
+        return True
+
+
+@pytest.fixture
+async def http_peer() -> AsyncIterator[HttpPeer]:
+    """A started :class:`HttpPeer`; closed (and its held responses released) at teardown."""
+    peer = HttpPeer()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer._track()
+        await peer._respond(reader, writer)
+
+    peer._server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    peer.port = peer._server.sockets[0].getsockname()[1]
+    yield peer
+    await peer.aclose()

@@ -15,6 +15,10 @@ Tree::
     ├── InternalError           -32603   spawn failures, other OS errors
     └── NotFoundError           -32004   filesystem "not found"
 
+Domain packages raise their own errors, free of codes; :func:`from_domain_error`
+is where those become the classes above (``http``: an invalid request is
+-32602, a failed one -32603; an unreadable host config file -32603).
+
 ``ProtocolClosedError`` is not a wire error: it tells the transport to close
 the connection without replying (spec §3.5).
 """
@@ -25,6 +29,8 @@ import enum
 import re
 
 from exec_server.errno_text import os_error_text
+from exec_server.hostconfig import ConfigReadError
+from exec_server.http.errors import HttpError, HttpRequestInvalid
 
 __all__ = [
     "AlreadyAttachedError",
@@ -37,6 +43,7 @@ __all__ = [
     "NotFoundError",
     "ProtocolClosedError",
     "error_for_code",
+    "from_domain_error",
     "os_error_message",
     "params_error_text",
 ]
@@ -112,6 +119,15 @@ def error_for_code(code: int, message: str) -> ExecServerError:
         err.code = code
         return err
     return cls(message)
+
+
+def from_domain_error(exc: Exception) -> ExecServerError | None:
+    """The wire error for a domain package's error, or None if ``exc`` is not one."""
+    if isinstance(exc, HttpRequestInvalid):
+        return InvalidParamsError(exc.message)
+    if isinstance(exc, HttpError | ConfigReadError):
+        return InternalError(exc.message)
+    return None
 
 
 def os_error_message(exc: OSError) -> str:

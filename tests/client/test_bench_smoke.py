@@ -65,3 +65,10 @@ async def test_bench_fs_copy_quick_with_an_alternate_build(tmp_path: Path) -> No
     assert row["ours"]["median"] > 0 and row["alt1"]["median"] > 0
     assert row["ours"]["n"] == row["alt1"]["n"] == 4
     assert os.listdir(tmp_path) == ["copy.json"]  # its work directory is gone
+
+
+async def test_bench_http_quick_against_our_server(tmp_path: Path) -> None:
+    out, figures = await _run("bench_http.py", tmp_path / "http.json", "--quick", "--no-upstream")
+    assert b"http/request streamed body 1 MiB" in out
+    assert figures["http/request streamed body 1 MiB"]["ours"]["median"] > 0
+    assert figures["server CPU per streamed MiB"]["ours"]["median"] >= 0

@@ -232,12 +232,14 @@ def _check_responses(rec: Recording, peer: Peer, advertised: dict[str, Any]) -> 
             continue
         method = rec.methods[msg["id"]]
         ours = peer.responses[msg["id"]]
-        if method == "environmentConfig/read" and not advertised.get("environmentConfigRead"):
-            # We do not advertise it; codex tolerates -32601 or a minimal valid result.
-            if "error" in ours:
-                assert ours["error"]["code"] == -32601
-            else:
-                assert "codexHomeDir" in ours["result"]
+        if method == "environmentConfig/read":
+            # Advertised: the host's layers, whose paths differ from the recording's host.
+            assert advertised.get("environmentConfigRead") is True
+            got = ours["result"]
+            assert set(got) == set(msg["result"]), got
+            assert got["codexHomeDir"].startswith("file:///")
+            for part in ("config", "requirements"):
+                assert set(got[part]) == {"layers", "cloudInsertionIndex"}, got
             continue
         if "error" in msg:
             assert "error" in ours, f"{method} id {msg['id']}: expected error, got {ours}"

@@ -13,7 +13,8 @@ assert ns.listen == "stdio"
 import exec_server.server.app  # everything serve runs
 loaded = [m for m in sys.modules if m.startswith(
     ("exec_server.cli.exec_cmd", "exec_server.cli.run", "exec_server.cli.apply_patch",
-     "exec_server.client", "exec_server.patch", "websockets.asyncio"))]
+     "exec_server.client", "exec_server.patch", "websockets.asyncio",
+     "httpx", "tomli_w"))]
 print(loaded)
 """
 

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
+import exec_server
 from exec_server.exceptions import InternalError
 from exec_server.server.router import RequestContext
 
@@ -96,7 +97,10 @@ async def test_initialize_returns_uuid_and_environment_info(
     assert info["shell"]["path"].startswith("/")
     assert info["cwd"].startswith("file:///")
     assert info["tempDir"].startswith("file:///")
-    assert info["capabilities"] == {}
+    assert info["capabilities"] == {"environmentConfigRead": True, "httpHeaderEnvVars": True}
+    assert info["executorVersion"] == exec_server.__version__
+    assert info["prependPathDirs"] == []
+    assert info["providerId"].startswith("sha256:") and len(info["providerId"]) == 71
 
 
 async def test_gating_texts_in_spec_order(inprocess_server: Callable[..., Any]) -> None:

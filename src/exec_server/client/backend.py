@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 import signal as _signal
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, Unpack, final, runtime_checkable
 
 from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
+from exec_server.client.http import HeaderArg, HttpResponse, body_failed, request_headers
 from exec_server.client.process import (
     DEFAULT_POLL_INTERVAL,
     ProcessHandle,
@@ -25,7 +26,8 @@ from exec_server.client.process import (
     resolve_start,
 )
 from exec_server.config import ServerConfig
-from exec_server.exceptions import InvalidParamsError
+from exec_server.exceptions import InvalidParamsError, from_domain_error
+from exec_server.http.errors import HttpBodyFailed, HttpError
 from exec_server.protocol.process_types import (
     NOTIFY_CLOSED,
     NOTIFY_EXITED,
@@ -39,6 +41,8 @@ from exec_server.protocol.process_types import (
 )
 
 if TYPE_CHECKING:
+    from exec_server.http.client import HttpClient
+    from exec_server.http.client import HttpResponse as RawHttpResponse
     from exec_server.process.manager import ProcessManager
 
 __all__ = ["ExecBackend", "LocalExecBackend", "RemoteExecBackend"]
@@ -57,6 +61,21 @@ class ExecBackend(Protocol):
         **options: Unpack[SpawnOptions],
     ) -> ProcessHandle:
         """Start ``argv``; see :meth:`ExecServerClient.spawn` for the arguments."""
+        ...
+
+    async def http_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Sequence[HeaderArg] = (),
+        body: bytes | None = None,
+        timeout_ms: int | None = None,
+        follow_redirects: bool = True,
+        stream: bool = False,
+    ) -> HttpResponse:
+        """Send an HTTP request from the environment's host; see
+        :meth:`ExecServerClient.http_request` for the arguments and errors."""
         ...
 
     async def aclose(self) -> None:
@@ -83,6 +102,27 @@ class RemoteExecBackend:
     ) -> ProcessHandle:
         return await self.client.spawn(argv, **options)
 
+    async def http_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Sequence[HeaderArg] = (),
+        body: bytes | None = None,
+        timeout_ms: int | None = None,
+        follow_redirects: bool = True,
+        stream: bool = False,
+    ) -> HttpResponse:
+        return await self.client.http_request(
+            method,
+            url,
+            headers=headers,
+            body=body,
+            timeout_ms=timeout_ms,
+            follow_redirects=follow_redirects,
+            stream=stream,
+        )
+
     async def aclose(self) -> None:
         if self._owns_client:
             await self.client.aclose()
@@ -104,6 +144,7 @@ class LocalExecBackend:
         self._manager.set_sink(self._sink)
         self._handles: dict[str, ProcessHandle] = {}
         self._poll_interval = poll_interval
+        self._http: HttpClient | None = None
         self._closed = False
 
     @property
@@ -163,11 +204,51 @@ class LocalExecBackend:
             self._manager.start(pid, spec, current=True)
         return handle
 
+    async def http_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Sequence[HeaderArg] = (),
+        body: bytes | None = None,
+        timeout_ms: int | None = None,
+        follow_redirects: bool = True,
+        stream: bool = False,
+    ) -> HttpResponse:
+        """Send the request from this process, validated as the server validates
+        ``http/request`` (``valueEnvVar`` reads this process's environment)."""
+        from exec_server.http.client import HttpClient
+        from exec_server.http.request import HeaderSpec, build_request
+
+        if self._closed:
+            raise ClientClosedError("backend closed")
+        specs = [HeaderSpec(h.name, h.value, h.value_env_var) for h in request_headers(headers)]
+        try:
+            request = build_request(
+                method, url, specs, body, timeout_ms, follow_redirects, os.environ
+            )
+            if self._http is None:
+                self._http = HttpClient()
+            raw = await self._http.send(request)
+        except HttpError as exc:
+            raise _wire(exc) from None
+        if not stream:
+            try:
+                data = await raw.read()
+            except HttpError as exc:
+                raise _wire(exc) from None
+            finally:
+                await raw.aclose()
+            return HttpResponse(raw.status, raw.headers, data)
+        return HttpResponse(raw.status, raw.headers, chunks=_local_body(raw), close=raw.aclose)
+
     async def aclose(self) -> None:
         """Kill every process this backend started (PROTOCOL.md §8.11)."""
         if self._closed:
             return
         self._closed = True
+        if self._http is not None:
+            await self._http.aclose()
         await self._manager.shutdown()
         for handle in self._handles.values():
             handle._on_failure(ClientClosedError("backend closed"))
@@ -175,6 +256,21 @@ class LocalExecBackend:
 
     def _release(self, process_id: str) -> None:
         self._handles.pop(process_id, None)
+
+
+def _wire(exc: HttpError) -> Exception:
+    """The error the server would answer with (both backends raise the same)."""
+    return from_domain_error(exc) or exc
+
+
+async def _local_body(raw: RawHttpResponse) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in raw.chunks():
+            yield chunk
+    except HttpBodyFailed as exc:
+        raise body_failed(exc.cause) from None
+    finally:
+        await raw.aclose()
 
 
 @final

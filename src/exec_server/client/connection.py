@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from ssl import SSLContext
 from typing import Final, TypeVar, final
@@ -36,6 +36,7 @@ from exec_server.client.errors import (
     HandshakeError,
     ServerProtocolError,
 )
+from exec_server.client.http import HeaderArg, HttpResponse, body_failed, request_headers
 from exec_server.client.process import (
     DEFAULT_POLL_INTERVAL,
     ProcessHandle,
@@ -50,6 +51,14 @@ from exec_server.protocol.codec import (
     decode_result,
     encode_notification,
     encode_request,
+)
+from exec_server.protocol.http_types import (
+    BUFFERED_REQUEST_ID,
+    METHOD_HTTP_REQUEST,
+    NOTIFY_BODY_DELTA,
+    BodyDelta,
+    HttpRequestParams,
+    HttpRequestResult,
 )
 from exec_server.protocol.messages import ErrorResponse, Notification, Response
 from exec_server.protocol.paths import PathForm, render_path
@@ -123,6 +132,7 @@ class _Empty(msgspec.Struct, frozen=True):
 _output_decoder: Final = msgspec.json.Decoder(OutputNotification)
 _exited_decoder: Final = msgspec.json.Decoder(ExitedNotification)
 _closed_decoder: Final = msgspec.json.Decoder(ClosedNotification)
+_delta_decoder: Final = msgspec.json.Decoder(BodyDelta)
 
 _Event = OutputNotification | ExitedNotification | ClosedNotification
 
@@ -153,6 +163,9 @@ class ExecServerClient:
         self._next_id = 0
         self._pending: dict[int | str, asyncio.Future[Response | ErrorResponse]] = {}
         self._handles: dict[str, ProcessHandle] = {}
+        #: streamed ``http/request`` bodies being received, by ``requestId``.
+        self._http_bodies: dict[str, asyncio.Queue[BodyDelta | Exception]] = {}
+        self._next_http_id = 0
         self._lost: ConnectionLostError | None = None
         self._closed = False
         self._session_id: str | None = None
@@ -446,12 +459,20 @@ class ExecServerClient:
                 fut.set_exception(exc)
         for handle in self._handles.values():
             handle._on_failure(exc)
+        for body in self._http_bodies.values():
+            body.put_nowait(exc)
 
     def _dispatch(self, msg: Notification) -> None:
         if msg.params is None:
             return
         event: _Event
         try:
+            if msg.method == NOTIFY_BODY_DELTA:
+                delta = _delta_decoder.decode(msg.params)
+                body = self._http_bodies.get(delta.request_id)
+                if body is not None:
+                    body.put_nowait(delta)
+                return
             if msg.method == NOTIFY_OUTPUT:
                 event = _output_decoder.decode(msg.params)
             elif msg.method == NOTIFY_EXITED:
@@ -467,6 +488,92 @@ class ExecServerClient:
         handle = self._handles.get(event.process_id)
         if handle is not None:
             handle._on_event(event)
+
+    # ------------------------------------------------------------------ http/request
+
+    async def http_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Sequence[HeaderArg] = (),
+        body: bytes | None = None,
+        timeout_ms: int | None = None,
+        follow_redirects: bool = True,
+        stream: bool = False,
+    ) -> HttpResponse:
+        """Have the server send an HTTP request (``http/request``, PROTOCOL_CURRENT.md §9).
+
+        ``stream=True`` returns once the response head arrived; iterate the
+        response (``async for chunk in response``) for the body, which the
+        server sends as ``http/request/bodyDelta`` notifications. Pieces that
+        arrive before they are read wait in memory here.
+
+        Raises:
+            InvalidParamsError: a refused method, URL, header or variable.
+            InternalError: no response (``http/request failed: …``) or, buffered,
+                a body that broke off.
+        """
+        if stream:
+            self._next_http_id += 1
+            request_id = f"http-{self._next_http_id}"
+        else:
+            request_id = BUFFERED_REQUEST_ID
+        params = HttpRequestParams(
+            method=method,
+            url=url,
+            request_id=request_id,
+            headers=request_headers(headers),
+            body_base64=body,
+            timeout_ms=timeout_ms,
+            redirect_policy="follow" if follow_redirects else "stop",
+            stream_response=stream,
+        )
+        if not stream:
+            result = await self.call(METHOD_HTTP_REQUEST, params, HttpRequestResult)
+            return HttpResponse(result.status, _pairs(result), result.body_base64)
+        # Registered before sending: deltas may arrive right behind the answer.
+        queue: asyncio.Queue[BodyDelta | Exception] = asyncio.Queue()
+        self._http_bodies[request_id] = queue
+        try:
+            result = await self.call(METHOD_HTTP_REQUEST, params, HttpRequestResult)
+        except BaseException:
+            self._http_bodies.pop(request_id, None)
+            raise
+
+        async def close() -> None:
+            self._http_bodies.pop(request_id, None)
+
+        return HttpResponse(
+            result.status,
+            _pairs(result),
+            chunks=self._body(request_id, queue),
+            close=close,
+        )
+
+    async def _body(
+        self, request_id: str, queue: asyncio.Queue[BodyDelta | Exception]
+    ) -> AsyncIterator[bytes]:
+        expected = 1
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                if item.seq != expected:
+                    raise ServerProtocolError(
+                        f"http/request/bodyDelta for {request_id}: seq {item.seq}, "
+                        f"expected {expected}"
+                    )
+                expected += 1
+                if item.done:
+                    if item.error is not None:
+                        raise body_failed(item.error)
+                    return
+                if item.delta_base64:
+                    yield item.delta_base64
+        finally:
+            self._http_bodies.pop(request_id, None)
 
     # ------------------------------------------------------------------ typed process RPCs
 
@@ -565,6 +672,10 @@ class _WsOptions:
 
     def __repr__(self) -> str:  # never show the token
         return f"_WsOptions(token={'***' if self.token else None}, ssl={self.ssl_context})"
+
+
+def _pairs(result: HttpRequestResult) -> list[tuple[str, str]]:
+    return [(h.name, h.value) for h in result.headers]
 
 
 async def _open_ws(

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: Which gate a method passes through (§4.3); ``None`` means "no gating".
-Family: TypeAlias = Literal["exec", "filesystem"] | None
+Family: TypeAlias = Literal["exec", "filesystem", "http", "environment config"] | None
 
 INITIALIZE_ONCE: Final = "initialize may only be sent once per connection"
 INITIALIZED_BEFORE_INITIALIZE: Final = "received `initialized` notification before `initialize`"

@@ -125,14 +125,16 @@ class EnvironmentCapabilities(msgspec.Struct, frozen=True, rename="camel", omit_
 
 
 class EnvironmentInfo(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
-    """``environmentInfo`` / ``environment/info`` result (CLIENT_COMPAT.md §2); paths are URIs."""
+    """``environmentInfo`` / ``environment/info`` result (CLIENT_COMPAT.md §2,
+    PROTOCOL_CURRENT.md §3); paths are URIs. ``prependPathDirs`` is always sent."""
 
     shell: ShellInfo
     executor_version: str = "0.0.0"
+    provider_id: str | None = None
     cwd: str | None = None
     user_home_dir: str | None = None
     platform_os: str | None = None
-    prepend_path_dirs: list[str] = msgspec.field(default_factory=list)
+    prepend_path_dirs: list[str] | None = None
     temporary_directories: list[str] | None = None
     temp_dir: str | None = None
     capabilities: EnvironmentCapabilities = msgspec.field(default_factory=EnvironmentCapabilities)

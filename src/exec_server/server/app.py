@@ -66,7 +66,8 @@ from exec_server.rpc.transport import (
     StreamTransport,
 )
 from exec_server.rpc.ws_server import WsConnection, WsServer, serve_websocket
-from exec_server.server import env_handlers, fs_handlers, process_handlers
+from exec_server.server import env_handlers, fs_handlers, http_handlers, process_handlers
+from exec_server.server.capabilities import advertised_capabilities
 from exec_server.server.heap import BIG_TRANSFER, heap_releaser, settle_startup_heap
 from exec_server.server.listener import (
     Listener,
@@ -147,6 +148,7 @@ def build_router() -> Router:
     env_handlers.register(router)
     process_handlers.register(router)
     fs_handlers.register(router)
+    http_handlers.register(router)
     for method in BLOCKING_METHODS:
         if method in router:
             router.set_may_block(method)
@@ -297,7 +299,9 @@ class ConnectionProcessor:
                 self._busy_timer.cancel()
                 self._busy_timer = None
             self._stop_hangup_watch()
-            tasks = [serve, closer, *self._handlers]
+            tasks: list[asyncio.Future[Any]] = [
+                serve, closer, *self._handlers, *self.attachment.streams.values()
+            ]
             if self._reader is not None:
                 tasks.append(self._reader)
             self._ahead.clear()
@@ -663,7 +667,10 @@ class ConnectionProcessor:
         )
         if not self.router.may_block(request.method):
             # Fast path: run inline, answer, then read the next message.
-            await self._send(await self.router.dispatch(ctx, request))
+            try:
+                await self._send(await self.router.dispatch(ctx, request))
+            finally:
+                ctx.mark_replied()
             return
         task = asyncio.create_task(self._run_request(ctx, request))
         self._handlers.add(task)
@@ -683,6 +690,7 @@ class ConnectionProcessor:
         except ProtocolClosedError as exc:
             self._request_close(str(exc))
         finally:
+            ctx.mark_replied()
             ctx.released.set()
 
 
@@ -694,6 +702,8 @@ class ExecServer:
         self.services = services if services is not None else ServerServices.create(config)
         self.registry = SessionRegistry(config)
         self.router = build_router()
+        self.services.capabilities = advertised_capabilities(self.router.methods)
+        env_handlers.provider_id()  # reads our source files: now, not on a request
         #: every processor made (and not yet collected), for :meth:`close_connections`.
         self._processors: weakref.WeakSet[ConnectionProcessor] = weakref.WeakSet()
 

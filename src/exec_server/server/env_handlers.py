@@ -1,24 +1,34 @@
 """``environmentInfo``, ``environment/info``, ``environment/status`` and
-``environmentConfig/read`` for the current client (CLIENT_COMPAT.md §2-§3).
+``environmentConfig/read`` for the current client (CLIENT_COMPAT.md §2-§3,
+PROTOCOL_CURRENT.md §3, §10).
 
 Only the current generation reads these, so every path is a ``file://`` URI
-(except ``shell.path``, a plain native path). All capabilities are advertised
-``false``: none of the optional features behind them is implemented, and
-false is what makes the client fall back to the base protocol.
-``environmentConfig/read`` validates like upstream and reports no config
-layers (we do not read Codex config files), which is a valid, empty answer.
+(except ``shell.path``, a plain native path). ``capabilities`` are what
+``server/capabilities.py`` decided from the served methods.
+``executorVersion`` is our own version; ``providerId`` names our build (a
+digest of the package's source, the same on every host running it);
+``prependPathDirs`` is empty: the server ships no helper tools and prepends
+nothing to ``PATH``. ``environmentConfig/read`` returns the host's config
+layers (:mod:`exec_server.hostconfig`), read off the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import hashlib
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Final
 
 import msgspec
 
+from exec_server import __version__
 from exec_server.exceptions import InvalidParamsError
+from exec_server.hostconfig import ConfigLayer as HostConfigLayer
+from exec_server.hostconfig import read_host_config
 from exec_server.protocol.messages import EnvironmentCapabilities, EnvironmentInfo, ShellInfo
 from exec_server.protocol.paths import PathForm, parse_wire_path, render_path
 from exec_server.server.router import RequestContext, Router
@@ -30,6 +40,7 @@ __all__ = [
     "NoParams",
     "cached_environment_info",
     "environment_info",
+    "provider_id",
     "register",
 ]
 
@@ -85,18 +96,38 @@ def _shell() -> ShellInfo:
     return ShellInfo("sh", "/bin/sh")
 
 
-def environment_info() -> EnvironmentInfo:
-    """Describe this server's host for the current client (built per call: cheap)."""
+@functools.cache
+def provider_id() -> str:
+    """``sha256:<hex>`` over this package's source files (paths and contents, sorted).
+
+    Identical wherever the same build runs, different for another build, as
+    upstream's digest of its binary. Computed once per process.
+    """
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def environment_info(
+    capabilities: EnvironmentCapabilities | None = None,
+) -> EnvironmentInfo:
+    """Describe this server's host for the current client."""
     tmpdir = os.environ.get("TMPDIR")
     home = os.path.expanduser("~")
     return EnvironmentInfo(
         shell=_shell(),
+        executor_version=__version__,
+        provider_id=provider_id(),
         cwd=_uri(os.getcwd()),
         user_home_dir=_uri(home) if home.startswith("/") else None,
         platform_os=_platform_os(),
         temporary_directories=[_uri(tmpdir)] if tmpdir else [],
         temp_dir=_uri(tmpdir or "/tmp"),
-        capabilities=EnvironmentCapabilities(),
+        prepend_path_dirs=[],
+        capabilities=capabilities or EnvironmentCapabilities(),
     )
 
 
@@ -105,7 +136,7 @@ def cached_environment_info(ctx: RequestContext) -> EnvironmentInfo:
     services = ctx.services
     info = services.environment_info
     if info is None:
-        info = services.environment_info = environment_info()
+        info = services.environment_info = environment_info(services.capabilities)
     return info
 
 
@@ -119,7 +150,7 @@ def handle_environment_status(
     return EnvironmentStatusResult()
 
 
-def handle_environment_config_read(
+async def handle_environment_config_read(
     ctx: RequestContext, params: EnvironmentConfigReadParams
 ) -> EnvironmentConfigReadResult:
     parse_wire_path(params.cwd)
@@ -128,18 +159,22 @@ def handle_environment_config_read(
     for key_path in (*params.config_paths, *params.requirements_paths):
         if not key_path:
             raise InvalidParamsError("TOML paths must contain at least one key segment")
-    return _empty_config()
-
-
-def _empty_config() -> EnvironmentConfigReadResult:
-    home = os.path.expanduser("~")
-    codex_home = os.environ.get("CODEX_HOME") or os.path.join(home, ".codex")
+    host = await asyncio.to_thread(
+        read_host_config, params.config_paths, params.requirements_paths, os.environ
+    )
+    home = os.environ.get("HOME") or os.path.expanduser("~")  # noqa: ASYNC240 (no I/O with HOME set)
     return EnvironmentConfigReadResult(
         user_home_dir=_uri(home) if home.startswith("/") else None,
-        codex_home_dir=_uri(codex_home),
+        codex_home_dir=_uri(host.codex_home),
         hostname=socket.gethostname() or None,
-        config=ConfigLayers(),
-        requirements=ConfigLayers(),
+        config=_wire_layers(host.config),
+        requirements=_wire_layers(host.requirements),
+    )
+
+
+def _wire_layers(layers: list[HostConfigLayer]) -> ConfigLayers:
+    return ConfigLayers(
+        layers=[ConfigLayer(layer.source, _uri(layer.base_dir), layer.toml) for layer in layers]
     )
 
 
@@ -147,9 +182,9 @@ def register(router: Router) -> None:
     """Add the environment methods (ungated, like upstream's)."""
     router.add_now("environment/info", NoParams | None, handle_environment_info, None)
     router.add_now("environment/status", NoParams | None, handle_environment_status, None)
-    router.add_now(
+    router.add(
         "environmentConfig/read",
         EnvironmentConfigReadParams,
         handle_environment_config_read,
-        None,
+        "environment config",
     )

@@ -22,6 +22,7 @@ from exec_server.exceptions import (
     ExecServerError,
     InvalidRequestError,
     ProtocolClosedError,
+    from_domain_error,
     params_error_text,
 )
 from exec_server.protocol.codec import (
@@ -146,6 +147,7 @@ class RequestContext:
         self.services = services
         self.registry = registry
         self._released: asyncio.Event | None = None
+        self._replied: asyncio.Event | None = None
 
     @property
     def released(self) -> asyncio.Event:
@@ -153,6 +155,22 @@ class RequestContext:
         if self._released is None:  # only blocking routes need it: made on demand
             self._released = asyncio.Event()
         return self._released
+
+    @property
+    def replied(self) -> asyncio.Event:
+        """Set once this request's answer was handed to the transport (or never will be).
+
+        Work a handler leaves running after its result (a streamed HTTP body)
+        waits for it, so its notifications follow the answer on the wire.
+        """
+        if self._replied is None:
+            self._replied = asyncio.Event()
+        return self._replied
+
+    def mark_replied(self) -> None:
+        """The connection calls this once the answer was handed over (or dropped)."""
+        if self._replied is not None:
+            self._replied.set()
 
     @property
     def session(self) -> Session:
@@ -401,6 +419,9 @@ class Router:
         """The one place handler exceptions become JSON-RPC errors."""
         if isinstance(exc, ExecServerError):
             return encode_error(request.id, exc.code, exc.message)
+        wire = from_domain_error(exc)
+        if wire is not None:
+            return encode_error(request.id, wire.code, wire.message)
         if isinstance(exc, msgspec.ValidationError):
             # bad params, or a handler decoding a nested raw member (a sandbox object)
             return encode_error(request.id, ErrorCode.INVALID_PARAMS, params_error_text(str(exc)))

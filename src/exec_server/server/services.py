@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from exec_server.config import ServerConfig
 from exec_server.fs.sandboxed import SandboxedFileSystem
 from exec_server.fs.service import FileSystemService
-from exec_server.protocol.messages import EnvironmentInfo
+from exec_server.protocol.messages import EnvironmentCapabilities, EnvironmentInfo
 from exec_server.sandbox.manager import SandboxManager
+
+if TYPE_CHECKING:
+    from exec_server.http.client import HttpClient
 
 __all__ = ["ServerServices"]
 
@@ -43,6 +47,11 @@ class ServerServices:
         self.environment_info: EnvironmentInfo | None = None
         #: the ``fs/*`` handlers' service over ``fs_sandbox`` (built on first use).
         self.fs_service: FileSystemService | None = None
+        #: what ``environmentInfo.capabilities`` advertises: set by the server
+        #: from the methods its router serves (``server/capabilities.py``).
+        self.capabilities = EnvironmentCapabilities()
+        #: sends ``http/request`` requests (made on first use: httpx loads lazily).
+        self.http: HttpClient | None = None
         self._warming: asyncio.Task[None] | None = None
 
     @classmethod
@@ -66,7 +75,7 @@ class ServerServices:
         if self._warming is not None:
             self._warming.cancel()
             await asyncio.gather(self._warming, return_exceptions=True)
-        for service in (self.fs_sandbox, self.sandbox):
+        for service in (self.http, self.fs_sandbox, self.sandbox):
             if service is None:
                 continue
             try:

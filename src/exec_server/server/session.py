@@ -84,6 +84,10 @@ class Attachment:
         self.sink_nowait = sink_nowait
         self.handshake = Handshake()
         self.session: Session | None = None
+        #: work that lives as long as this connection, by name (streamed HTTP
+        #: bodies by ``requestId``): cancelled when the connection ends, and
+        #: never carried over by a resume.
+        self.streams: dict[str, asyncio.Future[None]] = {}
 
     @property
     def attached(self) -> bool:

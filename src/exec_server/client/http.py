@@ -1,0 +1,105 @@
+"""``http_request`` for both backends: one response type, local or remote.
+
+:class:`HttpResponse` is what :meth:`ExecServerClient.http_request` (remote:
+``http/request`` and its ``bodyDelta`` notifications) and
+:meth:`LocalExecBackend.http_request` (this process, through
+:mod:`exec_server.http`) return. Errors are the same on both: a refused
+request is :class:`~exec_server.exceptions.InvalidParamsError`, a failed one
+or a body that broke off :class:`~exec_server.exceptions.InternalError`,
+with upstream's texts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Final, TypeAlias
+
+from exec_server.exceptions import InternalError
+from exec_server.protocol.http_types import RequestHeader
+
+__all__ = ["HeaderArg", "HttpResponse", "body_failed", "request_headers"]
+
+#: a header to send: ``(name, value)``, or a :class:`RequestHeader` (``value_env_var``
+#: appends that variable of the executor's environment).
+HeaderArg: TypeAlias = RequestHeader | tuple[str, str]
+
+_BODY_FAILED: Final = "failed to read http/request response body: "
+
+
+def body_failed(cause: str) -> InternalError:
+    """The error a body that broke off raises (as a buffered request's answer says it)."""
+    return InternalError(_BODY_FAILED + cause)
+
+
+def request_headers(headers: Sequence[HeaderArg]) -> list[RequestHeader]:
+    return [h if isinstance(h, RequestHeader) else RequestHeader(h[0], h[1]) for h in headers]
+
+
+async def _no_chunks() -> AsyncIterator[bytes]:
+    return
+    yield  # pragma: no cover - makes this an async generator
+
+
+async def _nothing() -> None:
+    return None
+
+
+class HttpResponse:
+    """A response: status and headers at once; the body buffered, or streamed.
+
+    Attributes:
+        status: the HTTP status.
+        headers: ``(name, value)`` pairs in the order received, names lower case.
+        body: the whole body of a buffered request (``b""`` for a streamed one).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        headers: list[tuple[str, str]],
+        body: bytes = b"",
+        *,
+        chunks: AsyncIterator[bytes] | None = None,
+        close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.streamed = chunks is not None
+        self._chunks = chunks if chunks is not None else _no_chunks()
+        self._close = close or _nothing
+
+    def header_values(self, name: str) -> list[str]:
+        """Every value of header ``name`` (case-insensitive), in order."""
+        lower = name.lower()
+        return [value for key, value in self.headers if key == lower]
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        """A streamed body's pieces as they arrive (a buffered body: its one piece).
+
+        Raises:
+            InternalError: the body broke off (``failed to read http/request response body: …``).
+        """
+        if not self.streamed:
+            return self._buffered()
+        return self._chunks
+
+    async def _buffered(self) -> AsyncIterator[bytes]:
+        if self.body:
+            yield self.body
+
+    async def read(self) -> bytes:
+        """The whole body (a streamed one is read to its end)."""
+        if not self.streamed:
+            return self.body
+        return b"".join([chunk async for chunk in self._chunks])
+
+    async def aclose(self) -> None:
+        """Stop reading a streamed body (what is not read yet is dropped)."""
+        await self._close()
+
+    async def __aenter__(self) -> HttpResponse:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,40 @@
+"""The one place ``environmentInfo.capabilities`` is decided (PROTOCOL_CURRENT.md §3.3).
+
+The client takes a true flag as a promise: it sends requests a server
+without the feature would misread, or drops its own fallback. So a flag is
+advertised only when every method behind it is served by this server's
+router; a flag without an entry in :data:`REQUIRED_METHODS` is never
+advertised. Adding a feature = registering its handlers and naming its flag
+here (``tests/server/test_capabilities.py`` then checks that the flag is served).
+
+Not here, deliberately false: ``networkProxyLaunch``, ``shellSnapshotV2``,
+``capabilityDiscovery*`` (not implemented), ``windowsMxc`` (Windows only),
+and the two ``linux*`` sandbox-behaviour flags (SANDBOX.md work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Final
+
+from exec_server.protocol.messages import EnvironmentCapabilities
+
+__all__ = ["REQUIRED_METHODS", "advertised_capabilities"]
+
+#: capability attribute -> the methods that must be served for it to be true.
+REQUIRED_METHODS: Final[Mapping[str, tuple[str, ...]]] = {
+    # §10: real config layers of the executor host.
+    "environment_config_read": ("environmentConfig/read",),
+    # §9.6: header values from the executor's environment, deny list included.
+    "http_header_env_vars": ("http/request",),
+}
+
+
+def advertised_capabilities(methods: Collection[str]) -> EnvironmentCapabilities:
+    """The flags whose methods are all in ``methods`` (a router's method names)."""
+    flags = {
+        flag: True
+        for flag, required in REQUIRED_METHODS.items()
+        if all(method in methods for method in required)
+    }
+    return EnvironmentCapabilities(**flags)

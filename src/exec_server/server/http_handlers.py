@@ -1,0 +1,144 @@
+"""``http/request``: wire structs ↔ :mod:`exec_server.http` (PROTOCOL_CURRENT.md §9).
+
+A buffered request answers with the whole body. A streamed one answers as
+soon as the response head arrives; a task of the connection then sends the
+body as ``http/request/bodyDelta`` notifications numbered from 1, ending
+with one ``done`` frame (``error`` set if the body broke off). Each delta is
+handed to the transport before the next piece of body is read, so a slow
+client slows the HTTP peer down instead of filling memory here.
+
+The route may block (it waits on the network): it releases the connection
+right after validation, so later requests of the connection, and other
+connections, go on meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING
+
+from exec_server.exceptions import InvalidParamsError
+from exec_server.http.errors import HttpBodyFailed
+from exec_server.http.request import HeaderSpec, build_request
+from exec_server.protocol.http_types import (
+    METHOD_HTTP_REQUEST,
+    NOTIFY_BODY_DELTA,
+    U64_MAX,
+    BodyDelta,
+    HttpHeader,
+    HttpRequestParams,
+    HttpRequestResult,
+)
+from exec_server.server.router import RequestContext, Router
+
+if TYPE_CHECKING:
+    from exec_server.http.client import HttpClient, HttpResponse
+    from exec_server.server.session import Attachment
+
+__all__ = ["register"]
+
+#: ``Attachment.streams`` keys of HTTP bodies (other kinds of stream may share the map).
+_STREAM_KEY = "http:"
+
+
+def _client(ctx: RequestContext) -> HttpClient:
+    services = ctx.services
+    client = services.http
+    if client is None:
+        from exec_server.http.client import HttpClient
+
+        client = services.http = HttpClient()
+    return client
+
+
+def _result(response: HttpResponse, body: bytes) -> HttpRequestResult:
+    headers = [HttpHeader(name, value) for name, value in response.headers]
+    return HttpRequestResult(status=response.status, headers=headers, body_base64=body)
+
+
+async def handle_http_request(ctx: RequestContext, params: HttpRequestParams) -> HttpRequestResult:
+    if params.timeout_ms is not None and params.timeout_ms > U64_MAX:
+        raise InvalidParamsError(
+            f"invalid value: integer `{params.timeout_ms}`, expected u64 for `timeoutMs`"
+        )
+    request = build_request(
+        params.method,
+        params.url,
+        [HeaderSpec(h.name, h.value, h.value_env_var) for h in params.headers],
+        params.body_base64,
+        params.timeout_ms,
+        params.redirect_policy == "follow",
+        os.environ,
+    )
+    streams = ctx.attachment.streams
+    key = _STREAM_KEY + params.request_id
+    if params.stream_response and key in streams:
+        raise InvalidParamsError(
+            f"http/request streamResponse requestId `{params.request_id}` is already active"
+        )
+    if not params.stream_response:
+        ctx.unblock()
+        response = await _client(ctx).send(request)
+        try:
+            body = await response.read()
+        finally:
+            await response.aclose()
+        return _result(response, body)
+    # Reserved until the ``done`` frame; the placeholder becomes the body's task.
+    placeholder: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    streams[key] = placeholder
+    ctx.unblock()
+    try:
+        response = await _client(ctx).send(request)
+    except BaseException:
+        streams.pop(key, None)
+        raise
+    replied = ctx.replied
+    streams[key] = asyncio.create_task(
+        _send_body(ctx.attachment, params.request_id, key, response, replied),
+        name=f"http-body-{params.request_id}",
+    )
+    return _result(response, b"")
+
+
+async def _send_body(
+    attachment: Attachment,
+    request_id: str,
+    key: str,
+    response: HttpResponse,
+    replied: asyncio.Event,
+) -> None:
+    """Forward the body as ``bodyDelta`` notifications once the answer is out."""
+
+    def release_id() -> None:
+        if attachment.streams.get(key) is asyncio.current_task():
+            del attachment.streams[key]
+
+    try:
+        await replied.wait()
+        seq = 0
+        error: str | None = None
+        try:
+            async for chunk in response.chunks():
+                seq += 1
+                delivered = await attachment.sink(
+                    NOTIFY_BODY_DELTA, BodyDelta(request_id, seq, chunk, False, None)
+                )
+                if delivered is False:
+                    return  # the connection is gone: nobody reads the rest
+        except HttpBodyFailed as exc:
+            error = exc.cause
+        # Free the id before the ``done`` frame can reach the client, which may
+        # reuse it at once.
+        release_id()
+        await attachment.sink(NOTIFY_BODY_DELTA, BodyDelta(request_id, seq + 1, b"", True, error))
+    finally:
+        release_id()
+        await response.aclose()
+
+
+def register(router: Router) -> None:
+    """Add ``http/request`` (family ``http``: after the handshake) as a route that may wait."""
+    router.add(METHOD_HTTP_REQUEST, HttpRequestParams, handle_http_request, "http", may_block=True)
+
