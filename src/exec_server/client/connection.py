@@ -76,6 +76,7 @@ from exec_server.protocol.process_types import (
     WriteResult,
     WriteStatus,
 )
+from exec_server.protocol.sandbox_types import encode_client_context
 
 __all__ = [
     "DEFAULT_CLIENT_NAME",
@@ -485,6 +486,7 @@ class ExecServerClient:
         pipe_stdin: bool = False,
         arg0: str | None = None,
         process_id: str | None = None,
+        sandbox: msgspec.Struct | None = None,
     ) -> ProcessHandle:
         """Start a process and return its handle.
 
@@ -498,6 +500,9 @@ class ExecServerClient:
             tty: run on a PTY (output stream ``pty``, writable).
             pipe_stdin: non-tty processes get a writable stdin pipe.
             process_id: the wire id (default: a random UUID).
+            sandbox: confine the process: a context from
+                :mod:`exec_server.client.sandbox_contexts` (``read_only(ws)``,
+                ``workspace_write(ws)``...); None runs it unconfined.
         """
         work_dir, pid = resolve_start(cwd, process_id, self._handles)
         handle = ProcessHandle(_RemoteOps(self), pid, tty=tty, poll_interval=self._poll_interval)
@@ -508,7 +513,7 @@ class ExecServerClient:
             env=dict(env or {}),
             tty=tty,
             arg0=arg0,
-            sandbox=msgspec.Raw(b"null"),
+            sandbox=msgspec.Raw(b"null" if sandbox is None else encode_client_context(sandbox)),
             env_policy=env_policy if env_policy is not None else msgspec.UNSET,
             pipe_stdin=pipe_stdin,
         )

@@ -224,9 +224,15 @@ def _warm_up() -> None:
 
 
 def _reset_signals() -> None:
+    """Every signal to its default, none blocked: ours (SIGCHLD, SIGINT, SIGPIPE,
+    SIGXFSZ) and whatever the server inherited ignored (``nohup``: SIGHUP)."""
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_DFL)
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(sig) is not signal.SIG_DFL:
+                signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
