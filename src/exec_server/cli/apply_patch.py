@@ -56,7 +56,11 @@ def run_patch(patch: str, *, stdout: TextIO, stderr: TextIO) -> int:
 
 
 def _read_stdin_and_run(stdout: TextIO, stderr: TextIO) -> int:
-    data = sys.stdin.buffer.read()
+    try:
+        data = sys.stdin.buffer.read()
+    except KeyboardInterrupt:  # ^C while waiting for a patch on a terminal
+        stderr.write("\n")
+        return 130
     try:
         patch = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import sys
 from collections.abc import Sequence
 from typing import Final, Protocol
@@ -47,6 +48,20 @@ class Transport(Protocol):
     def describe(self) -> str: ...
 
 
+def _reason(url: str, exc: BaseException) -> str:
+    """A connect failure in words: some carry no text (a reset is ``ConnectionResetError()``)."""
+    words: dict[type[BaseException], str] = {
+        ConnectionResetError: "connection reset by the server",
+        ConnectionAbortedError: "connection aborted",
+        TimeoutError: "timed out",
+    }
+    text = str(exc) or words.get(type(exc), type(exc).__name__)
+    if url.startswith("wss:") and isinstance(exc, ConnectionError | ssl.SSLError):
+        # a plain ws:// server answers the TLS ClientHello with a reset or garbage
+        text += " during the TLS handshake (is the server listening on plain ws://?)"
+    return text
+
+
 class WebSocketTransport:
     """One WebSocket connection (:mod:`exec_server.client._ws`); TCP_NODELAY so small
     requests are not held by Nagle."""
@@ -66,8 +81,8 @@ class WebSocketTransport:
         """
         try:
             ws = await connect_ws(url, max_size=max_message_size)
-        except (OSError, TimeoutError, websockets.WebSocketException) as exc:
-            raise HandshakeError(f"cannot connect to {url}: {exc}") from exc
+        except (OSError, TimeoutError, ValueError, websockets.WebSocketException) as exc:
+            raise HandshakeError(f"cannot connect to {url}: {_reason(url, exc)}") from exc
         return cls(ws, url)
 
     async def send(self, data: bytes) -> None:

@@ -14,6 +14,8 @@ import signal as _signal
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, Unpack, final, runtime_checkable
 
+import msgspec
+
 from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
 from exec_server.client.process import (
@@ -37,9 +39,11 @@ from exec_server.protocol.process_types import (
     ReadResult,
     WriteStatus,
 )
+from exec_server.protocol.sandbox_types import encode_client_context
 
 if TYPE_CHECKING:
     from exec_server.process.manager import ProcessManager
+    from exec_server.sandbox.manager import SandboxManager
 
 __all__ = ["ExecBackend", "LocalExecBackend", "RemoteExecBackend"]
 
@@ -100,7 +104,9 @@ class LocalExecBackend:
     ) -> None:
         from exec_server.process.manager import ProcessManager
 
-        self._manager: ProcessManager = ProcessManager(config or ServerConfig())
+        self._config = config or ServerConfig()
+        self._sandbox_manager: SandboxManager | None = None
+        self._manager: ProcessManager = ProcessManager(self._config)
         self._manager.set_sink(self._sink)
         self._handles: dict[str, ProcessHandle] = {}
         self._poll_interval = poll_interval
@@ -128,6 +134,7 @@ class LocalExecBackend:
         pipe_stdin: bool = False,
         arg0: str | None = None,
         process_id: str | None = None,
+        sandbox: msgspec.Struct | None = None,
     ) -> ProcessHandle:
         from exec_server.process.envpolicy import build_child_env
         from exec_server.process.spec import LaunchSpec
@@ -158,10 +165,21 @@ class LocalExecBackend:
             arg0=arg0,
             pipe_stdin=pipe_stdin,
         )
+        if sandbox is not None:
+            spec = await self._sandbox().aprepare(spec, msgspec.Raw(encode_client_context(sandbox)))
         handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval)
         with registered(self._handles, handle):
             self._manager.start(pid, spec, current=True)
         return handle
+
+    def _sandbox(self) -> SandboxManager:
+        """The server's sandbox layer, in-process (created on first use)."""
+        if self._sandbox_manager is None:
+            from exec_server.sandbox.manager import SandboxManager
+            from exec_server.sandbox.select import select_backend
+
+            self._sandbox_manager = SandboxManager(self._config, selector=select_backend)
+        return self._sandbox_manager
 
     async def aclose(self) -> None:
         """Kill every process this backend started (PROTOCOL.md §8.11)."""
@@ -196,6 +214,14 @@ class _LocalOps:
     async def signal(self, process_id: str, signal: Signal) -> None:
         # Only ``interrupt`` exists (CLIENT_COMPAT.md §5.4).
         self._backend._manager.signal(process_id, _signal.SIGINT)
+
+    async def resize(self, process_id: str, rows: int, cols: int) -> None:
+        if not (1 <= rows <= 65535 and 1 <= cols <= 65535):
+            raise InvalidParamsError("rows and cols must be within 1..65535")
+        self._backend._manager.resize(process_id, rows, cols)
+
+    async def close_stdin(self, process_id: str) -> None:
+        self._backend._manager.close_stdin(process_id)
 
     def release(self, process_id: str) -> None:
         self._backend._release(process_id)

@@ -32,6 +32,7 @@ from exec_server.client.errors import (
     ClientClosedError,
     ConnectionLostError,
     HandshakeError,
+    NotSupportedError,
     ServerProtocolError,
 )
 from exec_server.client.process import (
@@ -41,7 +42,7 @@ from exec_server.client.process import (
     registered,
     resolve_start,
 )
-from exec_server.exceptions import error_for_code
+from exec_server.exceptions import ExecServerError, MethodNotFoundError, error_for_code
 from exec_server.protocol.codec import (
     ProtocolError,
     decode_message,
@@ -52,7 +53,9 @@ from exec_server.protocol.codec import (
 from exec_server.protocol.messages import ErrorResponse, Notification, Response
 from exec_server.protocol.paths import PathForm, render_path
 from exec_server.protocol.process_types import (
+    METHOD_CLOSE_STDIN,
     METHOD_READ,
+    METHOD_RESIZE_PTY,
     METHOD_SIGNAL,
     METHOD_START,
     METHOD_TERMINATE,
@@ -61,11 +64,15 @@ from exec_server.protocol.process_types import (
     NOTIFY_EXITED,
     NOTIFY_OUTPUT,
     ClosedNotification,
+    CloseStdinParams,
+    CloseStdinResult,
     EnvPolicy,
     ExitedNotification,
     OutputNotification,
     ReadParams,
     ReadResult,
+    ResizePtyParams,
+    ResizePtyResult,
     SignalParams,
     SignalResult,
     StartParams,
@@ -97,6 +104,8 @@ DEFAULT_CONNECT_TIMEOUT: Final = 5.0
 DEFAULT_INITIALIZE_TIMEOUT: Final = 5.0
 
 _METHOD_INITIALIZE: Final = "initialize"
+#: no server knows this process; used to ask whether an extension exists.
+_PROBE_ID: Final = "exec-server-client-probe"
 _NOTIFY_INITIALIZED: Final = "initialized"
 
 
@@ -156,6 +165,8 @@ class ExecServerClient:
         self._session_id: str | None = None
         self._disconnecting = False
         self.initialize_result: InitializeResult | None = None
+        #: extension method -> implemented (learnt from the first answer).
+        self._extensions: dict[str, bool] = {}
         self._reader = asyncio.create_task(self._read_loop(transport))
 
     # ------------------------------------------------------------------ construction
@@ -473,6 +484,50 @@ class ExecServerClient:
         """``process/signal`` (current-generation servers)."""
         return await self.call(METHOD_SIGNAL, params, SignalResult)
 
+    async def resize_pty(self, process_id: str, rows: int, cols: int) -> None:
+        """``process/resizePty`` (extension; see :meth:`ProcessHandle.resize`)."""
+        params = ResizePtyParams(process_id=process_id, rows=rows, cols=cols)
+        await self._extension(METHOD_RESIZE_PTY, params, ResizePtyResult)
+
+    async def close_stdin(self, process_id: str) -> None:
+        """``process/closeStdin`` (extension; see :meth:`ProcessHandle.close_stdin`)."""
+        params = CloseStdinParams(process_id=process_id)
+        await self._extension(METHOD_CLOSE_STDIN, params, CloseStdinResult)
+
+    async def supports(self, method: str) -> bool:
+        """Whether the server implements extension ``method`` (``process/resizePty``,
+        ``process/closeStdin``); asked once per connection with an unknown process
+        id, which a server implementing it refuses with any error but -32601."""
+        known = self._extensions.get(method)
+        if known is not None:
+            return known
+        probe: msgspec.Struct
+        if method == METHOD_RESIZE_PTY:
+            probe = ResizePtyParams(process_id=_PROBE_ID, rows=1, cols=1)
+        elif method == METHOD_CLOSE_STDIN:
+            probe = CloseStdinParams(process_id=_PROBE_ID)
+        else:
+            raise ValueError(f"not an extension method: {method}")
+        try:
+            await self._extension(method, probe, _Empty)
+        except NotSupportedError:
+            return False
+        except ExecServerError:
+            pass
+        self._extensions[method] = True
+        return True
+
+    async def _extension(self, method: str, params: msgspec.Struct, result: type[T]) -> T:
+        if self._extensions.get(method) is False:
+            raise NotSupportedError(f"the server does not implement {method}")
+        try:
+            reply = await self.call(method, params, result)
+        except MethodNotFoundError as exc:
+            self._extensions[method] = False
+            raise NotSupportedError(f"the server does not implement {method}") from exc
+        self._extensions[method] = True
+        return reply
+
     # ------------------------------------------------------------------ handles
 
     async def spawn(
@@ -577,6 +632,12 @@ class _RemoteOps:
         await self._client.signal_process(
             SignalParams(process_id=process_id, signal=signal.value)
         )
+
+    async def resize(self, process_id: str, rows: int, cols: int) -> None:
+        await self._client.resize_pty(process_id, rows, cols)
+
+    async def close_stdin(self, process_id: str) -> None:
+        await self._client.close_stdin(process_id)
 
     def release(self, process_id: str) -> None:
         self._client._release(process_id)

@@ -12,6 +12,7 @@ Tree::
     ├── ClientClosedError       the client was closed by the caller
     ├── ConnectionLostError     transport dropped (also a builtin ConnectionError)
     ├── HandshakeError          connect/initialize failed or timed out
+    ├── NotSupportedError       the server does not implement an extension method
     └── ServerProtocolError     the server's reply does not have the expected shape
 """
 
@@ -23,6 +24,7 @@ __all__ = [
     "ClientError",
     "ConnectionLostError",
     "HandshakeError",
+    "NotSupportedError",
     "ServerProtocolError",
 ]
 
@@ -57,3 +59,9 @@ class HandshakeError(ClientError):
 
 class ServerProtocolError(ClientError):
     """The server answered with a result that does not fit the method's result type."""
+
+
+class NotSupportedError(ClientError):
+    """The server answered an extension method (``process/resizePty``,
+    ``process/closeStdin``) with "method not found" (upstream does); the
+    client does not send it to that connection again."""

@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol, TypedDict, final
 
+import msgspec
+
 from exec_server.client.errors import ClientClosedError, ConnectionLostError
 from exec_server.exceptions import InvalidParamsError
 from exec_server.process.spec import ExitStatus
@@ -76,6 +78,7 @@ class SpawnOptions(TypedDict, total=False):
     pipe_stdin: bool
     arg0: str | None
     process_id: str | None
+    sandbox: msgspec.Struct | None
 
 
 def resolve_start(
@@ -125,6 +128,10 @@ class ProcessOps(Protocol):
     async def terminate(self, process_id: str) -> bool: ...
 
     async def signal(self, process_id: str, signal: Signal) -> None: ...
+
+    async def resize(self, process_id: str, rows: int, cols: int) -> None: ...
+
+    async def close_stdin(self, process_id: str) -> None: ...
 
     def release(self, process_id: str) -> None: ...
 
@@ -383,6 +390,26 @@ class ProcessHandle:
     async def signal(self, signal: Signal = Signal.INTERRUPT) -> None:
         """Deliver ``signal`` to the process group (only ``interrupt`` exists)."""
         await self._ops.signal(self.process_id, signal)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Set a ``tty`` process's terminal size (``process/resizePty``, an
+        extension of this project's server).
+
+        Raises:
+            NotSupportedError: the server does not implement it (upstream).
+            InvalidParamsError: the process is not on a PTY, or a size is
+                outside 1..65535.
+        """
+        await self._ops.resize(self.process_id, rows, cols)
+
+    async def close_stdin(self) -> None:
+        """End of input for a ``pipe_stdin`` process, after the writes so far
+        (``process/closeStdin``, an extension of this project's server).
+
+        Raises:
+            NotSupportedError: the server does not implement it (upstream).
+        """
+        await self._ops.close_stdin(self.process_id)
 
     def release(self) -> None:
         """Stop routing this process's notifications to the handle."""
