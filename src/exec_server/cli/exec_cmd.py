@@ -182,7 +182,7 @@ async def _sandbox_context(client: ExecServerClient, ns: argparse.Namespace,
         try:
             meta = await fs.get_metadata(root)
         except ExecServerError as exc:
-            return None, f"--writable-root {root}: {exc} (on the server)"
+            return None, f"--writable-root {root}: {exc.message} (on the server)"
         if not meta.is_directory:
             return None, f"--writable-root {root}: not a directory (on the server)"
     if ns.sandbox == "read-only":
