@@ -92,6 +92,12 @@ def console_main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name; None means ``sys.argv[1:]``.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    if args in (["--version"], ["-V"]):  # never a patch: one starts "*** Begin Patch"
+        from exec_server import __version__
+
+        prog = os.path.basename(sys.argv[0]) if argv is None else "apply_patch"
+        sys.stdout.write(f"{prog} (exec-server) {__version__}\n")
+        return 0
     if len(args) > 1:
         sys.stderr.write("Error: apply_patch accepts exactly one argument.\n")
         return 2
