@@ -21,6 +21,8 @@ from exec_server.client.errors import ClientError as ClientError
 from exec_server.client.errors import ConnectionLostError as ConnectionLostError
 from exec_server.client.errors import HandshakeError as HandshakeError
 from exec_server.client.errors import NotSupportedError as NotSupportedError
+from exec_server.client.errors import ProcessError as ProcessError
+from exec_server.client.errors import ProcessTimeoutError as ProcessTimeoutError
 from exec_server.client.errors import ServerProtocolError as ServerProtocolError
 from exec_server.client.process import CompletedProcess as CompletedProcess
 from exec_server.client.process import ProcessHandle as ProcessHandle
@@ -39,7 +41,9 @@ __all__ = [
     "HandshakeError",
     "LocalExecBackend",
     "NotSupportedError",
+    "ProcessError",
     "ProcessHandle",
+    "ProcessTimeoutError",
     "RemoteExecBackend",
     "RemoteProcess",
     "RuntimePaths",

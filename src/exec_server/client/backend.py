@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal as _signal
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, Unpack, final, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Unpack, final, runtime_checkable
 
 import msgspec
 
@@ -20,12 +20,14 @@ from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
 from exec_server.client.process import (
     DEFAULT_POLL_INTERVAL,
+    CompletedProcess,
     ProcessHandle,
     Signal,
     SpawnOptions,
     registered,
     resolve_start,
 )
+from exec_server.client.run import run_command
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidParamsError
 from exec_server.protocol.process_types import (
@@ -63,6 +65,14 @@ class ExecBackend(Protocol):
         """Start ``argv``; see :meth:`ExecServerClient.spawn` for the arguments."""
         ...
 
+    async def run(self, cmd: str | Sequence[str], **options: Any) -> CompletedProcess:
+        """Run to completion; see :meth:`ExecServerClient.run` for the arguments."""
+        ...
+
+    def list_processes(self) -> list[ProcessHandle]:
+        """Processes started through this backend that are not closed yet."""
+        ...
+
     async def aclose(self) -> None:
         """Release the backend (remote: close the connection; local: kill children)."""
         ...
@@ -86,6 +96,12 @@ class RemoteExecBackend:
         **options: Unpack[SpawnOptions],
     ) -> ProcessHandle:
         return await self.client.spawn(argv, **options)
+
+    async def run(self, cmd: str | Sequence[str], **options: Any) -> CompletedProcess:
+        return await run_command(self.client.spawn, cmd, **options)
+
+    def list_processes(self) -> list[ProcessHandle]:
+        return self.client.list_processes()
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -167,10 +183,19 @@ class LocalExecBackend:
         )
         if sandbox is not None:
             spec = await self._sandbox().aprepare(spec, msgspec.Raw(encode_client_context(sandbox)))
-        handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval)
+        handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval,
+                               argv=argv)
         with registered(self._handles, handle):
             self._manager.start(pid, spec, current=True)
         return handle
+
+    async def run(self, cmd: str | Sequence[str], **options: Any) -> CompletedProcess:
+        """Run to completion; see :meth:`ExecServerClient.run` (the environment
+        policy's "server" is this process)."""
+        return await run_command(self.start, cmd, **options)
+
+    def list_processes(self) -> list[ProcessHandle]:
+        return list(self._handles.values())
 
     def _sandbox(self) -> SandboxManager:
         """The server's sandbox layer, in-process (created on first use)."""

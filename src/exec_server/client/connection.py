@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Final, TypeVar, final
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
+from typing import Any, Final, Generic, ParamSpec, TypeVar, final
 
 import msgspec
 
@@ -37,11 +38,13 @@ from exec_server.client.errors import (
 )
 from exec_server.client.process import (
     DEFAULT_POLL_INTERVAL,
+    CompletedProcess,
     ProcessHandle,
     Signal,
     registered,
     resolve_start,
 )
+from exec_server.client.run import run_command
 from exec_server.exceptions import ExecServerError, MethodNotFoundError, error_for_code
 from exec_server.protocol.codec import (
     ProtocolError,
@@ -92,6 +95,7 @@ __all__ = [
     "ExecServerClient",
     "InitializeParams",
     "InitializeResult",
+    "Opening",
 ]
 
 logger = logging.getLogger("exec_server.client")
@@ -135,6 +139,39 @@ _closed_decoder: Final = msgspec.json.Decoder(ClosedNotification)
 _Event = OutputNotification | ExitedNotification | ClosedNotification
 
 
+C = TypeVar("C", bound="ExecServerClient")
+P = ParamSpec("P")
+
+
+class Opening(Generic[C]):
+    """What :meth:`ExecServerClient.connect` returns: await it for the client,
+    or use it directly as ``async with ExecServerClient.connect(url) as client``
+    (the client is closed when the block ends)."""
+
+    def __init__(self, coro: Coroutine[Any, Any, C]) -> None:
+        self._coro = coro
+        self._client: C | None = None
+
+    def __await__(self) -> Generator[Any, None, C]:
+        return self._coro.__await__()
+
+    async def __aenter__(self) -> C:
+        self._client = await self._coro
+        return self._client
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def _opening(fn: Callable[P, Coroutine[Any, Any, C]]) -> Callable[P, Opening[C]]:
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Opening[C]:
+        return Opening(fn(*args, **kwargs))
+
+    return wrapper
+
+
 @final
 class ExecServerClient:
     """A connection (plus session) to one exec-server.
@@ -172,6 +209,7 @@ class ExecServerClient:
     # ------------------------------------------------------------------ construction
 
     @classmethod
+    @_opening
     async def connect(
         cls,
         url: str,
@@ -205,6 +243,7 @@ class ExecServerClient:
         )
 
     @classmethod
+    @_opening
     async def spawn_stdio(
         cls,
         argv: Sequence[str] | None = None,
@@ -560,7 +599,8 @@ class ExecServerClient:
                 ``workspace_write(ws)``...); None runs it unconfined.
         """
         work_dir, pid = resolve_start(cwd, process_id, self._handles)
-        handle = ProcessHandle(_RemoteOps(self), pid, tty=tty, poll_interval=self._poll_interval)
+        handle = ProcessHandle(_RemoteOps(self), pid, tty=tty, poll_interval=self._poll_interval,
+                               argv=argv)
         params = StartParams(
             process_id=pid,
             argv=list(argv),
@@ -575,6 +615,54 @@ class ExecServerClient:
         with registered(self._handles, handle):
             await self.start_process(params)
         return handle
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        shell: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - subprocess.run's shape
+        check: bool = False,
+        input: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        env_policy: EnvPolicy | None = None,
+        cwd: str | None = None,
+        tty: bool = False,
+        sandbox: msgspec.Struct | None = None,
+    ) -> CompletedProcess:
+        """Run a command to completion and return its exit code and output.
+
+        Args:
+            cmd: a list of arguments, or with ``shell=True`` one string for
+                ``/bin/sh -c``.
+            timeout: seconds; when they run out the process group is
+                terminated and :class:`ProcessTimeoutError` raised.
+            check: raise :class:`ProcessError` for a non-zero exit code.
+            input: bytes for its stdin, then end of input (pipes: needs the
+                ``process/closeStdin`` extension; ``tty``: sent, then ^D).
+            env: variables on top of ``env_policy``.
+            env_policy: default: the server's environment minus secret-looking
+                names (``*KEY*``, ``*SECRET*``, ``*TOKEN*``).
+            cwd, tty, sandbox: as for :meth:`spawn`.
+
+        Returns:
+            ``CompletedProcess`` (``exit_code``, ``stdout``, ``stderr``).
+
+        Raises:
+            ProcessTimeoutError, ProcessError: as above; both carry
+                ``exit_code``, ``stdout`` and ``stderr``.
+        """
+        return await run_command(self.spawn, cmd, shell=shell, timeout=timeout, check=check,
+                                 input=input, env=env, env_policy=env_policy, cwd=cwd, tty=tty,
+                                 sandbox=sandbox)
+
+    def list_processes(self) -> list[ProcessHandle]:
+        """The processes this client started (or adopted) that are not closed yet.
+
+        The protocol has no listing method: this is the client's own table,
+        for this connection's session.
+        """
+        return list(self._handles.values())
 
     def adopt(self, process_id: str, *, tty: bool = False, after_seq: int = 0) -> ProcessHandle:
         """A handle for a process started earlier in this session (e.g. before a resume).

@@ -22,7 +22,7 @@ import contextlib
 import enum
 import os
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol, TypedDict, final
 
@@ -181,10 +181,13 @@ class ProcessHandle:
         tty: bool,
         after_seq: int = 0,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
+        argv: Sequence[str] = (),
     ) -> None:
         self._ops = ops
         self.process_id = process_id
         self.tty = tty
+        #: the command as started (empty for an adopted handle).
+        self.argv: tuple[str, ...] = tuple(argv)
         self._cur = _Cursor(seq=after_seq)
         # A handle adopted mid-stream has not seen anything yet: catch up by reading.
         self._need_read = after_seq > 0
