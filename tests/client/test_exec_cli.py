@@ -281,7 +281,8 @@ def test_second_ctrl_c_ends_the_remote_group(server: Any, tmp_path: Path) -> Non
               "echo ready; wait")
     code, out = _on_terminal([*EXEC, "--url", server.url, "--", "sh", "-c", script],
                              steps=[(b"ready", _type(b"\x03")), (b"trapped", _type(b"\x03"))])
-    assert code == 9, out
+    assert code == 130, out
+    assert b"trapped" in out
     pid = int(pidfile.read_text())
     import time
 
@@ -314,8 +315,12 @@ def test_tty_follows_the_terminal_size(server: Any) -> None:
     def resize(master: int) -> None:
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 132, 0, 0))
 
-    script = "stty size; trap 'stty size; exit 0' WINCH; echo ready; while :; do read l; done"
+    # The size at start is sent right after process/start; typing a line after
+    # "ready" orders the first `stty size` after it (same connection, in order).
+    script = ("echo ready; read l; stty size; trap 'stty size; exit 0' WINCH; echo armed; "
+              "while :; do read l; done")
     code, out = _on_terminal([*EXEC, "--url", server.url, "--tty", "--", "sh", "-c", script],
-                             steps=[(b"ready", resize)], size=(33, 101))
+                             steps=[(b"ready", _type(b"\r")), (b"armed", resize)],
+                             size=(33, 101))
     assert code == 0, out
     assert b"33 101" in out and b"50 132" in out

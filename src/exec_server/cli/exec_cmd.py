@@ -274,8 +274,7 @@ async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str,
                         task.cancel()
                 status = await handle.wait()
         except* _Abandoned:
-            code = handle.exit_code if handle.exit_code is not None else EXIT_INTERRUPTED
-            code = code if 0 <= code <= 255 else EXIT_INTERRUPTED
+            code = EXIT_INTERRUPTED
         except* _OutputClosed:
             with contextlib.suppress(ExecServerError, ClientError):
                 await handle.terminate()
