@@ -168,8 +168,15 @@ def _on_terminal(args: list[str], cwd: Path, tmpdir: Path, *, keys: bytes,
 def test_ctrl_c_interrupts_the_command(backend_name: str,
                                        dirs: tuple[Path, Path, Path]) -> None:
     work, _, tmpdir = dirs
-    code, out = _on_terminal(["--backend", backend_name, "--", "sh", "-c",
-                              "echo ready; sleep 300; echo not-interrupted"],
+    # "ready" only once SIGINT has its default action: a shell's fork-to-exec window
+    # (its own handler still installed in the child) would lose a ^C typed right then.
+    # (Python turns an inherited default into its KeyboardInterrupt handler and
+    # leaves an inherited SIG_IGN alone: only the former goes back to the default.)
+    script = ("import signal, time\n"
+              "if signal.getsignal(signal.SIGINT) is signal.default_int_handler:\n"
+              "    signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+              "print('ready', flush=True); time.sleep(300); print('not-interrupted')")
+    code, out = _on_terminal(["--backend", backend_name, "--", sys.executable, "-c", script],
                              work, tmpdir, keys=b"\x03")
     assert code == 130, out
     assert b"not-interrupted" not in out
