@@ -86,4 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help(sys.stderr)
         return 2
-    return cast(Callable[[argparse.Namespace], int], func)(ns)
+    try:
+        return cast(Callable[[argparse.Namespace], int], func)(ns)
+    except KeyboardInterrupt:  # ^C outside a command's own handling: no traceback
+        return 130
