@@ -126,3 +126,16 @@ async def test_extensions_are_detected_as_missing(upstream_url: str) -> None:
             await proc.resize(30, 100)
         await proc.terminate()
         await proc.wait()
+
+
+async def test_exec_cli_against_upstream_says_stdin_is_not_forwarded(upstream_url: str) -> None:
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "exec_server", "exec", "--url", upstream_url, "--cwd", "/",
+        "--", "cat", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(b"hi\n"), 60)
+    assert (proc.returncode, out) == (0, b"")
+    assert err == (b"exec-server exec: this server cannot end a command's input "
+                   b"(no process/closeStdin): stdin is not forwarded\n")

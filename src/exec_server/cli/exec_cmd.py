@@ -232,9 +232,14 @@ async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str,
             sandbox, problem = await _sandbox_context(client, ns, cwd)
             if problem is not None:
                 return _fail(problem)
-            forward_stdin = (not tty and not ns.no_stdin
+            has_stdin = sys.stdin is not None and not ns.no_stdin
+            forward_stdin = (not tty and has_stdin
                              and await client.supports(METHOD_CLOSE_STDIN))
-            resizable = tty and sys.stdin.isatty() and await client.supports(METHOD_RESIZE_PTY)
+            if not tty and has_stdin and not forward_stdin and not sys.stdin.isatty():
+                print("exec-server exec: this server cannot end a command's input "
+                      "(no process/closeStdin): stdin is not forwarded", file=sys.stderr)
+            resizable = (tty and sys.stdin is not None and sys.stdin.isatty()
+                         and await client.supports(METHOD_RESIZE_PTY))
         except (ExecServerError, ClientError) as exc:
             return _fail(str(exc), EXIT_CLIENT_FAILURE)
         policy = EnvPolicy(
@@ -261,7 +266,7 @@ async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str,
             ):
                 async with asyncio.TaskGroup() as tg:
                     helpers = [tg.create_task(_forward_interrupts(handle, interrupts))]
-                    if tty:
+                    if tty and sys.stdin is not None:
                         helpers.append(tg.create_task(_pump_stdin(handle, eof=None)))
                     elif forward_stdin:
                         helpers.append(tg.create_task(_pump_stdin(handle, eof="close")))
