@@ -227,3 +227,21 @@ def test_deleted_cwd_is_one_line(dirs: tuple[Path, Path, Path]) -> None:
     assert res.returncode == 125
     assert res.stderr.startswith("exec-server run: the current directory is gone")
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs util-linux setsid")
+def test_terminal_injection_is_refused(backend_name: str,
+                                       dirs: tuple[Path, Path, Path]) -> None:
+    """The command shares our terminal (no --new-session), so TIOCSTI must be refused:
+    the seccomp filter answers EPERM and nothing reaches the terminal's input."""
+    work, _, tmpdir = dirs
+    script = ("import fcntl, termios\n"
+              "try:\n"
+              "    fcntl.ioctl(0, termios.TIOCSTI, b'Z')\n"
+              "    print('injected')\n"
+              "except PermissionError:\n"
+              "    print('refused')\n")
+    code, out = _on_terminal(["--backend", backend_name, "--", sys.executable, "-c", script],
+                             work, tmpdir, keys=b"")
+    assert code == 0, out
+    assert b"refused" in out and b"injected" not in out
