@@ -324,3 +324,14 @@ def test_tty_follows_the_terminal_size(server: Any) -> None:
                              size=(33, 101))
     assert code == 0, out
     assert b"33 101" in out and b"50 132" in out
+
+
+async def test_non_utf8_env_value_is_refused_clearly(server: Any) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *EXEC, "--url", server.url, "--env", b"NAME=caf\xe9", "--", "true",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert err == (b"exec-server exec: --env 'NAME': not valid UTF-8; the protocol carries "
+                   b"the environment as text\n")
