@@ -61,13 +61,24 @@ class ErrorCode(enum.IntEnum):
 
 
 class ExecServerError(Exception):
-    """Base of every error that becomes a JSON-RPC error object."""
+    """Base of every error that becomes a JSON-RPC error object.
+
+    ``message`` is the wire text (upstream's words, often without the path);
+    the client's filesystem API sets ``path`` to the path it asked about, and
+    ``str()`` then names it.
+    """
 
     code: int = ErrorCode.INTERNAL_ERROR
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        if self.path is None or self.path in self.message:
+            return self.message
+        return f"{self.path}: {self.message}"
 
 
 class InvalidRequestError(ExecServerError):

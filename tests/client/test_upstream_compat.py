@@ -112,3 +112,30 @@ async def test_a_current_context_struct_is_taken_by_upstream(
         fs = RemoteFileSystem(client)
         await fs.write_file(os.path.join(workspace, "f.txt"), b"hi", ctx)
         assert await fs.read_file(os.path.join(workspace, "f.txt"), ctx) == b"hi"
+
+
+async def test_extensions_are_detected_as_missing(upstream_url: str) -> None:
+    from exec_server.client import NotSupportedError
+    from exec_server.protocol.process_types import METHOD_CLOSE_STDIN, METHOD_RESIZE_PTY
+
+    async with await ExecServerClient.connect(upstream_url) as client:
+        assert not await client.supports(METHOD_RESIZE_PTY)
+        assert not await client.supports(METHOD_CLOSE_STDIN)
+        proc = await client.spawn(["cat"], cwd="/", env=ENV, tty=True)
+        with pytest.raises(NotSupportedError):
+            await proc.resize(30, 100)
+        await proc.terminate()
+        await proc.wait()
+
+
+async def test_exec_cli_against_upstream_says_stdin_is_not_forwarded(upstream_url: str) -> None:
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "exec_server", "exec", "--url", upstream_url, "--cwd", "/",
+        "--", "cat", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(b"hi\n"), 60)
+    assert (proc.returncode, out) == (0, b"")
+    assert err == (b"exec-server exec: this server cannot end a command's input "
+                   b"(no process/closeStdin): stdin is not forwarded\n")

@@ -169,3 +169,50 @@ def test_current_directory_gone(tmp_path: Path) -> None:
         b"",
         "Error: Failed to determine current directory.\nNo such file or directory (os error 2)\n",
     )
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setsid").exists(), reason="needs util-linux setsid")
+def test_ctrl_c_while_waiting_on_a_terminal(work: Path) -> None:
+    """Bare ``apply_patch`` on a terminal waits for a patch; ^C ends it with 130, no traceback."""
+    import select
+    import time
+
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen(["/usr/bin/setsid", "--ctty", script("apply_patch")], cwd=work,
+                                stdin=slave, stdout=slave, stderr=slave)
+    finally:
+        os.close(slave)
+    try:
+        deadline = time.monotonic() + 30
+        # blocked in read(0, ...): /proc/PID/syscall starts with "0 0x0" (x86_64 and aarch64
+        # number read differently, so match the fd argument after the number)
+        while True:
+            child = [int(p) for p in (Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                                      .read_text().split())]
+            target = child[0] if child else proc.pid
+            with open(f"/proc/{target}/syscall") as f:
+                fields = f.read().split()
+            if len(fields) > 1 and fields[0] in ("0", "63") and fields[1] == "0x0":
+                break
+            assert time.monotonic() < deadline, fields
+            select.select([], [], [], 0.02)
+        os.write(master, b"\x03")
+        out = b""
+        while True:
+            ready, _, _ = select.select([master], [], [], 30)
+            assert ready
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=30) == 130, out
+        assert b"Traceback" not in out
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -167,3 +167,18 @@ async def test_stdio_eof_kills_processes_and_leaves_nothing(
     assert note["params"]["processId"] == "bg"
     await client.close_sending()  # stdin EOF: the server kills the session and exits
     await client.wait_closed()  # ... and its stdout ends
+
+
+def test_bad_exec_server_log_is_one_line() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, EXEC_SERVER_LOG="verbose")
+    res = subprocess.run([sys.executable, "-m", "exec_server", "serve", "--listen", "stdio"],
+                         env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                         check=False)
+    assert res.returncode == 2
+    assert res.stdout == b""
+    assert res.stderr == (b"Error: EXEC_SERVER_LOG='verbose' is not a log level (choose from "
+                          b"debug, info, warning, error)\n")

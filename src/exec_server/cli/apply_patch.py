@@ -56,7 +56,11 @@ def run_patch(patch: str, *, stdout: TextIO, stderr: TextIO) -> int:
 
 
 def _read_stdin_and_run(stdout: TextIO, stderr: TextIO) -> int:
-    data = sys.stdin.buffer.read()
+    try:
+        data = sys.stdin.buffer.read()
+    except KeyboardInterrupt:  # ^C while waiting for a patch on a terminal
+        stderr.write("\n")
+        return 130
     try:
         patch = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -88,6 +92,12 @@ def console_main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name; None means ``sys.argv[1:]``.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    if args in (["--version"], ["-V"]):  # never a patch: one starts "*** Begin Patch"
+        from exec_server import __version__
+
+        prog = os.path.basename(sys.argv[0]) if argv is None else "apply_patch"
+        sys.stdout.write(f"{prog} (exec-server) {__version__}\n")
+        return 0
     if len(args) > 1:
         sys.stderr.write("Error: apply_patch accepts exactly one argument.\n")
         return 2

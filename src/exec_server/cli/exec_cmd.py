@@ -1,9 +1,15 @@
 """``exec-server exec``: run one command on a remote exec-server and mirror it locally.
 
-Streams the remote output to our stdout/stderr, forwards stdin in ``--tty`` mode
-(raw terminal while it runs, restored afterwards) and exits with the remote exit
-code. Our own failures (cannot connect, spawn refused, connection lost) print one
-line to stderr and exit 255, like ``ssh``.
+Streams the remote output to our stdout/stderr and exits with the remote exit
+code. Pipe mode forwards our stdin (``pipeStdin``; end of input through the
+``process/closeStdin`` extension, so only against servers that implement it)
+and ^C: the first sends ``process/signal`` (SIGINT to the remote group), a
+second terminates the group and returns at once (a background job holding the
+output open no longer keeps us waiting). ``--tty`` runs on a remote PTY with
+our terminal raw, sized like ours and resized on SIGWINCH (the
+``process/resizePty`` extension, again only where implemented). Our own
+failures (cannot connect, spawn refused, connection lost) print one line to
+stderr and exit 255, like ``ssh``; bad arguments exit 2.
 
 The remote child's environment is the *server's* environment (``envPolicy``
 inherit ``all`` with the default secret-name excludes) plus ``--env`` pairs.
@@ -14,26 +20,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import sys
 import termios
 import tty as tty_mod
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 if TYPE_CHECKING:
     import ssl
 
-    from exec_server.client import ProcessHandle
+    from exec_server.client import ExecServerClient, ProcessHandle
 
 __all__ = ["register"]
 
 #: Exit status for failures of ``exec`` itself rather than of the remote command.
 EXIT_CLIENT_FAILURE: Final = 255
+EXIT_USAGE: Final = 2
+#: After a second ^C we stop waiting (the shell's code for death by SIGINT).
+EXIT_INTERRUPTED: Final = 130
+#: Our stdout's reader went away (``| head``): as if SIGPIPE had killed us.
+EXIT_BROKEN_PIPE: Final = 128 + signal.SIGPIPE
 #: Sent to the PTY when our stdin ends (the terminal's EOF character).
 _EOT: Final = b"\x04"
 _STDIN_READ_SIZE: Final = 65536
+_MODES: Final = ("read-only", "workspace-write", "danger-full-access")
+
+
+class _Abandoned(Exception):
+    """Second ^C: the remote group was told to terminate; stop mirroring."""
+
+
+class _OutputClosed(Exception):
+    """Our stdout or stderr is a pipe whose reader is gone."""
 
 
 class ConnectionOptions(NamedTuple):
@@ -66,8 +87,48 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="K=V",
         help="set a variable in the remote environment (repeatable)",
     )
+    p.add_argument("-n", "--no-stdin", action="store_true",
+                   help="do not forward stdin (pipe mode; the command reads /dev/null)")
+    p.add_argument("--sandbox", choices=_MODES, default=None,
+                   help="confine the command on the server (default: unconfined)")
+    p.add_argument("--writable-root", action="append", default=[], metavar="DIR",
+                   help="extra writable root for workspace-write (absolute; repeatable)")
+    p.add_argument("--network", action="store_true",
+                   help="allow network access in the sandbox")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...")
     p.set_defaults(func=_run)
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"exec-server exec: {message}", file=sys.stderr)
+    return code
+
+
+def _not_utf8(text: str) -> bool:
+    """Python decodes argv/environ with surrogateescape: lone surrogates are bytes
+    that are not UTF-8, which JSON (the protocol's strings) cannot carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _shown(text: str) -> str:
+    return ascii(os.fsencode(text))[1:]
+
+
+def _check_url(url: str) -> str | None:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as exc:
+        return f"--url {url}: {exc}"
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        return f"--url {url}: expected ws://HOST:PORT"
+    return None
 
 
 def _run(ns: argparse.Namespace) -> int:
@@ -75,22 +136,55 @@ def _run(ns: argparse.Namespace) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
-        print("exec-server exec: missing command (use: -- CMD ARGS...)", file=sys.stderr)
-        return 2
+        return _fail("missing command (use: -- CMD ARGS...)")
+    if not argv[0]:
+        return _fail("empty command name")
     env: dict[str, str] = {}
     for item in ns.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            print(f"exec-server exec: --env expects K=V, got {item!r}", file=sys.stderr)
-            return 2
+            return _fail(f"--env expects K=V, got {item!r}")
         env[key] = value
-    cwd = os.path.abspath(ns.cwd) if ns.cwd else os.getcwd()
+    for n, arg in enumerate(argv):
+        if _not_utf8(arg):
+            return _fail(f"argument {n + 1} ({_shown(arg)}) is not valid UTF-8; the protocol "
+                         "carries arguments as text")
+    for key, value in env.items():
+        if _not_utf8(key) or _not_utf8(value):
+            return _fail(f"--env {_shown(key)}: not valid UTF-8; the protocol carries the "
+                         "environment as text")
+    bad_url = _check_url(ns.url)
+    if bad_url is not None:
+        return _fail(bad_url)
+    if ns.cwd:
+        cwd = os.path.abspath(ns.cwd)
+    else:
+        try:
+            cwd = os.getcwd()
+        except OSError as exc:
+            return _fail(f"the current directory is gone ({exc.strerror}); pass --cwd DIR")
+    sandbox_error = _sandbox_usage(ns)
+    if sandbox_error is not None:
+        return _fail(sandbox_error)
     try:
         connection = _connection_options(ns)
     except ValueError as exc:
-        print(f"exec-server exec: {exc}", file=sys.stderr)
-        return 2
-    return asyncio.run(_exec(ns.url, argv, cwd=cwd, env=env, tty=ns.tty, connection=connection))
+        return _fail(str(exc))
+    try:
+        return asyncio.run(_exec(ns, argv, cwd=cwd, env=env, connection=connection))
+    except KeyboardInterrupt:  # ^C before the command started
+        return EXIT_INTERRUPTED
+
+
+def _sandbox_usage(ns: argparse.Namespace) -> str | None:
+    if ns.writable_root and ns.sandbox != "workspace-write":
+        return "--writable-root needs --sandbox workspace-write"
+    if ns.network and ns.sandbox not in ("read-only", "workspace-write"):
+        return "--network needs --sandbox read-only or workspace-write"
+    for root in ns.writable_root:
+        if not os.path.isabs(root):
+            return f"--writable-root {root}: must be an absolute path"
+    return None
 
 
 def _connection_options(ns: argparse.Namespace) -> ConnectionOptions:
@@ -123,55 +217,126 @@ def _connection_options(ns: argparse.Namespace) -> ConnectionOptions:
     return ConnectionOptions(token=token, ssl=context)
 
 
-async def _exec(
-    url: str,
-    argv: Sequence[str],
-    *,
-    cwd: str,
-    env: dict[str, str],
-    tty: bool,
-    connection: ConnectionOptions,
-) -> int:
-    from exec_server.client import ClientError, ExecServerClient
+async def _sandbox_context(client: ExecServerClient, ns: argparse.Namespace,
+                           cwd: str) -> tuple[Any, str | None]:
+    """(the context for ``--sandbox``, or None; an error message)."""
+    from exec_server.client.fs import RemoteFileSystem
+    from exec_server.client.sandbox_contexts import full_access, read_only, workspace_write
     from exec_server.exceptions import ExecServerError
-    from exec_server.protocol.process_types import EnvPolicy, ProcessStream
+
+    if ns.sandbox is None:
+        return None, None
+    fs = RemoteFileSystem(client)
+    for root in ns.writable_root:
+        try:
+            meta = await fs.get_metadata(root)
+        except ExecServerError as exc:
+            return None, f"--writable-root {root}: {exc.message} (on the server)"
+        if not meta.is_directory:
+            return None, f"--writable-root {root}: not a directory (on the server)"
+    if ns.sandbox == "read-only":
+        return read_only(cwd, network=ns.network), None
+    if ns.sandbox == "workspace-write":
+        return workspace_write(cwd, network=ns.network, writable_roots=ns.writable_root), None
+    return full_access(cwd), None
+
+
+async def _diagnose_start(client: ExecServerClient, cwd: str, explicit: bool,
+                          argv: Sequence[str], exc: Exception) -> str:
+    """Blame what really failed: a missing working directory fails the spawn with
+    ENOENT, which the server words like a missing program."""
+    from exec_server.client.fs import RemoteFileSystem
+    from exec_server.exceptions import ExecServerError
 
     try:
+        meta = await RemoteFileSystem(client).get_metadata(cwd)
+        problem = None if meta.is_directory else os.strerror(errno.ENOTDIR)
+    except ExecServerError:
+        problem = os.strerror(errno.ENOENT)
+    if problem is not None:
+        where = f"--cwd {cwd}" if explicit else f"working directory {cwd}"
+        hint = "" if explicit else " (pass --cwd)"
+        return f"{where}: {problem} on the server{hint}"
+    return f"{argv[0]}: {exc}"
+
+
+async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str,
+                env: dict[str, str], connection: ConnectionOptions) -> int:
+    from exec_server.client import ClientError, ExecServerClient
+    from exec_server.exceptions import ExecServerError
+    from exec_server.protocol.process_types import (
+        METHOD_CLOSE_STDIN,
+        METHOD_RESIZE_PTY,
+        EnvPolicy,
+        ProcessStream,
+    )
+
+    tty: bool = ns.tty
+    try:
         client = await ExecServerClient.connect(
-            url, client_name="exec-server-exec", token=connection.token, ssl=connection.ssl
+            ns.url, client_name="exec-server-exec", token=connection.token, ssl=connection.ssl
         )
     except ClientError as exc:
-        print(f"exec-server exec: {exc}", file=sys.stderr)
-        return EXIT_CLIENT_FAILURE
+        return _fail(str(exc), EXIT_CLIENT_FAILURE)
     async with client:
+        try:
+            sandbox, problem = await _sandbox_context(client, ns, cwd)
+            if problem is not None:
+                return _fail(problem)
+            has_stdin = sys.stdin is not None and not ns.no_stdin
+            forward_stdin = (not tty and has_stdin
+                             and await client.supports(METHOD_CLOSE_STDIN))
+            if not tty and has_stdin and not forward_stdin and not sys.stdin.isatty():
+                print("exec-server exec: this server cannot end a command's input "
+                      "(no process/closeStdin): stdin is not forwarded", file=sys.stderr)
+            resizable = (tty and sys.stdin is not None and sys.stdin.isatty()
+                         and await client.supports(METHOD_RESIZE_PTY))
+        except (ExecServerError, ClientError) as exc:
+            return _fail(str(exc), EXIT_CLIENT_FAILURE)
         policy = EnvPolicy(
             inherit="all", ignore_default_excludes=False, exclude=[], set={}, include_only=[]
         )
         try:
-            handle = await client.spawn(
-                argv, cwd=cwd, env=env, env_policy=policy, tty=tty
-            )
-        except (ExecServerError, ClientError) as exc:
-            print(f"exec-server exec: {argv[0]}: {exc}", file=sys.stderr)
-            return EXIT_CLIENT_FAILURE
+            handle = await client.spawn(argv, cwd=cwd, env=env, env_policy=policy, tty=tty,
+                                        pipe_stdin=forward_stdin, sandbox=sandbox)
+        except ExecServerError as exc:
+            message = await _diagnose_start(client, cwd, ns.cwd is not None, argv, exc)
+            return _fail(message, EXIT_CLIENT_FAILURE)
+        except ClientError as exc:
+            return _fail(f"{argv[0]}: {exc}", EXIT_CLIENT_FAILURE)
         loop = asyncio.get_running_loop()
         interrupts: asyncio.Queue[None] = asyncio.Queue()
+        resizes: asyncio.Queue[None] = asyncio.Queue()
+        if resizable:
+            resizes.put_nowait(None)  # the size at start
         try:
-            with _sigint_forwarded(loop, interrupts, enabled=not tty), _raw_stdin(tty):
+            with (
+                _on_signal(loop, signal.SIGINT, interrupts, enabled=not tty),
+                _on_signal(loop, signal.SIGWINCH, resizes, enabled=resizable),
+                _raw_stdin(tty),
+            ):
                 async with asyncio.TaskGroup() as tg:
-                    if tty:
-                        stdin_task = tg.create_task(_pump_stdin(handle))
-                    interrupt_task = tg.create_task(_forward_interrupts(handle, interrupts))
+                    helpers = [tg.create_task(_forward_interrupts(handle, interrupts))]
+                    if tty and sys.stdin is not None:
+                        helpers.append(tg.create_task(_pump_stdin(handle, eof=None)))
+                    elif forward_stdin:
+                        helpers.append(tg.create_task(_pump_stdin(handle, eof="close")))
+                    if resizable:
+                        helpers.append(tg.create_task(_follow_size(handle, resizes)))
                     async for chunk in handle:
                         fd = 2 if chunk.stream is ProcessStream.STDERR else 1
                         _write_all(fd, chunk.chunk)
-                    if tty:
-                        stdin_task.cancel()
-                    interrupt_task.cancel()
+                    for task in helpers:
+                        task.cancel()
                 status = await handle.wait()
+        except* _Abandoned:
+            code = EXIT_INTERRUPTED
+        except* _OutputClosed:
+            with contextlib.suppress(ExecServerError, ClientError):
+                await handle.terminate()
+            code = EXIT_BROKEN_PIPE
         except* (ExecServerError, ClientError) as group:
-            print(f"exec-server exec: {group.exceptions[0]}", file=sys.stderr)
-            code = EXIT_CLIENT_FAILURE
+            code = _fail(str(group.exceptions[0]), EXIT_CLIENT_FAILURE)
         else:
             code = status.code if 0 <= status.code <= 255 else 1
     return code
@@ -179,13 +344,23 @@ async def _exec(
 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+    try:
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+    except BrokenPipeError:
+        # Nothing more can be shown; keep the interpreter's final flush quiet too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+        raise _OutputClosed from None
 
 
-async def _pump_stdin(handle: ProcessHandle) -> None:
-    """Forward our stdin to the remote PTY; at EOF send the terminal EOF character."""
+async def _pump_stdin(handle: ProcessHandle, *, eof: str | None) -> None:
+    """Forward our stdin; at its end close the remote stdin (pipes, ``eof="close"``)
+    or send the terminal's EOF character (PTY)."""
+    from exec_server.protocol.process_types import WriteStatus
+
     loop = asyncio.get_running_loop()
     fd = sys.stdin.fileno()
     queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -201,46 +376,74 @@ async def _pump_stdin(handle: ProcessHandle) -> None:
             loop.remove_reader(fd)
         queue.put_nowait(data)
 
+    async def finish() -> None:
+        if eof == "close":
+            await handle.close_stdin()
+        else:
+            await handle.write(_EOT)
+
     try:
         loop.add_reader(fd, on_readable)
-    except (PermissionError, ValueError):
+    except (PermissionError, ValueError, OSError):
         # Regular files cannot be polled: read them in a thread.
         while data := await asyncio.to_thread(os.read, fd, _STDIN_READ_SIZE):
-            await handle.write(data)
-        await handle.write(_EOT)
+            if await handle.write(data) is not WriteStatus.ACCEPTED:
+                return
+        await finish()
         return
     try:
         while data := await queue.get():
-            await handle.write(data)
-        await handle.write(_EOT)
+            if await handle.write(data) is not WriteStatus.ACCEPTED:
+                return
+        await finish()
     finally:
         loop.remove_reader(fd)
 
 
 async def _forward_interrupts(handle: ProcessHandle, interrupts: asyncio.Queue[None]) -> None:
-    """Ctrl-C in pipe mode: interrupt the remote process (terminate if unsupported)."""
+    """Pipe mode ^C: the first interrupts the remote group (terminates it where
+    ``process/signal`` is unknown); the second terminates it and gives up waiting."""
     from exec_server.exceptions import ExecServerError
 
+    await interrupts.get()
+    try:
+        await handle.signal()
+    except ExecServerError:
+        await handle.terminate()
+    await interrupts.get()
+    await handle.terminate()
+    raise _Abandoned
+
+
+async def _follow_size(handle: ProcessHandle, resizes: asyncio.Queue[None]) -> None:
+    """Keep the remote PTY as big as our terminal (at start, then per SIGWINCH)."""
+    from exec_server.client import NotSupportedError
+
     while True:
-        await interrupts.get()
+        await resizes.get()
         try:
-            await handle.signal()
-        except ExecServerError:
-            await handle.terminate()
+            size = os.get_terminal_size(sys.stdin.fileno())
+        except OSError:
+            continue
+        if size.lines <= 0 or size.columns <= 0:  # a terminal that never got a size
+            continue
+        try:
+            await handle.resize(size.lines, size.columns)
+        except NotSupportedError:
+            return
 
 
 @contextlib.contextmanager
-def _sigint_forwarded(
-    loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[None], *, enabled: bool
-) -> Iterator[None]:
+def _on_signal(loop: asyncio.AbstractEventLoop, sig: int, queue: asyncio.Queue[None], *,
+               enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    loop.add_signal_handler(signal.SIGINT, queue.put_nowait, None)
+    loop.add_signal_handler(sig, queue.put_nowait, None)
     try:
         yield
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        loop.remove_signal_handler(sig)
 
 
 @contextlib.contextmanager

@@ -38,10 +38,14 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     The other subcommands get placeholder parsers carrying just their help
     line, so ``exec-server --help`` still lists them all.
     """
+    from exec_server import __version__
+
     parser = argparse.ArgumentParser(
         prog="exec-server",
         description="Run processes and filesystem operations for coding agents, sandboxed.",
     )
+    parser.add_argument("-V", "--version", action="version",
+                        version=f"exec-server {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name, help_text in _SUBCOMMANDS:
         if name == command:
@@ -82,4 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help(sys.stderr)
         return 2
-    return cast(Callable[[argparse.Namespace], int], func)(ns)
+    try:
+        return cast(Callable[[argparse.Namespace], int], func)(ns)
+    except KeyboardInterrupt:  # ^C outside a command's own handling: no traceback
+        return 130

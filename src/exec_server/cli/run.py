@@ -7,14 +7,17 @@
 The everyday way to try a policy: the plan comes from the policy layer
 (the same conversion a legacy ``workspace-write`` request gets), the launch
 from the Linux backend. Exit status: the command's own; ``128+N`` when it was
-killed by signal N; 125 when it could not be confined or started (never
-silently unconfined).
+killed by signal N (130 after ^C); 126 when CMD is not executable, 127 when
+it is not found (one message, whichever backend); 125 when it could not be
+confined (never silently unconfined). The command shares our process group
+and terminal session, so ^C and job control reach it as they would without us.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,10 +26,13 @@ from typing import Any
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.plan import SandboxType
 
-__all__ = ["EXIT_SETUP", "register", "run"]
+__all__ = ["EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "EXIT_SETUP", "register", "run"]
 
 #: like ``env``/``timeout``: the wrapper itself failed, the command never ran.
 EXIT_SETUP = 125
+#: the shell's codes: found but not executable; not found.
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
 _MODES = ("read-only", "workspace-write", "danger-full-access")
 
 
@@ -70,13 +76,32 @@ def _confine(ns: argparse.Namespace, spec: LaunchSpec) -> LaunchSpec:
     return wrapped
 
 
+def _ignore_while_waiting() -> dict[int, Any]:
+    """While we wait, a terminal's ^C/^\\ is for the command (it is in our process
+    group and gets it too): we outlive it and report how it ended.
+
+    A handler, not ``SIG_IGN``: ``execve`` resets caught signals to the default
+    but keeps ignored ones ignored, and the command must stay interruptible.
+    Signals we were started with ignored (a background ``&`` job) stay ignored,
+    for us and the command, as with any program.
+    """
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            previous[sig] = signal.signal(sig, _noted)
+    return previous
+
+
+def _noted(_sig: int, _frame: object) -> None:
+    """The command got the same signal from the terminal; its exit status tells."""
+
+
 def _spawn_and_wait(spec: LaunchSpec) -> int:
     argv = list(spec.argv)
     program = argv[0]
     if spec.arg0 is not None:
         argv[0] = spec.arg0
-    # The terminal's ^C reaches the child (same process group); we just outlive it.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = _ignore_while_waiting()
     try:
         try:
             proc = subprocess.Popen(argv, executable=program, cwd=spec.cwd, env=spec.env,
@@ -87,10 +112,43 @@ def _spawn_and_wait(spec: LaunchSpec) -> int:
                 os.close(fd)
         code = proc.wait()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if spec.cleanup is not None:
             spec.cleanup()
     return 128 - code if code < 0 else code
+
+
+def _unrunnable(program: str, cwd: str, path: str) -> tuple[int, str] | None:
+    """Why ``program`` cannot be executed, as a shell says it: (126|127, message).
+
+    Checked on the host before confining, so both backends (which fail inside
+    the sandbox in their own words) report the same line; every CLI policy
+    reads the whole filesystem, so the host's answer is the sandbox's.
+    """
+    if "/" not in program:
+        if shutil.which(program, path=path) is not None:
+            return None
+        found = [os.path.join(d or ".", program) for d in path.split(os.pathsep)]
+        if not any(os.path.isfile(os.path.join(cwd, f)) for f in found):
+            return EXIT_NOT_FOUND, f"{program}: command not found"
+        return EXIT_NOT_EXECUTABLE, f"{program}: Permission denied"
+    target = os.path.join(cwd, program)
+    if not os.path.exists(target):
+        return EXIT_NOT_FOUND, f"{program}: No such file or directory"
+    if os.path.isdir(target):
+        return EXIT_NOT_EXECUTABLE, f"{program}: Is a directory"
+    if not os.access(target, os.X_OK) or not _any_exec_bit(target):
+        return EXIT_NOT_EXECUTABLE, f"{program}: Permission denied"
+    return None
+
+
+def _any_exec_bit(path: str) -> bool:
+    """root passes ``access(X_OK)`` for a file with any x bit; exec needs one."""
+    try:
+        return bool(os.stat(path).st_mode & 0o111)
+    except OSError:
+        return False
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -111,7 +169,27 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     from exec_server.exceptions import ExecServerError
 
-    spec = LaunchSpec(argv=command, cwd=os.getcwd(), env=dict(os.environ))
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:
+        sys.stderr.write(f"exec-server run: the current directory is gone: {exc.strerror}\n")
+        return EXIT_SETUP
+    if not command[0]:
+        sys.stderr.write("exec-server run: empty command name\n")
+        return EXIT_NOT_FOUND
+    for root in ns.writable_root:
+        if os.path.isabs(root) and not os.path.isdir(root):
+            sys.stderr.write(f"exec-server run: --writable-root {root}: no such directory\n")
+            return EXIT_SETUP
+    unrunnable = _unrunnable(command[0], cwd, os.environ.get("PATH", os.defpath))
+    if unrunnable is not None:
+        code, message = unrunnable
+        sys.stderr.write(f"exec-server run: {message}\n")
+        return code
+    # tty: the command stays in our session and process group (bwrap without
+    # --new-session), so the terminal's ^C, job control and /dev/tty reach it;
+    # our seccomp filter refuses TIOCSTI/TIOCLINUX, which --new-session guards against.
+    spec = LaunchSpec(argv=command, cwd=cwd, env=dict(os.environ), tty=True)
     try:
         wrapped = _confine(ns, spec)
     except (ExecServerError, ValueError) as exc:
@@ -125,7 +203,7 @@ def run(ns: argparse.Namespace) -> int:
         return _spawn_and_wait(wrapped)
     except FileNotFoundError as exc:
         sys.stderr.write(f"exec-server run: {command[0]}: {exc.strerror}\n")
-        return 127
+        return EXIT_NOT_FOUND
     except OSError as exc:
         sys.stderr.write(f"exec-server run: {command[0]}: {exc.strerror}\n")
-        return 126
+        return EXIT_NOT_EXECUTABLE

@@ -190,12 +190,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--log-level",
-        default=os.environ.get("EXEC_SERVER_LOG", "warning"),
-        choices=("debug", "info", "warning", "error"),
-        help="stderr log level (default: $EXEC_SERVER_LOG or warning)",
+        default=None,
+        choices=_LOG_LEVELS,
+        help="stderr log level (default: $EXEC_SERVER_LOG or warning); debug logs "
+        "every request",
     )
     _add_security_flags(p)
     p.set_defaults(func=run)
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _log_level(ns: argparse.Namespace) -> str | None:
+    """``--log-level``, else ``$EXEC_SERVER_LOG`` (checked like the flag), else warning."""
+    if ns.log_level is not None:
+        return str(ns.log_level)
+    level = os.environ.get("EXEC_SERVER_LOG", "warning").strip().lower() or "warning"
+    return level if level in _LOG_LEVELS else None
 
 
 def _announce(url: str) -> None:
@@ -205,12 +217,17 @@ def _announce(url: str) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     """Run the server until SIGTERM/SIGINT; 0 on a clean stop, 1 on start-up errors."""
+    level = _log_level(ns)
+    if level is None:
+        print(f"Error: EXEC_SERVER_LOG={os.environ.get('EXEC_SERVER_LOG')!r} is not a log "
+              f"level (choose from {', '.join(_LOG_LEVELS)})", file=sys.stderr)
+        return 2
     logging.basicConfig(
         stream=sys.stderr,
-        level=getattr(logging, str(ns.log_level).upper()),
+        level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if ns.log_level != "debug":
+    if level != "debug":
         # one line per upgrade comes from the gate; the library's own lines are debug detail
         logging.getLogger("exec_server.rpc.wire").setLevel(logging.WARNING)
     try:

@@ -20,6 +20,9 @@ from exec_server.client.errors import ClientClosedError as ClientClosedError
 from exec_server.client.errors import ClientError as ClientError
 from exec_server.client.errors import ConnectionLostError as ConnectionLostError
 from exec_server.client.errors import HandshakeError as HandshakeError
+from exec_server.client.errors import NotSupportedError as NotSupportedError
+from exec_server.client.errors import ProcessError as ProcessError
+from exec_server.client.errors import ProcessTimeoutError as ProcessTimeoutError
 from exec_server.client.errors import ServerProtocolError as ServerProtocolError
 from exec_server.client.process import CompletedProcess as CompletedProcess
 from exec_server.client.process import ProcessHandle as ProcessHandle
@@ -37,7 +40,10 @@ __all__ = [
     "ExecServerClient",
     "HandshakeError",
     "LocalExecBackend",
+    "NotSupportedError",
+    "ProcessError",
     "ProcessHandle",
+    "ProcessTimeoutError",
     "RemoteExecBackend",
     "RemoteProcess",
     "RuntimePaths",

@@ -12,19 +12,23 @@ from __future__ import annotations
 import os
 import signal as _signal
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, Unpack, final, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Unpack, final, runtime_checkable
+
+import msgspec
 
 from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
 from exec_server.client.http import HeaderArg, HttpResponse, body_failed, request_headers
 from exec_server.client.process import (
     DEFAULT_POLL_INTERVAL,
+    CompletedProcess,
     ProcessHandle,
     Signal,
     SpawnOptions,
     registered,
     resolve_start,
 )
+from exec_server.client.run import run_command
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidParamsError, from_domain_error
 from exec_server.http.errors import HttpBodyFailed, HttpError
@@ -39,11 +43,13 @@ from exec_server.protocol.process_types import (
     ReadResult,
     WriteStatus,
 )
+from exec_server.protocol.sandbox_types import encode_client_context
 
 if TYPE_CHECKING:
     from exec_server.http.client import HttpClient
     from exec_server.http.client import HttpResponse as RawHttpResponse
     from exec_server.process.manager import ProcessManager
+    from exec_server.sandbox.manager import SandboxManager
 
 __all__ = ["ExecBackend", "LocalExecBackend", "RemoteExecBackend"]
 
@@ -76,6 +82,14 @@ class ExecBackend(Protocol):
     ) -> HttpResponse:
         """Send an HTTP request from the environment's host; see
         :meth:`ExecServerClient.http_request` for the arguments and errors."""
+        ...
+
+    async def run(self, cmd: str | Sequence[str], **options: Any) -> CompletedProcess:
+        """Run to completion; see :meth:`ExecServerClient.run` for the arguments."""
+        ...
+
+    def list_processes(self) -> list[ProcessHandle]:
+        """Processes started through this backend that are not closed yet."""
         ...
 
     async def aclose(self) -> None:
@@ -123,6 +137,12 @@ class RemoteExecBackend:
             stream=stream,
         )
 
+    async def run(self, cmd: str | Sequence[str], **options: Any) -> CompletedProcess:
+        return await run_command(self.client.spawn, cmd, **options)
+
+    def list_processes(self) -> list[ProcessHandle]:
+        return self.client.list_processes()
+
     async def aclose(self) -> None:
         if self._owns_client:
             await self.client.aclose()
@@ -140,7 +160,9 @@ class LocalExecBackend:
     ) -> None:
         from exec_server.process.manager import ProcessManager
 
-        self._manager: ProcessManager = ProcessManager(config or ServerConfig())
+        self._config = config or ServerConfig()
+        self._sandbox_manager: SandboxManager | None = None
+        self._manager: ProcessManager = ProcessManager(self._config)
         self._manager.set_sink(self._sink)
         self._handles: dict[str, ProcessHandle] = {}
         self._poll_interval = poll_interval
@@ -169,6 +191,7 @@ class LocalExecBackend:
         pipe_stdin: bool = False,
         arg0: str | None = None,
         process_id: str | None = None,
+        sandbox: msgspec.Struct | None = None,
     ) -> ProcessHandle:
         from exec_server.process.envpolicy import build_child_env
         from exec_server.process.spec import LaunchSpec
@@ -199,7 +222,10 @@ class LocalExecBackend:
             arg0=arg0,
             pipe_stdin=pipe_stdin,
         )
-        handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval)
+        if sandbox is not None:
+            spec = await self._sandbox().aprepare(spec, msgspec.Raw(encode_client_context(sandbox)))
+        handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval,
+                               argv=argv)
         with registered(self._handles, handle):
             self._manager.start(pid, spec, current=True)
         return handle
@@ -241,6 +267,23 @@ class LocalExecBackend:
                 await raw.aclose()
             return HttpResponse(raw.status, raw.headers, data)
         return HttpResponse(raw.status, raw.headers, chunks=_local_body(raw), close=raw.aclose)
+
+    async def run(self, cmd: str | Sequence[str], **options: Any) -> CompletedProcess:
+        """Run to completion; see :meth:`ExecServerClient.run` (the environment
+        policy's "server" is this process)."""
+        return await run_command(self.start, cmd, **options)
+
+    def list_processes(self) -> list[ProcessHandle]:
+        return list(self._handles.values())
+
+    def _sandbox(self) -> SandboxManager:
+        """The server's sandbox layer, in-process (created on first use)."""
+        if self._sandbox_manager is None:
+            from exec_server.sandbox.manager import SandboxManager
+            from exec_server.sandbox.select import select_backend
+
+            self._sandbox_manager = SandboxManager(self._config, selector=select_backend)
+        return self._sandbox_manager
 
     async def aclose(self) -> None:
         """Kill every process this backend started (PROTOCOL.md §8.11)."""
@@ -292,6 +335,14 @@ class _LocalOps:
     async def signal(self, process_id: str, signal: Signal) -> None:
         # Only ``interrupt`` exists (CLIENT_COMPAT.md §5.4).
         self._backend._manager.signal(process_id, _signal.SIGINT)
+
+    async def resize(self, process_id: str, rows: int, cols: int) -> None:
+        if not (1 <= rows <= 65535 and 1 <= cols <= 65535):
+            raise InvalidParamsError("rows and cols must be within 1..65535")
+        self._backend._manager.resize(process_id, rows, cols)
+
+    async def close_stdin(self, process_id: str) -> None:
+        self._backend._manager.close_stdin(process_id)
 
     def release(self, process_id: str) -> None:
         self._backend._release(process_id)

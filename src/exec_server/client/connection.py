@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from ssl import SSLContext
-from typing import Final, TypeVar, final
+from typing import Any, Final, Generic, ParamSpec, TypeVar, final
 
 import msgspec
 
@@ -34,17 +35,20 @@ from exec_server.client.errors import (
     ClientClosedError,
     ConnectionLostError,
     HandshakeError,
+    NotSupportedError,
     ServerProtocolError,
 )
 from exec_server.client.http import HeaderArg, HttpResponse, body_failed, request_headers
 from exec_server.client.process import (
     DEFAULT_POLL_INTERVAL,
+    CompletedProcess,
     ProcessHandle,
     Signal,
     registered,
     resolve_start,
 )
-from exec_server.exceptions import error_for_code
+from exec_server.client.run import run_command
+from exec_server.exceptions import ExecServerError, MethodNotFoundError, error_for_code
 from exec_server.protocol.codec import (
     ProtocolError,
     decode_message,
@@ -63,7 +67,9 @@ from exec_server.protocol.http_types import (
 from exec_server.protocol.messages import ErrorResponse, Notification, Response
 from exec_server.protocol.paths import PathForm, render_path
 from exec_server.protocol.process_types import (
+    METHOD_CLOSE_STDIN,
     METHOD_READ,
+    METHOD_RESIZE_PTY,
     METHOD_SIGNAL,
     METHOD_START,
     METHOD_TERMINATE,
@@ -72,11 +78,15 @@ from exec_server.protocol.process_types import (
     NOTIFY_EXITED,
     NOTIFY_OUTPUT,
     ClosedNotification,
+    CloseStdinParams,
+    CloseStdinResult,
     EnvPolicy,
     ExitedNotification,
     OutputNotification,
     ReadParams,
     ReadResult,
+    ResizePtyParams,
+    ResizePtyResult,
     SignalParams,
     SignalResult,
     StartParams,
@@ -87,6 +97,7 @@ from exec_server.protocol.process_types import (
     WriteResult,
     WriteStatus,
 )
+from exec_server.protocol.sandbox_types import encode_client_context
 
 __all__ = [
     "DEFAULT_CLIENT_NAME",
@@ -95,6 +106,7 @@ __all__ = [
     "ExecServerClient",
     "InitializeParams",
     "InitializeResult",
+    "Opening",
 ]
 
 logger = logging.getLogger("exec_server.client")
@@ -107,6 +119,8 @@ DEFAULT_CONNECT_TIMEOUT: Final = 5.0
 DEFAULT_INITIALIZE_TIMEOUT: Final = 5.0
 
 _METHOD_INITIALIZE: Final = "initialize"
+#: no server knows this process; used to ask whether an extension exists.
+_PROBE_ID: Final = "exec-server-client-probe"
 _NOTIFY_INITIALIZED: Final = "initialized"
 
 
@@ -135,6 +149,39 @@ _closed_decoder: Final = msgspec.json.Decoder(ClosedNotification)
 _delta_decoder: Final = msgspec.json.Decoder(BodyDelta)
 
 _Event = OutputNotification | ExitedNotification | ClosedNotification
+
+
+C = TypeVar("C", bound="ExecServerClient")
+P = ParamSpec("P")
+
+
+class Opening(Generic[C]):
+    """What :meth:`ExecServerClient.connect` returns: await it for the client,
+    or use it directly as ``async with ExecServerClient.connect(url) as client``
+    (the client is closed when the block ends)."""
+
+    def __init__(self, coro: Coroutine[Any, Any, C]) -> None:
+        self._coro = coro
+        self._client: C | None = None
+
+    def __await__(self) -> Generator[Any, None, C]:
+        return self._coro.__await__()
+
+    async def __aenter__(self) -> C:
+        self._client = await self._coro
+        return self._client
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def _opening(fn: Callable[P, Coroutine[Any, Any, C]]) -> Callable[P, Opening[C]]:
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Opening[C]:
+        return Opening(fn(*args, **kwargs))
+
+    return wrapper
 
 
 @final
@@ -171,11 +218,14 @@ class ExecServerClient:
         self._session_id: str | None = None
         self._disconnecting = False
         self.initialize_result: InitializeResult | None = None
+        #: extension method -> implemented (learnt from the first answer).
+        self._extensions: dict[str, bool] = {}
         self._reader = asyncio.create_task(self._read_loop(transport))
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
+    @_opening
     async def connect(
         cls,
         url: str,
@@ -219,6 +269,7 @@ class ExecServerClient:
         )
 
     @classmethod
+    @_opening
     async def spawn_stdio(
         cls,
         argv: Sequence[str] | None = None,
@@ -597,6 +648,50 @@ class ExecServerClient:
         """``process/signal`` (current-generation servers)."""
         return await self.call(METHOD_SIGNAL, params, SignalResult)
 
+    async def resize_pty(self, process_id: str, rows: int, cols: int) -> None:
+        """``process/resizePty`` (extension; see :meth:`ProcessHandle.resize`)."""
+        params = ResizePtyParams(process_id=process_id, rows=rows, cols=cols)
+        await self._extension(METHOD_RESIZE_PTY, params, ResizePtyResult)
+
+    async def close_stdin(self, process_id: str) -> None:
+        """``process/closeStdin`` (extension; see :meth:`ProcessHandle.close_stdin`)."""
+        params = CloseStdinParams(process_id=process_id)
+        await self._extension(METHOD_CLOSE_STDIN, params, CloseStdinResult)
+
+    async def supports(self, method: str) -> bool:
+        """Whether the server implements extension ``method`` (``process/resizePty``,
+        ``process/closeStdin``); asked once per connection with an unknown process
+        id, which a server implementing it refuses with any error but -32601."""
+        known = self._extensions.get(method)
+        if known is not None:
+            return known
+        probe: msgspec.Struct
+        if method == METHOD_RESIZE_PTY:
+            probe = ResizePtyParams(process_id=_PROBE_ID, rows=1, cols=1)
+        elif method == METHOD_CLOSE_STDIN:
+            probe = CloseStdinParams(process_id=_PROBE_ID)
+        else:
+            raise ValueError(f"not an extension method: {method}")
+        try:
+            await self._extension(method, probe, _Empty)
+        except NotSupportedError:
+            return False
+        except ExecServerError:
+            pass
+        self._extensions[method] = True
+        return True
+
+    async def _extension(self, method: str, params: msgspec.Struct, result: type[T]) -> T:
+        if self._extensions.get(method) is False:
+            raise NotSupportedError(f"the server does not implement {method}")
+        try:
+            reply = await self.call(method, params, result)
+        except MethodNotFoundError as exc:
+            self._extensions[method] = False
+            raise NotSupportedError(f"the server does not implement {method}") from exc
+        self._extensions[method] = True
+        return reply
+
     # ------------------------------------------------------------------ handles
 
     async def spawn(
@@ -610,6 +705,7 @@ class ExecServerClient:
         pipe_stdin: bool = False,
         arg0: str | None = None,
         process_id: str | None = None,
+        sandbox: msgspec.Struct | None = None,
     ) -> ProcessHandle:
         """Start a process and return its handle.
 
@@ -623,9 +719,13 @@ class ExecServerClient:
             tty: run on a PTY (output stream ``pty``, writable).
             pipe_stdin: non-tty processes get a writable stdin pipe.
             process_id: the wire id (default: a random UUID).
+            sandbox: confine the process: a context from
+                :mod:`exec_server.client.sandbox_contexts` (``read_only(ws)``,
+                ``workspace_write(ws)``...); None runs it unconfined.
         """
         work_dir, pid = resolve_start(cwd, process_id, self._handles)
-        handle = ProcessHandle(_RemoteOps(self), pid, tty=tty, poll_interval=self._poll_interval)
+        handle = ProcessHandle(_RemoteOps(self), pid, tty=tty, poll_interval=self._poll_interval,
+                               argv=argv)
         params = StartParams(
             process_id=pid,
             argv=list(argv),
@@ -633,13 +733,61 @@ class ExecServerClient:
             env=dict(env or {}),
             tty=tty,
             arg0=arg0,
-            sandbox=msgspec.Raw(b"null"),
+            sandbox=msgspec.Raw(b"null" if sandbox is None else encode_client_context(sandbox)),
             env_policy=env_policy if env_policy is not None else msgspec.UNSET,
             pipe_stdin=pipe_stdin,
         )
         with registered(self._handles, handle):
             await self.start_process(params)
         return handle
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        shell: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - subprocess.run's shape
+        check: bool = False,
+        input: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        env_policy: EnvPolicy | None = None,
+        cwd: str | None = None,
+        tty: bool = False,
+        sandbox: msgspec.Struct | None = None,
+    ) -> CompletedProcess:
+        """Run a command to completion and return its exit code and output.
+
+        Args:
+            cmd: a list of arguments, or with ``shell=True`` one string for
+                ``/bin/sh -c``.
+            timeout: seconds; when they run out the process group is
+                terminated and :class:`ProcessTimeoutError` raised.
+            check: raise :class:`ProcessError` for a non-zero exit code.
+            input: bytes for its stdin, then end of input (pipes: needs the
+                ``process/closeStdin`` extension; ``tty``: sent, then ^D).
+            env: variables on top of ``env_policy``.
+            env_policy: default: the server's environment minus secret-looking
+                names (``*KEY*``, ``*SECRET*``, ``*TOKEN*``).
+            cwd, tty, sandbox: as for :meth:`spawn`.
+
+        Returns:
+            ``CompletedProcess`` (``exit_code``, ``stdout``, ``stderr``).
+
+        Raises:
+            ProcessTimeoutError, ProcessError: as above; both carry
+                ``exit_code``, ``stdout`` and ``stderr``.
+        """
+        return await run_command(self.spawn, cmd, shell=shell, timeout=timeout, check=check,
+                                 input=input, env=env, env_policy=env_policy, cwd=cwd, tty=tty,
+                                 sandbox=sandbox)
+
+    def list_processes(self) -> list[ProcessHandle]:
+        """The processes this client started (or adopted) that are not closed yet.
+
+        The protocol has no listing method: this is the client's own table,
+        for this connection's session.
+        """
+        return list(self._handles.values())
 
     def adopt(self, process_id: str, *, tty: bool = False, after_seq: int = 0) -> ProcessHandle:
         """A handle for a process started earlier in this session (e.g. before a resume).
@@ -719,6 +867,12 @@ class _RemoteOps:
         await self._client.signal_process(
             SignalParams(process_id=process_id, signal=signal.value)
         )
+
+    async def resize(self, process_id: str, rows: int, cols: int) -> None:
+        await self._client.resize_pty(process_id, rows, cols)
+
+    async def close_stdin(self, process_id: str) -> None:
+        await self._client.close_stdin(process_id)
 
     def release(self, process_id: str) -> None:
         self._client._release(process_id)

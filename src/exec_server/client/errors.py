@@ -12,10 +12,15 @@ Tree::
     ├── ClientClosedError       the client was closed by the caller
     ├── ConnectionLostError     transport dropped (also a builtin ConnectionError)
     ├── HandshakeError          connect/initialize failed or timed out
-    └── ServerProtocolError     the server's reply does not have the expected shape
+    ├── NotSupportedError       the server does not implement an extension method
+    ├── ServerProtocolError     the server's reply does not have the expected shape
+    └── ProcessError            ``run(check=True)``: the command exited non-zero
+        └── ProcessTimeoutError ``run(timeout=...)`` ran out (also a builtin TimeoutError)
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 __all__ = [
     "TRANSPORT_DISCONNECTED",
@@ -23,6 +28,9 @@ __all__ = [
     "ClientError",
     "ConnectionLostError",
     "HandshakeError",
+    "NotSupportedError",
+    "ProcessError",
+    "ProcessTimeoutError",
     "ServerProtocolError",
 ]
 
@@ -65,3 +73,35 @@ class HandshakeError(ClientError):
 
 class ServerProtocolError(ClientError):
     """The server answered with a result that does not fit the method's result type."""
+
+
+class NotSupportedError(ClientError):
+    """The server answered an extension method (``process/resizePty``,
+    ``process/closeStdin``) with "method not found" (upstream does); the
+    client does not send it to that connection again."""
+
+
+class ProcessError(ClientError):
+    """A command run by ``run(check=True)`` failed; carries what it produced.
+
+    Attributes:
+        argv: the command as started.
+        exit_code: its exit code (``128+N`` after signal N; -1 if unobservable).
+        stdout, stderr: everything it wrote (PTY output is in ``stdout``).
+    """
+
+    def __init__(self, argv: Sequence[str], exit_code: int, stdout: bytes, stderr: bytes,
+                 message: str | None = None) -> None:
+        super().__init__(message or f"command {list(argv)!r} exited with code {exit_code}")
+        self.argv = tuple(argv)
+        self.exit_code = exit_code
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class ProcessTimeoutError(ProcessError, TimeoutError):
+    """``run(timeout=...)`` ran out: the process group was terminated.
+
+    ``stdout``/``stderr`` hold the output up to then; ``exit_code`` is the
+    status after the termination (-1 if it was not observed in time).
+    """

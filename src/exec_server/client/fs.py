@@ -22,14 +22,15 @@ sandboxed-filesystem service passed in, or fail closed.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Protocol, TypeVar
 
 import msgspec
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import InvalidParamsError
+from exec_server.exceptions import ExecServerError, InvalidParamsError
 from exec_server.fs.context import route_for
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import ConfinedFileSystem, FileSystemService, Route
@@ -54,6 +55,17 @@ FsSandbox = msgspec.Raw | msgspec.Struct | Mapping[str, object] | None
 PathArg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def _naming(path: PathArg) -> Iterator[None]:
+    """Errors about ``path`` name it (``NotFoundError``'s wire text does not)."""
+    try:
+        yield
+    except ExecServerError as exc:
+        if exc.path is None:
+            exc.path = os.fsdecode(path)
+        raise
 
 
 class ExecutorFileSystem(Protocol):
@@ -184,28 +196,33 @@ class LocalFileSystem:
         return await route_for(_sandbox_json(sandbox), self._service.pool)
 
     async def read_file(self, path: PathArg, sandbox: FsSandbox = None) -> bytes:
-        route = await self._route(sandbox)
-        return await self._service.read_file(
-            _wire_path(path).path, route, regular_only=True
-        )
+        with _naming(path):
+            route = await self._route(sandbox)
+            return await self._service.read_file(
+                _wire_path(path).path, route, regular_only=True
+            )
 
     async def write_file(self, path: PathArg, data: bytes, sandbox: FsSandbox = None) -> None:
-        route = await self._route(sandbox)
-        await self._service.write_file(_wire_path(path).path, data, route)
+        with _naming(path):
+            route = await self._route(sandbox)
+            await self._service.write_file(_wire_path(path).path, data, route)
 
     async def create_directory(
         self, path: PathArg, *, recursive: bool = True, sandbox: FsSandbox = None
     ) -> None:
-        route = await self._route(sandbox)
-        await self._service.create_directory(_wire_path(path).path, route, recursive=recursive)
+        with _naming(path):
+            route = await self._route(sandbox)
+            await self._service.create_directory(_wire_path(path).path, route, recursive=recursive)
 
     async def get_metadata(self, path: PathArg, sandbox: FsSandbox = None) -> Metadata:
-        route = await self._route(sandbox)
-        return await self._service.get_metadata(_wire_path(path).path, route)
+        with _naming(path):
+            route = await self._route(sandbox)
+            return await self._service.get_metadata(_wire_path(path).path, route)
 
     async def read_directory(self, path: PathArg, sandbox: FsSandbox = None) -> list[DirEntry]:
-        route = await self._route(sandbox)
-        return await self._service.read_directory(_wire_path(path).path, route)
+        with _naming(path):
+            route = await self._route(sandbox)
+            return await self._service.read_directory(_wire_path(path).path, route)
 
     async def remove(
         self,
@@ -215,8 +232,11 @@ class LocalFileSystem:
         force: bool = True,
         sandbox: FsSandbox = None,
     ) -> None:
-        route = await self._route(sandbox)
-        await self._service.remove(_wire_path(path).path, route, recursive=recursive, force=force)
+        with _naming(path):
+            route = await self._route(sandbox)
+            await self._service.remove(
+                _wire_path(path).path, route, recursive=recursive, force=force
+            )
 
     async def copy(
         self,
@@ -226,14 +246,16 @@ class LocalFileSystem:
         recursive: bool,
         sandbox: FsSandbox = None,
     ) -> None:
-        route = await self._route(sandbox)
-        await self._service.copy(
-            _wire_path(source).path, _wire_path(destination).path, route, recursive=recursive
-        )
+        with _naming(source):
+            route = await self._route(sandbox)
+            await self._service.copy(
+                _wire_path(source).path, _wire_path(destination).path, route, recursive=recursive
+            )
 
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str:
-        route = await self._route(sandbox)
-        return await self._service.canonicalize(_wire_path(path).path, route)
+        with _naming(path):
+            route = await self._route(sandbox)
+            return await self._service.canonicalize(_wire_path(path).path, route)
 
 
 class _Closable(Protocol):
@@ -262,40 +284,45 @@ class RemoteFileSystem:
         return msgspec.UNSET if raw is None else msgspec.Raw(raw)
 
     async def read_file(self, path: PathArg, sandbox: FsSandbox = None) -> bytes:
-        params = t.ReadFileParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
-        result = await self._client.call(t.METHOD_READ_FILE, params, t.ReadFileResult)
-        return result.data_base64
+        with _naming(path):
+            params = t.ReadFileParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
+            result = await self._client.call(t.METHOD_READ_FILE, params, t.ReadFileResult)
+            return result.data_base64
 
     async def write_file(self, path: PathArg, data: bytes, sandbox: FsSandbox = None) -> None:
-        params = t.WriteFileRequest(
-            path=self._uri(path), data_base64=data, sandbox=self._sandbox(sandbox)
-        )
-        await self._client.call(t.METHOD_WRITE_FILE, params, t.EmptyResult)
+        with _naming(path):
+            params = t.WriteFileRequest(
+                path=self._uri(path), data_base64=data, sandbox=self._sandbox(sandbox)
+            )
+            await self._client.call(t.METHOD_WRITE_FILE, params, t.EmptyResult)
 
     async def create_directory(
         self, path: PathArg, *, recursive: bool = True, sandbox: FsSandbox = None
     ) -> None:
-        params = t.CreateDirectoryParams(
-            path=self._uri(path), recursive=recursive, sandbox=self._sandbox(sandbox)
-        )
-        await self._client.call(t.METHOD_CREATE_DIRECTORY, params, t.EmptyResult)
+        with _naming(path):
+            params = t.CreateDirectoryParams(
+                path=self._uri(path), recursive=recursive, sandbox=self._sandbox(sandbox)
+            )
+            await self._client.call(t.METHOD_CREATE_DIRECTORY, params, t.EmptyResult)
 
     async def get_metadata(self, path: PathArg, sandbox: FsSandbox = None) -> Metadata:
-        params = t.GetMetadataParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
-        r = await self._client.call(t.METHOD_GET_METADATA, params, t.GetMetadataResult)
-        return Metadata(
-            is_directory=r.is_directory,
-            is_file=r.is_file,
-            created_at_ms=r.created_at_ms,
-            modified_at_ms=r.modified_at_ms,
-            is_symlink=None if r.is_symlink is msgspec.UNSET else r.is_symlink,
-            size=None if r.size is msgspec.UNSET else r.size,
-        )
+        with _naming(path):
+            params = t.GetMetadataParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
+            r = await self._client.call(t.METHOD_GET_METADATA, params, t.GetMetadataResult)
+            return Metadata(
+                is_directory=r.is_directory,
+                is_file=r.is_file,
+                created_at_ms=r.created_at_ms,
+                modified_at_ms=r.modified_at_ms,
+                is_symlink=None if r.is_symlink is msgspec.UNSET else r.is_symlink,
+                size=None if r.size is msgspec.UNSET else r.size,
+            )
 
     async def read_directory(self, path: PathArg, sandbox: FsSandbox = None) -> list[DirEntry]:
-        params = t.ReadDirectoryParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
-        r = await self._client.call(t.METHOD_READ_DIRECTORY, params, t.ReadDirectoryResult)
-        return [DirEntry(e.file_name, e.is_directory, e.is_file) for e in r.entries]
+        with _naming(path):
+            params = t.ReadDirectoryParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
+            r = await self._client.call(t.METHOD_READ_DIRECTORY, params, t.ReadDirectoryResult)
+            return [DirEntry(e.file_name, e.is_directory, e.is_file) for e in r.entries]
 
     async def remove(
         self,
@@ -305,13 +332,14 @@ class RemoteFileSystem:
         force: bool = True,
         sandbox: FsSandbox = None,
     ) -> None:
-        params = t.RemoveParams(
-            path=self._uri(path),
-            recursive=recursive,
-            force=force,
-            sandbox=self._sandbox(sandbox),
-        )
-        await self._client.call(t.METHOD_REMOVE, params, t.EmptyResult)
+        with _naming(path):
+            params = t.RemoveParams(
+                path=self._uri(path),
+                recursive=recursive,
+                force=force,
+                sandbox=self._sandbox(sandbox),
+            )
+            await self._client.call(t.METHOD_REMOVE, params, t.EmptyResult)
 
     async def copy(
         self,
@@ -321,15 +349,17 @@ class RemoteFileSystem:
         recursive: bool,
         sandbox: FsSandbox = None,
     ) -> None:
-        params = t.CopyParams(
-            source_path=self._uri(source),
-            destination_path=self._uri(destination),
-            recursive=recursive,
-            sandbox=self._sandbox(sandbox),
-        )
-        await self._client.call(t.METHOD_COPY, params, t.EmptyResult)
+        with _naming(source):
+            params = t.CopyParams(
+                source_path=self._uri(source),
+                destination_path=self._uri(destination),
+                recursive=recursive,
+                sandbox=self._sandbox(sandbox),
+            )
+            await self._client.call(t.METHOD_COPY, params, t.EmptyResult)
 
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str:
-        params = t.CanonicalizeParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
-        r = await self._client.call(t.METHOD_CANONICALIZE, params, t.CanonicalizeResult)
-        return parse_wire_path(r.path).path
+        with _naming(path):
+            params = t.CanonicalizeParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
+            r = await self._client.call(t.METHOD_CANONICALIZE, params, t.CanonicalizeResult)
+            return parse_wire_path(r.path).path

@@ -22,9 +22,11 @@ import contextlib
 import enum
 import os
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol, TypedDict, final
+
+import msgspec
 
 from exec_server.client.errors import ClientClosedError, ConnectionLostError
 from exec_server.exceptions import InvalidParamsError
@@ -76,6 +78,7 @@ class SpawnOptions(TypedDict, total=False):
     pipe_stdin: bool
     arg0: str | None
     process_id: str | None
+    sandbox: msgspec.Struct | None
 
 
 def resolve_start(
@@ -126,6 +129,10 @@ class ProcessOps(Protocol):
 
     async def signal(self, process_id: str, signal: Signal) -> None: ...
 
+    async def resize(self, process_id: str, rows: int, cols: int) -> None: ...
+
+    async def close_stdin(self, process_id: str) -> None: ...
+
     def release(self, process_id: str) -> None: ...
 
 
@@ -174,10 +181,13 @@ class ProcessHandle:
         tty: bool,
         after_seq: int = 0,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
+        argv: Sequence[str] = (),
     ) -> None:
         self._ops = ops
         self.process_id = process_id
         self.tty = tty
+        #: the command as started (empty for an adopted handle).
+        self.argv: tuple[str, ...] = tuple(argv)
         self._cur = _Cursor(seq=after_seq)
         # A handle adopted mid-stream has not seen anything yet: catch up by reading.
         self._need_read = after_seq > 0
@@ -383,6 +393,26 @@ class ProcessHandle:
     async def signal(self, signal: Signal = Signal.INTERRUPT) -> None:
         """Deliver ``signal`` to the process group (only ``interrupt`` exists)."""
         await self._ops.signal(self.process_id, signal)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Set a ``tty`` process's terminal size (``process/resizePty``, an
+        extension of this project's server).
+
+        Raises:
+            NotSupportedError: the server does not implement it (upstream).
+            InvalidParamsError: the process is not on a PTY, or a size is
+                outside 1..65535.
+        """
+        await self._ops.resize(self.process_id, rows, cols)
+
+    async def close_stdin(self) -> None:
+        """End of input for a ``pipe_stdin`` process, after the writes so far
+        (``process/closeStdin``, an extension of this project's server).
+
+        Raises:
+            NotSupportedError: the server does not implement it (upstream).
+        """
+        await self._ops.close_stdin(self.process_id)
 
     def release(self) -> None:
         """Stop routing this process's notifications to the handle."""

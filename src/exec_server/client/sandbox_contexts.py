@@ -16,6 +16,7 @@ structs, which the client's filesystem backends accept as they are;
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -55,6 +56,7 @@ def workspace_write(
     full_read: bool = True,
     tmp: bool = True,
     network: bool = False,
+    writable_roots: Sequence[StrPath] = (),
 ) -> CurrentSandboxContext:
     """``--sandbox workspace-write``: read everywhere, write in ``workspace`` (and
     ``/tmp`` and ``$TMPDIR`` unless ``tmp`` is false), its protected names read-only.
@@ -66,13 +68,15 @@ def workspace_write(
             minimal set besides the workspace (``minimal``).
         tmp: include the ``slash_tmp`` and ``tmpdir`` write entries.
         network: whether sandboxed commands may use the network.
+        writable_roots: more writable directories (absolute), each with the
+            same read-only protected names (sent as further workspace roots).
     """
     entries = [_entry(SpecialRoot() if full_read else SpecialMinimal(), "read")]
     entries.append(_entry(SpecialProjectRoots(), "write"))
     if tmp:
         entries += [_entry(SpecialSlashTmp(), "write"), _entry(SpecialTmpdir(), "write")]
     entries += _protected()
-    return _managed(workspace, entries, home=home, network=network)
+    return _managed(workspace, entries, home=home, network=network, extra_roots=writable_roots)
 
 
 def read_only(
@@ -134,8 +138,10 @@ def _managed(
     *,
     home: StrPath | None,
     network: bool,
+    extra_roots: Sequence[StrPath] = (),
 ) -> CurrentSandboxContext:
     root = _abs(workspace)
+    roots = list(dict.fromkeys([root, *(_abs(r) for r in extra_roots)]))
     return CurrentSandboxContext(
         permissions=ManagedPermissions(
             file_system=RestrictedFileSystem(entries=entries),
@@ -143,8 +149,8 @@ def _managed(
         ),
         windows_sandbox_level="disabled",
         cwd=root,
-        workspace_roots=[root],
-        policy_context=PolicyContext(cwd=root, workspace_roots=[root]),
+        workspace_roots=roots,
+        policy_context=PolicyContext(cwd=root, workspace_roots=roots),
         user_home_dir=_home(home),
         temporary_directories=[],
     )

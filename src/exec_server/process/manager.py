@@ -32,7 +32,12 @@ from typing import Final, Protocol
 
 import msgspec
 
-from exec_server.exceptions import InternalError, InvalidRequestError, os_error_message
+from exec_server.exceptions import (
+    InternalError,
+    InvalidParamsError,
+    InvalidRequestError,
+    os_error_message,
+)
 from exec_server.fs.workers import shared_pool
 from exec_server.process.output import RETAINED_OUTPUT_CAP, OutputBuffer
 from exec_server.process.pipes import (
@@ -42,7 +47,7 @@ from exec_server.process.pipes import (
     spawn_may_block,
     spawn_pipes,
 )
-from exec_server.process.pty import spawn_pty
+from exec_server.process.pty import set_window_size, spawn_pty
 from exec_server.process.spec import ExitStatus, LaunchService, LaunchSpec
 from exec_server.protocol.process_types import (
     NOTIFY_CLOSED,
@@ -166,6 +171,7 @@ class _Record:
         "sandbox_type",
         "space_waiters",
         "spec",
+        "stdin_eof",
         "stdin_fd",
         "stop_reading",
         "tasks",
@@ -195,6 +201,8 @@ class _Record:
         self.captures: list[_Capture] = []
         self.tasks: set[asyncio.Task[None]] = set()
         self.stdin_fd: int | None = None
+        #: ``process/closeStdin`` arrived: close stdin once the queue is written.
+        self.stdin_eof = False
         self.write_queue: deque[memoryview] = deque()
         #: bytes in ``write_queue`` (what :data:`WRITE_QUEUE_BYTES` bounds).
         self.write_queued = 0
@@ -884,6 +892,49 @@ class ProcessManager:
             asyncio.get_running_loop().remove_writer(fd)
             rec.writer_armed = False
         _wake(rec.write_space)
+        if rec.stdin_eof and not queue:
+            self._close_stdin(rec)
+
+    def close_stdin(self, process_id: str) -> None:
+        """``process/closeStdin`` (extension): end of input for a ``pipeStdin`` child.
+
+        Queued writes are delivered first; the pipe closes once they are.
+        Nothing happens for a PTY (its end of input is the EOF character) or
+        a child without a stdin pipe.
+
+        Raises:
+            InvalidRequestError: no such process.
+        """
+        rec = self._known(process_id)
+        if rec.child is None or rec.spec is None or rec.spec.tty or rec.stdin_fd is None:
+            return
+        rec.stdin_eof = True
+        self._flush_stdin(rec)
+
+    def resize(self, process_id: str, rows: int, columns: int) -> None:
+        """``process/resizePty`` (extension): set a PTY child's window size.
+
+        The kernel sends SIGWINCH to the terminal's foreground group. A
+        process that already exited is a no-op.
+
+        Raises:
+            InvalidRequestError: no such process.
+            InvalidParamsError: it is not on a PTY.
+        """
+        rec = self._known(process_id)
+        if rec.spec is not None and not rec.spec.tty:
+            raise InvalidParamsError(f"process {process_id} has no PTY")
+        fd = rec.stdin_fd
+        if fd is None or rec.buffer.closed:
+            return
+        with contextlib.suppress(OSError):  # EIO/EBADF: the terminal is gone
+            set_window_size(fd, rows, columns)
+
+    def _known(self, process_id: str) -> _Record:
+        rec = self._records.get(process_id)
+        if rec is None:
+            raise InvalidRequestError(f"unknown process id {process_id}")
+        return rec
 
     def _close_stdin(self, rec: _Record) -> None:
         fd = rec.stdin_fd
@@ -903,7 +954,17 @@ class ProcessManager:
     def terminate(self, process_id: str) -> bool:
         """``process/terminate``: True when a running process was asked to stop."""
         rec = self._records.get(process_id)
-        if rec is None or rec.child is None or rec.buffer.exit_code is not None:
+        if rec is None or rec.child is None:
+            return False
+        if rec.buffer.exit_code is not None:
+            # Exited, but members of its group (a background job) may still hold
+            # its output open: end them too. It is not running (§8.6: false).
+            if not rec.buffer.closed and not rec.terminating:
+                rec.terminating = True
+                self._kill_group(rec, _signal.SIGTERM)
+                rec.terminate_timer = asyncio.get_running_loop().call_later(
+                    self._grace, self._escalate, rec
+                )
             return False
         if not rec.terminating:
             rec.terminating = True

@@ -8,7 +8,9 @@ Why ``subprocess.Popen`` with plain fds and no ``preexec_fn``: CPython then
 spawns with ``vfork`` (~0.15 ms) instead of ``fork`` (~2 ms for a server-sized
 process, which would dominate ``true`` start→closed). ``PR_SET_PDEATHSIG``
 needs child-side code, so death-of-server cleanup is :class:`ProcessGuard`'s
-job instead (it kills whole groups, which PDEATHSIG would not).
+job instead (it kills whole groups, which PDEATHSIG would not). The one
+exception: a server that inherited ignored or blocked signals resets them in
+the child (``child_signals``), which needs a ``preexec_fn``.
 
 A launch a sandbox backend marked with ``LaunchSpec.zygote`` may instead be
 started by that launch service (the Landlock spawn zygote) when the caller
@@ -28,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from exec_server.fs import nonblocking
+from exec_server.process.child_signals import child_preexec
 from exec_server.process.spec import LaunchServiceUnavailable, LaunchSpec, ServicedChild
 from exec_server.protocol.process_types import ProcessStream
 
@@ -178,6 +181,7 @@ def spawn_pipes(spec: LaunchSpec, *, service_owner: object | None = None) -> Spa
             pass_fds=spec.pass_fds,
             process_group=0,
             restore_signals=True,
+            preexec_fn=child_preexec(),
         )
     except BaseException:
         for fd in parent_fds:

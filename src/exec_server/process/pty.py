@@ -21,6 +21,7 @@ import struct
 import subprocess
 import termios
 
+from exec_server.process.child_signals import reset_in_child
 from exec_server.process.pipes import (
     SpawnedChild,
     child_args,
@@ -43,6 +44,7 @@ _TIOCSCTTY = termios.TIOCSCTTY
 
 def _child_setup() -> None:
     """Runs in the forked child after setsid() and the stdio dup2s."""
+    reset_in_child()
     _prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
     fcntl.ioctl(0, _TIOCSCTTY, 0)
 

@@ -11,13 +11,15 @@ them as standard padded base64 in C, which keeps output notifications cheap.
 from __future__ import annotations
 
 import enum
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 __all__ = [
+    "METHOD_CLOSE_STDIN",
     "METHOD_READ",
+    "METHOD_RESIZE_PTY",
     "METHOD_SIGNAL",
     "METHOD_START",
     "METHOD_TERMINATE",
@@ -25,6 +27,8 @@ __all__ = [
     "NOTIFY_CLOSED",
     "NOTIFY_EXITED",
     "NOTIFY_OUTPUT",
+    "CloseStdinParams",
+    "CloseStdinResult",
     "ClosedNotification",
     "EnvPolicy",
     "ExitedNotification",
@@ -35,6 +39,8 @@ __all__ = [
     "ProcessStream",
     "ReadParams",
     "ReadResult",
+    "ResizePtyParams",
+    "ResizePtyResult",
     "SignalParams",
     "SignalResult",
     "StartParams",
@@ -51,6 +57,10 @@ METHOD_READ = "process/read"
 METHOD_WRITE = "process/write"
 METHOD_TERMINATE = "process/terminate"
 METHOD_SIGNAL = "process/signal"
+#: extensions of this server (upstream reserves ``process/resizePty`` and answers
+#: "not implemented yet"; it has no ``process/closeStdin``): -32601 from others.
+METHOD_RESIZE_PTY = "process/resizePty"
+METHOD_CLOSE_STDIN = "process/closeStdin"
 NOTIFY_OUTPUT = "process/output"
 NOTIFY_EXITED = "process/exited"
 NOTIFY_CLOSED = "process/closed"
@@ -198,6 +208,32 @@ class SignalParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 class SignalResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Empty object."""
+
+
+#: A terminal dimension: ``struct winsize`` holds unsigned shorts.
+WinSize = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+
+
+class ResizePtyParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/resizePty`` (extension): the new window size of a PTY process."""
+
+    process_id: str
+    rows: WinSize
+    cols: WinSize
+
+
+class ResizePtyResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Empty object."""
+
+
+class CloseStdinParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``process/closeStdin`` (extension): end of input for a ``pipeStdin`` process."""
+
+    process_id: str
+
+
+class CloseStdinResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Empty object."""
 
 

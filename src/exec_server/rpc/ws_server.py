@@ -851,6 +851,16 @@ class WsConnection(asyncio.BufferedProtocol):
         else:
             self._transport.close()
 
+    def going_away(self) -> None:
+        """Server shutdown: a close frame (1001 going away) ahead of the socket's
+        close, so clients learn the connection ended on purpose (RFC 6455 §7.4.1)
+        instead of seeing it drop without one. The peer's answer is not awaited."""
+        if not self._lost and self._proto.state is State.OPEN:
+            self._proto.send_close(1001, "server shutting down")
+            self._flush()
+            self._set_eof()
+        self.close()
+
     async def aclose(self) -> None:
         """Start the closing handshake (1000); the socket closes when it completes."""
         if self._lost:
@@ -892,7 +902,8 @@ class WsServer:
         return tuple(self.server.sockets) if self.server is not None else ()
 
     def close(self, close_connections: bool = True) -> None:
-        """Stop accepting and, by default, close every connection (handlers see EOF).
+        """Stop accepting and, by default, close every connection (each gets a
+        1001 close frame; handlers see EOF).
 
         (Same signature as ``websockets.asyncio.server.Server.close``.)
         """
@@ -901,7 +912,7 @@ class WsServer:
         if not close_connections:
             return
         for conn in list(self.connections):
-            conn.close()
+            conn.going_away()
 
     async def wait_closed(self) -> None:
         """Wait for every connection handler to finish."""

@@ -26,13 +26,19 @@ from exec_server.process.manager import ProcessManager
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.paths import PathForm, parse_wire_path
 from exec_server.protocol.process_types import (
+    METHOD_CLOSE_STDIN,
     METHOD_READ,
+    METHOD_RESIZE_PTY,
     METHOD_SIGNAL,
     METHOD_START,
     METHOD_TERMINATE,
     METHOD_WRITE,
+    CloseStdinParams,
+    CloseStdinResult,
     ReadParams,
     ReadResult,
+    ResizePtyParams,
+    ResizePtyResult,
     SignalParams,
     SignalResult,
     StartParams,
@@ -222,6 +228,18 @@ def handle_signal(ctx: RequestContext, params: SignalParams) -> SignalResult:
     return SignalResult()
 
 
+def handle_resize_pty(ctx: RequestContext, params: ResizePtyParams) -> ResizePtyResult:
+    """Extension (upstream reserves the name, unimplemented): see docs/processes.md."""
+    _manager(ctx).resize(params.process_id, params.rows, params.cols)
+    return ResizePtyResult()
+
+
+def handle_close_stdin(ctx: RequestContext, params: CloseStdinParams) -> CloseStdinResult:
+    """Extension: end of input for a ``pipeStdin`` child (the protocol has no EOF)."""
+    _manager(ctx).close_stdin(params.process_id)
+    return CloseStdinResult()
+
+
 def register(router: Router) -> None:
     """Add the ``process/*`` methods (family ``exec``) to ``router``."""
     router.add(METHOD_START, StartParams, handle_start, "exec")
@@ -229,3 +247,5 @@ def register(router: Router) -> None:
     router.add(METHOD_WRITE, WriteParams, handle_write, "exec", now=handle_write_now)
     router.add_now(METHOD_TERMINATE, TerminateParams, handle_terminate, "exec")
     router.add_now(METHOD_SIGNAL, SignalParams, handle_signal, "exec")
+    router.add_now(METHOD_RESIZE_PTY, ResizePtyParams, handle_resize_pty, "exec")
+    router.add_now(METHOD_CLOSE_STDIN, CloseStdinParams, handle_close_stdin, "exec")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -76,6 +77,44 @@ NowHandler = Callable[["RequestContext", P], R]
 StartHandler = Callable[["RequestContext", P, "Done"], None]
 
 INTERNAL_ERROR_TEXT: Final = "internal error"
+#: a logged argv is cut to this many characters.
+_LOGGED_ARGV_CHARS: Final = 300
+_clock = time.monotonic
+
+
+def _log_request(request: Request, params: Any, started: float | None,
+                 error: Exception | None) -> None:
+    """One line per request at debug: method, id, process id, argv or path,
+    duration, outcome. Never data (file contents, stdin chunks) or the
+    environment (secrets live there). A failed ``process/start`` is logged at
+    info, so it shows without debug."""
+    level = logging.DEBUG
+    if error is not None and request.method == "process/start":
+        level = logging.INFO
+    if not logger.isEnabledFor(level):
+        return
+    fields = [request.method, f"id={request.id!r}"]
+    process_id = getattr(params, "process_id", None)
+    if isinstance(process_id, str):
+        fields.append(f"process={process_id}")
+    argv = getattr(params, "argv", None)
+    if isinstance(argv, list):
+        text = repr(argv)
+        if len(text) > _LOGGED_ARGV_CHARS:
+            text = text[:_LOGGED_ARGV_CHARS] + "...]"
+        fields.append(f"argv={text}")
+    path = getattr(params, "path", None)
+    if isinstance(path, str):
+        fields.append(f"path={path}")
+    if started is not None:
+        fields.append(f"{(_clock() - started) * 1000:.1f}ms")
+    if error is None:
+        fields.append("ok")
+    elif isinstance(error, ExecServerError):
+        fields.append(f"error {error.code}: {error.message}")
+    else:
+        fields.append(f"error: {type(error).__name__}")
+    logger.log(level, "request %s", " ".join(fields))
 
 
 class Done:
@@ -303,14 +342,20 @@ class Router:
             return encode_error(
                 request.id, ErrorCode.METHOD_NOT_FOUND, method_not_found_text(request.method)
             )
+        started = _clock() if logger.isEnabledFor(logging.DEBUG) else None
+        params: Any = None
         try:
             params = self._params(ctx, route, request)
             result = await route.handler(ctx, params)
-            return encode_result(request.id, result)
+            reply = encode_result(request.id, result)
         except (ProtocolClosedError, asyncio.CancelledError):
             raise
         except Exception as exc:
+            _log_request(request, params, started, exc)
             return self._error(request, exc)
+        if started is not None:
+            _log_request(request, params, started, None)
+        return reply
 
     def dispatch_now(self, ctx: RequestContext, request: Request) -> Outbound | None:
         """:meth:`dispatch` without waiting, for routes with a ``now`` handler.
@@ -326,16 +371,22 @@ class Router:
         route = self._routes.get(request.method)
         if route is None or route.now is None:
             return None
+        started = _clock() if logger.isEnabledFor(logging.DEBUG) else None
+        params: Any = None
         try:
             params = self._params(ctx, route, request)
             result = route.now(ctx, params)
-            return encode_result(request.id, result)
+            reply = encode_result(request.id, result)
         except NotNow:
             return None
         except ProtocolClosedError:
             raise
         except Exception as exc:
+            _log_request(request, params, started, exc)
             return self._error(request, exc)
+        if started is not None:
+            _log_request(request, params, started, None)
+        return reply
 
     def dispatch_start(
         self,
@@ -359,15 +410,23 @@ class Router:
         if route is None or route.start is None:
             return False
 
+        started = _clock() if logger.isEnabledFor(logging.DEBUG) else None
+        params: Any = None
+
         def encode(result: msgspec.Struct | None, error: BaseException | None) -> Outbound:
             if error is None:
                 assert result is not None
                 try:
-                    return encode_result(request.id, result)
+                    reply = encode_result(request.id, result)
                 except Exception as exc:  # an unencodable result: a bug
                     error = exc
+                else:
+                    if started is not None:
+                        _log_request(request, params, started, None)
+                    return reply
             if not isinstance(error, Exception):
                 raise error  # KeyboardInterrupt and the like: not ours to answer
+            _log_request(request, params, started, error)
             return self._error(request, error)
 
         done = Done(encode, reply, reply_from_thread)
@@ -379,6 +438,7 @@ class Router:
         except ProtocolClosedError:
             raise
         except Exception as exc:
+            _log_request(request, params, started, exc)
             reply(self._error(request, exc))
         return True
 

@@ -209,7 +209,13 @@ def _set_group(pid: int) -> None:
 
 
 def _warm_up() -> None:
-    """Import and exercise what a child needs, so forks start warm."""
+    """Import and exercise what a child needs, so forks start warm.
+
+    Runs after the zygote installed its own handlers, so ``_NOT_DEFAULT`` is
+    the list its children reset.
+    """
+    global _NOT_DEFAULT
+    _NOT_DEFAULT = _not_default()
     import _signal  # type: ignore[import-not-found]  # noqa: F401 - used by _launch
     import fcntl  # noqa: F401
     import resource  # noqa: F401
@@ -224,10 +230,29 @@ def _warm_up() -> None:
     _launch._json_str("warm \"up\"\n")
 
 
+#: signals the zygote does not leave at their default (set by ``_warm_up``).
+_NOT_DEFAULT: list[int] | None = None
+
+
+def _not_default() -> list[int]:
+    """Ours (SIGCHLD, SIGINT, SIGPIPE, SIGXFSZ) and whatever the server inherited
+    ignored (``nohup``: SIGHUP). A scan costs ~80 us: done once in the zygote."""
+    out = []
+    for n in range(1, signal.NSIG):
+        if n in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(n) is not signal.SIG_DFL:
+                out.append(n)
+    return out
+
+
 def _reset_signals() -> None:
+    """Every signal to its default, none blocked, as exec'd commands expect."""
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_DFL)
+    for n in _NOT_DEFAULT if _NOT_DEFAULT is not None else _not_default():
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(n, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 

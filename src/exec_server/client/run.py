@@ -1,0 +1,141 @@
+"""One call for a whole command: start it, feed it, collect its output, check its status.
+
+What agent harnesses mostly want (``subprocess.run`` for a remote machine):
+``await client.run(["pytest", "-q"], timeout=600, check=True)``. Shared by
+:class:`~exec_server.client.ExecServerClient` and both exec backends, which
+pass their own ``start``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final
+
+import msgspec
+
+from exec_server.client.errors import ClientError, ProcessError, ProcessTimeoutError
+from exec_server.client.process import CompletedProcess, ProcessHandle
+from exec_server.exceptions import ExecServerError
+from exec_server.process.spec import ExitStatus
+from exec_server.protocol.process_types import EnvPolicy, ProcessStream
+
+__all__ = ["DEFAULT_SHELL", "TERMINATE_WAIT", "inherit_server_env", "run_command"]
+
+#: ``shell=True`` runs ``DEFAULT_SHELL -c CMD`` on the server.
+DEFAULT_SHELL: Final = "/bin/sh"
+#: After a timeout, how long to wait for the terminated group's last output and status.
+TERMINATE_WAIT: Final = 10.0
+
+Start = Callable[..., Awaitable[ProcessHandle]]
+
+
+def inherit_server_env() -> EnvPolicy:
+    """The server's environment minus ``*KEY*``/``*SECRET*``/``*TOKEN*`` names
+    (what ``exec-server exec`` and codex's shell tool give a command)."""
+    return EnvPolicy(
+        inherit="all", ignore_default_excludes=False, exclude=[], set={}, include_only=[]
+    )
+
+
+def _argv(cmd: str | Sequence[str], shell: bool) -> list[str]:
+    if shell:
+        if not isinstance(cmd, str):
+            raise TypeError("shell=True takes the command as one string")
+        return [DEFAULT_SHELL, "-c", cmd]
+    if isinstance(cmd, str):
+        raise TypeError("a command string needs shell=True; otherwise pass a list of arguments")
+    argv = list(cmd)
+    if not argv:
+        raise ValueError("empty command")
+    return argv
+
+
+async def run_command(
+    start: Start,
+    cmd: str | Sequence[str],
+    *,
+    shell: bool = False,
+    timeout: float | None = None,  # noqa: ASYNC109 - subprocess.run's shape, asked for
+    check: bool = False,
+    input: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+    env_policy: EnvPolicy | None = None,
+    cwd: str | None = None,
+    tty: bool = False,
+    sandbox: msgspec.Struct | None = None,
+) -> CompletedProcess:
+    """Run ``cmd`` to completion through ``start`` (a ``spawn``/``start`` method).
+
+    See :meth:`ExecServerClient.run` for the arguments.
+
+    Raises:
+        ProcessTimeoutError: ``timeout`` ran out (the group was terminated).
+        ProcessError: ``check`` and a non-zero exit code.
+        TypeError, ValueError: a malformed ``cmd``.
+    """
+    argv = _argv(cmd, shell)
+    options: dict[str, Any] = {
+        "cwd": cwd,
+        "env": env,
+        "env_policy": inherit_server_env() if env_policy is None else env_policy,
+        "tty": tty,
+        "pipe_stdin": input is not None and not tty,
+    }
+    if sandbox is not None:
+        options["sandbox"] = sandbox
+    handle = await start(argv, **options)
+    out, err = bytearray(), bytearray()
+
+    async def drain() -> ExitStatus:
+        async for chunk in handle:
+            (err if chunk.stream is ProcessStream.STDERR else out).extend(chunk.chunk)
+        return await handle.wait()
+
+    async def feed() -> None:
+        assert input is not None
+        if input:
+            await handle.write(input)
+        if tty:
+            await handle.write(b"\x04")
+        else:
+            await handle.close_stdin()
+
+    try:
+        async with asyncio.timeout(timeout):
+            if input is not None:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(feed())
+                    status_task = tg.create_task(drain())
+                status = status_task.result()
+            else:
+                status = await drain()
+    except TimeoutError:
+        code = await _terminate_and_settle(handle, drain)
+        raise ProcessTimeoutError(
+            argv, code, bytes(out), bytes(err),
+            f"command {argv!r} timed out after {timeout} s; its process group was terminated",
+        ) from None
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await handle.terminate()
+        handle.release()
+        raise
+    result = CompletedProcess(bytes(out), bytes(err), status)
+    if check and result.exit_code != 0:
+        raise ProcessError(argv, result.exit_code, result.stdout, result.stderr)
+    return result
+
+
+async def _terminate_and_settle(handle: ProcessHandle,
+                                drain: Callable[[], Awaitable[ExitStatus]]) -> int:
+    """Terminate the group, then take what is left of its output and its status."""
+    with contextlib.suppress(ExecServerError, ClientError):
+        await handle.terminate()
+    try:
+        async with asyncio.timeout(TERMINATE_WAIT):
+            return (await drain()).code
+    except (TimeoutError, ExecServerError, ClientError):
+        handle.release()
+        return -1
