@@ -8,6 +8,7 @@ checked on disk after ``process/closed``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import shutil
@@ -106,17 +107,51 @@ async def _server_for(backend: Any, server_factory: Callable[..., Any], rpc: Any
         # The first launch starts the zygote (and itself runs the launcher script);
         # launch until one reports the zygote as its parent.
         for i in range(200):
-            params = {"processId": f"warm-{i}", "argv": ["cat", "/proc/self/stat"],
-                      "cwd": cwd, "env": {"PATH": "/usr/bin:/bin"}, "tty": False,
-                      "arg0": None, "sandbox": legacy_sandbox(cwd)}
-            _, code, out = await _run(client, params)
-            assert code == 0, out
-            ppid = int(out[out.rindex(b")") + 2:].split()[1])
-            if b"--zygote" in Path(f"/proc/{ppid}/cmdline").read_bytes():  # noqa: ASYNC240
+            if await _launched_by_zygote(client, cwd, f"warm-{i}"):
                 break
         else:
             raise AssertionError("launches never went through the spawn zygote")
     return srv, client
+
+
+def _pids_with(tag: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if tag.encode() in cmdline.split(b"\0"):
+                found.append(int(entry))
+    return found
+
+
+def _ppid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+async def _launched_by_zygote(client: Any, cwd: str, process_id: str) -> bool:
+    """Start a sleeper, find it from out here (it runs in a PID namespace) and walk up
+    through its pid 1 and monitor to whoever spawned it; then terminate it."""
+    tag = f"60.{os.getpid()}{uuid.uuid4().int % 10**9}"
+    params = {"processId": process_id, "argv": ["sh", "-c", f"exec sleep {tag}"],
+              "cwd": cwd, "env": {"PATH": "/usr/bin:/bin"}, "tty": False,
+              "arg0": None, "sandbox": legacy_sandbox(cwd)}
+    await client.call("process/start", params)
+    async with asyncio.timeout(30):
+        while not _pids_with(tag):  # noqa: ASYNC110 - no event for its exec
+            await asyncio.sleep(0.01)
+    (child,) = _pids_with(tag)
+    spawner = _ppid(_ppid(_ppid(child)))
+    via = b"--zygote" in Path(f"/proc/{spawner}/cmdline").read_bytes()  # noqa: ASYNC240
+    await client.call("process/terminate", {"processId": process_id})
+    while True:
+        msg = await client.notification(timeout=30)
+        p = msg.get("params") or {}
+        if p.get("processId") == process_id and msg["method"] == "process/closed":
+            return via
 
 
 def _check_effects(root: str, escaped: str, out: bytes) -> None:
