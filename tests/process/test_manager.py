@@ -414,3 +414,56 @@ async def test_large_stdin_write_is_delivered_in_order(
     assert await manager.write("big-in", payload[half:]) is WriteStatus.ACCEPTED
     rec = await sink.closed("big-in")
     assert rec.data().split()[0].decode() == hashlib.md5(payload).hexdigest()
+
+
+def _tagged(tag: str) -> list[int]:
+    """Live processes with ``tag`` as one of their arguments."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if tag.encode() in argv and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("how", ["terminate", "shutdown"])
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "pty"])
+async def test_unsandboxed_tree_dies_with_its_process(
+    no_leaks: None, make_manager: Callable[..., ProcessManager], sink: Any,
+    wait_until: Callable[..., Any], how: str, tty: bool,
+) -> None:
+    """Descendants that left the group (setsid) or were orphaned (a double fork) die too:
+    on terminate and on shutdown (what session expiry runs)."""
+    tag = f"300.{os.getpid()}{os.urandom(3).hex().translate(str.maketrans('abcdef', '123456'))}"
+    stray, orphan = tag + "1", tag + "2"
+    manager = make_manager(terminate_grace=0.5)
+    quiet = ">/dev/null 2>&1 </dev/null"
+    manager.start("t", sh(f"setsid sleep {stray} {quiet} & (setsid sleep {orphan} {quiet} &); "
+                          "echo ready; sleep 300", tty=tty))
+    try:
+        await sink.output_contains("t", b"ready")
+        await wait_until(lambda: len(_tagged(stray)) == 1 and len(_tagged(orphan)) == 1)
+        leader = manager.pid_of("t")
+        # the orphan was re-parented to the command (a subreaper), not to init
+        assert _ppid(_tagged(orphan)[0]) == leader
+        assert os.getsid(_tagged(stray)[0]) != os.getsid(leader)
+        if how == "terminate":
+            assert manager.terminate("t") is True
+            rec = await sink.closed("t")
+            assert rec.exited is not None and rec.exited.exit_code == 128 + signal.SIGTERM
+        else:
+            await manager.shutdown()
+        await wait_until(lambda: not _tagged(stray) and not _tagged(orphan))
+    finally:
+        for pid in _tagged(stray) + _tagged(orphan):
+            os.kill(pid, signal.SIGKILL)
