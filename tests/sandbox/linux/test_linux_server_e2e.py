@@ -94,10 +94,10 @@ async def _run(client: Any, params: dict[str, Any]) -> tuple[dict[str, Any], int
 
 
 async def _server_for(backend: Any, server_factory: Callable[..., Any], rpc: Any,
-                      cwd: str) -> Any:
+                      cwd: str, *extra: str) -> Any:
     """A server for this leg; on the zygote leg, returns once launches go through it."""
     zygote = getattr(backend, "via_zygote", False)
-    args = ["--sandbox-backend", backend.name]
+    args = ["--sandbox-backend", backend.name, *extra]
     if backend.name == "landlock" and not zygote:
         args.append("--no-launch-zygote")
     srv = server_factory(*args, cwd=cwd)
@@ -122,9 +122,17 @@ def _pids_with(tag: str) -> list[int]:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if tag.encode() in cmdline.split(b"\0"):
+            if tag.encode() in cmdline.split(b"\0") and _alive(int(entry)):
                 found.append(int(entry))
     return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] != b"Z"
 
 
 def _ppid(pid: int) -> int:
@@ -194,3 +202,31 @@ async def test_sandboxed_process_start(backend: Any, server_factory: Callable[..
     _check_effects(ws.root, escaped, out)
     if not current:
         assert b"marker-1" in out
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
+async def test_daemons_die_when_the_session_expires(backend: Any,
+                                                    server_factory: Callable[..., Any],
+                                                    rpc: Any, ws: Any, sandboxed: bool) -> None:
+    """A detached session's processes, daemonised descendants included, die at expiry."""
+    if not sandboxed and backend.name != "bwrap":
+        pytest.skip("the unsandboxed case does not depend on the backend")
+    _, client = await _server_for(backend, server_factory, rpc, ws.root, "--detach-ttl", "0.5")
+    tag = f"300.{os.getpid()}{uuid.uuid4().int % 10**9}"
+    quiet = ">/dev/null 2>&1 </dev/null"
+    await client.call("process/start", {
+        "processId": "d", "argv": ["sh", "-c", f"setsid sleep {tag}1 {quiet} & "
+                                   f"(setsid sleep {tag}2 {quiet} &); sleep 300"],
+        "cwd": ws.root, "env": {"PATH": "/usr/bin:/bin"}, "tty": False, "arg0": None,
+        "sandbox": legacy_sandbox(ws.root) if sandboxed else None})
+    async with asyncio.timeout(30):
+        while not (_pids_with(tag + "1") and _pids_with(tag + "2")):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    await client.aclose()  # detach; the session expires 0.5 s later
+    try:
+        async with asyncio.timeout(30):
+            while _pids_with(tag + "1") or _pids_with(tag + "2"):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+    finally:
+        for pid in _pids_with(tag + "1") + _pids_with(tag + "2"):
+            os.kill(pid, 9)
