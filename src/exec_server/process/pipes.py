@@ -4,12 +4,12 @@ The child leads its own process group (so terminate can kill the whole
 group), inherits only stdio plus ``LaunchSpec.pass_fds`` (``close_fds``), and
 gets stdin from ``/dev/null`` unless ``pipe_stdin`` asks for a writable pipe.
 
-Why ``subprocess.Popen`` with plain fds and, for sandboxed launches, no
-``preexec_fn``: CPython then spawns with ``vfork`` (~0.15 ms) instead of
-``fork`` (~1-2 ms for a server-sized process). An unsandboxed launch pays the
-fork: it must become a child subreaper before exec (``process.tree``) so that
-terminate can reach descendants that left its group. ``PR_SET_PDEATHSIG``
-needs child-side code too, so death-of-server cleanup is
+Why ``subprocess.Popen`` with plain fds and no ``preexec_fn``: CPython then
+spawns with ``vfork`` (~0.15 ms) instead of ``fork`` plus Python code in the
+child (measured +1 to +4 ms per launch of a server-sized process, which would
+dominate ``true`` start→closed). So a pipe launch does not become a child
+subreaper (``process.tree``: a PTY launch, which forks anyway, does), and
+``PR_SET_PDEATHSIG`` is not set: death-of-server cleanup is
 :class:`ProcessGuard`'s job instead (it kills whole groups, which PDEATHSIG
 would not).
 
@@ -32,9 +32,7 @@ from dataclasses import dataclass, field
 
 from exec_server.fs import nonblocking
 from exec_server.process.spec import LaunchServiceUnavailable, LaunchSpec, ServicedChild
-from exec_server.process.tree import become_subreaper
 from exec_server.protocol.process_types import ProcessStream
-from exec_server.sandbox.plan import SandboxType
 
 __all__ = [
     "PIPE_SIZE",
@@ -183,10 +181,6 @@ def spawn_pipes(spec: LaunchSpec, *, service_owner: object | None = None) -> Spa
             pass_fds=spec.pass_fds,
             process_group=0,
             restore_signals=True,
-            # Unsandboxed: keep daemonised descendants in its tree (process.tree); this
-            # child-side call costs a fork instead of a vfork. A sandbox's PID namespace
-            # does the same for sandboxed launches.
-            preexec_fn=become_subreaper if spec.sandbox_type is SandboxType.NONE else None,
         )
     except BaseException:
         for fd in parent_fds:

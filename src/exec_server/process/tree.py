@@ -1,12 +1,15 @@
-"""An unsandboxed launch's process tree: keep it together, find it, signal it.
+"""An unsandboxed launch's process tree: find it and signal it.
 
 A process group is not a tree: ``setsid`` or ``setpgid`` takes a descendant
-out of it, and a double fork (``(cmd &)``) orphans it, after which it belongs
-to init. So an unsandboxed child becomes a *child subreaper*
-(``PR_SET_CHILD_SUBREAPER``, kept across ``execve``) before it execs:
-orphans below it are re-parented to it instead of init, and while it lives
-every process it started is found by following parent links in ``/proc``.
-Sandboxed launches need none of this: their PID namespace ends with them.
+out of it. While the launched process lives, every process it started and
+that was not orphaned is found by following parent links in ``/proc``, in
+whatever group or session it now is. A PTY launch (spawned with ``fork``
+and child-side code anyway) also becomes a *child subreaper*
+(``PR_SET_CHILD_SUBREAPER``, kept across ``execve``): orphans below it are
+re-parented to it instead of init, so a double fork (``(setsid cmd &)``)
+stays in its tree too. A pipe launch stays on ``vfork`` (see
+``process.pipes``), so such an orphan escapes it. Sandboxed launches need
+none of this: their PID namespace ends with them.
 """
 
 from __future__ import annotations

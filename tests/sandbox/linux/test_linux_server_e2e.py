@@ -214,9 +214,11 @@ async def test_daemons_die_when_the_session_expires(backend: Any,
     _, client = await _server_for(backend, server_factory, rpc, ws.root, "--detach-ttl", "0.5")
     tag = f"300.{os.getpid()}{uuid.uuid4().int % 10**9}"
     quiet = ">/dev/null 2>&1 </dev/null"
+    # unsandboxed pipes: no subreaper (see process.tree), so no double fork there
+    double_fork = f"(setsid sleep {tag}2 {quiet} &); " if sandboxed else f"sleep {tag}2 & "
     await client.call("process/start", {
         "processId": "d", "argv": ["sh", "-c", f"setsid sleep {tag}1 {quiet} & "
-                                   f"(setsid sleep {tag}2 {quiet} &); sleep 300"],
+                                   f"{double_fork}sleep 300"],
         "cwd": ws.root, "env": {"PATH": "/usr/bin:/bin"}, "tty": False, "arg0": None,
         "sandbox": legacy_sandbox(ws.root) if sandboxed else None})
     async with asyncio.timeout(30):

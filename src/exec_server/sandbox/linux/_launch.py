@@ -249,8 +249,29 @@ _DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
               ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"))
 
 
+def _own_pty() -> int | None:
+    """The launch's PTY (stdin) as a detached mount, to show as ``/dev/console`` as bwrap
+    does: ``ttyname`` finds it there (it is the same terminal as the stdio fds).
+
+    Cloned by its name in this namespace's copy of the host's devpts (the fd's own
+    mount belongs to the old namespace); None when stdin is no PTY or it cannot be.
+    """
+    from exec_server.sandbox.linux._libc import open_tree
+
+    try:
+        if not os.isatty(0):
+            return None
+        path = os.readlink("/proc/self/fd/0")
+        if not path.startswith("/dev/pts/") or os.stat(path).st_rdev != os.fstat(0).st_rdev:
+            return None
+        return open_tree(path)
+    except OSError:
+        return None
+
+
 def _private_dev() -> None:
-    """A fresh ``/dev``: the nodes in ``_DEV_NODES``, a private ``shm`` and PTY instance.
+    """A fresh ``/dev``: the nodes in ``_DEV_NODES``, a private ``shm`` and PTY instance
+    (and, on a PTY launch, that PTY as ``console``).
 
     Nothing else of the host's ``/dev`` (disks, ``kmsg``, its ``/dev/shm``, other
     terminals' ``/dev/pts/N``) is visible; ``/dev`` itself is read-only.
@@ -264,6 +285,9 @@ def _private_dev() -> None:
                 nodes.append((name, open_tree("/dev/" + name)))
             except FileNotFoundError:
                 continue
+        pty = _own_pty()
+        if pty is not None:
+            nodes.append(("console", pty))
         _mount("tmpfs", "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=755,size=64k")
         for name, fd in nodes:
             path = "/dev/" + name
