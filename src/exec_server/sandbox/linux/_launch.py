@@ -7,11 +7,19 @@ Run through ``launcher.py`` as
 confinement code for both paths. Stdlib only and few imports (``os``, ``sys``, ``_ctypes``,
 ``struct``, ``stat``, ``resource``): interpreter start-up is the cost floor.
 
-Steps, in order: status pipe, parent-death signal, ``RLIMIT_CORE=0``,
-mount-namespace read-only rebinds of protected subpaths (and masks over denied
-paths), Landlock, capability drop when root, seccomp network filter, chdir,
-``execvp`` with arg0. Setup failures write one JSON line to the status fd and
-exit 125; exec failures exit 127 (not found) or 126 (not executable).
+Steps, in order: status pipe, parent-death signal, ``RLIMIT_CORE=0``, then
+three processes. This one unshares a PID + mount namespace (+ a user namespace
+when not root) and stays outside as the *monitor* (``_split_monitor``); its
+child is pid 1 of the new PID namespace, which makes every mount read-only
+except the writable roots, rebinds protected subpaths read-only (and masks
+denied paths), builds a private ``/dev`` and ``/proc`` (``_apply_mounts``),
+then forks the *command's process* and reaps until it exits
+(``_split_init``). The command's process applies Landlock, drops
+capabilities when root, installs the seccomp filter, chdirs and ``execvp``s
+with arg0. When pid 1 exits the kernel kills whatever is left in the
+namespace; the monitor exits as the command did. Setup failures write one
+JSON line to the status fd and exit 125; exec failures exit 127 (not found)
+or 126 (not executable).
 
 Flags: ``--status-fd N``, ``--full-read``, ``--read P``, ``--full-write``,
 ``--write P``, ``--ro P``, ``--deny P``, ``--network``, ``--command-cwd D``,
