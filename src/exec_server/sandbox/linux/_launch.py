@@ -172,12 +172,6 @@ def _unshare(flags: int) -> None:
                 os.close(fd)
 
 
-def _enter_mount_namespace() -> None:
-    """Private mount namespace (+ user namespace when not root), SANDBOX.md §1.10."""
-    _unshare(_CLONE_NEWNS)
-    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-
-
 def _umount(target: str) -> None:
     from exec_server.sandbox.linux._libc import c_int, call_syscall
 
@@ -514,8 +508,12 @@ def _probe() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="exec-server-probe-") as tmp:
             try:
-                _enter_mount_namespace()
+                # what a launch's _isolate and _apply_mounts need
+                _unshare(_CLONE_NEWNS | _CLONE_NEWPID)
+                _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
                 _bind_read_only(tmp, tmp)
+                os.close(_libc.open_tree(tmp))
+                _libc.mount_setattr(tmp, read_only=True)
                 result["mount_ns"] = True
                 _umount(tmp)
             except OSError as exc:
