@@ -487,12 +487,18 @@ def test_dev_exposes_only_the_needed_nodes(backend: Any, run: Run, plan_for: Pla
 
 
 def test_daemon_dies_when_its_process_exits(backend: Any, run: Run, plan_for: PlanFor,
-                                            ws: Any) -> None:
+                                            ws: Any, py: str) -> None:
     stray, orphan = new_tag(), new_tag() + "1"
     quiet = ">/dev/null 2>&1 </dev/null"
-    res = run(backend, plan_for(ws), ["sh", "-c", f"setsid sleep {stray} {quiet} & "
-                                      f"(setsid sleep {orphan} {quiet} &); echo started"],
-              cwd=ws.root)
+
+    def sleeper(tag: str, ready: str) -> str:
+        # the tag is an argument from exec on; the file says it runs
+        return (f"{py} -I -S -c \"import time; open('{ready}', 'w').close(); "
+                f"time.sleep(300)\" {tag} {quiet}")
+
+    script = (f"setsid {sleeper(stray, 'ready1')} & (setsid {sleeper(orphan, 'ready2')} &); "
+              "until [ -e ready1 ] && [ -e ready2 ]; do sleep 0.01; done; echo started")
+    res = run(backend, plan_for(ws), ["sh", "-c", script], cwd=ws.root)
     assert res.code == 0 and "started" in res.output, res.output
     assert survivors(stray, orphan) == []
 

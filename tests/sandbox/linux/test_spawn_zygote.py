@@ -296,6 +296,8 @@ async def test_zygote_death_kills_its_children_and_it_restarts(no_leaks: None, l
     async with asyncio.timeout(TIMEOUT):
         while b"\n" not in sink.output.get("long", b""):  # noqa: ASYNC110 - no event for it
             await asyncio.sleep(0.01)
+        while not _pids_with(tag):  # noqa: ASYNC110 - no event for its exec
+            await asyncio.sleep(0.01)
     (grandchild,) = _pids_with(tag)  # its pid in the namespace means nothing out here
     os.kill(old, signal.SIGKILL)
     code, _ = await sink.closed("long")
