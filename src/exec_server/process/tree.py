@@ -22,17 +22,19 @@ import signal
 __all__ = ["become_subreaper", "descendants", "kill_tree", "open_pidfds", "signal_pidfds"]
 
 _PR_SET_CHILD_SUBREAPER = 36
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_prctl = _LIBC.prctl
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_prctl.restype = ctypes.c_int
+_prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux only
+if _prctl is not None:
+    _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                       ctypes.c_ulong]
+    _prctl.restype = ctypes.c_int
 #: walks of ``kill_tree`` before it gives up on a tree that keeps forking.
 _KILL_PASSES = 20
 
 
 def become_subreaper() -> None:
     """In a forked child before exec: adopt orphaned descendants (one syscall, no locks)."""
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if _prctl is not None:
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _stat(pid: str) -> tuple[int, int, bool] | None:
@@ -53,7 +55,11 @@ def descendants(root: int, *, skip_group: int | None = None) -> list[int]:
     reaches them), but still descend through them.
     """
     children: dict[int, list[tuple[int, int, bool]]] = {}
-    for entry in os.scandir("/proc"):
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:  # no procfs (not Linux): only the group is reachable
+        return []
+    for entry in entries:
         if not entry.name.isdigit():
             continue
         info = _stat(entry.name)
@@ -76,7 +82,7 @@ def open_pidfds(pids: list[int]) -> list[int]:
     these processes even after they were re-parented or their pid was reused."""
     fds = []
     for pid in pids:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, AttributeError):
             fds.append(os.pidfd_open(pid))
     return fds
 
