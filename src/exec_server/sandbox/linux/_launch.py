@@ -311,8 +311,9 @@ def _private_dev() -> None:
 def _apply_mounts(plan: _Plan, status_fd: int) -> None:
     """Pid 1's mount work in the launch's fresh mount namespace (SANDBOX.md §1.10)."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    if not plan.full_write and "/" not in plan.writable_roots:
-        _read_only_tree(plan.writable_roots)
+    if not plan.full_write:
+        if "/" not in plan.writable_roots:  # else nothing lies outside the writable roots
+            _read_only_tree(plan.writable_roots)
         for path in plan.read_only_subpaths:
             if os.path.lexists(path):
                 _bind_read_only(path, path)
