@@ -382,6 +382,9 @@ def _split_monitor() -> int:
     relay_r, relay_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
+        # No handler on pid 1 (the launcher script's interpreter installed one for
+        # SIGINT): the kernel then drops what the group receives from outside.
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         os.close(relay_r)
         from exec_server.sandbox.linux._libc import call_prctl
 
