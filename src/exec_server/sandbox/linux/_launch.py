@@ -337,9 +337,11 @@ def _apply_mounts(plan: _Plan, status_fd: int) -> None:
         _report(status_fd, "warning", "proc", f"private /proc unavailable: {exc}")
 
 
-# Signals a monitor ignores: they reach the command through the process group.
+# Signals a monitor ignores: they reach the command through the process group. Job-control
+# stops (SIGTSTP/TTIN/TTOU) keep their default, so ^Z stops the monitor with the command
+# and a shell running ``exec-server run`` sees its job stop.
 _MONITOR_IGNORES = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2",
-                    "SIGALRM", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGPIPE", "SIGXFSZ")
+                    "SIGALRM", "SIGPIPE", "SIGXFSZ")
 
 
 def _exit_like(status: int) -> None:
