@@ -414,3 +414,58 @@ async def test_large_stdin_write_is_delivered_in_order(
     assert await manager.write("big-in", payload[half:]) is WriteStatus.ACCEPTED
     rec = await sink.closed("big-in")
     assert rec.data().split()[0].decode() == hashlib.md5(payload).hexdigest()
+
+
+def _tagged(tag: str) -> list[int]:
+    """Live processes with ``tag`` as one of their arguments."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if tag.encode() in argv and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("how", ["terminate", "shutdown"])
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "pty"])
+async def test_unsandboxed_tree_dies_with_its_process(
+    no_leaks: None, make_manager: Callable[..., ProcessManager], sink: Any,
+    wait_until: Callable[..., Any], how: str, tty: bool,
+) -> None:
+    """Descendants that left the group (setsid) die too, on terminate and on shutdown
+    (what session expiry runs); on a PTY launch (a subreaper) also an orphaned one."""
+    tag = f"300.{os.getpid()}{os.urandom(3).hex().translate(str.maketrans('abcdef', '123456'))}"
+    stray, orphan = tag + "1", tag + "2"
+    tags = (stray, orphan) if tty else (stray,)
+    manager = make_manager(terminate_grace=0.5)
+    quiet = ">/dev/null 2>&1 </dev/null"
+    double_fork = f"(setsid sleep {orphan} {quiet} &); " if tty else ""
+    manager.start("t", sh(f"setsid sleep {stray} {quiet} & {double_fork}echo ready; sleep 300",
+                          tty=tty))
+    try:
+        await sink.output_contains("t", b"ready")
+        await wait_until(lambda: all(len(_tagged(t)) == 1 for t in tags))
+        leader = manager.pid_of("t")
+        assert os.getsid(_tagged(stray)[0]) != os.getsid(leader)
+        if tty:  # the orphan was re-parented to the command (a subreaper), not to init
+            assert _ppid(_tagged(orphan)[0]) == leader
+        if how == "terminate":
+            assert manager.terminate("t") is True
+            rec = await sink.closed("t")
+            assert rec.exited is not None and rec.exited.exit_code == 128 + signal.SIGTERM
+        else:
+            await manager.shutdown()
+        await wait_until(lambda: not any(_tagged(t) for t in tags))
+    finally:
+        for pid in [p for t in tags for p in _tagged(t)]:
+            os.kill(pid, signal.SIGKILL)

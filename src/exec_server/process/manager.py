@@ -10,6 +10,9 @@ only after the exit status was reaped *and* every output stream hit EOF.
 
 Termination (issue 2 overrides §8.6): SIGTERM to the process group, then
 SIGKILL after ``terminate_grace``; the exit code stays observable (143/137).
+An unsandboxed child's descendants outside its group (``setsid``, double
+forks: ``process.tree``) get the same signals; a sandboxed one's die with its
+PID namespace.
 
 Why one module of ~700 lines: the record's capture, exit, close, stdin and
 retention paths share one lock and one set of invariants (close last, seq
@@ -39,6 +42,7 @@ from exec_server.exceptions import (
     os_error_message,
 )
 from exec_server.fs.workers import shared_pool
+from exec_server.process import tree
 from exec_server.process.output import RETAINED_OUTPUT_CAP, OutputBuffer
 from exec_server.process.pipes import (
     ProcessGuard,
@@ -174,6 +178,7 @@ class _Record:
         "stdin_eof",
         "stdin_fd",
         "stop_reading",
+        "strays",
         "tasks",
         "terminate_timer",
         "terminating",
@@ -214,6 +219,8 @@ class _Record:
         self.terminate_timer: asyncio.TimerHandle | None = None
         self.removal: asyncio.TimerHandle | None = None
         self.stop_reading = False
+        #: pidfds of descendants outside the group that a terminate signalled.
+        self.strays: list[int] = []
 
     @property
     def starting(self) -> bool:
@@ -687,6 +694,10 @@ class ProcessManager:
             if rec.terminate_timer is not None:
                 rec.terminate_timer.cancel()
                 rec.terminate_timer = None
+            if rec.strays:
+                # the command is done; what it left outside its group still gets the
+                # rest of its grace period, then SIGKILL
+                asyncio.get_running_loop().call_later(self._grace, self._kill_strays, rec)
             if not self._closed:
                 rec.removal = asyncio.get_running_loop().call_later(
                     self._retention, self._remove_if_closed, rec
@@ -968,7 +979,12 @@ class ProcessManager:
             return False
         if not rec.terminating:
             rec.terminating = True
+            if self._owns_tree(rec):
+                assert rec.child is not None
+                rec.strays = tree.open_pidfds(
+                    tree.descendants(rec.child.pid, skip_group=rec.child.pid))
             self._kill_group(rec, _signal.SIGTERM)
+            tree.signal_pidfds(rec.strays, _signal.SIGTERM)
             rec.terminate_timer = asyncio.get_running_loop().call_later(
                 self._grace, self._escalate, rec
             )
@@ -978,7 +994,7 @@ class ProcessManager:
         rec.terminate_timer = None
         if rec.buffer.closed:
             return
-        self._kill_group(rec, _signal.SIGKILL)
+        self._kill_tree(rec)
         if rec.reaped:
             asyncio.get_running_loop().call_later(self._grace, self._force_eof, rec)
 
@@ -990,6 +1006,27 @@ class ProcessManager:
         if rec.reaped and rec.open_streams <= 0:
             return
         self._kill_group(rec, sig)
+
+    @staticmethod
+    def _owns_tree(rec: _Record) -> bool:
+        """Unsandboxed and still running: its subreaper child holds its whole tree."""
+        return rec.sandbox_type is SandboxType.NONE and rec.child is not None and not rec.reaped
+
+    def _kill_tree(self, rec: _Record) -> None:
+        """SIGKILL the group, every descendant of an unsandboxed child and earlier strays."""
+        if self._owns_tree(rec):
+            assert rec.child is not None
+            tree.kill_tree(rec.child.pid, skip_group=rec.child.pid)
+        self._kill_group(rec, _signal.SIGKILL)
+        self._kill_strays(rec)
+
+    @staticmethod
+    def _kill_strays(rec: _Record) -> None:
+        """SIGKILL what a terminate signalled outside the group, and let go of it."""
+        strays, rec.strays = rec.strays, []
+        tree.signal_pidfds(strays, _signal.SIGKILL)
+        for fd in strays:
+            close_quietly(fd)
 
     @staticmethod
     def _kill_group(rec: _Record, sig: _signal.Signals) -> None:
@@ -1017,8 +1054,9 @@ class ProcessManager:
             if rec.terminate_timer is not None:
                 rec.terminate_timer.cancel()
             if rec.child is not None and not rec.buffer.closed:
-                self._kill_group(rec, _signal.SIGKILL)
+                self._kill_tree(rec)
                 rec.stop_reading = True
+            self._kill_strays(rec)
         tasks = [t for rec in records for t in rec.tasks]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_REAP_TIMEOUT)

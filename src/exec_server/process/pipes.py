@@ -5,12 +5,14 @@ group), inherits only stdio plus ``LaunchSpec.pass_fds`` (``close_fds``), and
 gets stdin from ``/dev/null`` unless ``pipe_stdin`` asks for a writable pipe.
 
 Why ``subprocess.Popen`` with plain fds and no ``preexec_fn``: CPython then
-spawns with ``vfork`` (~0.15 ms) instead of ``fork`` (~2 ms for a server-sized
-process, which would dominate ``true`` start→closed). ``PR_SET_PDEATHSIG``
-needs child-side code, so death-of-server cleanup is :class:`ProcessGuard`'s
-job instead (it kills whole groups, which PDEATHSIG would not). The one
-exception: a server that inherited ignored or blocked signals resets them in
-the child (``child_signals``), which needs a ``preexec_fn``.
+spawns with ``vfork`` (~0.15 ms) instead of ``fork`` plus Python code in the
+child (measured +1 to +4 ms per launch of a server-sized process, which would
+dominate ``true`` start→closed). So a pipe launch does not become a child
+subreaper (``process.tree``: a PTY launch, which forks anyway, does), and
+``PR_SET_PDEATHSIG`` is not set: death-of-server cleanup is
+:class:`ProcessGuard`'s job instead (it kills whole groups, which PDEATHSIG
+would not). The one exception: a server that inherited ignored or blocked
+signals resets them in the child (``child_signals``), which needs a ``preexec_fn``.
 
 A launch a sandbox backend marked with ``LaunchSpec.zygote`` may instead be
 started by that launch service (the Landlock spawn zygote) when the caller

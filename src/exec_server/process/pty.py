@@ -29,7 +29,9 @@ from exec_server.process.pipes import (
     spawn_via_service,
 )
 from exec_server.process.spec import LaunchSpec
+from exec_server.process.tree import become_subreaper
 from exec_server.protocol.process_types import ProcessStream
+from exec_server.sandbox.plan import SandboxType
 
 __all__ = ["set_window_size", "spawn_pty"]
 
@@ -47,6 +49,12 @@ def _child_setup() -> None:
     reset_in_child()
     _prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
     fcntl.ioctl(0, _TIOCSCTTY, 0)
+
+
+def _unsandboxed_child_setup() -> None:
+    """``_child_setup``, and adopt orphaned descendants (``process.tree``)."""
+    _child_setup()
+    become_subreaper()
 
 
 def set_window_size(fd: int, rows: int, columns: int) -> None:
@@ -90,7 +98,8 @@ def spawn_pty(spec: LaunchSpec, *, service_owner: object | None = None) -> Spawn
             pass_fds=spec.pass_fds,
             start_new_session=True,
             restore_signals=True,
-            preexec_fn=_child_setup,
+            preexec_fn=(_unsandboxed_child_setup if spec.sandbox_type is SandboxType.NONE
+                        else _child_setup),
         )
     except BaseException:
         close_quietly(master)

@@ -8,6 +8,7 @@ checked on disk after ``process/closed``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import shutil
@@ -93,10 +94,10 @@ async def _run(client: Any, params: dict[str, Any]) -> tuple[dict[str, Any], int
 
 
 async def _server_for(backend: Any, server_factory: Callable[..., Any], rpc: Any,
-                      cwd: str) -> Any:
+                      cwd: str, *extra: str) -> Any:
     """A server for this leg; on the zygote leg, returns once launches go through it."""
     zygote = getattr(backend, "via_zygote", False)
-    args = ["--sandbox-backend", backend.name]
+    args = ["--sandbox-backend", backend.name, *extra]
     if backend.name == "landlock" and not zygote:
         args.append("--no-launch-zygote")
     srv = server_factory(*args, cwd=cwd)
@@ -106,17 +107,59 @@ async def _server_for(backend: Any, server_factory: Callable[..., Any], rpc: Any
         # The first launch starts the zygote (and itself runs the launcher script);
         # launch until one reports the zygote as its parent.
         for i in range(200):
-            params = {"processId": f"warm-{i}", "argv": ["cat", "/proc/self/stat"],
-                      "cwd": cwd, "env": {"PATH": "/usr/bin:/bin"}, "tty": False,
-                      "arg0": None, "sandbox": legacy_sandbox(cwd)}
-            _, code, out = await _run(client, params)
-            assert code == 0, out
-            ppid = int(out[out.rindex(b")") + 2:].split()[1])
-            if b"--zygote" in Path(f"/proc/{ppid}/cmdline").read_bytes():  # noqa: ASYNC240
+            if await _launched_by_zygote(client, cwd, f"warm-{i}"):
                 break
         else:
             raise AssertionError("launches never went through the spawn zygote")
     return srv, client
+
+
+def _pids_with(tag: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if tag.encode() in cmdline.split(b"\0") and _alive(int(entry)):
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] != b"Z"
+
+
+def _ppid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+async def _launched_by_zygote(client: Any, cwd: str, process_id: str) -> bool:
+    """Start a sleeper, find it from out here (it runs in a PID namespace) and walk up
+    through its pid 1 and monitor to whoever spawned it; then terminate it."""
+    tag = f"60.{os.getpid()}{uuid.uuid4().int % 10**9}"
+    params = {"processId": process_id, "argv": ["sh", "-c", f"exec sleep {tag}"],
+              "cwd": cwd, "env": {"PATH": "/usr/bin:/bin"}, "tty": False,
+              "arg0": None, "sandbox": legacy_sandbox(cwd)}
+    await client.call("process/start", params)
+    async with asyncio.timeout(30):
+        while not _pids_with(tag):  # noqa: ASYNC110 - no event for its exec
+            await asyncio.sleep(0.01)
+    (child,) = _pids_with(tag)
+    spawner = _ppid(_ppid(_ppid(child)))
+    via = b"--zygote" in Path(f"/proc/{spawner}/cmdline").read_bytes()  # noqa: ASYNC240
+    await client.call("process/terminate", {"processId": process_id})
+    while True:
+        msg = await client.notification(timeout=30)
+        p = msg.get("params") or {}
+        if p.get("processId") == process_id and msg["method"] == "process/closed":
+            return via
 
 
 def _check_effects(root: str, escaped: str, out: bytes) -> None:
@@ -159,3 +202,33 @@ async def test_sandboxed_process_start(backend: Any, server_factory: Callable[..
     _check_effects(ws.root, escaped, out)
     if not current:
         assert b"marker-1" in out
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
+async def test_daemons_die_when_the_session_expires(backend: Any,
+                                                    server_factory: Callable[..., Any],
+                                                    rpc: Any, ws: Any, sandboxed: bool) -> None:
+    """A detached session's processes, daemonised descendants included, die at expiry."""
+    if not sandboxed and backend.name != "bwrap":
+        pytest.skip("the unsandboxed case does not depend on the backend")
+    _, client = await _server_for(backend, server_factory, rpc, ws.root, "--detach-ttl", "0.5")
+    tag = f"300.{os.getpid()}{uuid.uuid4().int % 10**9}"
+    quiet = ">/dev/null 2>&1 </dev/null"
+    # unsandboxed pipes: no subreaper (see process.tree), so no double fork there
+    double_fork = f"(setsid sleep {tag}2 {quiet} &); " if sandboxed else f"sleep {tag}2 & "
+    await client.call("process/start", {
+        "processId": "d", "argv": ["sh", "-c", f"setsid sleep {tag}1 {quiet} & "
+                                   f"{double_fork}sleep 300"],
+        "cwd": ws.root, "env": {"PATH": "/usr/bin:/bin"}, "tty": False, "arg0": None,
+        "sandbox": legacy_sandbox(ws.root) if sandboxed else None})
+    async with asyncio.timeout(30):
+        while not (_pids_with(tag + "1") and _pids_with(tag + "2")):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    await client.aclose()  # detach; the session expires 0.5 s later
+    try:
+        async with asyncio.timeout(30):
+            while _pids_with(tag + "1") or _pids_with(tag + "2"):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+    finally:
+        for pid in _pids_with(tag + "1") + _pids_with(tag + "2"):
+            os.kill(pid, 9)

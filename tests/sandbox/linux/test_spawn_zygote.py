@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -163,10 +164,11 @@ async def test_child_looks_like_a_launcher_child(no_leaks: None, landlock: Any,
     code, out = await sink.closed("s")
     assert code == 0 and out.split() == [b"SigBlk:", b"0" * 16, b"SigIgn:", b"0" * 16], out
     assert report["nnp"] == "1" and report["seccomp"] == "2" and int(report["capeff"], 16) == 0
+    # pid 2 of its own PID namespace, under pid 1 (the reaper); its group (and, on a
+    # PTY, session) is the monitor's outside the namespace, hence 0 in here
+    assert report["pid"] == 2 and report["pgrp"] == 0
     if tty:
-        assert report["sid"] == report["pid"] and report["tty_nr"] != 0
-    else:
-        assert report["pgrp"] == report["pid"] and report["sid"] != report["pid"]
+        assert report["sid"] == 0 and report["tty_nr"] != 0
 
 
 @pytest.mark.parametrize("tty", [False, True], ids=["pipes", "pty"])
@@ -286,14 +288,17 @@ async def test_zygote_death_kills_its_children_and_it_restarts(no_leaks: None, l
     zygote = landlock.spawn_zygote
     await _warm(landlock, manager)
     old = zygote.pid
+    tag = f"60.{os.getpid()}{time.monotonic_ns() % 10**9}"
     manager.start("long", _wrap(landlock, str(tmp_path),
-                                ["sh", "-c", "sleep 60 & echo $!; wait"]))
+                                ["sh", "-c", f"sleep {tag} & echo started; wait"]))
     assert _via_zygote(manager, "long")
     leader = manager.pid_of("long")
     async with asyncio.timeout(TIMEOUT):
         while b"\n" not in sink.output.get("long", b""):  # noqa: ASYNC110 - no event for it
             await asyncio.sleep(0.01)
-    grandchild = int(sink.output["long"].strip())
+        while not _pids_with(tag):  # noqa: ASYNC110 - no event for its exec
+            await asyncio.sleep(0.01)
+    (grandchild,) = _pids_with(tag)  # its pid in the namespace means nothing out here
     os.kill(old, signal.SIGKILL)
     code, _ = await sink.closed("long")
     assert code == -1  # its parent is gone: the status is unobservable
@@ -310,6 +315,25 @@ async def test_zygote_death_kills_its_children_and_it_restarts(no_leaks: None, l
     manager.start("again", _wrap(landlock, str(tmp_path), ["true"]))
     assert _via_zygote(manager, "again")
     assert (await sink.closed("again"))[0] == 0
+
+
+def _pids_with(tag: str) -> list[int]:
+    """Live processes whose command line contains ``tag``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if tag.encode() in cmdline.split(b"\0") and _alive(int(entry)):
+                found.append(int(entry))
+    return found
+
+
+def _ppid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
 def _alive(pid: int) -> bool:
@@ -349,7 +373,6 @@ def test_new_event_loop_replaces_the_zygote(no_leaks: None, landlock: Any,
 
 async def test_server_death_kills_zygote_and_children(landlock: Any, server_factory: Any,
                                                       rpc: Any, tmp_path: Path) -> None:
-    import base64
 
     srv = server_factory("--sandbox-backend", "landlock", cwd=str(tmp_path))
     client = await rpc(srv.url)
@@ -369,15 +392,23 @@ async def test_server_death_kills_zygote_and_children(landlock: Any, server_fact
     found: tuple[int, int] | None = None
     for i in range(200):  # until a launch comes from the zygote (the first one starts it)
         pid = f"p{i}"
+        tag = f"60.{os.getpid()}{i}"
         await client.call("process/start", {
-            "processId": pid, "argv": ["sh", "-c", "echo $$ $PPID; exec sleep 60"],
+            "processId": pid, "argv": ["sh", "-c", f"echo started; exec sleep {tag}"],
             "cwd": str(tmp_path), "env": dict(PATH_ENV), "tty": False, "arg0": None,
             "sandbox": sandbox})
         while True:
             msg = await client.notification("process/output")
             if msg["params"]["processId"] == pid:
                 break
-        child, parent = map(int, base64.b64decode(msg["params"]["chunk"]).split())
+        # the command runs in a PID namespace: find it from out here, then walk up
+        # through pid 1 and the monitor to whoever spawned the launch
+        async with asyncio.timeout(TIMEOUT):
+            while not _pids_with(tag):  # noqa: ASYNC110 - no event for its exec
+                await asyncio.sleep(0.01)
+        (child,) = _pids_with(tag)
+        monitor = _ppid(_ppid(child))
+        parent = _ppid(monitor)
         if parent != srv.pid:
             found = (child, parent)
             break

@@ -7,11 +7,19 @@ Run through ``launcher.py`` as
 confinement code for both paths. Stdlib only and few imports (``os``, ``sys``, ``_ctypes``,
 ``struct``, ``stat``, ``resource``): interpreter start-up is the cost floor.
 
-Steps, in order: status pipe, parent-death signal, ``RLIMIT_CORE=0``,
-mount-namespace read-only rebinds of protected subpaths (and masks over denied
-paths), Landlock, capability drop when root, seccomp network filter, chdir,
-``execvp`` with arg0. Setup failures write one JSON line to the status fd and
-exit 125; exec failures exit 127 (not found) or 126 (not executable).
+Steps, in order: status pipe, parent-death signal, ``RLIMIT_CORE=0``, then
+three processes. This one unshares a PID + mount namespace (+ a user namespace
+when not root) and stays outside as the *monitor* (``_split_monitor``); its
+child is pid 1 of the new PID namespace, which makes every mount read-only
+except the writable roots, rebinds protected subpaths read-only (and masks
+denied paths), builds a private ``/dev`` and ``/proc`` (``_apply_mounts``),
+then forks the *command's process* and reaps until it exits
+(``_split_init``). The command's process applies Landlock, drops
+capabilities when root, installs the seccomp filter, chdirs and ``execvp``s
+with arg0. When pid 1 exits the kernel kills whatever is left in the
+namespace; the monitor exits as the command did. Setup failures write one
+JSON line to the status fd and exit 125; exec failures exit 127 (not found)
+or 126 (not executable).
 
 Flags: ``--status-fd N``, ``--full-read``, ``--read P``, ``--full-write``,
 ``--write P``, ``--ro P``, ``--deny P``, ``--network``, ``--command-cwd D``,
@@ -26,6 +34,7 @@ as ``main``'s ``env``): it is used only by the final ``execve``.
 """
 
 
+import _signal  # type: ignore[import-not-found]  # builtin; ``signal`` costs more
 import os
 import sys
 
@@ -43,6 +52,7 @@ _MS_REC = 16384
 _MS_PRIVATE = 262144
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
 _PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
@@ -152,13 +162,12 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int,
                  enc(data))
 
 
-def _enter_mount_namespace() -> None:
-    """Private mount namespace (+ user namespace when not root), SANDBOX.md §1.10."""
+def _unshare(flags: int) -> None:
+    """``unshare(flags)``, adding a user namespace that maps us to ourselves when not root."""
     from exec_server.sandbox.linux._libc import c_int, call_syscall
 
     uid, gid = os.getuid(), os.getgid()
-    flags = _CLONE_NEWNS | (_CLONE_NEWUSER if uid != 0 else 0)
-    call_syscall("unshare", c_int(flags))
+    call_syscall("unshare", c_int(flags | (_CLONE_NEWUSER if uid != 0 else 0)))
     if uid != 0:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                            ("gid_map", f"{gid} {gid} 1")):
@@ -167,7 +176,6 @@ def _enter_mount_namespace() -> None:
                 os.write(fd, text.encode())
             finally:
                 os.close(fd)
-    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
 
 
 def _umount(target: str) -> None:
@@ -251,21 +259,108 @@ def _bind_read_only_tree(path: str) -> None:
                        _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _locked_flags(point))
 
 
-def _apply_mounts(plan: _Plan, knobs: "list[str]") -> None:
-    _enter_mount_namespace()
+def _read_only_tree(writable: list[str]) -> None:
+    """Every mount read-only except the writable roots, which get their own mounts back.
+
+    Landlock has no right for metadata: chmod, chown, utime and xattr changes
+    pass it. A read-only mount refuses them (EROFS) like any write. Each
+    writable root is cloned (``open_tree``, flags as they are now) before
+    ``/`` and everything below it is made read-only in one ``mount_setattr``,
+    then the clone is attached over the root again, shallowest first. The
+    roots thereby also become mountpoints: a writable parent cannot rename a
+    workspace (and its protected ``.git``) away and plant another (EBUSY).
+    """
+    from exec_server.sandbox.linux._libc import mount_setattr, move_mount, open_tree
+
+    roots = sorted((r for r in writable if os.path.exists(r)), key=lambda p: p.count("/"))
+    clones: list[tuple[str, int]] = []
+    try:
+        for root in roots:
+            clones.append((root, open_tree(root)))
+        mount_setattr("/", read_only=True)
+        for root, fd in clones:
+            move_mount(fd, root)
+    finally:
+        for _, fd in clones:
+            os.close(fd)
+
+
+#: host device nodes bound into the private ``/dev`` (read-only mounts: no chmod of the host's).
+_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+_DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+              ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"))
+
+
+def _own_pty() -> int | None:
+    """The launch's PTY (stdin) as a detached mount, to show as ``/dev/console`` as bwrap
+    does: ``ttyname`` finds it there (it is the same terminal as the stdio fds).
+
+    Cloned by its name in this namespace's copy of the host's devpts (the fd's own
+    mount belongs to the old namespace); None when stdin is no PTY or it cannot be.
+    """
+    from exec_server.sandbox.linux._libc import open_tree
+
+    try:
+        if not os.isatty(0):
+            return None
+        path = os.readlink("/proc/self/fd/0")
+        if not path.startswith("/dev/pts/") or os.stat(path).st_rdev != os.fstat(0).st_rdev:
+            return None
+        return open_tree(path)
+    except OSError:
+        return None
+
+
+def _private_dev() -> None:
+    """A fresh ``/dev``: the nodes in ``_DEV_NODES``, a private ``shm`` and PTY instance
+    (and, on a PTY launch, that PTY as ``console``).
+
+    Nothing else of the host's ``/dev`` (disks, ``kmsg``, its ``/dev/shm``, other
+    terminals' ``/dev/pts/N``) is visible; ``/dev`` itself is read-only.
+    """
+    from exec_server.sandbox.linux._libc import mount_setattr, move_mount, open_tree
+
+    nodes: list[tuple[str, int]] = []
+    try:
+        for name in _DEV_NODES:
+            try:
+                nodes.append((name, open_tree("/dev/" + name)))
+            except FileNotFoundError:
+                continue
+        pty = _own_pty()
+        if pty is not None:
+            nodes.append(("console", pty))
+        _mount("tmpfs", "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=755,size=64k")
+        for name, fd in nodes:
+            path = "/dev/" + name
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            move_mount(fd, path)
+    finally:
+        for _, fd in nodes:
+            os.close(fd)
+    for name, target in _DEV_LINKS:
+        os.symlink(target, "/dev/" + name)
+    os.mkdir("/dev/shm")
+    os.mkdir("/dev/pts")
+    mount_setattr("/dev", read_only=True)
+    _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+    _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC,
+           "newinstance,ptmxmode=0666,mode=620")
+
+
+def _apply_mounts(plan: _Plan, status_fd: int) -> None:
+    """Pid 1's mount work in the launch's fresh mount namespace (SANDBOX.md §1.10)."""
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     if not plan.full_write:
-        # Writable roots become mountpoints: a writable parent cannot then rename a
-        # workspace (and its protected .git) away and plant a new one (EBUSY).
-        for root in sorted(plan.writable_roots, key=lambda p: p.count("/")):
-            if os.path.isdir(root):
-                _mount(root, root, None, _MS_BIND | _MS_REC)
-    for path in () if plan.full_write else plan.read_only_subpaths:
-        if os.path.lexists(path):
-            _bind_read_only(path, path)
-        else:
-            made = _placeholder_for(path, plan.writable_roots)
-            if made is not None:
-                _bind_read_only(made, made)
+        if "/" not in plan.writable_roots:  # else nothing lies outside the writable roots
+            _read_only_tree(plan.writable_roots)
+        for path in plan.read_only_subpaths:
+            if os.path.lexists(path):
+                _bind_read_only(path, path)
+            else:
+                made = _placeholder_for(path, plan.writable_roots)
+                if made is not None:
+                    _bind_read_only(made, made)
     for path in plan.denied_paths:
         if os.path.isdir(path):
             _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
@@ -274,8 +369,131 @@ def _apply_mounts(plan: _Plan, knobs: "list[str]") -> None:
                    | _MS_NOEXEC, "mode=000,size=4k")
         elif os.path.lexists(path):
             _bind_read_only("/dev/null", path)
-    for path in knobs:
-        _bind_read_only_tree(path)
+    _private_dev()
+    try:
+        # this process is pid 1 of the new PID namespace: its /proc lists only the launch
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY)
+    except OSError as exc:
+        _report(status_fd, "warning", "proc", f"private /proc unavailable: {exc}")
+    if os.getuid() == 0:
+        # Kernel knobs a writable root would leave writable (a full-write plan's /sys):
+        # only root passes their permission check (see knobs.py).
+        from exec_server.sandbox.linux.knobs import read_only_knobs
+
+        for path in read_only_knobs(full_write=plan.full_write, writable_roots=plan.writable_roots):
+            _bind_read_only_tree(path)
+
+
+# Signals a monitor ignores: they reach the command through the process group. Job-control
+# stops (SIGTSTP/TTIN/TTOU) keep their default, so ^Z stops the monitor with the command
+# and a shell running ``exec-server run`` sees its job stop.
+_MONITOR_IGNORES = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2",
+                    "SIGALRM", "SIGPIPE", "SIGXFSZ")
+
+
+def _exit_like(status: int) -> None:
+    """Exit the way a child with raw wait ``status`` ended (re-raising its signal)."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            _signal.signal(sig, _signal.SIG_DFL)
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, (sig,))
+            os.kill(os.getpid(), sig)
+        except (OSError, ValueError):
+            pass
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else EXIT_SETUP)
+
+
+def _wait_for(pid: int) -> int:
+    """Reap children until ``pid`` exits (pid 1 also reaps adopted orphans); its raw status."""
+    while True:
+        try:
+            found, status = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return EXIT_SETUP << 8
+        if found == pid:
+            return status
+
+
+def _split_monitor() -> int:
+    """Fork pid 1 of the new PID namespace; this process stays outside as its monitor.
+
+    The monitor is what the server (or the spawn zygote) spawned and waits
+    for: it ignores the signals that the process group delivers to the command
+    anyway, waits for pid 1, and ends as the command ended (its relayed wait
+    status). It never returns; pid 1 returns the relay pipe's write end.
+    Killing the monitor (SIGKILL) kills pid 1 (PDEATHSIG), and with pid 1 the
+    kernel kills everything left in the namespace: daemons included.
+    """
+    relay_r, relay_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        # No handler on pid 1 (the launcher script's interpreter installed one for
+        # SIGINT): the kernel then drops what the group receives from outside.
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        os.close(relay_r)
+        from exec_server.sandbox.linux._libc import call_prctl
+
+        call_prctl(_PR_SET_PDEATHSIG, 9)
+        return relay_w
+    try:
+        for name in _MONITOR_IGNORES:
+            _signal.signal(getattr(_signal, name), _signal.SIG_IGN)
+        os.close(relay_w)
+        status = _wait_for(pid)
+        data = os.read(relay_r, 4)
+        if len(data) == 4:
+            status = int.from_bytes(data, "little", signed=True)
+        _exit_like(status)
+    except BaseException:  # never return into the launch
+        os._exit(EXIT_SETUP)
+    os._exit(EXIT_SETUP)  # pragma: no cover - _exit_like does not return
+
+
+def _split_init(relay_w: int) -> None:
+    """Pid 1: fork the command's process and stay as the namespace's reaper.
+
+    Returns in the child (which goes on to confine itself and exec). Pid 1
+    reaps orphans until the command exits, hands its status to the monitor
+    and exits: the kernel then kills whatever the command left behind.
+    """
+    pid = os.fork()
+    if pid == 0:
+        os.close(relay_w)
+        return
+    try:
+        status = _wait_for(pid)
+        os.write(relay_w, status.to_bytes(4, "little", signed=True))
+    except BaseException:  # never return into the launch
+        os._exit(EXIT_SETUP)
+    os._exit(0)
+
+
+def _isolate(plan: _Plan, opts: dict[str, object], status_fd: int) -> None:
+    """Enter a PID + mount namespace as the command's process under pid 1, when possible.
+
+    Without namespaces (unprivileged user namespaces disabled) the launch goes
+    on with Landlock and seccomp only and says so on the status pipe;
+    ``--strict-mounts`` refuses instead.
+    """
+    try:
+        _unshare(_CLONE_NEWNS | _CLONE_NEWPID)
+    except OSError as exc:
+        if opts["strict_mounts"]:
+            raise _Setup("namespaces", f"new namespaces: {exc}") from exc
+        _report(status_fd, "warning", "namespaces", f"namespaces unavailable: {exc}")
+        return
+    relay_w = _split_monitor()
+    try:
+        _apply_mounts(plan, status_fd)
+    except OSError as exc:
+        if opts["strict_mounts"]:
+            raise _Setup("mounts", f"read-only mounts: {exc}") from exc
+        _report(status_fd, "warning", "mounts", f"read-only mounts unavailable: {exc}")
+    _split_init(relay_w)
 
 
 def drop_capabilities(*, now: bool = False) -> None:
@@ -309,30 +527,10 @@ def drop_capabilities(*, now: bool = False) -> None:
 
 
 def _confine(plan: _Plan, opts: dict[str, object]) -> None:
-    import resource
-
+    """The command's process: Landlock, capability drop, seccomp (after ``_isolate``)."""
     from exec_server.sandbox.linux import landlock, seccomp
 
-    status_fd = int(str(opts["status_fd"]))
-    try:
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    except (OSError, ValueError) as exc:
-        raise _Setup("rlimit", f"setting RLIMIT_CORE: {exc}") from exc
     confine_fs = not plan.full_write
-    knobs: list[str] = []
-    if os.getuid() == 0:
-        # Only root passes the knobs' permission check; Landlock already keeps them
-        # read-only unless the plan makes them writable (see knobs.py).
-        from exec_server.sandbox.linux.knobs import read_only_knobs
-
-        knobs = read_only_knobs(full_write=plan.full_write, writable_roots=plan.writable_roots)
-    if (confine_fs and plan.read_only_subpaths) or plan.denied_paths or knobs:
-        try:
-            _apply_mounts(plan, knobs)
-        except OSError as exc:
-            if opts["strict_mounts"]:
-                raise _Setup("mounts", f"read-only rebinds: {exc}") from exc
-            _report(status_fd, "warning", "mounts", f"read-only rebinds unavailable: {exc}")
     try:
         landlock.restrict_self(plan, required=not (plan.full_read and plan.full_write))  # type: ignore[arg-type]
     except OSError as exc:
@@ -363,8 +561,12 @@ def _probe() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="exec-server-probe-") as tmp:
             try:
-                _enter_mount_namespace()
+                # what a launch's _isolate and _apply_mounts need
+                _unshare(_CLONE_NEWNS | _CLONE_NEWPID)
+                _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
                 _bind_read_only(tmp, tmp)
+                os.close(_libc.open_tree(tmp))
+                _libc.mount_setattr(tmp, read_only=True)
                 result["mount_ns"] = True
                 _umount(tmp)
             except OSError as exc:
@@ -446,8 +648,6 @@ def _read_env(fd: int) -> dict[str, str]:
 
 def _restore_signals() -> None:
     """Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec."""
-    import _signal  # type: ignore[import-not-found]  # builtin; ``signal`` costs more
-
     for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
         _signal.signal(sig, _signal.SIG_DFL)
 
@@ -488,6 +688,13 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
             # re-resolve the inherited cwd after the mounts: the old reference would
             # still point below the read-only rebinds (SANDBOX.md §1.10)
             cwd = os.getcwd()
+        import resource
+
+        try:
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        except (OSError, ValueError) as exc:
+            raise _Setup("rlimit", f"setting RLIMIT_CORE: {exc}") from exc
+        _isolate(plan, opts, status_fd)
         _confine(plan, opts)
         try:
             os.chdir(cwd)

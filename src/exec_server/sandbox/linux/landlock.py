@@ -93,6 +93,8 @@ def fs_mask(abi: int) -> int:
 
 
 #: device nodes everyday tools need (SANDBOX.md §1.9); granted when writes are confined.
+#: In a launch they are the launcher's private ``/dev`` (its own ``shm`` tmpfs and devpts
+#: instance), unless namespaces were unavailable.
 _DEVICE_RULES: tuple[tuple[str, int], ...] = (
     ("/dev/null", READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV),
     ("/dev/zero", READ_FILE | WRITE_FILE | TRUNCATE),

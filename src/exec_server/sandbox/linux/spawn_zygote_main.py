@@ -28,7 +28,9 @@ small machine). Bursts that find no spare fork directly.
 
 EOF on the control socket means the server is going away: SIGKILL every
 child's process group, reap, exit. ``PR_SET_PDEATHSIG`` makes the zygote die
-with the server, and each child dies with the zygote until it execs.
+with the server, and each child dies with the zygote. A child becomes the
+launch's monitor (``_launch._split_monitor``): the command runs two forks
+below it, in its own PID namespace, and the child exits as the command did.
 """
 
 import contextlib

@@ -1,0 +1,113 @@
+"""An unsandboxed launch's process tree: find it and signal it.
+
+A process group is not a tree: ``setsid`` or ``setpgid`` takes a descendant
+out of it. While the launched process lives, every process it started and
+that was not orphaned is found by following parent links in ``/proc``, in
+whatever group or session it now is. A PTY launch (spawned with ``fork``
+and child-side code anyway) also becomes a *child subreaper*
+(``PR_SET_CHILD_SUBREAPER``, kept across ``execve``): orphans below it are
+re-parented to it instead of init, so a double fork (``(setsid cmd &)``)
+stays in its tree too. A pipe launch stays on ``vfork`` (see
+``process.pipes``), so such an orphan escapes it. Sandboxed launches need
+none of this: their PID namespace ends with them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+
+__all__ = ["become_subreaper", "descendants", "kill_tree", "open_pidfds", "signal_pidfds"]
+
+_PR_SET_CHILD_SUBREAPER = 36
+_prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux only
+if _prctl is not None:
+    _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                       ctypes.c_ulong]
+    _prctl.restype = ctypes.c_int
+#: walks of ``kill_tree`` before it gives up on a tree that keeps forking.
+_KILL_PASSES = 20
+
+
+def become_subreaper() -> None:
+    """In a forked child before exec: adopt orphaned descendants (one syscall, no locks)."""
+    if _prctl is not None:
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _stat(pid: str) -> tuple[int, int, bool] | None:
+    """``(ppid, pgid, alive)`` of ``pid`` from ``/proc``, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    return int(fields[1]), int(fields[2]), fields[0] not in (b"Z", b"X")
+
+
+def descendants(root: int, *, skip_group: int | None = None) -> list[int]:
+    """Live (non-zombie) descendants of ``root``, parents before children.
+
+    ``skip_group``: leave out members of that process group (a ``killpg``
+    reaches them), but still descend through them.
+    """
+    children: dict[int, list[tuple[int, int, bool]]] = {}
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:  # no procfs (not Linux): only the group is reachable
+        return []
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        info = _stat(entry.name)
+        if info is not None:
+            ppid, pgid, alive = info
+            children.setdefault(ppid, []).append((int(entry.name), pgid, alive))
+    found: list[int] = []
+    queue = [root]
+    while queue:
+        parent = queue.pop(0)
+        for pid, pgid, alive in children.get(parent, ()):
+            queue.append(pid)
+            if alive and pgid != skip_group:
+                found.append(pid)
+    return found
+
+
+def open_pidfds(pids: list[int]) -> list[int]:
+    """pidfds for ``pids`` (those already gone are skipped): signals then reach exactly
+    these processes even after they were re-parented or their pid was reused."""
+    fds = []
+    for pid in pids:
+        with contextlib.suppress(OSError, AttributeError):
+            fds.append(os.pidfd_open(pid))
+    return fds
+
+
+def signal_pidfds(fds: list[int], sig: int) -> None:
+    """Send ``sig`` through each pidfd; processes already gone are skipped."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(fd, sig)
+
+
+def kill_tree(root: int, *, skip_group: int | None = None) -> None:
+    """SIGKILL every descendant of ``root`` (which must still be alive), deepest last.
+
+    Repeats the walk until it finds nothing: killing a middle process
+    re-parents its children to the subreaper ``root``, and a process may fork
+    between a walk and its kill.
+    """
+    for _ in range(_KILL_PASSES):
+        found = descendants(root, skip_group=skip_group)
+        if not found:
+            return
+        fds = open_pidfds(found)
+        try:
+            signal_pidfds(fds, signal.SIGKILL)
+        finally:
+            for fd in fds:
+                os.close(fd)
