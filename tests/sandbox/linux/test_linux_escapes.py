@@ -555,13 +555,10 @@ async def _start_and_wait(client: Any, process_id: str, argv: list[str], cwd: st
             return int(code), bytes(out)
 
 
-def _parent_is_zygote(stat: bytes) -> bool:
-    ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-    try:
-        with open(f"/proc/{ppid}/cmdline", "rb") as f:
-            return b"--zygote" in f.read()
-    except OSError:
-        return False
+def _parent_is_zygote(init_cmdline: bytes) -> bool:
+    """The command printed ``/proc/1/cmdline`` of its PID namespace: pid 1 (its parent)
+    is a fork of the spawn zygote (``--zygote``) or of a cold launcher."""
+    return b"--zygote" in init_cmdline
 
 
 @pytest.mark.parametrize("injection", ["ld_preload", "python"])
@@ -579,11 +576,11 @@ async def test_server_launches_keep_the_env_from_wrappers(backend_name: str, inj
     if injection == "ld_preload":
         env = {"LD_PRELOAD": build_ldpreload(libdir, ws.outside, ws.root)}
         outside, seen = "ldpreload_", "seen_ldpreload_"
-        argv = ["cat", "/proc/self/stat"]
+        argv = ["cat", "/proc/1/cmdline"]
     else:
         env = python_injection(libdir, ws.outside, ws.root)
         outside, seen = "pyinject_", "seen_pyinject_"
-        argv = [py, "-S", "-c", "import pyinject_mod; print(open('/proc/self/stat').read())"]
+        argv = [py, "-S", "-c", "import pyinject_mod; print(open('/proc/1/cmdline').read())"]
     env["PATH"] = "/usr/bin:/bin"
     srv = server_factory("--sandbox-backend", backend_name, cwd=ws.root)
     client = await rpc(srv.url)
