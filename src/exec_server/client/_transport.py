@@ -77,16 +77,19 @@ class WebSocketTransport:
         try:
             if ssl_context is not None and not url.startswith("wss://"):
                 raise ValueError(f"a TLS context needs a wss:// URL, not {url}")
+            # without a context, wss:// gets the default one (the system's CAs)
+            secure = url.startswith("wss://")
+            tls = ssl_context if ssl_context is not None else (True if secure else None)
             ws = await connect(
                 url,
                 additional_headers=headers,
-                ssl=ssl_context,
                 compression=None,
                 proxy=None,
                 open_timeout=None,  # the caller's deadline applies
                 ping_interval=None,
                 max_size=max_message_size,
                 user_agent_header=None,
+                ssl=tls,
             )
         except InvalidStatus as exc:
             raise HandshakeError(_refusal_text(url, exc), status=exc.response.status_code) from exc
