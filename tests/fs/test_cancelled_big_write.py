@@ -2,9 +2,10 @@
 it) leaves the connection working, and the write lands whole, as it does on the
 local backend (its thread runs on).
 
-A message over 1 MiB goes out in fragments; cancelled between two of them, the
-client used to release its send lock mid-message, and the next call's frame broke
-the connection (``1002 expected a continuation frame``; found by an audit)."""
+A message over 1 MiB goes out in fragments; cancelled between two of them (here:
+while websockets waits for the socket to drain after the first), a send cut short
+would let the next call's frame break the connection (``1002 expected a
+continuation frame``)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from websockets.asyncio.connection import Connection
 
 from exec_server.client import _transport
-from exec_server.client._ws import WsClientConnection
 from exec_server.client.fs import RemoteFileSystem
 
 WAIT = 30.0
@@ -27,24 +28,24 @@ async def test_a_cancelled_fragmented_write_leaves_the_connection_working(
     live_server: Any, tdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_transport, "SEND_FRAGMENT", 64 * 1024)
-    real_drained: Callable[[WsClientConnection], Awaitable[None]] = WsClientConnection._drained
+    real_drain: Callable[[Connection], Awaitable[None]] = Connection.drain
     in_flight = asyncio.Event()
     gate = asyncio.Event()
     calls = 0
     armed = False
 
-    async def drained(self: WsClientConnection) -> None:
+    async def drain(self: Connection) -> None:
         nonlocal calls
         if not armed:
-            await real_drained(self)
+            await real_drain(self)
             return
         calls += 1
         if calls == 1:  # right after the write's first fragment
             in_flight.set()
             await gate.wait()
-        await real_drained(self)
+        await real_drain(self)
 
-    monkeypatch.setattr(WsClientConnection, "_drained", drained)
+    monkeypatch.setattr(Connection, "drain", drain)
     fs = RemoteFileSystem(await live_server.client())
     armed = True
     data = os.urandom(1 << 20)  # ~1.4 MB of base64: 22 fragments

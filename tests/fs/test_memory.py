@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from exec_server.client._ws import _frame_header
 from exec_server.fs.workers import WorkerPool
 
 MIB = 1 << 20
@@ -332,7 +331,14 @@ def _server_side_socket(server_port: int, client_port: int) -> str:
 
 def _masked_frame(payload: bytes) -> bytes:
     """A masked text frame; the zero mask leaves the payload as it is."""
-    return _frame_header(1, True, len(payload), b"\0\0\0\0") + payload
+    size = len(payload)
+    if size < 126:
+        head = bytes((0x81, 0x80 | size))
+    elif size < 0x10000:
+        head = b"\x81\xfe" + size.to_bytes(2, "big")
+    else:
+        head = b"\x81\xff" + size.to_bytes(8, "big")
+    return head + b"\0\0\0\0" + payload
 
 
 class _Result:

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import sys
 from collections.abc import Sequence
 from typing import Final, Protocol
 
 import websockets
-from websockets.exceptions import InvalidStatus
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidStatus
 
-from exec_server.client._ws import WsClientConnection, WsClosed
-from exec_server.client._ws import connect as connect_ws
 from exec_server.client.errors import ConnectionLostError, HandshakeError
 
 __all__ = [
@@ -64,10 +64,10 @@ def _reason(url: str, exc: BaseException) -> str:
 
 
 class WebSocketTransport:
-    """One WebSocket connection (:mod:`exec_server.client._ws`); TCP_NODELAY so small
-    requests are not held by Nagle."""
+    """One WebSocket connection (``websockets.asyncio.client``), TCP_NODELAY so small
+    requests are not held by Nagle; no compression, no keepalive pings."""
 
-    def __init__(self, ws: WsClientConnection, url: str) -> None:
+    def __init__(self, ws: ClientConnection, url: str) -> None:
         self._ws = ws
         self._url = url
 
@@ -87,9 +87,23 @@ class WebSocketTransport:
                 wrong token, 403 for a browser Origin), TLS failure, or the
                 WebSocket upgrade failed.
         """
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else None
         try:
-            ws = await connect_ws(
-                url, max_size=max_message_size, token=token, ssl_context=ssl_context
+            if ssl_context is not None and not url.startswith("wss://"):
+                raise ValueError(f"a TLS context needs a wss:// URL, not {url}")
+            # without a context, wss:// gets the default one (the system's CAs)
+            secure = url.startswith("wss://")
+            tls = ssl_context if ssl_context is not None else (True if secure else None)
+            ws = await connect(
+                url,
+                additional_headers=headers,
+                compression=None,
+                proxy=None,
+                open_timeout=None,  # the caller's deadline applies
+                ping_interval=None,
+                max_size=max_message_size,
+                user_agent_header=None,
+                ssl=tls,
             )
         except InvalidStatus as exc:
             raise HandshakeError(_refusal_text(url, exc), status=exc.response.status_code) from exc
@@ -105,32 +119,56 @@ class WebSocketTransport:
             ) from exc
         except (OSError, TimeoutError, ValueError, websockets.WebSocketException) as exc:
             raise HandshakeError(f"cannot connect to {url}: {_failure_text(url, exc)}") from exc
+        sock = ws.transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(ws, url)
 
     async def send(self, data: bytes) -> None:
         try:
-            # Text frames (the upstream framing). Over 1 MiB, in 1 MiB fragments,
-            # each masked and written as the socket drains: whole, websockets held
-            # the text masked, framed and buffered besides (a 32 MiB write cost
-            # the client 159 MiB). Upstream accepts fragmented messages; a single
-            # frame over 16 MiB it refuses.
-            await self._ws.send(data, SEND_FRAGMENT)
-        except WsClosed as exc:
-            raise ConnectionLostError(exc.reason) from exc
+            if len(data) <= SEND_FRAGMENT:
+                await self._ws.send(data, text=True)
+            else:
+                # In fragments, each framed and written as the socket drains: whole,
+                # the library would hold the text masked and framed besides. Upstream
+                # accepts fragmented messages; a single frame over 16 MiB it refuses.
+                # A task of its own, so a caller that stops waiting cannot cut the
+                # message short (the next message would break the connection).
+                view = memoryview(data)
+                pieces = (view[i : i + SEND_FRAGMENT] for i in range(0, len(view), SEND_FRAGMENT))
+                sending = asyncio.ensure_future(self._ws.send(pieces, text=True))
+                sending.add_done_callback(_seen)
+                await asyncio.shield(sending)
+        except ConnectionClosed as exc:
+            raise ConnectionLostError(_closed_text(exc)) from exc
 
     async def recv(self) -> bytes | bytearray | str | None:
         try:
-            return await self._ws.recv()
-        except WsClosed as exc:
-            if exc.clean:
-                return None
-            raise ConnectionLostError(exc.reason) from exc
+            return await self._ws.recv(decode=False)
+        except ConnectionClosedOK:
+            return None
+        except ConnectionClosed as exc:
+            raise ConnectionLostError(_closed_text(exc)) from exc
 
     async def aclose(self) -> None:
-        await self._ws.aclose()
+        await self._ws.close()
 
     def describe(self) -> str:
         return self._url
+
+
+def _seen(task: asyncio.Future[None]) -> None:
+    """A shielded send's outcome is its caller's, if it still waits: no "never retrieved"."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _closed_text(exc: ConnectionClosed) -> str:
+    """Why the connection ended, for :class:`ConnectionLostError`."""
+    if exc.rcvd is None and exc.sent is None:
+        return "connection closed without a close frame"
+    return str(exc)
 
 
 def _failure_text(url: str, exc: BaseException) -> str:

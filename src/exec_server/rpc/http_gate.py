@@ -27,7 +27,7 @@ from __future__ import annotations
 import email.utils
 import http
 import logging
-from typing import Final, Protocol
+from typing import Any, Final
 
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
@@ -39,10 +39,6 @@ __all__ = ["READY_PATH", "UpgradeGate"]
 logger = logging.getLogger("exec_server.rpc.http")
 
 READY_PATH: Final = "/readyz"
-
-
-class _HasGrant(Protocol):
-    grant: Grant
 
 
 def _response(status: http.HTTPStatus, body: str = "") -> Response:
@@ -111,9 +107,9 @@ class UpgradeGate:
         )
         return grant
 
-    def process_request(self, connection: _HasGrant, request: Request) -> Response | None:
+    def process_request(self, connection: Any, request: Request) -> Response | None:
         """``websockets.asyncio.server.serve(process_request=...)``: None lets the
-        upgrade go on, with the grant kept on the connection."""
+        upgrade go on, with the grant kept on the connection (as ``connection.grant``)."""
         remote = getattr(connection, "remote_address", None)
         peer = f"{remote[0]}:{remote[1]}" if isinstance(remote, tuple) else "unknown peer"
         decision = self.decide(request, peer)

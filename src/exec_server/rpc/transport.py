@@ -1,20 +1,18 @@
 """Message transports: one JSON-RPC message per WebSocket message or per line.
 
 A transport moves whole messages as bytes; it neither parses JSON nor knows
-about methods. The server's WebSocket side is the lean
-:mod:`exec_server.rpc.ws_server`; :class:`WebSocketTransport` adapts a
-``websockets`` asyncio connection (e.g. a client's) to the same interface.
+about methods. :class:`WebSocketTransport` adapts a ``websockets`` asyncio
+connection (the listener's, :mod:`exec_server.rpc.ws_server`);
+:class:`StreamTransport` frames lines on a byte stream (stdio).
 
-Size limit (issue 2 "larger ones get a clear error, not a dropped
-connection"): websockets' own ``max_size`` fails the connection with close
-code 1009, so the WebSocket transport instead receives messages fragment by
-fragment and, once a message grows past ``max_message_size``, discards the
-rest of it and reports :class:`OversizedMessage`. A single *frame* is still
-buffered whole before it is parsed, so frames larger than ``frame_limit``
-(:func:`~exec_server.rpc.ws_server.serve_websocket`; default twice the message
-limit plus 1 MiB) still close the connection with 1009: that is the memory
-guard. The line transport discards
-oversized lines chunk by chunk and never buffers more than the limit.
+Size limit (PROTOCOL.md §14: a larger message gets a clear error, not a dropped
+connection): the WebSocket transport receives messages fragment by fragment
+and, once a message grows past ``max_message_size``, discards the rest of it
+and reports :class:`OversizedMessage`. The library still buffers a single
+*frame* whole, so it is configured with a frame limit
+(:func:`~exec_server.rpc.ws_server.serve_websocket`) and closes the connection
+with 1009 for a larger frame: that is the memory guard. The line transport
+discards oversized lines chunk by chunk and never buffers more than the limit.
 """
 
 from __future__ import annotations
@@ -27,10 +25,13 @@ from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
 from websockets.exceptions import ConnectionClosed
 
-if TYPE_CHECKING:  # the server never uses this adapter: keep websockets.asyncio out of serve
+from exec_server.rpc.ws_auth import Grant
+
+if TYPE_CHECKING:  # imported with the listener only: stdio serving does without it
     from websockets.asyncio.connection import Connection
 
 __all__ = [
+    "CLOSE_TIMEOUT",
     "HEAD_SIZE",
     "Inbound",
     "MemoryTransport",
@@ -43,6 +44,8 @@ __all__ = [
     "set_nodelay",
 ]
 
+#: seconds a WebSocket closing handshake may take before the connection is aborted.
+CLOSE_TIMEOUT: Final = 2.0
 #: bytes of an oversized message kept so its ``id`` can still be answered.
 HEAD_SIZE: Final = 256
 _READ_CHUNK: Final = 1 << 20
@@ -113,46 +116,88 @@ def set_nodelay(sock: socket.socket | None) -> None:
 
 
 class WebSocketTransport:
-    """Adapter over a websockets asyncio connection (server or client side).
+    """Adapter over a websockets asyncio connection.
 
-    Sends Text frames; accepts Text and Binary frames.
+    Sends Text frames (a message over :data:`_FEED_MIN` as a fragmented message
+    of :data:`_FEED` pieces, so the library never holds a framed copy of all
+    of it); accepts Text and Binary frames, without checking UTF-8 (the JSON
+    decoder rejects bad text with a JSON-RPC error).
     """
 
     kind = "websocket"
 
-    def __init__(self, ws: Connection, *, label: str, max_message_size: int) -> None:
+    def __init__(
+        self,
+        ws: Connection,
+        *,
+        label: str,
+        max_message_size: int,
+        grant: Grant | None = None,
+    ) -> None:
         self.ws = ws
         self.label = label
         self.max_message_size = max_message_size
+        #: what the upgrade was accepted with (a signed token's expiry).
+        self.grant = grant if grant is not None else Grant()
+        #: the close frame :meth:`aclose` sends (code, reason).
+        self.close_with: tuple[int, str] = (1000, "")
+
+    @property
+    def hangup_fd(self) -> int | None:
+        """The socket's descriptor, which shows the peer leaving while nobody reads
+        (``ConnectionProcessor._watch_hangup``); None once it is closed."""
+        sock = self.ws.transport.get_extra_info("socket")
+        fd = sock.fileno() if sock is not None else -1
+        return fd if fd >= 0 else None
 
     async def receive(self) -> Inbound:
         limit = self.max_message_size
-        parts: list[bytes] = []
+        # The first fragment, then (from the second) a bytearray grown in place: a
+        # list joined at the end would hold the message twice.
+        body: bytes | bytearray = b""
         size = 0
         head = b""
         try:
             async for fragment in self.ws.recv_streaming(decode=False):
+                assert isinstance(fragment, bytes)
                 size += len(fragment)
                 if size > limit:
                     if not head:
-                        head = (b"".join(parts) + fragment)[:HEAD_SIZE]
-                        parts.clear()
-                    continue
-                parts.append(fragment)
+                        head = (bytes(body[:HEAD_SIZE]) + fragment[:HEAD_SIZE])[:HEAD_SIZE]
+                        body = b""
+                elif not body:
+                    body = fragment
+                elif isinstance(body, bytearray):
+                    body += fragment
+                else:
+                    body = bytearray(body)
+                    body += fragment
         except ConnectionClosed:
             return None
         if size > limit:
             return OversizedMessage(size, limit, head)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return body
 
     async def send(self, data: Outbound) -> None:
         try:
-            await self.ws.send(data, text=True)
+            if len(data) <= _FEED_MIN:
+                await self.ws.send(data, text=True)
+            else:
+                view = memoryview(data)
+                pieces = (view[i : i + _FEED] for i in range(0, len(view), _FEED))
+                await self.ws.send(pieces, text=True)
         except ConnectionClosed as exc:
             raise ConnectionResetError(str(exc)) from exc
 
     async def aclose(self) -> None:
-        await self.ws.close()
+        """Closing handshake with :attr:`close_with`; the TCP connection is aborted
+        if it has not ended after :data:`CLOSE_TIMEOUT` (a peer that does not read
+        leaves the close frame stuck behind a full write buffer)."""
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await self.ws.close(*self.close_with)
+        except TimeoutError:
+            self.ws.transport.abort()
 
 
 class StreamTransport:

@@ -38,7 +38,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -64,8 +64,8 @@ from exec_server.rpc.transport import (
     Outbound,
     OversizedMessage,
     StreamTransport,
+    WebSocketTransport,
 )
-from exec_server.rpc.ws_server import WsConnection, WsServer, serve_websocket
 from exec_server.server import env_handlers, fs_handlers, http_handlers, process_handlers
 from exec_server.server.capabilities import advertised_capabilities
 from exec_server.server.heap import BIG_TRANSFER, heap_releaser, settle_startup_heap
@@ -78,6 +78,9 @@ from exec_server.server.listener import (
 from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, SessionRegistry
+
+if TYPE_CHECKING:  # the listener's modules load with the listener: stdio does without
+    from websockets.asyncio.server import Server as WsServer
 
 __all__ = [
     "ConnectionProcessor",
@@ -92,9 +95,6 @@ logger = logging.getLogger("exec_server.server")
 #: methods whose handlers may wait long (and call ``ctx.unblock()``); every
 #: other request runs inline in the connection's read loop.
 BLOCKING_METHODS: Final = ("process/read",)
-#: messages up to this size may be answered straight from the socket callback
-#: (``ConnectionProcessor._offer``); bigger ones gain nothing from it.
-NOW_MAX_MESSAGE: Final = 64 * 1024
 #: A message over this size is let go as soon as it is handled, not kept until the
 #: next one arrives. Smaller ones are kept: freed, their memory went back to the
 #: system and the next message faulted it in again (~0.8 ms per 1 MiB write);
@@ -192,17 +192,8 @@ class ConnectionProcessor:
         self.router = router
         self.services = services
         self.registry = registry
-        self._send_nowait: Callable[[Outbound], bool] | None = getattr(
-            transport, "send_nowait", None
-        )
-        #: sends a small reply from a worker thread, if the transport can (WebSocket).
-        self._send_threadsafe: Callable[[Outbound, Callable[[], None]], bool] | None = getattr(
-            transport, "send_threadsafe", None
-        )
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.attachment = Attachment(
-            transport.label, self._notify, self._notify_nowait, kind=transport.kind
-        )
+        self.attachment = Attachment(transport.label, self._notify, kind=transport.kind)
         self._handlers: set[asyncio.Task[None]] = set()
         #: requests in progress at once (``--concurrent-requests``): the one
         #: being dispatched plus the long polls in ``_handlers``.
@@ -211,13 +202,6 @@ class ConnectionProcessor:
         self._slot_waiter: asyncio.Future[None] | None = None
         #: ``_serve`` waits for the next message (so nothing is being handled).
         self._parked = False
-        #: a message ``_offer`` decoded but left to ``_serve`` (and its decoding).
-        self._predecoded: tuple[bytes, Request] | None = None
-        #: a request ``_offer`` started in a worker is not answered yet.
-        self._started_pending = False
-        self._idle_waiter: asyncio.Future[None] | None = None
-        #: replies that had to wait for room in the write buffer.
-        self._replies: set[asyncio.Future[bool]] = set()
         self._closed = False
         self._close_reason: str | None = None
         self._close_requested = asyncio.Event()
@@ -261,34 +245,11 @@ class ConnectionProcessor:
         """
         return await self._send(_encode_notification(method, params))
 
-    def _notify_nowait(self, method: str, params: msgspec.Struct) -> bool | None:
-        """Synchronous sink: send now if the transport takes it without waiting.
-
-        None = nothing sent (no room, or a transport without ``send_nowait``):
-        the caller falls back to :meth:`_notify`.
-        """
-        if self._closed:
-            return False
-        send_nowait = self._send_nowait
-        if send_nowait is None:
-            return None
-        try:
-            sent: bool = send_nowait(_encode_notification(method, params))
-        except (ConnectionError, OSError) as exc:
-            logger.debug("%s: send failed: %s", self.transport.label, exc)
-            self._closed = True
-            self._request_close(f"send failed: {exc}")
-            return False
-        return True if sent else None
-
     # -- main loop --------------------------------------------------------
 
     async def run(self) -> None:
         """Serve until the peer disconnects, the protocol says close, or :meth:`close`."""
         self._loop = asyncio.get_running_loop()
-        offers = hasattr(self.transport, "on_message")
-        if offers:
-            self.transport.on_message = self._offer  # type: ignore[attr-defined]
         serve = asyncio.create_task(self._serve())
         closer = asyncio.create_task(self._close_requested.wait())
         try:
@@ -311,14 +272,11 @@ class ConnectionProcessor:
             for result in results:
                 if isinstance(result, Exception):
                     logger.error("%s: task failed", self.transport.label, exc_info=result)
-            if offers:
-                self.transport.on_message = None  # type: ignore[attr-defined]
             self.registry.detach(self.attachment)
             # The attachment's sinks are this processor's bound methods: a cycle
             # that kept the processor, its transport and their buffers until a
             # full collection. Nothing is sent through them once detached.
             self.attachment.sink = _not_delivered
-            self.attachment.sink_nowait = None
             with contextlib.suppress(Exception):
                 await self.transport.aclose()
             logger.debug("%s: closed (%s)", self.transport.label, self._close_reason or "eof")
@@ -350,20 +308,6 @@ class ConnectionProcessor:
             self._dispatched += 1
             if self._busy_timer is None:
                 self._watch_busy()
-            while self._started_pending:
-                # A request started from the receive callback is still running:
-                # it comes first (arrival order).
-                waiter = asyncio.get_running_loop().create_future()
-                self._idle_waiter = waiter
-                if not self._started_pending:
-                    # Released by a worker between the check and the line above:
-                    # it may have looked for a waiter before there was one.
-                    self._idle_waiter = None
-                    break
-                try:
-                    await waiter
-                finally:
-                    self._idle_waiter = None
             if self.attachment.evicted:
                 self._request_close("session resumed by another connection")
                 return
@@ -503,13 +447,8 @@ class ConnectionProcessor:
             )
             return
         assert item is not None
-        pre = self._predecoded
         try:
-            if pre is not None and pre[0] is item:
-                self._predecoded = None
-                message: Request | Notification | Response | ErrorResponse = pre[1]
-            else:
-                message = decode_message(item)
+            message = decode_message(item)
         except ProtocolError as exc:
             await self._send(
                 encode_error(
@@ -529,131 +468,6 @@ class ConnectionProcessor:
         else:
             assert isinstance(message, (Response, ErrorResponse))
             raise ProtocolClosedError("unexpected response from client")
-
-    def _offer(self, item: bytes | bytearray | OversizedMessage) -> bool:
-        """Answer ``item`` now, from the transport's receive callback, if that needs no waiting.
-
-        The transport calls this for a message that arrives while none is
-        queued; we take it only while ``_serve`` is idle (so arrival order
-        holds) and the reply can be written at once. Routes with a ``now``
-        handler (metadata, small reads, process writes...) are answered here,
-        saving the loop iteration and task switch of the queue; anything else
-        returns False and is queued as usual (its decoding kept for
-        ``_handle``).
-        """
-        if (
-            not self._parked
-            or self._ahead  # read ahead, not yet taken by ``_serve``: they come first
-            or self._started_pending
-            or len(self._handlers) >= self._limit
-            or self._closed
-            or self._close_requested.is_set()
-            or not isinstance(item, bytes)
-            or len(item) > NOW_MAX_MESSAGE
-            or self.attachment.evicted
-            or not getattr(self.transport, "send_ready", False)
-        ):
-            return False
-        try:
-            message = decode_message(item)
-        except ProtocolError:
-            return False  # ``_handle`` answers it
-        if not isinstance(message, Request):
-            return False
-        kind = self.router.shortcut(message.method)
-        if kind is None:
-            self._predecoded = (item, message)
-            return False
-        ctx = RequestContext(
-            message.id, message.method, self.attachment, self.services, self.registry
-        )
-        if kind == "start":
-            if self._loop is None:
-                self._loop = asyncio.get_running_loop()
-            self._started_pending = True
-            try:
-                started = self.router.dispatch_start(
-                    ctx, message, self._started_reply, self._started_reply_from_thread
-                )
-            except ProtocolClosedError as exc:
-                self._started_pending = False
-                self._request_close(str(exc))
-                return True
-            if not started:
-                self._started_pending = False
-                self._predecoded = (item, message)
-            return started
-        transport: Any = self.transport
-        transport.cork()  # notifications sent meanwhile go out with the reply
-        try:
-            try:
-                reply = self.router.dispatch_now(ctx, message)
-            except ProtocolClosedError as exc:
-                self._request_close(str(exc))
-                return True
-            if reply is None:
-                self._predecoded = (item, message)
-                return False
-            self._reply_now(reply)
-            return True
-        finally:
-            transport.uncork()
-
-    def _reply_now(self, reply: Outbound) -> None:
-        """Write a reply from a callback (room was checked, or it is one small frame)."""
-        if self._closed:
-            return
-        if len(reply) >= BIG_TRANSFER:
-            heap_releaser().note_transfer(len(reply))
-        send_nowait = self._send_nowait
-        assert send_nowait is not None
-        try:
-            if not send_nowait(reply):
-                # The buffer filled meanwhile: queue it anyway (one reply), later
-                # requests wait for room on the ordinary path.
-                pending = asyncio.ensure_future(self._send(reply))
-                self._replies.add(pending)
-                pending.add_done_callback(self._replies.discard)
-        except (ConnectionError, OSError) as exc:
-            self._closed = True
-            self._request_close(f"send failed: {exc}")
-
-    def _started_reply_from_thread(self, reply: Outbound) -> bool:
-        """The answer of a request ``_offer`` started, sent by the worker that made it.
-
-        Only when the transport can take it in order from this thread
-        (``send_threadsafe``). The connection is released just before the
-        reply is written (under the transport's write lock, so a request
-        answered next cannot overtake it); the loop is woken only to let
-        ``_serve`` go on, after the reply left.
-        """
-        send = self._send_threadsafe
-        if send is None or self._closed or not send(reply, self._release_started):
-            return False
-        # Wake the loop only if ``_serve`` waits: it sets the waiter, then checks
-        # ``_started_pending`` again, which ``send`` cleared before this read.
-        if self._idle_waiter is not None:
-            loop = self._loop
-            assert loop is not None
-            with contextlib.suppress(RuntimeError):  # the loop is gone
-                loop.call_soon_threadsafe(self._started_released)
-        return True
-
-    def _release_started(self) -> None:
-        self._started_pending = False
-
-    def _started_released(self) -> None:
-        waiter = self._idle_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _started_reply(self, reply: Outbound) -> None:
-        """The answer of a request ``_offer`` started: send it, then let ``_serve`` go on."""
-        self._started_pending = False
-        self._reply_now(reply)
-        waiter = self._idle_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     async def _start_request(self, request: Request) -> None:
         while len(self._handlers) >= self._limit:
@@ -724,7 +538,7 @@ class ExecServer:
         for processor in list(self._processors):
             processor.close(reason)
 
-    async def handle_websocket(self, conn: WsConnection) -> None:
+    async def handle_websocket(self, conn: WebSocketTransport) -> None:
         """Per-connection handler: one processor per upgraded socket.
 
         A connection opened with a signed token is closed (1008) when the
@@ -748,12 +562,15 @@ class ExecServer:
     async def listen_websocket(
         self, address: ListenAddress, listener: Listener | None = None
     ) -> WsServer:
-        """Bind and start accepting; the caller closes the returned server.
+        """Bind and start accepting; the caller closes the returned server
+        (``close()`` closes every connection, ``wait_closed()`` waits for them).
 
         Raises:
             AuthConfigError, ListenerRefused: without ``listener``, the config's
                 auth and TLS flags do not allow this address.
         """
+        from exec_server.rpc.ws_server import serve_websocket
+
         if listener is None:
             listener = prepare_listener(self.config, address)
         return await serve_websocket(
@@ -761,8 +578,6 @@ class ExecServer:
             address.host,
             address.port,
             max_message_size=self.config.max_message_size,
-            # A big message abandoned half way is memory to hand back, as a big one received.
-            on_discard=heap_releaser().note_transfer,
             gate=listener.gate,
             ssl=listener.ssl_context,
         )
@@ -774,7 +589,7 @@ class ExecServer:
         await self.services.aclose()
 
 
-def _expire(conn: WsConnection, processor: ConnectionProcessor) -> None:
+def _expire(conn: WebSocketTransport, processor: ConnectionProcessor) -> None:
     logger.info("%s: websocket jwt expired, closing", conn.label)
     conn.close_with = (1008, "websocket jwt expired")
     processor.close("websocket jwt expired")
