@@ -227,9 +227,6 @@ def run(ns: argparse.Namespace) -> int:
         level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if level != "debug":
-        # one line per upgrade comes from the gate; the library's own lines are debug detail
-        logging.getLogger("exec_server.rpc.wire").setLevel(logging.WARNING)
     try:
         parse_listen_url(ns.listen)
         config = ServerConfig(

@@ -31,9 +31,11 @@ from exec_server.rpc.ws_auth import Grant
 __all__ = ["WRITE_LIMIT", "serve_websocket"]
 
 logger = logging.getLogger("exec_server.rpc")
-#: the library's own handshake and frame messages ("connection open"): the gate
-#: already logs each upgrade once, so these show only with ``--log-level debug``.
+#: the library's own handshake and frame messages. Its debug lines quote every
+#: frame, i.e. file contents, environments and tokens, which must never reach a
+#: log: only its warnings and errors pass (the gate logs each upgrade once).
 wire_logger = logging.getLogger("exec_server.rpc.wire")
+wire_logger.setLevel(logging.WARNING)
 
 #: bytes the socket's write buffer holds before senders wait (backpressure).
 WRITE_LIMIT: Final = 1 << 20
