@@ -620,7 +620,7 @@ class RouterCaller:
     def __init__(self, services: Any = None) -> None:
         from exec_server.config import ServerConfig
         from exec_server.protocol.connection import HandshakeState
-        from exec_server.server import fs_handlers
+        from exec_server.server import fs_handle_handlers, fs_handlers
         from exec_server.server.router import Router
         from exec_server.server.services import ServerServices
         from exec_server.server.session import Attachment, Session, SessionRegistry
@@ -629,6 +629,7 @@ class RouterCaller:
         self.registry = SessionRegistry(self.services.config)
         self.router = Router()
         fs_handlers.register(self.router)
+        fs_handle_handlers.register(self.router)
         self.attachment = Attachment("test", _no_notifications)
         session = Session("session", processes=None)  # type: ignore[arg-type]
         session.attached_to = self.attachment.connection_id

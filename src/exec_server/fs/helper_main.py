@@ -31,6 +31,7 @@ _OPERATIONS = frozenset(
         "fs/remove",
         "fs/copy",
         "fs/canonicalize",
+        "fs/walk",
     }
 )
 
@@ -69,6 +70,8 @@ def _decode(raw: bytes) -> tuple[OpRequest, bytes, bool]:
             "full_write",
             "not_a_file",
             "tmp",
+            "walk",
+            "plan",
         )
         if k in ext
     }

@@ -57,8 +57,12 @@ from exec_server.exceptions import (
     os_error_message,
 )
 from exec_server.fs import nonblocking, ops
+from exec_server.fs.errors import translate_os_errors
+from exec_server.fs.handles import Install, open_into
+from exec_server.fs.handles import Mode as OpenMode
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import INLINE_READ_LIMIT as _INLINE_READ_LIMIT
+from exec_server.fs.walk import WalkOptions, WalkOutcome, walk
 from exec_server.fs.workers import shared_pool
 from exec_server.fs.zygote import (
     HelperFailure,
@@ -102,6 +106,7 @@ class FsOperation:
     data: ops.Payload = b""
     recursive: bool = True
     force: bool = True
+    walk: WalkOptions | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +362,58 @@ class SandboxedFileSystem:
             context, FsOperation("fs/canonicalize", path), ops.canonicalize, _path_reply
         )
 
+    async def walk(self, context: object, path: str, options: WalkOptions) -> WalkOutcome:
+        """Listed and looked at in the confined helper (PROTOCOL_CURRENT §6.3), unless
+        the policies provably read everything (then as an unsandboxed walk)."""
+        req = _request(context)
+        if _reads_everything(req):
+            return await shared_pool().run(_walk_direct, path, options)
+        result, _ = await self.run(FsOperation("fs/walk", path, walk=options), req)
+        return _walk_reply(result)
+
+    async def open_handle(
+        self, context: object, path: str, mode: OpenMode, install: Install
+    ) -> None:
+        """``fs/open`` under a sandbox context (PROTOCOL_CURRENT §4.6).
+
+        The policy is checked on the path's resolved location, as for every
+        confined call (a location the context does not allow: ``-32600 ... is not
+        permitted by filesystem sandbox``), and that very location is then opened
+        without following any symlink (:func:`exec_server.fs.nofollow.open_at`): a
+        link swapped in after the check fails the open instead of redirecting it.
+        No helper process is involved, so reads and writes on the descriptor are
+        as fast as unsandboxed ones. A read under a policy that reads everything
+        opens the path as given.
+        """
+        req = _request(context)
+        if mode == "read" and _reads_everything(req):
+            return await shared_pool().run(open_into, install, path, mode)
+        if self._closed:
+            raise InternalError("the filesystem sandbox is shut down")
+        if req.direct:
+            raise InvalidRequestError(NEEDS_POLICY)
+        checked = await shared_pool().run(
+            check_path, req, path, preserve=False, write=mode == "replace"
+        )
+        await shared_pool().run(open_into, install, checked.path, mode, no_follow=True)
+
+    async def check_no_follow(self, context: object, path: str, *, write: bool) -> None:
+        """Check a ``followSymlinks: false`` call: the policy must allow ``path`` as
+        spelled and as resolved. The call then touches ``path`` only if no component
+        is a link (:mod:`exec_server.fs.nofollow`), that is, only the location
+        checked."""
+        req = _request(context)
+        if self._closed:
+            raise InternalError("the filesystem sandbox is shut down")
+        if req.direct:
+            raise InvalidRequestError(NEEDS_POLICY)
+
+        def check() -> None:
+            check_path(req, path, preserve=False, write=write)
+            _require(req, path, write=write)
+
+        await shared_pool().run(check)
+
     async def _read_only(
         self,
         context: object,
@@ -460,6 +517,8 @@ class SandboxedFileSystem:
             header["dest_expect"] = dst.expect
         if not_a_file is not None:
             header["not_a_file"] = not_a_file
+        if op.walk is not None:
+            header["walk"] = _walk_header(op.walk)
         try:
             reply, payload = await self._zygote.run(
                 header, op.data, timeout=self._config.fs_helper_timeout, into=into
@@ -633,6 +692,36 @@ def _entries_reply(result: dict[str, object]) -> list[DirEntry]:
     ]
 
 
+def _walk_direct(path: str, options: WalkOptions) -> WalkOutcome:
+    with translate_os_errors():
+        return walk(path, options)
+
+
+def _walk_header(options: WalkOptions) -> list[object]:
+    return [
+        options.max_depth,
+        options.max_directories,
+        options.max_entries,
+        options.follow_directory_symlinks,
+        options.prune_hidden_directories,
+    ]
+
+
+def _walk_reply(result: dict[str, object]) -> WalkOutcome:
+    entries = result.get("entries")
+    errors = result.get("errors")
+    if not isinstance(entries, list) or not isinstance(errors, list):
+        raise InternalError("unexpected fs sandbox helper response: no walk outcome")
+    try:
+        return WalkOutcome(
+            entries=[(str(d), str(n), bool(k)) for d, n, k in entries],
+            errors=[(str(d), str(n), str(m)) for d, n, m in errors],
+            truncated=bool(result.get("truncated")),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InternalError(f"unexpected fs sandbox helper response: {exc}") from None
+
+
 def _path_reply(result: dict[str, object]) -> str:
     out = result.get("path")
     if not isinstance(out, str):
@@ -694,6 +783,9 @@ def _helper_request(
         ext["not_a_file"] = not_a_file
     if tmp is not None:
         ext["tmp"] = tmp
+    if op.walk is not None:
+        ext["walk"] = _walk_header(op.walk)
+        ext["plan"] = _plan_header(plan)
     return {"operation": op.method, "params": params, "x-exec-server": ext}
 
 

@@ -41,8 +41,11 @@ from stat import S_ISREG
 from typing import Protocol, TypeVar
 
 from exec_server.exceptions import ExecServerError, InvalidRequestError
-from exec_server.fs import memfs, nonblocking, ops
+from exec_server.fs import memfs, nofollow, nonblocking, ops
+from exec_server.fs.errors import translate_os_errors
+from exec_server.fs.handles import Install, Mode, open_into
 from exec_server.fs.ops import DirEntry, Metadata
+from exec_server.fs.walk import WalkOptions, WalkOutcome, limits_error, walk
 from exec_server.fs.workers import WorkerPool, shared_pool
 
 __all__ = [
@@ -55,6 +58,7 @@ __all__ = [
     "FsRoute",
     "Route",
     "inline_write_target",
+    "produce_and_write_no_follow",
 ]
 
 #: ``read_file`` reads regular files up to this size on the event loop (see module doc).
@@ -121,6 +125,22 @@ class ConfinedFileSystem(Protocol):
     ) -> None: ...
 
     async def canonicalize(self, context: object, path: str) -> str: ...
+
+    async def walk(self, context: object, path: str, options: WalkOptions) -> WalkOutcome:
+        """``fs/walk`` confined: what the context does not let the caller read is absent."""
+        ...
+
+    async def open_handle(
+        self, context: object, path: str, mode: Mode, install: Install
+    ) -> None:
+        """Open ``path`` for ``fs/open`` where the context allows it; ``install`` takes
+        the descriptor over in the worker that opened it."""
+        ...
+
+    async def check_no_follow(self, context: object, path: str, *, write: bool) -> None:
+        """Refuse (``-32600 ... is not permitted``) a ``followSymlinks: false`` call the
+        context does not allow on ``path`` (both its lexical and resolved location)."""
+        ...
 
     def reads_directly(self, context: object) -> bool:
         """Whether read-only calls under ``context`` may run in the server (no helper)."""
@@ -331,6 +351,38 @@ class FileSystemService:
             )
         await self._pool.run(ops.copy, source, destination, recursive=recursive)
 
+    async def walk(self, path: str, options: WalkOptions, route: Route = DIRECT) -> WalkOutcome:
+        """A bounded breadth-first walk (:mod:`exec_server.fs.walk`); limits are
+        checked before the path is looked at."""
+        refused = limits_error(options)
+        if refused is not None:
+            raise InvalidRequestError(refused)
+        if route.confined:
+            return await self._confined_or_refuse(route).walk(route.context, path, options)
+        return await self._pool.run(_walk_direct, path, options)
+
+    async def open_handle(
+        self, path: str, mode: Mode, install: Install, route: Route = DIRECT
+    ) -> None:
+        """Open a new file handle's descriptor (``fs/open``) and hand it to ``install``
+        in the worker that opened it (a cancelled caller cannot leak it)."""
+        if route.confined:
+            confined = self._confined_or_refuse(route)
+            return await confined.open_handle(route.context, path, mode, install)
+        await self._pool.run(open_into, install, path, mode)
+
+    async def no_follow(
+        self, call: Callable[..., T], path: str, route: Route, *, write: bool, **kwargs: object
+    ) -> T:
+        """``call(path, **kwargs)``, a :mod:`exec_server.fs.nofollow` operation (no symlink
+        anywhere in the path, race-free), in a worker. Under a confining context the
+        policy is checked first on the path as spelled and as resolved: with no link
+        to follow, the checked location is the one the call touches."""
+        if route.confined:
+            confined = self._confined_or_refuse(route)
+            await confined.check_no_follow(route.context, path, write=write)
+        return await self._pool.run(call, path, **kwargs)
+
     async def canonicalize(self, path: str, route: Route = DIRECT) -> str:
         if route.confined:
             return await self._confined_or_refuse(route).canonicalize(route.context, path)
@@ -363,3 +415,12 @@ def _read_mapped(
 
 def _produce_and_write(path: str, produce: Callable[[], ops.Payload]) -> None:
     ops.write_file(path, produce())
+
+
+def produce_and_write_no_follow(path: str, produce: Callable[[], ops.Payload]) -> None:
+    nofollow.write_file(path, produce())
+
+
+def _walk_direct(path: str, options: WalkOptions) -> WalkOutcome:
+    with translate_os_errors():
+        return walk(path, options)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from exec_server.errno_text import os_error_text
 from exec_server.fs.exchange import exchange_into_place, match_old_file
+from exec_server.fs.walk import WalkOptions, walk
 
 __all__ = [
     "MAX_READ_BYTES",
@@ -121,6 +122,9 @@ class OpRequest:
     full_write: bool = False
     not_a_file: str | None = None
     tmp: str | None = None
+    walk: WalkOptions | None = None
+    #: what the helper plan lets the child read (None: everything)
+    readable: tuple[str, ...] | None = None
 
     @staticmethod
     def from_header(h: Mapping[str, object]) -> OpRequest:
@@ -152,6 +156,26 @@ class OpRequest:
             raise OpError(_INVALID, "fs sandbox request has an invalid `tmp`")
         path = s("path", True)
         assert path is not None
+        walk_options = None
+        if op == "fs/walk":
+            w = h.get("walk")
+            if not (
+                isinstance(w, list)
+                and len(w) == 5
+                and all(type(v) is int and v >= 0 for v in w[:3])
+                and all(isinstance(v, bool) for v in w[3:])
+            ):
+                raise OpError(_INVALID, "fs sandbox request has an invalid `walk`")
+            walk_options = WalkOptions(*w)
+        readable = None
+        plan = h.get("plan")
+        if isinstance(plan, Mapping) and not plan.get("full_read", False):
+            roots = plan.get("readable_roots") or []
+            if not isinstance(roots, list) or not all(
+                isinstance(p, str) and p.startswith("/") for p in roots
+            ):
+                raise OpError(_INVALID, "fs sandbox request has an invalid `plan`")
+            readable = tuple(roots)
         return OpRequest(
             op=op,
             path=path,
@@ -166,6 +190,8 @@ class OpRequest:
             full_write=bool(h.get("full_write", False)),
             not_a_file=s("not_a_file"),
             tmp=tmp,
+            walk=walk_options,
+            readable=readable,
         )
 
 
@@ -907,7 +933,32 @@ def _canonicalize(c: _Ctx) -> tuple[dict[str, object], bytes]:
     return {"path": real}, b""
 
 
+def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    """``fs/walk`` in the confined child: the directories are listed under Landlock,
+    and what the plan does not let the caller read (outside the readable roots,
+    ``none`` carve-outs) is left out, so a link leading out of the roots is absent
+    rather than an error, as upstream's helper shows it."""
+    options = c.req.walk
+    if options is None:
+        raise OpError(_INVALID, "fs sandbox request has an invalid `walk`")
+    readable = c.req.readable
+    guard = c.guard
+
+    def visible(real: str) -> bool:
+        if readable is not None and not any(_within(real, root) for root in readable):
+            return False
+        return guard._classify(real) != 0
+
+    outcome = walk(c.req.path, options, visible)
+    return {
+        "entries": outcome.entries,
+        "errors": outcome.errors,
+        "truncated": outcome.truncated,
+    }, b""
+
+
 _OPS = {
+    "fs/walk": _walk,
     "fs/readFile": _read_file,
     "fs/createDirectory": _create_directory,
     "fs/getMetadata": _get_metadata,

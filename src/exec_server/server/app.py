@@ -65,7 +65,7 @@ from exec_server.rpc.transport import (
     StreamTransport,
 )
 from exec_server.rpc.ws_server import WsConnection, WsServer, serve_websocket
-from exec_server.server import env_handlers, fs_handlers, process_handlers
+from exec_server.server import env_handlers, fs_handle_handlers, fs_handlers, process_handlers
 from exec_server.server.heap import BIG_TRANSFER, heap_releaser, settle_startup_heap
 from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
@@ -140,6 +140,7 @@ def build_router() -> Router:
     env_handlers.register(router)
     process_handlers.register(router)
     fs_handlers.register(router)
+    fs_handle_handlers.register(router)
     for method in BLOCKING_METHODS:
         if method in router:
             router.set_may_block(method)
@@ -298,6 +299,7 @@ class ConnectionProcessor:
             if offers:
                 self.transport.on_message = None  # type: ignore[attr-defined]
             self.registry.detach(self.attachment)
+            self.attachment.close_file_handles()
             # The attachment's sinks are this processor's bound methods: a cycle
             # that kept the processor, its transport and their buffers until a
             # full collection. Nothing is sent through them once detached.

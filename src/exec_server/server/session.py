@@ -26,6 +26,8 @@ import msgspec
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import AlreadyAttachedError, InvalidRequestError
+from exec_server.fs.handles import FileHandles
+from exec_server.fs.workers import shared_pool
 from exec_server.process.manager import ProcessManager
 from exec_server.protocol.connection import (
     Handshake,
@@ -84,6 +86,15 @@ class Attachment:
         self.sink_nowait = sink_nowait
         self.handshake = Handshake()
         self.session: Session | None = None
+        #: this connection's ``fs/open`` handles (made on first use, closed with it).
+        self.file_handles: FileHandles | None = None
+
+    def close_file_handles(self) -> None:
+        """Close this connection's file handles (it ended), in a worker thread:
+        closing a descriptor may flush to a slow device."""
+        handles, self.file_handles = self.file_handles, None
+        if handles is not None:
+            shared_pool().submit(_ignore_result, handles.close_all)
 
     @property
     def attached(self) -> bool:
@@ -95,6 +106,11 @@ class Attachment:
         """Another connection resumed our session (§4.5)."""
         s = self.session
         return s is not None and s.attached_to is not None and s.attached_to != self.connection_id
+
+
+def _ignore_result(result: object, error: BaseException | None) -> None:
+    if error is not None:
+        logger.error("closing file handles failed", exc_info=error)
 
 
 class SessionRegistry:
