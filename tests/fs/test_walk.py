@@ -53,7 +53,9 @@ FOLLOW = [".hf", ".hid", "a", "b.txt", "empty", "ldir", "lout", ".hid/h.txt", "a
           "a/deep", "lout/o.txt", "a/deep/d.txt"]  # fmt: skip
 
 
-async def test_no_follow_lists_breadth_first_in_name_order(fs: ExecutorFileSystem, tdir: Path) -> None:
+async def test_no_follow_lists_breadth_first_in_name_order(
+    fs: ExecutorFileSystem, tdir: Path
+) -> None:
     root = make_tree(tdir)
     result = await fs.walk(root, **LIMITS)
     assert names(root, result) == NO_FOLLOW

@@ -152,9 +152,9 @@ class FileHandles:
         handle = self._acquire(handle_id)
         try:
             try:
-                if offset > _MAX_OFFSET:
-                    raise os_error(errno.EINVAL)
                 with translate_os_errors():
+                    if offset > _MAX_OFFSET:
+                        raise os_error(errno.EINVAL)
                     chunk = os.pread(handle.fd, length, offset)
             except BaseException:
                 with self._lock:

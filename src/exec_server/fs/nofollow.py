@@ -8,7 +8,8 @@ swapped in after a check cannot redirect anything: there is no check, only
 descriptors. The errors are upstream's (PROTOCOL_CURRENT §8): a symlink as an
 intermediate component is ``ENOTDIR`` (what the kernel says for
 ``O_DIRECTORY | O_NOFOLLOW`` on a link), a final one ``ELOOP`` for reads and
-writes, ``ENOTDIR`` for ``createDirectory``, and ``-32600 path contains a
+writes, ``ENOTDIR`` for a recursive ``createDirectory`` (``EEXIST`` for a
+non-recursive one, as ``mkdirat`` says), and ``-32600 path contains a
 symbolic link`` for ``getMetadata`` and a non-recursive ``remove``.
 
 Paths are absolute and lexically normal (no ``.``/``..``): the handlers parse
@@ -62,26 +63,24 @@ def _parent(path: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
     fd = os.open("/", _DIR)
     try:
         for part in parts[:-1]:
-            fd = _step(fd, part, create)
+            child = _child(fd, part, create)
+            os.close(fd)
+            fd = child
         yield fd, parts[-1] if parts else "."
     finally:
         os.close(fd)
 
 
-def _step(fd: int, name: str, create: bool) -> int:
-    """Descend from ``fd`` into directory ``name`` (closing ``fd``)."""
+def _child(fd: int, name: str, create: bool) -> int:
+    """The directory ``name`` in ``fd``, opened without following a link."""
     try:
-        try:
-            child = os.open(name, _DIR, dir_fd=fd)
-        except FileNotFoundError:
-            if not create:
-                raise
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o777, dir_fd=fd)
-            child = os.open(name, _DIR, dir_fd=fd)
-    finally:
-        os.close(fd)
-    return child
+        return os.open(name, _DIR, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o777, dir_fd=fd)
+    return os.open(name, _DIR, dir_fd=fd)
 
 
 def open_at(path: str, flags: int, mode: int = 0o644) -> int:
@@ -148,10 +147,12 @@ def create_directory(path: str, *, recursive: bool = True) -> None:
         try:
             os.mkdir(name, 0o777, dir_fd=dir_fd)
         except FileExistsError:
+            if not recursive:
+                raise  # whatever is there, a link too (mkdirat never follows)
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 raise os_error(errno.ENOTDIR) from None
-            if not recursive or not stat.S_ISDIR(st.st_mode):
+            if not stat.S_ISDIR(st.st_mode):
                 raise
 
 
