@@ -146,7 +146,7 @@ async def test_recursive_no_follow_removal_is_unsupported(
     fs: ExecutorFileSystem, tdir: Path
 ) -> None:
     e = make_tree(tdir, None)
-    with pytest.raises(ExecServerError, match="^recursive no-follow removal is unsupported$"):
+    with pytest.raises(ExecServerError, match=r"^recursive no-follow removal is unsupported$"):
         await fs.remove(e / "sub", recursive=True, follow_symlinks=False)
     assert (e / "sub").is_dir()
 
