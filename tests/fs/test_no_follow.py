@@ -199,3 +199,17 @@ async def test_sandboxed_no_follow_checks_the_policy(
     with pytest.raises(ExecServerError):
         await sandboxed_fs.write_file(ws / "link", b"x", sandbox=sandbox, follow_symlinks=False)
     assert (tdir / "outside").read_bytes() == b"keep"
+
+
+async def test_a_big_no_follow_write(fs: ExecutorFileSystem, tdir: Path) -> None:
+    """Over 256 KiB the server decodes the payload in the writing worker (one-pass and
+    deferred decoding): the member must survive those paths too."""
+    data = os.urandom(3 * 1024 * 1024 + 1)
+    (tdir / "real").mkdir()
+    (tdir / "lreal").symlink_to("real")
+    await fs.write_file(tdir / "real" / "big", data, follow_symlinks=False)
+    assert (tdir / "real" / "big").read_bytes() == data
+    with pytest.raises(ExecServerError, match=NOT_DIR):
+        await fs.write_file(tdir / "lreal" / "big2", data, follow_symlinks=False)
+    assert not (tdir / "real" / "big2").exists()
+    assert await fs.read_file(tdir / "real" / "big", follow_symlinks=False) == data

@@ -254,3 +254,26 @@ async def test_sandboxed_walk_reading_everything_is_the_plain_walk(
         root, follow_directory_symlinks=True, sandbox=sc.workspace_write(root), **LIMITS
     )
     assert names(root, result) == FOLLOW
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "landlock"])
+async def test_sandboxed_walk_in_the_one_shot_helper(tdir: Path, backend: str) -> None:
+    """The upstream-equivalent helper path (no zygote) walks confined the same way."""
+    from exec_server.client.fs import LocalFileSystem
+    from exec_server.config import ServerConfig
+    from exec_server.fs.sandboxed import SandboxedFileSystem
+    from exec_server.sandbox.manager import SandboxManager
+
+    if backend == "bwrap" and not os.path.exists("/usr/bin/bwrap"):
+        pytest.skip("bubblewrap not installed")
+    config = ServerConfig(fs_helper_timeout=20, sandbox_backend=backend)  # type: ignore[arg-type]
+    service = SandboxedFileSystem(config, SandboxManager(config), mode="helper")
+    try:
+        fs = LocalFileSystem(confined=service)
+        root = make_tree(tdir)
+        sandbox = sc.read_only(root, full_read=False)
+        result = await fs.walk(root, follow_directory_symlinks=True, sandbox=sandbox, **LIMITS)
+        assert names(root, result) == [n for n in FOLLOW if not n.startswith("lout")]
+        assert service.zygote.pid is None  # no zygote: the one-shot helper answered
+    finally:
+        await service.aclose()
