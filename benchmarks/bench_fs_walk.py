@@ -56,6 +56,11 @@ def make_tree(root: str) -> None:
                 out.write(b"x")
 
 
+def write_big(path: str) -> None:
+    with open(path, "wb") as out:
+        out.write(os.urandom(READ_SIZE))
+
+
 async def walk_once(client: RawClient, root: str) -> float:
     options = {"maxDepth": 6, "maxDirectories": 2000, "maxEntries": 20000,
                "followDirectorySymlinks": True, "pruneHiddenDirectories": True}
@@ -93,8 +98,7 @@ async def run(args: object) -> Report:
         tree = os.path.join(work, "tree")
         await asyncio.to_thread(make_tree, tree)
         big = os.path.join(work, "big")
-        with open(big, "wb") as out:
-            out.write(os.urandom(READ_SIZE))
+        await asyncio.to_thread(write_big, big)
         clients = []
         for target in targets:
             server = await stack.enter_async_context(start_server(target, cwd=work))

@@ -8,6 +8,7 @@ WebSocket backends.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -264,7 +265,7 @@ async def test_sandboxed_walk_in_the_one_shot_helper(tdir: Path, backend: str) -
     from exec_server.fs.sandboxed import SandboxedFileSystem
     from exec_server.sandbox.manager import SandboxManager
 
-    if backend == "bwrap" and not os.path.exists("/usr/bin/bwrap"):
+    if backend == "bwrap" and not shutil.which("bwrap"):
         pytest.skip("bubblewrap not installed")
     config = ServerConfig(fs_helper_timeout=20, sandbox_backend=backend)  # type: ignore[arg-type]
     service = SandboxedFileSystem(config, SandboxManager(config), mode="helper")
