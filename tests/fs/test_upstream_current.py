@@ -45,6 +45,7 @@ def walk_tree(root: Path) -> None:
     (w / "dangling").symlink_to("missing")
     os.mkfifo(w / "fifo")
     (w / "a" / "deep" / "up").symlink_to("../..")
+    (w / "a" / "loop").symlink_to("loop")
 
 
 def link_tree(root: Path) -> None:

@@ -27,7 +27,8 @@ def uri(path: Path | str) -> str:
 
 def make_tree(base: Path) -> Path:
     """``root/{.hf, .hid/h.txt, a/{a1.txt, deep/d.txt}, b.txt, empty/, ldir→a,
-    lfile→b.txt, lout→../outside, dangling→missing, fifo}`` and ``outside/o.txt``."""
+    lfile→b.txt, lout→../outside, dangling→missing, loop→loop, fifo}`` and
+    ``outside/o.txt``."""
     root = base / "root"
     (root / ".hid").mkdir(parents=True)
     (root / "a" / "deep").mkdir(parents=True)
@@ -40,6 +41,7 @@ def make_tree(base: Path) -> Path:
     (root / "lfile").symlink_to("b.txt")
     (root / "lout").symlink_to("../outside")
     (root / "dangling").symlink_to("missing")
+    (root / "loop").symlink_to("loop")
     os.mkfifo(root / "fifo")
     return root
 
@@ -88,8 +90,8 @@ async def test_max_entries_counts_every_name_and_stops(fs: ExecutorFileSystem, t
     result = await fs.walk(root, max_depth=10, max_directories=100, max_entries=3)
     assert names(root, result) == [".hf", ".hid", "a"]
     assert result.truncated is True
-    # Skipped names count too (fifo, ldir, lfile, lout; the dangling link is no
-    # name, as in fs/readDirectory): the root's 9 names use up 9 entries.
+    # Skipped names count too (fifo, ldir, lfile, lout; the dangling and looping
+    # links are no names, as in fs/readDirectory): the root's 9 names use up 9 entries.
     result = await fs.walk(root, max_depth=10, max_directories=100, max_entries=9)
     assert names(root, result) == [".hf", ".hid", "a", "b.txt", "empty"]
     assert result.truncated is True

@@ -6,8 +6,8 @@ confining sandbox context, inside the kernel-confined helper child
 caller read.
 
 The rules are upstream's (0.163): the root counts as the first directory; each
-directory is listed as ``fs/readDirectory`` lists it (dangling symlinks are not
-names) and sorted by name in byte order; every listed name counts towards
+directory is listed as ``fs/readDirectory`` lists it (dangling and looping
+symlinks are not names) and sorted by name in byte order; every listed name counts towards
 ``max_entries`` (also the ones skipped: symlinks not followed, FIFOs, sockets);
 a directory is descended into when its depth is below ``max_depth``, it is not
 hidden while pruning, and its identity (the real location when following
@@ -154,8 +154,8 @@ def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> Wal
                 if is_link:
                     try:
                         st: os.stat_result | None = entry.stat()
-                    except FileNotFoundError:
-                        continue  # dangling: not a name, as fs/readDirectory lists
+                    except OSError:
+                        continue  # dangling or a loop: no name, as fs/readDirectory lists
                     assert st is not None
                     is_dir = stat.S_ISDIR(st.st_mode)
                     is_file = False
@@ -183,7 +183,11 @@ def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> Wal
                 continue
             if follow:
                 if st is None:
-                    st = entry.stat()
+                    try:
+                        st = entry.stat()
+                    except OSError as exc:  # gone since it was listed
+                        outcome.errors.append((directory, name, _message(exc)))
+                        continue
                 identity: object = (st.st_dev, st.st_ino)
             else:
                 identity = entry.path
