@@ -273,6 +273,10 @@ class _Guard:
                     best = key
         return None if best is None else -best[1]
 
+    def denies(self, path: str) -> bool:
+        """Whether ``path`` lies under a ``none`` carve-out."""
+        return self._classify(path) == 0
+
     def check(self, path: str, *, write: bool) -> None:
         kind = self._classify(path)
         if kind == 0:
@@ -947,7 +951,7 @@ def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
     def visible(real: str) -> bool:
         if readable is not None and not any(_within(real, root) for root in readable):
             return False
-        return guard._classify(real) != 0
+        return not guard.denies(real)
 
     outcome = walk(c.req.path, options, visible)
     return {
