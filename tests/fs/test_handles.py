@@ -305,3 +305,36 @@ async def test_sandboxed_replace_honours_the_writable_roots(
     with pytest.raises(InvalidRequestError, match="is not permitted by filesystem sandbox"):
         await sandboxed_fs.open(ws / "new", "replace", sandbox=read_only)
     assert (ws / "new").read_bytes() == b"written"
+
+
+# -- the table's own rules (no I/O in flight can lose a descriptor)
+
+
+def test_an_open_that_finishes_after_its_request_gave_up_is_closed(tdir: Path) -> None:
+    from exec_server.fs.handles import FileHandles, open_descriptor
+
+    target = tdir / "f"
+    target.write_bytes(b"x")
+    handles = FileHandles()
+    handle = handles.reserve("h")
+    handles.release("h", handle)  # the request was cancelled while the worker opened
+    handles.install(handle, open_descriptor(str(target), "read"))
+    assert _open_fds_to(target) == 0
+    handle = handles.reserve("h")  # the id is free again
+    handles.install(handle, open_descriptor(str(target), "read"))
+    assert _open_fds_to(target) == 1
+    handles.close_all()
+    assert _open_fds_to(target) == 0
+
+
+def test_closing_the_table_during_an_open_closes_what_it_opens(tdir: Path) -> None:
+    from exec_server.fs.handles import FileHandles, open_descriptor
+
+    target = tdir / "f"
+    target.write_bytes(b"x")
+    handles = FileHandles()
+    handle = handles.reserve("h")
+    handles.close_all()  # the connection ended while the worker opened
+    handles.install(handle, open_descriptor(str(target), "read"))
+    assert _open_fds_to(target) == 0
+    assert len(handles) == 0

@@ -485,7 +485,7 @@ class LocalFileSystem:
         handle = self._handles.reserve(handle_id)
         try:
             route = await self._route(sandbox)
-            install = functools.partial(self._handles.install, handle, mode=mode)
+            install = functools.partial(self._handles.install, handle)
             await self._service.open_handle(_wire_path(path).path, mode, install, route)
         except BaseException:
             self._handles.release(handle_id, handle)

@@ -84,7 +84,6 @@ def open_into(install: Install, path: str, mode: Mode, *, no_follow: bool = Fals
 @dataclass(slots=True)
 class _Handle:
     fd: int
-    writable: bool
     users: int = 0
     closing: bool = False
 
@@ -117,18 +116,17 @@ class FileHandles:
                 raise InvalidRequestError(
                     f"at most {MAX_HANDLES} file handles may be open per connection"
                 )
-            handle = _Handle(-1, False, closing=self._closed)
+            handle = _Handle(-1, closing=self._closed)
             if not self._closed:
                 self._handles[handle_id] = handle
             return handle
 
-    def install(self, handle: _Handle, fd: int, mode: Mode) -> None:
+    def install(self, handle: _Handle, fd: int) -> None:
         """Give a reserved handle its descriptor (in the worker that opened it). The
         descriptor is closed at once if the handle was given up meanwhile (its
         request cancelled, the connection gone): nothing leaks."""
         with self._lock:
             handle.fd = fd
-            handle.writable = mode == "replace"
             drop = handle.closing
         if drop:
             os.close(fd)

@@ -44,7 +44,7 @@ async def open_file(ctx: RequestContext, params: t.OpenParams) -> t.OpenResult:
     try:
         path = parse_wire_path(params.path)
         route = await sandbox_route(ctx, params.sandbox)
-        install = functools.partial(handles.install, handle, mode=params.mode)
+        install = functools.partial(handles.install, handle)
         await filesystem_service(ctx).open_handle(path.path, params.mode, install, route)
     except BaseException:
         handles.release(params.handle_id, handle)
