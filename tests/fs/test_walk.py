@@ -280,3 +280,28 @@ async def test_sandboxed_walk_in_the_one_shot_helper(tdir: Path, backend: str) -
         assert service.zygote.pid is None  # no zygote: the one-shot helper answered
     finally:
         await service.aclose()
+
+
+async def test_sandboxed_walk_of_a_writable_root_with_restricted_reads(
+    sandboxed_fs: ExecutorFileSystem, tdir: Path
+) -> None:
+    """The workspace is a writable root, not a readable one: readable all the same."""
+    root = make_tree(tdir)
+    sandbox = sc.workspace_write(root, full_read=False, tmp=False)
+    result = await sandboxed_fs.walk(root, sandbox=sandbox, **LIMITS)
+    assert names(root, result) == NO_FOLLOW
+    result = await sandboxed_fs.walk(root / "b.txt", sandbox=sandbox, **LIMITS)
+    assert (result.entries, result.errors, result.truncated) == ([], [], False)
+
+
+async def test_sandboxed_walk_of_a_link_root_keeps_its_name(
+    sandboxed_fs: ExecutorFileSystem, tdir: Path
+) -> None:
+    root = make_tree(tdir)
+    sandbox = sc.read_only(root, full_read=False)
+    result = await sandboxed_fs.walk(root / "ldir", sandbox=sandbox, **LIMITS)
+    assert (result.entries, result.errors, result.truncated) == ([], [], False)
+    result = await sandboxed_fs.walk(
+        root / "ldir", follow_directory_symlinks=True, sandbox=sandbox, **LIMITS
+    )
+    assert names(root, result) == ["ldir/a1.txt", "ldir/deep", "ldir/deep/d.txt"]

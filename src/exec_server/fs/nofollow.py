@@ -8,8 +8,8 @@ swapped in after a check cannot redirect anything: there is no check, only
 descriptors. The errors are upstream's (PROTOCOL_CURRENT §8): a symlink as an
 intermediate component is ``ENOTDIR`` (what the kernel says for
 ``O_DIRECTORY | O_NOFOLLOW`` on a link), a final one ``ELOOP`` for reads and
-writes, ``ENOTDIR`` for a recursive ``createDirectory`` (``EEXIST`` for a
-non-recursive one, as ``mkdirat`` says), and ``-32600 path contains a
+writes, ``ENOTDIR`` for a recursive ``createDirectory`` (as for any
+non-directory there; ``EEXIST`` for a non-recursive one, as ``mkdirat`` says), and ``-32600 path contains a
 symbolic link`` for ``getMetadata`` and a non-recursive ``remove``.
 
 Paths are absolute and lexically normal (no ``.``/``..``): the handlers parse
@@ -150,10 +150,8 @@ def create_directory(path: str, *, recursive: bool = True) -> None:
             if not recursive:
                 raise  # whatever is there, a link too (mkdirat never follows)
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
+            if not stat.S_ISDIR(st.st_mode):  # a link, a file: as O_DIRECTORY|O_NOFOLLOW
                 raise os_error(errno.ENOTDIR) from None
-            if not stat.S_ISDIR(st.st_mode):
-                raise
 
 
 def remove(path: str, *, recursive: bool = True, force: bool = True) -> None:

@@ -518,7 +518,7 @@ class SandboxedFileSystem:
         if not_a_file is not None:
             header["not_a_file"] = not_a_file
         if op.walk is not None:
-            header["walk"] = _walk_header(op.walk)
+            header["walk"] = _walk_header(op.path, op.walk)
         try:
             reply, payload = await self._zygote.run(
                 header, op.data, timeout=self._config.fs_helper_timeout, into=into
@@ -697,8 +697,11 @@ def _walk_direct(path: str, options: WalkOptions) -> WalkOutcome:
         return walk(path, options)
 
 
-def _walk_header(options: WalkOptions) -> list[object]:
+def _walk_header(root: str, options: WalkOptions) -> list[object]:
+    """The walk's root as spelled (the confined child decides what it may see by real
+    locations) and its options."""
     return [
+        root,
         options.max_depth,
         options.max_directories,
         options.max_entries,
@@ -784,7 +787,7 @@ def _helper_request(
     if tmp is not None:
         ext["tmp"] = tmp
     if op.walk is not None:
-        ext["walk"] = _walk_header(op.walk)
+        ext["walk"] = _walk_header(op.path, op.walk)
         ext["plan"] = _plan_header(plan)
     return {"operation": op.method, "params": params, "x-exec-server": ext}
 

@@ -123,7 +123,10 @@ class OpRequest:
     not_a_file: str | None = None
     tmp: str | None = None
     walk: WalkOptions | None = None
-    #: what the helper plan lets the child read (None: everything)
+    #: the walk's root as the caller spelled it (``path`` is its resolved check path):
+    #: a root that is a link is not followed unless asked, and entries are named under it
+    walk_root: str | None = None
+    #: the helper plan's readable roots (None: everything); writable roots are readable too
     readable: tuple[str, ...] | None = None
 
     @staticmethod
@@ -157,16 +160,21 @@ class OpRequest:
         path = s("path", True)
         assert path is not None
         walk_options = None
+        walk_root = None
         if op == "fs/walk":
             w = h.get("walk")
             if not (
                 isinstance(w, list)
-                and len(w) == 5
-                and all(type(v) is int and v >= 0 for v in w[:3])
-                and all(isinstance(v, bool) for v in w[3:])
+                and len(w) == 6
+                and isinstance(w[0], str)
+                and w[0].startswith("/")
+                and "\x00" not in w[0]
+                and all(type(v) is int and v >= 0 for v in w[1:4])
+                and all(isinstance(v, bool) for v in w[4:])
             ):
                 raise OpError(_INVALID, "fs sandbox request has an invalid `walk`")
-            walk_options = WalkOptions(*w)
+            walk_root = w[0]
+            walk_options = WalkOptions(*w[1:])
         readable = None
         plan = h.get("plan")
         if isinstance(plan, Mapping) and not plan.get("full_read", False):
@@ -191,6 +199,7 @@ class OpRequest:
             not_a_file=s("not_a_file"),
             tmp=tmp,
             walk=walk_options,
+            walk_root=walk_root,
             readable=readable,
         )
 
@@ -945,7 +954,7 @@ def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
     options = c.req.walk
     if options is None:
         raise OpError(_INVALID, "fs sandbox request has an invalid `walk`")
-    readable = c.req.readable
+    readable = None if c.req.readable is None else c.req.readable + c.req.writable
     guard = c.guard
 
     def visible(real: str) -> bool:
@@ -953,7 +962,7 @@ def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
             return False
         return not guard.denies(real)
 
-    outcome = walk(c.req.path, options, visible)
+    outcome = walk(c.req.walk_root or c.req.path, options, visible)
     return {
         "entries": outcome.entries,
         "errors": outcome.errors,
