@@ -406,6 +406,9 @@ def _request(
             return None  # removing the work dir itself would end the walk
         params.update(_flags(rng, "recursive", "force"))
     elif method == "fs/walk":
+        # Upstream names entries under the root's URI as sent, percent-escapes kept
+        # (`%64/x` for `d/x`); ours decodes it first (docs/compat.md): plain spellings.
+        params["path"] = f"{{U}}/{name}"
         params["options"] = {
             "maxDepth": rng.randint(0, 3),
             "maxDirectories": rng.choice([1, 2, 3, 100]),
