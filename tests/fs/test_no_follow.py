@@ -213,3 +213,36 @@ async def test_a_big_no_follow_write(fs: ExecutorFileSystem, tdir: Path) -> None
         await fs.write_file(tdir / "lreal" / "big2", data, follow_symlinks=False)
     assert not (tdir / "real" / "big2").exists()
     assert await fs.read_file(tdir / "real" / "big", follow_symlinks=False) == data
+
+
+async def test_sandboxed_no_follow_runs_in_the_confined_helper(
+    sandboxed_fs: ExecutorFileSystem, tdir: Path
+) -> None:
+    """Under a confining context the helper runs the no-follow call: links are refused
+    there as here, and it writes without the server's capabilities (a file without
+    write bits is refused, as upstream's helper refuses it; root would not be)."""
+    ws = tdir / "ws"
+    e = make_tree(ws, "d")
+    sandbox = sc.workspace_write(ws, tmp=False)
+    with pytest.raises(ExecServerError, match=NOT_DIR):
+        await sandboxed_fs.write_file(e / "f.txt", b"x", sandbox=sandbox, follow_symlinks=False)
+    with pytest.raises(ExecServerError, match=NOT_DIR):
+        await sandboxed_fs.get_metadata(e / "f.txt", sc.read_only(ws, full_read=False),
+                                        follow_symlinks=False)  # fmt: skip
+    real = ws / "t" / "d.real" / "e"
+    (real / "ro").write_bytes(b"keep")
+    (real / "ro").chmod(0o444)
+    with pytest.raises(InvalidRequestError, match=r"^Permission denied \(os error 13\)$"):
+        await sandboxed_fs.write_file(real / "ro", b"x", sandbox=sandbox, follow_symlinks=False)
+    assert (real / "ro").read_bytes() == b"keep"
+    await sandboxed_fs.write_file(real / "f.txt", b"new", sandbox=sandbox, follow_symlinks=False)
+    assert (real / "f.txt").read_bytes() == b"new"
+    meta = await sandboxed_fs.get_metadata(
+        real / "f.txt", sc.read_only(ws, full_read=False), follow_symlinks=False
+    )
+    assert meta.is_file and meta.size == 3
+    (ws / ".git").mkdir()
+    with pytest.raises(InvalidRequestError, match="x is not permitted by filesystem sandbox"):
+        await sandboxed_fs.create_directory(ws / ".git" / "x", sandbox=sandbox,
+                                            follow_symlinks=False)  # fmt: skip
+    assert not (ws / ".git" / "x").exists()

@@ -407,8 +407,10 @@ def _request(
         params.update(_flags(rng, "recursive", "force"))
     elif method == "fs/walk":
         # Upstream names entries under the root's URI as sent, percent-escapes kept
-        # (`%64/x` for `d/x`); ours decodes it first (docs/compat.md): plain spellings.
-        params["path"] = f"{{U}}/{name}"
+        # (`%64/x` for `d/x`); ours decodes it first (docs/compat.md): plain spellings,
+        # escaped only where a name needs it.
+        quoted = urllib.parse.quote(name, safe="/", errors="surrogateescape")
+        params["path"] = f"{{U}}/{quoted}"
         params["options"] = {
             "maxDepth": rng.randint(0, 3),
             "maxDirectories": rng.choice([1, 2, 3, 100]),

@@ -32,15 +32,14 @@ import msgspec
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError, InvalidParamsError
-from exec_server.fs import nofollow
 from exec_server.fs.context import route_for
 from exec_server.fs.handles import MAX_BLOCK, FileHandles
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import (
     ConfinedFileSystem,
     FileSystemService,
+    NoFollowCall,
     Route,
-    produce_and_write_no_follow,
 )
 from exec_server.fs.walk import MAX_DEPTH, MAX_DIRECTORIES, MAX_ENTRIES, WalkOptions
 from exec_server.protocol import fs_types as t
@@ -363,7 +362,7 @@ class LocalFileSystem:
         route = await self._route(sandbox)
         native = _wire_path(path).path
         if not follow_symlinks:
-            return await self._service.no_follow(nofollow.read_file, native, route, write=False)
+            return await self._service.read_file_no_follow(native, route)
         return await self._service.read_file(native, route, regular_only=True)
 
     async def write_file(
@@ -377,9 +376,8 @@ class LocalFileSystem:
         route = await self._route(sandbox)
         native = _wire_path(path).path
         if not follow_symlinks:
-            await self._service.no_follow(
-                produce_and_write_no_follow, native, route, write=True, produce=lambda: data
-            )
+            call = NoFollowCall("fs/writeFile", native, produce=lambda: data)
+            await self._service.no_follow(call, route)
             return
         await self._service.write_file(native, data, route)
 
@@ -394,9 +392,8 @@ class LocalFileSystem:
         route = await self._route(sandbox)
         native = _wire_path(path).path
         if not follow_symlinks:
-            await self._service.no_follow(
-                nofollow.create_directory, native, route, write=True, recursive=recursive
-            )
+            call = NoFollowCall("fs/createDirectory", native, recursive=recursive)
+            await self._service.no_follow(call, route)
             return
         await self._service.create_directory(native, route, recursive=recursive)
 
@@ -406,7 +403,7 @@ class LocalFileSystem:
         route = await self._route(sandbox)
         native = _wire_path(path).path
         if not follow_symlinks:
-            return await self._service.no_follow(nofollow.get_metadata, native, route, write=False)
+            return await self._service.get_metadata_no_follow(native, route)
         return await self._service.get_metadata(native, route)
 
     async def read_directory(self, path: PathArg, sandbox: FsSandbox = None) -> list[DirEntry]:
@@ -425,9 +422,8 @@ class LocalFileSystem:
         route = await self._route(sandbox)
         native = _wire_path(path).path
         if not follow_symlinks:
-            await self._service.no_follow(
-                nofollow.remove, native, route, write=True, recursive=recursive, force=force
-            )
+            call = NoFollowCall("fs/remove", native, recursive=recursive, force=force)
+            await self._service.no_follow(call, route)
             return
         await self._service.remove(native, route, recursive=recursive, force=force)
 

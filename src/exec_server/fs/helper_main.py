@@ -72,6 +72,7 @@ def _decode(raw: bytes) -> tuple[OpRequest, bytes, bool]:
             "tmp",
             "walk",
             "plan",
+            "no_follow",
         )
         if k in ext
     }

@@ -9,11 +9,15 @@ descriptors. The errors are upstream's (PROTOCOL_CURRENT §8): a symlink as an
 intermediate component is ``ENOTDIR`` (what the kernel says for
 ``O_DIRECTORY | O_NOFOLLOW`` on a link), a final one ``ELOOP`` for reads and
 writes, ``ENOTDIR`` for a recursive ``createDirectory`` (as for any
-non-directory there; ``EEXIST`` for a non-recursive one, as ``mkdirat`` says), and ``-32600 path contains a
-symbolic link`` for ``getMetadata`` and a non-recursive ``remove``.
+non-directory there; ``EEXIST`` for a non-recursive one, as ``mkdirat`` says),
+and ``-32600 path contains a symbolic link`` for ``getMetadata`` and a
+non-recursive ``remove``.
 
 Paths are absolute and lexically normal (no ``.``/``..``): the handlers parse
-them so.
+them so. Only the standard library and the stdlib-only error modules are used:
+the confined helper (``zygote_ops``) runs these same functions for a sandbox
+context that needs confinement, with its own privileges (no capabilities, so
+permission bits apply there as in any confined call).
 """
 
 from __future__ import annotations
@@ -26,18 +30,16 @@ from collections.abc import Iterator
 from typing import Final
 
 from exec_server.exceptions import InternalError, InvalidRequestError
-from exec_server.fs import ops
 from exec_server.fs.errors import os_error, translate_os_errors
-from exec_server.fs.ops import Metadata
 
 __all__ = [
     "CONTAINS_SYMLINK",
     "NOT_A_REGULAR_FILE",
     "RECURSIVE_UNSUPPORTED",
     "create_directory",
-    "get_metadata",
+    "lstat",
     "open_at",
-    "read_file",
+    "open_regular",
     "remove",
     "write_file",
 ]
@@ -89,41 +91,33 @@ def open_at(path: str, flags: int, mode: int = 0o644) -> int:
         return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
 
 
-def get_metadata(path: str) -> Metadata:
+def lstat(path: str) -> os.stat_result:
+    """``fs/getMetadata``'s look-up: ``-32600 path contains a symbolic link`` for a link."""
     with translate_os_errors(), _parent(path) as (dir_fd, name):
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
         raise InvalidRequestError(CONTAINS_SYMLINK)
-    return Metadata(
-        is_directory=stat.S_ISDIR(st.st_mode),
-        is_file=stat.S_ISREG(st.st_mode),
-        is_symlink=False,
-        size=st.st_size,
-        created_at_ms=0,
-        modified_at_ms=st.st_mtime_ns // 1_000_000,
-    )
+    return st
 
 
-def read_file(path: str, *, limit: int = ops.READ_LIMIT) -> bytes:
-    """The whole regular file (``-32600 path is not a regular file`` otherwise)."""
+def open_regular(path: str) -> tuple[int, int]:
+    """``fs/readFile``'s open: ``(fd, size)`` of a regular file (``-32600 path is not a
+    regular file`` otherwise; a FIFO is not waited on). The caller reads and closes."""
     with translate_os_errors():
         fd = open_at(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise InvalidRequestError(NOT_A_REGULAR_FILE)
-            if st.st_size > limit:
-                raise InvalidRequestError(ops.too_large_message(limit))
         except BaseException:
             os.close(fd)
             raise
-    return ops.read_and_close(fd, st.st_size, limit)
+    return fd, st.st_size
 
 
-def write_file(path: str, data: ops.Payload) -> None:
+def write_file(path: str, data: bytes | bytearray | memoryview) -> None:
     """Create or truncate ``path`` in place and write ``data`` (a final link: ``ELOOP``,
     its target untouched)."""
-    payload = ops.payload_bytes(data)
     with translate_os_errors():
         fd = open_at(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK)
         try:
@@ -131,7 +125,7 @@ def write_file(path: str, data: ops.Payload) -> None:
                 raise os_error(errno.EINVAL)
             os.set_blocking(fd, True)
             os.ftruncate(fd, 0)
-            view = memoryview(payload)
+            view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
         finally:

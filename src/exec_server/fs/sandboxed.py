@@ -62,6 +62,12 @@ from exec_server.fs.handles import Install, open_into
 from exec_server.fs.handles import Mode as OpenMode
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import INLINE_READ_LIMIT as _INLINE_READ_LIMIT
+from exec_server.fs.service import (
+    NO_FOLLOW_WRITES,
+    NoFollowCall,
+    NoFollowResult,
+    run_no_follow,
+)
 from exec_server.fs.walk import WalkOptions, WalkOutcome, walk
 from exec_server.fs.workers import shared_pool
 from exec_server.fs.zygote import (
@@ -107,6 +113,8 @@ class FsOperation:
     recursive: bool = True
     force: bool = True
     walk: WalkOptions | None = None
+    #: ``followSymlinks: false``: run on ``path`` as spelled, refusing any link in it
+    no_follow: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +177,10 @@ def _check_operation(
     src = check_path(
         request, op.path, preserve=op.method in _PRESERVE_OPS, write=op.method in _WRITE_OPS
     )
+    if op.no_follow:
+        # The helper works on the path as spelled (with no link in it, that is
+        # where it resolves to): both must be allowed.
+        _require(request, op.path, write=op.method in _WRITE_OPS)
     if op.method != "fs/copy" or op.destination is None:
         return src, None
     dst = check_path(request, op.destination, preserve=False, write=True)
@@ -397,22 +409,32 @@ class SandboxedFileSystem:
         )
         await shared_pool().run(open_into, install, checked.path, mode, no_follow=True)
 
-    async def check_no_follow(self, context: object, path: str, *, write: bool) -> None:
-        """Check a ``followSymlinks: false`` call: the policy must allow ``path`` as
-        spelled and as resolved. The call then touches ``path`` only if no component
-        is a link (:mod:`exec_server.fs.nofollow`), that is, only the location
-        checked."""
+    async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
+        """A ``followSymlinks: false`` call, confined as the others: a read runs here
+        when the policies provably read everything; otherwise the policy is checked
+        on the path as spelled and as resolved, and the confined helper runs the same
+        no-follow code (``zygote_ops``, :mod:`exec_server.fs.nofollow`) on the path
+        as spelled, under Landlock and without capabilities."""
         req = _request(context)
-        if self._closed:
-            raise InternalError("the filesystem sandbox is shut down")
-        if req.direct:
-            raise InvalidRequestError(NEEDS_POLICY)
-
-        def check() -> None:
-            check_path(req, path, preserve=False, write=write)
-            _require(req, path, write=write)
-
-        await shared_pool().run(check)
+        if call.method not in NO_FOLLOW_WRITES and _reads_everything(req):
+            return await shared_pool().run(run_no_follow, call)
+        data: ops.Payload = b""
+        if call.produce is not None:
+            data = await shared_pool().run(call.produce)
+        op = FsOperation(
+            call.method,
+            call.path,
+            data=data,
+            recursive=call.recursive,
+            force=call.force,
+            no_follow=True,
+        )
+        result, payload = await self.run(op, req)
+        if call.method == "fs/getMetadata":
+            return _metadata_reply(result)
+        if call.method == "fs/readFile":
+            return payload
+        return None
 
     async def _read_only(
         self,
@@ -505,7 +527,7 @@ class SandboxedFileSystem:
         plan = request.helper_plan()
         header: dict[str, object] = {
             "op": op.method,
-            "path": src.path,
+            "path": op.path if op.no_follow else src.path,
             "expect": src.expect,
             "recursive": op.recursive,
             "force": op.force,
@@ -519,6 +541,8 @@ class SandboxedFileSystem:
             header["not_a_file"] = not_a_file
         if op.walk is not None:
             header["walk"] = _walk_header(op.path, op.walk)
+        if op.no_follow:
+            header["no_follow"] = True
         try:
             reply, payload = await self._zygote.run(
                 header, op.data, timeout=self._config.fs_helper_timeout, into=into
@@ -765,7 +789,7 @@ def _helper_request(
         assert dst is not None
         params.update(sourcePath=src.path, destinationPath=dst.path, recursive=op.recursive)
     else:
-        params["path"] = src.path
+        params["path"] = op.path if op.no_follow else src.path
     if op.method == "fs/writeFile":
         params["dataBase64"] = base64.b64encode(ops.payload_bytes(op.data)).decode("ascii")
     elif op.method == "fs/createDirectory":
@@ -789,6 +813,8 @@ def _helper_request(
     if op.walk is not None:
         ext["walk"] = _walk_header(op.path, op.walk)
         ext["plan"] = _plan_header(plan)
+    if op.no_follow:
+        ext["no_follow"] = True
     return {"operation": op.method, "params": params, "x-exec-server": ext}
 
 

@@ -37,8 +37,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from stat import S_ISREG
-from typing import Protocol, TypeVar
+from stat import S_ISDIR, S_ISREG
+from typing import Final, Protocol, TypeVar
 
 from exec_server.exceptions import ExecServerError, InvalidRequestError
 from exec_server.fs import memfs, nofollow, nonblocking, ops
@@ -52,13 +52,16 @@ __all__ = [
     "DIRECT",
     "INLINE_READ_LIMIT",
     "INLINE_WRITE_LIMIT",
+    "NO_FOLLOW_WRITES",
     "NO_RUNTIME_PATHS",
     "ConfinedFileSystem",
     "FileSystemService",
     "FsRoute",
+    "NoFollowCall",
+    "NoFollowResult",
     "Route",
     "inline_write_target",
-    "produce_and_write_no_follow",
+    "run_no_follow",
 ]
 
 #: ``read_file`` reads regular files up to this size on the event loop (see module doc).
@@ -137,9 +140,8 @@ class ConfinedFileSystem(Protocol):
         the descriptor over in the worker that opened it."""
         ...
 
-    async def check_no_follow(self, context: object, path: str, *, write: bool) -> None:
-        """Refuse (``-32600 ... is not permitted``) a ``followSymlinks: false`` call the
-        context does not allow on ``path`` (both its lexical and resolved location)."""
+    async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
+        """A ``followSymlinks: false`` call under ``context``, confined as the others."""
         ...
 
     def reads_directly(self, context: object) -> bool:
@@ -371,17 +373,22 @@ class FileSystemService:
             return await confined.open_handle(route.context, path, mode, install)
         await self._pool.run(open_into, install, path, mode)
 
-    async def no_follow(
-        self, call: Callable[..., T], path: str, route: Route, *, write: bool, **kwargs: object
-    ) -> T:
-        """``call(path, **kwargs)``, a :mod:`exec_server.fs.nofollow` operation (no symlink
-        anywhere in the path, race-free), in a worker. Under a confining context the
-        policy is checked first on the path as spelled and as resolved: with no link
-        to follow, the checked location is the one the call touches."""
+    async def no_follow(self, call: NoFollowCall, route: Route = DIRECT) -> NoFollowResult:
+        """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`: no symlink
+        anywhere in the path, race-free): in a worker, or confined like every call."""
         if route.confined:
-            confined = self._confined_or_refuse(route)
-            await confined.check_no_follow(route.context, path, write=write)
-        return await self._pool.run(call, path, **kwargs)
+            return await self._confined_or_refuse(route).no_follow(route.context, call)
+        return await self._pool.run(run_no_follow, call)
+
+    async def get_metadata_no_follow(self, path: str, route: Route = DIRECT) -> Metadata:
+        meta = await self.no_follow(NoFollowCall("fs/getMetadata", path), route)
+        assert isinstance(meta, Metadata)
+        return meta
+
+    async def read_file_no_follow(self, path: str, route: Route = DIRECT) -> bytes:
+        data = await self.no_follow(NoFollowCall("fs/readFile", path), route)
+        assert isinstance(data, bytes)
+        return data
 
     async def canonicalize(self, path: str, route: Route = DIRECT) -> str:
         if route.confined:
@@ -417,8 +424,54 @@ def _produce_and_write(path: str, produce: Callable[[], ops.Payload]) -> None:
     ops.write_file(path, produce())
 
 
-def produce_and_write_no_follow(path: str, produce: Callable[[], ops.Payload]) -> None:
-    nofollow.write_file(path, produce())
+@dataclass(frozen=True, slots=True)
+class NoFollowCall:
+    """One ``followSymlinks: false`` call: ``method`` is the ``fs/*`` name (getMetadata,
+    readFile, writeFile, createDirectory, remove); ``produce`` makes writeFile's data
+    (in the worker that writes, or before handing it to the confined helper)."""
+
+    method: str
+    path: str
+    recursive: bool = True
+    force: bool = True
+    produce: Callable[[], ops.Payload] | None = None
+
+
+#: getMetadata's :class:`Metadata`, readFile's bytes, None for the rest.
+NoFollowResult = Metadata | bytes | None
+
+NO_FOLLOW_WRITES: Final = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
+
+
+def run_no_follow(call: NoFollowCall) -> NoFollowResult:
+    """Run ``call`` here (a worker thread)."""
+    path = call.path
+    if call.method == "fs/getMetadata":
+        st = nofollow.lstat(path)
+        return Metadata(
+            is_directory=S_ISDIR(st.st_mode),
+            is_file=S_ISREG(st.st_mode),
+            is_symlink=False,
+            size=st.st_size,
+            created_at_ms=0,
+            modified_at_ms=st.st_mtime_ns // 1_000_000,
+        )
+    if call.method == "fs/readFile":
+        fd, size = nofollow.open_regular(path)
+        if size > ops.READ_LIMIT:
+            os.close(fd)
+            raise InvalidRequestError(ops.too_large_message(ops.READ_LIMIT))
+        return ops.read_and_close(fd, size)
+    if call.method == "fs/writeFile":
+        assert call.produce is not None
+        nofollow.write_file(path, ops.payload_bytes(call.produce()))
+    elif call.method == "fs/createDirectory":
+        nofollow.create_directory(path, recursive=call.recursive)
+    elif call.method == "fs/remove":
+        nofollow.remove(path, recursive=call.recursive, force=call.force)
+    else:
+        raise InvalidRequestError(f"{call.method} does not take followSymlinks")
+    return None
 
 
 def _walk_direct(path: str, options: WalkOptions) -> WalkOutcome:

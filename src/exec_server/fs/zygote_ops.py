@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from exec_server.errno_text import os_error_text
+from exec_server.exceptions import ExecServerError
+from exec_server.fs import nofollow
 from exec_server.fs.exchange import exchange_into_place, match_old_file
 from exec_server.fs.walk import WalkOptions, walk
 
@@ -128,6 +130,8 @@ class OpRequest:
     walk_root: str | None = None
     #: the helper plan's readable roots (None: everything); writable roots are readable too
     readable: tuple[str, ...] | None = None
+    #: ``followSymlinks: false``: ``path`` is as the caller spelled it, no link followed
+    no_follow: bool = False
 
     @staticmethod
     def from_header(h: Mapping[str, object]) -> OpRequest:
@@ -201,6 +205,7 @@ class OpRequest:
             walk=walk_options,
             walk_root=walk_root,
             readable=readable,
+            no_follow=bool(h.get("no_follow", False)),
         )
 
 
@@ -970,6 +975,49 @@ def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
     }, b""
 
 
+_NO_FOLLOW_WRITES = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
+
+
+def _no_follow(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
+    """A ``followSymlinks: false`` call: the server's own no-follow code, run here under
+    Landlock and without capabilities; the path as spelled has no link in it, so the
+    guard (read-only holes, ``none`` carve-outs) judges the real location."""
+    req = c.req
+    c.guard.check(req.path, write=req.op in _NO_FOLLOW_WRITES)
+    try:
+        if req.op == "fs/getMetadata":
+            st = nofollow.lstat(req.path)
+            return {
+                "isDirectory": stat.S_ISDIR(st.st_mode),
+                "isFile": stat.S_ISREG(st.st_mode),
+                "isSymlink": False,
+                "size": st.st_size,
+                "createdAtMs": 0,
+                "modifiedAtMs": st.st_mtime_ns // 1_000_000,
+            }, b""
+        if req.op == "fs/readFile":
+            fd, size = nofollow.open_regular(req.path)
+            try:
+                if size > MAX_READ_BYTES:
+                    raise OpError(
+                        _INVALID, f"file is too large to read: limit is {MAX_READ_BYTES} bytes"
+                    )
+                return {}, _read_all(fd, size)
+            finally:
+                os.close(fd)
+        if req.op == "fs/writeFile":
+            nofollow.write_file(req.path, data)
+        elif req.op == "fs/createDirectory":
+            nofollow.create_directory(req.path, recursive=req.recursive)
+        elif req.op == "fs/remove":
+            nofollow.remove(req.path, recursive=req.recursive, force=req.force)
+        else:
+            raise OpError(_INVALID, f"{req.op} does not take followSymlinks")
+    except ExecServerError as exc:
+        raise OpError(exc.code, exc.message) from exc
+    return {}, b""
+
+
 _OPS = {
     "fs/walk": _walk,
     "fs/readFile": _read_file,
@@ -997,6 +1045,8 @@ def execute(
     """
     c = _Ctx(req, strict=strict)
     try:
+        if req.no_follow:
+            return _no_follow(c, data)
         if req.op == "fs/writeFile":
             return _write_file(c, data)
         fn = _OPS.get(req.op)

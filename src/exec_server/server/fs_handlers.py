@@ -22,15 +22,15 @@ from typing import Final, cast
 import msgspec
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
-from exec_server.fs import nofollow, ops
+from exec_server.fs import ops
 from exec_server.fs.context import cached_route_from_wire, route_for
 from exec_server.fs.ops import lossy_name
 from exec_server.fs.service import (
     DIRECT,
     FileSystemService,
+    NoFollowCall,
     Route,
     inline_write_target,
-    produce_and_write_no_follow,
 )
 from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.protocol import fs_types as t
@@ -371,12 +371,11 @@ async def read_file(
 ) -> t.ReadFileResult | EncodedReply:
     path = parse_wire_path(params.path)
     if params.follow_symlinks is False:
-        return await _service(ctx).no_follow(
-            functools.partial(_read_no_follow, ctx.request_id),
-            path.path,
-            await _route(ctx, params.sandbox),
-            write=False,
-        )
+        service = _service(ctx)
+        data = await service.read_file_no_follow(path.path, await _route(ctx, params.sandbox))
+        if len(data) > INLINE_CODEC_LIMIT:
+            return await service.pool.run(encode_read_reply, ctx.request_id, data)
+        return t.ReadFileResult(data_base64=data)
     native = native_base64.encoder_available()
     result = await _service(ctx).read_file_mapped(
         path.path,
@@ -390,14 +389,6 @@ async def read_file(
     if isinstance(result, bytes):
         return t.ReadFileResult(data_base64=result)
     return result
-
-
-def _read_no_follow(request_id: RequestId, path: str) -> t.ReadFileResult | EncodedReply:
-    """``fs/readFile`` with ``followSymlinks: false``, its reply made in the reading worker."""
-    data = nofollow.read_file(path)
-    if len(data) > INLINE_CODEC_LIMIT:
-        return encode_read_reply(request_id, data)
-    return t.ReadFileResult(data_base64=data)
 
 
 def _now_route(raw: t.SandboxField) -> Route:
@@ -438,9 +429,8 @@ async def write_file(
             if isinstance(raw, StringSpan)
             else functools.partial(decode_data_base64, raw)
         )
-        await service.no_follow(
-            produce_and_write_no_follow, path.path, route, write=True, produce=produce
-        )
+        call = NoFollowCall(t.METHOD_WRITE_FILE, path.path, produce=produce)
+        await service.no_follow(call, route)
         return t.EmptyResult()
     if isinstance(raw, StringSpan):
         await service.write_file_from(path.path, functools.partial(data_span_payload, raw), route)
@@ -457,9 +447,8 @@ async def create_directory(ctx: RequestContext, params: t.CreateDirectoryParams)
     recursive = True if params.recursive is None else params.recursive
     route = await _route(ctx, params.sandbox)
     if params.follow_symlinks is False:
-        await _service(ctx).no_follow(
-            nofollow.create_directory, path.path, route, write=True, recursive=recursive
-        )
+        call = NoFollowCall(t.METHOD_CREATE_DIRECTORY, path.path, recursive=recursive)
+        await _service(ctx).no_follow(call, route)
     else:
         await _service(ctx).create_directory(path.path, route, recursive=recursive)
     return t.EmptyResult()
@@ -469,7 +458,7 @@ async def get_metadata(ctx: RequestContext, params: t.GetMetadataParams) -> t.Ge
     path = parse_wire_path(params.path)
     route = await _route(ctx, params.sandbox)
     if params.follow_symlinks is False:
-        meta = await _service(ctx).no_follow(nofollow.get_metadata, path.path, route, write=False)
+        meta = await _service(ctx).get_metadata_no_follow(path.path, route)
     else:
         meta = await _service(ctx).get_metadata(path.path, route)
     return _metadata_result(path, meta)
@@ -532,9 +521,8 @@ async def remove(ctx: RequestContext, params: t.RemoveParams) -> t.EmptyResult:
     recursive = True if params.recursive is None else params.recursive
     force = True if params.force is None else params.force
     if params.follow_symlinks is False:
-        await _service(ctx).no_follow(
-            nofollow.remove, path.path, route, write=True, recursive=recursive, force=force
-        )
+        call = NoFollowCall(t.METHOD_REMOVE, path.path, recursive=recursive, force=force)
+        await _service(ctx).no_follow(call, route)
     else:
         await _service(ctx).remove(path.path, route, recursive=recursive, force=force)
     return t.EmptyResult()
