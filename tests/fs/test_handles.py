@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +339,69 @@ def test_closing_the_table_during_an_open_closes_what_it_opens(tdir: Path) -> No
     handles.install(handle, open_descriptor(str(target), "read"))
     assert _open_fds_to(target) == 0
     assert len(handles) == 0
+
+
+async def test_sandboxed_open_runs_in_the_confined_helper(
+    sandboxed_fs: ExecutorFileSystem, tdir: Path
+) -> None:
+    """The confined child opens the file, without the server's capabilities (a file
+    without write bits cannot be replaced, as in upstream's helper, though root could),
+    and hands the descriptor over: blocks then go straight to the file."""
+    ws = tdir / "ws"
+    ws.mkdir()
+    (ws / "ro").write_bytes(b"keep")
+    (ws / "ro").chmod(0o444)
+    (ws / "d").mkdir()
+    sandbox = sc.workspace_write(ws, full_read=False, tmp=False)
+    with pytest.raises(InvalidRequestError, match=r"^Permission denied \(os error 13\)$"):
+        await sandboxed_fs.open(ws / "ro", "replace", sandbox=sandbox)
+    assert (ws / "ro").read_bytes() == b"keep"
+    with pytest.raises(InvalidRequestError, match=rf"^path `{ws}/d` is not a file$"):
+        await sandboxed_fs.open(ws / "d", sandbox=sandbox)
+    async with sandboxed_fs.open(ws / "ro", sandbox=sandbox) as f:
+        assert await f.read_all() == b"keep"
+    data = os.urandom(MIB + 5)
+    async with sandboxed_fs.open(ws / "new", "replace", sandbox=sandbox) as w:
+        await w.write_all(data)
+    assert (ws / "new").read_bytes() == data
+    async with sandboxed_fs.open(ws / "new", sandbox=sandbox) as f:
+        assert await f.read_all() == data
+        assert _open_fds_to(ws / "new") == 1  # the descriptor the helper passed
+    assert _open_fds_to(ws / "new") == 0
+    assert _open_fds_to(ws / "ro") == 0
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "landlock"])
+async def test_sandboxed_open_with_the_one_shot_helper(tdir: Path, backend: str) -> None:
+    """Without the zygote nothing can pass a descriptor: the checked location is opened
+    in the server, following no link; the policy still decides."""
+    from exec_server.client.fs import LocalFileSystem
+    from exec_server.config import ServerConfig
+    from exec_server.fs.sandboxed import SandboxedFileSystem
+    from exec_server.sandbox.manager import SandboxManager
+
+    if backend == "bwrap" and not shutil.which("bwrap"):
+        pytest.skip("bubblewrap not installed")
+    config = ServerConfig(fs_helper_timeout=20, sandbox_backend=backend)  # type: ignore[arg-type]
+    service = SandboxedFileSystem(config, SandboxManager(config), mode="helper")
+    ws = tdir / "ws"
+    ws.mkdir()
+    (ws / "in").write_bytes(b"inside")
+    (tdir / "secret").write_bytes(b"secret")
+    try:
+        fs = LocalFileSystem(confined=service)
+        sandbox = sc.workspace_write(ws, full_read=False, tmp=False)
+        async with fs.open(ws / "in", sandbox=sandbox) as f:
+            assert await f.read_all() == b"inside"
+        async with fs.open(ws / "out", "replace", sandbox=sandbox) as w:
+            await w.write_block(0, b"written")
+        assert (ws / "out").read_bytes() == b"written"
+        with pytest.raises(InvalidRequestError, match="is not permitted by filesystem sandbox"):
+            await fs.open(tdir / "secret", sandbox=sandbox)
+        with pytest.raises(InvalidRequestError, match="is not permitted by filesystem sandbox"):
+            await fs.open(tdir / "secret", "replace", sandbox=sandbox)
+        assert (tdir / "secret").read_bytes() == b"secret"
+        assert service.zygote.pid is None
+        await fs.aclose()
+    finally:
+        await service.aclose()

@@ -115,6 +115,16 @@ class FsOperation:
     walk: WalkOptions | None = None
     #: ``followSymlinks: false``: run on ``path`` as spelled, refusing any link in it
     no_follow: bool = False
+    #: ``fs/open``'s mode (``read`` or ``replace``)
+    mode: str = "read"
+
+    @property
+    def writes(self) -> bool:
+        return self.method in _WRITE_OPS or (self.method == "fs/open" and self.mode == "replace")
+
+
+class _NoDescriptorPassing(Exception):
+    """The confinement in use cannot hand a descriptor back (the one-shot helper)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,12 +185,12 @@ def _check_operation(
         InternalError: canonicalisation failed.
     """
     src = check_path(
-        request, op.path, preserve=op.method in _PRESERVE_OPS, write=op.method in _WRITE_OPS
+        request, op.path, preserve=op.method in _PRESERVE_OPS, write=op.writes
     )
     if op.no_follow:
         # The helper works on the path as spelled (with no link in it, that is
         # where it resolves to): both must be allowed.
-        _require(request, op.path, write=op.method in _WRITE_OPS)
+        _require(request, op.path, write=op.writes)
     if op.method != "fs/copy" or op.destination is None:
         return src, None
     dst = check_path(request, op.destination, preserve=False, write=True)
@@ -388,18 +398,31 @@ class SandboxedFileSystem:
     ) -> None:
         """``fs/open`` under a sandbox context (PROTOCOL_CURRENT §4.6).
 
-        The policy is checked on the path's resolved location, as for every
-        confined call (a location the context does not allow: ``-32600 ... is not
-        permitted by filesystem sandbox``), and that very location is then opened
-        without following any symlink (:func:`exec_server.fs.nofollow.open_at`): a
-        link swapped in after the check fails the open instead of redirecting it.
-        No helper process is involved, so reads and writes on the descriptor are
-        as fast as unsandboxed ones. A read under a policy that reads everything
-        opens the path as given.
+        Checked like every confined call, on the path's resolved location (a
+        location the context does not allow: ``-32600 ... is not permitted by
+        filesystem sandbox``); then the confined helper child opens it, under
+        Landlock and without capabilities, and passes the descriptor back
+        (``SCM_RIGHTS``): reads and writes on it are then as fast as unsandboxed
+        ones. With the one-shot helper (no zygote: it answers over pipes), the
+        checked location is opened here instead, following no symlink on the way
+        (:func:`exec_server.fs.nofollow.open_at`), so the descriptor is of the
+        location checked. A read under a policy that reads everything opens the
+        path as given, as unsandboxed.
         """
         req = _request(context)
         if mode == "read" and _reads_everything(req):
             return await shared_pool().run(open_into, install, path, mode)
+        if self._mode != "helper":
+            try:
+                result, _ = await self.run(FsOperation("fs/open", path, mode=mode), req)
+            except _NoDescriptorPassing:
+                pass
+            else:
+                fd = result.get("passed_fd")
+                if not isinstance(fd, int) or isinstance(fd, bool):
+                    raise InternalError("unexpected fs sandbox helper response: no descriptor")
+                install(fd)
+                return
         if self._closed:
             raise InternalError("the filesystem sandbox is shut down")
         if req.direct:
@@ -482,7 +505,8 @@ class SandboxedFileSystem:
         src, dst = await shared_pool().run(_check_operation, op, request)
         not_a_file = (
             op.path
-            if op.method == "fs/readFile" and request.generation is Generation.CURRENT
+            if (op.method == "fs/readFile" and request.generation is Generation.CURRENT)
+            or op.method == "fs/open"
             else None
         )
         async with self._slots:
@@ -505,6 +529,8 @@ class SandboxedFileSystem:
                     raise InternalError(f"failed to prepare fs sandbox: {exc}") from exc
                 logger.info("fs zygote unavailable (%s); using the one-shot helper", exc)
                 self._mode = "helper"
+        if op.method == "fs/open":
+            raise _NoDescriptorPassing  # the one-shot helper answers over pipes
         return await self._run_helper(op, request, src, dst, not_a_file)
 
     def _guard(self, plan: SandboxPlan) -> dict[str, object]:
@@ -543,6 +569,8 @@ class SandboxedFileSystem:
             header["walk"] = _walk_header(op.path, op.walk)
         if op.no_follow:
             header["no_follow"] = True
+        if op.method == "fs/open":
+            header["mode"] = op.mode
         try:
             reply, payload = await self._zygote.run(
                 header, op.data, timeout=self._config.fs_helper_timeout, into=into

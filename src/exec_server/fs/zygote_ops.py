@@ -132,6 +132,8 @@ class OpRequest:
     readable: tuple[str, ...] | None = None
     #: ``followSymlinks: false``: ``path`` is as the caller spelled it, no link followed
     no_follow: bool = False
+    #: ``fs/open``'s mode: ``read`` or ``replace``
+    mode: str = "read"
 
     @staticmethod
     def from_header(h: Mapping[str, object]) -> OpRequest:
@@ -206,6 +208,7 @@ class OpRequest:
             walk_root=walk_root,
             readable=readable,
             no_follow=bool(h.get("no_follow", False)),
+            mode="replace" if h.get("mode") == "replace" else "read",
         )
 
 
@@ -1018,7 +1021,33 @@ def _no_follow(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], byt
     return {}, b""
 
 
+def _open(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    """``fs/open`` in the confined child: the descriptor is opened here, under Landlock
+    and without capabilities, and handed to the server (``passed_fd``, sent over the
+    reply socket by ``zygote_main``), which then reads and writes it directly."""
+    replace = c.req.mode == "replace"
+    t = c.target(c.req.path, c.req.expect)
+    try:
+        c.guard.check(t.real, write=replace)
+        if replace:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
+        else:
+            flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+        fd = _open_final(c, t, flags)
+    finally:
+        t.close()
+    try:
+        if not replace and not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OpError(_INVALID, f"path `{c.req.not_a_file or c.req.path}` is not a file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return {"passed_fd": fd}, b""
+
+
 _OPS = {
+    "fs/open": _open,
     "fs/walk": _walk,
     "fs/readFile": _read_file,
     "fs/createDirectory": _create_directory,
