@@ -57,7 +57,6 @@ from exec_server.exceptions import (
     os_error_message,
 )
 from exec_server.fs import nonblocking, ops
-from exec_server.fs.errors import translate_os_errors
 from exec_server.fs.handles import Install, open_into
 from exec_server.fs.handles import Mode as OpenMode
 from exec_server.fs.ops import DirEntry, Metadata
@@ -67,8 +66,9 @@ from exec_server.fs.service import (
     NoFollowCall,
     NoFollowResult,
     run_no_follow,
+    walk_here,
 )
-from exec_server.fs.walk import WalkOptions, WalkOutcome, walk
+from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.fs.workers import shared_pool
 from exec_server.fs.zygote import (
     HelperFailure,
@@ -389,7 +389,7 @@ class SandboxedFileSystem:
         the policies provably read everything (then as an unsandboxed walk)."""
         req = _request(context)
         if _reads_everything(req):
-            return await shared_pool().run(_walk_direct, path, options)
+            return await shared_pool().run(walk_here, path, options)
         result, _ = await self.run(FsOperation("fs/walk", path, walk=options), req)
         return _walk_reply(result)
 
@@ -742,11 +742,6 @@ def _entries_reply(result: dict[str, object]) -> list[DirEntry]:
         for e in entries
         if isinstance(e, dict)
     ]
-
-
-def _walk_direct(path: str, options: WalkOptions) -> WalkOutcome:
-    with translate_os_errors():
-        return walk(path, options)
 
 
 def _walk_header(root: str, options: WalkOptions) -> list[object]:

@@ -62,6 +62,7 @@ __all__ = [
     "Route",
     "inline_write_target",
     "run_no_follow",
+    "walk_here",
 ]
 
 #: ``read_file`` reads regular files up to this size on the event loop (see module doc).
@@ -361,7 +362,7 @@ class FileSystemService:
             raise InvalidRequestError(refused)
         if route.confined:
             return await self._confined_or_refuse(route).walk(route.context, path, options)
-        return await self._pool.run(_walk_direct, path, options)
+        return await self._pool.run(walk_here, path, options)
 
     async def open_handle(
         self, path: str, mode: Mode, install: Install, route: Route = DIRECT
@@ -474,6 +475,7 @@ def run_no_follow(call: NoFollowCall) -> NoFollowResult:
     return None
 
 
-def _walk_direct(path: str, options: WalkOptions) -> WalkOutcome:
+def walk_here(path: str, options: WalkOptions) -> WalkOutcome:
+    """:func:`exec_server.fs.walk.walk` in this process, OS errors typed (a worker job)."""
     with translate_os_errors():
         return walk(path, options)
