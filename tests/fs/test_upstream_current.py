@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from exec_server.client.sandbox_contexts import to_wire, workspace_write
+
 pytestmark = pytest.mark.upstream
 
 
@@ -67,6 +69,21 @@ def handle_tree(root: Path) -> None:
     (root / "l").symlink_to("f")
 
 
+def sandbox_tree(root: Path) -> None:
+    """A workspace ``root/ws`` (with ``.git``) and ``root/outside``; a 0444 file."""
+    (root / "ws").mkdir()
+    handle_tree(root / "ws")
+    (root / "ws" / ".git").mkdir()
+    (root / "ws" / "ro").write_bytes(b"read-only")
+    (root / "ws" / "ro").chmod(0o444)
+    (root / "ws" / "sub" / "deeper").mkdir(parents=True)
+    (root / "ws" / "sub" / "deeper" / "x.txt").write_text("x")
+    (root / "outside").mkdir()
+    (root / "outside" / "o.txt").write_text("o")
+    (root / "ws" / "sub" / "lout").symlink_to("../../outside")
+    (root / "ws" / "sub" / "lin").symlink_to("deeper")
+
+
 def options(**kw: Any) -> dict[str, Any]:
     base = {
         "maxDepth": 10,
@@ -88,6 +105,9 @@ def nf(method: str, path: str, **kw: Any) -> tuple[str, dict[str, Any]]:
 
 
 B64 = base64.b64encode(b"changed").decode()
+#: replaced by a workspace-write context for ``{U}/ws`` that reads only the workspace
+#: and the system's minimal set, so both servers run these calls in their helpers
+S = "{S}"
 
 Step = tuple[str, dict[str, Any]]
 CASES: list[tuple[str, Callable[[Path], None], list[Step]]] = [
@@ -164,6 +184,30 @@ CASES: list[tuple[str, Callable[[Path], None], list[Step]]] = [
         ("fs/open", {"handleId": "", "path": "{U}/f"}),
         ("fs/readBlock", {"handleId": "", "offset": 0, "len": 3}),
         ("fs/readBlock", {"handleId": "zz", "offset": 0, "len": 3})]),
+    # Under ws/sub: the workspace itself lists differently under upstream's helper
+    # (its bwrap mounts the missing .agents, .codex, .aws; docs/compat.md).
+    ("sandboxed walk", sandbox_tree, [
+        ("fs/walk", {"path": "{U}/ws/sub", "options": options(), "sandbox": S}),
+        ("fs/walk", {"path": "{U}/ws/sub", "options": options(followDirectorySymlinks=True),
+                     "sandbox": S}),
+        ("fs/walk", {"path": "{U}/ws/sub/lin", "options": options(followDirectorySymlinks=True),
+                     "sandbox": S})]),
+    ("sandboxed handles", sandbox_tree, [
+        ("fs/open", {"handleId": "r", "path": "{U}/ws/f", "sandbox": S}),
+        ("fs/readBlock", {"handleId": "r", "offset": 2, "len": 3}),
+        ("fs/open", {"handleId": "w", "path": "{U}/ws/new", "mode": "replace", "sandbox": S}),
+        ("fs/writeBlock", {"handleId": "w", "offset": 0, "chunk": "bmV3"}),
+        ("fs/close", {"handleId": "w"}),
+        ("fs/open", {"handleId": "d", "path": "{U}/ws/d", "sandbox": S}),
+        ("fs/open", {"handleId": "x", "path": "{U}/ws/ro", "mode": "replace", "sandbox": S}),
+        ("fs/open", {"handleId": "x", "path": "{U}/ws/missing", "sandbox": S})]),
+    ("sandboxed no-follow", sandbox_tree, [
+        nf("fs/writeFile", "{U}/ws/f", dataBase64=B64, sandbox=S),
+        nf("fs/writeFile", "{U}/ws/ro", dataBase64=B64, sandbox=S),
+        nf("fs/readFile", "{U}/ws/f", sandbox=S),
+        nf("fs/getMetadata", "{U}/ws/l", sandbox=S),
+        nf("fs/createDirectory", "{U}/ws/sub/deeper/n", sandbox=S),
+        nf("fs/remove", "{U}/ws/sub/deeper/x.txt", recursive=False, sandbox=S)]),
     ("handles write", handle_tree, [
         ("fs/open", {"handleId": "w", "path": "{U}/l", "mode": "replace"}),
         ("fs/writeBlock", {"handleId": "w", "offset": 3, "chunk": "eHk="}),
@@ -179,6 +223,8 @@ CASES: list[tuple[str, Callable[[Path], None], list[Step]]] = [
 
 
 def _fill(value: Any, root: Path) -> Any:
+    if value == S:
+        return to_wire(workspace_write(root / "ws", tmp=False, full_read=False))
     if isinstance(value, str):
         return value.replace("{U}", f"file://{root}")
     if isinstance(value, dict):
