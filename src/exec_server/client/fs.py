@@ -49,6 +49,7 @@ from exec_server.protocol.sandbox_types import encode_client_context
 __all__ = [
     "DirEntry",
     "ExecutorFileSystem",
+    "FileOpening",
     "FileStream",
     "FsSandbox",
     "LocalFileSystem",
@@ -153,7 +154,7 @@ class FileStream:
         await self.aclose()
 
 
-class _Opening:
+class FileOpening:
     """What ``open()`` returns: awaitable (the stream) and an async context manager."""
 
     def __init__(self, opener: Callable[[], Awaitable[FileStream]]) -> None:
@@ -258,7 +259,7 @@ class ExecutorFileSystem(Protocol):
 
     def open(
         self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
-    ) -> _Opening: ...
+    ) -> FileOpening: ...
 
 
 async def read_text(
@@ -472,9 +473,9 @@ class LocalFileSystem:
 
     def open(
         self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
-    ) -> _Opening:
+    ) -> FileOpening:
         """A file handle on ``path`` (``read``, or ``replace``: created or truncated)."""
-        return _Opening(lambda: self._open(path, mode, sandbox))
+        return FileOpening(lambda: self._open(path, mode, sandbox))
 
     async def _open(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
         handle_id = uuid.uuid4().hex
@@ -670,9 +671,9 @@ class RemoteFileSystem:
 
     def open(
         self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
-    ) -> _Opening:
+    ) -> FileOpening:
         """A file handle on ``path`` (``fs/open``; ``replace``: created or truncated)."""
-        return _Opening(lambda: self._open(path, mode, sandbox))
+        return FileOpening(lambda: self._open(path, mode, sandbox))
 
     async def _open(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
         handle_id = uuid.uuid4().hex  # as the Codex client: 32 hex digits
