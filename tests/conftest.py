@@ -549,13 +549,15 @@ class InProcessServer:
     ``await client.aclose()`` is a transport drop.
     """
 
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, *, sandboxed: bool = False, **config: Any) -> None:
+        """``sandboxed``: the real sandbox services (sandboxed ``fs/*`` calls work)."""
         from exec_server.config import ServerConfig
         from exec_server.server.app import ExecServer
         from exec_server.server.services import ServerServices
 
         cfg = ServerConfig(**config)
-        self.server = ExecServer(cfg, ServerServices(cfg))
+        services = ServerServices.create(cfg) if sandboxed else ServerServices(cfg)
+        self.server = ExecServer(cfg, services)
         self._clients: list[RpcClient] = []
 
     async def connect(self, label: str = "exec-server test") -> RpcClient:
@@ -620,7 +622,7 @@ class RouterCaller:
     def __init__(self, services: Any = None) -> None:
         from exec_server.config import ServerConfig
         from exec_server.protocol.connection import HandshakeState
-        from exec_server.server import fs_handlers
+        from exec_server.server import fs_handle_handlers, fs_handlers
         from exec_server.server.router import Router
         from exec_server.server.services import ServerServices
         from exec_server.server.session import Attachment, Session, SessionRegistry
@@ -629,6 +631,7 @@ class RouterCaller:
         self.registry = SessionRegistry(self.services.config)
         self.router = Router()
         fs_handlers.register(self.router)
+        fs_handle_handlers.register(self.router)
         self.attachment = Attachment("test", _no_notifications)
         session = Session("session", processes=None)  # type: ignore[arg-type]
         session.attached_to = self.attachment.connection_id

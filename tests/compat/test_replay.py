@@ -142,6 +142,8 @@ class Peer:
 def _prepare_workspace(root: Path) -> None:
     workspace = root / "workspace"
     workspace.mkdir(parents=True)
+    if root.name == "skills":
+        _prepare_skill(workspace)
     (workspace / "edit_me.txt").write_text("alpha\nbeta\ngamma\n")
     (workspace / "delete_me.txt").write_text("bye\n")
     for line in (RECORDINGS / "view_image.rpc.jsonl").read_text().splitlines():
@@ -150,6 +152,18 @@ def _prepare_workspace(root: Path) -> None:
         if isinstance(result, dict) and "dataBase64" in result:
             (workspace / "pixel.png").write_bytes(base64.b64decode(result["dataBase64"]))
     (root / "exec_server_home").mkdir()
+
+
+def _prepare_skill(workspace: Path) -> None:
+    """The skills recording's repository: a ``.git`` and one skill in ``.agents/skills``
+    (found through ``fs/walk``), its ``SKILL.md`` as the recording read it."""
+    (workspace / ".git").mkdir()
+    skill = workspace / ".agents" / "skills" / "pa-demo"
+    skill.mkdir(parents=True)
+    for line in (RECORDINGS / "skills.rpc.jsonl").read_text().splitlines():
+        result = json.loads(line).get("msg", {}).get("result", {})
+        if isinstance(result, dict) and "dataBase64" in result:
+            (skill / "SKILL.md").write_bytes(base64.b64decode(result["dataBase64"]))
 
 
 def _start_server(root: Path, backend: str) -> tuple[subprocess.Popen[str], str]:

@@ -130,6 +130,11 @@ def _layout(root: Path) -> None:
             os.utime(os.path.join(base, name), ns=(OLD_NS, OLD_NS), follow_symlinks=False)
 
 
+#: The methods that take ``followSymlinks`` (sent as ``false`` on a quarter of them).
+NO_FOLLOW_METHODS = frozenset(
+    {"fs/readFile", "fs/writeFile", "fs/createDirectory", "fs/getMetadata", "fs/remove"}
+)
+
 # The namespace: relative names, some through links, with `..` or a trailing slash.
 NAMES = [
     ".", "a", "b", "c", "nowhere", "e", "x", "d/ro", "s", "s/a", "s/d",
@@ -382,9 +387,11 @@ def _request(
     method = rng.choice([
         "fs/readFile", "fs/writeFile", "fs/writeFile", "fs/createDirectory",
         "fs/getMetadata", "fs/readDirectory", "fs/remove", "fs/remove",
-        "fs/copy", "fs/copy", "fs/canonicalize",
+        "fs/copy", "fs/copy", "fs/canonicalize", "fs/walk",
     ])
     params: dict[str, Any] = {"path": _uri(rng, name)}
+    if method in NO_FOLLOW_METHODS and rng.random() < 0.25:
+        params["followSymlinks"] = False
     destination = name  # fs/copy's, below
     if method == "fs/writeFile":
         # docs/compat.md "fs/writeFile to a FIFO without a reader": we fail at once,
@@ -398,6 +405,21 @@ def _request(
         if _local(name, root) == str(root):
             return None  # removing the work dir itself would end the walk
         params.update(_flags(rng, "recursive", "force"))
+    elif method == "fs/walk":
+        # Upstream names entries under the root's URI as sent, percent-escapes kept
+        # (`%64/x` for `d/x`); ours decodes it first (docs/compat.md): plain spellings,
+        # escaped only where a name needs it.
+        quoted = urllib.parse.quote(name, safe="/", errors="surrogateescape")
+        params["path"] = f"{{U}}/{quoted}"
+        params["options"] = {
+            "maxDepth": rng.randint(0, 3),
+            "maxDirectories": rng.choice([1, 2, 3, 100]),
+            "maxEntries": rng.choice([1, 4, 12, 1000]),
+            # Followed links lead out of the work dir (d/up): not under restricted reads.
+            "followDirectorySymlinks": sandbox != "workspace-write-minimal"
+            and rng.random() < 0.5,
+            "pruneHiddenDirectories": rng.random() < 0.5,
+        }
     elif method == "fs/copy":
         if rng.random() < 0.3:  # a tree into another (merged where names meet)
             name, destination = _pick(rng, root, directory=True), _pick(rng, root, directory=True)

@@ -23,17 +23,26 @@ sandboxed-filesystem service passed in, or fail closed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Iterator, Mapping
-from typing import Protocol, TypeVar
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
+from typing import Literal, Protocol, TypeVar
 
 import msgspec
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import ExecServerError, InvalidParamsError
+from exec_server.exceptions import ExecServerError, InternalError, InvalidParamsError
 from exec_server.fs.context import route_for
+from exec_server.fs.handles import MAX_BLOCK, FileHandles
 from exec_server.fs.ops import DirEntry, Metadata
-from exec_server.fs.service import ConfinedFileSystem, FileSystemService, Route
+from exec_server.fs.service import (
+    ConfinedFileSystem,
+    FileSystemService,
+    NoFollowCall,
+    Route,
+)
+from exec_server.fs.walk import MAX_DEPTH, MAX_DIRECTORIES, MAX_ENTRIES, WalkOptions
 from exec_server.protocol import fs_types as t
 from exec_server.protocol.paths import PathForm, WirePath, parse_wire_path, render_path
 from exec_server.protocol.sandbox_types import encode_client_context
@@ -41,11 +50,17 @@ from exec_server.protocol.sandbox_types import encode_client_context
 __all__ = [
     "DirEntry",
     "ExecutorFileSystem",
+    "FileOpening",
+    "FileStream",
     "FsSandbox",
     "LocalFileSystem",
     "Metadata",
+    "OpenMode",
     "RemoteFileSystem",
     "RpcCaller",
+    "WalkEntry",
+    "WalkError",
+    "WalkResult",
     "read_text",
 ]
 
@@ -55,6 +70,124 @@ FsSandbox = msgspec.Raw | msgspec.Struct | Mapping[str, object] | None
 PathArg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 T = TypeVar("T")
+
+OpenMode = Literal["read", "replace"]
+
+
+class WalkEntry(msgspec.Struct, frozen=True, gc=False):
+    """One ``fs/walk`` entry: its path (under the walked root as spelled) and kind."""
+
+    path: str
+    is_directory: bool
+
+
+class WalkError(msgspec.Struct, frozen=True, gc=False):
+    path: str
+    message: str
+
+
+class WalkResult(msgspec.Struct, frozen=True):
+    entries: list[WalkEntry]
+    errors: list[WalkError]
+    truncated: bool
+
+
+class _Blocks(Protocol):
+    """What a :class:`FileStream` needs from its backend (one open handle)."""
+
+    async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]: ...
+
+    async def write_block(self, offset: int, data: bytes) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class FileStream:
+    """An open file handle (``fs/open``): positional block reads or writes.
+
+    Use ``async with fs.open(path) as f`` (closed on exit) or ``f = await
+    fs.open(path)`` and :meth:`aclose`. Reads return at most ``length`` bytes
+    (1 to 1 MiB) and ``eof`` when fewer came back.
+    """
+
+    def __init__(self, blocks: _Blocks, mode: OpenMode) -> None:
+        self._blocks = blocks
+        self.mode: OpenMode = mode
+        self._closed = False
+
+    async def read_block(self, offset: int, length: int = MAX_BLOCK) -> tuple[bytes, bool]:
+        """``(chunk, eof)`` for up to ``length`` bytes at ``offset``."""
+        return await self._blocks.read_block(offset, length)
+
+    async def write_block(self, offset: int, data: bytes) -> None:
+        """Write ``data`` (1 byte to 1 MiB) at ``offset`` (``replace`` handles)."""
+        await self._blocks.write_block(offset, data)
+
+    async def chunks(self, block: int = MAX_BLOCK) -> AsyncIterator[bytes]:
+        """The file from its start, a block at a time, as the Codex client streams it."""
+        offset = 0
+        while True:
+            chunk, eof = await self.read_block(offset, block)
+            if chunk:
+                yield chunk
+            offset += len(chunk)
+            if eof:
+                return
+
+    async def read_all(self, block: int = MAX_BLOCK) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks(block)])
+
+    async def write_all(self, data: bytes, block: int = MAX_BLOCK) -> None:
+        """Write ``data`` from offset 0 in blocks (nothing is sent for empty data)."""
+        view = memoryview(data)
+        for offset in range(0, len(view), block):
+            await self.write_block(offset, bytes(view[offset : offset + block]))
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._blocks.close()
+
+    async def __aenter__(self) -> FileStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class FileOpening:
+    """What ``open()`` returns: awaitable (the stream) and an async context manager."""
+
+    def __init__(self, opener: Callable[[], Awaitable[FileStream]]) -> None:
+        self._opener = opener
+        self._stream: FileStream | None = None
+
+    def __await__(self) -> Generator[object, None, FileStream]:
+        return self._opener().__await__()
+
+    async def __aenter__(self) -> FileStream:
+        self._stream = await self._opener()
+        return self._stream
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._stream is not None:
+            await self._stream.aclose()
+
+
+def _walk_options(
+    max_depth: int,
+    max_directories: int,
+    max_entries: int,
+    follow_directory_symlinks: bool,
+    prune_hidden_directories: bool,
+) -> t.WalkOptionsParams:
+    return t.WalkOptionsParams(
+        max_depth=max_depth,
+        max_directories=max_directories,
+        max_entries=max_entries,
+        follow_directory_symlinks=follow_directory_symlinks,
+        prune_hidden_directories=prune_hidden_directories,
+    )
 
 
 @contextlib.contextmanager
@@ -69,17 +202,37 @@ def _naming(path: PathArg) -> Iterator[None]:
 
 
 class ExecutorFileSystem(Protocol):
-    """Async filesystem of an execution environment (paths must be absolute)."""
+    """Async filesystem of an execution environment (paths must be absolute).
 
-    async def read_file(self, path: PathArg, sandbox: FsSandbox = None) -> bytes: ...
+    ``follow_symlinks=False`` (read_file, write_file, create_directory,
+    get_metadata, remove) refuses a symlink anywhere in the path.
+    """
 
-    async def write_file(self, path: PathArg, data: bytes, sandbox: FsSandbox = None) -> None: ...
+    async def read_file(
+        self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
+    ) -> bytes: ...
 
-    async def create_directory(
-        self, path: PathArg, *, recursive: bool = True, sandbox: FsSandbox = None
+    async def write_file(
+        self,
+        path: PathArg,
+        data: bytes,
+        sandbox: FsSandbox = None,
+        *,
+        follow_symlinks: bool = True,
     ) -> None: ...
 
-    async def get_metadata(self, path: PathArg, sandbox: FsSandbox = None) -> Metadata: ...
+    async def create_directory(
+        self,
+        path: PathArg,
+        *,
+        recursive: bool = True,
+        sandbox: FsSandbox = None,
+        follow_symlinks: bool = True,
+    ) -> None: ...
+
+    async def get_metadata(
+        self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
+    ) -> Metadata: ...
 
     async def read_directory(self, path: PathArg, sandbox: FsSandbox = None) -> list[DirEntry]: ...
 
@@ -90,6 +243,7 @@ class ExecutorFileSystem(Protocol):
         recursive: bool = True,
         force: bool = True,
         sandbox: FsSandbox = None,
+        follow_symlinks: bool = True,
     ) -> None: ...
 
     async def copy(
@@ -102,6 +256,22 @@ class ExecutorFileSystem(Protocol):
     ) -> None: ...
 
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str: ...
+
+    async def walk(
+        self,
+        path: PathArg,
+        *,
+        max_depth: int = MAX_DEPTH,
+        max_directories: int = MAX_DIRECTORIES,
+        max_entries: int = MAX_ENTRIES,
+        follow_directory_symlinks: bool = False,
+        prune_hidden_directories: bool = False,
+        sandbox: FsSandbox = None,
+    ) -> WalkResult: ...
+
+    def open(
+        self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
+    ) -> FileOpening: ...
 
 
 async def read_text(
@@ -162,6 +332,7 @@ class LocalFileSystem:
 
     def __init__(self, *, confined: ConfinedFileSystem | None = None) -> None:
         self._service = FileSystemService(confined)
+        self._handles = FileHandles()
         self._owned: _Closable | None = None
 
     @classmethod
@@ -181,7 +352,10 @@ class LocalFileSystem:
         return fs
 
     async def aclose(self) -> None:
-        """Release the sandboxed-filesystem service if this object created it."""
+        """Close the open file handles; release the sandboxed-filesystem service if
+        this object created it."""
+        await self._service.pool.run(self._handles.close_all)
+        self._handles = FileHandles()
         owned, self._owned = self._owned, None
         if owned is not None:
             await owned.aclose()
@@ -195,29 +369,59 @@ class LocalFileSystem:
     async def _route(self, sandbox: FsSandbox) -> Route:
         return await route_for(_sandbox_json(sandbox), self._service.pool)
 
-    async def read_file(self, path: PathArg, sandbox: FsSandbox = None) -> bytes:
+    async def read_file(
+        self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
+    ) -> bytes:
         with _naming(path):
             route = await self._route(sandbox)
-            return await self._service.read_file(
-                _wire_path(path).path, route, regular_only=True
-            )
+            native = _wire_path(path).path
+            if not follow_symlinks:
+                return await self._service.read_file_no_follow(native, route)
+            return await self._service.read_file(native, route, regular_only=True)
 
-    async def write_file(self, path: PathArg, data: bytes, sandbox: FsSandbox = None) -> None:
-        with _naming(path):
-            route = await self._route(sandbox)
-            await self._service.write_file(_wire_path(path).path, data, route)
-
-    async def create_directory(
-        self, path: PathArg, *, recursive: bool = True, sandbox: FsSandbox = None
+    async def write_file(
+        self,
+        path: PathArg,
+        data: bytes,
+        sandbox: FsSandbox = None,
+        *,
+        follow_symlinks: bool = True,
     ) -> None:
         with _naming(path):
             route = await self._route(sandbox)
-            await self._service.create_directory(_wire_path(path).path, route, recursive=recursive)
+            native = _wire_path(path).path
+            if not follow_symlinks:
+                call = NoFollowCall("fs/writeFile", native, produce=lambda: data)
+                await self._service.no_follow(call, route)
+                return
+            await self._service.write_file(native, data, route)
 
-    async def get_metadata(self, path: PathArg, sandbox: FsSandbox = None) -> Metadata:
+    async def create_directory(
+        self,
+        path: PathArg,
+        *,
+        recursive: bool = True,
+        sandbox: FsSandbox = None,
+        follow_symlinks: bool = True,
+    ) -> None:
         with _naming(path):
             route = await self._route(sandbox)
-            return await self._service.get_metadata(_wire_path(path).path, route)
+            native = _wire_path(path).path
+            if not follow_symlinks:
+                call = NoFollowCall("fs/createDirectory", native, recursive=recursive)
+                await self._service.no_follow(call, route)
+                return
+            await self._service.create_directory(native, route, recursive=recursive)
+
+    async def get_metadata(
+        self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
+    ) -> Metadata:
+        with _naming(path):
+            route = await self._route(sandbox)
+            native = _wire_path(path).path
+            if not follow_symlinks:
+                return await self._service.get_metadata_no_follow(native, route)
+            return await self._service.get_metadata(native, route)
 
     async def read_directory(self, path: PathArg, sandbox: FsSandbox = None) -> list[DirEntry]:
         with _naming(path):
@@ -231,12 +435,15 @@ class LocalFileSystem:
         recursive: bool = True,
         force: bool = True,
         sandbox: FsSandbox = None,
+        follow_symlinks: bool = True,
     ) -> None:
-        with _naming(path):
-            route = await self._route(sandbox)
-            await self._service.remove(
-                _wire_path(path).path, route, recursive=recursive, force=force
-            )
+        route = await self._route(sandbox)
+        native = _wire_path(path).path
+        if not follow_symlinks:
+            call = NoFollowCall("fs/remove", native, recursive=recursive, force=force)
+            await self._service.no_follow(call, route)
+            return
+        await self._service.remove(native, route, recursive=recursive, force=force)
 
     async def copy(
         self,
@@ -256,6 +463,68 @@ class LocalFileSystem:
         with _naming(path):
             route = await self._route(sandbox)
             return await self._service.canonicalize(_wire_path(path).path, route)
+
+    async def walk(
+        self,
+        path: PathArg,
+        *,
+        max_depth: int = MAX_DEPTH,
+        max_directories: int = MAX_DIRECTORIES,
+        max_entries: int = MAX_ENTRIES,
+        follow_directory_symlinks: bool = False,
+        prune_hidden_directories: bool = False,
+        sandbox: FsSandbox = None,
+    ) -> WalkResult:
+        route = await self._route(sandbox)
+        options = WalkOptions(
+            max_depth,
+            max_directories,
+            max_entries,
+            follow_directory_symlinks,
+            prune_hidden_directories,
+        )
+        outcome = await self._service.walk(_wire_path(path).path, options, route)
+        return WalkResult(
+            entries=[WalkEntry(os.path.join(d, n), is_dir) for d, n, is_dir in outcome.entries],
+            errors=[WalkError(os.path.join(d, n) if n else d, m) for d, n, m in outcome.errors],
+            truncated=outcome.truncated,
+        )
+
+    def open(
+        self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
+    ) -> FileOpening:
+        """A file handle on ``path`` (``read``, or ``replace``: created or truncated)."""
+        return FileOpening(lambda: self._open(path, mode, sandbox))
+
+    async def _open(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
+        handle_id = uuid.uuid4().hex
+        handle = self._handles.reserve(handle_id)
+        try:
+            route = await self._route(sandbox)
+            install = functools.partial(self._handles.install, handle)
+            await self._service.open_handle(_wire_path(path).path, mode, install, route)
+        except BaseException:
+            self._handles.release(handle_id, handle)
+            raise
+        return FileStream(_LocalBlocks(self._service, self._handles, handle_id), mode)
+
+
+class _LocalBlocks:
+    """One handle of a :class:`LocalFileSystem`'s table, used from worker threads."""
+
+    def __init__(self, service: FileSystemService, handles: FileHandles, handle_id: str) -> None:
+        self._service = service
+        self._handles = handles
+        self._id = handle_id
+
+    async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]:
+        return await self._service.pool.run(self._handles.read_block, self._id, offset, length)
+
+    async def write_block(self, offset: int, data: bytes) -> None:
+        await self._service.pool.run(self._handles.write_block, self._id, offset, data)
+
+    async def close(self) -> None:
+        await self._service.pool.run(self._handles.close, self._id)
 
 
 class _Closable(Protocol):
@@ -283,31 +552,60 @@ class RemoteFileSystem:
         raw = _sandbox_json(sandbox)
         return msgspec.UNSET if raw is None else msgspec.Raw(raw)
 
-    async def read_file(self, path: PathArg, sandbox: FsSandbox = None) -> bytes:
+    async def read_file(
+        self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
+    ) -> bytes:
         with _naming(path):
-            params = t.ReadFileParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
+            params = t.ReadFileParams(
+                path=self._uri(path),
+                sandbox=self._sandbox(sandbox),
+                follow_symlinks=_no_follow(follow_symlinks),
+            )
             result = await self._client.call(t.METHOD_READ_FILE, params, t.ReadFileResult)
             return result.data_base64
 
-    async def write_file(self, path: PathArg, data: bytes, sandbox: FsSandbox = None) -> None:
+    async def write_file(
+        self,
+        path: PathArg,
+        data: bytes,
+        sandbox: FsSandbox = None,
+        *,
+        follow_symlinks: bool = True,
+    ) -> None:
         with _naming(path):
             params = t.WriteFileRequest(
-                path=self._uri(path), data_base64=data, sandbox=self._sandbox(sandbox)
+                path=self._uri(path),
+                data_base64=data,
+                sandbox=self._sandbox(sandbox),
+                follow_symlinks=_no_follow(follow_symlinks),
             )
             await self._client.call(t.METHOD_WRITE_FILE, params, t.EmptyResult)
 
     async def create_directory(
-        self, path: PathArg, *, recursive: bool = True, sandbox: FsSandbox = None
+        self,
+        path: PathArg,
+        *,
+        recursive: bool = True,
+        sandbox: FsSandbox = None,
+        follow_symlinks: bool = True,
     ) -> None:
-        with _naming(path):
-            params = t.CreateDirectoryParams(
-                path=self._uri(path), recursive=recursive, sandbox=self._sandbox(sandbox)
-            )
-            await self._client.call(t.METHOD_CREATE_DIRECTORY, params, t.EmptyResult)
+        params = t.CreateDirectoryParams(
+            path=self._uri(path),
+            recursive=recursive,
+            sandbox=self._sandbox(sandbox),
+            follow_symlinks=_no_follow(follow_symlinks),
+        )
+        await self._client.call(t.METHOD_CREATE_DIRECTORY, params, t.EmptyResult)
 
-    async def get_metadata(self, path: PathArg, sandbox: FsSandbox = None) -> Metadata:
+    async def get_metadata(
+        self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
+    ) -> Metadata:
         with _naming(path):
-            params = t.GetMetadataParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
+            params = t.GetMetadataParams(
+                path=self._uri(path),
+                sandbox=self._sandbox(sandbox),
+                follow_symlinks=_no_follow(follow_symlinks),
+            )
             r = await self._client.call(t.METHOD_GET_METADATA, params, t.GetMetadataResult)
             return Metadata(
                 is_directory=r.is_directory,
@@ -331,15 +629,16 @@ class RemoteFileSystem:
         recursive: bool = True,
         force: bool = True,
         sandbox: FsSandbox = None,
+        follow_symlinks: bool = True,
     ) -> None:
-        with _naming(path):
-            params = t.RemoveParams(
-                path=self._uri(path),
-                recursive=recursive,
-                force=force,
-                sandbox=self._sandbox(sandbox),
-            )
-            await self._client.call(t.METHOD_REMOVE, params, t.EmptyResult)
+        params = t.RemoveParams(
+            path=self._uri(path),
+            recursive=recursive,
+            force=force,
+            sandbox=self._sandbox(sandbox),
+            follow_symlinks=_no_follow(follow_symlinks),
+        )
+        await self._client.call(t.METHOD_REMOVE, params, t.EmptyResult)
 
     async def copy(
         self,
@@ -359,7 +658,82 @@ class RemoteFileSystem:
             await self._client.call(t.METHOD_COPY, params, t.EmptyResult)
 
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str:
+        params = t.CanonicalizeParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
+        r = await self._client.call(t.METHOD_CANONICALIZE, params, t.CanonicalizeResult)
+        return parse_wire_path(r.path).path
+
+    async def walk(
+        self,
+        path: PathArg,
+        *,
+        max_depth: int = MAX_DEPTH,
+        max_directories: int = MAX_DIRECTORIES,
+        max_entries: int = MAX_ENTRIES,
+        follow_directory_symlinks: bool = False,
+        prune_hidden_directories: bool = False,
+        sandbox: FsSandbox = None,
+    ) -> WalkResult:
         with _naming(path):
-            params = t.CanonicalizeParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
-            r = await self._client.call(t.METHOD_CANONICALIZE, params, t.CanonicalizeResult)
-            return parse_wire_path(r.path).path
+            params = t.WalkParams(
+                path=self._uri(path),
+                options=_walk_options(
+                    max_depth,
+                    max_directories,
+                    max_entries,
+                    follow_directory_symlinks,
+                    prune_hidden_directories,
+                ),
+                sandbox=self._sandbox(sandbox),
+            )
+            r = await self._client.call(t.METHOD_WALK, params, t.WalkResult)
+            return WalkResult(
+                entries=[
+                    WalkEntry(parse_wire_path(e.path).path, e.kind == "directory")
+                    for e in r.entries
+                ],
+                errors=[WalkError(parse_wire_path(e.path).path, e.message) for e in r.errors],
+                truncated=r.truncated,
+            )
+
+    def open(
+        self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
+    ) -> FileOpening:
+        """A file handle on ``path`` (``fs/open``; ``replace``: created or truncated)."""
+        return FileOpening(lambda: self._open(path, mode, sandbox))
+
+    async def _open(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
+        handle_id = uuid.uuid4().hex  # as the Codex client: 32 hex digits
+        params = t.OpenParams(
+            handle_id=handle_id, path=self._uri(path), mode=mode, sandbox=self._sandbox(sandbox)
+        )
+        await self._client.call(t.METHOD_OPEN, params, t.OpenResult)
+        return FileStream(_RemoteBlocks(self._client, handle_id), mode)
+
+
+class _RemoteBlocks:
+    """One handle on the server: ``fs/readBlock``, ``fs/writeBlock``, ``fs/close``."""
+
+    def __init__(self, client: RpcCaller, handle_id: str) -> None:
+        self._client = client
+        self._id = handle_id
+
+    async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]:
+        params = t.ReadBlockParams(handle_id=self._id, offset=offset, length=length)
+        r = await self._client.call(t.METHOD_READ_BLOCK, params, t.ReadBlockResult)
+        if len(r.chunk) > length:
+            raise InternalError(
+                f"fs/readBlock returned {len(r.chunk)} bytes, more than the {length} asked for"
+            )
+        return r.chunk, r.eof
+
+    async def write_block(self, offset: int, data: bytes) -> None:
+        params = t.WriteBlockParams(handle_id=self._id, offset=offset, chunk=data)
+        await self._client.call(t.METHOD_WRITE_BLOCK, params, t.EmptyResult)
+
+    async def close(self) -> None:
+        await self._client.call(t.METHOD_CLOSE, t.CloseParams(handle_id=self._id), t.EmptyResult)
+
+
+def _no_follow(follow_symlinks: bool) -> bool | None:
+    """The wire member: sent only as ``false`` (as the Codex client sends it)."""
+    return None if follow_symlinks else False

@@ -31,6 +31,7 @@ _OPERATIONS = frozenset(
         "fs/remove",
         "fs/copy",
         "fs/canonicalize",
+        "fs/walk",
     }
 )
 
@@ -69,6 +70,9 @@ def _decode(raw: bytes) -> tuple[OpRequest, bytes, bool]:
             "full_write",
             "not_a_file",
             "tmp",
+            "walk",
+            "plan",
+            "no_follow",
         )
         if k in ext
     }

@@ -57,8 +57,18 @@ from exec_server.exceptions import (
     os_error_message,
 )
 from exec_server.fs import nonblocking, ops
+from exec_server.fs.handles import Install, open_into
+from exec_server.fs.handles import Mode as OpenMode
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import INLINE_READ_LIMIT as _INLINE_READ_LIMIT
+from exec_server.fs.service import (
+    NO_FOLLOW_WRITES,
+    NoFollowCall,
+    NoFollowResult,
+    run_no_follow,
+    walk_here,
+)
+from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.fs.workers import shared_pool
 from exec_server.fs.zygote import (
     HelperFailure,
@@ -102,6 +112,19 @@ class FsOperation:
     data: ops.Payload = b""
     recursive: bool = True
     force: bool = True
+    walk: WalkOptions | None = None
+    #: ``followSymlinks: false``: run on ``path`` as spelled, refusing any link in it
+    no_follow: bool = False
+    #: ``fs/open``'s mode (``read`` or ``replace``)
+    mode: str = "read"
+
+    @property
+    def writes(self) -> bool:
+        return self.method in _WRITE_OPS or (self.method == "fs/open" and self.mode == "replace")
+
+
+class _NoDescriptorPassing(Exception):
+    """The confinement in use cannot hand a descriptor back (the one-shot helper)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +185,12 @@ def _check_operation(
         InternalError: canonicalisation failed.
     """
     src = check_path(
-        request, op.path, preserve=op.method in _PRESERVE_OPS, write=op.method in _WRITE_OPS
+        request, op.path, preserve=op.method in _PRESERVE_OPS, write=op.writes
     )
+    if op.no_follow:
+        # The helper works on the path as spelled (with no link in it, that is
+        # where it resolves to): both must be allowed.
+        _require(request, op.path, write=op.writes)
     if op.method != "fs/copy" or op.destination is None:
         return src, None
     dst = check_path(request, op.destination, preserve=False, write=True)
@@ -357,6 +384,81 @@ class SandboxedFileSystem:
             context, FsOperation("fs/canonicalize", path), ops.canonicalize, _path_reply
         )
 
+    async def walk(self, context: object, path: str, options: WalkOptions) -> WalkOutcome:
+        """Listed and looked at in the confined helper (PROTOCOL_CURRENT §6.3), unless
+        the policies provably read everything (then as an unsandboxed walk)."""
+        req = _request(context)
+        if _reads_everything(req):
+            return await shared_pool().run(walk_here, path, options)
+        result, _ = await self.run(FsOperation("fs/walk", path, walk=options), req)
+        return _walk_reply(result)
+
+    async def open_handle(
+        self, context: object, path: str, mode: OpenMode, install: Install
+    ) -> None:
+        """``fs/open`` under a sandbox context (PROTOCOL_CURRENT §4.6).
+
+        Checked like every confined call, on the path's resolved location (a
+        location the context does not allow: ``-32600 ... is not permitted by
+        filesystem sandbox``); then the confined helper child opens it, under
+        Landlock and without capabilities, and passes the descriptor back
+        (``SCM_RIGHTS``): reads and writes on it are then as fast as unsandboxed
+        ones. With the one-shot helper (no zygote: it answers over pipes), the
+        checked location is opened here instead, following no symlink on the way
+        (:func:`exec_server.fs.nofollow.open_at`), so the descriptor is of the
+        location checked. A read under a policy that reads everything opens the
+        path as given, as unsandboxed.
+        """
+        req = _request(context)
+        if mode == "read" and _reads_everything(req):
+            return await shared_pool().run(open_into, install, path, mode)
+        if self._mode != "helper":
+            try:
+                result, _ = await self.run(FsOperation("fs/open", path, mode=mode), req)
+            except _NoDescriptorPassing:
+                pass
+            else:
+                fd = result.get("passed_fd")
+                if not isinstance(fd, int) or isinstance(fd, bool):
+                    raise InternalError("unexpected fs sandbox helper response: no descriptor")
+                install(fd)
+                return
+        if self._closed:
+            raise InternalError("the filesystem sandbox is shut down")
+        if req.direct:
+            raise InvalidRequestError(NEEDS_POLICY)
+        checked = await shared_pool().run(
+            check_path, req, path, preserve=False, write=mode == "replace"
+        )
+        await shared_pool().run(open_into, install, checked.path, mode, no_follow=True)
+
+    async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
+        """A ``followSymlinks: false`` call, confined as the others: a read runs here
+        when the policies provably read everything; otherwise the policy is checked
+        on the path as spelled and as resolved, and the confined helper runs the same
+        no-follow code (``zygote_ops``, :mod:`exec_server.fs.nofollow`) on the path
+        as spelled, under Landlock and without capabilities."""
+        req = _request(context)
+        if call.method not in NO_FOLLOW_WRITES and _reads_everything(req):
+            return await shared_pool().run(run_no_follow, call)
+        data: ops.Payload = b""
+        if call.produce is not None:
+            data = await shared_pool().run(call.produce)
+        op = FsOperation(
+            call.method,
+            call.path,
+            data=data,
+            recursive=call.recursive,
+            force=call.force,
+            no_follow=True,
+        )
+        result, payload = await self.run(op, req)
+        if call.method == "fs/getMetadata":
+            return _metadata_reply(result)
+        if call.method == "fs/readFile":
+            return payload
+        return None
+
     async def _read_only(
         self,
         context: object,
@@ -403,7 +505,8 @@ class SandboxedFileSystem:
         src, dst = await shared_pool().run(_check_operation, op, request)
         not_a_file = (
             op.path
-            if op.method == "fs/readFile" and request.generation is Generation.CURRENT
+            if (op.method == "fs/readFile" and request.generation is Generation.CURRENT)
+            or op.method == "fs/open"
             else None
         )
         async with self._slots:
@@ -426,6 +529,8 @@ class SandboxedFileSystem:
                     raise InternalError(f"failed to prepare fs sandbox: {exc}") from exc
                 logger.info("fs zygote unavailable (%s); using the one-shot helper", exc)
                 self._mode = "helper"
+        if op.method == "fs/open":
+            raise _NoDescriptorPassing  # the one-shot helper answers over pipes
         return await self._run_helper(op, request, src, dst, not_a_file)
 
     def _guard(self, plan: SandboxPlan) -> dict[str, object]:
@@ -448,7 +553,7 @@ class SandboxedFileSystem:
         plan = request.helper_plan()
         header: dict[str, object] = {
             "op": op.method,
-            "path": src.path,
+            "path": op.path if op.no_follow else src.path,
             "expect": src.expect,
             "recursive": op.recursive,
             "force": op.force,
@@ -460,6 +565,12 @@ class SandboxedFileSystem:
             header["dest_expect"] = dst.expect
         if not_a_file is not None:
             header["not_a_file"] = not_a_file
+        if op.walk is not None:
+            header["walk"] = _walk_header(op.path, op.walk)
+        if op.no_follow:
+            header["no_follow"] = True
+        if op.method == "fs/open":
+            header["mode"] = op.mode
         try:
             reply, payload = await self._zygote.run(
                 header, op.data, timeout=self._config.fs_helper_timeout, into=into
@@ -633,6 +744,34 @@ def _entries_reply(result: dict[str, object]) -> list[DirEntry]:
     ]
 
 
+def _walk_header(root: str, options: WalkOptions) -> list[object]:
+    """The walk's root as spelled (the confined child decides what it may see by real
+    locations) and its options."""
+    return [
+        root,
+        options.max_depth,
+        options.max_directories,
+        options.max_entries,
+        options.follow_directory_symlinks,
+        options.prune_hidden_directories,
+    ]
+
+
+def _walk_reply(result: dict[str, object]) -> WalkOutcome:
+    entries = result.get("entries")
+    errors = result.get("errors")
+    if not isinstance(entries, list) or not isinstance(errors, list):
+        raise InternalError("unexpected fs sandbox helper response: no walk outcome")
+    try:
+        return WalkOutcome(
+            entries=[(str(d), str(n), bool(k)) for d, n, k in entries],
+            errors=[(str(d), str(n), str(m)) for d, n, m in errors],
+            truncated=bool(result.get("truncated")),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InternalError(f"unexpected fs sandbox helper response: {exc}") from None
+
+
 def _path_reply(result: dict[str, object]) -> str:
     out = result.get("path")
     if not isinstance(out, str):
@@ -673,7 +812,7 @@ def _helper_request(
         assert dst is not None
         params.update(sourcePath=src.path, destinationPath=dst.path, recursive=op.recursive)
     else:
-        params["path"] = src.path
+        params["path"] = op.path if op.no_follow else src.path
     if op.method == "fs/writeFile":
         params["dataBase64"] = base64.b64encode(ops.payload_bytes(op.data)).decode("ascii")
     elif op.method == "fs/createDirectory":
@@ -694,6 +833,11 @@ def _helper_request(
         ext["not_a_file"] = not_a_file
     if tmp is not None:
         ext["tmp"] = tmp
+    if op.walk is not None:
+        ext["walk"] = _walk_header(op.path, op.walk)
+        ext["plan"] = _plan_header(plan)
+    if op.no_follow:
+        ext["no_follow"] = True
     return {"operation": op.method, "params": params, "x-exec-server": ext}
 
 

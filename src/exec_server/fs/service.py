@@ -37,24 +37,32 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from stat import S_ISREG
-from typing import Protocol, TypeVar
+from stat import S_ISDIR, S_ISREG
+from typing import Final, Protocol, TypeVar
 
 from exec_server.exceptions import ExecServerError, InvalidRequestError
-from exec_server.fs import memfs, nonblocking, ops
+from exec_server.fs import memfs, nofollow, nonblocking, ops
+from exec_server.fs.errors import translate_os_errors
+from exec_server.fs.handles import Install, Mode, open_into
 from exec_server.fs.ops import DirEntry, Metadata
+from exec_server.fs.walk import WalkOptions, WalkOutcome, limits_error, walk
 from exec_server.fs.workers import WorkerPool, shared_pool
 
 __all__ = [
     "DIRECT",
     "INLINE_READ_LIMIT",
     "INLINE_WRITE_LIMIT",
+    "NO_FOLLOW_WRITES",
     "NO_RUNTIME_PATHS",
     "ConfinedFileSystem",
     "FileSystemService",
     "FsRoute",
+    "NoFollowCall",
+    "NoFollowResult",
     "Route",
     "inline_write_target",
+    "run_no_follow",
+    "walk_here",
 ]
 
 #: ``read_file`` reads regular files up to this size on the event loop (see module doc).
@@ -121,6 +129,21 @@ class ConfinedFileSystem(Protocol):
     ) -> None: ...
 
     async def canonicalize(self, context: object, path: str) -> str: ...
+
+    async def walk(self, context: object, path: str, options: WalkOptions) -> WalkOutcome:
+        """``fs/walk`` confined: what the context does not let the caller read is absent."""
+        ...
+
+    async def open_handle(
+        self, context: object, path: str, mode: Mode, install: Install
+    ) -> None:
+        """Open ``path`` for ``fs/open`` where the context allows it; ``install`` takes
+        the descriptor over in the worker that opened it."""
+        ...
+
+    async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
+        """A ``followSymlinks: false`` call under ``context``, confined as the others."""
+        ...
 
     def reads_directly(self, context: object) -> bool:
         """Whether read-only calls under ``context`` may run in the server (no helper)."""
@@ -331,6 +354,43 @@ class FileSystemService:
             )
         await self._pool.run(ops.copy, source, destination, recursive=recursive)
 
+    async def walk(self, path: str, options: WalkOptions, route: Route = DIRECT) -> WalkOutcome:
+        """A bounded breadth-first walk (:mod:`exec_server.fs.walk`); limits are
+        checked before the path is looked at."""
+        refused = limits_error(options)
+        if refused is not None:
+            raise InvalidRequestError(refused)
+        if route.confined:
+            return await self._confined_or_refuse(route).walk(route.context, path, options)
+        return await self._pool.run(walk_here, path, options)
+
+    async def open_handle(
+        self, path: str, mode: Mode, install: Install, route: Route = DIRECT
+    ) -> None:
+        """Open a new file handle's descriptor (``fs/open``) and hand it to ``install``
+        in the worker that opened it (a cancelled caller cannot leak it)."""
+        if route.confined:
+            confined = self._confined_or_refuse(route)
+            return await confined.open_handle(route.context, path, mode, install)
+        await self._pool.run(open_into, install, path, mode)
+
+    async def no_follow(self, call: NoFollowCall, route: Route = DIRECT) -> NoFollowResult:
+        """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`: no symlink
+        anywhere in the path, race-free): in a worker, or confined like every call."""
+        if route.confined:
+            return await self._confined_or_refuse(route).no_follow(route.context, call)
+        return await self._pool.run(run_no_follow, call)
+
+    async def get_metadata_no_follow(self, path: str, route: Route = DIRECT) -> Metadata:
+        meta = await self.no_follow(NoFollowCall("fs/getMetadata", path), route)
+        assert isinstance(meta, Metadata)
+        return meta
+
+    async def read_file_no_follow(self, path: str, route: Route = DIRECT) -> bytes:
+        data = await self.no_follow(NoFollowCall("fs/readFile", path), route)
+        assert isinstance(data, bytes)
+        return data
+
     async def canonicalize(self, path: str, route: Route = DIRECT) -> str:
         if route.confined:
             return await self._confined_or_refuse(route).canonicalize(route.context, path)
@@ -363,3 +423,59 @@ def _read_mapped(
 
 def _produce_and_write(path: str, produce: Callable[[], ops.Payload]) -> None:
     ops.write_file(path, produce())
+
+
+@dataclass(frozen=True, slots=True)
+class NoFollowCall:
+    """One ``followSymlinks: false`` call: ``method`` is the ``fs/*`` name (getMetadata,
+    readFile, writeFile, createDirectory, remove); ``produce`` makes writeFile's data
+    (in the worker that writes, or before handing it to the confined helper)."""
+
+    method: str
+    path: str
+    recursive: bool = True
+    force: bool = True
+    produce: Callable[[], ops.Payload] | None = None
+
+
+#: getMetadata's :class:`Metadata`, readFile's bytes, None for the rest.
+NoFollowResult = Metadata | bytes | None
+
+NO_FOLLOW_WRITES: Final = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
+
+
+def run_no_follow(call: NoFollowCall) -> NoFollowResult:
+    """Run ``call`` here (a worker thread)."""
+    path = call.path
+    if call.method == "fs/getMetadata":
+        st = nofollow.lstat(path)
+        return Metadata(
+            is_directory=S_ISDIR(st.st_mode),
+            is_file=S_ISREG(st.st_mode),
+            is_symlink=False,
+            size=st.st_size,
+            created_at_ms=0,
+            modified_at_ms=st.st_mtime_ns // 1_000_000,
+        )
+    if call.method == "fs/readFile":
+        fd, size = nofollow.open_regular(path)
+        if size > ops.READ_LIMIT:
+            os.close(fd)
+            raise InvalidRequestError(ops.too_large_message(ops.READ_LIMIT))
+        return ops.read_and_close(fd, size)
+    if call.method == "fs/writeFile":
+        assert call.produce is not None
+        nofollow.write_file(path, ops.payload_bytes(call.produce()))
+    elif call.method == "fs/createDirectory":
+        nofollow.create_directory(path, recursive=call.recursive)
+    elif call.method == "fs/remove":
+        nofollow.remove(path, recursive=call.recursive, force=call.force)
+    else:
+        raise InvalidRequestError(f"{call.method} does not take followSymlinks")
+    return None
+
+
+def walk_here(path: str, options: WalkOptions) -> WalkOutcome:
+    """:func:`exec_server.fs.walk.walk` in this process, OS errors typed (a worker job)."""
+    with translate_os_errors():
+        return walk(path, options)

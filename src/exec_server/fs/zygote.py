@@ -550,6 +550,14 @@ class Zygote:
             raise HelperFailure(
                 "failed to encode or decode fs sandbox helper message: not a reply object"
             )
+        result = header.get("result")
+        if header["status"] == "ok" and isinstance(result, dict) and result.get("passed_fd"):
+            # fs/open: one more byte carries the descriptor the child opened.
+            fd = await _recv_fd(loop, sock)
+            if fd is None:
+                raise await self._crashed(p)
+            result["passed_fd"] = fd
+            return header, b""
         view = into(dlen) if into is not None and dlen and header["status"] == "ok" else None
         if view is not None:
             if len(view) != dlen:
@@ -689,3 +697,32 @@ async def _recv_exact_into(
             return False
         got += n
     return True
+
+
+async def _recv_fd(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int | None:
+    """The descriptor sent with the next byte (``SCM_RIGHTS``); None on EOF or without one.
+    Descriptors still in the socket when it is closed (a cancelled caller) are closed
+    by the kernel."""
+    while True:
+        try:
+            msg, anc, _flags, _addr = sock.recvmsg(
+                1, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC
+            )
+            break
+        except BlockingIOError:
+            ready = loop.create_future()
+            loop.add_reader(sock.fileno(), ready.set_result, None)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(sock.fileno())
+        except (ConnectionResetError, BrokenPipeError):
+            return None
+    fds = fds_from_anc(anc)
+    if not msg or not fds:
+        for fd in fds:
+            os.close(fd)
+        return None
+    for extra in fds[1:]:
+        os.close(extra)
+    return fds[0]

@@ -308,7 +308,19 @@ class Zygote(ZygoteBase):
                 },
             )
             return
-        self._reply(fd, {"status": "ok", "result": result}, payload)
+        passed = result.pop("passed_fd", None)
+        if passed is None:
+            self._reply(fd, {"status": "ok", "result": result}, payload)
+            return
+        # fs/open: the reply, then one byte carrying the descriptor (SCM_RIGHTS).
+        self._reply(fd, {"status": "ok", "result": {"passed_fd": True}})
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
+        try:
+            sock.sendmsg(
+                [b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", passed))]
+            )
+        finally:
+            sock.detach()
 
     @staticmethod
     def _probe_open() -> int:

@@ -33,7 +33,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from exec_server.errno_text import os_error_text
+from exec_server.exceptions import ExecServerError
+from exec_server.fs import nofollow
 from exec_server.fs.exchange import exchange_into_place, match_old_file
+from exec_server.fs.walk import WalkOptions, walk
 
 __all__ = [
     "MAX_READ_BYTES",
@@ -121,6 +124,16 @@ class OpRequest:
     full_write: bool = False
     not_a_file: str | None = None
     tmp: str | None = None
+    walk: WalkOptions | None = None
+    #: the walk's root as the caller spelled it (``path`` is its resolved check path):
+    #: a root that is a link is not followed unless asked, and entries are named under it
+    walk_root: str | None = None
+    #: the helper plan's readable roots (None: everything); writable roots are readable too
+    readable: tuple[str, ...] | None = None
+    #: ``followSymlinks: false``: ``path`` is as the caller spelled it, no link followed
+    no_follow: bool = False
+    #: ``fs/open``'s mode: ``read`` or ``replace``
+    mode: str = "read"
 
     @staticmethod
     def from_header(h: Mapping[str, object]) -> OpRequest:
@@ -152,6 +165,31 @@ class OpRequest:
             raise OpError(_INVALID, "fs sandbox request has an invalid `tmp`")
         path = s("path", True)
         assert path is not None
+        walk_options = None
+        walk_root = None
+        if op == "fs/walk":
+            w = h.get("walk")
+            if not (
+                isinstance(w, list)
+                and len(w) == 6
+                and isinstance(w[0], str)
+                and w[0].startswith("/")
+                and "\x00" not in w[0]
+                and all(type(v) is int and v >= 0 for v in w[1:4])
+                and all(isinstance(v, bool) for v in w[4:])
+            ):
+                raise OpError(_INVALID, "fs sandbox request has an invalid `walk`")
+            walk_root = w[0]
+            walk_options = WalkOptions(*w[1:])
+        readable = None
+        plan = h.get("plan")
+        if isinstance(plan, Mapping) and not plan.get("full_read", False):
+            roots = plan.get("readable_roots") or []
+            if not isinstance(roots, list) or not all(
+                isinstance(p, str) and p.startswith("/") for p in roots
+            ):
+                raise OpError(_INVALID, "fs sandbox request has an invalid `plan`")
+            readable = tuple(roots)
         return OpRequest(
             op=op,
             path=path,
@@ -166,6 +204,11 @@ class OpRequest:
             full_write=bool(h.get("full_write", False)),
             not_a_file=s("not_a_file"),
             tmp=tmp,
+            walk=walk_options,
+            walk_root=walk_root,
+            readable=readable,
+            no_follow=bool(h.get("no_follow", False)),
+            mode="replace" if h.get("mode") == "replace" else "read",
         )
 
 
@@ -246,6 +289,10 @@ class _Guard:
                 if best is None or key > best:
                     best = key
         return None if best is None else -best[1]
+
+    def denies(self, path: str) -> bool:
+        """Whether ``path`` lies under a ``none`` carve-out."""
+        return self._classify(path) == 0
 
     def check(self, path: str, *, write: bool) -> None:
         kind = self._classify(path)
@@ -907,7 +954,101 @@ def _canonicalize(c: _Ctx) -> tuple[dict[str, object], bytes]:
     return {"path": real}, b""
 
 
+def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    """``fs/walk`` in the confined child: the directories are listed under Landlock,
+    and what the plan does not let the caller read (outside the readable roots,
+    ``none`` carve-outs) is left out, so a link leading out of the roots is absent
+    rather than an error, as upstream's helper shows it."""
+    options = c.req.walk
+    if options is None:
+        raise OpError(_INVALID, "fs sandbox request has an invalid `walk`")
+    readable = None if c.req.readable is None else c.req.readable + c.req.writable
+    guard = c.guard
+
+    def visible(real: str) -> bool:
+        if readable is not None and not any(_within(real, root) for root in readable):
+            return False
+        return not guard.denies(real)
+
+    outcome = walk(c.req.walk_root or c.req.path, options, visible)
+    return {
+        "entries": outcome.entries,
+        "errors": outcome.errors,
+        "truncated": outcome.truncated,
+    }, b""
+
+
+_NO_FOLLOW_WRITES = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
+
+
+def _no_follow(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
+    """A ``followSymlinks: false`` call: the server's own no-follow code, run here under
+    Landlock and without capabilities; the path as spelled has no link in it, so the
+    guard (read-only holes, ``none`` carve-outs) judges the real location."""
+    req = c.req
+    c.guard.check(req.path, write=req.op in _NO_FOLLOW_WRITES)
+    try:
+        if req.op == "fs/getMetadata":
+            st = nofollow.lstat(req.path)
+            return {
+                "isDirectory": stat.S_ISDIR(st.st_mode),
+                "isFile": stat.S_ISREG(st.st_mode),
+                "isSymlink": False,
+                "size": st.st_size,
+                "createdAtMs": 0,
+                "modifiedAtMs": st.st_mtime_ns // 1_000_000,
+            }, b""
+        if req.op == "fs/readFile":
+            fd, size = nofollow.open_regular(req.path)
+            try:
+                if size > MAX_READ_BYTES:
+                    raise OpError(
+                        _INVALID, f"file is too large to read: limit is {MAX_READ_BYTES} bytes"
+                    )
+                return {}, _read_all(fd, size)
+            finally:
+                os.close(fd)
+        if req.op == "fs/writeFile":
+            nofollow.write_file(req.path, data)
+        elif req.op == "fs/createDirectory":
+            nofollow.create_directory(req.path, recursive=req.recursive)
+        elif req.op == "fs/remove":
+            nofollow.remove(req.path, recursive=req.recursive, force=req.force)
+        else:
+            raise OpError(_INVALID, f"{req.op} does not take followSymlinks")
+    except ExecServerError as exc:
+        raise OpError(exc.code, exc.message) from exc
+    return {}, b""
+
+
+def _open(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    """``fs/open`` in the confined child: the descriptor is opened here, under Landlock
+    and without capabilities, and handed to the server (``passed_fd``, sent over the
+    reply socket by ``zygote_main``), which then reads and writes it directly."""
+    replace = c.req.mode == "replace"
+    t = c.target(c.req.path, c.req.expect)
+    try:
+        c.guard.check(t.real, write=replace)
+        if replace:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
+        else:
+            flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+        fd = _open_final(c, t, flags)
+    finally:
+        t.close()
+    try:
+        if not replace and not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OpError(_INVALID, f"path `{c.req.not_a_file or c.req.path}` is not a file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return {"passed_fd": fd}, b""
+
+
 _OPS = {
+    "fs/open": _open,
+    "fs/walk": _walk,
     "fs/readFile": _read_file,
     "fs/createDirectory": _create_directory,
     "fs/getMetadata": _get_metadata,
@@ -933,6 +1074,8 @@ def execute(
     """
     c = _Ctx(req, strict=strict)
     try:
+        if req.no_follow:
+            return _no_follow(c, data)
         if req.op == "fs/writeFile":
             return _write_file(c, data)
         fn = _OPS.get(req.op)

@@ -24,6 +24,8 @@ generation; they are ``UNSET`` (omitted) for legacy requests (CLIENT_COMPAT
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import msgspec
 from msgspec import UNSET, UnsetType
 
@@ -32,26 +34,42 @@ from exec_server.protocol.json_span import StringSpan
 __all__ = [
     "FS_METHODS",
     "METHOD_CANONICALIZE",
+    "METHOD_CLOSE",
     "METHOD_COPY",
     "METHOD_CREATE_DIRECTORY",
     "METHOD_GET_METADATA",
+    "METHOD_OPEN",
+    "METHOD_READ_BLOCK",
     "METHOD_READ_DIRECTORY",
     "METHOD_READ_FILE",
     "METHOD_REMOVE",
+    "METHOD_WALK",
+    "METHOD_WRITE_BLOCK",
     "METHOD_WRITE_FILE",
     "CanonicalizeParams",
     "CanonicalizeResult",
+    "CloseParams",
     "CopyParams",
     "CreateDirectoryParams",
     "DirectoryEntry",
     "EmptyResult",
     "GetMetadataParams",
     "GetMetadataResult",
+    "OpenParams",
+    "OpenResult",
+    "ReadBlockParams",
+    "ReadBlockResult",
     "ReadDirectoryParams",
     "ReadDirectoryResult",
     "ReadFileParams",
     "ReadFileResult",
     "RemoveParams",
+    "WalkEntry",
+    "WalkError",
+    "WalkOptionsParams",
+    "WalkParams",
+    "WalkResult",
+    "WriteBlockParams",
     "WriteFileParams",
     "WriteFileParamsHead",
     "WriteFileParamsSpan",
@@ -67,6 +85,11 @@ METHOD_READ_DIRECTORY = "fs/readDirectory"
 METHOD_REMOVE = "fs/remove"
 METHOD_COPY = "fs/copy"
 METHOD_CANONICALIZE = "fs/canonicalize"
+METHOD_WALK = "fs/walk"
+METHOD_OPEN = "fs/open"
+METHOD_READ_BLOCK = "fs/readBlock"
+METHOD_WRITE_BLOCK = "fs/writeBlock"
+METHOD_CLOSE = "fs/close"
 
 FS_METHODS = (
     METHOD_READ_FILE,
@@ -77,6 +100,11 @@ FS_METHODS = (
     METHOD_REMOVE,
     METHOD_COPY,
     METHOD_CANONICALIZE,
+    METHOD_WALK,
+    METHOD_OPEN,
+    METHOD_READ_BLOCK,
+    METHOD_WRITE_BLOCK,
+    METHOD_CLOSE,
 )
 
 SandboxField = msgspec.Raw | UnsetType
@@ -98,6 +126,7 @@ class EmptyResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 class ReadFileParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
     path: str
     sandbox: SandboxField = UNSET
+    follow_symlinks: bool | None = None
 
 
 class ReadFileResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -112,6 +141,7 @@ class WriteFileParams(
     path: str
     data_base64: msgspec.Raw
     sandbox: SandboxField = UNSET
+    follow_symlinks: bool | None = None
 
 
 class WriteFileParamsHead(
@@ -123,6 +153,7 @@ class WriteFileParamsHead(
     path: str
     data_base64: str
     sandbox: SandboxField = UNSET
+    follow_symlinks: bool | None = None
 
 
 class WriteFileParamsSpan(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,10 +163,16 @@ class WriteFileParamsSpan(msgspec.Struct, frozen=True, kw_only=True):
     path: str
     data_base64: StringSpan
     sandbox: SandboxField = UNSET
+    follow_symlinks: bool | None = None
 
     @classmethod
     def from_head(cls, head: WriteFileParamsHead, span: StringSpan) -> WriteFileParamsSpan:
-        return cls(path=head.path, data_base64=span, sandbox=head.sandbox)
+        return cls(
+            path=head.path,
+            data_base64=span,
+            sandbox=head.sandbox,
+            follow_symlinks=head.follow_symlinks,
+        )
 
 
 class WriteFileRequest(
@@ -146,6 +183,7 @@ class WriteFileRequest(
     path: str
     data_base64: bytes
     sandbox: SandboxField = UNSET
+    follow_symlinks: bool | None = None
 
 
 class CreateDirectoryParams(
@@ -154,6 +192,7 @@ class CreateDirectoryParams(
     path: str
     recursive: bool | None = None
     sandbox: SandboxField = UNSET
+    follow_symlinks: bool | None = None
 
 
 class GetMetadataParams(
@@ -161,6 +200,7 @@ class GetMetadataParams(
 ):
     path: str
     sandbox: SandboxField = UNSET
+    follow_symlinks: bool | None = None
 
 
 class GetMetadataResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -196,6 +236,7 @@ class RemoveParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", om
     recursive: bool | None = None
     force: bool | None = None
     sandbox: SandboxField = UNSET
+    follow_symlinks: bool | None = None
 
 
 class CopyParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
@@ -214,3 +255,80 @@ class CanonicalizeParams(
 
 class CanonicalizeResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     path: str
+
+
+# -- fs/walk (PROTOCOL_CURRENT §6)
+
+#: A non-negative count (upstream: ``usize``).
+Count = Annotated[int, msgspec.Meta(ge=0)]
+#: A file offset (upstream: ``u64``).
+U64 = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class WalkOptionsParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """All five members are required, as upstream's deserializer wants them."""
+
+    max_depth: Count
+    max_directories: Count
+    max_entries: Count
+    follow_directory_symlinks: bool
+    prune_hidden_directories: bool
+
+
+class WalkParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    path: str
+    options: WalkOptionsParams
+    sandbox: SandboxField = UNSET
+
+
+class WalkEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    path: str
+    kind: Literal["file", "directory"]
+
+
+class WalkError(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    path: str
+    message: str
+
+
+class WalkResult(msgspec.Struct, frozen=True, kw_only=True):
+    entries: list[WalkEntry]
+    errors: list[WalkError]
+    truncated: bool
+
+
+# -- file handles (PROTOCOL_CURRENT §4, §5)
+
+
+class OpenParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """``mode`` may be omitted (``read``), not ``null`` (upstream refuses that too)."""
+
+    handle_id: str
+    path: str
+    mode: Literal["read", "replace"] = "read"
+    sandbox: SandboxField = UNSET
+
+
+class OpenResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    handle_id: str
+
+
+class ReadBlockParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    handle_id: str
+    offset: U64
+    length: Count = msgspec.field(name="len")
+
+
+class ReadBlockResult(msgspec.Struct, frozen=True, kw_only=True):
+    chunk: bytes
+    eof: bool
+
+
+class WriteBlockParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    handle_id: str
+    offset: U64
+    chunk: bytes
+
+
+class CloseParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    handle_id: str

@@ -66,7 +66,13 @@ from exec_server.rpc.transport import (
     StreamTransport,
     WebSocketTransport,
 )
-from exec_server.server import env_handlers, fs_handlers, http_handlers, process_handlers
+from exec_server.server import (
+    env_handlers,
+    fs_handle_handlers,
+    fs_handlers,
+    http_handlers,
+    process_handlers,
+)
 from exec_server.server.capabilities import advertised_capabilities
 from exec_server.server.heap import BIG_TRANSFER, heap_releaser, settle_startup_heap
 from exec_server.server.listener import (
@@ -149,6 +155,7 @@ def build_router() -> Router:
     process_handlers.register(router)
     fs_handlers.register(router)
     http_handlers.register(router)
+    fs_handle_handlers.register(router)
     for method in BLOCKING_METHODS:
         if method in router:
             router.set_may_block(method)
@@ -273,6 +280,7 @@ class ConnectionProcessor:
                 if isinstance(result, Exception):
                     logger.error("%s: task failed", self.transport.label, exc_info=result)
             self.registry.detach(self.attachment)
+            self.attachment.close_file_handles()
             # The attachment's sinks are this processor's bound methods: a cycle
             # that kept the processor, its transport and their buffers until a
             # full collection. Nothing is sent through them once detached.

@@ -27,6 +27,10 @@ REQUIRED_METHODS: Final[Mapping[str, tuple[str, ...]]] = {
     "environment_config_read": ("environmentConfig/read",),
     # §9.6: header values from the executor's environment, deny list included.
     "http_header_env_vars": ("http/request",),
+    # §4.6: fs/open honours sandbox contexts (confined in the fs helper).
+    "sandboxed_file_streaming": ("fs/open", "fs/readBlock", "fs/close"),
+    # §5: fs/open mode `replace` and fs/writeBlock.
+    "file_write_streaming": ("fs/open", "fs/writeBlock", "fs/close"),
 }
 
 

@@ -15,6 +15,7 @@ import binascii
 import functools
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Final, cast
 
@@ -24,7 +25,14 @@ from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import ops
 from exec_server.fs.context import cached_route_from_wire, route_for
 from exec_server.fs.ops import lossy_name
-from exec_server.fs.service import DIRECT, FileSystemService, Route, inline_write_target
+from exec_server.fs.service import (
+    DIRECT,
+    FileSystemService,
+    NoFollowCall,
+    Route,
+    inline_write_target,
+)
+from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.protocol import fs_types as t
 from exec_server.protocol import native_base64
 from exec_server.protocol.codec import (
@@ -37,11 +45,17 @@ from exec_server.protocol.codec import (
 )
 from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.messages import RequestId
-from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical
+from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical, render_path
 from exec_server.protocol.paths import parse_wire_path as _parse_wire_path_full
 from exec_server.server.router import Done, NotNow, RequestContext, Router
 
-__all__ = ["decode_data_base64", "register"]
+__all__ = [
+    "decode_data_base64",
+    "filesystem_service",
+    "parse_wire_path",
+    "register",
+    "sandbox_route",
+]
 
 #: Payloads up to this size are (de)coded on the event loop; bigger ones in a
 #: worker thread, so a 64 MiB transfer never stalls other connections.
@@ -82,6 +96,10 @@ async def _route(ctx: RequestContext, raw: t.SandboxField) -> Route:
     sandbox = t.sandbox_raw(raw)
     return await route_for(None if sandbox is None else bytes(sandbox), _service(ctx).pool)
 
+
+#: for the other fs handler modules (file handles)
+filesystem_service = _service
+sandbox_route = _route
 
 _B64_VALUES: Final = {
     c: i for i, c in enumerate(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
@@ -352,6 +370,12 @@ async def read_file(
     ctx: RequestContext, params: t.ReadFileParams
 ) -> t.ReadFileResult | EncodedReply:
     path = parse_wire_path(params.path)
+    if params.follow_symlinks is False:
+        service = _service(ctx)
+        data = await service.read_file_no_follow(path.path, await _route(ctx, params.sandbox))
+        if len(data) > INLINE_CODEC_LIMIT:
+            return await service.pool.run(encode_read_reply, ctx.request_id, data)
+        return t.ReadFileResult(data_base64=data)
     native = native_base64.encoder_available()
     result = await _service(ctx).read_file_mapped(
         path.path,
@@ -381,6 +405,8 @@ def _now_route(raw: t.SandboxField) -> Route:
 
 def read_file_now(ctx: RequestContext, params: t.ReadFileParams) -> t.ReadFileResult:
     """:func:`read_file` for a small regular file read in the server (else :class:`NotNow`)."""
+    if params.follow_symlinks is False:
+        raise NotNow
     route = _now_route(params.sandbox)
     path = parse_wire_path(params.path)
     data = _service(ctx).read_file_now(path.path, route)
@@ -397,6 +423,15 @@ async def write_file(
     route = await _route(ctx, params.sandbox)
     service = _service(ctx)
     raw = params.data_base64
+    if params.follow_symlinks is False:
+        produce = (
+            functools.partial(data_span_payload, raw)
+            if isinstance(raw, StringSpan)
+            else functools.partial(decode_data_base64, raw)
+        )
+        call = NoFollowCall(t.METHOD_WRITE_FILE, path.path, produce=produce)
+        await service.no_follow(call, route)
+        return t.EmptyResult()
     if isinstance(raw, StringSpan):
         await service.write_file_from(path.path, functools.partial(data_span_payload, raw), route)
     elif len(raw) <= INLINE_CODEC_LIMIT:
@@ -411,18 +446,28 @@ async def create_directory(ctx: RequestContext, params: t.CreateDirectoryParams)
     path = parse_wire_path(params.path)
     recursive = True if params.recursive is None else params.recursive
     route = await _route(ctx, params.sandbox)
-    await _service(ctx).create_directory(path.path, route, recursive=recursive)
+    if params.follow_symlinks is False:
+        call = NoFollowCall(t.METHOD_CREATE_DIRECTORY, path.path, recursive=recursive)
+        await _service(ctx).no_follow(call, route)
+    else:
+        await _service(ctx).create_directory(path.path, route, recursive=recursive)
     return t.EmptyResult()
 
 
 async def get_metadata(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetMetadataResult:
     path = parse_wire_path(params.path)
-    meta = await _service(ctx).get_metadata(path.path, await _route(ctx, params.sandbox))
+    route = await _route(ctx, params.sandbox)
+    if params.follow_symlinks is False:
+        meta = await _service(ctx).get_metadata_no_follow(path.path, route)
+    else:
+        meta = await _service(ctx).get_metadata(path.path, route)
     return _metadata_result(path, meta)
 
 
 def get_metadata_now(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetMetadataResult:
     """:func:`get_metadata` when it runs in the server (else :class:`NotNow`)."""
+    if params.follow_symlinks is False:
+        raise NotNow
     route = _now_route(params.sandbox)
     if not _service(ctx).reads_directly(route):
         raise NotNow  # the confined helper answers, on the async path
@@ -472,12 +517,14 @@ def _directory_result(entries: list[ops.DirEntry]) -> t.ReadDirectoryResult:
 
 async def remove(ctx: RequestContext, params: t.RemoveParams) -> t.EmptyResult:
     path = parse_wire_path(params.path)
-    await _service(ctx).remove(
-        path.path,
-        await _route(ctx, params.sandbox),
-        recursive=True if params.recursive is None else params.recursive,
-        force=True if params.force is None else params.force,
-    )
+    route = await _route(ctx, params.sandbox)
+    recursive = True if params.recursive is None else params.recursive
+    force = True if params.force is None else params.force
+    if params.follow_symlinks is False:
+        call = NoFollowCall(t.METHOD_REMOVE, path.path, recursive=recursive, force=force)
+        await _service(ctx).no_follow(call, route)
+    else:
+        await _service(ctx).remove(path.path, route, recursive=recursive, force=force)
     return t.EmptyResult()
 
 
@@ -498,16 +545,77 @@ async def canonicalize(ctx: RequestContext, params: t.CanonicalizeParams) -> t.C
     return t.CanonicalizeResult(path=path.render(resolved))
 
 
+async def walk(ctx: RequestContext, params: t.WalkParams) -> t.WalkResult:
+    path = parse_wire_path(params.path)
+    o = params.options
+    options = WalkOptions(
+        max_depth=o.max_depth,
+        max_directories=o.max_directories,
+        max_entries=o.max_entries,
+        follow_directory_symlinks=o.follow_directory_symlinks,
+        prune_hidden_directories=o.prune_hidden_directories,
+    )
+    service = _service(ctx)
+    outcome = await service.walk(path.path, options, await _route(ctx, params.sandbox))
+    if len(outcome.entries) > _WALK_INLINE_ENTRIES:
+        return await service.pool.run(_walk_result, path.form, outcome)
+    return _walk_result(path.form, outcome)
+
+
+#: Walk results with more entries are rendered in a worker, not on the loop.
+_WALK_INLINE_ENTRIES: Final = 2_000
+
+
+def _walk_result(form: PathForm, outcome: WalkOutcome) -> t.WalkResult:
+    """Entry paths as the request spelled its path; each directory rendered once."""
+    rendered: dict[str, str] = {}
+
+    def under(directory: str) -> str:
+        prefix = rendered.get(directory)
+        if prefix is None:
+            prefix = render_path(directory, form)
+            if not prefix.endswith("/"):
+                prefix += "/"
+            rendered[directory] = prefix
+        return prefix
+
+    quote = _uri_name if form is PathForm.URI else lossy_name
+    entries = [
+        t.WalkEntry(path=under(d) + quote(n), kind="directory" if is_dir else "file")
+        for d, n, is_dir in outcome.entries
+    ]
+    errors = [
+        t.WalkError(path=under(d) + quote(n) if n else render_path(d, form), message=m)
+        for d, n, m in outcome.errors
+    ]
+    return t.WalkResult(entries=entries, errors=errors, truncated=outcome.truncated)
+
+
+_URI_PLAIN_NAME: Final = re.compile(r"[A-Za-z0-9._~:@=,;!$&'()*+\[\]^|-]*\Z")
+
+
+def _uri_name(name: str) -> str:
+    """One path component as it appears in a ``file://`` URI (percent-escapes as
+    :func:`exec_server.protocol.paths.render_path` writes them)."""
+    if _URI_PLAIN_NAME.match(name):
+        return name
+    return urllib.parse.quote(name, safe=_URI_NAME_SAFE, errors="surrogateescape")
+
+
+_URI_NAME_SAFE: Final = ":@=,;!$&'()*+[]^|~"
+
+
 # -- start handlers: direct (no sandbox context) calls started in a worker from the
 # socket callback (Router.dispatch_start); same operations as the async handlers.
 
 _EMPTY: Final = t.EmptyResult()
 
 
-def _direct_only(sandbox: t.SandboxField) -> None:
+def _direct_only(sandbox: t.SandboxField, follow_symlinks: bool | None) -> None:
     """Start only calls that run in the server: no context, or a known direct one
-    (full access, external, disabled); confined calls and new contexts: :class:`NotNow`."""
-    if _now_route(sandbox).confined:
+    (full access, external, disabled), following symlinks; confined calls, new
+    contexts and ``followSymlinks: false`` (the async handler): :class:`NotNow`."""
+    if follow_symlinks is False or _now_route(sandbox).confined:
         raise NotNow
 
 
@@ -524,7 +632,7 @@ def _submit_empty(
 
 
 def write_file_start(ctx: RequestContext, params: t.WriteFileParams, done: Done) -> None:
-    _direct_only(params.sandbox)
+    _direct_only(params.sandbox, params.follow_symlinks)
     raw = params.data_base64
     if not isinstance(raw, msgspec.Raw) or len(raw) > INLINE_CODEC_LIMIT:
         raise NotNow
@@ -545,7 +653,7 @@ def write_file_start(ctx: RequestContext, params: t.WriteFileParams, done: Done)
 def create_directory_start(
     ctx: RequestContext, params: t.CreateDirectoryParams, done: Done
 ) -> None:
-    _direct_only(params.sandbox)
+    _direct_only(params.sandbox, params.follow_symlinks)
     path = parse_wire_path(params.path)
     recursive = True if params.recursive is None else params.recursive
     if recursive and ops.is_directory_now(path.path):
@@ -557,7 +665,7 @@ def create_directory_start(
 
 
 def remove_start(ctx: RequestContext, params: t.RemoveParams, done: Done) -> None:
-    _direct_only(params.sandbox)
+    _direct_only(params.sandbox, params.follow_symlinks)
     path = parse_wire_path(params.path)
     force = True if params.force is None else params.force
     if force and ops.is_missing_now(path.path):
@@ -574,7 +682,7 @@ def remove_start(ctx: RequestContext, params: t.RemoveParams, done: Done) -> Non
 
 
 def copy_start(ctx: RequestContext, params: t.CopyParams, done: Done) -> None:
-    _direct_only(params.sandbox)
+    _direct_only(params.sandbox, None)
     source = parse_wire_path(params.source_path)
     destination = parse_wire_path(params.destination_path)
     _submit_empty(ctx, done, ops.copy, source.path, destination.path, recursive=params.recursive)
@@ -633,3 +741,4 @@ def register(router: Router) -> None:
     router.add(t.METHOD_REMOVE, t.RemoveParams, remove, "filesystem", start=remove_start)
     router.add(t.METHOD_COPY, t.CopyParams, copy, "filesystem", start=copy_start)
     router.add(t.METHOD_CANONICALIZE, t.CanonicalizeParams, canonicalize, "filesystem")
+    router.add(t.METHOD_WALK, t.WalkParams, walk, "filesystem")

@@ -26,6 +26,8 @@ import msgspec
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import AlreadyAttachedError, InvalidRequestError
+from exec_server.fs.handles import FileHandles
+from exec_server.fs.workers import shared_pool
 from exec_server.process.manager import ProcessManager
 from exec_server.protocol.connection import (
     Handshake,
@@ -88,6 +90,15 @@ class Attachment:
         #: bodies by ``requestId``): cancelled when the connection ends, and
         #: never carried over by a resume.
         self.streams: dict[str, asyncio.Future[None]] = {}
+        #: this connection's ``fs/open`` handles (made on first use, closed with it).
+        self.file_handles: FileHandles | None = None
+
+    def close_file_handles(self) -> None:
+        """Close this connection's file handles (it ended), in a worker thread:
+        closing a descriptor may flush to a slow device."""
+        handles, self.file_handles = self.file_handles, None
+        if handles is not None:
+            shared_pool().submit(_ignore_result, handles.close_all)
 
     @property
     def attached(self) -> bool:
@@ -99,6 +110,11 @@ class Attachment:
         """Another connection resumed our session (§4.5)."""
         s = self.session
         return s is not None and s.attached_to is not None and s.attached_to != self.connection_id
+
+
+def _ignore_result(result: object, error: BaseException | None) -> None:
+    if error is not None:
+        logger.error("closing file handles failed", exc_info=error)
 
 
 class SessionRegistry:

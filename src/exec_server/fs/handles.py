@@ -1,0 +1,227 @@
+"""File handles: open descriptors a connection reads and writes by position.
+
+One :class:`FileHandles` table per connection (PROTOCOL_CURRENT §4-§5): at
+most :data:`MAX_HANDLES` open, ids of at most :data:`MAX_ID_BYTES` UTF-8 bytes,
+blocks of 1 byte to :data:`MAX_BLOCK`. The table only holds descriptors; what
+opens them (directly, or after a sandbox check) is the caller's business, and
+the blocking calls (``open``, ``pread``, ``pwrite``, ``close``) run in the
+caller's worker threads, never on the event loop.
+
+A descriptor in use by a worker is never closed under it: :meth:`close` and
+:meth:`close_all` mark the handle, and the last user closes it (a closed and
+reused descriptor number would otherwise be read by the late worker).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from exec_server.exceptions import InvalidRequestError, NotFoundError
+from exec_server.fs import nofollow
+from exec_server.fs.errors import os_error, translate_os_errors
+
+__all__ = [
+    "MAX_BLOCK",
+    "MAX_HANDLES",
+    "MAX_ID_BYTES",
+    "FileHandles",
+    "Install",
+    "Mode",
+    "open_descriptor",
+    "open_into",
+]
+
+MAX_HANDLES: Final = 128
+MAX_ID_BYTES: Final = 32
+MAX_BLOCK: Final = 1024 * 1024
+#: pread/pwrite take a signed 64-bit offset.
+_MAX_OFFSET: Final = 2**63 - 1
+
+Mode = Literal["read", "replace"]
+
+_READ_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+_REPLACE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def open_descriptor(path: str, mode: Mode, *, no_follow: bool = False) -> int:
+    """Open ``path`` for a handle: a regular file to read (``-32600 path `x` is not a
+    file`` otherwise; a FIFO is refused without waiting for a writer), or created /
+    truncated in place to write (symlinks followed, as upstream). ``no_follow``:
+    no component may be a symlink (:func:`exec_server.fs.nofollow.open_at`; a
+    sandboxed open of a path already resolved and checked)."""
+    flags = _READ_FLAGS if mode == "read" else _REPLACE_FLAGS
+    with translate_os_errors():
+        fd = nofollow.open_at(path, flags) if no_follow else os.open(path, flags, 0o644)
+        if mode == "read":
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise InvalidRequestError(f"path `{path}` is not a file")
+            except BaseException:
+                os.close(fd)
+                raise
+        # Positional reads and writes never wait on O_NONBLOCK for regular files;
+        # clear it anyway so the descriptor behaves like any other.
+        os.set_blocking(fd, True)
+    return fd
+
+
+#: Takes a new descriptor over (:meth:`FileHandles.install`), in the worker that opened it.
+Install = Callable[[int], None]
+
+
+def open_into(install: Install, path: str, mode: Mode, *, no_follow: bool = False) -> None:
+    """:func:`open_descriptor`, the descriptor handed to ``install`` in the same worker
+    job: a caller that stops waiting cannot drop it."""
+    install(open_descriptor(path, mode, no_follow=no_follow))
+
+
+@dataclass(slots=True)
+class _Handle:
+    fd: int
+    users: int = 0
+    closing: bool = False
+
+
+class FileHandles:
+    """One connection's open handles (thread-safe: workers use the descriptors)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: dict[str, _Handle] = {}
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    @staticmethod
+    def check_id(handle_id: str) -> None:
+        if len(handle_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+            raise InvalidRequestError(f"file handle ID must not exceed {MAX_ID_BYTES} bytes")
+
+    def reserve(self, handle_id: str) -> _Handle:
+        """Check an ``fs/open`` before the path is looked at (upstream's order: id
+        length, duplicate, capacity) and hold the id: then :meth:`install` the
+        opened descriptor, or :meth:`release` the id if the open failed."""
+        self.check_id(handle_id)
+        with self._lock:
+            if handle_id in self._handles:
+                raise InvalidRequestError(f"file handle `{handle_id}` already exists")
+            if len(self._handles) >= MAX_HANDLES:
+                raise InvalidRequestError(
+                    f"at most {MAX_HANDLES} file handles may be open per connection"
+                )
+            handle = _Handle(-1, closing=self._closed)
+            if not self._closed:
+                self._handles[handle_id] = handle
+            return handle
+
+    def install(self, handle: _Handle, fd: int) -> None:
+        """Give a reserved handle its descriptor (in the worker that opened it). The
+        descriptor is closed at once if the handle was given up meanwhile (its
+        request cancelled, the connection gone): nothing leaks."""
+        with self._lock:
+            handle.fd = fd
+            drop = handle.closing
+        if drop:
+            os.close(fd)
+
+    def release(self, handle_id: str, handle: _Handle) -> None:
+        """Give up a reserved id whose open failed or was cancelled."""
+        with self._lock:
+            handle.closing = True
+            if self._handles.get(handle_id) is handle:
+                del self._handles[handle_id]
+            fd, handle.fd = handle.fd, -1
+        if fd != -1:
+            os.close(fd)
+
+    def read_block(self, handle_id: str, offset: int, length: int) -> tuple[bytes, bool]:
+        """``length`` bytes (at most) from ``offset``; ``eof`` when fewer came back.
+        Any failure of the read itself closes the handle (as upstream)."""
+        self.check_id(handle_id)
+        if not 1 <= length <= MAX_BLOCK:
+            raise InvalidRequestError(f"file read block length must be between 1 and {MAX_BLOCK}")
+        handle = self._acquire(handle_id)
+        try:
+            try:
+                with translate_os_errors():
+                    if offset > _MAX_OFFSET:
+                        raise os_error(errno.EINVAL)
+                    chunk = os.pread(handle.fd, length, offset)
+            except BaseException:
+                with self._lock:
+                    handle.closing = True
+                    if self._handles.get(handle_id) is handle:
+                        del self._handles[handle_id]
+                raise
+        finally:
+            self._release(handle)
+        return chunk, len(chunk) < length
+
+    def write_block(self, handle_id: str, offset: int, data: bytes) -> None:
+        """Write ``data`` at ``offset``; errors leave the handle open."""
+        self.check_id(handle_id)
+        if not 1 <= len(data) <= MAX_BLOCK:
+            raise InvalidRequestError(f"file write block length must be between 1 and {MAX_BLOCK}")
+        if offset + len(data) > _MAX_OFFSET:
+            raise InvalidRequestError(
+                "file write range exceeds the signed 64-bit file offset limit"
+            )
+        handle = self._acquire(handle_id)
+        try:
+            view = memoryview(data)
+            with translate_os_errors():
+                while view:
+                    written = os.pwrite(handle.fd, view, offset)
+                    view = view[written:]
+                    offset += written
+        finally:
+            self._release(handle)
+
+    def close(self, handle_id: str) -> None:
+        """Close one handle; an unknown or closed id is not an error."""
+        self.check_id(handle_id)
+        with self._lock:
+            handle = self._handles.get(handle_id)
+            if handle is None or handle.fd == -1:
+                return  # unknown, or an open still in progress (its own request ends it)
+            del self._handles[handle_id]
+            handle.closing = True
+            idle = handle.users == 0
+        if idle:
+            os.close(handle.fd)
+
+    def close_all(self) -> None:
+        """Close every handle (the connection ended); later opens are refused."""
+        with self._lock:
+            self._closed = True
+            handles = list(self._handles.values())
+            self._handles.clear()
+            idle = []
+            for handle in handles:
+                handle.closing = True
+                if handle.users == 0 and handle.fd != -1:
+                    idle.append(handle.fd)
+        for fd in idle:
+            os.close(fd)
+
+    def _acquire(self, handle_id: str) -> _Handle:
+        with self._lock:
+            handle = self._handles.get(handle_id)
+            if handle is None or handle.fd == -1:
+                raise NotFoundError(f"unknown file handle `{handle_id}`")
+            handle.users += 1
+            return handle
+
+    def _release(self, handle: _Handle) -> None:
+        with self._lock:
+            handle.users -= 1
+            last = handle.users == 0 and handle.closing and handle.fd != -1
+        if last:
+            os.close(handle.fd)
