@@ -97,7 +97,12 @@ async def test_initialize_returns_uuid_and_environment_info(
     assert info["shell"]["path"].startswith("/")
     assert info["cwd"].startswith("file:///")
     assert info["tempDir"].startswith("file:///")
-    assert info["capabilities"] == {"environmentConfigRead": True, "httpHeaderEnvVars": True}
+    assert info["capabilities"] == {
+        "environmentConfigRead": True,
+        "httpHeaderEnvVars": True,
+        "sandboxedFileStreaming": True,
+        "fileWriteStreaming": True,
+    }
     assert info["executorVersion"] == exec_server.__version__
     assert info["prependPathDirs"] == []
     assert info["providerId"].startswith("sha256:") and len(info["providerId"]) == 71

@@ -658,9 +658,10 @@ class RemoteFileSystem:
             await self._client.call(t.METHOD_COPY, params, t.EmptyResult)
 
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str:
-        params = t.CanonicalizeParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
-        r = await self._client.call(t.METHOD_CANONICALIZE, params, t.CanonicalizeResult)
-        return parse_wire_path(r.path).path
+        with _naming(path):
+            params = t.CanonicalizeParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
+            r = await self._client.call(t.METHOD_CANONICALIZE, params, t.CanonicalizeResult)
+            return parse_wire_path(r.path).path
 
     async def walk(
         self,
