@@ -168,3 +168,86 @@ async def test_the_frame_guard_is_twice_the_message_limit_plus_1_mib(
 def _peer(writer: asyncio.StreamWriter) -> str:
     host, port = writer.get_extra_info("sockname")[:2]
     return f"{host}:{port}"
+
+
+#: pings a flooding client sends: ~39 MB of pongs if the server kept one per ping.
+FLOOD = 300_000
+#: pings per client write.
+BATCH = 1000
+
+
+async def test_a_client_that_pings_without_reading_is_held_back_not_buffered() -> None:
+    """In-process: a client with a tiny receive window sends a ping flood and reads
+    nothing. The server stops reading once its write buffer is full (TCP then
+    holds the client), so what it holds stays at the write limit instead of
+    growing by a pong per ping; when the client reads again every ping is
+    answered in order and the connection carries messages as before."""
+    from exec_server.rpc.ws_server import WRITE_LIMIT, serve_websocket
+
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def echo(conn: Any) -> None:
+        while (msg := await conn.receive()) is not None:
+            got.put_nowait(bytes(msg))
+            await conn.send(bytes(msg))
+
+    server = await serve_websocket(echo, "127.0.0.1", 0, max_message_size=MiB)
+    writer: asyncio.StreamWriter | None = None
+    sender: asyncio.Task[None] | None = None
+    try:
+        port = server.sockets[0].getsockname()[1]
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before the handshake
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 22)
+        writer.write(
+            b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+        (conn,) = server.connections
+
+        async def flood() -> None:
+            assert writer is not None
+            batch = _client_frame(b"p" * 125, opcode=9) * BATCH
+            for _ in range(FLOOD // BATCH):
+                writer.write(batch)
+                await writer.drain()
+            writer.write(_client_frame(b'{"after":"flood"}'))
+            await writer.drain()
+
+        sender = asyncio.create_task(flood())
+        held = 0
+        async with asyncio.timeout(60):
+            while conn.transport.is_reading():  # a transport state: nothing to await
+                held = max(held, conn.transport.get_write_buffer_size())
+                await asyncio.sleep(0.005)
+        held = max(held, conn.transport.get_write_buffer_size())
+        assert not sender.done()  # the client is held back: its flood is not through
+        # at most the limit plus the pongs of the one read in progress (asyncio reads
+        # up to 256 KiB at a time; a pong is as big as its ping)
+        assert held <= WRITE_LIMIT + 300 * 1024, f"{held} bytes held for a non-reading client"
+
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        pongs = 0
+        async with asyncio.timeout(120):
+            while True:
+                opcode, data = await _read_frame(reader)
+                if opcode == 10:
+                    assert data == b"p" * 125
+                    pongs += 1
+                    continue
+                assert (opcode, data) == (1, b'{"after":"flood"}')
+                break
+        assert pongs == FLOOD  # nothing dropped: every ping answered, in order
+        await asyncio.wait_for(sender, TIMEOUT)
+        assert await asyncio.wait_for(got.get(), TIMEOUT) == b'{"after":"flood"}'
+    finally:
+        if sender is not None and not sender.done():
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+        if writer is not None:
+            writer.transport.abort()
+        server.close()
+        await server.wait_closed()

@@ -17,6 +17,8 @@ frame over the frame limit closes the connection with 1009.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable
@@ -41,6 +43,45 @@ wire_logger.setLevel(logging.WARNING)
 WRITE_LIMIT: Final = 1 << 20
 
 Handler = Callable[[WebSocketTransport], Awaitable[None]]
+
+
+class _BoundedConnection(ServerConnection):
+    """A connection that stops reading while its write buffer is full.
+
+    The library answers every ping at once and writes whatever the buffer
+    holds, so a client that pings (or sends requests) without reading the
+    answers would grow the server's write buffer without bound: 300,000 pings
+    kept ~35 MiB. Reading pauses instead until the buffer drains, and TCP holds
+    the client back. The library pauses reading for its own reason too (its
+    queue of received messages is full): reading resumes only once neither
+    reason holds.
+    """
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._holds: set[str] = set()
+        self.recv_messages.pause = functools.partial(self._hold, "queue")
+        self.recv_messages.resume = functools.partial(self._release, "queue")
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._hold("write")
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._release("write")
+
+    def _hold(self, reason: str) -> None:
+        if not self._holds and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._holds.add(reason)
+
+    def _release(self, reason: str) -> None:
+        if reason not in self._holds:
+            return
+        self._holds.discard(reason)
+        if not self._holds and not self.transport.is_closing():
+            self.transport.resume_reading()
 
 
 def _label(ws: ServerConnection) -> str:
@@ -105,6 +146,7 @@ async def serve_websocket(
         port,
         ssl=ssl,
         process_request=upgrade_gate.process_request,
+        create_connection=_BoundedConnection,
         server_header=None,
         compression=None,
         ping_interval=None,
