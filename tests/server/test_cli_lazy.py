@@ -14,7 +14,7 @@ import exec_server.server.app  # everything serve runs
 loaded = [m for m in sys.modules if m.startswith(
     ("exec_server.cli.exec_cmd", "exec_server.cli.run", "exec_server.cli.apply_patch",
      "exec_server.client", "exec_server.patch", "websockets.asyncio",
-     "httpx", "tomli_w"))]
+     "httpx", "tomli_w", "jwt", "cryptography"))]
 print(loaded)
 """
 

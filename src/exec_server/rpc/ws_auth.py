@@ -28,8 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-import jwt
-
 from exec_server.exceptions import os_error_message
 
 __all__ = [
@@ -237,6 +235,10 @@ class SignedBearerToken:
         )
 
     def verify(self, token: str, now: float) -> Grant:
+        # Imported here: PyJWT loads `cryptography` (~8 MiB resident) when it is
+        # installed, which a server without signed tokens never needs.
+        import jwt
+
         try:
             claims = jwt.decode(
                 token,
