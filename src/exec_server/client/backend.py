@@ -18,7 +18,7 @@ import msgspec
 
 from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
-from exec_server.client.http import HeaderArg, HttpResponse, body_failed, request_headers
+from exec_server.client.http import HttpOptions, HttpResponse, body_failed, request_headers
 from exec_server.client.process import (
     DEFAULT_POLL_INTERVAL,
     CompletedProcess,
@@ -70,15 +70,7 @@ class ExecBackend(Protocol):
         ...
 
     async def http_request(
-        self,
-        method: str,
-        url: str,
-        *,
-        headers: Sequence[HeaderArg] = (),
-        body: bytes | None = None,
-        timeout_ms: int | None = None,
-        follow_redirects: bool = True,
-        stream: bool = False,
+        self, method: str, url: str, **options: Unpack[HttpOptions]
     ) -> HttpResponse:
         """Send an HTTP request from the environment's host; see
         :meth:`ExecServerClient.http_request` for the arguments and errors."""
@@ -117,25 +109,9 @@ class RemoteExecBackend:
         return await self.client.spawn(argv, **options)
 
     async def http_request(
-        self,
-        method: str,
-        url: str,
-        *,
-        headers: Sequence[HeaderArg] = (),
-        body: bytes | None = None,
-        timeout_ms: int | None = None,
-        follow_redirects: bool = True,
-        stream: bool = False,
+        self, method: str, url: str, **options: Unpack[HttpOptions]
     ) -> HttpResponse:
-        return await self.client.http_request(
-            method,
-            url,
-            headers=headers,
-            body=body,
-            timeout_ms=timeout_ms,
-            follow_redirects=follow_redirects,
-            stream=stream,
-        )
+        return await self.client.http_request(method, url, **options)
 
     async def run(self, cmd: str | Sequence[str], **options: Any) -> CompletedProcess:
         return await run_command(self.client.spawn, cmd, **options)
@@ -231,18 +207,15 @@ class LocalExecBackend:
         return handle
 
     async def http_request(
-        self,
-        method: str,
-        url: str,
-        *,
-        headers: Sequence[HeaderArg] = (),
-        body: bytes | None = None,
-        timeout_ms: int | None = None,
-        follow_redirects: bool = True,
-        stream: bool = False,
+        self, method: str, url: str, **options: Unpack[HttpOptions]
     ) -> HttpResponse:
         """Send the request from this process, validated as the server validates
         ``http/request`` (``valueEnvVar`` reads this process's environment)."""
+        headers = options.get("headers", ())
+        body = options.get("body")
+        timeout_ms = options.get("timeout_ms")
+        follow_redirects = options.get("follow_redirects", True)
+        stream = options.get("stream", False)
         from exec_server.http.client import HttpClient
         from exec_server.http.request import HeaderSpec, build_request
 

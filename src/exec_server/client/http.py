@@ -12,12 +12,12 @@ with upstream's texts.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, TypedDict
 
 from exec_server.exceptions import InternalError
 from exec_server.protocol.http_types import RequestHeader
 
-__all__ = ["HeaderArg", "HttpResponse", "body_failed", "request_headers"]
+__all__ = ["HeaderArg", "HttpOptions", "HttpResponse", "body_failed", "request_headers"]
 
 #: a header to send: ``(name, value)``, or a :class:`RequestHeader` (``value_env_var``
 #: appends that variable of the executor's environment).
@@ -42,6 +42,17 @@ async def _no_chunks() -> AsyncIterator[bytes]:
 
 async def _nothing() -> None:
     return None
+
+
+class HttpOptions(TypedDict, total=False):
+    """``http_request``'s keyword options (see :meth:`ExecServerClient.http_request`);
+    what the backends pass through."""
+
+    headers: Sequence[HeaderArg]
+    body: bytes | None
+    timeout_ms: int | None
+    follow_redirects: bool
+    stream: bool
 
 
 class HttpResponse:
