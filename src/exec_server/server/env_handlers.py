@@ -140,11 +140,11 @@ def cached_environment_info(ctx: RequestContext) -> EnvironmentInfo:
     return info
 
 
-def handle_environment_info(ctx: RequestContext, params: NoParams | None) -> EnvironmentInfo:
+async def handle_environment_info(ctx: RequestContext, params: NoParams | None) -> EnvironmentInfo:
     return cached_environment_info(ctx)
 
 
-def handle_environment_status(
+async def handle_environment_status(
     ctx: RequestContext, params: NoParams | None
 ) -> EnvironmentStatusResult:
     return EnvironmentStatusResult()
@@ -180,8 +180,8 @@ def _wire_layers(layers: list[HostConfigLayer]) -> ConfigLayers:
 
 def register(router: Router) -> None:
     """Add the environment methods (ungated, like upstream's)."""
-    router.add_now("environment/info", NoParams | None, handle_environment_info, None)
-    router.add_now("environment/status", NoParams | None, handle_environment_status, None)
+    router.add("environment/info", NoParams | None, handle_environment_info, None)
+    router.add("environment/status", NoParams | None, handle_environment_status, None)
     router.add(
         "environmentConfig/read",
         EnvironmentConfigReadParams,
