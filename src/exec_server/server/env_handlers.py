@@ -131,17 +131,19 @@ def environment_info(
     )
 
 
-def cached_environment_info(ctx: RequestContext) -> EnvironmentInfo:
-    """The host description, computed once per server (it does not change)."""
+async def cached_environment_info(ctx: RequestContext) -> EnvironmentInfo:
+    """The host description, computed once per server (it does not change), in a
+    thread: it looks at the filesystem (which shell is installed)."""
     services = ctx.services
     info = services.environment_info
     if info is None:
-        info = services.environment_info = environment_info(services.capabilities)
+        info = await asyncio.to_thread(environment_info, services.capabilities)
+        services.environment_info = info
     return info
 
 
 async def handle_environment_info(ctx: RequestContext, params: NoParams | None) -> EnvironmentInfo:
-    return cached_environment_info(ctx)
+    return await cached_environment_info(ctx)
 
 
 async def handle_environment_status(
