@@ -39,7 +39,6 @@ from exec_server.protocol.codec import (
     encode_reply,
     encode_reply_filled,
     register_deferred_string,
-    register_one_pass,
 )
 from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.messages import RequestId
@@ -567,8 +566,7 @@ _URI_NAME_SAFE: Final = ":@=,;!$&'()*+[]^|~"
 
 def register(router: Router) -> None:
     """Add every ``fs/*`` method (family ``filesystem``, PROTOCOL.md §4.3)."""
-    # Big writes: base64 decoded natively in the writing worker when it can be,
-    # else envelope, params and base64 in one pass over the text.
+    # Big writes: base64 decoded natively in the writing worker when it can be.
     if native_base64.available():
         register_deferred_string(
             t.METHOD_WRITE_FILE,
@@ -576,7 +574,6 @@ def register(router: Router) -> None:
             t.WriteFileParamsHead,
             t.WriteFileParamsSpan.from_head,
         )
-    register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParams)
     router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem")
     router.add(t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem")
     router.add(

@@ -275,8 +275,9 @@ class Router:
         """Decode and gate; raises what :meth:`_error` answers."""
         decoded = request.decoded
         if decoded is not None:
-            # One-pass decoded (codec.register_one_pass): the module that
-            # registered the route registered the shape, and its handler takes it.
+            # Decoded with a member left in place (codec.register_deferred_string):
+            # the module that registered the route registered the shape, and its
+            # handler takes it.
             params: Any = decoded
         else:
             try:
