@@ -755,16 +755,13 @@ def legacy_workspace_write_context() -> Callable[[str | os.PathLike[str]], dict[
 
 @pytest.fixture
 def fresh_codec(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Start from a codec with no big-request registrations (one-pass, deferred
-    string); whatever the test registers is undone afterwards."""
+    """Start from a codec with no big-request registrations (deferred string);
+    whatever the test registers is undone afterwards."""
     from exec_server.protocol import codec
 
-    for name in (
-        "_deferred", "_deferred_heads", "_deferred_methods", "_one_pass_types", "_one_pass_methods"
-    ):
+    for name in ("_deferred", "_deferred_heads", "_deferred_methods"):
         monkeypatch.setattr(codec, name, {})
     monkeypatch.setattr(codec, "_deferred_decoder", None)
-    monkeypatch.setattr(codec, "_one_pass_decoder", None)
 
 
 @pytest.fixture

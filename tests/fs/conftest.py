@@ -124,7 +124,7 @@ async def sandboxed_fs(request: pytest.FixtureRequest) -> AsyncIterator[Executor
 def write_dir(request: pytest.FixtureRequest, tdir: Path) -> Path:
     """Where write tests run: the test's temp dir (ext4 here and on CI) and a
     directory on tmpfs (``/dev/shm``), where replacing writes rename instead of
-    exchanging and small ones run on the event loop (``fs/memfs.py``)."""
+    exchanging (``fs/memfs.py``)."""
     if request.param == "disk":
         return tdir
     shm = Path("/dev/shm")

@@ -1,19 +1,14 @@
-"""Writes on filesystems kept in memory: learned per device, renamed, small ones inline."""
+"""Writes on filesystems kept in memory: learned per device, renamed."""
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from exec_server.client.fs import RemoteFileSystem
-from exec_server.fs import memfs, nonblocking, ops
-from exec_server.fs.service import INLINE_WRITE_LIMIT, FileSystemService, inline_write_target
-from exec_server.fs.workers import WorkerPool
+from exec_server.fs import memfs, ops
 
 WAIT = 30.0
 
@@ -53,7 +48,6 @@ def test_learn_tells_tmpfs_from_disk(fresh_table: None, shm_dir: Path, tdir: Pat
     (shm_dir / "f").write_text("x")
     (tdir / "f").write_text("x")
     assert _learned(shm_dir / "f") is None  # nothing learned yet
-    assert not memfs.any_in_memory()
     for path, answer in ((tdir / "f", False), (shm_dir / "f", True)):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -61,7 +55,6 @@ def test_learn_tells_tmpfs_from_disk(fresh_table: None, shm_dir: Path, tdir: Pat
         finally:
             os.close(fd)
         assert _learned(path) is answer
-        assert memfs.any_in_memory() is answer  # disk first: none until tmpfs
 
 
 def test_a_full_table_starts_afresh(
@@ -142,100 +135,3 @@ def test_a_write_whose_temp_names_are_all_taken_fails_and_changes_nothing(
         ops.write_file(str(tdir / "data"), b"new")
     assert (tdir / "data").read_bytes() == b"old"
     assert taken.read_bytes() == b"someone else's"
-
-
-def _record_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Patch ``ops.write_file`` to note the thread each write runs on."""
-    seen: list[int] = []
-    real = ops.write_file
-
-    def recording(path: str, data: Any, **kwargs: Any) -> None:
-        seen.append(threading.get_ident())
-        real(path, data, **kwargs)
-
-    monkeypatch.setattr(ops, "write_file", recording)
-    return seen
-
-
-async def test_small_tmpfs_writes_run_on_the_loop_and_the_rest_in_workers(
-    fresh_table: None, shm_dir: Path, tdir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if _fs_type(tdir) in ("tmpfs", "ramfs"):
-        pytest.skip("the test's temp dir is itself in memory")
-    service = FileSystemService(pool=WorkerPool(max_workers=2))
-    seen = _record_threads(monkeypatch)
-    loop_thread = threading.get_ident()
-    small, big = b"s" * 1024, b"b" * (INLINE_WRITE_LIMIT + 1)
-    target = shm_dir / "f"
-    await service.write_file(str(target), small)  # new file: in a worker (learns nothing)
-    await service.write_file(str(target), small)  # replacing: a worker learns the device
-    st = inline_write_target(str(target), len(small))
-    assert st is not None and st.st_ino == os.lstat(target).st_ino
-    await service.write_file(str(target), small)  # now inline
-    await service.write_file(str(target), big)  # too big: worker
-    assert inline_write_target(str(target), len(big)) is None
-    (tdir / "f").write_bytes(b"old")
-    await service.write_file(str(tdir / "f"), small)  # disk: worker
-    await service.write_file(str(tdir / "f"), small)  # still a worker
-    os.mkfifo(shm_dir / "fifo")
-    assert inline_write_target(str(shm_dir / "fifo"), 1) is None  # only regular files
-    assert inline_write_target(str(shm_dir / "missing"), 1) is None
-    on_loop = [t == loop_thread for t in seen]
-    assert on_loop == [False, False, True, False, False, False]
-    assert target.read_bytes() == big
-    assert (tdir / "f").read_bytes() == small
-
-
-async def test_inline_write_errors_are_the_usual_answers(
-    fresh_table: None, shm_dir: Path, live_server: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Over a real connection: the inline path (taken from the socket callback) writes,
-    and a failure there is the same JSON-RPC error as from a worker."""
-    fs = RemoteFileSystem(await live_server.client())
-    target = shm_dir / "f"
-    await fs.write_file(target, b"one")
-    await fs.write_file(target, b"two")  # learns the device
-    seen = _record_threads(monkeypatch)
-    await fs.write_file(target, b"three")
-    assert seen == [threading.get_ident()]  # the server's loop is this test's loop
-    assert target.read_bytes() == b"three"
-
-    def no_space(*args: object) -> int:
-        raise OSError(28, os.strerror(28))
-
-    monkeypatch.setattr(os, "write", no_space)
-    with pytest.raises(Exception, match=r"No space left on device \(os error 28\)") as exc:
-        await fs.write_file(target, b"four")
-    monkeypatch.undo()
-    assert getattr(exc.value, "code", None) == -32603
-    assert target.read_bytes() == b"three"
-    assert os.listdir(shm_dir) == ["f"]
-    await fs.write_file(target, b"five")  # the connection keeps serving
-    assert target.read_bytes() == b"five"
-
-
-async def test_an_inline_write_looks_the_path_up_once(
-    fresh_table: None, shm_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    service = FileSystemService(pool=WorkerPool(max_workers=1))
-    target = shm_dir / "f"
-    target.write_bytes(b"old")
-    await service.write_file(str(target), b"learn")  # a worker learns the device
-    looked_up: list[str] = []
-    real_lstat = os.lstat
-    real_stat_now = nonblocking.stat_now
-
-    def counting_lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
-        looked_up.append(os.fsdecode(path))
-        return real_lstat(path, *args, **kwargs)
-
-    def counting_stat_now(path: Any, *, follow: bool = True) -> os.stat_result | None:
-        looked_up.append(os.fsdecode(path))
-        return real_stat_now(path, follow=follow)
-
-    monkeypatch.setattr(os, "lstat", counting_lstat)
-    monkeypatch.setattr(nonblocking, "stat_now", counting_stat_now)
-    await service.write_file(str(target), b"inline")
-    # The decision's look-up (without blocking, fs/nonblocking.py) serves the write.
-    assert looked_up.count(str(target)) == 1
-    assert target.read_bytes() == b"inline"

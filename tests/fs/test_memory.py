@@ -364,7 +364,7 @@ def _fail_holding(argument: _Result, refs: list[weakref.ref[_Result]]) -> None:
 
 async def test_pool_lets_a_failed_jobs_data_go_before_answering() -> None:
     """A failed job's arguments and the locals its traceback holds are let go
-    before its answer is offered: the worker used to drop them only after
+    before its answer is delivered: the worker used to drop them only after
     answering, so a client that read the error and then looked at the server's
     memory could still find a failed 32 MiB write held (a loaded machine made
     ``test_a_failed_big_write_leaves_nothing_held`` fail that way)."""
@@ -373,13 +373,12 @@ async def test_pool_lets_a_failed_jobs_data_go_before_answering() -> None:
     alive_at_answer: list[bool] = []
     answered = asyncio.get_running_loop().create_future()
 
-    def offer(result: object, error: BaseException | None) -> bool:
+    def deliver(result: object, error: BaseException | None) -> None:
         alive_at_answer.extend(ref() is not None for ref in refs)
-        answered.get_loop().call_soon_threadsafe(answered.set_result, error)
-        return True
+        answered.set_result(error)
 
     job = functools.partial(_fail_holding, _Result(), refs)
-    pool.submit_offering(offer, lambda r, e: None, job)
+    pool.submit(deliver, job)
     del job
     async with asyncio.timeout(30):
         error = await answered

@@ -275,9 +275,9 @@ async def test_base64_with_json_escapes(wire: Any, tdir: Path) -> None:
     assert (tdir / "f").read_bytes() == data
 
 
-async def test_big_writes_decode_in_one_pass_with_the_same_answers(wire: Any, tdir: Path) -> None:
-    """Requests over the one-pass threshold: escapes, errors and the sandbox member
-    behave exactly as on the generic path."""
+async def test_big_writes_give_the_same_answers(wire: Any, tdir: Path) -> None:
+    """Requests over the deferred-string threshold: escapes, errors and the sandbox
+    member behave exactly as for small ones."""
     data = b"\xff\xfe\xfd" * 40000  # ~120 KB; base64 full of '/'
     target = tdir / "big"
     escaped = b64(data).replace("/", "\\/")

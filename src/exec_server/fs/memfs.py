@@ -1,10 +1,8 @@
 """Which devices hold a filesystem kept in memory (tmpfs, ramfs), learned per ``st_dev``.
 
-Why: on such a filesystem a small write never waits for a device, so the
-server may do it on the event loop instead of paying a worker thread's
-hand-off (most of a 1 KiB ``fs/writeFile`` there), and it may replace a file
-with a plain ``rename`` (the ``RENAME_EXCHANGE`` detour only pays on ext4,
-see :mod:`exec_server.fs.exchange`).
+Why: on such a filesystem a write may replace a file with a plain ``rename``
+(the ``RENAME_EXCHANGE`` detour only pays on ext4, see
+:mod:`exec_server.fs.exchange`).
 
 The answer comes from ``fstatfs`` on a descriptor the caller already has
 open, once per device (the writer learns it); until then a device is
@@ -21,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["any_in_memory", "forget", "in_memory", "learn"]
+__all__ = ["forget", "in_memory", "learn"]
 
 _TMPFS_MAGIC: Final = 0x01021994
 _RAMFS_MAGIC: Final = 0x858458F6
@@ -50,7 +48,6 @@ def _load_fstatfs() -> Callable[..., int] | None:
 _fstatfs = _load_fstatfs()
 #: ``st_dev`` -> whether that device's filesystem is kept in memory.
 _devices: dict[int, bool] = {}
-_any = False
 
 
 def in_memory(dev: int) -> bool | None:
@@ -58,14 +55,8 @@ def in_memory(dev: int) -> bool | None:
     return _devices.get(dev)
 
 
-def any_in_memory() -> bool:
-    """Whether any device learned so far is in memory (else callers can skip the ``stat``)."""
-    return _any
-
-
 def learn(fd: int) -> bool:
     """Find out, and remember for its device, whether open file ``fd`` is kept in memory."""
-    global _any
     dev = os.fstat(fd).st_dev
     buf = _StatFs()
     answer = (
@@ -75,14 +66,10 @@ def learn(fd: int) -> bool:
     )
     if len(_devices) >= _MAX_DEVICES:
         _devices.clear()
-        _any = False
     _devices[dev] = answer
-    _any = _any or answer
     return answer
 
 
 def forget() -> None:
     """Start from an empty table (tests)."""
-    global _any
     _devices.clear()
-    _any = False

@@ -1,15 +1,12 @@
-"""Tell, without blocking, whether touching a path on the event loop could block.
+"""Tell, without blocking, whether looking a path up could wait on a filesystem.
 
 Why: a ``stat`` or ``open`` of a path on a hung network or FUSE mount waits
-until that filesystem's server or daemon answers, and on the event loop that
-stalls every connection. Measured with a FUSE mount whose daemon never
-answers: ``fs/getMetadata``, a small ``fs/readFile``, a recursive
-``fs/createDirectory`` of an existing directory and a forced ``fs/remove``
-each froze the whole server, where upstream's blocking thread pool kept
-serving the other connections. The fast paths that answer on the loop
-(:mod:`exec_server.fs.service`, ``server/fs_handlers.py``) now ask
-:func:`lookup` first and hand the call to a worker thread unless it says
-:data:`LOCAL` or :data:`MISSING`.
+until that filesystem's server or daemon answers. ``fs/*`` calls never touch
+the filesystem on the event loop (they all run in worker threads); a plain
+``process/start`` spawns on the loop, and its ``vfork`` waits until the child
+has changed to its cwd and exec'd its program. ``process/pipes.py`` asks
+:func:`lookup` for both and spawns in a worker thread unless both are
+:data:`LOCAL`.
 
 How (Linux 5.12+): ``openat2(O_PATH, RESOLVE_CACHED)`` resolves the path from
 the dentry cache only, failing with ``EAGAIN`` where a filesystem would have
@@ -37,15 +34,7 @@ import threading
 import time
 from typing import Final
 
-__all__ = [
-    "LOCAL_TYPES",
-    "Lookup",
-    "attributes_now",
-    "available",
-    "lookup",
-    "safe_to_touch",
-    "stat_now",
-]
+__all__ = ["LOCAL_TYPES", "Lookup", "available", "lookup"]
 
 
 class Lookup(enum.Enum):
@@ -81,9 +70,6 @@ _STATX_SIZE: Final = 256
 _POLL_INTERVAL: Final = 0.05
 _STX_MASK_OFFSET: Final = 0
 _STX_MNT_ID_OFFSET: Final = 144
-_STX_MODE_OFFSET: Final = 28
-_STX_SIZE_OFFSET: Final = 40
-_STX_MTIME_OFFSET: Final = 112
 #: ``STATX_BASIC_STATS``: mode, size, times, ... (all a local filesystem fills in).
 _STATX_BASIC: Final = 0x7FF
 
@@ -110,18 +96,7 @@ _STATX_WANT: Final = _STATX_BASIC | _STATX_MNT_ID
 class _Buffers:
     """One thread's ``open_how`` and ``statx`` buffers, as ready-made arguments."""
 
-    __slots__ = (
-        "how",
-        "how_ref",
-        "mask",
-        "mnt_id",
-        "mode",
-        "mtime_nsec",
-        "mtime_sec",
-        "size",
-        "statx",
-        "statx_ref",
-    )
+    __slots__ = ("how", "how_ref", "mask", "mnt_id", "statx", "statx_ref")
 
     def __init__(self) -> None:
         self.how = _OpenHow()
@@ -130,10 +105,6 @@ class _Buffers:
         self.statx_ref = ctypes.byref(self.statx)
         self.mask = ctypes.c_uint32.from_buffer(self.statx, _STX_MASK_OFFSET)
         self.mnt_id = ctypes.c_uint64.from_buffer(self.statx, _STX_MNT_ID_OFFSET)
-        self.mode = ctypes.c_uint16.from_buffer(self.statx, _STX_MODE_OFFSET)
-        self.size = ctypes.c_uint64.from_buffer(self.statx, _STX_SIZE_OFFSET)
-        self.mtime_sec = ctypes.c_int64.from_buffer(self.statx, _STX_MTIME_OFFSET)
-        self.mtime_nsec = ctypes.c_uint32.from_buffer(self.statx, _STX_MTIME_OFFSET + 8)
 
 
 class _Kernel:
@@ -180,16 +151,15 @@ class _Kernel:
             raise OSError(err, os.strerror(err))
         return fd
 
-    def attributes(self, fd: int) -> _Buffers | None:
-        """``statx`` of ``fd`` (basic fields and mount id, asked of the VFS only) into
-        this thread's buffer, if it is on a local filesystem, else None."""
+    def is_local(self, fd: int) -> bool:
+        """Whether ``fd`` is on a local filesystem (``statx`` of its mount id, asked of
+        the VFS only)."""
         bufs = self._buffers()
         if self._statx(fd, b"", _STATX_FLAGS, _STATX_WANT, bufs.statx_ref):
-            return None
-        mask = bufs.mask.value
-        if mask & _STATX_WANT != _STATX_WANT:
-            return None
-        return bufs if self.mount_type(bufs.mnt_id.value) in LOCAL_TYPES else None
+            return False
+        if bufs.mask.value & _STATX_WANT != _STATX_WANT:
+            return False
+        return self.mount_type(bufs.mnt_id.value) in LOCAL_TYPES
 
     def mount_type(self, mount: int) -> str | None:
         now = time.monotonic()
@@ -244,24 +214,14 @@ def lookup(path: str | bytes, *, follow: bool = True) -> Lookup:
     """What a ``stat`` (``follow``) or ``lstat`` of ``path`` would meet, if that can
     be known without waiting for any filesystem (see module doc)."""
     try:
-        st = stat_now(path, follow=follow)
+        fd = _open_cached(path, follow)
     except FileNotFoundError:
         return Lookup.MISSING
-    return Lookup.UNKNOWN if st is None else Lookup.LOCAL
-
-
-def stat_now(path: str | bytes, *, follow: bool = True) -> os.stat_result | None:
-    """``os.stat`` (``follow``) or ``os.lstat`` of ``path`` when it cannot block, else
-    None (:data:`Lookup.UNKNOWN`). Raises ``FileNotFoundError`` as they would when
-    the cache knows nothing is there (:data:`Lookup.MISSING`)."""
-    fd = _open_cached(path, follow)
     if fd is None:
-        return None
+        return Lookup.UNKNOWN
     try:
         assert _kernel is not None
-        if _kernel.attributes(fd) is None:
-            return None
-        return os.fstat(fd)  # a local filesystem: its cached attributes, no waiting
+        return Lookup.LOCAL if _kernel.is_local(fd) else Lookup.UNKNOWN
     finally:
         os.close(fd)
 
@@ -280,31 +240,3 @@ def _open_cached(path: str | bytes, follow: bool) -> int | None:
         return None
     except ValueError:  # an embedded NUL: the real call reports it
         return None
-
-
-def safe_to_touch(path: str | bytes, *, follow: bool = True) -> bool:
-    """Whether the event loop may ``stat``/``open`` ``path`` itself: everything on the
-    way is cached and what it names is local, or the cache knows nothing is there."""
-    return lookup(path, follow=follow) is not Lookup.UNKNOWN
-
-
-def attributes_now(path: str | bytes, *, follow: bool = True) -> tuple[int, int, int] | None:
-    """``(st_mode, st_size, st_mtime_ns)`` of ``path`` (``stat``, or ``lstat`` without
-    ``follow``) when that cannot block, else None; raises ``FileNotFoundError`` as
-    :func:`stat_now` does. For the hot paths (getMetadata, small reads): one
-    ``statx`` read straight from its buffer, no ``fstat``."""
-    fd = _open_cached(path, follow)
-    if fd is None:
-        return None
-    try:
-        assert _kernel is not None
-        bufs = _kernel.attributes(fd)
-    finally:
-        os.close(fd)
-    if bufs is None:
-        return None
-    return (
-        bufs.mode.value,
-        bufs.size.value,
-        bufs.mtime_sec.value * 1_000_000_000 + bufs.mtime_nsec.value,
-    )

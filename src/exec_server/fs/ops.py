@@ -43,7 +43,7 @@ from typing import Final
 import msgspec
 
 from exec_server.exceptions import InvalidRequestError
-from exec_server.fs import memfs, nonblocking
+from exec_server.fs import memfs
 from exec_server.fs.errors import os_error, translate_os_errors
 from exec_server.fs.exchange import exchange_into_place, match_old_file
 from exec_server.fs.fanout import shared_fanout
@@ -73,7 +73,6 @@ __all__ = [
     "read_exactly",
     "read_file",
     "read_from_start",
-    "read_resident_and_close",
     "remove",
     "resolve_existing_prefix",
     "write_file",
@@ -90,8 +89,6 @@ COPY_SAME_FILE = "fs/copy source and destination are the same file"
 _CHUNK = 1024 * 1024
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-#: ``preadv`` flag: answer from the page cache or fail, never wait for a device (Linux).
-_RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 
 
 class Metadata(msgspec.Struct, frozen=True, gc=False):
@@ -207,47 +204,6 @@ def read_from_start(fd: int, limit: int = READ_LIMIT) -> bytes:
         return _read_all(fd, 0, limit)
 
 
-def read_resident_and_close(fd: int, size: int) -> bytes | None:
-    """The ``size`` bytes of regular file ``fd`` (from :func:`open_for_read`), read and
-    ``fd`` closed, if reading them waits for no device; else None, ``fd`` left open
-    for :func:`read_and_close` in a worker thread.
-
-    Why: small files are read on the event loop (:mod:`exec_server.fs.service`),
-    and a file whose pages left the cache would stall it for a disk read
-    (0.3-1.4 ms each measured here, unbounded on a network filesystem). One
-    ``preadv`` with ``RWF_NOWAIT`` returns the contents only from the page
-    cache. Anything else - ``EAGAIN``, a short read (partly cached, or the
-    file shrank), one byte too many (it grew since its ``fstat``), any error -
-    is None, and the worker reads the file whole from offset 0 (``preadv``
-    does not move the file position) and reports what went wrong. A filesystem
-    that cannot say (``EOPNOTSUPP``: tmpfs, ``/proc``, FUSE) is read here only
-    if it is kept in memory (:mod:`exec_server.fs.memfs`). Without
-    ``RWF_NOWAIT`` (macOS) the file is read here, as before.
-    """
-    if _RWF_NOWAIT is None:
-        return read_and_close(fd, size)
-    buf = bytearray(size + 1)
-    try:
-        n = os.preadv(fd, [buf], 0, _RWF_NOWAIT)
-    except OSError as exc:
-        if exc.errno != errno.EOPNOTSUPP or not _kept_in_memory(fd):
-            return None
-        return read_and_close(fd, size)
-    if n != size:
-        return None
-    os.close(fd)
-    del buf[size:]
-    return bytes(buf)
-
-
-def _kept_in_memory(fd: int) -> bool:
-    try:
-        known = memfs.in_memory(os.fstat(fd).st_dev)
-        return memfs.learn(fd) if known is None else known
-    except OSError:
-        return False
-
-
 def _read_all(fd: int, size: int, limit: int) -> bytes:
     """Read to EOF with one file-sized allocation in the common case."""
     if size > 0:
@@ -327,30 +283,27 @@ def payload_bytes(payload: Payload) -> Buffer:
     return whole
 
 
-def write_file(path: str, data: Payload, *, lstat: os.stat_result | None = None) -> None:
+def write_file(path: str, data: Payload) -> None:
     """Create or replace ``path`` with ``data``; parents are not created (``-32004``).
 
-    ``lstat``: the caller's ``os.lstat(path)`` taken just before, if it has one
-    (the inline tmpfs write decided on it), so the path is not looked up twice.
     A payload given in pieces goes to a temp file piece by piece; if its pieces
     raise, the temp file is removed and the target left as it was (with
     :class:`WriteInstead`, the write is redone with its data). Targets written
     in place (devices, FIFOs, the fallbacks below) get it whole, decoded first.
     """
     try:
-        _write_file(path, data, lstat)
+        _write_file(path, data)
     except WriteInstead as instead:
-        _write_file(path, instead.data, None)
+        _write_file(path, instead.data)
 
 
-def _write_file(path: str, data: Payload, lstat: os.stat_result | None) -> None:
+def _write_file(path: str, data: Payload) -> None:
     with translate_os_errors():
         target = path
-        st: os.stat_result | None = lstat
-        if st is None:
-            # Missing: creating the temp file tells a missing parent.
-            with contextlib.suppress(FileNotFoundError):
-                st = os.lstat(path)
+        st: os.stat_result | None = None
+        # Missing: creating the temp file tells a missing parent.
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(path)
         if st is not None and stat.S_ISLNK(st.st_mode):
             # Follow the link: replace its final target, keep the link.
             target = os.path.realpath(path)
@@ -605,43 +558,12 @@ def _create_dir_all(path: str) -> None:
                 raise
 
 
-def is_directory_now(path: str) -> bool:
-    """Whether ``path`` is known, without blocking (:mod:`exec_server.fs.nonblocking`),
-    to be a directory now (links followed, as ``create_dir_all`` does): a recursive
-    ``createDirectory`` of it has nothing to do. False also when unknown."""
-    try:
-        st = nonblocking.attributes_now(path)
-    except OSError:
-        return False
-    return st is not None and stat.S_ISDIR(st[0])
-
-
-def is_missing_now(path: str) -> bool:
-    """Whether nothing is known, without blocking, to be at ``path`` now: a forced
-    ``remove`` of it has nothing to do. False also when unknown."""
-    return nonblocking.lookup(path, follow=False) is nonblocking.Lookup.MISSING
-
-
 def get_metadata(path: str) -> Metadata:
     """Stat following symlinks; ``is_symlink`` comes from ``lstat`` of the path itself."""
     with translate_os_errors():
         lst = os.lstat(path)
         st = os.stat(path) if stat.S_ISLNK(lst.st_mode) else lst
     return _metadata(lst, st)
-
-
-def metadata_now(path: str) -> Metadata | None:
-    """:func:`get_metadata` if it cannot block (:mod:`exec_server.fs.nonblocking`:
-    everything cached, on a local filesystem), else None: for the event loop."""
-    with translate_os_errors():
-        lst = nonblocking.attributes_now(path, follow=False)
-        if lst is None:
-            return None
-        st = nonblocking.attributes_now(path) if stat.S_ISLNK(lst[0]) else lst
-        if st is None:
-            return None
-    mode, size, mtime_ns = st
-    return _metadata_of(lst[0], mode, size, mtime_ns, 0)  # Linux: no birth time (as os.stat)
 
 
 def _metadata(lst: os.stat_result, st: os.stat_result) -> Metadata:

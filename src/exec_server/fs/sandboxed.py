@@ -36,6 +36,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -56,11 +57,10 @@ from exec_server.exceptions import (
     error_for_code,
     os_error_message,
 )
-from exec_server.fs import nonblocking, ops
+from exec_server.fs import ops
 from exec_server.fs.handles import Install, open_into
 from exec_server.fs.handles import Mode as OpenMode
 from exec_server.fs.ops import DirEntry, Metadata
-from exec_server.fs.service import INLINE_READ_LIMIT as _INLINE_READ_LIMIT
 from exec_server.fs.service import (
     NO_FOLLOW_WRITES,
     NoFollowCall,
@@ -173,6 +173,14 @@ def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: b
         # path and leaves the rest to the platform sandbox).
         _require(request, os.path.join(expect, os.path.basename(checked)), write=write)
     return _Checked(checked, expect)
+
+
+def _check_and_plan(
+    op: FsOperation, request: FsSandboxRequest
+) -> tuple[_Checked, _Checked | None, SandboxPlan]:
+    """:func:`_check_operation` and the confined helper's plan, in one worker job."""
+    src, dst = _check_operation(op, request)
+    return src, dst, request.helper_plan()
 
 
 def _check_operation(
@@ -299,19 +307,9 @@ class SandboxedFileSystem:
     async def read_file(self, context: object, path: str) -> bytes:
         req = _request(context)
         if _reads_everything(req):
-            # Same as the unsandboxed route: small files inline (no thread hop).
+            # As the unsandboxed route: one worker job.
             regular_only = self.reads_regular_only(req)
-            if nonblocking.safe_to_touch(path):
-                fd, size = ops.open_for_read(path, regular_only=regular_only)
-            else:
-                fd, size = await shared_pool().run(
-                    ops.open_for_read, path, regular_only=regular_only
-                )
-            if size is not None and size <= _INLINE_READ_LIMIT:
-                data = ops.read_resident_and_close(fd, size)
-                if data is not None:
-                    return data
-            return await shared_pool().run(ops.read_and_close, fd, size)
+            return await shared_pool().run(ops.read_file, path, regular_only=regular_only)
         _, data = await self.run(FsOperation("fs/readFile", path), req)
         return data
 
@@ -358,11 +356,11 @@ class SandboxedFileSystem:
     async def get_metadata(self, context: object, path: str) -> Metadata:
         request = _request(context)
         if _reads_everything(request):
-            meta = ops.metadata_now(path)  # inline when it cannot block: as unsandboxed
-            return meta if meta is not None else await shared_pool().run(ops.get_metadata, path)
+            return await shared_pool().run(ops.get_metadata, path)
         result, _ = await self.run(FsOperation("fs/getMetadata", path), request)
         meta = _metadata_reply(result)
-        if not meta.is_symlink and _is_visible_link(request, path):
+        # In a worker, as every look-up: the path may be on a hung mount.
+        if not meta.is_symlink and await shared_pool().run(_is_visible_link, request, path):
             meta = msgspec.structs.replace(meta, is_symlink=True)
         return meta
 
@@ -499,10 +497,11 @@ class SandboxedFileSystem:
             raise InvalidRequestError(NEEDS_POLICY)
         if op.method == "fs/copy" and op.destination is None:
             raise InvalidRequestError("fs/copy requires destinationPath")
-        # In a worker: the checks lstat and realpath the paths, which under a hung
-        # network or FUSE mount would stall every connection (fs/nonblocking.py);
-        # the hop is a small part of a confined call, which waits for its helper.
-        src, dst = await shared_pool().run(_check_operation, op, request)
+        # In a worker: the checks and the helper's plan look at the filesystem
+        # (realpath, protected subpaths), which under a hung network or FUSE mount
+        # would stall every connection; the hop is a small part of a confined
+        # call, which waits for its helper.
+        src, dst, plan = await shared_pool().run(_check_and_plan, op, request)
         not_a_file = (
             op.path
             if (op.method == "fs/readFile" and request.generation is Generation.CURRENT)
@@ -510,12 +509,13 @@ class SandboxedFileSystem:
             else None
         )
         async with self._slots:
-            return await self._dispatch(op, request, src, dst, not_a_file, into)
+            return await self._dispatch(op, request, plan, src, dst, not_a_file, into)
 
     async def _dispatch(
         self,
         op: FsOperation,
         request: FsSandboxRequest,
+        plan: SandboxPlan,
         src: _Checked,
         dst: _Checked | None,
         not_a_file: str | None,
@@ -523,7 +523,7 @@ class SandboxedFileSystem:
     ) -> tuple[dict[str, object], bytes]:
         if self._mode != "helper":
             try:
-                return await self._run_zygote(op, request, src, dst, not_a_file, into)
+                return await self._run_zygote(op, plan, src, dst, not_a_file, into)
             except ZygoteUnavailable as exc:
                 if self._mode == "zygote" or self._manager is None:
                     raise InternalError(f"failed to prepare fs sandbox: {exc}") from exc
@@ -544,13 +544,12 @@ class SandboxedFileSystem:
     async def _run_zygote(
         self,
         op: FsOperation,
-        request: FsSandboxRequest,
+        plan: SandboxPlan,
         src: _Checked,
         dst: _Checked | None,
         not_a_file: str | None,
         into: ops.ReceiveInto | None = None,
     ) -> tuple[dict[str, object], bytes]:
-        plan = request.helper_plan()
         header: dict[str, object] = {
             "op": op.method,
             "path": op.path if op.no_follow else src.path,
@@ -594,11 +593,13 @@ class SandboxedFileSystem:
                 "sandboxed filesystem operations require configured runtime paths"
             )
         if self._runtime_roots is None:
-            self._runtime_roots = _runtime_read_roots()
-        plan = request.helper_plan(runtime_read_roots=self._runtime_roots)
+            self._runtime_roots = await shared_pool().run(_runtime_read_roots)
+        plan = await shared_pool().run(
+            functools.partial(request.helper_plan, runtime_read_roots=self._runtime_roots)
+        )
         spec = LaunchSpec(
             argv=[sys.executable, "-I", "-m", "exec_server", FS_HELPER_FLAG],
-            cwd=_server_cwd(),
+            cwd=await shared_pool().run(_server_cwd),
             env={},
         )
         await self._manager.warm()  # first use: backend probes off the loop

@@ -14,22 +14,10 @@ Confined calls go to the sandboxed-filesystem service (``fs/sandboxed.py``);
 when none is configured they fail closed with ``-32600`` and the upstream text
 (PROTOCOL.md §10.7) - never unconfined.
 
-Direct calls run :mod:`exec_server.fs.ops` in a worker thread
-(:mod:`exec_server.fs.workers`) so a big copy or remove never stalls the event
-loop (other connections keep being served). Two calls run inline instead,
-because the ~40-50 µs thread hand-off is most of their cost and they are
-bounded: ``get_metadata`` (one ``lstat``, plus one ``stat`` for a symlink) and
-``read_file`` of a regular file of at most :data:`INLINE_READ_LIMIT` bytes
-(known from ``fstat`` after an ``O_NONBLOCK`` open, which is also done inline;
-anything else - bigger files, FIFOs, devices, ``/proc`` - is read in a worker),
-and only if its pages are in memory (``ops.read_resident_and_close``: else a
-worker reads it too). A third runs inline: ``write_file`` of at most
-:data:`INLINE_WRITE_LIMIT` bytes replacing a regular file on tmpfs or ramfs
-(:func:`inline_write_target`: one look-up on the loop decides), where nothing waits
-for a device; every other write still runs in a worker. The loop only ever looks
-up a path that :mod:`exec_server.fs.nonblocking` says cannot block (cached, on a
-local filesystem, or known missing): a path on a hung network or FUSE mount goes
-to a worker, and the other connections keep being served.
+Every direct call is one job in a worker thread (:mod:`exec_server.fs.workers`):
+the event loop never touches the filesystem, so a big copy, a cold disk or a
+path on a hung network or FUSE mount never stalls the other connections (the
+pool's stuck-job rule keeps hung jobs from holding every thread).
 """
 
 from __future__ import annotations
@@ -40,8 +28,8 @@ from dataclasses import dataclass
 from stat import S_ISDIR, S_ISREG
 from typing import Final, Protocol, TypeVar
 
-from exec_server.exceptions import ExecServerError, InvalidRequestError
-from exec_server.fs import memfs, nofollow, nonblocking, ops
+from exec_server.exceptions import InvalidRequestError
+from exec_server.fs import nofollow, ops
 from exec_server.fs.errors import translate_os_errors
 from exec_server.fs.handles import Install, Mode, open_into
 from exec_server.fs.ops import DirEntry, Metadata
@@ -50,8 +38,6 @@ from exec_server.fs.workers import WorkerPool, shared_pool
 
 __all__ = [
     "DIRECT",
-    "INLINE_READ_LIMIT",
-    "INLINE_WRITE_LIMIT",
     "NO_FOLLOW_WRITES",
     "NO_RUNTIME_PATHS",
     "ConfinedFileSystem",
@@ -60,15 +46,9 @@ __all__ = [
     "NoFollowCall",
     "NoFollowResult",
     "Route",
-    "inline_write_target",
     "run_no_follow",
     "walk_here",
 ]
-
-#: ``read_file`` reads regular files up to this size on the event loop (see module doc).
-INLINE_READ_LIMIT = 64 * 1024
-#: ``write_file`` of at most this many bytes may run on the loop (:func:`inline_write_target`).
-INLINE_WRITE_LIMIT = 64 * 1024
 
 T = TypeVar("T")
 
@@ -185,22 +165,7 @@ class FileSystemService:
         """Whole file contents (cap :data:`~exec_server.fs.ops.READ_LIMIT`)."""
         if route.confined:
             return await self._confined_or_refuse(route).read_file(route.context, path)
-        fd, size = await self.open_for_read(path, regular_only=regular_only)
-        if size is not None and size <= INLINE_READ_LIMIT:
-            data = ops.read_resident_and_close(fd, size)
-            if data is not None:
-                return data
-        # Queued before the first await, so the worker closes fd even if we are cancelled.
-        return await self._pool.run(ops.read_and_close, fd, size)
-
-    async def open_for_read(
-        self, path: str, *, regular_only: bool = False
-    ) -> tuple[int, int | None]:
-        """:func:`ops.open_for_read`, on the loop only if that cannot block
-        (:mod:`exec_server.fs.nonblocking`), else in a worker."""
-        if nonblocking.safe_to_touch(path):
-            return ops.open_for_read(path, regular_only=regular_only)
-        return await self._pool.run(ops.open_for_read, path, regular_only=regular_only)
+        return await self._pool.run(ops.read_file, path, regular_only=regular_only)
 
     def reads_directly(self, route: Route) -> bool:
         """Whether read-only calls on ``route`` run in the server: direct routes, and
@@ -208,32 +173,6 @@ class FileSystemService:
         if not route.confined:
             return True
         return self._confined is not None and self._confined.reads_directly(route.context)
-
-    def read_file_now(self, path: str, route: Route = DIRECT) -> bytes | None:
-        """The contents if this read is one done inline (direct, a regular file of
-        at most :data:`INLINE_READ_LIMIT` bytes), else None (the caller uses
-        :meth:`read_file`, which also reports any error). A ``stat`` decides
-        first, so nothing else (a FIFO, a device) is ever opened twice."""
-        if route.confined and not self.reads_directly(route):
-            return None
-        try:
-            st = nonblocking.attributes_now(path)
-        except OSError:
-            return None
-        if st is None or not S_ISREG(st[0]) or st[1] > INLINE_READ_LIMIT:
-            return None  # the async path reads it, or reports what it is
-        # Known regular: no second ``stat``. Anything odd since (a swap, an open
-        # error) is left to the async path, which answers in the request's form.
-        try:
-            fd, size = ops.open_for_read(path)
-        except ExecServerError:
-            return None
-        data = None
-        if size is not None and size <= INLINE_READ_LIMIT:  # else replaced since the stat
-            data = ops.read_resident_and_close(fd, size)
-        if data is None:
-            os.close(fd)
-        return data
 
     async def read_file_mapped(
         self,
@@ -283,14 +222,9 @@ class FileSystemService:
                 return data
             # As the confined service would read it itself, with this route's rule.
             regular_only = confined.reads_regular_only(route.context)
-        fd, size = await self.open_for_read(path, regular_only=regular_only)
-        if size is not None and size <= INLINE_READ_LIMIT and size <= large_over:
-            small = ops.read_resident_and_close(fd, size)
-            if small is not None:
-                return small
-        if read_large is not None and size is not None and size > large_over:
-            return await self._pool.run(read_large, fd, size)
-        return await self._pool.run(_read_mapped, fd, size, map_large, large_over)
+        return await self._pool.run(
+            _read_direct, path, regular_only, map_large, large_over, read_large
+        )
 
     async def write_file_from(
         self, path: str, produce: Callable[[], ops.Payload], route: Route = DIRECT
@@ -311,9 +245,6 @@ class FileSystemService:
         """Create or atomically replace ``path``."""
         if route.confined:
             return await self._confined_or_refuse(route).write_file(route.context, path, data)
-        st = inline_write_target(path, len(data))
-        if st is not None:
-            return ops.write_file(path, data, lstat=st)
         await self._pool.run(ops.write_file, path, data)
 
     async def create_directory(
@@ -328,8 +259,7 @@ class FileSystemService:
     async def get_metadata(self, path: str, route: Route = DIRECT) -> Metadata:
         if route.confined:
             return await self._confined_or_refuse(route).get_metadata(route.context, path)
-        meta = ops.metadata_now(path)  # inline when it cannot block, see module doc
-        return meta if meta is not None else await self._pool.run(ops.get_metadata, path)
+        return await self._pool.run(ops.get_metadata, path)
 
     async def read_directory(self, path: str, route: Route = DIRECT) -> list[DirEntry]:
         if route.confined:
@@ -397,26 +327,17 @@ class FileSystemService:
         return await self._pool.run(ops.canonicalize, path)
 
 
-def inline_write_target(path: str, size: int) -> os.stat_result | None:
-    """The ``lstat`` of ``path`` if a direct ``write_file`` of ``size`` bytes there runs
-    on the event loop, else None: at most :data:`INLINE_WRITE_LIMIT` bytes replacing
-    a regular file on a filesystem kept in memory (tmpfs, ramfs; learned by earlier
-    writes, see :mod:`exec_server.fs.memfs`), where it never waits for a device.
-    The write is handed the same ``lstat`` (``ops.write_file(..., lstat=)``)."""
-    if size > INLINE_WRITE_LIMIT or not memfs.any_in_memory():
-        return None  # not even a stat on machines where nothing was learned in memory
-    try:
-        st = nonblocking.stat_now(path, follow=False)
-    except OSError:
-        return None
-    if st is None:
-        return None
-    return st if S_ISREG(st.st_mode) and memfs.in_memory(st.st_dev) is True else None
-
-
-def _read_mapped(
-    fd: int, size: int | None, map_large: Callable[[bytes], T], large_over: int
+def _read_direct(
+    path: str,
+    regular_only: bool,
+    map_large: Callable[[bytes], T],
+    large_over: int,
+    read_large: Callable[[int, int], T] | None,
 ) -> bytes | T:
+    """Open, read and map in one worker job (see :meth:`FileSystemService.read_file_mapped`)."""
+    fd, size = ops.open_for_read(path, regular_only=regular_only)
+    if read_large is not None and size is not None and size > large_over:
+        return read_large(fd, size)
     data = ops.read_and_close(fd, size)
     return map_large(data) if len(data) > large_over else data
 

@@ -88,14 +88,11 @@ MAX_WAITING: Final = 256
 #: Seconds after which a running job gives its place to a job waiting for a thread.
 STUCK_AFTER: Final = 0.25
 
-#: ``offer(result, error) -> bool``, run in the worker: True if it took the outcome.
-Offer = Callable[[object, BaseException | None], bool]
-#: (loop, deliver(result, error) run on that loop, the call, an optional offer, its kind)
+#: (loop, deliver(result, error) run on that loop, the call, its kind)
 _Job = tuple[
     asyncio.AbstractEventLoop,
     Callable[[object, BaseException | None], None],
     Callable[[], object],
-    Offer | None,
     object,
 ]
 
@@ -293,23 +290,9 @@ class WorkerPool:
         iteration from the end of the job to ``deliver``.
         """
         call = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
-        self.submit_offering(None, deliver, call)
-
-    def submit_offering(
-        self,
-        offer: Offer | None,
-        deliver: Callable[[object, BaseException | None], None],
-        call: Callable[[], object],
-    ) -> None:
-        """:meth:`submit`, but the worker first offers the outcome to ``offer(result, error)``,
-        in its own thread; ``deliver`` runs on the loop only if that returns False.
-
-        Lets a caller that can finish without the loop (send a reply from the
-        worker) skip the loop wake-up on the way.
-        """
         loop = asyncio.get_running_loop()
         kind = job_kind(call)
-        job: _Job = (loop, deliver, call, offer, kind)
+        job: _Job = (loop, deliver, call, kind)
         worker: _Worker | None = None
         start = False
         check = False
@@ -461,7 +444,7 @@ class WorkerPool:
                 worker.narrowed = False
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(0, allowed)
-            loop, deliver, call, offer, kind = job
+            loop, deliver, call, kind = job
             result: object = None
             error: BaseException | None = None
             started = time.perf_counter()
@@ -502,23 +485,16 @@ class WorkerPool:
                 job = self._backlog.popleft() if self._backlog else None
                 if job is None:
                     self._idle.append(worker)
-            taken = False
-            if offer is not None:
-                try:
-                    taken = offer(result, error)
-                except Exception:  # deliver still reports the outcome
-                    taken = False
-            if not taken:
-                # Boxed, and emptied on the loop: this thread may still be inside
-                # call_soon_threadsafe (the GIL released while it wakes the loop)
-                # when the caller already runs on, and its handle must not keep
-                # a big result alive there.
-                box = [result]
-                result = None
-                with contextlib.suppress(RuntimeError):  # the loop is gone
-                    loop.call_soon_threadsafe(_unbox, deliver, box, error)
-                del box
-            del loop, deliver, offer, kind, result, error
+            # Boxed, and emptied on the loop: this thread may still be inside
+            # call_soon_threadsafe (the GIL released while it wakes the loop)
+            # when the caller already runs on, and its handle must not keep
+            # a big result alive there.
+            box = [result]
+            result = None
+            with contextlib.suppress(RuntimeError):  # the loop is gone
+                loop.call_soon_threadsafe(_unbox, deliver, box, error)
+            del box
+            del loop, deliver, kind, result, error
             for fn in later:
                 with contextlib.suppress(Exception):
                     fn()

@@ -49,7 +49,6 @@ __all__ = [
     "lossy_text",
     "params_decoder",
     "register_deferred_string",
-    "register_one_pass",
 ]
 
 T = TypeVar("T")
@@ -150,27 +149,8 @@ _plain_request_decoder: Final = msgspec.json.Decoder(_PlainRequest)
 #: one decoder per params type (``decode(.., type=)`` re-derives it per call).
 _params_decoders: dict[object, msgspec.json.Decoder[Any]] = {}
 
-#: messages from this size on are tried with the one-pass decoder first.
+#: messages from this size on are tried with the deferred-string decoder first.
 ONE_PASS_MIN: Final = 64 * 1024
-_one_pass_types: dict[str, type] = {}
-_one_pass_methods: dict[type, str] = {}
-_one_pass_decoder: msgspec.json.Decoder[Any] | None = None
-
-
-def register_one_pass(method: str, params_type: type) -> None:
-    """Decode big ``method`` requests and their params in one pass over the text.
-
-    The generic path scans a message twice before the handler sees it (the
-    envelope, then the params): for a 64 MiB ``fs/writeFile`` that is two
-    full scans of its base64 text. Registered methods are decoded straight
-    into ``params_type`` (``Request.decoded``); anything that does not fit
-    (another method, bad params) takes the generic path, which reports errors.
-    """
-    global _one_pass_decoder
-    if _one_pass_types.get(method) is params_type:
-        return
-    _one_pass_types[method] = params_type
-    _one_pass_decoder = _tagged_decoder(_one_pass_types, _one_pass_methods, "_OnePass")
 
 
 def _tagged_decoder(
@@ -209,7 +189,7 @@ def register_deferred_string(
     decoded with that string's text cut out, into ``head_type`` (where the
     member must accept ``""``), and ``build(head, span)`` makes the params the
     handler gets (``Request.decoded``); the handler decodes the span itself,
-    e.g. natively in a worker. Other messages take the one-pass or generic path.
+    e.g. natively in a worker. Other messages take the generic path.
     """
     global _deferred_decoder
     entry = (member.encode(), build)
@@ -300,13 +280,6 @@ def _decode_message(data: bytes | bytearray | str) -> Message:
         deferred = _decode_deferred(data)
         if deferred is not None:
             return deferred
-    if _one_pass_decoder is not None and len(data) >= ONE_PASS_MIN:
-        try:
-            typed = _one_pass_decoder.decode(data)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            pass
-        else:
-            return Request(typed.id, _one_pass_methods[type(typed)], None, typed.params)
     try:
         plain = _plain_request_decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):

@@ -46,8 +46,8 @@ class Request(msgspec.Struct, frozen=True):
 
     ``params`` is ``None`` when the member was absent; an explicit JSON
     ``null`` arrives as ``Raw(b"null")``. ``decoded`` holds the params already
-    decoded by a one-pass decoder (big messages of some methods, see
-    ``codec.register_one_pass``); ``params`` is then ``None``.
+    decoded with one string member left in place (big messages of some methods,
+    see ``codec.register_deferred_string``); ``params`` is then ``None``.
     """
 
     id: RequestId

@@ -130,6 +130,7 @@ _ID_PREFIX: Final = re.compile(
 
 async def handle_initialize(ctx: RequestContext, params: InitializeParams) -> InitializeResult:
     """Create or resume a session and attach this connection (§4.1)."""
+    info = await env_handlers.cached_environment_info(ctx)
     att = ctx.attachment
     att.handshake.begin_initialize()
     try:
@@ -144,7 +145,7 @@ async def handle_initialize(ctx: RequestContext, params: InitializeParams) -> In
     logger.info(
         "%s: client %r attached to session %s", att.label, params.client_name, session.session_id
     )
-    return InitializeResult(session.session_id, env_handlers.cached_environment_info(ctx))
+    return InitializeResult(session.session_id, info)
 
 
 def build_router() -> Router:

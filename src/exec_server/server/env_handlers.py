@@ -131,20 +131,22 @@ def environment_info(
     )
 
 
-def cached_environment_info(ctx: RequestContext) -> EnvironmentInfo:
-    """The host description, computed once per server (it does not change)."""
+async def cached_environment_info(ctx: RequestContext) -> EnvironmentInfo:
+    """The host description, computed once per server (it does not change), in a
+    thread: it looks at the filesystem (which shell is installed)."""
     services = ctx.services
     info = services.environment_info
     if info is None:
-        info = services.environment_info = environment_info(services.capabilities)
+        info = await asyncio.to_thread(environment_info, services.capabilities)
+        services.environment_info = info
     return info
 
 
-def handle_environment_info(ctx: RequestContext, params: NoParams | None) -> EnvironmentInfo:
-    return cached_environment_info(ctx)
+async def handle_environment_info(ctx: RequestContext, params: NoParams | None) -> EnvironmentInfo:
+    return await cached_environment_info(ctx)
 
 
-def handle_environment_status(
+async def handle_environment_status(
     ctx: RequestContext, params: NoParams | None
 ) -> EnvironmentStatusResult:
     return EnvironmentStatusResult()
@@ -180,8 +182,8 @@ def _wire_layers(layers: list[HostConfigLayer]) -> ConfigLayers:
 
 def register(router: Router) -> None:
     """Add the environment methods (ungated, like upstream's)."""
-    router.add_now("environment/info", NoParams | None, handle_environment_info, None)
-    router.add_now("environment/status", NoParams | None, handle_environment_status, None)
+    router.add("environment/info", NoParams | None, handle_environment_info, None)
+    router.add("environment/status", NoParams | None, handle_environment_status, None)
     router.add(
         "environmentConfig/read",
         EnvironmentConfigReadParams,

@@ -17,20 +17,18 @@ import os
 import re
 import urllib.parse
 from collections.abc import Callable, Iterator
-from typing import Final, cast
+from typing import Final
 
 import msgspec
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import ops
-from exec_server.fs.context import cached_route_from_wire, route_for
+from exec_server.fs.context import route_for
 from exec_server.fs.ops import lossy_name
 from exec_server.fs.service import (
-    DIRECT,
     FileSystemService,
     NoFollowCall,
     Route,
-    inline_write_target,
 )
 from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.protocol import fs_types as t
@@ -41,13 +39,12 @@ from exec_server.protocol.codec import (
     encode_reply,
     encode_reply_filled,
     register_deferred_string,
-    register_one_pass,
 )
 from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.messages import RequestId
 from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical, render_path
 from exec_server.protocol.paths import parse_wire_path as _parse_wire_path_full
-from exec_server.server.router import Done, NotNow, RequestContext, Router
+from exec_server.server.router import RequestContext, Router
 
 __all__ = [
     "decode_data_base64",
@@ -391,30 +388,6 @@ async def read_file(
     return result
 
 
-def _now_route(raw: t.SandboxField) -> Route:
-    """The route, if known without decoding (no context, or one decoded before), else
-    :class:`NotNow`: a new context is decoded once, on the async path."""
-    sandbox = t.sandbox_raw(raw)
-    if sandbox is None:
-        return DIRECT
-    route = cached_route_from_wire(bytes(sandbox))
-    if route is None:
-        raise NotNow
-    return route
-
-
-def read_file_now(ctx: RequestContext, params: t.ReadFileParams) -> t.ReadFileResult:
-    """:func:`read_file` for a small regular file read in the server (else :class:`NotNow`)."""
-    if params.follow_symlinks is False:
-        raise NotNow
-    route = _now_route(params.sandbox)
-    path = parse_wire_path(params.path)
-    data = _service(ctx).read_file_now(path.path, route)
-    if data is None:
-        raise NotNow
-    return t.ReadFileResult(data_base64=data)
-
-
 async def write_file(
     ctx: RequestContext,
     params: t.WriteFileParams | t.WriteFileParamsSpan,
@@ -461,20 +434,6 @@ async def get_metadata(ctx: RequestContext, params: t.GetMetadataParams) -> t.Ge
         meta = await _service(ctx).get_metadata_no_follow(path.path, route)
     else:
         meta = await _service(ctx).get_metadata(path.path, route)
-    return _metadata_result(path, meta)
-
-
-def get_metadata_now(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetMetadataResult:
-    """:func:`get_metadata` when it runs in the server (else :class:`NotNow`)."""
-    if params.follow_symlinks is False:
-        raise NotNow
-    route = _now_route(params.sandbox)
-    if not _service(ctx).reads_directly(route):
-        raise NotNow  # the confined helper answers, on the async path
-    path = parse_wire_path(params.path)
-    meta = ops.metadata_now(path.path)
-    if meta is None:
-        raise NotNow  # could block (not cached, or a network/FUSE mount): a worker asks
     return _metadata_result(path, meta)
 
 
@@ -605,110 +564,9 @@ def _uri_name(name: str) -> str:
 _URI_NAME_SAFE: Final = ":@=,;!$&'()*+[]^|~"
 
 
-# -- start handlers: direct (no sandbox context) calls started in a worker from the
-# socket callback (Router.dispatch_start); same operations as the async handlers.
-
-_EMPTY: Final = t.EmptyResult()
-
-
-def _direct_only(sandbox: t.SandboxField, follow_symlinks: bool | None) -> None:
-    """Start only calls that run in the server: no context, or a known direct one
-    (full access, external, disabled), following symlinks; confined calls, new
-    contexts and ``followSymlinks: false`` (the async handler): :class:`NotNow`."""
-    if follow_symlinks is False or _now_route(sandbox).confined:
-        raise NotNow
-
-
-def _submit_empty(
-    ctx: RequestContext, done: Done, fn: Callable[..., object], *args: object, **kwargs: object
-) -> None:
-    def offer(result: object, error: BaseException | None) -> bool:
-        return done.from_thread(None if error is not None else _EMPTY, error)
-
-    def deliver(result: object, error: BaseException | None) -> None:
-        done(None if error is not None else _EMPTY, error)
-
-    _service(ctx).pool.submit_offering(offer, deliver, functools.partial(fn, *args, **kwargs))
-
-
-def write_file_start(ctx: RequestContext, params: t.WriteFileParams, done: Done) -> None:
-    _direct_only(params.sandbox, params.follow_symlinks)
-    raw = params.data_base64
-    if not isinstance(raw, msgspec.Raw) or len(raw) > INLINE_CODEC_LIMIT:
-        raise NotNow
-    path = parse_wire_path(params.path)
-    data = decode_data_base64(raw)
-    st = inline_write_target(path.path, len(data))
-    if st is not None:
-        try:
-            ops.write_file(path.path, data, lstat=st)
-        except Exception as exc:
-            done(None, exc)
-        else:
-            done(_EMPTY, None)
-        return
-    _submit_empty(ctx, done, ops.write_file, path.path, data)
-
-
-def create_directory_start(
-    ctx: RequestContext, params: t.CreateDirectoryParams, done: Done
-) -> None:
-    _direct_only(params.sandbox, params.follow_symlinks)
-    path = parse_wire_path(params.path)
-    recursive = True if params.recursive is None else params.recursive
-    if recursive and ops.is_directory_now(path.path):
-        # Nothing to do, known without blocking (as getMetadata's): a worker's
-        # round trip costs ~50 µs more than this whole answer.
-        done(_EMPTY, None)
-        return
-    _submit_empty(ctx, done, ops.create_directory, path.path, recursive=recursive)
-
-
-def remove_start(ctx: RequestContext, params: t.RemoveParams, done: Done) -> None:
-    _direct_only(params.sandbox, params.follow_symlinks)
-    path = parse_wire_path(params.path)
-    force = True if params.force is None else params.force
-    if force and ops.is_missing_now(path.path):
-        done(_EMPTY, None)  # nothing to remove (see create_directory_start)
-        return
-    _submit_empty(
-        ctx,
-        done,
-        ops.remove,
-        path.path,
-        recursive=True if params.recursive is None else params.recursive,
-        force=force,
-    )
-
-
-def copy_start(ctx: RequestContext, params: t.CopyParams, done: Done) -> None:
-    _direct_only(params.sandbox, None)
-    source = parse_wire_path(params.source_path)
-    destination = parse_wire_path(params.destination_path)
-    _submit_empty(ctx, done, ops.copy, source.path, destination.path, recursive=params.recursive)
-
-
-def read_directory_start(ctx: RequestContext, params: t.ReadDirectoryParams, done: Done) -> None:
-    if not _service(ctx).reads_directly(_now_route(params.sandbox)):
-        raise NotNow  # the confined helper lists it, on the async path
-    path = parse_wire_path(params.path)
-
-    def listing() -> t.ReadDirectoryResult:
-        return _directory_result(ops.read_directory(path.path))
-
-    def offer(result: object, error: BaseException | None) -> bool:
-        return done.from_thread(cast("t.ReadDirectoryResult | None", result), error)
-
-    def deliver(result: object, error: BaseException | None) -> None:
-        done(cast("t.ReadDirectoryResult | None", result), error)
-
-    _service(ctx).pool.submit_offering(offer, deliver, listing)
-
-
 def register(router: Router) -> None:
     """Add every ``fs/*`` method (family ``filesystem``, PROTOCOL.md §4.3)."""
-    # Big writes: base64 decoded natively in the writing worker when it can be,
-    # else envelope, params and base64 in one pass over the text.
+    # Big writes: base64 decoded natively in the writing worker when it can be.
     if native_base64.available():
         register_deferred_string(
             t.METHOD_WRITE_FILE,
@@ -716,29 +574,22 @@ def register(router: Router) -> None:
             t.WriteFileParamsHead,
             t.WriteFileParamsSpan.from_head,
         )
-    register_one_pass(t.METHOD_WRITE_FILE, t.WriteFileParams)
-    router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem", now=read_file_now)
-    router.add(
-        t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem", start=write_file_start
-    )
+    router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem")
+    router.add(t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem")
     router.add(
         t.METHOD_CREATE_DIRECTORY,
         t.CreateDirectoryParams,
         create_directory,
         "filesystem",
-        start=create_directory_start,
     )
-    router.add(
-        t.METHOD_GET_METADATA, t.GetMetadataParams, get_metadata, "filesystem", now=get_metadata_now
-    )
+    router.add(t.METHOD_GET_METADATA, t.GetMetadataParams, get_metadata, "filesystem")
     router.add(
         t.METHOD_READ_DIRECTORY,
         t.ReadDirectoryParams,
         read_directory,
         "filesystem",
-        start=read_directory_start,
     )
-    router.add(t.METHOD_REMOVE, t.RemoveParams, remove, "filesystem", start=remove_start)
-    router.add(t.METHOD_COPY, t.CopyParams, copy, "filesystem", start=copy_start)
+    router.add(t.METHOD_REMOVE, t.RemoveParams, remove, "filesystem")
+    router.add(t.METHOD_COPY, t.CopyParams, copy, "filesystem")
     router.add(t.METHOD_CANONICALIZE, t.CanonicalizeParams, canonicalize, "filesystem")
     router.add(t.METHOD_WALK, t.WalkParams, walk, "filesystem")

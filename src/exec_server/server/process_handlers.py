@@ -48,7 +48,7 @@ from exec_server.protocol.process_types import (
     WriteParams,
     WriteResult,
 )
-from exec_server.server.router import NotNow, RequestContext, Router
+from exec_server.server.router import RequestContext, Router
 
 __all__ = ["is_current_start", "register"]
 
@@ -212,29 +212,22 @@ async def handle_write(ctx: RequestContext, params: WriteParams) -> WriteResult:
     return WriteResult(status=status)
 
 
-def handle_write_now(ctx: RequestContext, params: WriteParams) -> WriteResult:
-    status = _manager(ctx).write_now(params.process_id, params.chunk, _write_id(params))
-    if status is None:
-        raise NotNow  # stdin's queue is full: wait in handle_write
-    return WriteResult(status=status)
-
-
-def handle_terminate(ctx: RequestContext, params: TerminateParams) -> TerminateResult:
+async def handle_terminate(ctx: RequestContext, params: TerminateParams) -> TerminateResult:
     return TerminateResult(running=_manager(ctx).terminate(params.process_id))
 
 
-def handle_signal(ctx: RequestContext, params: SignalParams) -> SignalResult:
+async def handle_signal(ctx: RequestContext, params: SignalParams) -> SignalResult:
     _manager(ctx).signal(params.process_id, signal.SIGINT)
     return SignalResult()
 
 
-def handle_resize_pty(ctx: RequestContext, params: ResizePtyParams) -> ResizePtyResult:
+async def handle_resize_pty(ctx: RequestContext, params: ResizePtyParams) -> ResizePtyResult:
     """Extension (upstream reserves the name, unimplemented): see docs/processes.md."""
     _manager(ctx).resize(params.process_id, params.rows, params.cols)
     return ResizePtyResult()
 
 
-def handle_close_stdin(ctx: RequestContext, params: CloseStdinParams) -> CloseStdinResult:
+async def handle_close_stdin(ctx: RequestContext, params: CloseStdinParams) -> CloseStdinResult:
     """Extension: end of input for a ``pipeStdin`` child (the protocol has no EOF)."""
     _manager(ctx).close_stdin(params.process_id)
     return CloseStdinResult()
@@ -244,8 +237,8 @@ def register(router: Router) -> None:
     """Add the ``process/*`` methods (family ``exec``) to ``router``."""
     router.add(METHOD_START, StartParams, handle_start, "exec")
     router.add(METHOD_READ, ReadParams, handle_read, "exec", may_block=True)
-    router.add(METHOD_WRITE, WriteParams, handle_write, "exec", now=handle_write_now)
-    router.add_now(METHOD_TERMINATE, TerminateParams, handle_terminate, "exec")
-    router.add_now(METHOD_SIGNAL, SignalParams, handle_signal, "exec")
-    router.add_now(METHOD_RESIZE_PTY, ResizePtyParams, handle_resize_pty, "exec")
-    router.add_now(METHOD_CLOSE_STDIN, CloseStdinParams, handle_close_stdin, "exec")
+    router.add(METHOD_WRITE, WriteParams, handle_write, "exec")
+    router.add(METHOD_TERMINATE, TerminateParams, handle_terminate, "exec")
+    router.add(METHOD_SIGNAL, SignalParams, handle_signal, "exec")
+    router.add(METHOD_RESIZE_PTY, ResizePtyParams, handle_resize_pty, "exec")
+    router.add(METHOD_CLOSE_STDIN, CloseStdinParams, handle_close_stdin, "exec")

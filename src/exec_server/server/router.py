@@ -48,14 +48,10 @@ from exec_server.server.session import Attachment, Session, SessionRegistry
 
 __all__ = [
     "INTERNAL_ERROR_TEXT",
-    "Done",
     "Handler",
-    "NotNow",
-    "NowHandler",
     "RequestContext",
     "Route",
     "Router",
-    "StartHandler",
 ]
 
 logger = logging.getLogger("exec_server.server")
@@ -66,15 +62,6 @@ R = TypeVar("R", bound=msgspec.Struct | EncodedReply)
 
 #: ``async def handler(ctx, params) -> ResultStruct``
 Handler = Callable[["RequestContext", P], Awaitable[R]]
-
-#: ``def handler(ctx, params) -> ResultStruct``, answering without waiting (or
-#: raising :class:`NotNow`).
-NowHandler = Callable[["RequestContext", P], R]
-
-#: ``def handler(ctx, params, done) -> None``: starts the work (a worker-thread
-#: job) without waiting and arranges for ``done`` to be called (or raises
-#: :class:`NotNow` before starting anything).
-StartHandler = Callable[["RequestContext", P, "Done"], None]
 
 INTERNAL_ERROR_TEXT: Final = "internal error"
 #: a logged argv is cut to this many characters.
@@ -115,50 +102,6 @@ def _log_request(request: Request, params: Any, started: float | None,
     else:
         fields.append(f"error: {type(error).__name__}")
     logger.log(level, "request %s", " ".join(fields))
-
-
-class Done:
-    """How a ``start`` handler reports its outcome (exactly one of the two is not None).
-
-    ``done(result, error)``, on the event loop, always answers. The worker
-    thread that produced the outcome may first offer it to
-    :meth:`from_thread`: when the transport takes the reply at once it is
-    sent from that thread, sparing the loop wake-up before the reply, and
-    True means the loop call must not follow.
-    """
-
-    __slots__ = ("_encode", "_reply", "_reply_from_thread")
-
-    def __init__(
-        self,
-        encode: Callable[[msgspec.Struct | None, BaseException | None], Outbound],
-        reply: Callable[[Outbound], None],
-        reply_from_thread: Callable[[Outbound], bool] | None = None,
-    ) -> None:
-        self._encode = encode
-        self._reply = reply
-        self._reply_from_thread = reply_from_thread
-
-    def __call__(self, result: msgspec.Struct | None, error: BaseException | None) -> None:
-        self._reply(self._encode(result, error))
-
-    def from_thread(self, result: msgspec.Struct | None, error: BaseException | None) -> bool:
-        """Answer from the calling (worker) thread if possible; False: call ``done`` on the loop."""
-        send = self._reply_from_thread
-        if send is None or (error is not None and not isinstance(error, Exception)):
-            return False
-        try:
-            data = self._encode(result, error)
-        except Exception:  # the loop call answers (or logs) it
-            return False
-        return send(data)
-
-
-class NotNow(Exception):
-    """Raised by a ``now`` handler: this request needs the async handler.
-
-    Raise it before any side effect (the async handler runs from scratch).
-    """
 
 
 class RequestContext:
@@ -251,8 +194,6 @@ class Route:
     handler: Callable[[RequestContext, Any], Awaitable[msgspec.Struct | EncodedReply]]
     family: Family
     may_block: bool = False
-    now: Callable[[RequestContext, Any], msgspec.Struct | EncodedReply] | None = None
-    start: Callable[[RequestContext, Any, Done], None] | None = None
 
 
 class Router:
@@ -269,8 +210,6 @@ class Router:
         family: Family,
         *,
         may_block: bool = False,
-        now: NowHandler[P, R] | None = None,
-        start: StartHandler[P] | None = None,
     ) -> None:
         """Register ``handler`` for ``method``.
 
@@ -278,46 +217,20 @@ class Router:
         it runs in its own task and may call ``ctx.unblock()`` so the
         connection reads on. Other handlers run inline, in order.
 
-        ``now`` is an optional synchronous twin for the common case that
-        needs no waiting (see :meth:`dispatch_now`); it raises
-        :class:`NotNow` when the request needs ``handler``. ``start`` is the
-        twin for work that runs in a worker thread: it starts the job and
-        reports through a callback (see :meth:`dispatch_start`).
-
         Raises:
             ValueError: the method is already registered.
         """
         if method in self._routes:
             raise ValueError(f"method {method!r} registered twice")
         params_decoder(params_type)  # now, not on the method's first request
-        self._routes[method] = Route(method, params_type, handler, family, may_block, now, start)
-
-    def add_now(
-        self, method: str, params_type: type[P] | Any, now: NowHandler[P, R], family: Family
-    ) -> None:
-        """Register a handler that never waits: it serves both paths."""
-
-        async def handler(ctx: RequestContext, params: P) -> R:
-            return now(ctx, params)
-
-        self.add(method, params_type, handler, family, now=now)
+        self._routes[method] = Route(method, params_type, handler, family, may_block)
 
     def set_may_block(self, method: str) -> None:
         """Mark an already registered method as possibly long-waiting."""
         route = self._routes[method]
         self._routes[method] = Route(
-            route.method, route.params_type, route.handler, route.family, True, route.now,
-            route.start,
+            route.method, route.params_type, route.handler, route.family, True
         )
-
-    def shortcut(self, method: str) -> str | None:
-        """``"now"``, ``"start"`` or None: which callback-time path ``method`` offers."""
-        route = self._routes.get(method)
-        if route is None:
-            return None
-        if route.now is not None:
-            return "now"
-        return "start" if route.start is not None else None
 
     def may_block(self, method: str) -> bool:
         route = self._routes.get(method)
@@ -357,98 +270,14 @@ class Router:
             _log_request(request, params, started, None)
         return reply
 
-    def dispatch_now(self, ctx: RequestContext, request: Request) -> Outbound | None:
-        """:meth:`dispatch` without waiting, for routes with a ``now`` handler.
-
-        Returns None when the request needs the async path (no ``now``
-        handler, or it raised :class:`NotNow`); nothing was done then. The
-        server uses this to answer a request straight from the socket
-        callback, a loop iteration and a task switch sooner.
-
-        Raises:
-            ProtocolClosedError: the connection must be closed unanswered.
-        """
-        route = self._routes.get(request.method)
-        if route is None or route.now is None:
-            return None
-        started = _clock() if logger.isEnabledFor(logging.DEBUG) else None
-        params: Any = None
-        try:
-            params = self._params(ctx, route, request)
-            result = route.now(ctx, params)
-            reply = encode_result(request.id, result)
-        except NotNow:
-            return None
-        except ProtocolClosedError:
-            raise
-        except Exception as exc:
-            _log_request(request, params, started, exc)
-            return self._error(request, exc)
-        if started is not None:
-            _log_request(request, params, started, None)
-        return reply
-
-    def dispatch_start(
-        self,
-        ctx: RequestContext,
-        request: Request,
-        reply: Callable[[Outbound], None],
-        reply_from_thread: Callable[[Outbound], bool] | None = None,
-    ) -> bool:
-        """Start a request through its ``start`` handler; ``reply(bytes)`` gets the
-        encoded answer, now (an error found before starting) or when the job ends.
-        ``reply_from_thread(bytes)``, if given, may send it from the worker
-        thread instead (see :class:`Done`); True means it did.
-
-        Returns False, having done nothing, when the request needs the async
-        path (no ``start`` handler, or it raised :class:`NotNow`).
-
-        Raises:
-            ProtocolClosedError: the connection must be closed unanswered.
-        """
-        route = self._routes.get(request.method)
-        if route is None or route.start is None:
-            return False
-
-        started = _clock() if logger.isEnabledFor(logging.DEBUG) else None
-        params: Any = None
-
-        def encode(result: msgspec.Struct | None, error: BaseException | None) -> Outbound:
-            if error is None:
-                assert result is not None
-                try:
-                    reply = encode_result(request.id, result)
-                except Exception as exc:  # an unencodable result: a bug
-                    error = exc
-                else:
-                    if started is not None:
-                        _log_request(request, params, started, None)
-                    return reply
-            if not isinstance(error, Exception):
-                raise error  # KeyboardInterrupt and the like: not ours to answer
-            _log_request(request, params, started, error)
-            return self._error(request, error)
-
-        done = Done(encode, reply, reply_from_thread)
-        try:
-            params = self._params(ctx, route, request)
-            route.start(ctx, params, done)
-        except NotNow:
-            return False
-        except ProtocolClosedError:
-            raise
-        except Exception as exc:
-            _log_request(request, params, started, exc)
-            reply(self._error(request, exc))
-        return True
-
     @staticmethod
     def _params(ctx: RequestContext, route: Route, request: Request) -> Any:
         """Decode and gate; raises what :meth:`_error` answers."""
         decoded = request.decoded
         if decoded is not None:
-            # One-pass decoded (codec.register_one_pass): the module that
-            # registered the route registered the shape, and its handler takes it.
+            # Decoded with a member left in place (codec.register_deferred_string):
+            # the module that registered the route registered the shape, and its
+            # handler takes it.
             params: Any = decoded
         else:
             try:
