@@ -986,7 +986,7 @@ _PROBE_COPIES = 8
 #: µs where each create first scans past recently freed inodes (ext4 without
 #: a journal after deletions, as on this project's CI machine), and a round
 #: trip per file on a network filesystem. In between (~80 µs) two threads were
-#: measured slower than one (docs/benchmarks.md, eighth session).
+#: measured slower than one.
 _SLOW_COPY_NS = 150_000
 #: Directory entries per fanned-out copy task.
 _COPY_CHUNK = 4
