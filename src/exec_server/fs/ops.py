@@ -643,8 +643,8 @@ def _remove_tree(path: str) -> None:
     200-file tree. This walk lists names only (``listdir(fd)``, no per-entry
     objects) and unlinks each one relative to its directory's descriptor; the
     names the kernel refuses as directories (``EISDIR``) are the ones to
-    descend into (tenth session: 15 % less time than listing with
-    ``scandir`` and sorting by ``d_type``, on tmpfs). Entries that vanish
+    descend into (15 % less time than listing with ``scandir`` and sorting
+    by ``d_type``, on tmpfs). Entries that vanish
     meanwhile are fine; any other failure propagates. The walk starts
     sequential and fans out (:mod:`exec_server.fs.fanout`) once the first
     unlinks show the device makes each one wait.
