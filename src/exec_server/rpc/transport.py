@@ -206,9 +206,10 @@ class StreamTransport:
     Blank lines are ignored; EOF means disconnect; each write is flushed.
 
     Big lines are not copied whole (a copy of a 32 MiB ``fs/readFile``
-    reply costs ~35 MiB of peak memory): a long line read is returned in the buffer it was gathered in, and a long line
-    sent is fed to the pipe 1 MiB at a time as it drains, instead of asyncio's
-    pipe transport copying its unsent rest into its own buffer.
+    reply costs ~35 MiB of peak memory): a long line read is returned in the
+    buffer it was gathered in, and a long line sent is fed to the pipe 1 MiB
+    at a time as it drains, instead of asyncio's pipe transport copying its
+    unsent rest into its own buffer.
     """
 
     kind = "line"
