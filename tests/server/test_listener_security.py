@@ -229,6 +229,10 @@ def test_readyz_needs_no_auth_and_other_paths_are_404_before_auth(
     srv = launch(prefix, "--ws-auth", "capability-token", "--ws-token-file", str(token_file))
     assert http(srv.port, "/readyz")[::2] == (200, b"")
     assert http(srv.port, "/nope", UPGRADE)[::2] == (404, b"")
+    assert http(srv.port, "/", UPGRADE, method="POST")[::2] == (
+        405,
+        b"Request method must be `GET`",
+    )
     status, _, body = http(srv.port, "/")
     assert status == 400
     assert b"upgrade" in body.lower()

@@ -8,8 +8,8 @@ The gates, in upstream's order, first refusal wins:
    origin, including ``http://localhost``: every browser sends ``Origin`` on
    a WebSocket upgrade, so this also defeats DNS rebinding);
 2. ``/readyz``: ``200`` with no authentication (health probes); any path
-   other than ``/``: ``404``; no ``Connection: upgrade`` or ``Upgrade:
-   websocket``: ``400``;
+   other than ``/``: ``404``; a method other than ``GET``: ``405``; no
+   ``Connection: upgrade`` or ``Upgrade: websocket``: ``400``;
 3. authentication (:mod:`exec_server.rpc.ws_auth`): ``401`` with the reason;
 4. otherwise the upgrade goes on (the library checks the rest of the
    handshake).
@@ -82,6 +82,9 @@ class UpgradeGate:
         if path != "/":
             logger.info("request from %s refused: 404 (path %r)", peer, path[:100])
             return _response(http.HTTPStatus.NOT_FOUND)
+        if request.method != "GET":
+            logger.info("request from %s refused: 405 (%s)", peer, request.method[:20])
+            return _response(http.HTTPStatus.METHOD_NOT_ALLOWED, "Request method must be `GET`")
         if not _has_token(headers, "Connection", "upgrade"):
             logger.info("upgrade from %s refused: 400 (no Connection: upgrade)", peer)
             return _response(
