@@ -40,6 +40,25 @@ async def test_every_call_names_its_path(fs: Any, tmp_path: Path, op: str) -> No
     assert str(missing) in str(info.value)
 
 
+@pytest.mark.parametrize("follow", [True, False], ids=["follow", "no-follow"])
+@pytest.mark.parametrize("op", ["read_file", "write_file", "create_directory", "remove"])
+async def test_calls_that_take_follow_symlinks_name_their_path(
+    fs: Any, tmp_path: Path, op: str, follow: bool
+) -> None:
+    target = tmp_path / "no-parent" / "x"
+    calls = {
+        "read_file": lambda: fs.read_file(str(target), follow_symlinks=follow),
+        "write_file": lambda: fs.write_file(str(target), b"x", follow_symlinks=follow),
+        "create_directory": lambda: fs.create_directory(
+            str(target), recursive=False, follow_symlinks=follow
+        ),
+        "remove": lambda: fs.remove(str(target), force=False, follow_symlinks=follow),
+    }
+    with pytest.raises(ExecServerError) as info:
+        await calls[op]()
+    assert str(target) in str(info.value)
+
+
 async def test_copy_names_the_source(fs: Any, tmp_path: Path) -> None:
     with pytest.raises(ExecServerError) as info:
         await fs.copy(str(tmp_path / "src"), str(tmp_path / "dst"), recursive=False)

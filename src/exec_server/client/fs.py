@@ -437,13 +437,14 @@ class LocalFileSystem:
         sandbox: FsSandbox = None,
         follow_symlinks: bool = True,
     ) -> None:
-        route = await self._route(sandbox)
-        native = _wire_path(path).path
-        if not follow_symlinks:
-            call = NoFollowCall("fs/remove", native, recursive=recursive, force=force)
-            await self._service.no_follow(call, route)
-            return
-        await self._service.remove(native, route, recursive=recursive, force=force)
+        with _naming(path):
+            route = await self._route(sandbox)
+            native = _wire_path(path).path
+            if not follow_symlinks:
+                call = NoFollowCall("fs/remove", native, recursive=recursive, force=force)
+                await self._service.no_follow(call, route)
+                return
+            await self._service.remove(native, route, recursive=recursive, force=force)
 
     async def copy(
         self,
@@ -475,20 +476,21 @@ class LocalFileSystem:
         prune_hidden_directories: bool = False,
         sandbox: FsSandbox = None,
     ) -> WalkResult:
-        route = await self._route(sandbox)
-        options = WalkOptions(
-            max_depth,
-            max_directories,
-            max_entries,
-            follow_directory_symlinks,
-            prune_hidden_directories,
-        )
-        outcome = await self._service.walk(_wire_path(path).path, options, route)
-        return WalkResult(
-            entries=[WalkEntry(os.path.join(d, n), is_dir) for d, n, is_dir in outcome.entries],
-            errors=[WalkError(os.path.join(d, n) if n else d, m) for d, n, m in outcome.errors],
-            truncated=outcome.truncated,
-        )
+        with _naming(path):
+            route = await self._route(sandbox)
+            options = WalkOptions(
+                max_depth,
+                max_directories,
+                max_entries,
+                follow_directory_symlinks,
+                prune_hidden_directories,
+            )
+            outcome = await self._service.walk(_wire_path(path).path, options, route)
+            return WalkResult(
+                entries=[WalkEntry(os.path.join(d, n), is_dir) for d, n, is_dir in outcome.entries],
+                errors=[WalkError(os.path.join(d, n) if n else d, m) for d, n, m in outcome.errors],
+                truncated=outcome.truncated,
+            )
 
     def open(
         self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
@@ -589,13 +591,14 @@ class RemoteFileSystem:
         sandbox: FsSandbox = None,
         follow_symlinks: bool = True,
     ) -> None:
-        params = t.CreateDirectoryParams(
-            path=self._uri(path),
-            recursive=recursive,
-            sandbox=self._sandbox(sandbox),
-            follow_symlinks=_no_follow(follow_symlinks),
-        )
-        await self._client.call(t.METHOD_CREATE_DIRECTORY, params, t.EmptyResult)
+        with _naming(path):
+            params = t.CreateDirectoryParams(
+                path=self._uri(path),
+                recursive=recursive,
+                sandbox=self._sandbox(sandbox),
+                follow_symlinks=_no_follow(follow_symlinks),
+            )
+            await self._client.call(t.METHOD_CREATE_DIRECTORY, params, t.EmptyResult)
 
     async def get_metadata(
         self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
@@ -631,14 +634,15 @@ class RemoteFileSystem:
         sandbox: FsSandbox = None,
         follow_symlinks: bool = True,
     ) -> None:
-        params = t.RemoveParams(
-            path=self._uri(path),
-            recursive=recursive,
-            force=force,
-            sandbox=self._sandbox(sandbox),
-            follow_symlinks=_no_follow(follow_symlinks),
-        )
-        await self._client.call(t.METHOD_REMOVE, params, t.EmptyResult)
+        with _naming(path):
+            params = t.RemoveParams(
+                path=self._uri(path),
+                recursive=recursive,
+                force=force,
+                sandbox=self._sandbox(sandbox),
+                follow_symlinks=_no_follow(follow_symlinks),
+            )
+            await self._client.call(t.METHOD_REMOVE, params, t.EmptyResult)
 
     async def copy(
         self,
