@@ -74,6 +74,7 @@ __all__ = [
     "upstream_target",
     "vm_hwm_kib",
     "write_json",
+    "ws_connect",
 ]
 
 MIB = 1024 * 1024
@@ -376,6 +377,22 @@ class _QuickAckConnection(ClientConnection):
         super().data_received(data)
 
 
+async def ws_connect(url: str, *, quickack: bool = False) -> ClientConnection:
+    """The benchmark client's WebSocket connection: no size limit, no compression, no
+    pings; with ``quickack`` it never delays ACKs (see :class:`_QuickAckConnection`)."""
+    return await websockets.connect(
+        url,
+        max_size=None,
+        max_queue=None,
+        compression=None,
+        ping_interval=None,
+        open_timeout=30,
+        close_timeout=2,
+        proxy=None,
+        create_connection=_QuickAckConnection if quickack else None,
+    )
+
+
 class ProcState:
     """What the client has seen of one process through notifications."""
 
@@ -408,18 +425,7 @@ class RawClient:
     async def connect(
         cls, url: str, *, quickack: bool = False, uri_paths: bool = True
     ) -> RawClient:
-        ws = await websockets.connect(
-            url,
-            max_size=None,
-            max_queue=None,
-            compression=None,
-            ping_interval=None,
-            open_timeout=30,
-            close_timeout=2,
-            proxy=None,
-            create_connection=_QuickAckConnection if quickack else None,
-        )
-        return cls(ws, uri_paths=uri_paths)
+        return cls(await ws_connect(url, quickack=quickack), uri_paths=uri_paths)
 
     async def __aenter__(self) -> RawClient:
         return self

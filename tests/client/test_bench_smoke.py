@@ -1,4 +1,4 @@
-"""The benchmark scripts run end to end (tiny counts, our server only)."""
+"""The benchmark scripts run end to end (tiny counts, mostly our server only)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+RECORDINGS = BENCHMARKS.parent / "tests" / "compat" / "codex-0.163-recordings"
 
 
 async def _run(script: str, json_path: Path, *args: str) -> tuple[bytes, Any]:
@@ -72,3 +73,15 @@ async def test_bench_http_quick_against_our_server(tmp_path: Path) -> None:
     assert b"http/request streamed body 1 MiB" in out
     assert figures["http/request streamed body 1 MiB"]["ours"]["median"] > 0
     assert figures["server CPU per streamed MiB"]["ours"]["median"] >= 0
+
+
+async def test_bench_replay_quick_completes_every_recording(tmp_path: Path) -> None:
+    out, figures = await _run("bench_replay.py", tmp_path / "replay.json", "--quick")
+    assert b"total (all sessions)" in out
+    assert figures["failed"] == {}
+    recorded = sorted(p.name.removesuffix(".rpc.jsonl") for p in RECORDINGS.glob("*.rpc.jsonl"))
+    assert recorded and sorted(figures["sessions"]["ours"]) == recorded
+    for server, sessions in figures["sessions"].items():  # ours, and upstream when installed
+        for name, outcome in sessions.items():
+            assert outcome == {"completed": 1, "differences": []}, (server, name)
+    assert figures["rows"]["total (all sessions)"]["ours"]["n"] == 1
