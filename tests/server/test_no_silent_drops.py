@@ -3,8 +3,12 @@
 Bad JSON-RPC (invalid UTF-8, empty, NUL, deep nesting, a huge id, a binary
 frame) gets a JSON-RPC error and the connection goes on; a WebSocket protocol
 violation gets a close frame with code 1002 and a reason (RFC 6455 §7.4.1)
-before the socket closes. Upstream answers the first kind alike but drops the
-connection without a close frame on the second.
+before the socket closes. A JSON-RPC message the protocol answers by closing
+(PROTOCOL.md §3.5: a notification other than ``initialized``, a response from
+the client, ``initialized`` before ``initialize``) ends with 1008 and the
+violation as the reason, not a normal closure. Upstream answers the first kind
+alike but drops the connection without a close frame on the other two.
+``benchmarks/fuzz_frames.py`` compares all of these with upstream.
 """
 
 from __future__ import annotations
@@ -45,12 +49,19 @@ async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
         return b0 & 0x0F, await reader.readexactly(size)
 
 
-async def _open(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _open(
+    url: str, *, initialize: bool = False
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     host, port = url.removeprefix("ws://").rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(UPGRADE)
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
     assert head.startswith(b"HTTP/1.1 101")
+    if initialize:
+        writer.write(_frame(b'{"id":0,"method":"initialize","params":{"clientName":"t"}}'))
+        writer.write(_frame(b'{"method":"initialized"}'))
+        opcode, data = await _read_frame(reader)
+        assert opcode == 1 and "result" in json.loads(data), data
     return reader, writer
 
 
@@ -107,5 +118,48 @@ async def test_a_protocol_violation_gets_a_close_frame_with_its_reason(
         assert opcode == 8
         assert int.from_bytes(data[:2], "big") == 1002
         assert data[2:].decode() == reason
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("message", "initialize", "reason"),
+    [
+        (b'{"method":"no/such"}', True, "unexpected notification `no/such`"),
+        (b'{"method":"fs/getMetadata","params":{"path":"/"}}', True,
+         "unexpected notification `fs/getMetadata`"),
+        (b'{"id":1,"result":{}}', True, "unexpected response from client"),
+        (b'{"id":1,"error":{"code":1,"message":"x"}}', True, "unexpected response from client"),
+        (b'{"method":"initialized"}', False,
+         "received `initialized` notification before `initialize`"),
+    ],
+    ids=["unknown-notification", "request-as-notification", "response", "error",
+         "initialized-first"],
+)
+async def test_a_json_rpc_violation_that_ends_the_connection_says_why(
+    server: Any, message: bytes, initialize: bool, reason: str
+) -> None:
+    reader, writer = await _open(server.url, initialize=initialize)
+    try:
+        writer.write(_frame(message))
+        opcode, data = await _read_frame(reader)
+        assert opcode == 8, data
+        assert int.from_bytes(data[:2], "big") == 1008
+        assert data[2:].decode() == reason
+    finally:
+        writer.close()
+
+
+async def test_a_long_violation_reason_is_cut_to_what_a_close_frame_holds(server: Any) -> None:
+    """A close frame's reason holds 123 bytes: a long method name is cut there (on a
+    character boundary: multi-byte characters across the cut), not a failed close."""
+    reader, writer = await _open(server.url, initialize=True)
+    try:
+        writer.write(_frame(b'{"method":"' + "é".encode() * 100 + b'"}'))
+        opcode, data = await _read_frame(reader)
+        assert opcode == 8, data
+        assert int.from_bytes(data[:2], "big") == 1008
+        text = data[2:].decode()  # valid UTF-8
+        assert text.startswith("unexpected notification `éé") and len(data[2:]) <= 123
     finally:
         writer.close()

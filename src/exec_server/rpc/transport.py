@@ -40,6 +40,7 @@ __all__ = [
     "OversizedMessage",
     "StreamTransport",
     "WebSocketTransport",
+    "close_reason",
     "memory_pair",
     "set_nodelay",
 ]
@@ -115,6 +116,12 @@ def set_nodelay(sock: socket.socket | None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+def close_reason(text: str) -> str:
+    """``text`` cut to the 123 UTF-8 bytes a close frame's reason holds, on a
+    character boundary."""
+    return text.encode(errors="replace")[:123].decode(errors="ignore")
+
+
 class WebSocketTransport:
     """Adapter over a websockets asyncio connection.
 
@@ -188,6 +195,12 @@ class WebSocketTransport:
                 await self.ws.send(pieces, text=True)
         except ConnectionClosed as exc:
             raise ConnectionResetError(str(exc)) from exc
+
+    def refuse(self, reason: str) -> None:
+        """Close with 1008 (policy violation) and ``reason`` instead of a normal
+        closure: the peer broke the JSON-RPC protocol (PROTOCOL.md §3.5) and learns
+        how. ``reason`` is cut to the 123 bytes a close frame holds."""
+        self.close_with = (1008, close_reason(reason))
 
     async def aclose(self) -> None:
         """Closing handshake with :attr:`close_with`; the TCP connection is aborted

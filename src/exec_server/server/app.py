@@ -294,6 +294,12 @@ class ConnectionProcessor:
         """End the connection: cancel what is in progress, detach, close (server shutdown)."""
         self._request_close(reason)
 
+    def _refuse(self, reason: str) -> None:
+        """End the connection for a protocol violation, telling the peer why."""
+        if isinstance(self.transport, WebSocketTransport):
+            self.transport.refuse(reason)
+        self._request_close(reason)
+
     def _request_close(self, reason: str) -> None:
         if self._close_reason is None:
             self._close_reason = reason
@@ -323,7 +329,7 @@ class ConnectionProcessor:
             try:
                 await self._handle(item)
             except ProtocolClosedError as exc:
-                self._request_close(str(exc))
+                self._refuse(str(exc))
                 return
             if not isinstance(item, OversizedMessage):
                 size = len(item)
@@ -511,7 +517,7 @@ class ConnectionProcessor:
             reply = await self.router.dispatch(ctx, request)
             await self._send(reply)
         except ProtocolClosedError as exc:
-            self._request_close(str(exc))
+            self._refuse(str(exc))
         finally:
             ctx.mark_replied()
             ctx.released.set()
