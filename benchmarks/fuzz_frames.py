@@ -26,7 +26,7 @@ shapes, each method's params of every wrong type) and ``--random`` mutations of
 valid messages drawn from ``--seed``: one seed, one set of inputs.
 
 Usage: python benchmarks/fuzz_frames.py [--seed N] [--random N] [--no-upstream]
-           [--only SUBSTRING] [--wait S] [--show all|diff] [--json FILE]
+           [--only SUBSTRING] [--wait S] [--parallel N] [--show all|diff] [--json FILE]
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from harness import (
     upstream_target,
     write_json,
 )
+from websockets.utils import apply_mask
 
 TEXT, BINARY, CONT, CLOSE, PING, PONG = 1, 2, 0, 8, 9, 10
 KEY = base64.b64encode(b"fuzz-frames-key!").decode()
@@ -106,7 +107,7 @@ class Framer:
         if not masked:
             return bytes(head) + payload
         key = self.rng.randbytes(4)
-        return bytes(head) + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+        return bytes(head) + key + apply_mask(payload, key)
 
     def text(self, payload: bytes) -> bytes:
         return self.frame(payload, TEXT)
@@ -215,6 +216,21 @@ def frame_cases(f: Framer) -> Iterator[Case]:
                (f.frame(b"x" * 1024, TEXT, length=300 << 20),))
     yield Case("frame/declared-longer-then-eof", (f.frame(req, TEXT, length=len(req) + 5),),
                probe=False)
+
+
+def size_cases(f: Framer) -> Iterator[Case]:
+    """Messages past upstream's limits (tungstenite: 16 MiB a frame, 64 MiB a
+    message), well within ours (1 GiB)."""
+    def padded(size: int) -> bytes:
+        head = b'{"id":1,"method":"fs/getMetadata","params":{"path":"file:///","pad":"'
+        return head + b"x" * (size - len(head) - 3) + b'"}}'
+
+    yield Case("size/frame-20MiB", (f.text(padded(20 << 20)),))
+    big = padded(70 << 20)
+    yield Case("size/message-70MiB-in-1MiB-fragments",
+               tuple(f.frame(big[i : i + (1 << 20)], TEXT if i == 0 else CONT,
+                             fin=i + (1 << 20) >= len(big))
+                     for i in range(0, len(big), 1 << 20)))
 
 
 BAD_JSON: tuple[tuple[str, bytes], ...] = (
@@ -520,17 +536,28 @@ def classify(ours: Outcome, up: Outcome) -> str:
     return "DIFFERENT"
 
 
-async def fuzz(targets: list[ServerTarget], cases: list[Case], wait: float
+async def fuzz(targets: list[ServerTarget], cases: list[Case], wait: float, parallel: int
                ) -> dict[str, dict[str, Outcome]]:
+    """Every case against every server; ``parallel`` connections at a time per server
+    (1: one case after the other)."""
     results: dict[str, dict[str, Outcome]] = {c.name: {} for c in cases}
     async with contextlib.AsyncExitStack() as stack:
         servers: list[RunningServer] = []
         for t in targets:
             server, _ = await start_in_temp_dir(stack, t, f"fuzz-{t.name}-")
             servers.append(server)
-        for case in cases:
-            for server in servers:
+        slots = {s.target.name: asyncio.Semaphore(parallel) for s in servers}
+
+        async def one(case: Case, server: RunningServer) -> None:
+            async with slots[server.target.name]:
                 results[case.name][server.target.name] = await run_case(server.url, case, wait)
+
+        if parallel == 1:
+            for case in cases:
+                for server in servers:
+                    await one(case, server)
+        else:
+            await asyncio.gather(*(one(c, s) for c in cases for s in servers))
     return results
 
 
@@ -544,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", metavar="SUBSTRING", help="cases whose name contains this")
     ap.add_argument("--wait", type=float, default=1.0, metavar="S",
                     help="a connection quiet this long ends its case as 'quiet' (default 1)")
+    ap.add_argument("--parallel", type=int, default=1, metavar="N",
+                    help="cases run at once per server (default 1); a load run: the "
+                    "outcomes must not change")
     ap.add_argument("--show", choices=("diff", "all"), default="diff",
                     help="print only the differences (default: not same, not UP-SILENT) "
                     "or every case")
@@ -552,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = random.Random(args.seed)
     framer = Framer(rng)
-    cases = [*frame_cases(framer), *json_cases(framer), *random_cases(framer, rng, args.random)]
+    cases = [*frame_cases(framer), *size_cases(framer), *json_cases(framer),
+             *random_cases(framer, rng, args.random)]
     if args.only:
         cases = [c for c in cases if args.only in c.name]
     targets = [ours_target()]
@@ -560,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     if up is not None:
         targets.append(up)
     t0 = time.perf_counter()
-    results = asyncio.run(fuzz(targets, cases, args.wait))
+    results = asyncio.run(fuzz(targets, cases, args.wait, args.parallel))
     elapsed = time.perf_counter() - t0
 
     verdicts: dict[str, str] = {}
