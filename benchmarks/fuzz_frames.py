@@ -21,7 +21,8 @@ and how it ended. Outcomes are compared server by server:
   DIFFERENT    both went on (or both closed) but the replies differ
 
 The first two are bugs to fix (issue 30: "never a silent close"); the exit
-status is 1 when any is found. Cases come from fixed lists (frames, JSON
+status is 1 when any is found. Without upstream each case is ``alone``, or
+OURS-SILENT when ours ended it without a close frame. Cases come from fixed lists (frames, JSON
 shapes, each method's params of every wrong type) and ``--random`` mutations of
 valid messages drawn from ``--seed``: one seed, one set of inputs.
 
@@ -598,9 +599,9 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         r = results[case.name]
         verdict = classify(r[OURS], r[UPSTREAM]) if UPSTREAM in r else (
-            "OURS-SILENT" if r[OURS].end.startswith("eof") else "same")
+            "OURS-SILENT" if r[OURS].end.startswith("eof") else "alone")
         verdicts[case.name] = verdict
-        if args.show == "all" or verdict not in ("same", "UP-SILENT"):
+        if args.show == "all" or verdict not in ("same", "UP-SILENT", "alone"):
             print(f"{verdict:11} {case.name}  sent {preview(case)}")
             for server, outcome in r.items():
                 print(f"    {server:8} {outcome}")

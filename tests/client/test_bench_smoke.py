@@ -85,3 +85,23 @@ async def test_bench_replay_quick_completes_every_recording(tmp_path: Path) -> N
         for name, outcome in sessions.items():
             assert outcome == {"completed": 1, "differences": []}, (server, name)
     assert figures["rows"]["total (all sessions)"]["ours"]["n"] == 1
+
+
+async def test_fuzz_frames_against_our_server_alone(tmp_path: Path) -> None:
+    out, figures = await _run(
+        "fuzz_frames.py", tmp_path / "fuzz.json", "--no-upstream", "--random", "20"
+    )
+    assert b"OURS-SILENT" not in out
+    cases = figures["cases"]
+    assert len(cases) > 400 and {c["verdict"] for c in cases.values()} == {"alone"}
+
+    def ours(name: str) -> tuple[list[str], str]:
+        return cases[name]["ours"]["replies"], cases[name]["ours"]["end"]
+
+    assert ours("frame/binary") == (["1:ok"], "open")
+    assert ours("frame/fragmented-ping-between") == (["pong 7", "1:ok"], "open")
+    assert ours("json/batch-one") == (["-1:-32600"], "open")
+    assert ours("frame/rsv-1") == ([], "close 1002 'reserved bits must be 0'")
+    assert ours("json/response-from-client") == (
+        [], "close 1008 'unexpected response from client'")
+    assert ours("size/message-70MiB-in-1MiB-fragments") == (["1:ok"], "open")
