@@ -27,7 +27,8 @@ shapes, each method's params of every wrong type) and ``--random`` mutations of
 valid messages drawn from ``--seed``: one seed, one set of inputs.
 
 Usage: python benchmarks/fuzz_frames.py [--seed N] [--random N] [--no-upstream]
-           [--only SUBSTRING] [--wait S] [--parallel N] [--show all|diff] [--json FILE]
+           [--only SUBSTRING] [--wait S] [--parallel N] [--load MIB] [--show all|diff]
+           [--json FILE]
 """
 
 from __future__ import annotations
@@ -537,10 +538,11 @@ def classify(ours: Outcome, up: Outcome) -> str:
     return "DIFFERENT"
 
 
-async def fuzz(targets: list[ServerTarget], cases: list[Case], wait: float, parallel: int
-               ) -> dict[str, dict[str, Outcome]]:
+async def fuzz(targets: list[ServerTarget], cases: list[Case], wait: float, parallel: int,
+               load_mib: int = 0) -> dict[str, dict[str, Outcome]]:
     """Every case against every server; ``parallel`` connections at a time per server
-    (1: one case after the other)."""
+    (1: one case after the other), beside a connection sending ``load_mib`` MiB
+    requests throughout (0: none)."""
     results: dict[str, dict[str, Outcome]] = {c.name: {} for c in cases}
     async with contextlib.AsyncExitStack() as stack:
         servers: list[RunningServer] = []
@@ -548,6 +550,8 @@ async def fuzz(targets: list[ServerTarget], cases: list[Case], wait: float, para
             server, _ = await start_in_temp_dir(stack, t, f"fuzz-{t.name}-")
             servers.append(server)
         slots = {s.target.name: asyncio.Semaphore(parallel) for s in servers}
+        stop = asyncio.Event()
+        loaders = [asyncio.create_task(load(s, load_mib, stop)) for s in servers if load_mib]
 
         async def one(case: Case, server: RunningServer) -> None:
             async with slots[server.target.name]:
@@ -559,7 +563,41 @@ async def fuzz(targets: list[ServerTarget], cases: list[Case], wait: float, para
                     await one(case, server)
         else:
             await asyncio.gather(*(one(c, s) for c in cases for s in servers))
+        stop.set()
+        for line in await asyncio.gather(*loaders):
+            print(line)
     return results
+
+
+async def load(server: RunningServer, mib: int, stop: asyncio.Event) -> str:
+    """Keep one more connection busy with ``mib`` MiB requests (in 1 MiB fragments,
+    within upstream's frame limit) until ``stop``; what it saw, as one line."""
+    pad = b"x" * (mib << 20)
+    sent = answered = 0
+    framer = Framer(random.Random(0))
+    try:
+        reader, writer = await asyncio.open_connection(
+            *server.url.removeprefix("ws://").rstrip("/").rsplit(":", 1), limit=1 << 26)
+        writer.write(UPGRADE)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(framer.text(INIT) + framer.text(INITIALIZED))
+        await _read_message(reader)
+        while not stop.is_set():
+            body = request("fs/getMetadata", {"path": "file:///", "pad": ""}, sent)
+            body = body[:-3] + pad + body[-3:]
+            for i in range(0, len(body), 1 << 20):
+                writer.write(framer.frame(body[i : i + (1 << 20)], TEXT if i == 0 else CONT,
+                                          fin=i + (1 << 20) >= len(body)))
+                await writer.drain()
+            sent += 1
+            opcode, data = await _read_message(reader)
+            answered += opcode == TEXT and b'"result"' in data
+        writer.transport.abort()
+        end = "kept"
+    except (_Eof, ConnectionError) as exc:
+        end = f"dropped ({type(exc).__name__})"
+    return (f"load on {server.target.name}: {sent} requests of {mib} MiB sent, "
+            f"{answered} answered, connection {end}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -575,6 +613,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=1, metavar="N",
                     help="cases run at once per server (default 1); a load run: the "
                     "outcomes must not change")
+    ap.add_argument("--load", type=int, default=0, metavar="MIB",
+                    help="meanwhile, one more connection per server sends MIB-MiB requests "
+                    "back to back (default 0: none); the outcomes must not change")
     ap.add_argument("--show", choices=("diff", "all"), default="diff",
                     help="print only the differences (default: not same, not UP-SILENT) "
                     "or every case")
@@ -592,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     if up is not None:
         targets.append(up)
     t0 = time.perf_counter()
-    results = asyncio.run(fuzz(targets, cases, args.wait, args.parallel))
+    results = asyncio.run(fuzz(targets, cases, args.wait, args.parallel, args.load))
     elapsed = time.perf_counter() - t0
 
     verdicts: dict[str, str] = {}
