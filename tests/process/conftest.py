@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from exec_server.config import ServerConfig
+from exec_server.server.notifications import notifier
 from exec_server.process.manager import ProcessManager
 from exec_server.protocol.process_types import (
     ClosedNotification,
@@ -108,7 +109,7 @@ async def make_manager(sink: Sink) -> AsyncIterator[Callable[..., ProcessManager
         manager_kwargs = {k: kwargs.pop(k) for k in ("terminate_grace", "read_size") if k in kwargs}
         manager = ProcessManager(ServerConfig(**kwargs), **manager_kwargs)
         if attach:
-            manager.set_sink(sink)
+            manager.set_sink(notifier(sink))
         managers.append(manager)
         return manager
 
