@@ -11,13 +11,13 @@ import msgspec
 import pytest
 
 from exec_server.config import ServerConfig
-from exec_server.server.notifications import notifier
 from exec_server.process.manager import ProcessManager
 from exec_server.protocol.process_types import (
     ClosedNotification,
     ExitedNotification,
     OutputNotification,
 )
+from exec_server.server.notifications import notifier
 
 TIMEOUT = 10.0
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from exec_server.exceptions import InternalError, InvalidRequestError
-from exec_server.server.notifications import notifier
 from exec_server.process.manager import ProcessManager, exit_status_from_wait, looks_sandbox_denied
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.process_types import ProcessStream, WriteStatus
 from exec_server.sandbox.plan import SandboxType
+from exec_server.server.notifications import notifier
 
 PATH_ENV = {"PATH": "/usr/bin:/bin"}
 
@@ -58,7 +58,8 @@ async def test_true_with_empty_env_uses_default_path(
 async def test_env_is_exact_and_cwd_applies(
     no_leaks: None, manager: ProcessManager, sink: Any, tmp_path: Path
 ) -> None:
-    await manager.start("e", LaunchSpec(argv=["/usr/bin/env"], cwd=str(tmp_path), env={"ONLY": "1"}))
+    spec = LaunchSpec(argv=["/usr/bin/env"], cwd=str(tmp_path), env={"ONLY": "1"})
+    await manager.start("e", spec)
     assert (await sink.closed("e")).data() == b"ONLY=1\n"
     await manager.start("c", LaunchSpec(argv=["/bin/pwd"], cwd=str(tmp_path), env={}))
     assert (await sink.closed("c")).data() == f"{tmp_path}\n".encode()
@@ -451,8 +452,8 @@ async def test_unsandboxed_tree_dies_with_its_process(
     manager = make_manager(terminate_grace=0.5)
     quiet = ">/dev/null 2>&1 </dev/null"
     double_fork = f"(setsid sleep {orphan} {quiet} &); " if tty else ""
-    await manager.start("t", sh(f"setsid sleep {stray} {quiet} & {double_fork}echo ready; sleep 300",
-                          tty=tty))
+    script = f"setsid sleep {stray} {quiet} & {double_fork}echo ready; sleep 300"
+    await manager.start("t", sh(script, tty=tty))
     try:
         await sink.output_contains("t", b"ready")
         await wait_until(lambda: all(len(_tagged(t)) == 1 for t in tags))

@@ -37,7 +37,7 @@ import logging
 import os
 import signal as _signal
 import subprocess
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Final, Protocol
 
 from exec_server.exceptions import (
@@ -59,6 +59,7 @@ from exec_server.process.pipes import (
 )
 from exec_server.process.pty import set_window_size, spawn_pty
 from exec_server.process.spec import ExitStatus, LaunchService, LaunchSpec
+from exec_server.process.stdin import WRITE_QUEUE_BYTES, WRITE_QUEUE_DEPTH, Stdin
 from exec_server.protocol.process_types import ProcessStream, WriteStatus
 from exec_server.sandbox.plan import SandboxType
 
@@ -82,15 +83,6 @@ DEFAULT_READ_SIZE: Final = 131072
 UNSENT_LIMIT: Final = 2 * DEFAULT_READ_SIZE
 #: Seconds between SIGTERM and SIGKILL on ``process/terminate``.
 DEFAULT_TERMINATE_GRACE: Final = 2.0
-#: Pending stdin writes per process before ``write`` waits (§14).
-WRITE_QUEUE_DEPTH: Final = 128
-#: Bytes queued for a child's stdin before ``write`` waits: enough for several
-#: MiB-sized writes (a child that reads fast never waits for the client's next
-#: round trip) without letting a child that never reads hold unbounded memory.
-#: A bigger single write is taken whole once the queue is empty.
-WRITE_QUEUE_BYTES: Final = 16 << 20
-#: Remembered ``writeId`` values per process (CLIENT_COMPAT.md §5.1).
-WRITE_ID_MEMORY: Final = 4096
 #: Seconds a failed sandboxed process's output may drain before sandboxDenied is decided.
 DENIAL_DRAIN_WAIT: Final = 0.25
 #: Reads per readable callback before other ready callbacks get a turn.
@@ -185,19 +177,13 @@ class _Record:
         "sandbox_denied",
         "spec",
         "state",
-        "stdin_eof",
-        "stdin_fd",
+        "stdin",
         "strays",
         "terminate_timer",
         "terminating",
         "unsent",
         "waiters",
         "watcher",
-        "write_ids",
-        "write_queue",
-        "write_queued",
-        "write_space",
-        "writer_armed",
     )
 
     def __init__(
@@ -219,15 +205,7 @@ class _Record:
         #: long-poll reads waiting for the next event.
         self.waiters: list[asyncio.Future[None]] = []
         self.watcher: asyncio.Task[None] | None = None
-        self.stdin_fd: int | None = None
-        #: ``process/closeStdin`` arrived: close stdin once the queue is written.
-        self.stdin_eof = False
-        self.write_queue: deque[memoryview] = deque()
-        #: bytes in ``write_queue`` (what :data:`WRITE_QUEUE_BYTES` bounds).
-        self.write_queued = 0
-        self.write_space: list[asyncio.Future[None]] = []
-        self.writer_armed = False
-        self.write_ids: OrderedDict[str, None] = OrderedDict()
+        self.stdin = Stdin(None)
         self.terminating = False
         self.terminate_timer: asyncio.TimerHandle | None = None
         self.removal: asyncio.TimerHandle | None = None
@@ -459,7 +437,7 @@ class ProcessManager:
             self._guard_timer.cancel()
             self._guard_timer = None
         rec.child = child
-        rec.stdin_fd = child.stdin_fd
+        rec.stdin = Stdin(child.stdin_fd)
         # A PTY has one output; its empty stderr channel ends at once (§8.3).
         rec.captures = [_Capture(stream, fd) for stream, fd in child.outputs]
         self._resume(rec)
@@ -481,7 +459,7 @@ class ProcessManager:
         """EXITED → CLOSED: record the close; release stdin, guard slot and timers."""
         self._advance(rec, State.CLOSED)
         seq = rec.buffer.record_close()
-        self._close_stdin(rec)
+        rec.stdin.close()
         assert rec.child is not None
         self._release_guard(rec.child.pid)
         if rec.terminate_timer is not None:
@@ -689,13 +667,9 @@ class ProcessManager:
     async def write(self, process_id: str, data: bytes, write_id: str | None = None) -> WriteStatus:
         """``process/write`` (§8.5, CLIENT_COMPAT §5.1): queue ``data`` for the child's stdin.
 
-        Waits while the child's stdin queue is full (backpressure): it holds
-        :data:`WRITE_QUEUE_DEPTH` writes or, with ``data``, would hold more
-        than :data:`WRITE_QUEUE_BYTES` (a bigger write waits for an empty
-        queue). The wait ends when the child reads, its stdin closes (exit,
-        session shutdown), or the caller is cancelled (the connection went
-        away): ``data`` is then not queued and ``write_id`` not remembered,
-        so a retry with the same id still writes.
+        Waits while the child's stdin queue is full (:class:`Stdin`); a
+        process whose stdin closed since (exit, session shutdown) accepts and
+        drops the data, as observed upstream.
         """
         rec = self._records.get(process_id)
         if rec is None:
@@ -704,75 +678,13 @@ class ProcessManager:
             return WriteStatus.STARTING
         if rec.child.stdin_fd is None:
             return WriteStatus.STDIN_CLOSED
-        if write_id is not None and write_id in rec.write_ids:
-            return WriteStatus.ACCEPTED
-        while rec.stdin_fd is not None and data and self._stdin_full(rec, len(data)):
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            rec.write_space.append(fut)
-            try:
-                await fut
-            finally:
-                if not fut.done():  # cancelled: leave no dead future behind
-                    fut.cancel()
-                    with contextlib.suppress(ValueError):
-                        rec.write_space.remove(fut)
-        if write_id is not None:
-            rec.write_ids[write_id] = None
-            if len(rec.write_ids) > WRITE_ID_MEMORY:
-                rec.write_ids.popitem(last=False)
-        if rec.stdin_fd is not None and data:
-            self._enqueue(rec, data)
-        # else exited/closed: accepted and dropped (observed upstream)
+        if write_id is None or write_id not in rec.stdin.write_ids:
+            await rec.stdin.write(data, write_id)
+            # A terminal echoes the input during write(2): take the echo now.
+            for cap in rec.captures:
+                if cap.reading and cap.stream is ProcessStream.PTY:
+                    self._on_readable(rec, cap)
         return WriteStatus.ACCEPTED
-
-    @staticmethod
-    def _stdin_full(rec: _Record, size: int) -> bool:
-        """Must a write of ``size`` bytes wait for the child to read?"""
-        queued = rec.write_queued
-        return len(rec.write_queue) >= WRITE_QUEUE_DEPTH or (
-            queued > 0 and queued + size > WRITE_QUEUE_BYTES
-        )
-
-    def _enqueue(self, rec: _Record, data: bytes) -> None:
-        rec.write_queue.append(memoryview(data))
-        rec.write_queued += len(data)
-        self._flush_stdin(rec)
-        # A terminal echoes the input during write(2): take the echo now.
-        for cap in rec.captures:
-            if cap.reading and cap.stream is ProcessStream.PTY:
-                self._on_readable(rec, cap)
-
-    def _flush_stdin(self, rec: _Record) -> None:
-        fd = rec.stdin_fd
-        queue = rec.write_queue
-        queued = rec.write_queued
-        while queue and fd is not None:
-            head = queue[0]
-            try:
-                n = os.write(fd, head)
-            except BlockingIOError:
-                if not rec.writer_armed:
-                    asyncio.get_running_loop().add_writer(fd, self._flush_stdin, rec)
-                    rec.writer_armed = True
-                if rec.write_queued < queued:
-                    _wake(rec.write_space)  # room for a waiting write, perhaps
-                return
-            except OSError:
-                # EPIPE/EIO: the child stopped reading; upstream ignores write errors.
-                queue.clear()
-                rec.write_queued = 0
-                break
-            rec.write_queued -= n
-            if n < len(head):
-                queue[0] = head[n:]
-            else:
-                queue.popleft()
-        if rec.writer_armed and fd is not None:
-            asyncio.get_running_loop().remove_writer(fd)
-            rec.writer_armed = False
-        _wake(rec.write_space)
-        if rec.stdin_eof and not queue:
-            self._close_stdin(rec)
 
     def close_stdin(self, process_id: str) -> None:
         """``process/closeStdin`` (extension): end of input for a ``pipeStdin`` child.
@@ -785,23 +697,8 @@ class ProcessManager:
             InvalidRequestError: no such process.
         """
         rec = self._known(process_id)
-        if rec.spec.tty or rec.stdin_fd is None:
-            return
-        rec.stdin_eof = True
-        self._flush_stdin(rec)
-
-    def _close_stdin(self, rec: _Record) -> None:
-        fd = rec.stdin_fd
-        if fd is None:
-            return
-        if rec.writer_armed:
-            asyncio.get_running_loop().remove_writer(fd)
-            rec.writer_armed = False
-        rec.stdin_fd = None
-        rec.write_queue.clear()
-        rec.write_queued = 0
-        close_quietly(fd)
-        _wake(rec.write_space)
+        if not rec.spec.tty:
+            rec.stdin.close_when_flushed()
 
     def resize(self, process_id: str, rows: int, columns: int) -> None:
         """``process/resizePty`` (extension): set a PTY child's window size.
@@ -816,10 +713,11 @@ class ProcessManager:
         rec = self._known(process_id)
         if not rec.spec.tty:
             raise InvalidParamsError(f"process {process_id} has no PTY")
-        if rec.stdin_fd is None:
+        fd = rec.stdin.fd
+        if fd is None:
             return
         with contextlib.suppress(OSError):  # EIO/EBADF: the terminal is gone
-            set_window_size(rec.stdin_fd, rows, columns)
+            set_window_size(fd, rows, columns)
 
     # -- terminate / signal ------------------------------------------------------------
 
@@ -923,7 +821,7 @@ class ProcessManager:
             if pending:
                 await asyncio.wait(pending)
         for rec in records:
-            self._close_stdin(rec)
+            rec.stdin.close()
             _wake(rec.waiters)
         if self._sender is not None:
             self._sender.cancel()

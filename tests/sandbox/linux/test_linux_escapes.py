@@ -850,8 +850,8 @@ async def _interrupt(backend: Any, plan: SandboxPlan, cwd: str, tty: bool) -> tu
     """``process/signal`` (SIGINT to the group) to a command that traps it: exit code, output."""
     from exec_server.config import ServerConfig
     from exec_server.process.manager import ProcessManager
-    from exec_server.server.notifications import notifier
     from exec_server.process.spec import LaunchSpec
+    from exec_server.server.notifications import notifier
 
     manager = ProcessManager(ServerConfig())
     ready, closed = asyncio.Event(), asyncio.Event()
@@ -905,8 +905,8 @@ async def _tree_outlives(backend: Any, plan: SandboxPlan, cwd: str, how: str) ->
     by ``process/terminate`` or a shutdown (what session expiry runs); the survivors."""
     from exec_server.config import ServerConfig
     from exec_server.process.manager import ProcessManager
-    from exec_server.server.notifications import notifier
     from exec_server.process.spec import LaunchSpec
+    from exec_server.server.notifications import notifier
 
     stray, orphan = new_tag(), new_tag() + "1"
     quiet = ">/dev/null 2>&1 </dev/null"

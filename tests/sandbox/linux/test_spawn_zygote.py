@@ -24,7 +24,6 @@ import msgspec
 import pytest
 
 from exec_server.config import ServerConfig
-from exec_server.server.notifications import notifier
 from exec_server.process.manager import ProcessManager
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.process_types import (
@@ -35,6 +34,7 @@ from exec_server.protocol.process_types import (
 )
 from exec_server.sandbox.plan import SandboxPlan
 from exec_server.sandbox.select import SandboxUnavailableError, select_backend
+from exec_server.server.notifications import notifier
 
 TIMEOUT = 10.0
 PATH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
