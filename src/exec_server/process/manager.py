@@ -681,7 +681,7 @@ class ProcessManager:
         if write_id is None or write_id not in rec.stdin.write_ids:
             await rec.stdin.write(data, write_id)
             # A terminal echoes the input during write(2): take the echo now.
-            for cap in rec.captures:
+            for cap in list(rec.captures):
                 if cap.reading and cap.stream is ProcessStream.PTY:
                     self._on_readable(rec, cap)
         return WriteStatus.ACCEPTED
