@@ -20,9 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
-
-import msgspec
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import AlreadyAttachedError, InvalidRequestError
@@ -34,15 +31,12 @@ from exec_server.protocol.connection import (
     already_attached_text,
     unknown_session_text,
 )
-from exec_server.server.notifications import notifier
+from exec_server.server.notifications import NotificationSend, notifier
 
-__all__ = ["Attachment", "NotificationSink", "Session", "SessionRegistry"]
+__all__ = ["Attachment", "Session", "SessionRegistry"]
 
 logger = logging.getLogger("exec_server.server")
 
-#: ``await sink(method, params)`` delivers one notification (awaiting = backpressure);
-#: False = it did not reach a live transport (see ``ProcessManager``).
-NotificationSink = Callable[[str, msgspec.Struct], Awaitable[bool | None]]
 
 
 class Session:
@@ -72,7 +66,7 @@ class Attachment:
     def __init__(
         self,
         label: str,
-        sink: NotificationSink,
+        sink: NotificationSend,
         *,
         kind: str = "websocket",
     ) -> None:
