@@ -17,6 +17,7 @@ from exec_server.protocol.process_types import (
     ExitedNotification,
     OutputNotification,
 )
+from exec_server.server.notifications import notifier
 
 TIMEOUT = 10.0
 
@@ -108,7 +109,7 @@ async def make_manager(sink: Sink) -> AsyncIterator[Callable[..., ProcessManager
         manager_kwargs = {k: kwargs.pop(k) for k in ("terminate_grace", "read_size") if k in kwargs}
         manager = ProcessManager(ServerConfig(**kwargs), **manager_kwargs)
         if attach:
-            manager.set_sink(sink)
+            manager.set_sink(notifier(sink))
         managers.append(manager)
         return manager
 

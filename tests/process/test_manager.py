@@ -16,6 +16,7 @@ from exec_server.process.manager import ProcessManager, exit_status_from_wait, l
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.process_types import ProcessStream, WriteStatus
 from exec_server.sandbox.plan import SandboxType
+from exec_server.server.notifications import notifier
 
 PATH_ENV = {"PATH": "/usr/bin:/bin"}
 
@@ -27,7 +28,7 @@ def sh(script: str, **kwargs: object) -> LaunchSpec:
 async def test_pipe_output_exit_code_and_event_order(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
-    manager.start("p", sh("printf out; printf err >&2; exit 3"))
+    await manager.start("p", sh("printf out; printf err >&2; exit 3"))
     rec = await sink.closed("p")
     assert rec.data("stdout") == b"out"
     assert rec.data("stderr") == b"err"
@@ -48,7 +49,7 @@ async def test_pipe_output_exit_code_and_event_order(
 async def test_true_with_empty_env_uses_default_path(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
-    manager.start("t", LaunchSpec(argv=["true"], cwd="/", env={}))
+    await manager.start("t", LaunchSpec(argv=["true"], cwd="/", env={}))
     rec = await sink.closed("t")
     assert rec.exited is not None and rec.exited.exit_code == 0
     assert rec.exited.sandbox_denied is not False  # legacy shape: member unset
@@ -57,16 +58,17 @@ async def test_true_with_empty_env_uses_default_path(
 async def test_env_is_exact_and_cwd_applies(
     no_leaks: None, manager: ProcessManager, sink: Any, tmp_path: Path
 ) -> None:
-    manager.start("e", LaunchSpec(argv=["/usr/bin/env"], cwd=str(tmp_path), env={"ONLY": "1"}))
+    spec = LaunchSpec(argv=["/usr/bin/env"], cwd=str(tmp_path), env={"ONLY": "1"})
+    await manager.start("e", spec)
     assert (await sink.closed("e")).data() == b"ONLY=1\n"
-    manager.start("c", LaunchSpec(argv=["/bin/pwd"], cwd=str(tmp_path), env={}))
+    await manager.start("c", LaunchSpec(argv=["/bin/pwd"], cwd=str(tmp_path), env={}))
     assert (await sink.closed("c")).data() == f"{tmp_path}\n".encode()
 
 
 async def test_arg0_is_the_visible_argv0(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
-    manager.start(
+    await manager.start(
         "a",
         LaunchSpec(argv=["cat", "/proc/self/cmdline"], cwd="/", env=PATH_ENV, arg0="custom-name"),
     )
@@ -75,23 +77,23 @@ async def test_arg0_is_the_visible_argv0(
 
 async def test_spawn_failures_report_os_error(no_leaks: None, manager: ProcessManager) -> None:
     with pytest.raises(InternalError, match=r"^No such file or directory \(os error 2\)$"):
-        manager.start("m", LaunchSpec(argv=["/no/such/program"], cwd="/", env={}))
+        await manager.start("m", LaunchSpec(argv=["/no/such/program"], cwd="/", env={}))
     with pytest.raises(InternalError, match=r"No such file or directory \(os error 2\)"):
-        manager.start("m", LaunchSpec(argv=["true"], cwd="/no/such/dir", env={}))
+        await manager.start("m", LaunchSpec(argv=["true"], cwd="/no/such/dir", env={}))
     assert "m" not in manager  # placeholder removed; the id is free again
     with pytest.raises(InternalError, match=r"No such file or directory \(os error 2\)"):
-        manager.start("m", LaunchSpec(argv=["no-such-program-xyz"], cwd="/", env=PATH_ENV))
+        await manager.start("m", LaunchSpec(argv=["no-such-program-xyz"], cwd="/", env=PATH_ENV))
 
 
 async def test_pty_spawn_failures_and_non_executables(
     no_leaks: None, manager: ProcessManager, tmp_path: Path
 ) -> None:
     with pytest.raises(InternalError, match=r"^No such file or directory \(os error 2\)$"):
-        manager.start("m", LaunchSpec(argv=["/no/such/program"], cwd="/", env={}, tty=True))
+        await manager.start("m", LaunchSpec(argv=["/no/such/program"], cwd="/", env={}, tty=True))
     script = tmp_path / "not-executable.sh"
     script.write_text("echo hi\n")
     with pytest.raises(InternalError, match=r"^Permission denied \(os error 13\)$"):
-        manager.start("m", LaunchSpec(argv=[str(script)], cwd="/", env={}))
+        await manager.start("m", LaunchSpec(argv=[str(script)], cwd="/", env={}))
     assert len(manager) == 0
 
 
@@ -99,15 +101,15 @@ async def test_duplicate_process_id_rejected(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
     cleaned: list[bool] = []
-    manager.start("d", sh("exit 0"))
+    await manager.start("d", sh("exit 0"))
     spec = sh("exit 0")
     spec.cleanup = lambda: cleaned.append(True)
     with pytest.raises(InvalidRequestError, match=r"^process d already exists$"):
-        manager.start("d", spec)
+        await manager.start("d", spec)
     assert cleaned == [True]
     await sink.closed("d")
     with pytest.raises(InvalidRequestError, match=r"^process d already exists$"):
-        manager.start("d", sh("exit 0"))  # retained after close
+        await manager.start("d", sh("exit 0"))  # retained after close
 
 
 async def test_cleanup_runs_after_reap_and_pass_fds_are_closed(
@@ -122,7 +124,7 @@ async def test_cleanup_runs_after_reap_and_pass_fds_are_closed(
         pass_fds=(w,),
         cleanup=lambda: cleaned.append(True),
     )
-    manager.start("f", spec)
+    await manager.start("f", spec)
     with pytest.raises(OSError):
         os.fstat(w)  # closed in the parent after the spawn
     await sink.closed("f")
@@ -144,11 +146,11 @@ async def test_unknown_process_read_write_terminate(manager: ProcessManager) -> 
 async def test_pipe_stdin_closed_unless_requested(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
-    manager.start("n", sh("cat; echo eof"))
+    await manager.start("n", sh("cat; echo eof"))
     assert await manager.write("n", b"ignored\n") is WriteStatus.STDIN_CLOSED
     assert (await sink.closed("n")).data() == b"eof\n"  # stdin is /dev/null
 
-    manager.start(
+    await manager.start(
         "s",
         LaunchSpec(
             argv=["/bin/sh", "-c", "IFS= read -r line; echo got:$line"],
@@ -156,7 +158,7 @@ async def test_pipe_stdin_closed_unless_requested(
             env=PATH_ENV,
             pipe_stdin=True,
         ),
-        current=True,
+        report_denial=True,
     )
     assert await manager.write("s", b"hello\n", "1") is WriteStatus.ACCEPTED
     assert await manager.write("s", b"hello\n", "1") is WriteStatus.ACCEPTED  # not re-written
@@ -174,7 +176,7 @@ async def test_pty_echo_controlling_tty_and_size(
         'stty size; [ "$(ps -o tty= -p $$)" != "?" ] && echo has-ctty; '
         'IFS= read -r line; printf "from-stdin:%s\\n" "$line"'
     )
-    manager.start("t", sh(script, tty=True))
+    await manager.start("t", sh(script, tty=True))
     await sink.output_contains("t", b"has-ctty")
     assert await manager.write("t", b"hello\n") is WriteStatus.ACCEPTED
     rec = await sink.closed("t")
@@ -189,7 +191,7 @@ async def test_pty_echo_controlling_tty_and_size(
 async def test_terminate_sends_sigterm_to_the_group(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
-    manager.start("k", sh("sleep 30 & echo started; wait"))
+    await manager.start("k", sh("sleep 30 & echo started; wait"))
     await sink.output_contains("k", b"started")
     assert manager.terminate("k") is True
     rec = await sink.closed("k")
@@ -201,7 +203,7 @@ async def test_terminate_escalates_to_sigkill(
     no_leaks: None, make_manager: Callable[..., ProcessManager], sink: Any
 ) -> None:
     manager = make_manager(terminate_grace=0.2)
-    manager.start("k", sh("trap '' TERM; echo ready; sleep 30"))
+    await manager.start("k", sh("trap '' TERM; echo ready; sleep 30"))
     await sink.output_contains("k", b"ready")
     assert manager.terminate("k") is True
     rec = await sink.closed("k")
@@ -211,8 +213,8 @@ async def test_terminate_escalates_to_sigkill(
 async def test_signal_deaths_report_128_plus_signal(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
-    manager.start("9", sh("kill -KILL $$"))
-    manager.start("15", sh("kill -TERM $$"))
+    await manager.start("9", sh("kill -KILL $$"))
+    await manager.start("15", sh("kill -TERM $$"))
     assert (await sink.closed("9")).exited.exit_code == 137  # type: ignore[union-attr]
     assert (await sink.closed("15")).exited.exit_code == 143  # type: ignore[union-attr]
 
@@ -220,7 +222,7 @@ async def test_signal_deaths_report_128_plus_signal(
 async def test_process_signal_interrupts_the_group(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
-    manager.start(
+    await manager.start(
         "i", sh("trap 'echo got-int; exit 7' INT; echo ready; while :; do sleep 0.05; done")
     )
     await sink.output_contains("i", b"ready")
@@ -234,7 +236,7 @@ async def test_output_after_exit_keeps_close_last(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
     # a background writer keeps stdout open after the leader exits
-    manager.start("b", sh("(sleep 0.2; echo late) & exit 0"))
+    await manager.start("b", sh("(sleep 0.2; echo late) & exit 0"))
     rec = await sink.closed("b")
     assert rec.data() == b"late\n"
     assert rec.exited is not None and rec.closed is not None
@@ -243,7 +245,7 @@ async def test_output_after_exit_keeps_close_last(
 
 
 async def test_long_poll_read_wakes_on_output(no_leaks: None, manager: ProcessManager) -> None:
-    manager.start("w", sh("sleep 0.1; echo hi"))
+    await manager.start("w", sh("sleep 0.1; echo hi"))
     result = await manager.read("w", after_seq=0, wait_ms=10_000)
     assert [c.chunk for c in result.chunks] == [b"hi\n"]
     # a read at the cursor with no wait returns at once
@@ -258,7 +260,7 @@ async def test_closed_process_removed_after_retention(
     no_leaks: None, make_manager: Callable[..., ProcessManager], sink: Any, wait_until: Any
 ) -> None:
     manager = make_manager(closed_retention=0.05)
-    manager.start("r", sh("echo first; sleep 0.05; echo second"))
+    await manager.start("r", sh("echo first; sleep 0.05; echo second"))
     manager.set_sink(None)  # notifications dropped; events still retained
     result = await manager.read("r", wait_ms=10_000)
     data = b""
@@ -272,8 +274,8 @@ async def test_closed_process_removed_after_retention(
     await wait_until(lambda: "r" not in manager)
     assert await manager.write("r", b"x") is WriteStatus.UNKNOWN_PROCESS
     assert manager.terminate("r") is False
-    manager.set_sink(sink)
-    manager.start("r", sh("exit 0"))  # the id can be reused
+    manager.set_sink(notifier(sink))
+    await manager.start("r", sh("exit 0"))  # the id can be reused
     await sink.closed("r")
 
 
@@ -281,7 +283,7 @@ async def test_lossy_retention_drops_oldest(
     no_leaks: None, make_manager: Callable[..., ProcessManager]
 ) -> None:
     manager = make_manager(attach=False, output_cap=64 * 1024, read_size=8192)
-    manager.start(
+    await manager.start(
         "big", LaunchSpec(argv=["head", "-c", str(1 << 20), "/dev/zero"], cwd="/", env=PATH_ENV)
     )
     result = await manager.read("big", wait_ms=0)
@@ -301,7 +303,7 @@ async def test_lossless_mode_pauses_instead_of_dropping(
     cap = 64 * 1024
     total = 4 << 20  # more than the cap plus the 1 MiB pipe buffer
     manager = make_manager(attach=False, output_cap=cap, lossless_output=True, read_size=8192)
-    manager.start(
+    await manager.start(
         "ll", LaunchSpec(argv=["head", "-c", str(total), "/dev/zero"], cwd="/", env=PATH_ENV)
     )
     record = manager._records["ll"]
@@ -330,7 +332,7 @@ async def test_notifications_flow_while_attached_in_lossless_mode(
     no_leaks: None, make_manager: Callable[..., ProcessManager], sink: Any
 ) -> None:
     manager = make_manager(output_cap=64 * 1024, lossless_output=True)
-    manager.start(
+    await manager.start(
         "ln", LaunchSpec(argv=["head", "-c", str(2 << 20), "/dev/zero"], cwd="/", env=PATH_ENV)
     )
     rec = await sink.closed("ln")
@@ -341,9 +343,9 @@ async def test_shutdown_kills_groups_and_reaps(no_leaks: None, sink: Any) -> Non
     from exec_server.config import ServerConfig
 
     manager = ProcessManager(ServerConfig())
-    manager.set_sink(sink)
-    manager.start("s1", sh("sleep 30 & sleep 30"))
-    manager.start("s2", sh("sleep 30", tty=True))
+    manager.set_sink(notifier(sink))
+    await manager.start("s1", sh("sleep 30 & sleep 30"))
+    await manager.start("s2", sh("sleep 30", tty=True))
     pids = [manager.pid_of("s1"), manager.pid_of("s2")]
     assert all(pids)
     await manager.shutdown()
@@ -356,7 +358,7 @@ async def test_many_concurrent_short_processes(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
     for i in range(32):
-        manager.start(f"c{i}", sh(f"echo {i}"))
+        await manager.start(f"c{i}", sh(f"echo {i}"))
     for i in range(32):
         rec = await sink.closed(f"c{i}")
         assert rec.data() == f"{i}\n".encode()
@@ -384,13 +386,13 @@ def test_sandbox_denial_heuristic() -> None:
 async def test_guard_exits_when_idle_and_restarts(
     no_leaks: None, manager: ProcessManager, sink: Any, wait_until: Any
 ) -> None:
-    manager.start("g1", sh("exit 0"))
+    await manager.start("g1", sh("exit 0"))
     guard_pid = manager._guard.pid
     assert guard_pid is not None
     await sink.closed("g1")
     await wait_until(lambda: manager._guard.pid is None and not manager._aux_tasks)
     assert not os.path.exists(f"/proc/{guard_pid}")  # noqa: ASYNC240 - reaped
-    manager.start("g2", sh("exit 0"))
+    await manager.start("g2", sh("exit 0"))
     assert manager._guard.pid not in (None, guard_pid)
     await sink.closed("g2")
 
@@ -399,7 +401,7 @@ async def test_large_stdin_write_is_delivered_in_order(
     no_leaks: None, manager: ProcessManager, sink: Any
 ) -> None:
     # More than a pipe buffer in one write: the rest is flushed when writable.
-    manager.start(
+    await manager.start(
         "big-in",
         LaunchSpec(
             argv=["/bin/sh", "-c", "head -c 3000000 | md5sum"],
@@ -450,8 +452,8 @@ async def test_unsandboxed_tree_dies_with_its_process(
     manager = make_manager(terminate_grace=0.5)
     quiet = ">/dev/null 2>&1 </dev/null"
     double_fork = f"(setsid sleep {orphan} {quiet} &); " if tty else ""
-    manager.start("t", sh(f"setsid sleep {stray} {quiet} & {double_fork}echo ready; sleep 300",
-                          tty=tty))
+    script = f"setsid sleep {stray} {quiet} & {double_fork}echo ready; sleep 300"
+    await manager.start("t", sh(script, tty=tty))
     try:
         await sink.output_contains("t", b"ready")
         await wait_until(lambda: all(len(_tagged(t)) == 1 for t in tags))

@@ -56,10 +56,9 @@ async def test_a_write_past_the_byte_bound_waits_until_the_child_reads(
     first = _payload(WRITE_QUEUE_BYTES, 1)  # the whole bound: the pipe takes at most 1 MiB
     second = _payload(4 * MiB, 2)
     total = len(first) + len(second)
-    manager.start("p", _gated_md5(gate[0], total))
-    assert manager.write_now("p", first) is WriteStatus.ACCEPTED
+    await manager.start("p", _gated_md5(gate[0], total))
+    assert await manager.write("p", first) is WriteStatus.ACCEPTED
     # Over the bound by bytes, with one write queued (the count allows 128).
-    assert manager.write_now("p", second) is None
     waiting = asyncio.ensure_future(manager.write("p", second))
     for _ in range(3):
         await asyncio.sleep(0)  # it would be accepted at once, without waiting
@@ -74,11 +73,14 @@ async def test_a_write_bigger_than_the_bound_is_taken_by_an_empty_queue(
     no_leaks: None, manager: ProcessManager, sink: Any, gate: tuple[Path, int]
 ) -> None:
     big = _payload(WRITE_QUEUE_BYTES + 2 * MiB, 3)
-    manager.start("p", _gated_md5(gate[0], len(big) + 1))
-    assert manager.write_now("p", big) is WriteStatus.ACCEPTED
-    assert manager.write_now("p", b"!") is None  # anything more waits for the child
+    await manager.start("p", _gated_md5(gate[0], len(big) + 1))
+    assert await manager.write("p", big) is WriteStatus.ACCEPTED
+    waiting = asyncio.ensure_future(manager.write("p", b"!"))  # anything more waits
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not waiting.done()
     os.write(gate[1], b"go\n")
-    assert await asyncio.wait_for(manager.write("p", b"!"), 10) is WriteStatus.ACCEPTED
+    assert await asyncio.wait_for(waiting, 10) is WriteStatus.ACCEPTED
     rec = await sink.closed("p")
     assert rec.data().split()[0].decode() == hashlib.md5(big + b"!").hexdigest()
 
@@ -88,7 +90,7 @@ async def test_a_cancelled_waiting_write_queues_nothing_and_its_id_can_be_retrie
 ) -> None:
     first = _payload(WRITE_QUEUE_BYTES, 4)
     second = _payload(4 * MiB, 5)
-    manager.start("p", _gated_md5(gate[0], len(first) + len(second)))
+    await manager.start("p", _gated_md5(gate[0], len(first) + len(second)))
     assert await manager.write("p", first, "w1") is WriteStatus.ACCEPTED
     waiting = asyncio.ensure_future(manager.write("p", second, "w2"))
     await asyncio.sleep(0)

@@ -32,10 +32,8 @@ from exec_server.client.run import run_command
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidParamsError, from_domain_error
 from exec_server.http.errors import HttpBodyFailed, HttpError
+from exec_server.process.events import Exited, Output, ProcessEvent
 from exec_server.protocol.process_types import (
-    NOTIFY_CLOSED,
-    NOTIFY_EXITED,
-    NOTIFY_OUTPUT,
     ClosedNotification,
     EnvPolicy,
     ExitedNotification,
@@ -52,6 +50,21 @@ if TYPE_CHECKING:
     from exec_server.sandbox.manager import SandboxManager
 
 __all__ = ["ExecBackend", "LocalExecBackend", "RemoteExecBackend"]
+
+
+def _notification(
+    event: ProcessEvent,
+) -> OutputNotification | ExitedNotification | ClosedNotification:
+    """The notification a remote handle would get for ``event`` (no server in between)."""
+    if isinstance(event, Output):
+        return OutputNotification(
+            process_id=event.process_id, seq=event.seq, stream=event.stream, chunk=event.data
+        )
+    if isinstance(event, Exited):
+        denied = msgspec.UNSET if event.sandbox_denied is None else event.sandbox_denied
+        return ExitedNotification(process_id=event.process_id, seq=event.seq,
+                                  exit_code=event.exit_code, sandbox_denied=denied)
+    return ClosedNotification(process_id=event.process_id, seq=event.seq)
 
 
 @runtime_checkable
@@ -139,7 +152,7 @@ class LocalExecBackend:
         self._config = config or ServerConfig()
         self._sandbox_manager: SandboxManager | None = None
         self._manager: ProcessManager = ProcessManager(self._config)
-        self._manager.set_sink(self._sink)
+        self._manager.set_sink(self._on_event)
         self._handles: dict[str, ProcessHandle] = {}
         self._poll_interval = poll_interval
         self._http: HttpClient | None = None
@@ -149,12 +162,10 @@ class LocalExecBackend:
     def is_remote(self) -> bool:
         return False
 
-    async def _sink(self, method: str, params: object) -> None:
-        if method in (NOTIFY_OUTPUT, NOTIFY_EXITED, NOTIFY_CLOSED):
-            assert isinstance(params, OutputNotification | ExitedNotification | ClosedNotification)
-            handle = self._handles.get(params.process_id)
-            if handle is not None:
-                handle._on_event(params)
+    async def _on_event(self, event: ProcessEvent) -> None:
+        handle = self._handles.get(event.process_id)
+        if handle is not None:
+            handle._on_event(_notification(event))
 
     async def start(
         self,
@@ -203,7 +214,7 @@ class LocalExecBackend:
         handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval,
                                argv=argv)
         with registered(self._handles, handle):
-            self._manager.start(pid, spec, current=True)
+            await self._manager.start(pid, spec, report_denial=True)
         return handle
 
     async def http_request(
@@ -295,9 +306,12 @@ class _LocalOps:
         self._backend = backend
 
     async def read(self, process_id: str, after_seq: int, max_bytes: int) -> ReadResult:
-        return await self._backend._manager.read(
+        snap = await self._backend._manager.read(
             process_id, after_seq=after_seq, max_bytes=max_bytes, wait_ms=0
         )
+        denied = msgspec.UNSET if snap.sandbox_denied is None else snap.sandbox_denied
+        return ReadResult(chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
+                          exit_code=snap.exit_code, closed=snap.closed, sandbox_denied=denied)
 
     async def write(self, process_id: str, data: bytes, write_id: str) -> WriteStatus:
         return await self._backend._manager.write(process_id, data, write_id)

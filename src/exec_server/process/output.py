@@ -84,10 +84,6 @@ class OutputBuffer:
         self.closed = True
         return seq
 
-    @property
-    def exited(self) -> bool:
-        return self.exit_code is not None
-
     # -- lossless bookkeeping ------------------------------------------------------
 
     def mark_delivered(self, seq: int) -> None:

@@ -22,6 +22,7 @@ from exec_server.exceptions import (
     InvalidParamsError,
 )
 from exec_server.process.envpolicy import build_child_env
+from exec_server.process.events import Snapshot
 from exec_server.process.manager import ProcessManager
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.paths import PathForm, parse_wire_path
@@ -48,6 +49,7 @@ from exec_server.protocol.process_types import (
     WriteParams,
     WriteResult,
 )
+from exec_server.server.notifications import denial
 from exec_server.server.router import RequestContext, Router
 
 __all__ = ["is_current_start", "register"]
@@ -145,7 +147,7 @@ async def handle_start(ctx: RequestContext, params: StartParams) -> StartResult:
         pipe_stdin=params.pipe_stdin is True and not params.tty,
     )
     spec = await _prepare_sandbox(ctx, spec, params)
-    await _manager(ctx).start_async(params.process_id, spec, current=current)
+    await _manager(ctx).start(params.process_id, spec, report_denial=current)
     kind = spec.sandbox_type
     if current:
         return StartResult(process_id=params.process_id, sandbox_type=kind.camel)
@@ -171,7 +173,7 @@ async def handle_read(ctx: RequestContext, params: ReadParams) -> ReadResult:
     manager = _manager(ctx)
     now = await manager.read(params.process_id, after_seq=after_seq, max_bytes=max_bytes)
     if wait_ms <= 0 or now.chunks or now.closed or (now.exited and after_seq < now.next_seq - 1):
-        return now
+        return _read_result(now)
     # Long poll: let later requests of this connection proceed, and give up as
     # soon as another connection resumes the session (PROTOCOL.md §8.4 step 4).
     read = asyncio.ensure_future(
@@ -195,7 +197,18 @@ async def handle_read(ctx: RequestContext, params: ReadParams) -> ReadResult:
                 await read
     result = read.result()
     ctx.ensure_attached()
-    return result
+    return _read_result(result)
+
+
+def _read_result(snapshot: Snapshot) -> ReadResult:
+    return ReadResult(
+        chunks=snapshot.chunks,
+        next_seq=snapshot.next_seq,
+        exited=snapshot.exited,
+        exit_code=snapshot.exit_code,
+        closed=snapshot.closed,
+        sandbox_denied=denial(snapshot.sandbox_denied),
+    )
 
 
 def _write_id(params: WriteParams) -> str | None:

@@ -20,9 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
-
-import msgspec
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import AlreadyAttachedError, InvalidRequestError
@@ -34,16 +31,12 @@ from exec_server.protocol.connection import (
     already_attached_text,
     unknown_session_text,
 )
+from exec_server.server.notifications import NotificationSend, notifier
 
-__all__ = ["Attachment", "NotificationSink", "Session", "SessionRegistry"]
+__all__ = ["Attachment", "Session", "SessionRegistry"]
 
 logger = logging.getLogger("exec_server.server")
 
-#: ``await sink(method, params)`` delivers one notification (awaiting = backpressure);
-#: False = it did not reach a live transport (see ``ProcessManager``).
-NotificationSink = Callable[[str, msgspec.Struct], Awaitable[bool | None]]
-#: the same, sent at once when possible (None = nothing sent, use the sink).
-NotificationSinkNowait = Callable[[str, msgspec.Struct], bool | None]
 
 
 class Session:
@@ -73,8 +66,7 @@ class Attachment:
     def __init__(
         self,
         label: str,
-        sink: NotificationSink,
-        sink_nowait: NotificationSinkNowait | None = None,
+        sink: NotificationSend,
         *,
         kind: str = "websocket",
     ) -> None:
@@ -83,7 +75,6 @@ class Attachment:
         #: the transport's kind (``websocket``, ``stdio``...), for error texts.
         self.kind = kind
         self.sink = sink
-        self.sink_nowait = sink_nowait
         self.handshake = Handshake()
         self.session: Session | None = None
         #: work that lives as long as this connection, by name (streamed HTTP
@@ -194,7 +185,7 @@ class SessionRegistry:
     def _attach(self, session: Session, attachment: Attachment) -> None:
         session.attached_to = attachment.connection_id
         session.detach_deadline = None
-        session.processes.set_sink(attachment.sink, attachment.sink_nowait)
+        session.processes.set_sink(notifier(attachment.sink))
         attachment.session = session
         session.attachment_changed.set()
         session.attachment_changed = asyncio.Event()

@@ -851,6 +851,7 @@ async def _interrupt(backend: Any, plan: SandboxPlan, cwd: str, tty: bool) -> tu
     from exec_server.config import ServerConfig
     from exec_server.process.manager import ProcessManager
     from exec_server.process.spec import LaunchSpec
+    from exec_server.server.notifications import notifier
 
     manager = ProcessManager(ServerConfig())
     ready, closed = asyncio.Event(), asyncio.Event()
@@ -867,7 +868,7 @@ async def _interrupt(backend: Any, plan: SandboxPlan, cwd: str, tty: bool) -> tu
         elif method == "process/closed":
             closed.set()
 
-    manager.set_sink(sink)
+    manager.set_sink(notifier(sink))
     script = "trap 'echo got-int; exit 7' INT; echo ready; while :; do sleep 0.05; done"
     spec = backend.wrap(LaunchSpec(argv=["sh", "-c", script], cwd=cwd, tty=tty,
                                    env={"PATH": "/usr/bin:/bin"}), plan)
@@ -876,7 +877,7 @@ async def _interrupt(backend: Any, plan: SandboxPlan, cwd: str, tty: bool) -> tu
     else:
         spec.zygote = None
     try:
-        manager.start("i", spec)
+        await manager.start("i", spec)
         async with asyncio.timeout(10):
             await ready.wait()
             manager.signal("i")
@@ -905,6 +906,7 @@ async def _tree_outlives(backend: Any, plan: SandboxPlan, cwd: str, how: str) ->
     from exec_server.config import ServerConfig
     from exec_server.process.manager import ProcessManager
     from exec_server.process.spec import LaunchSpec
+    from exec_server.server.notifications import notifier
 
     stray, orphan = new_tag(), new_tag() + "1"
     quiet = ">/dev/null 2>&1 </dev/null"
@@ -926,7 +928,7 @@ async def _tree_outlives(backend: Any, plan: SandboxPlan, cwd: str, how: str) ->
         elif method == "process/closed":
             events["closed"].set()
 
-    manager.set_sink(sink)
+    manager.set_sink(notifier(sink))
     spec = backend.wrap(LaunchSpec(argv=["sh", "-c", script], cwd=cwd,
                                    env={"PATH": "/usr/bin:/bin"}), plan)
     via_zygote = getattr(backend, "via_zygote", False)
@@ -935,7 +937,7 @@ async def _tree_outlives(backend: Any, plan: SandboxPlan, cwd: str, how: str) ->
     else:
         spec.zygote = None  # the launcher script (or bwrap) itself
     try:
-        manager.start("t", spec)
+        await manager.start("t", spec)
         rec = manager._records["t"]
         assert rec.child is not None and (rec.child.popen is None) == via_zygote
         async with asyncio.timeout(10):

@@ -1,0 +1,69 @@
+"""What the process manager reports: numbered events and read snapshots (no wire shapes).
+
+Every event of one process takes the next number of its output buffer
+(PROTOCOL.md §8.2): output chunks, then one :class:`Exited`, then one
+:class:`Closed`, always last. The server turns them into ``process/output``,
+``process/exited`` and ``process/closed`` notifications; the in-process client
+backend hands them to its process handles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from exec_server.protocol.process_types import OutputChunk, ProcessStream
+
+__all__ = ["Closed", "EventSink", "Exited", "Output", "ProcessEvent", "Snapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """One read of a child's output fd."""
+
+    process_id: str
+    seq: int
+    stream: ProcessStream
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """The child was reaped. ``sandbox_denied`` is None for a process started
+    without ``report_denial`` (it reports no verdict)."""
+
+    process_id: str
+    seq: int
+    exit_code: int
+    sandbox_denied: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """Exited and every output stream at EOF: nothing follows."""
+
+    process_id: str
+    seq: int
+
+
+ProcessEvent = Output | Exited | Closed
+
+#: ``await sink(event)`` delivers one event (awaiting = backpressure: a slow
+#: receiver slows the child). False: it did not reach a live receiver (lossless
+#: mode then keeps the chunk); None counts as delivered.
+EventSink = Callable[[ProcessEvent], Awaitable[bool | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A ``process/read``: retained chunks after the cursor and where the process stands."""
+
+    chunks: list[OutputChunk]
+    next_seq: int
+    exit_code: int | None
+    closed: bool
+    sandbox_denied: bool | None
+
+    @property
+    def exited(self) -> bool:
+        return self.exit_code is not None

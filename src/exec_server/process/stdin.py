@@ -1,0 +1,135 @@
+"""A child's stdin: a bounded queue of writes, flushed as the non-blocking fd takes them.
+
+``process/write`` (PROTOCOL.md §8.5, CLIENT_COMPAT.md §5.1) waits while the
+queue is full, so a child that does not read slows its writer instead of
+growing the server. Write errors (EPIPE, EIO: the child stopped reading) drop
+the queue, as upstream ignores them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections import OrderedDict, deque
+from typing import Final
+
+from exec_server.process.pipes import close_quietly
+
+__all__ = ["WRITE_ID_MEMORY", "WRITE_QUEUE_BYTES", "WRITE_QUEUE_DEPTH", "Stdin"]
+
+#: Pending writes before ``write`` waits (§14).
+WRITE_QUEUE_DEPTH: Final = 128
+#: Bytes queued before ``write`` waits: enough for several MiB-sized writes (a
+#: child that reads fast never waits for the client's next round trip) without
+#: letting a child that never reads hold unbounded memory. A bigger single
+#: write is taken whole once the queue is empty.
+WRITE_QUEUE_BYTES: Final = 16 << 20
+#: Remembered ``writeId`` values (CLIENT_COMPAT.md §5.1).
+WRITE_ID_MEMORY: Final = 4096
+
+
+def _wake(futures: list[asyncio.Future[None]]) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(None)
+    futures.clear()
+
+
+class Stdin:
+    """The writable end of one child's stdin (``fd`` None: there is none, or it closed)."""
+
+    __slots__ = ("_armed", "_eof", "_queue", "_queued", "_space", "fd", "write_ids")
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self._queue: deque[memoryview] = deque()
+        #: bytes in ``_queue`` (what :data:`WRITE_QUEUE_BYTES` bounds).
+        self._queued = 0
+        self._space: list[asyncio.Future[None]] = []
+        self._armed = False
+        #: close once the queue is written (``process/closeStdin``).
+        self._eof = False
+        self.write_ids: OrderedDict[str, None] = OrderedDict()
+
+    def _full(self, size: int) -> bool:
+        """Must a write of ``size`` bytes wait for the child to read?"""
+        queued = self._queued
+        return len(self._queue) >= WRITE_QUEUE_DEPTH or (
+            queued > 0 and queued + size > WRITE_QUEUE_BYTES
+        )
+
+    async def write(self, data: bytes, write_id: str | None) -> None:
+        """Queue ``data`` once there is room; dropped if stdin closed meanwhile.
+
+        Cancelled while waiting: nothing is queued and ``write_id`` is not
+        remembered, so a retry with the same id still writes.
+        """
+        while self.fd is not None and data and self._full(len(data)):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._space.append(fut)
+            try:
+                await fut
+            finally:
+                if not fut.done():  # cancelled: leave no dead future behind
+                    fut.cancel()
+                    with contextlib.suppress(ValueError):
+                        self._space.remove(fut)
+        if write_id is not None:
+            self.write_ids[write_id] = None
+            if len(self.write_ids) > WRITE_ID_MEMORY:
+                self.write_ids.popitem(last=False)
+        if self.fd is not None and data:
+            self._queue.append(memoryview(data))
+            self._queued += len(data)
+            self._flush()
+
+    def _flush(self) -> None:
+        fd = self.fd
+        queue = self._queue
+        queued = self._queued
+        while queue and fd is not None:
+            head = queue[0]
+            try:
+                n = os.write(fd, head)
+            except BlockingIOError:
+                if not self._armed:
+                    asyncio.get_running_loop().add_writer(fd, self._flush)
+                    self._armed = True
+                if self._queued < queued:
+                    _wake(self._space)  # room for a waiting write, perhaps
+                return
+            except OSError:
+                queue.clear()
+                self._queued = 0
+                break
+            self._queued -= n
+            if n < len(head):
+                queue[0] = head[n:]
+            else:
+                queue.popleft()
+        if self._armed and fd is not None:
+            asyncio.get_running_loop().remove_writer(fd)
+            self._armed = False
+        _wake(self._space)
+        if self._eof and not queue:
+            self.close()
+
+    def close_when_flushed(self) -> None:
+        """End of input: close once every queued write reached the child."""
+        self._eof = True
+        self._flush()
+
+    def close(self) -> None:
+        """Close now, dropping what is queued; waiting writes return."""
+        fd = self.fd
+        if fd is None:
+            return
+        if self._armed:
+            asyncio.get_running_loop().remove_writer(fd)
+            self._armed = False
+        self.fd = None
+        self._queue.clear()
+        self._queued = 0
+        close_quietly(fd)
+        _wake(self._space)

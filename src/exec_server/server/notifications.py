@@ -1,0 +1,58 @@
+"""``process/output``, ``process/exited``, ``process/closed``: the wire form of process events.
+
+The process manager reports numbered events (``process.events``); a session
+attached to a connection sends them through :func:`notifier`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from exec_server.process.events import EventSink, Exited, Output, ProcessEvent
+from exec_server.protocol.process_types import (
+    NOTIFY_CLOSED,
+    NOTIFY_EXITED,
+    NOTIFY_OUTPUT,
+    ClosedNotification,
+    ExitedNotification,
+    OutputNotification,
+)
+
+__all__ = ["NotificationSend", "denial", "notification", "notifier"]
+
+#: ``await send(method, params)`` sends one notification (awaiting =
+#: backpressure); False: it did not reach a live transport.
+NotificationSend = Callable[[str, msgspec.Struct], Awaitable[bool | None]]
+
+
+def denial(verdict: bool | None) -> bool | msgspec.UnsetType:
+    """``sandboxDenied``: unset for a process that reports no verdict (legacy shape)."""
+    return msgspec.UNSET if verdict is None else verdict
+
+
+def notification(event: ProcessEvent) -> tuple[str, msgspec.Struct]:
+    """The ``process/*`` notification (method, params) of one manager event."""
+    if isinstance(event, Output):
+        return NOTIFY_OUTPUT, OutputNotification(
+            process_id=event.process_id, seq=event.seq, stream=event.stream, chunk=event.data
+        )
+    if isinstance(event, Exited):
+        return NOTIFY_EXITED, ExitedNotification(
+            process_id=event.process_id,
+            seq=event.seq,
+            exit_code=event.exit_code,
+            sandbox_denied=denial(event.sandbox_denied),
+        )
+    return NOTIFY_CLOSED, ClosedNotification(process_id=event.process_id, seq=event.seq)
+
+
+def notifier(send: NotificationSend) -> EventSink:
+    """An event sink for :meth:`ProcessManager.set_sink` that sends notifications."""
+
+    async def sink(event: ProcessEvent) -> bool | None:
+        method, params = notification(event)
+        return await send(method, params)
+
+    return sink
