@@ -17,16 +17,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
-from typing import Any, TypeVar, final
-
-import msgspec
+from collections.abc import Awaitable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar, Unpack, final
 
 from exec_server.client import ExecServerClient as AsyncClient
 from exec_server.client.fs import DirEntry, FsSandbox, Metadata, PathArg, RemoteFileSystem
 from exec_server.client.process import CompletedProcess, ProcessHandle
+from exec_server.client.run import RunOptions
 from exec_server.process.spec import ExitStatus
-from exec_server.protocol.process_types import EnvPolicy, OutputChunk, WriteStatus
+from exec_server.protocol.process_types import OutputChunk, WriteStatus
 
 __all__ = ["ExecServerClient", "FileSystem", "Process"]
 
@@ -179,20 +178,18 @@ class ExecServerClient:
     @classmethod
     def connect(cls, url: str, **options: Any) -> ExecServerClient:
         """Connect to ``ws://HOST:PORT``; ``options`` as for the async ``connect``."""
-        runner = _LoopThread()
-        try:
-            client = runner.call(_opened(AsyncClient.connect(url, **options)))
-        except BaseException:
-            runner.stop()
-            raise
-        return cls(client, runner)
+        return cls._open(AsyncClient.connect(url, **options))
 
     @classmethod
     def spawn_stdio(cls, argv: Sequence[str] | None = None, **options: Any) -> ExecServerClient:
         """Start a ``serve --listen stdio`` child and connect to it."""
+        return cls._open(AsyncClient.spawn_stdio(argv, **options))
+
+    @classmethod
+    def _open(cls, opening: Awaitable[AsyncClient]) -> ExecServerClient:
         runner = _LoopThread()
         try:
-            client = runner.call(_opened(AsyncClient.spawn_stdio(argv, **options)))
+            client = runner.call(_awaited(opening))
         except BaseException:
             runner.stop()
             raise
@@ -209,24 +206,9 @@ class ExecServerClient:
     def url(self) -> str | None:
         return self._client.url
 
-    def run(
-        self,
-        cmd: str | Sequence[str],
-        *,
-        shell: bool = False,
-        timeout: float | None = None,
-        check: bool = False,
-        input: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        env_policy: EnvPolicy | None = None,
-        cwd: str | None = None,
-        tty: bool = False,
-        sandbox: msgspec.Struct | None = None,
-    ) -> CompletedProcess:
+    def run(self, cmd: str | Sequence[str], **options: Unpack[RunOptions]) -> CompletedProcess:
         """Run a command to completion; see the async :meth:`ExecServerClient.run`."""
-        return self._runner.call(self._client.run(
-            cmd, shell=shell, timeout=timeout, check=check, input=input, env=env,
-            env_policy=env_policy, cwd=cwd, tty=tty, sandbox=sandbox))
+        return self._runner.call(self._client.run(cmd, **options))
 
     def spawn(self, argv: Sequence[str], **options: Any) -> Process:
         """Start a process; ``options`` as for the async ``spawn``."""
@@ -252,6 +234,5 @@ class ExecServerClient:
         self.close()
 
 
-async def _opened(opening: Any) -> AsyncClient:
-    client: AsyncClient = await opening
-    return client
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable

@@ -49,20 +49,6 @@ class Transport(Protocol):
     def describe(self) -> str: ...
 
 
-def _reason(url: str, exc: BaseException) -> str:
-    """A connect failure in words: some carry no text (a reset is ``ConnectionResetError()``)."""
-    words: dict[type[BaseException], str] = {
-        ConnectionResetError: "connection reset by the server",
-        ConnectionAbortedError: "connection aborted",
-        TimeoutError: "timed out",
-    }
-    text = str(exc) or words.get(type(exc), type(exc).__name__)
-    if url.startswith("wss:") and isinstance(exc, ConnectionError | ssl.SSLError):
-        # a plain ws:// server answers the TLS ClientHello with a reset or garbage
-        text += " during the TLS handshake (is the server listening on plain ws://?)"
-    return text
-
-
 class WebSocketTransport:
     """One WebSocket connection (``websockets.asyncio.client``), TCP_NODELAY so small
     requests are not held by Nagle; no compression, no keepalive pings."""
