@@ -134,6 +134,15 @@ class FileStream:
             if eof:
                 return
 
+    async def read_all(self, block: int = MAX_BLOCK) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks(block)])
+
+    async def write_all(self, data: bytes, block: int = MAX_BLOCK) -> None:
+        """Write ``data`` from offset 0 in blocks (nothing is sent for empty data)."""
+        view = memoryview(data)
+        for offset in range(0, len(view), block):
+            await self.write_block(offset, bytes(view[offset : offset + block]))
+
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
