@@ -5,7 +5,7 @@ layout; error codes and messages (with the directory written as ``<T>``) and res
 must be equal, and so must what is left on disk. Skipped when upstream's binary is
 not installed (``pip install openai-codex-cli-bin``, part of the test extras).
 
-The cases are the edges where the eighth session found us answering differently
+The cases are edges where an implementation easily answers differently
 (base64, URI spellings, FIFOs, ancestors that are not directories, error texts) and
 the common paths around them. Differences we keep on purpose (docs/compat.md) are
 not here.

@@ -5,7 +5,7 @@ code. Pipe mode forwards our stdin (``pipeStdin``; end of input through the
 ``process/closeStdin`` extension, so only against servers that implement it)
 and ^C: the first sends ``process/signal`` (SIGINT to the remote group), a
 second terminates the group and returns at once (a background job holding the
-output open no longer keeps us waiting). ``--tty`` runs on a remote PTY with
+output open does not keep us waiting). ``--tty`` runs on a remote PTY with
 our terminal raw, sized like ours and resized on SIGWINCH (the
 ``process/resizePty`` extension, again only where implemented). Our own
 failures (cannot connect, spawn refused, connection lost) print one line to

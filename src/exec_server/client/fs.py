@@ -256,8 +256,8 @@ def _sandbox_json(sandbox: FsSandbox) -> bytes | None:
 
     Raises:
         InvalidParamsError: ``Raw`` text that is not JSON (-32602, as the server says);
-            sent as it was, it made the whole request unreadable and the call
-            waited for an answer that never came.
+            sent as it is, it would make the whole request unreadable, and the call
+            would wait for an answer that never comes.
     """
     if sandbox is None:
         return None
@@ -280,8 +280,7 @@ def _wire_path(path: PathArg) -> WirePath:
 
     Bytes are decoded as ``os`` decodes names (surrogate escapes), which the
     remote side sends as ``%XX`` in its URI: a name that is not UTF-8 reaches
-    the same file on both backends. (Bytes used to fail deep inside with a
-    ``TypeError`` that did not say why.)
+    the same file on both backends.
     """
     return parse_wire_path(os.fsdecode(path))
 
