@@ -17,20 +17,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
-from typing import Any, TypeVar, final
-
-import msgspec
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar, final
 
 from exec_server.client import ExecServerClient as AsyncClient
-from exec_server.client.fs import DirEntry, FsSandbox, Metadata, PathArg, RemoteFileSystem
+from exec_server.client.fs import RemoteFileSystem
 from exec_server.client.process import CompletedProcess, ProcessHandle
 from exec_server.process.spec import ExitStatus
-from exec_server.protocol.process_types import EnvPolicy, OutputChunk, WriteStatus
+from exec_server.protocol.process_types import OutputChunk
 
 __all__ = ["ExecServerClient", "FileSystem", "Process"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 @final
@@ -69,13 +68,34 @@ class _LoopThread:
             self.loop.close()
 
 
+def _blocking(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[_Facade, P], T]:
+    """The blocking twin of an async method of the wrapped object (same signature)."""
+    name = method.__name__
+
+    def call(self: _Facade, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        coro: Coroutine[Any, Any, T] = getattr(self._target, name)(*args, **kwargs)
+        return self._runner.call(coro)
+
+    call.__name__ = name
+    call.__doc__ = method.__doc__
+    return call
+
+
+class _Facade:
+    def __init__(self, target: object, runner: _LoopThread) -> None:
+        self._target = target
+        self._runner = runner
+
+
 @final
-class Process:
+class Process(_Facade):
     """A process started by the blocking client (wraps a :class:`ProcessHandle`)."""
 
     def __init__(self, handle: ProcessHandle, runner: _LoopThread) -> None:
+        super().__init__(handle, runner)
         self._handle = handle
-        self._runner = runner
 
     def __repr__(self) -> str:
         return repr(self._handle).replace("ProcessHandle", "Process", 1)
@@ -104,21 +124,11 @@ class Process:
         while (chunk := self.read_chunk()) is not None:
             yield chunk
 
-    def write(self, data: bytes) -> WriteStatus:
-        return self._runner.call(self._handle.write(data))
-
-    def close_stdin(self) -> None:
-        self._runner.call(self._handle.close_stdin())
-
-    def resize(self, rows: int, cols: int) -> None:
-        self._runner.call(self._handle.resize(rows, cols))
-
-    def terminate(self) -> bool:
-        return self._runner.call(self._handle.terminate())
-
-    def signal(self) -> None:
-        """Interrupt (SIGINT to the group)."""
-        self._runner.call(self._handle.signal())
+    write = _blocking(ProcessHandle.write)
+    close_stdin = _blocking(ProcessHandle.close_stdin)
+    resize = _blocking(ProcessHandle.resize)
+    terminate = _blocking(ProcessHandle.terminate)
+    signal = _blocking(ProcessHandle.signal)
 
     def wait(self, timeout: float | None = None) -> ExitStatus:
         """Wait until closed; ``TimeoutError`` after ``timeout`` (the process keeps running)."""
@@ -129,70 +139,45 @@ class Process:
 
 
 @final
-class FileSystem:
+class FileSystem(_Facade):
     """``fs/*`` calls, blocking (see :class:`~exec_server.client.fs.RemoteFileSystem`)."""
 
-    def __init__(self, fs: RemoteFileSystem, runner: _LoopThread) -> None:
-        self._fs = fs
-        self._runner = runner
-
-    def read_file(self, path: PathArg, sandbox: FsSandbox = None) -> bytes:
-        return self._runner.call(self._fs.read_file(path, sandbox))
-
-    def write_file(self, path: PathArg, data: bytes, sandbox: FsSandbox = None) -> None:
-        self._runner.call(self._fs.write_file(path, data, sandbox))
-
-    def create_directory(self, path: PathArg, *, recursive: bool = True,
-                         sandbox: FsSandbox = None) -> None:
-        self._runner.call(self._fs.create_directory(path, recursive=recursive, sandbox=sandbox))
-
-    def get_metadata(self, path: PathArg, sandbox: FsSandbox = None) -> Metadata:
-        return self._runner.call(self._fs.get_metadata(path, sandbox))
-
-    def read_directory(self, path: PathArg, sandbox: FsSandbox = None) -> list[DirEntry]:
-        return self._runner.call(self._fs.read_directory(path, sandbox))
-
-    def remove(self, path: PathArg, *, recursive: bool = True, force: bool = True,
-               sandbox: FsSandbox = None) -> None:
-        self._runner.call(self._fs.remove(path, recursive=recursive, force=force,
-                                          sandbox=sandbox))
-
-    def copy(self, source: PathArg, destination: PathArg, *, recursive: bool,
-             sandbox: FsSandbox = None) -> None:
-        self._runner.call(self._fs.copy(source, destination, recursive=recursive,
-                                        sandbox=sandbox))
-
-    def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str:
-        return self._runner.call(self._fs.canonicalize(path, sandbox))
+    read_file = _blocking(RemoteFileSystem.read_file)
+    write_file = _blocking(RemoteFileSystem.write_file)
+    create_directory = _blocking(RemoteFileSystem.create_directory)
+    get_metadata = _blocking(RemoteFileSystem.get_metadata)
+    read_directory = _blocking(RemoteFileSystem.read_directory)
+    remove = _blocking(RemoteFileSystem.remove)
+    copy = _blocking(RemoteFileSystem.copy)
+    canonicalize = _blocking(RemoteFileSystem.canonicalize)
+    walk = _blocking(RemoteFileSystem.walk)
 
 
 @final
-class ExecServerClient:
+class ExecServerClient(_Facade):
     """A blocking connection to one exec-server. Create with :meth:`connect` or
     :meth:`spawn_stdio`; close with :meth:`close` or ``with``."""
 
     def __init__(self, client: AsyncClient, runner: _LoopThread) -> None:
+        super().__init__(client, runner)
         self._client = client
-        self._runner = runner
         self.fs = FileSystem(RemoteFileSystem(client), runner)
 
     @classmethod
     def connect(cls, url: str, **options: Any) -> ExecServerClient:
         """Connect to ``ws://HOST:PORT``; ``options`` as for the async ``connect``."""
-        runner = _LoopThread()
-        try:
-            client = runner.call(_opened(AsyncClient.connect(url, **options)))
-        except BaseException:
-            runner.stop()
-            raise
-        return cls(client, runner)
+        return cls._open(AsyncClient.connect(url, **options))
 
     @classmethod
     def spawn_stdio(cls, argv: Sequence[str] | None = None, **options: Any) -> ExecServerClient:
         """Start a ``serve --listen stdio`` child and connect to it."""
+        return cls._open(AsyncClient.spawn_stdio(argv, **options))
+
+    @classmethod
+    def _open(cls, opening: Awaitable[AsyncClient]) -> ExecServerClient:
         runner = _LoopThread()
         try:
-            client = runner.call(_opened(AsyncClient.spawn_stdio(argv, **options)))
+            client = runner.call(_awaited(opening))
         except BaseException:
             runner.stop()
             raise
@@ -209,24 +194,7 @@ class ExecServerClient:
     def url(self) -> str | None:
         return self._client.url
 
-    def run(
-        self,
-        cmd: str | Sequence[str],
-        *,
-        shell: bool = False,
-        timeout: float | None = None,
-        check: bool = False,
-        input: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        env_policy: EnvPolicy | None = None,
-        cwd: str | None = None,
-        tty: bool = False,
-        sandbox: msgspec.Struct | None = None,
-    ) -> CompletedProcess:
-        """Run a command to completion; see the async :meth:`ExecServerClient.run`."""
-        return self._runner.call(self._client.run(
-            cmd, shell=shell, timeout=timeout, check=check, input=input, env=env,
-            env_policy=env_policy, cwd=cwd, tty=tty, sandbox=sandbox))
+    run = _blocking(AsyncClient.run)
 
     def spawn(self, argv: Sequence[str], **options: Any) -> Process:
         """Start a process; ``options`` as for the async ``spawn``."""
@@ -252,6 +220,5 @@ class ExecServerClient:
         self.close()
 
 
-async def _opened(opening: Any) -> AsyncClient:
-    client: AsyncClient = await opening
-    return client
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable

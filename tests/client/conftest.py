@@ -65,13 +65,7 @@ class MemoryTransport:
 async def fake() -> AsyncIterator[tuple[ExecServerClient, MemoryTransport]]:
     """A client wired to a MemoryTransport, past the handshake."""
     transport = MemoryTransport()
-    client = ExecServerClient(
-        transport,
-        client_name="test",
-        reconnect_url=None,
-        max_message_size=1 << 20,
-        poll_interval=DEFAULT_POLL_INTERVAL,
-    )
+    client = ExecServerClient(transport, client_name="test", poll_interval=DEFAULT_POLL_INTERVAL)
     handshake = asyncio.create_task(client._handshake(None, 5))
     init = await transport.next_request()
     assert init["method"] == "initialize"

@@ -132,3 +132,24 @@ def test_sync_facade(no_leaks: None, server: Any, tmp_path: Path) -> None:
         assert slow.wait(timeout=30).code == 128 + 15
     assert threading.active_count() == threads_before
     assert os.path.exists(tmp_path / "f")
+
+
+def test_sync_fs_has_the_async_calls_and_their_arguments(
+    no_leaks: None, server: Any, tmp_path: Path
+) -> None:
+    from exec_server.exceptions import ExecServerError
+    from exec_server.sync import ExecServerClient as SyncClient
+
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    (tmp_path / "d" / "f").write_bytes(b"x")
+    (tmp_path / "link").symlink_to(tmp_path / "d" / "f")
+    with SyncClient.connect(server.url) as client:
+        walked = client.fs.walk(str(tmp_path / "d"), max_depth=5)
+        assert sorted((e.path, e.is_directory) for e in walked.entries) == [
+            (str(tmp_path / "d" / "e"), True), (str(tmp_path / "d" / "f"), False)
+        ]
+        assert client.fs.read_file(str(tmp_path / "link")) == b"x"
+        with pytest.raises(ExecServerError) as refused:
+            client.fs.read_file(str(tmp_path / "link"), follow_symlinks=False)
+        assert refused.value.path == str(tmp_path / "link")
+        assert client.fs.get_metadata(str(tmp_path / "d"), follow_symlinks=False).is_directory

@@ -215,3 +215,75 @@ def upstream_and_ours(
             yield up, ours
 
     return start
+
+
+#: a differential case: name, what to lay out in its directory, its requests.
+UpstreamCase = tuple[str, Callable[[Path], None], list[tuple[str, dict[str, Any]]]]
+
+
+class UpstreamDiff:
+    """Runs cases against upstream's server and ours, each case in a fresh directory
+    laid out alike on both sides, and lists where the answers or the trees left differ."""
+
+    def __init__(self, up: _Side, ours: _Side) -> None:
+        self.up, self.ours = up, ours
+
+    async def differences(
+        self,
+        cases: list[UpstreamCase],
+        *,
+        fill: Callable[[dict[str, Any], Path], dict[str, Any]],
+        mask: Callable[[Any], None],
+    ) -> list[str]:
+        """``fill(params, root)`` puts the case directory into a request; ``mask(answer)``
+        blanks what may differ (times). The directory is written as ``<T>``."""
+        found = []
+        for index, (name, layout, steps) in enumerate(cases):
+            seen = []
+            for side in (self.up, self.ours):
+                root = side.root / f"c{index:02d}"
+                root.mkdir()
+                layout(root)
+                replies = [
+                    _answer(await side.call(method, fill(params, root)), root, mask)
+                    for method, params in steps
+                ]
+                seen.append((replies, _left_on_disk(root)))
+            (up_replies, up_disk), (our_replies, our_disk) = seen
+            for i, (a, b) in enumerate(zip(up_replies, our_replies, strict=True)):
+                if a != b:
+                    found.append(f"{name} step {i}: upstream {a} / ours {b}")
+            if up_disk != our_disk:
+                found.append(f"{name} disk: upstream {up_disk} / ours {our_disk}")
+        return found
+
+
+def _answer(reply: dict[str, Any], root: Path, mask: Callable[[Any], None]) -> Any:
+    text = json.dumps(reply.get("result", reply.get("error")), sort_keys=True)
+    answer = json.loads(text.replace(str(root), "<T>"))
+    mask(answer)
+    return ("result" in reply, answer)
+
+
+def _left_on_disk(root: Path) -> list[tuple[str, str, str]]:
+    """What a case left: names, kinds and file contents (links by their target)."""
+    seen = []
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            seen.append((rel, "link", os.readlink(path).replace(str(root), "<T>")))
+        elif path.is_dir():
+            seen.append((rel, "dir", ""))
+        elif path.is_file():
+            seen.append((rel, "file", path.read_text(errors="replace")))
+        else:
+            seen.append((rel, "other", ""))
+    return seen
+
+
+@pytest.fixture
+async def upstream_diff(upstream_and_ours: Any, tmp_path: Path) -> AsyncIterator[UpstreamDiff]:
+    """Upstream's server and ours side by side (:class:`UpstreamDiff`); skips without
+    upstream's binary."""
+    async with upstream_and_ours(tmp_path) as (up, ours):
+        yield UpstreamDiff(up, ours)

@@ -12,9 +12,8 @@ upstream's no-follow ``getMetadata`` the birth time).
 from __future__ import annotations
 
 import base64
-import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,6 @@ import pytest
 from exec_server.client.sandbox_contexts import to_wire, workspace_write
 
 pytestmark = pytest.mark.upstream
-
-
-@pytest.fixture
-async def sides(upstream_and_ours: Any, tmp_path: Path) -> AsyncIterator[tuple[Any, Any]]:
-    async with upstream_and_ours(tmp_path) as pair:
-        yield pair
 
 
 def walk_tree(root: Path) -> None:
@@ -232,49 +225,13 @@ def _fill(value: Any, root: Path) -> Any:
     return value
 
 
-def _answer(reply: dict[str, Any], root: Path) -> Any:
-    text = json.dumps(reply.get("result", reply.get("error")), sort_keys=True)
-    answer = json.loads(text.replace(str(root), "<T>"))
+def _mask(answer: Any) -> None:
     if isinstance(answer, dict):
         for key in ("modifiedAtMs", "createdAtMs"):
             if key in answer:
                 answer[key] = "masked"
-    return ("result" in reply, answer)
 
 
-def _on_disk(root: Path) -> list[tuple[str, str, str]]:
-    seen = []
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            seen.append((rel, "link", os.readlink(path)))
-        elif path.is_dir():
-            seen.append((rel, "dir", ""))
-        elif path.is_file():
-            seen.append((rel, "file", path.read_text(errors="replace")))
-        else:
-            seen.append((rel, "other", ""))
-    return seen
-
-
-async def test_current_fs_answers_match_upstream(sides: tuple[Any, Any]) -> None:
-    up, ours = sides
-    differences = []
-    for index, (name, layout, steps) in enumerate(CASES):
-        answers = []
-        for side in (up, ours):
-            root = side.root / f"c{index:02d}"
-            root.mkdir()
-            layout(root)
-            replies = [
-                _answer(await side.call(method, _fill(params, root)), root)
-                for method, params in steps
-            ]
-            answers.append((replies, _on_disk(root)))
-        if answers[0] != answers[1]:
-            for i, (a, b) in enumerate(zip(answers[0][0], answers[1][0], strict=True)):
-                if a != b:
-                    differences.append(f"{name} step {i}: upstream {a} / ours {b}")
-            if answers[0][1] != answers[1][1]:
-                differences.append(f"{name} disk: upstream {answers[0][1]} / ours {answers[1][1]}")
+async def test_current_fs_answers_match_upstream(upstream_diff: Any) -> None:
+    differences = await upstream_diff.differences(CASES, fill=_fill, mask=_mask)
     assert not differences, "\n".join(differences)

@@ -5,7 +5,7 @@ layout; error codes and messages (with the directory written as ``<T>``) and res
 must be equal, and so must what is left on disk. Skipped when upstream's binary is
 not installed (``pip install openai-codex-cli-bin``, part of the test extras).
 
-The cases are the edges where the eighth session found us answering differently
+The cases are edges where an implementation easily answers differently
 (base64, URI spellings, FIFOs, ancestors that are not directories, error texts) and
 the common paths around them. Differences we keep on purpose (docs/compat.md) are
 not here.
@@ -14,10 +14,8 @@ not here.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +23,6 @@ import pytest
 
 pytestmark = pytest.mark.upstream
 
-
-
-@pytest.fixture
-async def sides(upstream_and_ours: Any, tmp_path: Path) -> AsyncIterator[tuple[Any, Any]]:
-    async with upstream_and_ours(tmp_path) as pair:
-        yield pair
 
 
 def _layout(root: Path) -> None:
@@ -129,43 +121,16 @@ def _fill(value: Any, root: Path) -> Any:
     return value
 
 
-def _answer(reply: dict[str, Any], root: Path) -> Any:
-    """The reply with the case directory written as ``<T>`` and times as "set"."""
-    text = json.dumps(reply.get("result", reply.get("error")), sort_keys=True)
-    text = text.replace(str(root), "<T>")
-    answer = json.loads(text)
+def _fill_all(params: dict[str, Any], root: Path) -> dict[str, Any]:
+    return {k: _fill(v, root) for k, v in params.items()}
+
+
+def _mask(answer: Any) -> None:
     if isinstance(answer, dict) and answer.get("modifiedAtMs"):
         answer["modifiedAtMs"] = "set"
-    return ("result" in reply, answer)
 
 
-def _on_disk(root: Path) -> list[tuple[str, str, str]]:
-    """What the case left: names, kinds and file contents (links by their target)."""
-    seen = []
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            seen.append((rel, "link", os.readlink(path).replace(str(root), "<T>")))
-        elif path.is_dir():
-            seen.append((rel, "dir", ""))
-        elif path.is_file():
-            seen.append((rel, "file", path.read_text(errors="replace")))
-        else:
-            seen.append((rel, "other", ""))
-    return seen
-
-
-async def test_fs_answers_match_upstream(sides: tuple[Any, Any]) -> None:
-    up, ours = sides
-    differences = []
-    for index, (name, method, params) in enumerate(CASES):
-        answers = []
-        for side in (up, ours):
-            root = side.root / f"{index:02d}"
-            root.mkdir()
-            _layout(root)
-            reply = await side.call(method, {k: _fill(v, root) for k, v in params.items()})
-            answers.append((_answer(reply, root), _on_disk(root)))
-        if answers[0] != answers[1]:
-            differences.append(f"{name}: upstream {answers[0]} / ours {answers[1]}")
+async def test_fs_answers_match_upstream(upstream_diff: Any) -> None:
+    cases = [(name, _layout, [(method, params)]) for name, method, params in CASES]
+    differences = await upstream_diff.differences(cases, fill=_fill_all, mask=_mask)
     assert not differences, "\n".join(differences)

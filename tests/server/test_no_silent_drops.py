@@ -18,49 +18,17 @@ import json
 from typing import Any
 
 import pytest
-
-TIMEOUT = 10.0
-UPGRADE = (
-    b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-)
-
-
-def _frame(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
-    first = (0x80 if fin else 0) | opcode
-    n = len(payload)
-    if n < 126:
-        head = bytes((first, 0x80 | n))
-    elif n < 0x10000:
-        head = bytes((first, 0xFE)) + n.to_bytes(2, "big")
-    else:
-        head = bytes((first, 0xFF)) + n.to_bytes(8, "big")
-    return head + b"\0\0\0\0" + payload
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    async with asyncio.timeout(TIMEOUT):
-        b0, b1 = await reader.readexactly(2)
-        size = b1 & 0x7F
-        if size == 126:
-            size = int.from_bytes(await reader.readexactly(2), "big")
-        elif size == 127:
-            size = int.from_bytes(await reader.readexactly(8), "big")
-        return b0 & 0x0F, await reader.readexactly(size)
+from ws_frames import client_frame, read_frame, upgraded
 
 
 async def _open(
     url: str, *, initialize: bool = False
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    host, port = url.removeprefix("ws://").rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(UPGRADE)
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
-    assert head.startswith(b"HTTP/1.1 101")
+    reader, writer = await upgraded(url)
     if initialize:
-        writer.write(_frame(b'{"id":0,"method":"initialize","params":{"clientName":"t"}}'))
-        writer.write(_frame(b'{"method":"initialized"}'))
-        opcode, data = await _read_frame(reader)
+        writer.write(client_frame(b'{"id":0,"method":"initialize","params":{"clientName":"t"}}'))
+        writer.write(client_frame(b'{"method":"initialized"}'))
+        opcode, data = await read_frame(reader)
         assert opcode == 1 and "result" in json.loads(data), data
     return reader, writer
 
@@ -68,28 +36,28 @@ async def _open(
 @pytest.mark.parametrize(
     "payload",
     [
-        _frame(b'{"id":1,"method":"x\xff"}'),
-        _frame(b'{"id":1,"method":"x\xff"}', opcode=2),
-        _frame(b'{"id":1,"method":"initialize","params":{"clientName":"t"}', opcode=2),
-        _frame(b""),
-        _frame(b"\x00"),
-        _frame(b"[" * 100_000),
-        _frame(b'{"id":' + b"9" * 400 + b',"method":"x"}'),
+        client_frame(b'{"id":1,"method":"x\xff"}'),
+        client_frame(b'{"id":1,"method":"x\xff"}', opcode=2),
+        client_frame(b'{"id":1,"method":"initialize","params":{"clientName":"t"}', opcode=2),
+        client_frame(b""),
+        client_frame(b"\x00"),
+        client_frame(b"[" * 100_000),
+        client_frame(b'{"id":' + b"9" * 400 + b',"method":"x"}'),
     ],
     ids=["text-bad-utf8", "binary-bad-utf8", "binary-truncated", "empty", "nul", "deep", "huge-id"],
 )
 async def test_bad_json_rpc_gets_an_error_and_the_connection_goes_on(
     server: Any, payload: bytes
 ) -> None:
-    reader, writer = await _open(server.url)
+    reader, writer = await upgraded(server.url)
     try:
         writer.write(payload)
-        opcode, data = await _read_frame(reader)
+        opcode, data = await read_frame(reader)
         assert opcode == 1
         reply = json.loads(data)
         assert reply["id"] == -1 and reply["error"]["code"] == -32600, reply
-        writer.write(_frame(b'{"id":7,"method":"environment/status"}'))
-        opcode, data = await _read_frame(reader)
+        writer.write(client_frame(b'{"id":7,"method":"environment/status"}'))
+        opcode, data = await read_frame(reader)
         assert json.loads(data) == {"id": 7, "result": {"status": "ready"}}
     finally:
         writer.close()
@@ -98,23 +66,23 @@ async def test_bad_json_rpc_gets_an_error_and_the_connection_goes_on(
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [
-        (_frame(b'{"id":1}', opcode=0), "unexpected continuation frame"),
-        (_frame(b"{}", opcode=3), "invalid opcode"),
+        (client_frame(b'{"id":1}', opcode=0), "unexpected continuation frame"),
+        (client_frame(b"{}", opcode=3), "invalid opcode"),
         (bytes((0x81, 2)) + b"{}", "incorrect masking"),
         (bytes((0xC1, 0x82)) + b"\0\0\0\0{}", "reserved bits must be 0"),
-        (_frame(b"x" * 126, opcode=9), "control frame too long"),
-        (_frame(b"x", opcode=9, fin=False), "fragmented control frame"),
-        (_frame((999).to_bytes(2, "big"), opcode=8), "invalid status code"),
+        (client_frame(b"x" * 126, opcode=9), "control frame too long"),
+        (client_frame(b"x", opcode=9, fin=False), "fragmented control frame"),
+        (client_frame((999).to_bytes(2, "big"), opcode=8), "invalid status code"),
     ],
     ids=["continuation", "opcode", "unmasked", "rsv", "long-ping", "fragmented-ping", "close"],
 )
 async def test_a_protocol_violation_gets_a_close_frame_with_its_reason(
     server: Any, payload: bytes, reason: str
 ) -> None:
-    reader, writer = await _open(server.url)
+    reader, writer = await upgraded(server.url)
     try:
         writer.write(payload)
-        opcode, data = await _read_frame(reader)
+        opcode, data = await read_frame(reader)
         assert opcode == 8
         assert int.from_bytes(data[:2], "big") == 1002
         assert data[2:].decode() == reason
@@ -141,8 +109,8 @@ async def test_a_json_rpc_violation_that_ends_the_connection_says_why(
 ) -> None:
     reader, writer = await _open(server.url, initialize=initialize)
     try:
-        writer.write(_frame(message))
-        opcode, data = await _read_frame(reader)
+        writer.write(client_frame(message))
+        opcode, data = await read_frame(reader)
         assert opcode == 8, data
         assert int.from_bytes(data[:2], "big") == 1008
         assert data[2:].decode() == reason
@@ -155,8 +123,8 @@ async def test_a_long_violation_reason_is_cut_to_what_a_close_frame_holds(server
     character boundary: multi-byte characters across the cut), not a failed close."""
     reader, writer = await _open(server.url, initialize=True)
     try:
-        writer.write(_frame(b'{"method":"' + "é".encode() * 100 + b'"}'))
-        opcode, data = await _read_frame(reader)
+        writer.write(client_frame(b'{"method":"' + "é".encode() * 100 + b'"}'))
+        opcode, data = await read_frame(reader)
         assert opcode == 8, data
         assert int.from_bytes(data[:2], "big") == 1008
         text = data[2:].decode()  # valid UTF-8

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.utils import apply_mask
+from ws_frames import client_frame, read_frame, upgraded
 
 TIMEOUT = 10.0
 Rpc = Callable[[str], Awaitable[Any]]
@@ -426,35 +426,21 @@ async def test_protocol_violation_fails_only_that_connection(server: Any, rpc: R
     assert await other.call("environment/status") == {"status": "ready"}
 
 
-def _frame_header(opcode: int, fin: bool, size: int, mask: bytes) -> bytes:
-    """A masked client frame's header (RFC 6455 §5.2)."""
-    first = (0x80 if fin else 0) | opcode
-    if size < 126:
-        return bytes((first, 0x80 | size)) + mask
-    if size < 0x10000:
-        return bytes((first, 0xFE)) + size.to_bytes(2, "big") + mask
-    return bytes((first, 0xFF)) + size.to_bytes(8, "big") + mask
-
-
 def _client_frame(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
-    """A masked client frame (RFC 6455 §5.2)."""
-    mask = b"\x11\x22\x33\x44"
-    return _frame_header(opcode, fin, len(payload), mask) + apply_mask(payload, mask)
+    """A client frame with a mask that changes the bytes (RFC 6455 §5.3)."""
+    return client_frame(payload, opcode, fin, mask=b"\x11\x22\x33\x44")
 
 
 async def test_frames_split_batched_then_ping_and_fragments(server: Any) -> None:
     """The server's own frame parser: frames across reads, several per read, and the
     hand-over to the library at a ping and a fragmented message."""
-    reader, writer = await _raw_upgrade(server.url)
-
-    async def read_frame() -> tuple[int, bytes]:
-        return await _read_frame(reader)
+    reader, writer = await upgraded(server.url)
 
     def request(msg_id: int, pad: int = 0) -> bytes:
         return _init_request(msg_id, pad)
 
     async def reply_id() -> int:
-        opcode, data = await read_frame()
+        opcode, data = await read_frame(reader)
         assert opcode == 1
         return int(json.loads(data)["id"])
 
@@ -478,7 +464,7 @@ async def test_frames_split_batched_then_ping_and_fragments(server: Any) -> None
         + _client_frame(text[10:], opcode=0)
         + _client_frame(request(5))
     )
-    assert await read_frame() == (10, b"p")
+    assert await read_frame(reader) == (10, b"p")
     assert await reply_id() == 4
     assert await reply_id() == 5
     writer.close()
@@ -522,28 +508,6 @@ async def test_lossless_bulk_output_byte_exact_via_notifications(
     assert b"".join(parts) == payload
 
 
-async def _raw_upgrade(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    host, port = url.removeprefix("ws://").rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(
-        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    )
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
-    assert head.startswith(b"HTTP/1.1 101")
-    return reader, writer
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    b0, b1 = await asyncio.wait_for(reader.readexactly(2), TIMEOUT)
-    size = b1 & 0x7F
-    if size == 126:
-        size = int.from_bytes(await reader.readexactly(2), "big")
-    elif size == 127:
-        size = int.from_bytes(await reader.readexactly(8), "big")
-    return b0 & 0x0F, await asyncio.wait_for(reader.readexactly(size), TIMEOUT)
-
-
 async def _read_message(reader: asyncio.StreamReader, first: bytes) -> bytes:
     """The rest of a message whose first frame's two header bytes were read:
     its fragments, joined; only continuation frames may come between."""
@@ -571,7 +535,7 @@ def _init_request(msg_id: int, pad: int = 0) -> bytes:
 async def test_ping_between_fragments_is_answered_and_message_completes(server: Any) -> None:
     """RFC 6455 allows control frames between fragments: pong first, then the reply;
     fragmented messages keep working afterwards (also across reads)."""
-    reader, writer = await _raw_upgrade(server.url)
+    reader, writer = await upgraded(server.url)
     text = _init_request(1, 300)
     writer.write(
         _client_frame(text[:100], fin=False)
@@ -579,8 +543,8 @@ async def test_ping_between_fragments_is_answered_and_message_completes(server: 
         + _client_frame(text[100:200], opcode=0, fin=False)
         + _client_frame(text[200:], opcode=0)
     )
-    assert await _read_frame(reader) == (10, b"mid")
-    opcode, data = await _read_frame(reader)
+    assert await read_frame(reader) == (10, b"mid")
+    opcode, data = await read_frame(reader)
     assert (opcode, json.loads(data)["id"]) == (1, 1)
     # A second fragmented message split mid-frame over two writes.
     text = _init_request(2, 5000)
@@ -588,7 +552,7 @@ async def test_ping_between_fragments_is_answered_and_message_completes(server: 
     writer.write(frames[:3100])
     await writer.drain()
     writer.write(frames[3100:])
-    opcode, data = await _read_frame(reader)
+    opcode, data = await read_frame(reader)
     assert json.loads(data)["id"] == 2
     writer.close()
 
@@ -604,9 +568,9 @@ async def test_ping_between_fragments_is_answered_and_message_completes(server: 
     ids=["text-inside-fragments", "orphan-continuation"],
 )
 async def test_fragmentation_violations_close_with_1002(server: Any, frames: bytes) -> None:
-    reader, writer = await _raw_upgrade(server.url)
+    reader, writer = await upgraded(server.url)
     writer.write(frames)
-    opcode, data = await _read_frame(reader)
+    opcode, data = await read_frame(reader)
     assert opcode == 8
     assert int.from_bytes(data[:2], "big") == 1002
     writer.close()
@@ -630,15 +594,15 @@ async def test_output_made_while_a_big_reply_is_sent_follows_it_whole(
         text = json.dumps({"id": msg_id, "method": method, "params": params})
         return _client_frame(text.encode())
 
-    reader, writer = await _raw_upgrade(server.url)
+    reader, writer = await upgraded(server.url)
     writer.write(_client_frame(_init_request(1)))
-    assert json.loads((await _read_frame(reader))[1])["id"] == 1
+    assert json.loads((await read_frame(reader))[1])["id"] == 1
     writer.write(_client_frame(b'{"method":"initialized","params":{}}'))
     writer.write(message(2, "process/start", {
         "processId": "p", "argv": ["/bin/cat", str(fifo)], "cwd": str(tmp_path),
         "env": {"PATH": "/usr/bin:/bin"}, "tty": False, "sandbox": None,
     }))
-    assert json.loads((await _read_frame(reader))[1])["result"]["processId"] == "p"
+    assert json.loads((await read_frame(reader))[1])["result"]["processId"] == "p"
     writer.write(message(10, "fs/readFile", {"path": (tmp_path / "big").as_uri(), "sandbox": None}))
     first = await asyncio.wait_for(reader.readexactly(2), TIMEOUT)  # the reply has begun
     assert first[0] in (0x01, 0x81)  # a Text frame, the first of several or the only one
@@ -652,7 +616,7 @@ async def test_output_made_while_a_big_reply_is_sent_follows_it_whole(
     assert base64.b64decode(reply["result"]["dataBase64"]) == data
     output = b""
     while True:
-        opcode, payload = await _read_frame(reader)
+        opcode, payload = await read_frame(reader)
         assert opcode == 1
         note = json.loads(payload)
         if note["method"] == "process/output":

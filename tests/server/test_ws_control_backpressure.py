@@ -10,48 +10,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from ws_frames import TIMEOUT, UPGRADE, client_frame, read_frame, upgraded
 
-TIMEOUT = 10.0
 MiB = 1 << 20
-ZERO_MASK = b"\0\0\0\0"
-
-
-def _client_frame(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
-    """A masked client frame (RFC 6455 §5.2); the zero mask leaves the payload as is."""
-    first = (0x80 if fin else 0) | opcode
-    size = len(payload)
-    if size < 126:
-        head = bytes((first, 0x80 | size))
-    elif size < 0x10000:
-        head = bytes((first, 0xFE)) + size.to_bytes(2, "big")
-    else:
-        head = bytes((first, 0xFF)) + size.to_bytes(8, "big")
-    return head + ZERO_MASK + payload
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    async with asyncio.timeout(TIMEOUT):
-        b0, b1 = await reader.readexactly(2)
-        size = b1 & 0x7F
-        if size == 126:
-            size = int.from_bytes(await reader.readexactly(2), "big")
-        elif size == 127:
-            size = int.from_bytes(await reader.readexactly(8), "big")
-        return b0 & 0x0F, await reader.readexactly(size)
-
-
-async def _upgrade(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, (host, port))
-    reader, writer = await asyncio.open_connection(sock=sock)
-    writer.write(
-        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    )
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
-    assert head.startswith(b"HTTP/1.1 101")
-    return reader, writer
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -71,8 +32,8 @@ _HEAD = b'{"id":1,"method":"fs/writeFile","params":{"dataBase64":"'
 
 def _fragments(size: int) -> bytes:
     """A Text message's first ``size`` bytes in 1 MiB fragments, without its last one."""
-    first = _client_frame(_HEAD + b"A" * (MiB - len(_HEAD)), fin=False)
-    rest = _client_frame(b"A" * MiB, opcode=0, fin=False)
+    first = client_frame(_HEAD + b"A" * (MiB - len(_HEAD)), fin=False)
+    rest = client_frame(b"A" * MiB, opcode=0, fin=False)
     return first + rest * (size // MiB - 1)
 
 
@@ -100,26 +61,25 @@ async def test_abandoned_32_mib_messages_leave_the_server_resident_size_as_it_wa
     resident size comes back to where it was, with no collection forced (each
     message used to stay mapped: +105 MB for three)."""
     srv = server_factory()
-    host, port = srv.url.removeprefix("ws://").rsplit(":", 1)
     init = json.dumps({"id": 0, "method": "initialize", "params": {"clientName": "t"}})
     partial = _fragments(32 * MiB)
 
     idle = _sockets(srv)
-    reader, writer = await _upgrade(host, int(port))  # a warm-up: its buffers stay allocated
-    writer.write(_client_frame(init.encode()))
-    assert (await _read_frame(reader))[0] == 1
+    reader, writer = await upgraded(srv.url)  # a warm-up: its buffers stay allocated
+    writer.write(client_frame(init.encode()))
+    assert (await read_frame(reader))[0] == 1
     writer.close()
     await wait_until(lambda: _sockets(srv) <= idle)
     baseline = _vm_rss(srv.pid)
 
     for _ in range(3):
-        reader, writer = await _upgrade(host, int(port))
+        reader, writer = await upgraded(srv.url)
         writer.write(partial)
-        writer.write(_client_frame(b"sync", opcode=9))  # the pong follows the last fragment
-        assert await _read_frame(reader) == (10, b"sync")
+        writer.write(client_frame(b"sync", opcode=9))  # the pong follows the last fragment
+        assert await read_frame(reader) == (10, b"sync")
         if end == "close":
-            writer.write(_client_frame((1000).to_bytes(2, "big"), opcode=8))
-            assert (await _read_frame(reader))[0] == 8
+            writer.write(client_frame((1000).to_bytes(2, "big"), opcode=8))
+            assert (await read_frame(reader))[0] == 8
             writer.close()
         else:
             _reset(writer)
@@ -138,17 +98,16 @@ async def test_the_frame_guard_is_twice_the_message_limit_plus_1_mib(
     of up to 3 MiB (2 x 1 MiB + 1 MiB) is an oversized message (-32600, the
     connection stays); one byte more closes the connection with 1009."""
     srv = server_factory("--max-message-size", "1M")
-    host, port = srv.url.removeprefix("ws://").rsplit(":", 1)
     guard = 2 * MiB + MiB
 
     def request(size: int) -> bytes:
         text = b'{"id":7,"method":"fs/writeFile","params":{"dataBase64":"'
-        return _client_frame(text + b"A" * (size - len(text) - 3) + b'"}}')
+        return client_frame(text + b"A" * (size - len(text) - 3) + b'"}}')
 
-    reader, writer = await _upgrade(host, int(port))
+    reader, writer = await upgraded(srv.url)
     for size in (3_000_101, guard):
         writer.write(request(size))
-        reply = json.loads((await _read_frame(reader))[1])
+        reply = json.loads((await read_frame(reader))[1])
         assert reply == {
             "id": 7,
             "error": {
@@ -158,7 +117,7 @@ async def test_the_frame_guard_is_twice_the_message_limit_plus_1_mib(
             },
         }
     writer.write(request(guard + 1))
-    opcode, data = await _read_frame(reader)
+    opcode, data = await read_frame(reader)
     assert opcode == 8
     assert int.from_bytes(data[:2], "big") == 1009
     assert data[2:] == f"frame with {guard + 1} bytes exceeds limit of {guard} bytes".encode()
@@ -201,20 +160,17 @@ async def test_a_client_that_pings_without_reading_is_held_back_not_buffered() -
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
         reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 22)
-        writer.write(
-            b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        )
+        writer.write(UPGRADE)
         await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
         (conn,) = server.connections
 
         async def flood() -> None:
             assert writer is not None
-            batch = _client_frame(b"p" * 125, opcode=9) * BATCH
+            batch = client_frame(b"p" * 125, opcode=9) * BATCH
             for _ in range(FLOOD // BATCH):
                 writer.write(batch)
                 await writer.drain()
-            writer.write(_client_frame(b'{"after":"flood"}'))
+            writer.write(client_frame(b'{"after":"flood"}'))
             await writer.drain()
 
         sender = asyncio.create_task(flood())
@@ -233,7 +189,7 @@ async def test_a_client_that_pings_without_reading_is_held_back_not_buffered() -
         pongs = 0
         async with asyncio.timeout(120):
             while True:
-                opcode, data = await _read_frame(reader)
+                opcode, data = await read_frame(reader)
                 if opcode == 10:
                     assert data == b"p" * 125
                     pongs += 1

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from exec_server.cli.args import is_utf8
+from exec_server.cli.main import APPLY_PATCH_FLAG
 from exec_server.client.fs import LocalFileSystem
 from exec_server.exceptions import os_error_message
 from exec_server.patch.apply import apply_patch
@@ -23,18 +25,7 @@ from exec_server.patch.errors import PatchError
 
 __all__ = ["APPLY_PATCH_FLAG", "console_main", "hidden_flag_main", "register", "run_patch"]
 
-APPLY_PATCH_FLAG = "--codex-run-as-apply-patch"
-
 _USAGE = "Usage: apply_patch 'PATCH'\n       echo 'PATCH' | apply_patch\n"
-
-
-def _is_utf8(arg: str) -> bool:
-    """Python decodes argv with surrogateescape; lone surrogates mean invalid UTF-8."""
-    try:
-        arg.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def run_patch(patch: str, *, stdout: TextIO, stderr: TextIO) -> int:
@@ -79,7 +70,7 @@ def hidden_flag_main(args: Sequence[str]) -> int:
 
     stdin is never read and extra arguments are ignored (§11).
     """
-    if not args or not _is_utf8(args[0]):
+    if not args or not is_utf8(args[0]):
         sys.stderr.write(f"Error: {APPLY_PATCH_FLAG} requires a UTF-8 PATCH argument.\n")
         return 1
     return run_patch(args[0], stdout=sys.stdout, stderr=sys.stderr)
@@ -102,7 +93,7 @@ def console_main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("Error: apply_patch accepts exactly one argument.\n")
         return 2
     if args:
-        if not _is_utf8(args[0]):
+        if not is_utf8(args[0]):
             sys.stderr.write("Error: apply_patch requires a UTF-8 PATCH argument.\n")
             return 1
         return run_patch(args[0], stdout=sys.stdout, stderr=sys.stderr)
@@ -113,7 +104,7 @@ def _subcommand(ns: argparse.Namespace) -> int:
     patch: str | None = ns.patch
     if patch is None:
         return _read_stdin_and_run(sys.stdout, sys.stderr)
-    if not _is_utf8(patch):
+    if not is_utf8(patch):
         sys.stderr.write("Error: apply_patch requires a UTF-8 PATCH argument.\n")
         return 1
     return run_patch(patch, stdout=sys.stdout, stderr=sys.stderr)

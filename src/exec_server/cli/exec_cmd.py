@@ -5,7 +5,7 @@ code. Pipe mode forwards our stdin (``pipeStdin``; end of input through the
 ``process/closeStdin`` extension, so only against servers that implement it)
 and ^C: the first sends ``process/signal`` (SIGINT to the remote group), a
 second terminates the group and returns at once (a background job holding the
-output open no longer keeps us waiting). ``--tty`` runs on a remote PTY with
+output open does not keep us waiting). ``--tty`` runs on a remote PTY with
 our terminal raw, sized like ours and resized on SIGWINCH (the
 ``process/resizePty`` extension, again only where implemented). Our own
 failures (cannot connect, spawn refused, connection lost) print one line to
@@ -29,6 +29,8 @@ import tty as tty_mod
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
+from exec_server.cli.args import add_sandbox_flags, command_words, is_utf8
+
 if TYPE_CHECKING:
     import ssl
 
@@ -46,7 +48,6 @@ EXIT_BROKEN_PIPE: Final = 128 + signal.SIGPIPE
 #: Sent to the PTY when our stdin ends (the terminal's EOF character).
 _EOT: Final = b"\x04"
 _STDIN_READ_SIZE: Final = 65536
-_MODES: Final = ("read-only", "workspace-write", "danger-full-access")
 
 
 class _Abandoned(Exception):
@@ -89,12 +90,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("-n", "--no-stdin", action="store_true",
                    help="do not forward stdin (pipe mode; the command reads /dev/null)")
-    p.add_argument("--sandbox", choices=_MODES, default=None,
-                   help="confine the command on the server (default: unconfined)")
-    p.add_argument("--writable-root", action="append", default=[], metavar="DIR",
-                   help="extra writable root for workspace-write (absolute; repeatable)")
-    p.add_argument("--network", action="store_true",
-                   help="allow network access in the sandbox")
+    add_sandbox_flags(p, default=None,
+                      sandbox_help="confine the command on the server (default: unconfined)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...")
     p.set_defaults(func=_run)
 
@@ -102,16 +99,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _fail(message: str, code: int = EXIT_USAGE) -> int:
     print(f"exec-server exec: {message}", file=sys.stderr)
     return code
-
-
-def _not_utf8(text: str) -> bool:
-    """Python decodes argv/environ with surrogateescape: lone surrogates are bytes
-    that are not UTF-8, which JSON (the protocol's strings) cannot carry."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _shown(text: str) -> str:
@@ -132,9 +119,7 @@ def _check_url(url: str) -> str | None:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    argv: list[str] = list(ns.command)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
+    argv = command_words(ns)
     if not argv:
         return _fail("missing command (use: -- CMD ARGS...)")
     if not argv[0]:
@@ -146,11 +131,11 @@ def _run(ns: argparse.Namespace) -> int:
             return _fail(f"--env expects K=V, got {item!r}")
         env[key] = value
     for n, arg in enumerate(argv):
-        if _not_utf8(arg):
+        if not is_utf8(arg):
             return _fail(f"argument {n + 1} ({_shown(arg)}) is not valid UTF-8; the protocol "
                          "carries arguments as text")
     for key, value in env.items():
-        if _not_utf8(key) or _not_utf8(value):
+        if not (is_utf8(key) and is_utf8(value)):
             return _fail(f"--env {_shown(key)}: not valid UTF-8; the protocol carries the "
                          "environment as text")
     bad_url = _check_url(ns.url)
@@ -263,11 +248,11 @@ async def _diagnose_start(client: ExecServerClient, cwd: str, explicit: bool,
 async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str,
                 env: dict[str, str], connection: ConnectionOptions) -> int:
     from exec_server.client import ClientError, ExecServerClient
+    from exec_server.client.run import inherit_server_env
     from exec_server.exceptions import ExecServerError
     from exec_server.protocol.process_types import (
         METHOD_CLOSE_STDIN,
         METHOD_RESIZE_PTY,
-        EnvPolicy,
         ProcessStream,
     )
 
@@ -293,12 +278,9 @@ async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str,
                          and await client.supports(METHOD_RESIZE_PTY))
         except (ExecServerError, ClientError) as exc:
             return _fail(str(exc), EXIT_CLIENT_FAILURE)
-        policy = EnvPolicy(
-            inherit="all", ignore_default_excludes=False, exclude=[], set={}, include_only=[]
-        )
         try:
-            handle = await client.spawn(argv, cwd=cwd, env=env, env_policy=policy, tty=tty,
-                                        pipe_stdin=forward_stdin, sandbox=sandbox)
+            handle = await client.spawn(argv, cwd=cwd, env=env, env_policy=inherit_server_env(),
+                                        tty=tty, pipe_stdin=forward_stdin, sandbox=sandbox)
         except ExecServerError as exc:
             message = await _diagnose_start(client, cwd, ns.cwd is not None, argv, exc)
             return _fail(message, EXIT_CLIENT_FAILURE)

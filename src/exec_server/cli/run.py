@@ -23,6 +23,7 @@ import subprocess
 import sys
 from typing import Any
 
+from exec_server.cli.args import add_sandbox_flags, command_words
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.plan import SandboxType
 
@@ -33,7 +34,6 @@ EXIT_SETUP = 125
 #: the shell's codes: found but not executable; not found.
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
-_MODES = ("read-only", "workspace-write", "danger-full-access")
 
 
 def register(subparsers: Any) -> None:
@@ -43,11 +43,7 @@ def register(subparsers: Any) -> None:
         help="run a local command under the sandbox (try a policy)",
         description="Run CMD confined by the kernel and exit with its status.",
     )
-    parser.add_argument("--sandbox", choices=_MODES, default="read-only",
-                        help="policy (default: read-only)")
-    parser.add_argument("--writable-root", action="append", default=[], metavar="DIR",
-                        help="extra writable root for workspace-write (absolute; repeatable)")
-    parser.add_argument("--network", action="store_true", help="allow network access")
+    add_sandbox_flags(parser, default="read-only", sandbox_help="policy (default: read-only)")
     parser.add_argument("--backend", choices=("auto", "bwrap", "landlock"), default="auto",
                         help="Linux mechanism (default: auto = bwrap if usable, else landlock)")
     parser.add_argument("--probe", action="store_true",
@@ -160,9 +156,7 @@ def run(ns: argparse.Namespace) -> int:
 
         sys.stdout.write(json.dumps(probe_report(), indent=2) + "\n")
         return 0
-    command = list(ns.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = command_words(ns)
     if not command:
         sys.stderr.write("exec-server run: missing command (usage: exec-server run [OPTIONS] "
                          "-- CMD ARGS...)\n")

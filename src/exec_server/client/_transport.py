@@ -26,7 +26,6 @@ __all__ = [
     "StdioTransport",
     "Transport",
     "WebSocketTransport",
-    "default_stdio_argv",
 ]
 
 #: Largest inbound message the client accepts (a 512 MiB ``fs/readFile`` reply in base64).
@@ -47,20 +46,6 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
     def describe(self) -> str: ...
-
-
-def _reason(url: str, exc: BaseException) -> str:
-    """A connect failure in words: some carry no text (a reset is ``ConnectionResetError()``)."""
-    words: dict[type[BaseException], str] = {
-        ConnectionResetError: "connection reset by the server",
-        ConnectionAbortedError: "connection aborted",
-        TimeoutError: "timed out",
-    }
-    text = str(exc) or words.get(type(exc), type(exc).__name__)
-    if url.startswith("wss:") and isinstance(exc, ConnectionError | ssl.SSLError):
-        # a plain ws:// server answers the TLS ClientHello with a reset or garbage
-        text += " during the TLS handshake (is the server listening on plain ws://?)"
-    return text
 
 
 class WebSocketTransport:
@@ -197,17 +182,11 @@ def _refusal_text(url: str, exc: InvalidStatus) -> str:
     return text
 
 
-def default_stdio_argv() -> list[str]:
-    """``python -m exec_server serve --listen stdio`` with this interpreter."""
-    return [sys.executable, "-m", "exec_server", "serve", "--listen", "stdio"]
-
-
 class StdioTransport:
     """A child ``exec-server serve --listen stdio``; newline-delimited JSON on its pipes."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, argv: Sequence[str]) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self._proc = proc
-        self._argv = list(argv)
         assert proc.stdin is not None and proc.stdout is not None
         self._stdin = proc.stdin
         self._stdout = proc.stdout
@@ -220,18 +199,15 @@ class StdioTransport:
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> StdioTransport:
         """Start the server child; its stderr is inherited so its logs stay visible."""
-        args = list(argv) if argv is not None else default_stdio_argv()
+        if argv is None:
+            argv = [sys.executable, "-m", "exec_server", "serve", "--listen", "stdio"]
         proc = await asyncio.create_subprocess_exec(
-            *args,
+            *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             limit=max_message_size,
         )
-        return cls(proc, args)
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
+        return cls(proc)
 
     async def send(self, data: bytes) -> None:
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal as _signal
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, Unpack, final, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Unpack, final, runtime_checkable
 
 import msgspec
 
@@ -28,7 +28,7 @@ from exec_server.client.process import (
     registered,
     resolve_start,
 )
-from exec_server.client.run import run_command
+from exec_server.client.run import RunOptions, run_command
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidParamsError, from_domain_error
 from exec_server.http.errors import HttpBodyFailed, HttpError
@@ -89,7 +89,9 @@ class ExecBackend(Protocol):
         :meth:`ExecServerClient.http_request` for the arguments and errors."""
         ...
 
-    async def run(self, cmd: str | Sequence[str], **options: Any) -> CompletedProcess:
+    async def run(
+        self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
+    ) -> CompletedProcess:
         """Run to completion; see :meth:`ExecServerClient.run` for the arguments."""
         ...
 
@@ -126,8 +128,10 @@ class RemoteExecBackend:
     ) -> HttpResponse:
         return await self.client.http_request(method, url, **options)
 
-    async def run(self, cmd: str | Sequence[str], **options: Any) -> CompletedProcess:
-        return await run_command(self.client.spawn, cmd, **options)
+    async def run(
+        self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
+    ) -> CompletedProcess:
+        return await self.client.run(cmd, **options)
 
     def list_processes(self) -> list[ProcessHandle]:
         return self.client.list_processes()
@@ -252,7 +256,9 @@ class LocalExecBackend:
             return HttpResponse(raw.status, raw.headers, data)
         return HttpResponse(raw.status, raw.headers, chunks=_local_body(raw), close=raw.aclose)
 
-    async def run(self, cmd: str | Sequence[str], **options: Any) -> CompletedProcess:
+    async def run(
+        self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
+    ) -> CompletedProcess:
         """Run to completion; see :meth:`ExecServerClient.run` (the environment
         policy's "server" is this process)."""
         return await run_command(self.start, cmd, **options)

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from ssl import SSLContext
-from typing import Any, Final, Generic, ParamSpec, TypeVar, final
+from typing import Final, TypeVar, Unpack, final
 
 import msgspec
 
+from exec_server.client._opening import Opening as Opening
+from exec_server.client._opening import opening
 from exec_server.client._transport import (
     DEFAULT_MAX_MESSAGE_SIZE,
     StdioTransport,
@@ -47,7 +47,7 @@ from exec_server.client.process import (
     registered,
     resolve_start,
 )
-from exec_server.client.run import run_command
+from exec_server.client.run import RunOptions, run_command
 from exec_server.exceptions import ExecServerError, MethodNotFoundError, error_for_code
 from exec_server.protocol.codec import (
     ProtocolError,
@@ -119,9 +119,13 @@ DEFAULT_CONNECT_TIMEOUT: Final = 5.0
 DEFAULT_INITIALIZE_TIMEOUT: Final = 5.0
 
 _METHOD_INITIALIZE: Final = "initialize"
-#: no server knows this process; used to ask whether an extension exists.
-_PROBE_ID: Final = "exec-server-client-probe"
 _NOTIFY_INITIALIZED: Final = "initialized"
+#: no server knows this process; asking about it tells whether an extension exists.
+_PROBE_ID: Final = "exec-server-client-probe"
+_PROBES: Final[dict[str, msgspec.Struct]] = {
+    METHOD_RESIZE_PTY: ResizePtyParams(process_id=_PROBE_ID, rows=1, cols=1),
+    METHOD_CLOSE_STDIN: CloseStdinParams(process_id=_PROBE_ID),
+}
 
 
 class InitializeParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -140,48 +144,20 @@ class InitializeResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"
 
 
 class _Empty(msgspec.Struct, frozen=True):
-    """``{}`` params for ``initialized``."""
+    """``{}``: the params of ``initialized``, the result of a probe."""
 
-
-_output_decoder: Final = msgspec.json.Decoder(OutputNotification)
-_exited_decoder: Final = msgspec.json.Decoder(ExitedNotification)
-_closed_decoder: Final = msgspec.json.Decoder(ClosedNotification)
-_delta_decoder: Final = msgspec.json.Decoder(BodyDelta)
 
 _Event = OutputNotification | ExitedNotification | ClosedNotification
+#: notification method -> decoder of its params.
+_DECODERS: Final[dict[str, msgspec.json.Decoder[_Event | BodyDelta]]] = {
+    NOTIFY_OUTPUT: msgspec.json.Decoder(OutputNotification),
+    NOTIFY_EXITED: msgspec.json.Decoder(ExitedNotification),
+    NOTIFY_CLOSED: msgspec.json.Decoder(ClosedNotification),
+    NOTIFY_BODY_DELTA: msgspec.json.Decoder(BodyDelta),
+}
 
-
-C = TypeVar("C", bound="ExecServerClient")
-P = ParamSpec("P")
-
-
-class Opening(Generic[C]):
-    """What :meth:`ExecServerClient.connect` returns: await it for the client,
-    or use it directly as ``async with ExecServerClient.connect(url) as client``
-    (the client is closed when the block ends)."""
-
-    def __init__(self, coro: Coroutine[Any, Any, C]) -> None:
-        self._coro = coro
-        self._client: C | None = None
-
-    def __await__(self) -> Generator[Any, None, C]:
-        return self._coro.__await__()
-
-    async def __aenter__(self) -> C:
-        self._client = await self._coro
-        return self._client
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-
-
-def _opening(fn: Callable[P, Coroutine[Any, Any, C]]) -> Callable[P, Opening[C]]:
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Opening[C]:
-        return Opening(fn(*args, **kwargs))
-
-    return wrapper
+#: opens the connection again (for ``reconnect()``) within a timeout in seconds.
+_Reopen = Callable[[float], Awaitable[Transport]]
 
 
 @final
@@ -196,16 +172,15 @@ class ExecServerClient:
         self,
         transport: Transport,
         *,
-        client_name: str,
-        reconnect_url: str | None,
-        max_message_size: int,
-        poll_interval: float,
+        client_name: str = DEFAULT_CLIENT_NAME,
+        url: str | None = None,
+        reopen: _Reopen | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
         self._transport = transport
         self._client_name = client_name
-        self._url = reconnect_url
-        self._ws_options = _WsOptions()
-        self._max_message_size = max_message_size
+        self._url = url
+        self._reopen = reopen
         self._poll_interval = poll_interval
         self._next_id = 0
         self._pending: dict[int | str, asyncio.Future[Response | ErrorResponse]] = {}
@@ -225,7 +200,7 @@ class ExecServerClient:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    @_opening
+    @opening
     async def connect(
         cls,
         url: str,
@@ -255,21 +230,22 @@ class ExecServerClient:
                 failed, or the server refused it (``status`` 401: token).
             InvalidRequestError: the server refused the resume (unknown/attached id).
         """
-        options = _WsOptions(token=token, ssl_context=ssl)
-        transport = await _open_ws(url, connect_timeout, max_message_size, options)
-        return await cls._open(
-            transport,
-            client_name=client_name,
-            reconnect_url=url,
-            max_message_size=max_message_size,
-            poll_interval=poll_interval,
-            resume_session_id=resume_session_id,
-            initialize_timeout=initialize_timeout,
-            ws_options=options,
-        )
+
+        async def reopen(limit: float) -> Transport:
+            try:
+                async with asyncio.timeout(limit):
+                    return await WebSocketTransport.open(
+                        url, max_message_size=max_message_size, token=token, ssl_context=ssl
+                    )
+            except TimeoutError as exc:
+                raise HandshakeError(f"connecting to {url} timed out after {limit} s") from exc
+
+        client = cls(await reopen(connect_timeout), client_name=client_name, url=url,
+                     reopen=reopen, poll_interval=poll_interval)
+        return await client._start(resume_session_id, initialize_timeout)
 
     @classmethod
-    @_opening
+    @opening
     async def spawn_stdio(
         cls,
         argv: Sequence[str] | None = None,
@@ -284,45 +260,17 @@ class ExecServerClient:
         The child server lives as long as the client; ``aclose()`` ends it.
         """
         transport = await StdioTransport.spawn(argv, max_message_size=max_message_size)
-        return await cls._open(
-            transport,
-            client_name=client_name,
-            reconnect_url=None,
-            max_message_size=max_message_size,
-            poll_interval=poll_interval,
-            resume_session_id=None,
-            initialize_timeout=initialize_timeout,
-        )
+        client = cls(transport, client_name=client_name, poll_interval=poll_interval)
+        return await client._start(None, initialize_timeout)
 
-    @classmethod
-    async def _open(
-        cls,
-        transport: Transport,
-        *,
-        client_name: str,
-        reconnect_url: str | None,
-        max_message_size: int,
-        poll_interval: float,
-        resume_session_id: str | None,
-        initialize_timeout: float,
-        ws_options: _WsOptions | None = None,
-    ) -> ExecServerClient:
-        """Wrap an open transport and run the handshake; the client is closed if it fails."""
-        client = cls(
-            transport,
-            client_name=client_name,
-            reconnect_url=reconnect_url,
-            max_message_size=max_message_size,
-            poll_interval=poll_interval,
-        )
-        if ws_options is not None:
-            client._ws_options = ws_options
+    async def _start(self, resume_session_id: str | None, limit: float) -> ExecServerClient:
+        """Run the handshake on the new connection; the client is closed if it fails."""
         try:
-            await client._handshake(resume_session_id, initialize_timeout)
+            await self._handshake(resume_session_id, limit)
         except BaseException:
-            await client.aclose()
+            await self.aclose()
             raise
-        return client
+        return self
 
     async def _handshake(self, resume: str | None, limit: float) -> None:
         params = InitializeParams(client_name=self._client_name, resume_session_id=resume)
@@ -419,12 +367,10 @@ class ExecServerClient:
         """
         if self._closed:
             raise ClientClosedError("client closed")
-        if self._url is None:
+        if self._reopen is None:
             raise HandshakeError("a stdio client cannot reconnect")
         await self.disconnect()
-        transport = await _open_ws(
-            self._url, connect_timeout, self._max_message_size, self._ws_options
-        )
+        transport = await self._reopen(connect_timeout)
         self._transport = transport
         self._lost = None
         self._reader = asyncio.create_task(self._read_loop(transport))
@@ -514,27 +460,19 @@ class ExecServerClient:
             body.put_nowait(exc)
 
     def _dispatch(self, msg: Notification) -> None:
-        if msg.params is None:
+        decoder = _DECODERS.get(msg.method)
+        if decoder is None or msg.params is None:
+            logger.debug("ignoring notification %s", msg.method)
             return
-        event: _Event
         try:
-            if msg.method == NOTIFY_BODY_DELTA:
-                delta = _delta_decoder.decode(msg.params)
-                body = self._http_bodies.get(delta.request_id)
-                if body is not None:
-                    body.put_nowait(delta)
-                return
-            if msg.method == NOTIFY_OUTPUT:
-                event = _output_decoder.decode(msg.params)
-            elif msg.method == NOTIFY_EXITED:
-                event = _exited_decoder.decode(msg.params)
-            elif msg.method == NOTIFY_CLOSED:
-                event = _closed_decoder.decode(msg.params)
-            else:
-                logger.debug("ignoring notification %s", msg.method)
-                return
+            event = decoder.decode(msg.params)
         except msgspec.ValidationError as exc:
             logger.warning("ignoring malformed %s notification: %s", msg.method, exc)
+            return
+        if isinstance(event, BodyDelta):
+            body = self._http_bodies.get(event.request_id)
+            if body is not None:
+                body.put_nowait(event)
             return
         handle = self._handles.get(event.process_id)
         if handle is not None:
@@ -665,15 +603,10 @@ class ExecServerClient:
         known = self._extensions.get(method)
         if known is not None:
             return known
-        probe: msgspec.Struct
-        if method == METHOD_RESIZE_PTY:
-            probe = ResizePtyParams(process_id=_PROBE_ID, rows=1, cols=1)
-        elif method == METHOD_CLOSE_STDIN:
-            probe = CloseStdinParams(process_id=_PROBE_ID)
-        else:
+        if method not in _PROBES:
             raise ValueError(f"not an extension method: {method}")
         try:
-            await self._extension(method, probe, _Empty)
+            await self._extension(method, _PROBES[method], _Empty)
         except NotSupportedError:
             return False
         except ExecServerError:
@@ -742,44 +675,26 @@ class ExecServerClient:
         return handle
 
     async def run(
-        self,
-        cmd: str | Sequence[str],
-        *,
-        shell: bool = False,
-        timeout: float | None = None,  # noqa: ASYNC109 - subprocess.run's shape
-        check: bool = False,
-        input: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        env_policy: EnvPolicy | None = None,
-        cwd: str | None = None,
-        tty: bool = False,
-        sandbox: msgspec.Struct | None = None,
+        self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
     ) -> CompletedProcess:
         """Run a command to completion and return its exit code and output.
 
         Args:
             cmd: a list of arguments, or with ``shell=True`` one string for
                 ``/bin/sh -c``.
-            timeout: seconds; when they run out the process group is
-                terminated and :class:`ProcessTimeoutError` raised.
-            check: raise :class:`ProcessError` for a non-zero exit code.
-            input: bytes for its stdin, then end of input (pipes: needs the
-                ``process/closeStdin`` extension; ``tty``: sent, then ^D).
-            env: variables on top of ``env_policy``.
-            env_policy: default: the server's environment minus secret-looking
-                names (``*KEY*``, ``*SECRET*``, ``*TOKEN*``).
-            cwd, tty, sandbox: as for :meth:`spawn`.
+            options: :class:`~exec_server.client.run.RunOptions` (``shell``,
+                ``timeout``, ``check``, ``input``, ``env``, ``env_policy``,
+                ``cwd``, ``tty``, ``sandbox``).
 
         Returns:
             ``CompletedProcess`` (``exit_code``, ``stdout``, ``stderr``).
 
         Raises:
-            ProcessTimeoutError, ProcessError: as above; both carry
+            ProcessTimeoutError: ``timeout`` ran out (the group was terminated).
+            ProcessError: ``check`` and a non-zero exit code; both carry
                 ``exit_code``, ``stdout`` and ``stderr``.
         """
-        return await run_command(self.spawn, cmd, shell=shell, timeout=timeout, check=check,
-                                 input=input, env=env, env_policy=env_policy, cwd=cwd, tty=tty,
-                                 sandbox=sandbox)
+        return await run_command(self.spawn, cmd, **options)
 
     def list_processes(self) -> list[ProcessHandle]:
         """The processes this client started (or adopted) that are not closed yet.
@@ -811,34 +726,8 @@ class ExecServerClient:
         self._handles.pop(process_id, None)
 
 
-@dataclass(frozen=True, slots=True)
-class _WsOptions:
-    """How a WebSocket connection (and each reconnection) is opened."""
-
-    token: str | None = None
-    ssl_context: SSLContext | None = None
-
-    def __repr__(self) -> str:  # never show the token
-        return f"_WsOptions(token={'***' if self.token else None}, ssl={self.ssl_context})"
-
-
 def _pairs(result: HttpRequestResult) -> list[tuple[str, str]]:
     return [(h.name, h.value) for h in result.headers]
-
-
-async def _open_ws(
-    url: str, limit: float, max_message_size: int, options: _WsOptions
-) -> WebSocketTransport:
-    try:
-        async with asyncio.timeout(limit):
-            return await WebSocketTransport.open(
-                url,
-                max_message_size=max_message_size,
-                token=options.token,
-                ssl_context=options.ssl_context,
-            )
-    except TimeoutError as exc:
-        raise HandshakeError(f"connecting to {url} timed out after {limit} s") from exc
 
 
 @final

@@ -26,11 +26,12 @@ import contextlib
 import functools
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Literal, Protocol, TypeVar
 
 import msgspec
 
+from exec_server.client._opening import Closable, Opening
 from exec_server.config import ServerConfig
 from exec_server.exceptions import ExecServerError, InternalError, InvalidParamsError
 from exec_server.fs.context import route_for
@@ -50,7 +51,6 @@ from exec_server.protocol.sandbox_types import encode_client_context
 __all__ = [
     "DirEntry",
     "ExecutorFileSystem",
-    "FileOpening",
     "FileStream",
     "FsSandbox",
     "LocalFileSystem",
@@ -155,41 +155,6 @@ class FileStream:
         await self.aclose()
 
 
-class FileOpening:
-    """What ``open()`` returns: awaitable (the stream) and an async context manager."""
-
-    def __init__(self, opener: Callable[[], Awaitable[FileStream]]) -> None:
-        self._opener = opener
-        self._stream: FileStream | None = None
-
-    def __await__(self) -> Generator[object, None, FileStream]:
-        return self._opener().__await__()
-
-    async def __aenter__(self) -> FileStream:
-        self._stream = await self._opener()
-        return self._stream
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._stream is not None:
-            await self._stream.aclose()
-
-
-def _walk_options(
-    max_depth: int,
-    max_directories: int,
-    max_entries: int,
-    follow_directory_symlinks: bool,
-    prune_hidden_directories: bool,
-) -> t.WalkOptionsParams:
-    return t.WalkOptionsParams(
-        max_depth=max_depth,
-        max_directories=max_directories,
-        max_entries=max_entries,
-        follow_directory_symlinks=follow_directory_symlinks,
-        prune_hidden_directories=prune_hidden_directories,
-    )
-
-
 @contextlib.contextmanager
 def _naming(path: PathArg) -> Iterator[None]:
     """Errors about ``path`` name it (``NotFoundError``'s wire text does not)."""
@@ -271,7 +236,7 @@ class ExecutorFileSystem(Protocol):
 
     def open(
         self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
-    ) -> FileOpening: ...
+    ) -> Opening[FileStream]: ...
 
 
 async def read_text(
@@ -291,8 +256,8 @@ def _sandbox_json(sandbox: FsSandbox) -> bytes | None:
 
     Raises:
         InvalidParamsError: ``Raw`` text that is not JSON (-32602, as the server says);
-            sent as it was, it made the whole request unreadable and the call
-            waited for an answer that never came.
+            sent as it is, it would make the whole request unreadable, and the call
+            would wait for an answer that never comes.
     """
     if sandbox is None:
         return None
@@ -315,8 +280,7 @@ def _wire_path(path: PathArg) -> WirePath:
 
     Bytes are decoded as ``os`` decodes names (surrogate escapes), which the
     remote side sends as ``%XX`` in its URI: a name that is not UTF-8 reaches
-    the same file on both backends. (Bytes used to fail deep inside with a
-    ``TypeError`` that did not say why.)
+    the same file on both backends.
     """
     return parse_wire_path(os.fsdecode(path))
 
@@ -333,7 +297,7 @@ class LocalFileSystem:
     def __init__(self, *, confined: ConfinedFileSystem | None = None) -> None:
         self._service = FileSystemService(confined)
         self._handles = FileHandles()
-        self._owned: _Closable | None = None
+        self._owned: Closable | None = None
 
     @classmethod
     def with_sandbox(cls, config: ServerConfig | None = None) -> LocalFileSystem:
@@ -494,9 +458,9 @@ class LocalFileSystem:
 
     def open(
         self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
-    ) -> FileOpening:
+    ) -> Opening[FileStream]:
         """A file handle on ``path`` (``read``, or ``replace``: created or truncated)."""
-        return FileOpening(lambda: self._open(path, mode, sandbox))
+        return Opening(lambda: self._open(path, mode, sandbox))
 
     async def _open(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
         handle_id = uuid.uuid4().hex
@@ -527,10 +491,6 @@ class _LocalBlocks:
 
     async def close(self) -> None:
         await self._service.pool.run(self._handles.close, self._id)
-
-
-class _Closable(Protocol):
-    async def aclose(self) -> None: ...
 
 
 class RpcCaller(Protocol):
@@ -681,12 +641,12 @@ class RemoteFileSystem:
         with _naming(path):
             params = t.WalkParams(
                 path=self._uri(path),
-                options=_walk_options(
-                    max_depth,
-                    max_directories,
-                    max_entries,
-                    follow_directory_symlinks,
-                    prune_hidden_directories,
+                options=t.WalkOptionsParams(
+                    max_depth=max_depth,
+                    max_directories=max_directories,
+                    max_entries=max_entries,
+                    follow_directory_symlinks=follow_directory_symlinks,
+                    prune_hidden_directories=prune_hidden_directories,
                 ),
                 sandbox=self._sandbox(sandbox),
             )
@@ -702,9 +662,9 @@ class RemoteFileSystem:
 
     def open(
         self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
-    ) -> FileOpening:
+    ) -> Opening[FileStream]:
         """A file handle on ``path`` (``fs/open``; ``replace``: created or truncated)."""
-        return FileOpening(lambda: self._open(path, mode, sandbox))
+        return Opening(lambda: self._open(path, mode, sandbox))
 
     async def _open(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
         handle_id = uuid.uuid4().hex  # as the Codex client: 32 hex digits

@@ -35,15 +35,6 @@ def request_headers(headers: Sequence[HeaderArg]) -> list[RequestHeader]:
     return [h if isinstance(h, RequestHeader) else RequestHeader(h[0], h[1]) for h in headers]
 
 
-async def _no_chunks() -> AsyncIterator[bytes]:
-    return
-    yield  # pragma: no cover - makes this an async generator
-
-
-async def _nothing() -> None:
-    return None
-
-
 class HttpOptions(TypedDict, total=False):
     """``http_request``'s keyword options (see :meth:`ExecServerClient.http_request`);
     what the backends pass through."""
@@ -77,8 +68,8 @@ class HttpResponse:
         self.headers = headers
         self.body = body
         self.streamed = chunks is not None
-        self._chunks = chunks if chunks is not None else _no_chunks()
-        self._close = close or _nothing
+        self._chunks = chunks
+        self._close = close
 
     def header_values(self, name: str) -> list[str]:
         """Every value of header ``name`` (case-insensitive), in order."""
@@ -91,9 +82,7 @@ class HttpResponse:
         Raises:
             InternalError: the body broke off (``failed to read http/request response body: …``).
         """
-        if not self.streamed:
-            return self._buffered()
-        return self._chunks
+        return self._buffered() if self._chunks is None else self._chunks
 
     async def _buffered(self) -> AsyncIterator[bytes]:
         if self.body:
@@ -101,13 +90,14 @@ class HttpResponse:
 
     async def read(self) -> bytes:
         """The whole body (a streamed one is read to its end)."""
-        if not self.streamed:
+        if self._chunks is None:
             return self.body
         return b"".join([chunk async for chunk in self._chunks])
 
     async def aclose(self) -> None:
         """Stop reading a streamed body (what is not read yet is dropped)."""
-        await self._close()
+        if self._close is not None:
+            await self._close()
 
     async def __aenter__(self) -> HttpResponse:
         return self

@@ -11,17 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Final, TypedDict, Unpack
 
 import msgspec
 
 from exec_server.client.errors import ClientError, ProcessError, ProcessTimeoutError
-from exec_server.client.process import CompletedProcess, ProcessHandle
+from exec_server.client.process import CompletedProcess, ProcessHandle, SpawnOptions
 from exec_server.exceptions import ExecServerError
 from exec_server.process.spec import ExitStatus
 from exec_server.protocol.process_types import EnvPolicy, ProcessStream
 
-__all__ = ["DEFAULT_SHELL", "TERMINATE_WAIT", "inherit_server_env", "run_command"]
+__all__ = ["DEFAULT_SHELL", "TERMINATE_WAIT", "RunOptions", "inherit_server_env", "run_command"]
 
 #: ``shell=True`` runs ``DEFAULT_SHELL -c CMD`` on the server.
 DEFAULT_SHELL: Final = "/bin/sh"
@@ -52,40 +52,65 @@ def _argv(cmd: str | Sequence[str], shell: bool) -> list[str]:
     return argv
 
 
+class RunOptions(TypedDict, total=False):
+    """``run()``'s keyword arguments after ``cmd`` (the client's, both backends', the
+    blocking facade's).
+
+    Attributes:
+        shell: ``cmd`` is one string for ``/bin/sh -c`` (default False: a list of
+            arguments).
+        timeout: seconds; when they run out the process group is terminated and
+            :class:`ProcessTimeoutError` raised.
+        check: raise :class:`ProcessError` for a non-zero exit code.
+        input: bytes for its stdin, then end of input (pipes: needs the
+            ``process/closeStdin`` extension; ``tty``: sent, then ^D).
+        env: variables on top of ``env_policy``.
+        env_policy: default: the server's environment minus secret-looking names
+            (``*KEY*``, ``*SECRET*``, ``*TOKEN*``).
+        cwd, tty, sandbox: as for ``spawn``.
+    """
+
+    shell: bool
+    timeout: float | None
+    check: bool
+    input: bytes | None
+    env: Mapping[str, str] | None
+    env_policy: EnvPolicy | None
+    cwd: str | None
+    tty: bool
+    sandbox: msgspec.Struct | None
+
+
 async def run_command(
-    start: Start,
-    cmd: str | Sequence[str],
-    *,
-    shell: bool = False,
-    timeout: float | None = None,  # noqa: ASYNC109 - subprocess.run's shape, asked for
-    check: bool = False,
-    input: bytes | None = None,
-    env: Mapping[str, str] | None = None,
-    env_policy: EnvPolicy | None = None,
-    cwd: str | None = None,
-    tty: bool = False,
-    sandbox: msgspec.Struct | None = None,
+    start: Start, cmd: str | Sequence[str], **options: Unpack[RunOptions]
 ) -> CompletedProcess:
     """Run ``cmd`` to completion through ``start`` (a ``spawn``/``start`` method).
 
-    See :meth:`ExecServerClient.run` for the arguments.
+    Returns:
+        ``CompletedProcess`` (``exit_code``, ``stdout``, ``stderr``).
 
     Raises:
         ProcessTimeoutError: ``timeout`` ran out (the group was terminated).
         ProcessError: ``check`` and a non-zero exit code.
         TypeError, ValueError: a malformed ``cmd``.
     """
-    argv = _argv(cmd, shell)
-    options: dict[str, Any] = {
-        "cwd": cwd,
-        "env": env,
+    unknown = options.keys() - RunOptions.__optional_keys__
+    if unknown:
+        raise TypeError(f"run() got unexpected keyword arguments: {sorted(unknown)}")
+    argv = _argv(cmd, options.get("shell", False))
+    timeout = options.get("timeout")
+    input = options.get("input")
+    tty = options.get("tty", False)
+    env_policy = options.get("env_policy")
+    spawn: SpawnOptions = {
+        "cwd": options.get("cwd"),
+        "env": options.get("env"),
         "env_policy": inherit_server_env() if env_policy is None else env_policy,
         "tty": tty,
         "pipe_stdin": input is not None and not tty,
+        "sandbox": options.get("sandbox"),
     }
-    if sandbox is not None:
-        options["sandbox"] = sandbox
-    handle = await start(argv, **options)
+    handle = await start(argv, **spawn)
     out, err = bytearray(), bytearray()
 
     async def drain() -> ExitStatus:
@@ -123,7 +148,7 @@ async def run_command(
         handle.release()
         raise
     result = CompletedProcess(bytes(out), bytes(err), status)
-    if check and result.exit_code != 0:
+    if options.get("check", False) and result.exit_code != 0:
         raise ProcessError(argv, result.exit_code, result.stdout, result.stderr)
     return result
 
