@@ -747,7 +747,7 @@ _WRITE_THROUGH_DANGLING = pytest.mark.xfail(
     strict=True,
     reason="a confined write (writeFile, fs/copy of a file) through a final link "
     "leading nowhere is refused by our helper (zygote_ops.py _write_file, "
-    "_copy_file_fd: -32603 Symbolic link loop (os error 40)); upstream creates the "
+    "fdops.copy_file_at: -32603 Symbolic link loop (os error 40)); upstream creates the "
     "link's target, or answers what creating it gives (Not a directory (os error 20))",
 )
 

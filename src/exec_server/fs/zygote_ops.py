@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from exec_server.errno_text import os_error_text
 from exec_server.exceptions import ExecServerError
 from exec_server.fs import fdops, nofollow
-from exec_server.fs.fdops import temp_name
+from exec_server.fs.fdops import temp_name, write_all
 from exec_server.fs.walk import WalkOptions, walk
 
 __all__ = [
@@ -211,14 +211,6 @@ class OpRequest:
 def encode_frame(header: bytes, data_len: int) -> bytes:
     """Frame prefix: header length, data length (big endian), then the header."""
     return _FRAME.pack(len(header), data_len) + header
-
-
-def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    """Write everything with ``write(2)`` (``send`` is denied by the seccomp filter)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 def _read_exact(fd: int, size: int) -> bytearray:
