@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,7 +34,6 @@ from websockets.asyncio.server import Server
 from exec_server.client.connection import ExecServerClient
 from exec_server.client.fs import ExecutorFileSystem, LocalFileSystem, RemoteFileSystem
 from exec_server.config import ServerConfig
-from exec_server.fs import memfs
 from exec_server.rpc.listen import ListenAddress
 from exec_server.server.app import ExecServer
 from exec_server.server.services import ServerServices
@@ -123,8 +122,7 @@ async def sandboxed_fs(request: pytest.FixtureRequest) -> AsyncIterator[Executor
 @pytest.fixture(params=["disk", "memory"])
 def write_dir(request: pytest.FixtureRequest, tdir: Path) -> Path:
     """Where write tests run: the test's temp dir (ext4 here and on CI) and a
-    directory on tmpfs (``/dev/shm``), where replacing writes rename instead of
-    exchanging (``fs/memfs.py``)."""
+    directory on tmpfs (``/dev/shm``)."""
     if request.param == "disk":
         return tdir
     shm = Path("/dev/shm")
@@ -134,14 +132,6 @@ def write_dir(request: pytest.FixtureRequest, tdir: Path) -> Path:
     d.mkdir()
     request.addfinalizer(lambda: shutil.rmtree(d, ignore_errors=True))
     return d
-
-
-@pytest.fixture
-def fresh_table() -> Iterator[None]:
-    """An empty table of in-memory devices (``fs/memfs.py``), emptied again after."""
-    memfs.forget()
-    yield
-    memfs.forget()
 
 
 # ---------------------------------------------------------------------------

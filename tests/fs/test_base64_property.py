@@ -7,6 +7,7 @@ import binascii
 import json
 import os
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,6 @@ from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import ops
-from exec_server.fs.fanout import shared_fanout
 from exec_server.protocol import fs_types as t
 from exec_server.protocol import native_base64
 from exec_server.protocol.codec import ONE_PASS_MIN, ProtocolError, decode_message
@@ -156,15 +156,26 @@ def test_big_requests_give_the_same_answers(
     assert got == b"ABC" * (len(lead) // 4) + bytes.fromhex(case["hex"])
 
 
+def _run_in_turn(tasks: Sequence[Callable[[], object]]) -> None:
+    """A ``run_pair``: every task, then the first error raised."""
+    errors: list[BaseException] = []
+    for task in tasks:
+        try:
+            task()
+        except BaseException as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
 def _paired_bytes(payload: ops.Payload) -> bytes:
-    """:func:`ops.payload_bytes`, with the pieces made two at a time by the fan-out
-    helpers (as ``ops.write_file`` makes them)."""
+    """:func:`ops.payload_bytes`, with the pieces made two at a time (``produce_paired``)."""
     if not isinstance(payload, ops.Pieces):
         return bytes(payload)
     assert payload.produce_paired is not None
     whole = bytearray()
     try:
-        for piece in payload.produce_paired(shared_fanout().run):
+        for piece in payload.produce_paired(_run_in_turn):
             whole += piece
     except ops.WriteInstead as instead:
         return bytes(instead.data)

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import os
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +15,7 @@ import pytest
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import ops
-from exec_server.fs.workers import NEAR_JOB_LIMIT, WorkerPool, current_cpu, job_kind
+from exec_server.fs.workers import WorkerPool
 from exec_server.protocol import fs_types as t
 
 WAIT = 30.0
@@ -130,23 +127,6 @@ def test_idle_threads_exit() -> None:
     assert pool.threads == 0
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux affinity API")
-async def test_pool_job_runs_with_the_full_cpu_set() -> None:
-    """The worker is narrowed to the caller's CPU only to wake it; the job itself
-    runs with every allowed CPU, so long jobs can still spread out."""
-    allowed = os.sched_getaffinity(0)
-    pool = WorkerPool(max_workers=2)
-    for _ in range(5):  # new thread first, then the same idle thread re-used
-        seen = await asyncio.wait_for(pool.run(os.sched_getaffinity, 0), WAIT)
-        assert seen == allowed
-    assert current_cpu() in allowed
-
-
-async def test_pool_without_cpu_following_runs_jobs() -> None:
-    pool = WorkerPool(max_workers=1, follow_caller_cpu=False)
-    assert await asyncio.wait_for(pool.run(lambda: 7), WAIT) == 7
-
-
 async def test_pool_backlog_runs_in_order_on_one_thread() -> None:
     pool = WorkerPool(max_workers=1)
     order: list[int] = []
@@ -169,78 +149,11 @@ async def test_sequential_jobs_reuse_the_thread_that_answered() -> None:
     assert pool.threads == 1
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
-async def test_pool_workers_run_as_batch_threads() -> None:
-    """Workers do not preempt the event loop when woken (SCHED_BATCH)."""
-    pool = WorkerPool(max_workers=1)
-    policy = await asyncio.wait_for(pool.run(os.sched_getscheduler, 0), WAIT)
-    assert policy == os.SCHED_BATCH
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller is untouched
-
-
-def _job(delay: float) -> None:
-    """A job whose run time the test chooses: the pool measures how long jobs run."""
-    if delay:
-        time.sleep(delay)
-
-
-def _other_job() -> None:
-    """A second kind of job."""
-
-
-def test_job_kind_is_the_function_behind_partials_and_closures() -> None:
-    def make() -> Callable[[], None]:
-        def closure() -> None:
-            pass
-
-        return closure
-
-    assert job_kind(functools.partial(_job, 0.0)) == job_kind(_job)
-    assert job_kind(functools.partial(functools.partial(_job), 0.0)) == job_kind(_job)
-    assert job_kind(make()) == job_kind(make())  # a closure made per call: one kind
-    assert job_kind(_job) != job_kind(_other_job)
-    assert job_kind(os.getpid) == job_kind(os.getpid)  # a builtin is its own kind
-
-
-@pytest.mark.skipif(current_cpu() is None, reason="needs sched_getcpu and affinity control")
-async def test_kinds_of_long_jobs_are_not_woken_on_the_callers_cpu() -> None:
-    """A kind of job that runs long starts wherever the kernel places it; short
-    kinds (and kinds never seen) are still woken on the caller's CPU, and a kind
-    that turns short again is woken there again."""
-    pool = WorkerPool(max_workers=1)
-    assert pool.wakes_near(_job) and pool.wakes_near(_other_job)  # never run: short
-    slow = 20 * NEAR_JOB_LIMIT
-    for _ in range(3):
-        await asyncio.wait_for(pool.run(_job, slow), WAIT)
-    assert not pool.wakes_near(_job)
-    assert not pool.wakes_near(functools.partial(_job, 0.0))  # same kind
-    assert await _runs_until_near(pool, _other_job)
-    assert not pool.wakes_near(_job)  # kinds are kept apart
-    # The average follows the recent runs: quick runs bring the kind back.
-    assert await _runs_until_near(pool, functools.partial(_job, 0.0))
-
-
-async def _runs_until_near(pool: WorkerPool, job: Callable[[], None]) -> bool:
-    """Run quick ``job`` until its kind is woken near again (a run the machine
-    happened to preempt only delays that); False if it never is."""
-    for _ in range(1000):
-        await asyncio.wait_for(pool.run(job), WAIT)
-        if pool.wakes_near(job):
-            return True
-    return False
-
-
-async def test_pool_without_cpu_following_wakes_nothing_near() -> None:
-    pool = WorkerPool(max_workers=1, follow_caller_cpu=False)
-    await asyncio.wait_for(pool.run(_other_job), WAIT)
-    assert not pool.wakes_near(_other_job)
-
-
 async def test_concurrent_big_writes_each_land_whole(live_server: Any, tdir: Path) -> None:
-    """Big writes are decoded two pieces at a time with the shared fan-out helpers
-    (``native_base64.PAIR_MIN``). Several at once, on four connections, one with a
-    bad character in its second half: each gets its own answer, the good ones
-    land whole, the refused one keeps the old file, and no temp file is left."""
+    """Big writes are decoded piece by piece as they are written. Several at once,
+    on four connections, one with a bad character in its second half: each gets
+    its own answer, the good ones land whole, the refused one keeps the old
+    file, and no temp file is left."""
     clients = [await live_server.client() for _ in range(4)]
     datas = [os.urandom((1 << 20) + k) for k in range(3)]
     bad_target = tdir / "bad"

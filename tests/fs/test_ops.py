@@ -14,7 +14,6 @@ import pytest
 
 from exec_server.errno_text import errno_text
 from exec_server.exceptions import InternalError, InvalidRequestError, NotFoundError
-from exec_server.fs import exchange as exchange_module
 from exec_server.fs import ops
 from exec_server.fs.errors import fs_error_from_os
 from exec_server.fs.service import FileSystemService
@@ -318,12 +317,7 @@ async def test_blocking_work_runs_off_the_event_loop(
     assert (tdir / "other").read_bytes() == b"served"
 
 
-@pytest.mark.parametrize("exchange", [True, False])
-def test_replace_swaps_in_a_new_inode_and_leaves_no_temp(
-    write_dir: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
-) -> None:
-    if not exchange:
-        monkeypatch.setattr(exchange_module, "_renameat2", None)  # plain-rename fallback
+def test_replace_swaps_in_a_new_inode_and_leaves_no_temp(write_dir: Path) -> None:
     target = write_dir / "data.txt"
     target.write_bytes(b"old")
     os.chmod(target, 0o640)

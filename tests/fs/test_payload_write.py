@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from exec_server.exceptions import InvalidRequestError
-from exec_server.fs import ops
-from exec_server.fs.fanout import shared_fanout
+from exec_server.fs import fdops, ops
 
 
 def _pieces(
@@ -90,10 +89,10 @@ def test_in_place_fallback_gets_the_payload_whole_before_truncating(
     target is written in place: a payload that fails must fail before the target
     is truncated, and one that succeeds is written whole."""
 
-    def refuse(target: str, *, spare: bool = False) -> tuple[str, int]:
+    def refuse(dir_fd: int, tmp: str, unnamed: bool) -> tuple[int, bool]:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(ops, "_create_temp", refuse)
+    monkeypatch.setattr(fdops, "_create_new", refuse)
     target = tdir / "f"
     target.write_bytes(b"old contents")
     with pytest.raises(InvalidRequestError):
@@ -112,24 +111,3 @@ def test_payload_bytes_joins_or_takes_the_replacement() -> None:
     assert ops.payload_bytes(replaced) == b"other"
     with pytest.raises(InvalidRequestError):
         ops.payload_bytes(_pieces([b"ab", b"cd"], fail_at=1))
-
-
-def test_a_worker_write_makes_the_pieces_with_the_fanout_helpers(tdir: Path) -> None:
-    """``produce_paired`` (two pieces at a time) is what ``write_file`` uses when a
-    payload has it, handed the shared helpers' ``run``; ``produce`` stays unused."""
-    target = tdir / "f"
-    parts = [os.urandom(5000), os.urandom(3)]
-    used: list[object] = []
-
-    def paired(run_pair: ops.RunTasks) -> Iterator[memoryview]:
-        used.append(run_pair)
-        done: list[int] = []
-        run_pair([lambda: done.append(1), lambda: done.append(2)])
-        assert sorted(done) == [1, 2]
-        yield from _Parts(parts)()
-
-    unused = _Parts([b"never"])
-    ops.write_file(str(target), ops.Pieces(5003, unused, paired))
-    assert target.read_bytes() == b"".join(parts)
-    assert used == [shared_fanout().run] and unused.calls == 0
-    assert _names(tdir) == ["f"]

@@ -246,25 +246,17 @@ def _copy_writes_a_fifo(source: str, destination: str) -> bool:
     )
 
 
-def _copy_may_stop_midway(
-    source: str, destination: str, ours: str, *, confined: bool = False
-) -> bool:
+def _copy_may_stop_midway(source: str, destination: str, ours: str) -> bool:
     """Whether a recursive copy of the directory ``source`` might fail after it began
     (an entry whose place in ``destination`` is taken by something it cannot merge
     with or copy over) where the two servers would stop at different places.
 
-    In a tree with subdirectories they do (docs/compat.md, "A recursive fs/copy that
-    fails part way"; test_copy_stops_in_another_place): upstream copies depth first
-    and stops at the first error, we copy a directory's entries before its
-    subdirectories', so a failed copy leaves other entries behind. Not so our
-    ``confined`` copy (a sandboxed request's, zygote_ops.py ``_copy_tree``), depth
-    first like upstream's (test_copy_stops_in_another_place[workspace-write]).
-
-    A flat directory both copy in the order the filesystem lists it, which differs
+    Both copy depth first in the order the filesystem lists each directory and stop
+    at the first error (test_copy_stops_in_another_place), and the listings differ
     only where our fs/writeFile replaced a file (a new entry, through a temp file
     renamed over it: docs/filesystem.md, writeFile, "Atomic"; upstream writes in place)
     and the filesystem lists entries by age (tmpfs): ``ours`` is our side's
-    ``source``, to compare the two listings (every directory's, when ``confined``)."""
+    ``source``, to compare the two listings of every directory."""
     with contextlib.suppress(OSError):
         if not stat.S_ISDIR(os.lstat(source).st_mode):
             return False
@@ -282,8 +274,6 @@ def _copy_may_stop_midway(
     else:
         return False
     directories = [rel for rel, mode in tree if stat.S_ISDIR(mode)]
-    if directories and not confined:
-        return True
     try:
         return any(
             os.listdir(os.path.join(source, rel)) != os.listdir(os.path.join(ours, rel))
@@ -436,9 +426,7 @@ def _request(
         if _copy_writes_a_fifo(source, target):
             return None
         # Real differences and listing orders: see there.
-        if _copy_may_stop_midway(
-            source, target, _local(name, roots[1]), confined=sandbox is not None
-        ):
+        if _copy_may_stop_midway(source, target, _local(name, roots[1])):
             return None
         params = {
             "sourcePath": _uri(rng, name),
@@ -674,18 +662,8 @@ async def test_copy_dir_onto_looping_link(sides: tuple[Any, Any]) -> None:
     ])
 
 
-@pytest.mark.parametrize("sandbox", [
-    pytest.param(None, id="unconfined", marks=pytest.mark.xfail(
-        strict=True,
-        reason="docs/compat.md, a recursive fs/copy that fails part way: "
-        "upstream copies depth first in directory order and stops at the first error; "
-        "ours (fs/ops.py _copy_tree) copies all of a directory's entries before its "
-        "subdirectories' contents, so entries listed after the failing subdirectory are "
-        "copied too (same error reply, different tree left)",
-    )),
-    # Our confined copy (zygote_ops.py _copy_tree) is depth first, as upstream's.
-    "workspace-write",
-])
+# Both copies, direct and confined, are depth first in directory order, as upstream's.
+@pytest.mark.parametrize("sandbox", [pytest.param(None, id="unconfined"), "workspace-write"])
 async def test_copy_stops_in_another_place(sides: tuple[Any, Any], sandbox: str | None) -> None:
     files = [f"f{i}" for i in range(8)]
     sequence: list[tuple[str, dict[str, Any]]] = [("fs/createDirectory", {"path": "{U}/c"})]
@@ -769,7 +747,7 @@ _WRITE_THROUGH_DANGLING = pytest.mark.xfail(
     strict=True,
     reason="a confined write (writeFile, fs/copy of a file) through a final link "
     "leading nowhere is refused by our helper (zygote_ops.py _write_file, "
-    "_copy_file_fd: -32603 Symbolic link loop (os error 40)); upstream creates the "
+    "fdops.copy_file_at: -32603 Symbolic link loop (os error 40)); upstream creates the "
     "link's target, or answers what creating it gives (Not a directory (os error 20))",
 )
 

@@ -31,6 +31,7 @@ from typing import Final
 
 from exec_server.exceptions import InternalError, InvalidRequestError
 from exec_server.fs.errors import os_error, translate_os_errors
+from exec_server.fs.fdops import write_all
 
 __all__ = [
     "CONTAINS_SYMLINK",
@@ -125,9 +126,7 @@ def write_file(path: str, data: bytes | bytearray | memoryview) -> None:
                 raise os_error(errno.EINVAL)
             os.set_blocking(fd, True)
             os.ftruncate(fd, 0)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
         finally:
             os.close(fd)
 

@@ -1,47 +1,19 @@
-"""Worker threads for blocking filesystem calls.
+"""Worker threads for blocking filesystem calls: the event loop never touches the filesystem.
 
-Why not ``asyncio.to_thread``: on the machines we measured, its
-``ThreadPoolExecutor`` hand-off costs ~130 µs per call, more than the
-``stat`` it wraps and most of an ``fs/getMetadata`` round trip. This pool hands
-each job to one chosen idle thread through its own ``queue.SimpleQueue``
-(C-level blocking get) and answers with one ``call_soon_threadsafe``.
+Each job is handed to one idle thread through its own ``queue.SimpleQueue``
+and answered with one ``call_soon_threadsafe``. Threads start on demand up to
+``max_workers`` (so one long copy or remove never holds up other calls,
+PROTOCOL.md §9.3's "worker thread"), and an idle thread exits after
+``idle_timeout`` seconds, so an idle server keeps none.
 
-Why it moves the chosen thread onto the caller's CPU first (Linux): the
-worker sleeps on the CPU it last ran on, usually the *other*, idle one, and
-waking an idle virtual CPU costs ~40 µs each way - a no-op job measured
-~115 µs. Narrowing the worker's affinity to the event loop's current CPU
-just before waking it makes both wake-ups local (the loop sleeps in
-``epoll`` while the worker runs): ~25 µs. The worker widens its affinity
-again as soon as it starts the job, so a long copy can still move to another
-CPU and parallel jobs still spread over all of them.
-
-Only jobs expected to be short are woken that way. A job that keeps the
-caller's CPU busy for long holds up whatever else wants that CPU - the loop
-thread, and a client on the same machine that just sent the request - and
-evicts their caches, while a wake-up on another CPU costs it relatively
-little. So the pool keeps, per kind of job (the function it runs), a moving
-average of how long those jobs ran, and a kind that averages over
-:data:`NEAR_JOB_LIMIT` is woken wherever the kernel places it. Measured on 1
-MiB ``fs/copy`` calls with the client on the same 2-CPU machine (from
-``schedstat``): the client waited 56-83 µs per call for a CPU when every copy
-was woken beside it, 33-42 µs with this rule.
-
-Worker threads run under ``SCHED_BATCH`` (Linux): normal weight, but a woken
-worker does not preempt the running loop thread, which still holds the GIL and
-is about to sleep; measured: a 30-``stat`` job's round trip 96 -> 72 µs, a
-1 KiB ``write_file`` 116 -> 76 µs, and the loop thread woken on another CPU
-after 14 % of jobs instead of 33 %.
-
-Threads start on demand up to ``max_workers`` (so one long copy or remove
-never holds up other calls, PROTOCOL.md §9.3's "worker thread"), and an idle
-thread exits after ``idle_timeout`` seconds, so an idle server keeps none.
-A job that has run for :data:`STUCK_AFTER` seconds no longer counts against
-``max_workers`` once a job waits for a thread (up to :data:`MAX_WAITING` such
-jobs): one on a hung network or FUSE mount may never return, and sixteen of
-them held every thread, so every connection's filesystem calls waited
-(upstream's blocking pool has 512 threads).
-Threads are daemons: an interrupted ``write_file`` leaves at most a temp file
-behind, never a half-written target (the write is a rename).
+The stuck-job rule: a job that has run for :data:`STUCK_AFTER` seconds no
+longer counts against ``max_workers`` once a job waits for a thread (up to
+:data:`MAX_WAITING` such jobs). One on a hung network or FUSE mount may never
+return, and sixteen of them held every thread, so every connection's
+filesystem calls waited (upstream's blocking pool has 512 threads). A job that
+knows it is about to wait on another party (a FIFO's reader) gives its place
+back at once (:func:`waiting_on_others`). Threads are daemons: an interrupted
+``write_file`` leaves at most a temp file behind, never a half-written target.
 """
 
 from __future__ import annotations
@@ -49,9 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import ctypes
 import functools
-import os
 import queue
 import threading
 import time
@@ -62,12 +32,8 @@ from typing import Final, TypeVar
 __all__ = [
     "DEFAULT_MAX_WORKERS",
     "MAX_WAITING",
-    "NEAR_JOB_LIMIT",
     "STUCK_AFTER",
     "WorkerPool",
-    "after_answer",
-    "current_cpu",
-    "job_kind",
     "shared_pool",
     "waiting_on_others",
 ]
@@ -76,53 +42,21 @@ T = TypeVar("T")
 
 DEFAULT_MAX_WORKERS: Final = 16
 DEFAULT_IDLE_TIMEOUT: Final = 30.0
-#: Seconds: a kind of job that averages longer is not woken on the caller's CPU.
-NEAR_JOB_LIMIT: Final = 150e-6
-#: Weight of the newest run in a kind's moving average.
-_AVERAGE_WEIGHT: Final = 0.25
-#: Most kinds of job tracked; more (never, with the server's fixed set) start afresh.
-_MAX_KINDS: Final = 256
 #: Most jobs at once that gave their place back (:func:`waiting_on_others`, or
 #: running longer than :data:`STUCK_AFTER`).
 MAX_WAITING: Final = 256
 #: Seconds after which a running job gives its place to a job waiting for a thread.
 STUCK_AFTER: Final = 0.25
 
-#: (loop, deliver(result, error) run on that loop, the call, its kind)
+#: (loop, deliver(result, error) run on that loop, the call)
 _Job = tuple[
     asyncio.AbstractEventLoop,
     Callable[[object, BaseException | None], None],
     Callable[[], object],
-    object,
 ]
 
 
-def _load_getcpu() -> Callable[[], int] | None:
-    if not hasattr(os, "sched_setaffinity"):
-        return None  # no affinity control (macOS): plain hand-off
-    try:
-        fn = ctypes.CDLL(None).sched_getcpu
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = []
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_getcpu: Final = _load_getcpu()
-
-
-def current_cpu() -> int | None:
-    """The CPU the calling thread runs on (``sched_getcpu``), or None where unknown."""
-    if _getcpu is None:
-        return None
-    cpu = _getcpu()
-    return cpu if cpu >= 0 else None
-
-
 class _JobLocal(threading.local):
-    #: work the running job left for after its answer (None outside a pool's job)
-    later: list[Callable[[], object]] | None = None
     #: the pool whose job this thread runs (None outside a pool's job)
     pool: WorkerPool | None = None
     #: the pool's record of this thread (None outside a pool's job)
@@ -130,24 +64,6 @@ class _JobLocal(threading.local):
 
 
 _job_local: Final = _JobLocal()
-
-
-def after_answer(fn: Callable[[], object]) -> bool:
-    """From inside a pool's job: run ``fn`` in the same thread once the job's answer
-    is out. Returns False, doing nothing, when not called from a pool's job.
-
-    For work the job makes possible but its caller need not wait for (a spare
-    temp file for the next write, :mod:`exec_server.fs.spare`): done by the
-    thread that is awake anyway, so no other thread is woken to do it and
-    none contends for the GIL with the next request. A job handed to this
-    thread meanwhile waits for it (its run time is not counted). Errors it
-    raises are dropped.
-    """
-    later = _job_local.later
-    if later is None:
-        return False
-    later.append(fn)
-    return True
 
 
 @contextlib.contextmanager
@@ -158,7 +74,7 @@ def waiting_on_others() -> Iterator[None]:
 
     Why: a write into a FIFO whose reader never reads blocks for good, as
     ``cp`` and upstream's would, and twenty of them held every thread of the
-    pool: every connection's filesystem calls waited (found by an audit).
+    pool: every connection's filesystem calls waited.
     Upstream's blocking pool has 512 threads; here the places given back are
     capped at :data:`MAX_WAITING`, past which a job keeps its place.
     Outside a pool's job this does nothing.
@@ -172,14 +88,6 @@ def waiting_on_others() -> Iterator[None]:
         if released:
             assert pool is not None and worker is not None
             pool._take_place_back(worker)
-
-
-def job_kind(call: Callable[..., object]) -> object:
-    """What jobs are alike in run time: the function behind any ``partial``, by its code
-    (closures made per call share one), so the set of kinds stays small."""
-    while isinstance(call, functools.partial):
-        call = call.func
-    return getattr(call, "__code__", call)
 
 
 def _deliver(fut: asyncio.Future[list[object]], result: object, exc: BaseException | None) -> None:
@@ -200,16 +108,12 @@ def _unbox(
 
 
 class _Worker:
-    """One thread and its inbox; ``tid`` is known once the thread runs."""
+    """One thread and its inbox."""
 
-    __slots__ = ("busy_since", "inbox", "narrowed", "released", "started", "tid")
+    __slots__ = ("busy_since", "inbox", "released")
 
     def __init__(self) -> None:
         self.inbox: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self.tid = 0
-        self.started = threading.Event()
-        #: the caller narrowed this thread's affinity for the next job.
-        self.narrowed = False
         #: ``time.monotonic()`` when its running job started; 0.0 while idle.
         self.busy_since = 0.0
         #: its job gave its place in the pool back (pool lock held to change it).
@@ -222,7 +126,6 @@ class WorkerPool:
     Args:
         max_workers: most threads alive at once; further jobs queue.
         idle_timeout: seconds an idle thread waits for work before exiting.
-        follow_caller_cpu: wake the worker on the caller's CPU (see module doc).
     """
 
     def __init__(
@@ -230,13 +133,11 @@ class WorkerPool:
         *,
         max_workers: int = DEFAULT_MAX_WORKERS,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-        follow_caller_cpu: bool = True,
     ) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self._max = max_workers
         self._idle_timeout = idle_timeout
-        self._follow = follow_caller_cpu and _getcpu is not None
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []  # LIFO: the most recently used thread first
         self._busy: set[_Worker] = set()
@@ -246,8 +147,6 @@ class WorkerPool:
         self._threads = 0
         #: jobs that gave their place back (:func:`waiting_on_others`)
         self._waiting = 0
-        #: job kind -> moving average of its run time in seconds (see module doc)
-        self._run_time: dict[object, float] = {}
 
     @property
     def threads(self) -> int:
@@ -291,8 +190,7 @@ class WorkerPool:
         """
         call = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
         loop = asyncio.get_running_loop()
-        kind = job_kind(call)
-        job: _Job = (loop, deliver, call, kind)
+        job: _Job = (loop, deliver, call)
         worker: _Worker | None = None
         start = False
         check = False
@@ -310,8 +208,6 @@ class WorkerPool:
         if worker is not None:
             if start:
                 self._start(worker)
-            if self._kind_wakes_near(kind):
-                self._narrow(worker)
             worker.inbox.put(job)
         elif check:
             self._unstick(loop)
@@ -388,46 +284,7 @@ class WorkerPool:
             with contextlib.suppress(RuntimeError):  # the loop is closed
                 loop.call_later(max(0.0, next_due - now), self._unstick, loop)
 
-    def wakes_near(self, call: Callable[..., object]) -> bool:
-        """Whether a job running ``call`` would be woken on the caller's CPU now."""
-        return self._kind_wakes_near(job_kind(call))
-
-    def _kind_wakes_near(self, kind: object) -> bool:
-        return self._follow and self._run_time.get(kind, 0.0) < NEAR_JOB_LIMIT
-
-    def _note_run_time(self, kind: object, seconds: float) -> None:
-        # Plain dict updates under the GIL: a lost update between two workers
-        # only delays the average by one sample.
-        times = self._run_time
-        old = times.get(kind)
-        if old is None:
-            if len(times) >= _MAX_KINDS:
-                times.clear()
-            times[kind] = seconds
-        else:
-            times[kind] = old + (seconds - old) * _AVERAGE_WEIGHT
-
-    @staticmethod
-    def _narrow(worker: _Worker) -> None:
-        cpu = current_cpu()
-        if cpu is None:
-            return
-        if not worker.tid:
-            worker.started.wait()
-        with contextlib.suppress(OSError):  # CPU not allowed / thread gone: plain hand-off
-            os.sched_setaffinity(worker.tid, (cpu,))
-            worker.narrowed = True
-
     def _work(self, worker: _Worker) -> None:
-        worker.tid = threading.get_native_id()
-        allowed = os.sched_getaffinity(0) if self._follow else None
-        if self._follow:
-            # SCHED_BATCH (same weight, no wake-up preemption): a worker woken on
-            # the loop's CPU waits for the loop to go to sleep instead of
-            # preempting it only to block on the GIL the loop still holds.
-            with contextlib.suppress(OSError, AttributeError):
-                os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-        worker.started.set()
         job: _Job | None = None
         while True:
             if job is None:
@@ -440,16 +297,9 @@ class WorkerPool:
                             self._threads -= 1
                             return
                     continue  # a job was handed to us meanwhile: take it
-            if worker.narrowed and allowed is not None:
-                worker.narrowed = False
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(0, allowed)
-            loop, deliver, call, kind = job
+            loop, deliver, call = job
             result: object = None
             error: BaseException | None = None
-            started = time.perf_counter()
-            later: list[Callable[[], object]] = []
-            _job_local.later = later
             _job_local.pool = self
             _job_local.worker = worker
             worker.busy_since = time.monotonic()
@@ -463,18 +313,14 @@ class WorkerPool:
                 # write's data): let them go before the answer, not after it.
                 traceback.clear_frames(exc.__traceback__)
             finally:
-                _job_local.later = None
                 _job_local.pool = None
                 _job_local.worker = None
             # So do the call's arguments: a client that reads the answer and
             # looks at our memory must not find them still held.
             del call
-            self._note_run_time(kind, time.perf_counter() - started)
             # Idle again *before* answering: the answer lets the client send its
-            # next request, and that request should find this thread (warm, on
-            # the loop's CPU) free, not start or wake another one that then
-            # contends for the GIL with this one. A job handed over meanwhile
-            # waits in the inbox until the answer is out.
+            # next request, which should find this thread free rather than start
+            # another one. A job handed over meanwhile waits in the inbox.
             with self._lock:
                 self._busy.discard(worker)
                 worker.busy_since = 0.0
@@ -494,11 +340,7 @@ class WorkerPool:
             with contextlib.suppress(RuntimeError):  # the loop is gone
                 loop.call_soon_threadsafe(_unbox, deliver, box, error)
             del box
-            del loop, deliver, kind, result, error
-            for fn in later:
-                with contextlib.suppress(Exception):
-                    fn()
-            del later
+            del loop, deliver, result, error
 
 
 _SHARED: WorkerPool | None = None

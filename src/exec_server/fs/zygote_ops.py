@@ -1,8 +1,9 @@
-"""The filesystem operations a confined helper performs, plus their framing.
+"""What is particular to the confined helper: its requests, their framing, the
+verified resolution of their paths and the guard; the operations themselves are
+:mod:`exec_server.fs.fdops`, the one implementation the server runs directly too.
 
 Stdlib only: imported by the zygote (``python -I -S``, no site-packages) and by
-the one-shot ``--codex-run-as-fs-helper`` mode. Both confined paths share this
-one implementation of PROTOCOL.md §9.3's direct semantics.
+the one-shot ``--codex-run-as-fs-helper`` mode.
 
 Two resolution modes:
 
@@ -23,19 +24,17 @@ Errors are ``OpError(code, message)`` with PROTOCOL.md §9.1 codes.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import shutil
 import stat
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from exec_server.errno_text import os_error_text
 from exec_server.exceptions import ExecServerError
-from exec_server.fs import nofollow
-from exec_server.fs.exchange import exchange_into_place, match_old_file
+from exec_server.fs import fdops, nofollow
+from exec_server.fs.fdops import temp_name, write_all
 from exec_server.fs.walk import WalkOptions, walk
 
 __all__ = [
@@ -52,7 +51,7 @@ __all__ = [
 ]
 
 #: fs/readFile refuses larger files (PROTOCOL.md §9.3).
-MAX_READ_BYTES = 536_870_912
+MAX_READ_BYTES = fdops.READ_LIMIT
 _FRAME = struct.Struct("!IQ")
 _MAX_HEADER = 16 * 1024 * 1024
 _MAX_DATA = 2 * MAX_READ_BYTES
@@ -61,12 +60,6 @@ _NOT_FOUND = -32004
 _INVALID = -32600
 _INTERNAL = -32603
 
-_COPY_DIR_NEEDS_RECURSIVE = "fs/copy requires recursive: true when sourcePath is a directory"
-_COPY_INTO_ITSELF = "fs/copy cannot copy a directory to itself or one of its descendants"
-_COPY_UNSUPPORTED = "fs/copy only supports regular files, directories, and symlinks"
-_COPY_SAME_FILE = "fs/copy source and destination are the same file"
-
-_O_TMPFILE = getattr(os, "O_TMPFILE", 0)
 
 #: Failure injection, set only in a zygote child started with ``--test-hooks``:
 #: ``test_pause(stage)`` is called half way through writing a replacing file's
@@ -218,14 +211,6 @@ class OpRequest:
 def encode_frame(header: bytes, data_len: int) -> bytes:
     """Frame prefix: header length, data length (big endian), then the header."""
     return _FRAME.pack(len(header), data_len) + header
-
-
-def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    """Write everything with ``write(2)`` (``send`` is denied by the seccomp filter)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 def _read_exact(fd: int, size: int) -> bytearray:
@@ -400,35 +385,6 @@ def _open_final(c: _Ctx, t: _Target, flags: int) -> int:
         raise _final_symlink(c, t) from None
 
 
-def _iter_chunks(fd: int) -> Iterator[bytes]:
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return
-        yield chunk
-
-
-def _read_all(fd: int, size_hint: int) -> bytes:
-    """Read to EOF; one read of the expected size avoids a copy in the common case."""
-    first = os.read(fd, size_hint + 1) if size_hint > 0 else b""
-    if 0 < len(first) <= size_hint:
-        return first
-    chunks = [first]
-    total = len(first)
-    while True:
-        try:
-            chunk = os.read(fd, 1 << 20)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        total += len(chunk)
-        if total > MAX_READ_BYTES:
-            raise OpError(_INVALID, f"file is too large to read: limit is {MAX_READ_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 # --------------------------------------------------------------------------- operations
 
 
@@ -441,22 +397,16 @@ def _read_file(c: _Ctx) -> tuple[dict[str, object], bytes]:
     finally:
         t.close()
     try:
-        st = os.fstat(fd)
-        if c.req.not_a_file is not None and not stat.S_ISREG(st.st_mode):
-            # The current client's rule: a directory, FIFO or device is not a file.
-            raise OpError(_INVALID, f"path `{c.req.not_a_file}` is not a file")
-        if stat.S_ISDIR(st.st_mode):
-            raise _os(errno.EISDIR)
-        if st.st_size > MAX_READ_BYTES:
-            raise OpError(_INVALID, f"file is too large to read: limit is {MAX_READ_BYTES} bytes")
-        data = _read_all(fd, st.st_size if stat.S_ISREG(st.st_mode) else 0)
+        size = fdops.check_for_read(fd, MAX_READ_BYTES, c.req.not_a_file)
+        data = fdops.read_to_end(fd, size, MAX_READ_BYTES)
     finally:
         os.close(fd)
     return {}, data
 
 
 def _write_file(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
-    """Create or atomically replace (temp file + rename in the same directory)."""
+    """Create or atomically replace (:func:`fdops.replace_file`); the one-shot helper,
+    whose wrapper decides what it may write, writes in place."""
     t = c.target(c.req.path, c.req.expect)
     try:
         c.guard.check(t.real, write=True)
@@ -471,76 +421,23 @@ def _write_file(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], by
         if old is not None and stat.S_ISDIR(old.st_mode):
             raise _os(errno.EISDIR)
         if (old is not None and not stat.S_ISREG(old.st_mode)) or not c.strict:
-            _write_in_place(t, data, c.nofollow | os.O_NONBLOCK)
+            fdops.write_in_place(t.dirfd, t.name, data, c.nofollow | os.O_NONBLOCK)
         else:
             if old is not None:
-                _check_writable(t)
-            _write_atomic(t, data, old, c.req.tmp)
+                fdops.check_writable(t.dirfd, t.name)
+            fdops.replace_file(
+                t.dirfd,
+                t.name,
+                lambda fd: _write_data(fd, data),
+                lambda: data,
+                old,
+                c.req.tmp if c.req.tmp is not None else os.urandom(6).hex(),
+                unnamed=not test_named_temp,
+                pause=test_pause,
+            )
     finally:
         t.close()
     return {}, b""
-
-
-def _check_writable(t: _Target) -> None:
-    """Refuse to replace a file this helper may not write (as ``ops._check_writable``):
-    the rename needs only the directory's permission, and the helper runs without
-    capabilities, so a 0444 file was replaced where upstream's helper gets
-    ``EACCES`` from its open."""
-    if os.access(t.name, os.W_OK, dir_fd=t.dirfd, effective_ids=True, follow_symlinks=False):
-        return
-    try:
-        read_only = bool(os.fstatvfs(t.dirfd).f_flag & os.ST_RDONLY)
-    except OSError:
-        read_only = False
-    raise _os(errno.EROFS if read_only else errno.EACCES)
-
-
-def _write_in_place(t: _Target, data: bytes | bytearray, extra: int) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | extra
-    fd = os.open(t.name, flags, 0o666, dir_fd=t.dirfd)
-    try:
-        if extra & os.O_NONBLOCK:
-            # Non-blocking only for the open (a FIFO without a reader is ENXIO,
-            # not a hang); the writes wait for the reader (EAGAIN after 64 KiB).
-            os.set_blocking(fd, True)
-        write_all(fd, data)
-    finally:
-        os.close(fd)
-
-
-def temp_name(name: str, token: str) -> str:
-    """The name of the temp file that replaces ``name``: ``.<name>.<token>.tmp``.
-
-    The server picks ``token`` (the request's ``tmp``) so that it can remove what a
-    killed helper leaves at that name (``fs/zygote.py``).
-    """
-    return f".{os.fsencode(name)[:100].decode('utf-8', 'surrogateescape')}.{token}.tmp"
-
-
-def _open_unnamed(t: _Target) -> int | None:
-    """An unnamed file (``O_TMPFILE``) in the target's directory, or None where there
-    is none (a filesystem without it, or one this process may not create in)."""
-    if not _O_TMPFILE or test_named_temp:
-        return None
-    try:
-        return os.open(".", os.O_WRONLY | _O_TMPFILE | os.O_CLOEXEC, 0o666, dir_fd=t.dirfd)
-    except OSError:
-        return None  # the named temp file below says what is wrong, as before
-
-
-def _link_unnamed(fd: int, t: _Target, name: str) -> bool:
-    """Give the unnamed file ``fd`` the name ``name`` in the target's directory;
-    False if that name is taken.
-
-    Through ``/proc/self/fd`` (``linkat(AT_SYMLINK_FOLLOW)``, which ``os.link``
-    makes with a directory fd): ``AT_EMPTY_PATH`` would need
-    ``CAP_DAC_READ_SEARCH``, which the helper never has.
-    """
-    try:
-        os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=t.dirfd)
-    except FileExistsError:
-        return False
-    return True
 
 
 def _write_data(fd: int, data: bytes | bytearray) -> None:
@@ -554,140 +451,28 @@ def _write_data(fd: int, data: bytes | bytearray) -> None:
         write_all(fd, view[half:])
 
 
-def _write_atomic(
-    t: _Target, data: bytes | bytearray, old: os.stat_result | None, token: str | None
-) -> None:
-    """Write ``data`` to a new file and put it in place of ``t`` in one step.
-
-    The new file is unnamed (``O_TMPFILE``) while its data is written: a helper
-    killed then (the caller went away, the timeout, a crash) leaves nothing
-    behind, the kernel frees the file. It gets a name only when complete: the
-    target's own if there is no file there, else ``.<name>.<token>.tmp``, swapped
-    or renamed over the target at once. A helper killed in that last step leaves
-    the temp name, which the server (knowing ``token``) removes once the helper
-    is dead. Where no unnamed file can be made, a named temp file as before.
-    """
-    tmp = temp_name(t.name, token if token is not None else os.urandom(6).hex())
-    fd = _open_unnamed(t)
-    named = fd is None
-    if fd is None:
-        try:
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666, dir_fd=t.dirfd
-            )
-        except FileExistsError:
-            raise
-        except OSError:
-            if old is None:
-                raise
-            # No new entry here, the file itself may be writable (as fs/ops.py).
-            _write_in_place(t, data, os.O_NOFOLLOW)
-            return
-    linked = named  # whether ``tmp`` names our file (to remove on failure)
-    try:
-        try:
-            _write_data(fd, data)
-            # The old file by path without following its name: through our directory fd.
-            old_path = f"/proc/self/fd/{t.dirfd}/{t.name}"
-            faithful = old is None or match_old_file(fd, old, old_path)
-            if faithful and not named:
-                if old is None and _link_unnamed(fd, t, t.name):
-                    return  # a new file, named at once: no temp name ever existed
-                if not _link_unnamed(fd, t, tmp):
-                    raise _os(errno.EEXIST)
-                linked = True
-        finally:
-            os.close(fd)
-        if not faithful:
-            # The helper may not chown (no capabilities) or set every attribute:
-            # keep the old file's, not atomicity.
-            if linked:
-                os.unlink(tmp, dir_fd=t.dirfd)
-                linked = False
-            _write_in_place(t, data, os.O_NOFOLLOW)
-            return
-        if test_pause is not None:
-            test_pause("linked")
-        # Swap over an existing file (no ext4 writeback inside rename), else rename.
-        try:
-            if old is None or not exchange_into_place(tmp, t.name, t.dirfd):
-                os.rename(tmp, t.name, src_dir_fd=t.dirfd, dst_dir_fd=t.dirfd)
-            linked = False
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or old is None:
-                raise
-            os.unlink(tmp, dir_fd=t.dirfd)  # a mount point: written, not replaced
-            linked = False
-            _write_in_place(t, data, os.O_NOFOLLOW)
-    except BaseException:
-        if linked:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=t.dirfd)
-        raise
-
-
-def _mkdir_unless_directory(name: str, dir_fd: int) -> None:
-    """``mkdir`` ``name`` in ``dir_fd`` unless a directory, or a link to one, is there.
-
-    Anything else there is "File exists", as upstream's ``create_dir_all`` says
-    and the direct path answers: a file, or a link leading nowhere or to itself
-    (not the error the caller's open of it would give: "Not a directory" under
-    ``O_NOFOLLOW``, or a link loop). A link to a directory is left to the
-    caller's open, which follows it or, in strict mode, refuses it.
-    """
-    try:
-        os.mkdir(name, 0o777, dir_fd=dir_fd)
-    except FileExistsError:
-        try:
-            is_directory = stat.S_ISDIR(os.stat(name, dir_fd=dir_fd).st_mode)
-        except OSError:
-            is_directory = False
-        if not is_directory:
-            raise
-
-
-def _make_dirs(c: _Ctx, path: str, expect: str | None) -> tuple[int, str]:
-    """``mkdir -p`` by directory fds; returns an ``O_PATH`` fd of ``path`` and its real path."""
-    missing: list[str] = []
-    cur = path
-    cur_expect = expect
-    while True:
-        try:
-            fd = c.open_dir(cur, cur_expect if c.strict else None)
-            break
-        except FileNotFoundError:
-            if cur == "/":
-                raise
-            cur, name = os.path.split(cur)
-            missing.append(name)
-            cur_expect = cur if cur_expect is not None else None
-        except OSError as exc:
-            # A file, or a link looping to itself, where the directory goes: "File
-            # exists", as upstream's create_dir_all says.
-            if exc.errno in (errno.ENOTDIR, errno.ELOOP) and cur == path and os.path.lexists(path):
-                raise _os(errno.EEXIST) from None
-            raise
-    real = _fd_path(fd) if c.strict else cur
-    try:
-        for name in reversed(missing):
-            child_real = real.rstrip("/") + "/" + name
-            c.guard.check(child_real, write=True)
-            _mkdir_unless_directory(name, fd)
-            nfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC | c.nofollow, dir_fd=fd)
-            os.close(fd)
-            fd, real = nfd, child_real
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, real
+def _make_dirs(c: _Ctx, path: str) -> tuple[int, str]:
+    """``mkdir -p`` by directory fds (:func:`fdops.make_dirs`), each directory verified
+    where it already exists and checked by the guard before it is made; returns an
+    ``O_PATH`` fd of ``path`` and its real location."""
+    if c.strict:
+        # The check path is canonical in its existing prefix: every existing
+        # ancestor must resolve to itself.
+        return fdops.make_dirs(
+            path,
+            lambda p: c.open_dir(p, p),
+            real_of=lambda fd, _: _fd_path(fd),
+            check=lambda real: c.guard.check(real, write=True),
+            nofollow=c.nofollow,
+        )
+    return fdops.make_dirs(
+        path, lambda p: c.open_dir(p, None), check=lambda real: c.guard.check(real, write=True)
+    )
 
 
 def _create_directory(c: _Ctx) -> tuple[dict[str, object], bytes]:
     if c.req.recursive:
-        # The expectation for ``path`` itself: in strict mode the check path is
-        # canonical in its existing prefix, so every existing ancestor must
-        # resolve to itself.
-        fd, _ = _make_dirs(c, c.req.path, c.req.path if c.strict else None)
+        fd, _ = _make_dirs(c, c.req.path)
         os.close(fd)
         return {}, b""
     t = c.target(c.req.path, c.req.expect)
@@ -722,10 +507,6 @@ def _get_metadata(c: _Ctx) -> tuple[dict[str, object], bytes]:
     }, b""
 
 
-def _lossy(name: str) -> str:
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
 def _read_directory(c: _Ctx) -> tuple[dict[str, object], bytes]:
     t = c.target(c.req.path, c.req.expect)
     try:
@@ -733,29 +514,18 @@ def _read_directory(c: _Ctx) -> tuple[dict[str, object], bytes]:
         fd = _open_final(c, t, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     finally:
         t.close()
-    real = t.real
-    entries: list[dict[str, object]] = []
+    real = t.real.rstrip("/")
+    guard = c.guard
     try:
-        with os.scandir(fd) as it:
-            for entry in it:
-                if c.guard.rules:
-                    try:
-                        c.guard.check(real.rstrip("/") + "/" + entry.name, write=False)
-                    except OSError:
-                        continue
-                try:
-                    st = os.stat(entry.name, dir_fd=fd)
-                except OSError:
-                    continue  # dangling symlinks etc. are skipped (§9.3)
-                entries.append(
-                    {
-                        "fileName": _lossy(entry.name),
-                        "isDirectory": stat.S_ISDIR(st.st_mode),
-                        "isFile": stat.S_ISREG(st.st_mode),
-                    }
-                )
+        listed = fdops.list_directory(
+            fd, (lambda name: guard.denies(f"{real}/{name}")) if guard.rules else None
+        )
     finally:
         os.close(fd)
+    entries = [
+        {"fileName": name, "isDirectory": is_dir, "isFile": is_file}
+        for name, is_dir, is_file in listed
+    ]
     return {"entries": entries}, b""
 
 
@@ -776,7 +546,7 @@ def _remove(c: _Ctx) -> tuple[dict[str, object], bytes]:
         if stat.S_ISDIR(st.st_mode):
             if c.req.recursive:
                 c.guard.check_subtree(t.real)
-                shutil.rmtree(t.name, dir_fd=t.dirfd)
+                fdops.remove_tree_at(t.dirfd, t.name)
             else:
                 c.guard.check(t.real, write=True)
                 os.rmdir(t.name, dir_fd=t.dirfd)
@@ -786,104 +556,6 @@ def _remove(c: _Ctx) -> tuple[dict[str, object], bytes]:
     finally:
         t.close()
     return {}, b""
-
-
-def _copy_file_fd(src_dir: int, name: str, dst_dir: int, dst_name: str, nofollow: int) -> None:
-    """One regular file, as the direct path copies it (``ops._copy_file_at``).
-
-    The destination is opened without ``O_TRUNC`` and compared with the source
-    first, so a copy onto the file itself (or a hard link of it) cannot
-    truncate it. ``O_NONBLOCK`` on the open: a FIFO destination without a
-    reader is ``ENXIO`` at once instead of holding the helper (and the
-    client's connection) until the helper times out.
-    """
-    sfd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src_dir)
-    try:
-        src_st = os.fstat(sfd)
-        perm = stat.S_IMODE(src_st.st_mode)
-        dfd = os.open(
-            dst_name,
-            os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | nofollow,
-            perm,
-            dir_fd=dst_dir,
-        )
-        try:
-            dst_st = os.fstat(dfd)
-            if os.path.samestat(src_st, dst_st):
-                raise OpError(_INVALID, _COPY_SAME_FILE)
-            if dst_st.st_size:
-                os.ftruncate(dfd, 0)
-            if stat.S_IMODE(dst_st.st_mode) != perm:
-                os.fchmod(dfd, perm)
-            if not stat.S_ISREG(dst_st.st_mode):
-                # A FIFO with a reader (or a device): written like the direct
-                # path and `cp`, waiting for the reader rather than failing
-                # once the pipe is full.
-                os.set_blocking(dfd, True)
-            _copy_contents(sfd, dfd)
-        finally:
-            os.close(dfd)
-    finally:
-        os.close(sfd)
-
-
-def _copy_contents(sfd: int, dfd: int) -> None:
-    """Copy from both files' offsets to EOF, in the kernel when it can."""
-    try:
-        while os.copy_file_range(sfd, dfd, 1 << 30):
-            pass
-        return
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-    try:
-        os.lseek(sfd, os.lseek(dfd, 0, os.SEEK_CUR), os.SEEK_SET)
-    except OSError as exc:
-        # A FIFO destination: copy_file_range refused it before copying anything.
-        if exc.errno != errno.ESPIPE:
-            raise
-    for chunk in _iter_chunks(sfd):
-        write_all(dfd, chunk)
-
-
-def _copy_tree(c: _Ctx, src_fd: int, src_real: str, dst_fd: int, dst_real: str) -> None:
-    with os.scandir(src_fd) as it:
-        names = [e.name for e in it]
-    for name in names:
-        s_real = src_real.rstrip("/") + "/" + name
-        d_real = dst_real.rstrip("/") + "/" + name
-        try:
-            st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if c.guard.rules:
-            try:
-                c.guard.check(s_real, write=False)
-            except OSError:
-                continue  # carved-out (`none`) entries are never read
-        if stat.S_ISDIR(st.st_mode):
-            c.guard.check(d_real, write=True)
-            _mkdir_unless_directory(name, dst_fd)
-            sub_src = os.open(
-                name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=src_fd
-            )
-            try:
-                sub_dst = os.open(
-                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dst_fd
-                )
-                try:
-                    _copy_tree(c, sub_src, s_real, sub_dst, d_real)
-                finally:
-                    os.close(sub_dst)
-            finally:
-                os.close(sub_src)
-        elif stat.S_ISREG(st.st_mode):
-            c.guard.check(d_real, write=True)
-            _copy_file_fd(src_fd, name, dst_fd, name, os.O_NOFOLLOW)
-        elif stat.S_ISLNK(st.st_mode):
-            c.guard.check(d_real, write=True)
-            os.symlink(os.readlink(name, dir_fd=src_fd), name, dir_fd=dst_fd)
-        # FIFOs, sockets and devices are skipped silently (§9.3).
 
 
 def _copy(c: _Ctx) -> tuple[dict[str, object], bytes]:
@@ -896,43 +568,52 @@ def _copy(c: _Ctx) -> tuple[dict[str, object], bytes]:
         st = os.stat(s.name, dir_fd=s.dirfd, follow_symlinks=False)
         if stat.S_ISDIR(st.st_mode):
             if not c.req.recursive:
-                raise OpError(_INVALID, _COPY_DIR_NEEDS_RECURSIVE)
+                raise OpError(_INVALID, fdops.COPY_DIR_WITHOUT_RECURSIVE)
             src_real = s.real if c.strict else os.path.realpath(c.req.path)
             dst_real = dest if c.strict else os.path.realpath(dest)
             if _within(dst_real, src_real):
-                raise OpError(_INVALID, _COPY_INTO_ITSELF)
-            src_fd = os.open(
-                s.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=s.dirfd
-            )
-            try:
-                dpath_fd, d_real = _make_dirs(c, dest, dest if c.strict else None)
-                try:
-                    dst_fd = os.open(
-                        ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dpath_fd
-                    )
-                finally:
-                    os.close(dpath_fd)
-                try:
-                    _copy_tree(c, src_fd, src_real, dst_fd, d_real)
-                finally:
-                    os.close(dst_fd)
-            finally:
-                os.close(src_fd)
+                raise OpError(_INVALID, fdops.COPY_INTO_SELF)
+            _copy_tree(c, s, src_real, dest)
             return {}, b""
         if not (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode)):
-            raise OpError(_INVALID, _COPY_UNSUPPORTED)
+            raise OpError(_INVALID, fdops.COPY_UNSUPPORTED_TYPE)
         d = c.target(dest, c.req.dest_expect)
         try:
             c.guard.check(d.real, write=True)
             if stat.S_ISLNK(st.st_mode):
                 os.symlink(os.readlink(s.name, dir_fd=s.dirfd), d.name, dir_fd=d.dirfd)
             else:
-                _copy_file_fd(s.dirfd, s.name, d.dirfd, d.name, c.nofollow)
+                fdops.copy_file_at(s.dirfd, s.name, d.dirfd, d.name, dst_flags=c.nofollow)
         finally:
             d.close()
     finally:
         s.close()
     return {}, b""
+
+
+def _copy_tree(c: _Ctx, s: _Target, src_real: str, dest: str) -> None:
+    """The directory ``s`` into ``dest`` (made as needed); carved-out (``none``) entries
+    are never read, protected destinations never written."""
+    guard = c.guard
+    src_fd = os.open(
+        s.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=s.dirfd
+    )
+    try:
+        dst_fd, dst_real = _make_dirs(c, dest)
+        try:
+            fdops.copy_tree_at(
+                src_fd,
+                dst_fd,
+                dst_nofollow=os.O_NOFOLLOW,
+                src_real=src_real,
+                dst_real=dst_real,
+                skip=guard.denies if guard.rules else None,
+                check_write=(lambda real: guard.check(real, write=True)) if guard.rules else None,
+            )
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
 
 
 def _canonicalize(c: _Ctx) -> tuple[dict[str, object], bytes]:
@@ -1005,7 +686,7 @@ def _no_follow(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], byt
                     raise OpError(
                         _INVALID, f"file is too large to read: limit is {MAX_READ_BYTES} bytes"
                     )
-                return {}, _read_all(fd, size)
+                return {}, fdops.read_to_end(fd, size, MAX_READ_BYTES)
             finally:
                 os.close(fd)
         if req.op == "fs/writeFile":
@@ -1084,3 +765,5 @@ def execute(
         return fn(c)
     except OSError as exc:
         raise error_from_os(exc) from exc
+    except ExecServerError as exc:
+        raise OpError(exc.code, exc.message) from exc

@@ -1,0 +1,758 @@
+"""The filesystem operations of PROTOCOL.md §9.3, relative to open directories.
+
+The one implementation of their semantics, used by both routes: the server's
+direct calls (:mod:`exec_server.fs.ops`, which opens a path's directory and
+hands over the descriptor and the final name) and the confined helper
+(:mod:`exec_server.fs.zygote_ops`, which opens and verifies the directory
+itself). Every step works on descriptors and ``*at`` calls: what one step found
+is not looked up by path again in the next.
+
+Stdlib only (and the stdlib-only error modules): the helper imports this under
+``python -I -S``. Failures leave as ``OSError`` or, for our own validation,
+:class:`~exec_server.exceptions.InvalidRequestError`; callers map them.
+
+Choices beyond the spec:
+
+* :func:`replace_file` writes a new file and puts it in place of the old one in
+  one ``rename``, keeping the old file's mode, owner and extended attributes, so
+  a failed write never leaves half a file where a complete one stood. The new
+  file is unnamed (``O_TMPFILE``) while its data is written: a writer killed
+  then leaves nothing behind. Hard links to the old file keep the old contents.
+  Where the new file cannot be made like the old one, where the directory takes
+  no new entry, or where the name is a mount point, the file is written in
+  place, as upstream always does. No ``fsync``.
+* Reads never block on a FIFO and never read more than the limit, even from
+  files whose ``st_size`` is 0 (``/proc``, devices).
+* A copy of a file onto itself is refused instead of truncating it; a tree is
+  copied depth first in directory order (as upstream does), skipping FIFOs,
+  sockets and devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import stat
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Final
+
+from exec_server.exceptions import InvalidRequestError
+
+__all__ = [
+    "COPY_DIR_WITHOUT_RECURSIVE",
+    "COPY_INTO_SELF",
+    "COPY_SAME_FILE",
+    "COPY_UNSUPPORTED_TYPE",
+    "READ_LIMIT",
+    "Buffer",
+    "check_for_read",
+    "check_writable",
+    "copy_file_at",
+    "copy_tree_at",
+    "list_directory",
+    "lossy_name",
+    "make_dirs",
+    "match_old_file",
+    "mkdir_unless_directory",
+    "read_to_end",
+    "remove_tree_at",
+    "replace_file",
+    "temp_name",
+    "too_large_message",
+    "write_all",
+    "write_in_place",
+]
+
+#: ``fs/readFile`` refuses files larger than this (PROTOCOL.md §9.3).
+READ_LIMIT: Final = 512 * 1024 * 1024
+
+COPY_DIR_WITHOUT_RECURSIVE: Final = (
+    "fs/copy requires recursive: true when sourcePath is a directory"
+)
+COPY_INTO_SELF: Final = "fs/copy cannot copy a directory to itself or one of its descendants"
+COPY_UNSUPPORTED_TYPE: Final = "fs/copy only supports regular files, directories, and symlinks"
+COPY_SAME_FILE: Final = "fs/copy source and destination are the same file"
+
+Buffer = bytes | bytearray | memoryview
+#: A context around a wait only another party can end (a FIFO's reader); the
+#: server's worker pool gives the thread's place back meanwhile.
+Wait = Callable[[], AbstractContextManager[None]]
+
+_CHUNK: Final = 1024 * 1024
+_COPY_MAX: Final = 1 << 30
+_O_TMPFILE: Final = getattr(os, "O_TMPFILE", 0)
+_O_PATH: Final = getattr(os, "O_PATH", os.O_RDONLY)
+_SUBDIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def too_large_message(limit: int) -> str:
+    return f"file is too large to read: limit is {limit} bytes"
+
+
+def _os_error(num: int) -> OSError:
+    return OSError(num, os.strerror(num))
+
+
+# --------------------------------------------------------------------- read
+
+
+def check_for_read(fd: int, limit: int = READ_LIMIT, not_a_file: str | None = None) -> int | None:
+    """Check a descriptor opened for reading; returns its ``st_size`` if it is a
+    regular file, else None (its size says nothing).
+
+    Args:
+        not_a_file: the path as the caller named it, for the current client's rule:
+            anything but a regular file is ``-32600 path `<it>` is not a file``.
+    """
+    st = os.fstat(fd)
+    regular = stat.S_ISREG(st.st_mode)
+    if not_a_file is not None and not regular:
+        raise InvalidRequestError(f"path `{not_a_file}` is not a file")
+    if stat.S_ISDIR(st.st_mode):
+        raise _os_error(errno.EISDIR)
+    if st.st_size > limit:
+        raise InvalidRequestError(too_large_message(limit))
+    return st.st_size if regular else None
+
+
+def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
+    """Read ``fd`` to EOF (or to what a non-blocking FIFO has), refusing more than
+    ``limit`` bytes; ``size`` (``st_size``) makes the common case one allocation."""
+    chunks: list[bytes] = []
+    total = 0
+    if size:
+        # A short read of size+1 means EOF: the bytes object is the only copy.
+        first = os.read(fd, size + 1)
+        if len(first) <= size:
+            return first
+        chunks.append(first)
+        total = len(first)
+    while True:
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > limit:
+            raise InvalidRequestError(too_large_message(limit))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# -------------------------------------------------------------------- write
+
+
+def write_all(fd: int, data: Buffer | Iterable[Buffer]) -> None:
+    """Write a buffer, or each buffer of an iterable in turn, completely."""
+    pieces = (data,) if isinstance(data, bytes | bytearray | memoryview) else data
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+def write_in_place(
+    dir_fd: int,
+    name: str,
+    data: Buffer,
+    flags: int = 0,
+    wait: Wait = contextlib.nullcontext,
+) -> None:
+    """Create or truncate ``name`` and write ``data`` into that same file.
+
+    With ``O_NONBLOCK`` in ``flags`` the open does not wait for a FIFO's reader
+    (``ENXIO``), and the writes then do wait for it, as ``cp`` and upstream do,
+    inside ``wait()``.
+    """
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | flags, 0o666,
+                 dir_fd=dir_fd)
+    try:
+        if flags & os.O_NONBLOCK:
+            os.set_blocking(fd, True)
+            with wait():
+                write_all(fd, data)
+        else:
+            write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def check_writable(dir_fd: int, name: str) -> None:
+    """Refuse to replace a file this process may not write, as writing it in place would.
+
+    The rename needs only the directory's permission, so without this a read-only
+    file (mode 0444, another user's file in a shared directory) was replaced where
+    upstream's ``O_TRUNC`` open fails (``EACCES``).
+    """
+    if os.access(name, os.W_OK, dir_fd=dir_fd, effective_ids=True, follow_symlinks=False):
+        return
+    try:
+        read_only = bool(os.fstatvfs(dir_fd).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    raise _os_error(errno.EROFS if read_only else errno.EACCES)
+
+
+def temp_name(name: str, token: str) -> str:
+    """The name of the temp file that replaces ``name``: ``.<name>.<token>.tmp``.
+
+    The confined helper's server picks ``token`` so that it can remove what a
+    killed helper leaves at that name (``fs/zygote.py``).
+    """
+    return f".{os.fsencode(name)[:100].decode('utf-8', 'surrogateescape')}.{token}.tmp"
+
+
+def replace_file(
+    dir_fd: int,
+    name: str,
+    fill: Callable[[int], None],
+    whole: Callable[[], Buffer],
+    old: os.stat_result | None,
+    token: str,
+    *,
+    unnamed: bool = True,
+    pause: Callable[[str], None] | None = None,
+) -> None:
+    """Create ``name`` in ``dir_fd``, or replace the regular file ``old`` there, in one step.
+
+    Args:
+        fill: writes the contents into a new file's descriptor; what it raises
+            abandons the write (the new file is dropped, the old one untouched).
+        whole: the contents at once, for a write in place.
+        token: names the temp file (:func:`temp_name`), linked only once complete.
+        unnamed: make the new file with ``O_TMPFILE`` where it can.
+        pause: a test hook, called with ``"linked"`` once the temp name exists.
+    """
+    tmp = temp_name(name, token)
+    try:
+        fd, named = _create_new(dir_fd, tmp, unnamed)
+    except FileExistsError:
+        raise
+    except OSError:
+        if old is None:
+            raise
+        # The directory takes no new entry (refused, no inode left, a /proc
+        # directory, which answers ENOENT) but the file itself may be writable:
+        # write it in place, as upstream does, and report the file's own error,
+        # never the directory's -32004 (the client reads it as "create the
+        # parent and retry").
+        write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
+        return
+    linked = named  # whether ``tmp`` names the new file (to remove on failure)
+    try:
+        try:
+            fill(fd)
+            faithful = old is None or match_old_file(fd, old, f"/proc/self/fd/{dir_fd}/{name}")
+            if faithful and not named:
+                if old is None and _link_unnamed(fd, dir_fd, name):
+                    return  # a new file, named at once: no temp name ever existed
+                if not _link_unnamed(fd, dir_fd, tmp):
+                    raise _os_error(errno.EEXIST)
+                linked = True
+        finally:
+            os.close(fd)
+        if not faithful:
+            # The new file cannot get the old one's owner or attributes: keep
+            # those (write in place), not atomicity.
+            if linked:
+                os.unlink(tmp, dir_fd=dir_fd)
+                linked = False
+            write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
+            return
+        if pause is not None:
+            pause("linked")
+        try:
+            if old is None or not _exchange(dir_fd, tmp, name):
+                os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            linked = False
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or old is None:
+                raise
+            # A mount point (a bind-mounted file, like a container's /etc/hosts)
+            # cannot be replaced, only written.
+            os.unlink(tmp, dir_fd=dir_fd)
+            linked = False
+            write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
+    except BaseException:
+        if linked:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def _load_renameat2() -> Callable[..., int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):  # an old libc, not Linux
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_renameat2: Final = _load_renameat2()
+_RENAME_EXCHANGE: Final = 2
+
+
+def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
+    """Swap the complete temp file ``tmp`` with the existing file ``name``, then unlink
+    the old file (now at ``tmp``); False, having changed nothing, where the
+    filesystem or libc cannot (the caller renames).
+
+    Why not a plain ``rename``: renaming over an existing file makes ext4 allocate
+    and start writing back the new data inside the call (``auto_da_alloc``),
+    which made a 1 KiB ``fs/writeFile`` ~3x upstream's; the exchange does not.
+    Readers still see the complete old or the complete new file.
+    """
+    if _renameat2 is None:
+        return False
+    src, dst = os.fsencode(tmp), os.fsencode(name)
+    if _renameat2(dir_fd, src, dir_fd, dst, _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOENT):
+            return False
+        raise OSError(err, os.strerror(err), name)
+    try:
+        os.unlink(tmp, dir_fd=dir_fd)
+    except IsADirectoryError:
+        # A directory replaced the target since it was looked at: put it back.
+        _renameat2(dir_fd, src, dir_fd, dst, _RENAME_EXCHANGE)
+        raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), name) from None
+    except FileNotFoundError:
+        pass
+    return True
+
+
+def _create_new(dir_fd: int, tmp: str, unnamed: bool) -> tuple[int, bool]:
+    """A new, empty file to write into: its descriptor, and whether it is named ``tmp``
+    (else it is unnamed)."""
+    fd = _open_unnamed(dir_fd) if unnamed else None
+    if fd is not None:
+        return fd, False
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    return os.open(tmp, flags, 0o666, dir_fd=dir_fd), True
+
+
+def _open_unnamed(dir_fd: int) -> int | None:
+    """An unnamed file (``O_TMPFILE``) in ``dir_fd``, or None where there is none (a
+    filesystem without it, or one this process may not create in: the named temp
+    file then says what is wrong)."""
+    if not _O_TMPFILE:
+        return None
+    try:
+        return os.open(".", os.O_WRONLY | _O_TMPFILE | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+    except OSError:
+        return None
+
+
+def _link_unnamed(fd: int, dir_fd: int, name: str) -> bool:
+    """Give the unnamed file ``fd`` the name ``name`` in ``dir_fd``; False if it is taken.
+
+    Through ``/proc/self/fd`` (``linkat(AT_SYMLINK_FOLLOW)``): ``AT_EMPTY_PATH``
+    would need ``CAP_DAC_READ_SEARCH``, which the confined helper never has.
+    """
+    try:
+        os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd)
+    except FileExistsError:
+        return False
+    return True
+
+
+#: errors that mean "this process may not make the new file like the old one".
+_CANNOT_MATCH: Final = frozenset(
+    (errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
+)
+
+
+def match_old_file(fd: int, old: os.stat_result, old_path: str) -> bool:
+    """Give the new file at ``fd`` the owner, group, extended attributes (ACLs,
+    labels, user data) and permission bits of the file ``old_path``, ``old``.
+
+    Compared with the new file itself, not with the process: a set-group-ID
+    directory gives new files its own group, a default ACL an access ACL, the
+    umask strips bits. The owner goes first, because ``chown`` clears the
+    set-user-ID and set-group-ID bits and file capabilities; the mode last.
+
+    Returns ``False`` when the new file cannot be made the same (no
+    ``CAP_CHOWN``, an id not mapped in this user namespace, an attribute this
+    process may not set): the caller then writes the old file in place, so that
+    an edit never hands a file to another owner or drops its ACL.
+    """
+    new = os.fstat(fd)
+    try:
+        if new.st_gid != old.st_gid or new.st_uid != old.st_uid:
+            os.fchown(fd, old.st_uid, old.st_gid)
+        if _match_xattrs(fd, old_path):
+            new = os.fstat(fd)  # an ACL written or removed changed the group bits
+    except OSError as exc:
+        if exc.errno not in _CANNOT_MATCH:
+            raise
+        return False
+    mode = stat.S_IMODE(old.st_mode)
+    if stat.S_IMODE(new.st_mode) != mode:
+        os.fchmod(fd, mode)
+    return True
+
+
+def _match_xattrs(fd: int, old_path: str) -> bool:
+    """Make the extended attributes of ``fd`` those of ``old_path`` (its last component
+    not followed); ``True`` if any was written or removed."""
+    try:
+        want = set(os.listxattr(old_path, follow_symlinks=False))
+        have = set(os.listxattr(fd))
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return False  # a filesystem without extended attributes
+        raise
+    changed = False
+    for key in have.difference(want):
+        os.removexattr(fd, key)  # e.g. an access ACL made from the directory's default ACL
+        changed = True
+    for key in want:
+        value = os.getxattr(old_path, key, follow_symlinks=False)
+        if key not in have or os.getxattr(fd, key) != value:
+            os.setxattr(fd, key, value)
+            changed = True
+    return changed
+
+
+# ------------------------------------------------------------ directories
+
+
+def mkdir_unless_directory(name: str, dir_fd: int) -> None:
+    """``mkdir`` ``name`` in ``dir_fd`` unless a directory, or a link to one, is there.
+
+    Anything else there is "File exists", as upstream's ``create_dir_all`` says:
+    a file, or a link leading nowhere or to itself.
+    """
+    try:
+        os.mkdir(name, 0o777, dir_fd=dir_fd)
+    except FileExistsError:
+        try:
+            is_directory = stat.S_ISDIR(os.stat(name, dir_fd=dir_fd).st_mode)
+        except OSError:
+            is_directory = False
+        if not is_directory:
+            raise
+
+
+def make_dirs(
+    path: str,
+    open_dir: Callable[[str], int],
+    *,
+    real_of: Callable[[int, str], str] | None = None,
+    check: Callable[[str], None] | None = None,
+    nofollow: int = 0,
+) -> tuple[int, str]:
+    """Rust's ``create_dir_all`` on descriptors: open the deepest existing ancestor of
+    ``path`` and make the rest one ``mkdirat`` at a time.
+
+    Args:
+        open_dir: opens an existing directory by path (``O_PATH``), the caller's way.
+        real_of: ``(fd, path)`` -> the directory's real location (default: ``path``).
+        check: called with each directory's real location before it is made.
+        nofollow: ``O_NOFOLLOW`` to refuse a link swapped in for a made directory.
+
+    Returns:
+        An ``O_PATH`` descriptor of ``path`` (the caller closes it) and its real location.
+    """
+    missing: list[str] = []
+    current = path
+    while True:
+        try:
+            fd = open_dir(current)
+            break
+        except FileNotFoundError:
+            parent, name = os.path.split(current)
+            if parent == current:
+                raise
+            missing.append(name)
+            current = parent
+        except OSError as exc:
+            # A file, or a link looping to itself, where the directory goes: "File
+            # exists", as upstream's create_dir_all says.
+            if (
+                exc.errno in (errno.ENOTDIR, errno.ELOOP)
+                and current == path
+                and os.path.lexists(path)
+            ):
+                raise _os_error(errno.EEXIST) from None
+            raise
+    try:
+        real = current if real_of is None else real_of(fd, current)
+        for name in reversed(missing):
+            child_real = real.rstrip("/") + "/" + name
+            if check is not None:
+                check(child_real)
+            mkdir_unless_directory(name, fd)
+            child = os.open(name, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC | nofollow, dir_fd=fd)
+            os.close(fd)
+            fd, real = child, child_real
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, real
+
+
+def lossy_name(name: str) -> str:
+    """An entry name as upstream renders it: invalid UTF-8 becomes U+FFFD."""
+    if name.isascii():
+        return name
+    return os.fsencode(name).decode("utf-8", "replace")
+
+
+def list_directory(
+    fd: int, hidden: Callable[[str], bool] | None = None
+) -> list[tuple[str, bool, bool]]:
+    """``(lossy name, is_directory, is_file)`` of each entry of the open directory ``fd``
+    (no ``.``/``..``); symlinks are followed, dangling ones skipped, as are the names
+    ``hidden(name)`` says."""
+    entries: list[tuple[str, bool, bool]] = []
+    with os.scandir(fd) as it:
+        for entry in it:
+            if hidden is not None and hidden(entry.name):
+                continue
+            try:
+                if entry.is_symlink():
+                    mode = entry.stat().st_mode
+                    is_dir, is_file = stat.S_ISDIR(mode), stat.S_ISREG(mode)
+                else:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    is_file = entry.is_file(follow_symlinks=False)
+            except OSError:
+                continue
+            entries.append((lossy_name(entry.name), is_dir, is_file))
+    return entries
+
+
+# ------------------------------------------------------------------ remove
+
+
+def remove_tree_at(dir_fd: int, name: str) -> None:
+    """Delete the tree ``name`` in ``dir_fd`` through directory descriptors, never
+    following a link (a link in a directory's place is unlinked). Entries that
+    vanish meanwhile are fine; any other failure propagates. Iterative: a tree
+    of any depth goes, one descriptor open per level."""
+    top = _open_subdirectory(dir_fd, name)
+    if top is None:
+        return
+    # (descriptor, its name in the level above, its subdirectories still to do)
+    levels: list[tuple[int, str, list[str]]] = []
+    try:
+        levels.append((top, name, _unlink_files(top)))
+    except BaseException:
+        os.close(top)
+        raise
+    try:
+        while levels:
+            fd, fd_name, dirs = levels[-1]
+            if not dirs:
+                levels.pop()
+                os.close(fd)
+                parent = levels[-1][0] if levels else dir_fd
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(fd_name, dir_fd=parent)
+                continue
+            sub = dirs.pop()
+            child = _open_subdirectory(fd, sub)
+            if child is None:
+                continue
+            try:
+                levels.append((child, sub, _unlink_files(child)))
+            except BaseException:
+                os.close(child)
+                raise
+    finally:
+        for fd, _, _ in levels:
+            os.close(fd)
+
+
+def _open_subdirectory(dir_fd: int, name: str) -> int | None:
+    """The directory ``name`` in ``dir_fd``, never through a link; None when it is gone,
+    or was replaced by a file or link (then unlinked)."""
+    try:
+        return os.open(name, _SUBDIR, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dir_fd)
+        return None
+
+
+def _unlink_files(dir_fd: int) -> list[str]:
+    """Unlink every non-directory in ``dir_fd``; return the subdirectories' names."""
+    dirs: list[str] = []
+    for name in os.listdir(dir_fd):
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:  # Linux: unlinkat(2) of a directory
+            dirs.append(name)
+        except PermissionError:  # macOS says EPERM for a directory
+            try:
+                is_dir = stat.S_ISDIR(os.lstat(name, dir_fd=dir_fd).st_mode)
+            except FileNotFoundError:
+                continue
+            if not is_dir:
+                raise
+            dirs.append(name)
+    return dirs
+
+
+# -------------------------------------------------------------------- copy
+
+
+def copy_file_at(
+    src_dir: int,
+    name: str,
+    dst_dir: int,
+    dst_name: str,
+    *,
+    dst_flags: int = 0,
+    wait: Wait = contextlib.nullcontext,
+) -> None:
+    """Copy one regular file like Rust's ``std::fs::copy``: overwrite, copy the
+    permission bits, copy in the kernel where it can.
+
+    The destination is opened without ``O_TRUNC`` and compared with the source
+    first, so a copy onto the file itself (or a hard link of it) cannot truncate
+    it. ``O_NONBLOCK`` on the opens: a FIFO destination without a reader is
+    ``ENXIO`` at once; one with a reader is written like ``cp`` does, waiting for
+    it (inside ``wait()``).
+    """
+    src_fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                     dir_fd=src_dir)
+    try:
+        src_st = os.fstat(src_fd)
+        perm = stat.S_IMODE(src_st.st_mode)
+        dst_fd = os.open(
+            dst_name,
+            os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | dst_flags,
+            perm,
+            dir_fd=dst_dir,
+        )
+        try:
+            dst_st = os.fstat(dst_fd)
+            if os.path.samestat(src_st, dst_st):
+                raise InvalidRequestError(COPY_SAME_FILE)
+            if dst_st.st_size:
+                os.ftruncate(dst_fd, 0)
+            if stat.S_IMODE(dst_st.st_mode) != perm:
+                os.fchmod(dst_fd, perm)
+            if stat.S_ISREG(dst_st.st_mode):
+                _copy_contents(src_fd, dst_fd)
+            else:
+                os.set_blocking(dst_fd, True)
+                with wait():
+                    _copy_contents(src_fd, dst_fd)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
+
+
+def _copy_contents(src_fd: int, dst_fd: int) -> None:
+    """Copy from both files' offsets to EOF, in the kernel when it can."""
+    try:
+        while os.copy_file_range(src_fd, dst_fd, _COPY_MAX):
+            pass
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    try:
+        os.lseek(src_fd, os.lseek(dst_fd, 0, os.SEEK_CUR), os.SEEK_SET)
+    except OSError as exc:
+        # A FIFO destination: copy_file_range refused it before copying anything.
+        if exc.errno != errno.ESPIPE:
+            raise
+    while chunk := os.read(src_fd, _CHUNK):
+        write_all(dst_fd, chunk)
+
+
+def copy_tree_at(
+    src_fd: int,
+    dst_fd: int,
+    *,
+    dst_nofollow: int = 0,
+    src_real: str = "",
+    dst_real: str = "",
+    skip: Callable[[str], bool] | None = None,
+    check_write: Callable[[str], None] | None = None,
+    wait: Wait = contextlib.nullcontext,
+) -> None:
+    """Copy the contents of the open directory ``src_fd`` into ``dst_fd``, depth first
+    in directory order, merging into directories already there.
+
+    Args:
+        dst_nofollow: ``O_NOFOLLOW`` to refuse a link in a destination directory's
+            place (else a link to a directory is merged into, as upstream does).
+        src_real, dst_real: the two directories' real locations, for ``skip`` and
+            ``check_write`` (entries' locations are these plus their names).
+        skip: says which source entries (by real location) are never read.
+        check_write: raises for a destination entry (by real location) not to write.
+    """
+    named = skip is not None or check_write is not None
+    # (source fd, destination fd, their real locations, names still to copy)
+    levels: list[tuple[int, int, str, str, list[str]]] = [
+        (src_fd, dst_fd, src_real, dst_real, os.listdir(src_fd)[::-1])
+    ]
+    try:
+        while levels:
+            s_fd, d_fd, s_dir, d_dir, names = levels[-1]
+            if not names:
+                levels.pop()
+                if levels:  # the descriptors of a level below the top: ours
+                    os.close(s_fd)
+                    os.close(d_fd)
+                continue
+            name = names.pop()
+            s_real = d_real = ""
+            if named:
+                s_real = s_dir.rstrip("/") + "/" + name
+                d_real = d_dir.rstrip("/") + "/" + name
+                if skip is not None and skip(s_real):
+                    continue  # carved-out entries are never read
+            try:
+                mode = os.stat(name, dir_fd=s_fd, follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                continue  # FIFOs, sockets and devices are skipped (§9.3)
+            if check_write is not None:
+                check_write(d_real)
+            if stat.S_ISREG(mode):
+                copy_file_at(s_fd, name, d_fd, name, dst_flags=dst_nofollow, wait=wait)
+            elif stat.S_ISLNK(mode):
+                os.symlink(os.readlink(name, dir_fd=s_fd), name, dir_fd=d_fd)
+            else:
+                mkdir_unless_directory(name, d_fd)
+                sub_src = os.open(name, _SUBDIR, dir_fd=s_fd)
+                try:
+                    sub_dst = os.open(
+                        name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | dst_nofollow,
+                        dir_fd=d_fd,
+                    )
+                except BaseException:
+                    os.close(sub_src)
+                    raise
+                try:
+                    listed = os.listdir(sub_src)[::-1]
+                except BaseException:
+                    os.close(sub_src)
+                    os.close(sub_dst)
+                    raise
+                levels.append((sub_src, sub_dst, s_real, d_real, listed))
+    finally:
+        for s_fd, d_fd, *_ in levels[1:]:
+            os.close(s_fd)
+            os.close(d_fd)
