@@ -11,10 +11,11 @@ import pytest
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.protocol import sandbox_types as wire
+from exec_server.protocol.sandbox_types import decode_fs_sandbox, decode_launch_sandbox
 from exec_server.sandbox.convert import (
     Generation,
-    fs_context_from_wire,
-    launch_request_from_wire,
+    fs_context,
+    launch_request,
     legacy_policy_from_wire,
 )
 from exec_server.sandbox.policy import (
@@ -186,7 +187,7 @@ PROCESS_START_SANDBOX = {  # PROTOCOL.md §8.1 example
 
 
 def test_no_sandbox_config() -> None:
-    req = launch_request_from_wire(raw(NO_SANDBOX), command_cwd="/elsewhere")
+    req = launch_request(decode_launch_sandbox(raw(NO_SANDBOX)), command_cwd="/elsewhere")
     assert req.generation is Generation.LEGACY
     assert req.preference == "forbid"
     assert req.fs_policy.kind is FsKind.UNRESTRICTED
@@ -197,7 +198,7 @@ def test_no_sandbox_config() -> None:
 
 
 def test_process_start_example_decodes() -> None:
-    req = launch_request_from_wire(raw(PROCESS_START_SANDBOX), command_cwd="/srv/proj")
+    req = launch_request(decode_launch_sandbox(raw(PROCESS_START_SANDBOX)), command_cwd="/srv/proj")
     assert req.preference == "auto"
     assert req.network is Network.RESTRICTED
     kinds = [(e.target, e.access) for e in req.fs_policy.entries]
@@ -213,7 +214,7 @@ def test_process_start_example_decodes() -> None:
 
 def test_absent_and_null_mean_no_sandbox() -> None:
     for value in (None, msgspec.Raw(b"null")):
-        req = launch_request_from_wire(value, command_cwd="/w")
+        req = launch_request(decode_launch_sandbox(value), command_cwd="/w")
         assert req.generation is None
         assert not req.needs_platform_sandbox
 
@@ -222,13 +223,13 @@ def test_sandbox_alias_member_preselects_type() -> None:
     obj = dict(PROCESS_START_SANDBOX)
     del obj["sandboxPreference"]
     obj["sandbox"] = "linux-seccomp"
-    req = launch_request_from_wire(raw(obj), command_cwd="/srv/proj")
+    req = launch_request(decode_launch_sandbox(raw(obj)), command_cwd="/srv/proj")
     assert req.forced_type is not None and req.forced_type.value == "linux-seccomp"
 
 
 def test_sandbox_policy_cwd_accepts_uri() -> None:
     obj = dict(NO_SANDBOX, sandboxPolicyCwd="file:///srv/p%20q")
-    assert launch_request_from_wire(raw(obj), command_cwd="/x").cwd == "/srv/p q"
+    assert launch_request(decode_launch_sandbox(raw(obj)), command_cwd="/x").cwd == "/srv/p q"
 
 
 BAD_LAUNCH = [
@@ -296,7 +297,7 @@ def test_bad_launch_config_names_the_field(patch: dict[str, Any], needle: str) -
     if patch.get("sandboxPreference", "") is None:
         del obj["sandboxPreference"]
     with pytest.raises(InvalidParamsError) as info:
-        launch_request_from_wire(raw(obj), command_cwd="/srv/proj")
+        launch_request(decode_launch_sandbox(raw(obj)), command_cwd="/srv/proj")
     assert needle.split(" - ")[0] in info.value.message
 
 
@@ -304,7 +305,7 @@ def test_missing_required_member() -> None:
     obj = dict(PROCESS_START_SANDBOX)
     del obj["enforceManagedNetwork"]
     with pytest.raises(InvalidParamsError, match="enforceManagedNetwork"):
-        launch_request_from_wire(raw(obj), command_cwd="/srv/proj")
+        launch_request(decode_launch_sandbox(raw(obj)), command_cwd="/srv/proj")
 
 
 @pytest.mark.parametrize(
@@ -312,7 +313,7 @@ def test_missing_required_member() -> None:
 )
 def test_unrecognisable_sandbox_objects_are_rejected(value: bytes) -> None:
     with pytest.raises(InvalidParamsError, match=r"^sandbox"):
-        launch_request_from_wire(msgspec.Raw(value), command_cwd="/w")
+        launch_request(decode_launch_sandbox(msgspec.Raw(value)), command_cwd="/w")
 
 
 # --- current-client permission context (CLIENT_COMPAT.md §1.4, recordings) ---
@@ -357,7 +358,7 @@ RECORDED_START = {
 
 
 def test_recorded_current_context_decodes() -> None:
-    req = launch_request_from_wire(raw(RECORDED_START), command_cwd=WS_PATH)
+    req = launch_request(decode_launch_sandbox(raw(RECORDED_START)), command_cwd=WS_PATH)
     assert req.generation is Generation.CURRENT
     assert req.network is Network.RESTRICTED
     assert req.cwd == WS_PATH
@@ -391,9 +392,10 @@ def test_every_recorded_sandbox_object_decodes() -> None:
     for where, sandbox in seen:
         value = raw(sandbox)
         if where.endswith("process/start"):
-            assert launch_request_from_wire(value, command_cwd="/").generation is Generation.CURRENT
+            req = launch_request(decode_launch_sandbox(value), command_cwd="/")
+            assert req.generation is Generation.CURRENT
         else:
-            req = fs_context_from_wire(value, server_cwd="/srv")
+            req = fs_context(decode_fs_sandbox(value), server_cwd="/srv")
             assert req is not None and req.generation is Generation.CURRENT, where
 
 
@@ -421,7 +423,7 @@ CURRENT_VARIANTS = [
 @pytest.mark.parametrize(("perms", "kind", "network"), CURRENT_VARIANTS)
 def test_current_permission_variants(perms: dict[str, Any], kind: FsKind, network: Network) -> None:
     ctx = {"permissions": perms, "windowsSandboxLevel": "disabled"}
-    req = launch_request_from_wire(raw(ctx), command_cwd="/w")
+    req = launch_request(decode_launch_sandbox(raw(ctx)), command_cwd="/w")
     assert (req.fs_policy.kind, req.network) == (kind, network)
 
 
@@ -446,7 +448,7 @@ def test_current_entries_deny_glob_unknown() -> None:
         "windowsSandboxLevel": "mxc",
         "sandboxOverride": {"escalatedSandboxWithRestrictions": {}},
     }
-    req = launch_request_from_wire(raw(ctx), command_cwd="/w")
+    req = launch_request(decode_launch_sandbox(raw(ctx)), command_cwd="/w")
     assert [e.target for e in req.fs_policy.entries] == [
         PathTarget("/srv/x"),
         GlobTarget("**/*.env"),
@@ -517,16 +519,16 @@ def test_bad_current_context_names_the_field(ctx: dict[str, Any], needle: str) -
     if ctx["windowsSandboxLevel"] is None:
         del ctx["windowsSandboxLevel"]
     with pytest.raises(InvalidParamsError) as info:
-        launch_request_from_wire(raw(ctx), command_cwd="/w")
+        launch_request(decode_launch_sandbox(raw(ctx)), command_cwd="/w")
     assert needle in info.value.message
     with pytest.raises(InvalidParamsError):
-        fs_context_from_wire(raw(ctx), server_cwd="/w")
+        fs_context(decode_fs_sandbox(raw(ctx)), server_cwd="/w")
 
 
 def test_a_subpath_may_use_dots_that_stay_inside_the_root() -> None:
     """Only a subpath that climbs above its root is refused (see BAD_CURRENT)."""
     ctx = {"windowsSandboxLevel": "disabled", **_one_entry(_project_subpath("a/../.codex"))}
-    launch_request_from_wire(raw(ctx), command_cwd="/w")
+    launch_request(decode_launch_sandbox(raw(ctx)), command_cwd="/w")
 
 
 # --- more PROTOCOL.md examples ---
@@ -547,7 +549,7 @@ def test_filesystem_context_example_section_6_8() -> None:
         "useLegacyLandlock": False,
         "additionalPermissions": None,
     }
-    req = fs_context_from_wire(raw(ctx), server_cwd="/srv/proj")
+    req = fs_context(decode_fs_sandbox(raw(ctx)), server_cwd="/srv/proj")
     assert req is not None and not req.direct
     assert req.resolve_access("/srv/allowed/note.txt") is Access.READ
     assert req.resolve_access("/srv/other") is Access.NONE
@@ -565,12 +567,12 @@ def test_appendix_a_read_outside_writable_roots_is_denied() -> None:
         },
         "windowsSandboxLevel": "disabled",
     }
-    req = fs_context_from_wire(raw(ctx), server_cwd="/srv/proj")
+    req = fs_context(decode_fs_sandbox(raw(ctx)), server_cwd="/srv/proj")
     assert req is not None and not req.direct
     assert req.resolve_access("/srv/other/secret.txt") is Access.NONE
     assert req.resolve_access("/srv/proj/src/main.c") is Access.WRITE
 
 
 def test_appendix_a_process_start_sandbox_is_no_sandbox() -> None:
-    req = launch_request_from_wire(raw(NO_SANDBOX), command_cwd="/srv/proj")
+    req = launch_request(decode_launch_sandbox(raw(NO_SANDBOX)), command_cwd="/srv/proj")
     assert req.preference == "forbid" and not req.needs_platform_sandbox

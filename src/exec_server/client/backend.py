@@ -43,7 +43,7 @@ from exec_server.protocol.process_types import (
     ReadResult,
     WriteStatus,
 )
-from exec_server.protocol.sandbox_types import encode_client_context
+from exec_server.protocol.sandbox_types import decode_launch_sandbox, encode_client_context
 
 if TYPE_CHECKING:
     from exec_server.http.client import HttpClient
@@ -199,7 +199,8 @@ class LocalExecBackend:
             pipe_stdin=pipe_stdin,
         )
         if sandbox is not None:
-            spec = await self._sandbox().aprepare(spec, msgspec.Raw(encode_client_context(sandbox)))
+            ctx = decode_launch_sandbox(encode_client_context(sandbox))
+            spec = await self._sandbox().aprepare(spec, ctx)
         handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval,
                                argv=argv)
         with registered(self._handles, handle):

@@ -45,7 +45,7 @@ from exec_server.fs.service import (
 from exec_server.fs.walk import MAX_DEPTH, MAX_DIRECTORIES, MAX_ENTRIES, WalkOptions
 from exec_server.protocol import fs_types as t
 from exec_server.protocol.paths import PathForm, WirePath, parse_wire_path, render_path
-from exec_server.protocol.sandbox_types import encode_client_context
+from exec_server.protocol.sandbox_types import decode_fs_sandbox, encode_client_context
 
 __all__ = [
     "DirEntry",
@@ -367,7 +367,7 @@ class LocalFileSystem:
         await self.aclose()
 
     async def _route(self, sandbox: FsSandbox) -> Route:
-        return await route_for(_sandbox_json(sandbox), self._service.pool)
+        return await route_for(decode_fs_sandbox(_sandbox_json(sandbox)), self._service.pool)
 
     async def read_file(
         self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True

@@ -61,6 +61,7 @@ __all__ = [
     "ReadOnlyAccessRestricted",
     "ReadOnlyPolicy",
     "RestrictedFileSystem",
+    "SandboxContext",
     "SandboxLaunchConfig",
     "SandboxPolicy",
     "SandboxTypeName",
@@ -75,6 +76,8 @@ __all__ = [
     "UnrestrictedFileSystem",
     "WindowsSandboxLevel",
     "WorkspaceWritePolicy",
+    "decode_fs_sandbox",
+    "decode_launch_sandbox",
     "decode_sandbox",
     "encode_client_context",
     "encode_sandbox",
@@ -269,7 +272,7 @@ class SandboxLaunchConfig(msgspec.Struct, frozen=True, kw_only=True, rename="cam
     policy: SandboxPolicy
     file_system_policy: FileSystemSandboxPolicy
     network_policy: NetworkSandboxPolicy
-    sandbox_policy_cwd: str
+    sandbox_policy_cwd: AbsPath
     enforce_managed_network: bool
     windows_sandbox_level: WindowsSandboxLevel
     windows_sandbox_private_desktop: bool
@@ -350,6 +353,15 @@ class CurrentSandboxContext(msgspec.Struct, frozen=True, kw_only=True, rename="c
     use_legacy_landlock: bool = False
     # Informational record of the client's decision; never widens permissions.
     sandbox_override: str | dict[str, Any] | None = None
+
+
+#: A decoded ``sandbox`` member, any generation.
+SandboxContext = CurrentSandboxContext | FileSystemSandboxContext | SandboxLaunchConfig
+
+#: Members that mark a legacy ``SandboxLaunchConfig``.
+_LAUNCH_KEYS = frozenset(
+    {"sandboxPreference", "policy", "fileSystemPolicy", "networkPolicy", "sandboxPolicyCwd"}
+)
 
 
 # --- codec ---
@@ -461,3 +473,65 @@ def _locate(message: str, field: str) -> str:
     if not sep:
         return f"{field}: {message}"
     return f"{field}{where.rstrip('`')}: {text}"
+
+
+def _member_keys(raw: bytes | msgspec.Raw) -> dict[str, msgspec.Raw] | None:
+    """The member's keys (None for JSON ``null``); anything but an object is -32602."""
+    try:
+        keys: dict[str, msgspec.Raw] | None = msgspec.json.decode(
+            raw, type=dict[str, msgspec.Raw] | None
+        )
+    except msgspec.ValidationError as exc:
+        raise InvalidParamsError(f"sandbox: {params_error_text(str(exc))}") from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidParamsError(f"sandbox: {exc}") from exc
+    return keys
+
+
+def decode_launch_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
+    """Decode ``process/start.sandbox``; None when absent or ``null``.
+
+    The shape is told apart by its keys (CLIENT_COMPAT.md §1.2 rule 3):
+    ``permissions`` is the current context; ``sandboxPolicy`` without launch
+    members a filesystem context (its launch is derived from it); otherwise a
+    legacy ``SandboxLaunchConfig``, which needs ``sandboxPreference`` or the
+    older ``sandbox`` member.
+
+    Raises:
+        InvalidParamsError: malformed object; the message names the field.
+    """
+    keys = None if raw is None else _member_keys(raw)
+    if raw is None or keys is None:
+        return None
+    if "permissions" in keys:
+        return decode_sandbox(raw, CurrentSandboxContext)
+    launch = not _LAUNCH_KEYS.isdisjoint(keys)
+    if "sandboxPolicy" in keys and not launch:
+        return decode_sandbox(raw, FileSystemSandboxContext)
+    if not launch:
+        raise InvalidParamsError("sandbox: missing field `permissions`")
+    config = decode_sandbox(raw, SandboxLaunchConfig)
+    if config.sandbox_preference is None and config.sandbox is None:
+        raise InvalidParamsError("sandbox: missing field `sandboxPreference`")
+    return config
+
+
+def decode_fs_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
+    """Decode ``fs/*.sandbox``; None when absent or ``null``.
+
+    ``permissions``: the current context; ``sandboxPolicy``: a legacy
+    filesystem context; launch members: a launch config (its policy is used).
+
+    Raises:
+        InvalidParamsError: malformed object; the message names the field.
+    """
+    keys = None if raw is None else _member_keys(raw)
+    if raw is None or keys is None:
+        return None
+    if "permissions" in keys:
+        return decode_sandbox(raw, CurrentSandboxContext)
+    if "sandboxPolicy" in keys:
+        return decode_sandbox(raw, FileSystemSandboxContext)
+    if not _LAUNCH_KEYS.isdisjoint(keys):
+        return decode_sandbox(raw, SandboxLaunchConfig)
+    raise InvalidParamsError("sandbox: missing field `permissions`")

@@ -1,8 +1,8 @@
 """Sandbox manager: select a sandbox and turn a launch into a confined launch.
 
 ``process/start`` calls :meth:`SandboxManager.prepare` (or, from a coroutine,
-:meth:`SandboxManager.aprepare`) with the request's ``LaunchSpec`` and raw
-``sandbox`` member. The manager decodes the policy,
+:meth:`SandboxManager.aprepare`) with the request's ``LaunchSpec`` and its
+decoded ``sandbox`` member. The manager converts the policy,
 selects the sandbox type (PROTOCOL.md §7.3, on the *effective* policies),
 resolves a :class:`SandboxPlan` and hands it to the platform mechanism
 (Linux backend from :mod:`exec_server.sandbox.select`, or Seatbelt). It never
@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from dataclasses import replace
 from typing import Protocol
 
-import msgspec
-
 from exec_server.config import ServerConfig
 from exec_server.exceptions import ExecServerError, InternalError
 from exec_server.process.spec import LaunchSpec
-from exec_server.sandbox.convert import Generation, LaunchSandboxRequest, launch_request_from_wire
+from exec_server.protocol.sandbox_types import SandboxContext
+from exec_server.sandbox.convert import Generation, LaunchSandboxRequest, launch_request
 from exec_server.sandbox.macos import seatbelt
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.platform import PLATFORM_SANDBOX, platform_default_read_roots
+from exec_server.sandbox.select import select_backend
 
 __all__ = [
     "NETWORK_DISABLED_ENV",
@@ -77,12 +76,6 @@ def select_sandbox_type(request: LaunchSandboxRequest, platform: SandboxType) ->
     if request.preference == "require":
         return platform
     return platform if request.needs_platform_sandbox else SandboxType.NONE
-
-
-def _default_selector() -> _Selector:
-    module = importlib.import_module("exec_server.sandbox.select")
-    selector: _Selector = module.select_backend
-    return selector
 
 
 class SandboxManager:
@@ -136,29 +129,29 @@ class SandboxManager:
     async def aprepare(
         self,
         spec: LaunchSpec,
-        sandbox_raw: msgspec.Raw | None,
+        sandbox: SandboxContext | None,
         *,
         enforce_managed_network: bool = False,
     ) -> LaunchSpec:
         """:meth:`prepare` for coroutines: the probes (if still to do) run in a thread."""
         await self.warm()
-        return self.prepare(spec, sandbox_raw, enforce_managed_network=enforce_managed_network)
+        return self.prepare(spec, sandbox, enforce_managed_network=enforce_managed_network)
 
     def prepare(
         self,
         spec: LaunchSpec,
-        sandbox_raw: msgspec.Raw | None,
+        sandbox: SandboxContext | None,
         *,
         enforce_managed_network: bool = False,
     ) -> LaunchSpec:
-        """Decode ``process/start.sandbox`` and return the launch to spawn.
+        """Convert ``process/start.sandbox`` and return the launch to spawn.
 
         Cheap once :meth:`warm` has run; before that, the first sandboxed
         launch runs the backend probes here, blocking (use :meth:`aprepare`).
 
         Args:
             spec: the launch as requested (argv, cwd, final env, tty...).
-            sandbox_raw: the raw ``sandbox`` member; None/``null``: no sandbox.
+            sandbox: the decoded ``sandbox`` member; None: no sandbox.
             enforce_managed_network: the current client's top-level flag.
 
         Returns:
@@ -167,11 +160,11 @@ class SandboxManager:
             ``.value`` (legacy ``sandbox``) or ``.camel`` (current ``sandboxType``).
 
         Raises:
-            InvalidParamsError: malformed sandbox object (-32602).
+            InvalidParamsError: a sandbox value the structs cannot refuse (-32602).
             SandboxLaunchError: no way to confine it (-32603).
         """
-        request = launch_request_from_wire(
-            sandbox_raw,
+        request = launch_request(
+            sandbox,
             command_cwd=spec.cwd,
             enforce_managed_network=enforce_managed_network,
             tmpdir=spec.env.get("TMPDIR"),
@@ -270,7 +263,7 @@ class SandboxManager:
     def _select_backend(self, *, required: bool) -> _Backend | None:
         """The configured Linux backend (probing on first use, cached per process)."""
         allow = self._config.allow_unsandboxed and not required
-        selector = self._selector or _default_selector()
+        selector = self._selector or select_backend
         return selector(self._config.sandbox_backend, allow_unsandboxed=allow)
 
     async def aclose(self) -> None:

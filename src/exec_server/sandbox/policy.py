@@ -31,6 +31,7 @@ __all__ = [
     "FsEntry",
     "FsKind",
     "FsProbe",
+    "Generation",
     "GlobTarget",
     "LegacyPolicy",
     "Network",
@@ -56,6 +57,13 @@ __all__ = [
     "legacy_writable_roots",
     "protected_subpaths",
 ]
+
+
+class Generation(enum.Enum):
+    """Which client generation sent the sandbox object."""
+
+    LEGACY = "legacy"
+    CURRENT = "current"
 
 
 class Access(enum.Enum):

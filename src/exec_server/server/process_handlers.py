@@ -48,6 +48,7 @@ from exec_server.protocol.process_types import (
     WriteParams,
     WriteResult,
 )
+from exec_server.protocol.sandbox_types import decode_launch_sandbox
 from exec_server.server.router import RequestContext, Router
 
 __all__ = ["is_current_start", "register"]
@@ -109,7 +110,7 @@ async def _prepare_sandbox(
         if raw is not None:
             raise InternalError("failed to build sandbox launch: no sandbox support in this server")
         return spec
-    prepared: LaunchSpec = await sandbox.aprepare(spec, raw)
+    prepared: LaunchSpec = await sandbox.aprepare(spec, decode_launch_sandbox(raw))
     return prepared
 
 
