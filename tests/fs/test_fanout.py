@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from exec_server.exceptions import InternalError, InvalidRequestError
 from exec_server.fs import fanout, ops
+from exec_server.fs.errors import FsFailedError, FsRefusedError
 from exec_server.fs.fanout import FanOut
 
 
@@ -206,7 +206,7 @@ def test_a_failure_inside_a_fanned_out_removal_is_reported(
         real_unlink(path, dir_fd=dir_fd)
 
     monkeypatch.setattr(os, "unlink", unlink)
-    with pytest.raises(InvalidRequestError, match="not permitted"):
+    with pytest.raises(FsRefusedError, match="not permitted"):
         ops.remove(str(root), recursive=True, force=False)
     monkeypatch.undo()
     assert os.path.exists(refused)  # the refused entry is still there
@@ -349,7 +349,7 @@ def test_a_failure_inside_a_fanned_out_copy_is_reported(
     dst = tmp_path / "dst"
     (dst / "d3" / "e2").mkdir(parents=True)
     (dst / "d3" / "e2" / "f5").mkdir()  # a directory where a file goes
-    with pytest.raises(InternalError, match="Is a directory"):
+    with pytest.raises(FsFailedError, match="Is a directory"):
         ops.copy(str(src), str(dst), recursive=True)
     assert (dst / "d3" / "e2" / "f5").is_dir()
     assert recording.batches > 0

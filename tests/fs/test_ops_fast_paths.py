@@ -22,8 +22,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exec_server.exceptions import InternalError, InvalidRequestError
+from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import ops
+from exec_server.fs.errors import FsFailedError, FsRefusedError
 
 
 @pytest.fixture
@@ -244,10 +245,10 @@ def test_copy_new_file_declines_a_source_that_is_no_longer_regular(tdir: Path) -
 def test_tree_root_that_is_a_file_is_refused(tdir: Path) -> None:
     (tdir / "src").mkdir()
     (tdir / "file").write_text("x")
-    with pytest.raises(InternalError):
+    with pytest.raises(FsFailedError):
         ops.copy(str(tdir / "src"), str(tdir / "file"), recursive=True)
     assert (tdir / "file").read_text() == "x"
-    with pytest.raises(InternalError):
+    with pytest.raises(FsFailedError):
         ops.copy(str(tdir / "src"), str(tdir / "file" / "below"), recursive=True)
 
 
@@ -445,7 +446,7 @@ def test_remove_tree_where_unlinking_a_directory_is_eperm(
         real_unlink(path, dir_fd=dir_fd)
 
     monkeypatch.setattr(os, "unlink", unlink)
-    with pytest.raises(InvalidRequestError, match="not permitted"):
+    with pytest.raises(FsRefusedError, match="not permitted"):
         ops.remove(str(root), recursive=True, force=False)
     assert (root / "a" / "b" / "protected").read_text() == "a/b/protected"
     protect = False

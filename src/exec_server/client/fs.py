@@ -32,8 +32,9 @@ from typing import Literal, Protocol, TypeVar
 import msgspec
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import ExecServerError, InternalError, InvalidParamsError
+from exec_server.exceptions import ExecServerError, InternalError, InvalidParamsError, wire_error
 from exec_server.fs.context import route_for
+from exec_server.fs.errors import FsError
 from exec_server.fs.handles import MAX_BLOCK, FileHandles
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import (
@@ -191,14 +192,19 @@ def _walk_options(
 
 
 @contextlib.contextmanager
-def _naming(path: PathArg) -> Iterator[None]:
-    """Errors about ``path`` name it (``NotFoundError``'s wire text does not)."""
+def _naming(path: PathArg | None) -> Iterator[None]:
+    """Errors about ``path`` name it (``NotFoundError``'s wire text does not); the fs
+    package's errors become the wire errors the server would answer with."""
     try:
         yield
-    except ExecServerError as exc:
-        if exc.path is None:
-            exc.path = os.fsdecode(path)
-        raise
+    except (ExecServerError, FsError) as exc:
+        err = wire_error(exc)
+        assert err is not None  # both kinds map
+        if err.path is None and path is not None:
+            err.path = os.fsdecode(path)
+        if err is exc:
+            raise
+        raise err from exc
 
 
 class ExecutorFileSystem(Protocol):
@@ -499,6 +505,10 @@ class LocalFileSystem:
         return FileOpening(lambda: self._open(path, mode, sandbox))
 
     async def _open(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
+        with _naming(None):
+            return await self._open_named(path, mode, sandbox)
+
+    async def _open_named(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
         handle_id = uuid.uuid4().hex
         handle = self._handles.reserve(handle_id)
         try:
@@ -520,13 +530,18 @@ class _LocalBlocks:
         self._id = handle_id
 
     async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]:
-        return await self._service.pool.run(self._handles.read_block, self._id, offset, length)
+        with _naming(None):
+            return await self._service.pool.run(
+                self._handles.read_block, self._id, offset, length
+            )
 
     async def write_block(self, offset: int, data: bytes) -> None:
-        await self._service.pool.run(self._handles.write_block, self._id, offset, data)
+        with _naming(None):
+            await self._service.pool.run(self._handles.write_block, self._id, offset, data)
 
     async def close(self) -> None:
-        await self._service.pool.run(self._handles.close, self._id)
+        with _naming(None):
+            await self._service.pool.run(self._handles.close, self._id)
 
 
 class _Closable(Protocol):

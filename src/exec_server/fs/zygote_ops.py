@@ -33,8 +33,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from exec_server.errno_text import os_error_text
-from exec_server.exceptions import ExecServerError
+from exec_server.exceptions import ExecServerError, wire_error
 from exec_server.fs import nofollow
+from exec_server.fs.errors import FsError
 from exec_server.fs.exchange import exchange_into_place, match_old_file
 from exec_server.fs.walk import WalkOptions, walk
 
@@ -1016,8 +1017,10 @@ def _no_follow(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], byt
             nofollow.remove(req.path, recursive=req.recursive, force=req.force)
         else:
             raise OpError(_INVALID, f"{req.op} does not take followSymlinks")
-    except ExecServerError as exc:
-        raise OpError(exc.code, exc.message) from exc
+    except (ExecServerError, FsError) as exc:
+        err = wire_error(exc)
+        assert err is not None  # both kinds map
+        raise OpError(err.code, err.message) from exc
     return {}, b""
 
 
