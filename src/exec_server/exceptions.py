@@ -17,8 +17,9 @@ Tree::
 
 Domain packages raise their own errors, free of codes; :func:`from_domain_error`
 is where those become the classes above: ``fs`` (not found -32004, refused
--32600, failed -32603, PROTOCOL.md §9.1), ``http`` (an invalid request is
--32602, a failed one -32603) and an unreadable host config file (-32603).
+-32600, failed -32603, PROTOCOL.md §9.1), ``sandbox`` (a bad policy value
+-32602, a launch that cannot be confined -32603), ``http`` (an invalid request
+is -32602, a failed one -32603) and an unreadable host config file (-32603).
 :func:`wire_error` is the same for any exception a boundary catches.
 
 ``ProtocolClosedError`` is not a wire error: it tells the transport to close
@@ -34,6 +35,7 @@ from exec_server.errno_text import os_error_text
 from exec_server.fs.errors import FsError, FsNotFoundError, FsRefusedError
 from exec_server.hostconfig import ConfigReadError
 from exec_server.http.errors import HttpError, HttpRequestInvalid
+from exec_server.sandbox.errors import SandboxError, SandboxPolicyError
 
 __all__ = [
     "AlreadyAttachedError",
@@ -144,9 +146,9 @@ def from_domain_error(exc: BaseException) -> ExecServerError | None:
         if isinstance(exc, FsRefusedError):
             return InvalidRequestError(exc.message, path=exc.path)
         return InternalError(exc.message, path=exc.path)
-    if isinstance(exc, HttpRequestInvalid):
+    if isinstance(exc, SandboxPolicyError | HttpRequestInvalid):
         return InvalidParamsError(exc.message)
-    if isinstance(exc, HttpError | ConfigReadError):
+    if isinstance(exc, SandboxError | HttpError | ConfigReadError):
         return InternalError(exc.message)
     return None
 

@@ -20,6 +20,7 @@ from exec_server.sandbox.convert import (
     fs_context,
     launch_request,
 )
+from exec_server.sandbox.errors import SandboxPolicyError
 from exec_server.sandbox.policy import (
     Access,
     DangerFullAccess,
@@ -593,9 +594,9 @@ def test_cli_policies() -> None:
     ],
 )
 def test_cli_policy_errors(mode: str, kwargs: dict[str, Any], needle: str) -> None:
-    with pytest.raises(InvalidParamsError, match=needle):
+    with pytest.raises(SandboxPolicyError, match=needle):
         cli_launch_request(mode, cwd="/w", **kwargs)
-    with pytest.raises(InvalidParamsError, match="cwd must be absolute"):
+    with pytest.raises(SandboxPolicyError, match="cwd must be absolute"):
         cli_launch_request("read-only", cwd="rel")
 
 
@@ -651,11 +652,13 @@ def test_root_alias_normalize_resolves_top_level_alias(monkeypatch: pytest.Monke
 
 
 def test_unreadable_server_cwd_is_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exec_server.exceptions import InternalError
+    from exec_server.exceptions import InternalError, from_domain_error
+    from exec_server.sandbox.errors import SandboxError
 
     def gone() -> str:
         raise FileNotFoundError(2, "No such file or directory")
 
     monkeypatch.setattr(os, "getcwd", gone)
-    with pytest.raises(InternalError, match="failed to read current dir: No such file"):
+    with pytest.raises(SandboxError, match="failed to read current dir: No such file") as info:
         fs_context(decode_fs_sandbox(_ctx(RO_ALLOWED)))
+    assert type(from_domain_error(info.value)) is InternalError

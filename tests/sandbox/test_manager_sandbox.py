@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import ErrorCode, InternalError, InvalidParamsError
+from exec_server.exceptions import ErrorCode, InternalError, InvalidParamsError, from_domain_error
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.sandbox_types import decode_launch_sandbox
 from exec_server.sandbox.convert import (
@@ -322,7 +322,8 @@ def test_require_without_platform_sandbox_fails_closed() -> None:
     mgr, _ = manager(platform=NONE, allow_unsandboxed=True)
     with pytest.raises(SandboxLaunchError) as info:
         mgr.prepare(spec(), decode_launch_sandbox(legacy("require")))
-    assert info.value.code is ErrorCode.INTERNAL_ERROR
+    mapped = from_domain_error(info.value)
+    assert mapped is not None and mapped.code is ErrorCode.INTERNAL_ERROR
     assert info.value.message.startswith("failed to build sandbox launch: ")
     assert "sandboxPreference" in info.value.message
 

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from exec_server.exceptions import InvalidParamsError, InvalidRequestError
+from exec_server.exceptions import ErrorCode, InvalidParamsError, InvalidRequestError, wire_error
 from exec_server.protocol import sandbox_types as wire
 from exec_server.protocol.sandbox_types import decode_fs_sandbox, decode_launch_sandbox
 from exec_server.sandbox.convert import (
@@ -18,6 +18,7 @@ from exec_server.sandbox.convert import (
     launch_request,
     legacy_policy_from_wire,
 )
+from exec_server.sandbox.errors import SandboxPolicyError
 from exec_server.sandbox.policy import (
     Access,
     DangerFullAccess,
@@ -518,11 +519,15 @@ def test_bad_current_context_names_the_field(ctx: dict[str, Any], needle: str) -
     ctx = {"windowsSandboxLevel": "disabled", **ctx}
     if ctx["windowsSandboxLevel"] is None:
         del ctx["windowsSandboxLevel"]
-    with pytest.raises(InvalidParamsError) as info:
+    # refused by the decoder (the handler) or by the conversion: -32602 either way
+    with pytest.raises((InvalidParamsError, SandboxPolicyError)) as info:
         launch_request(decode_launch_sandbox(raw(ctx)), command_cwd="/w")
-    assert needle in info.value.message
-    with pytest.raises(InvalidParamsError):
+    mapped = wire_error(info.value)
+    assert mapped is not None and mapped.code == ErrorCode.INVALID_PARAMS
+    assert needle in mapped.message
+    with pytest.raises((InvalidParamsError, SandboxPolicyError)) as info:
         fs_context(decode_fs_sandbox(raw(ctx)), server_cwd="/w")
+    assert type(wire_error(info.value)) is InvalidParamsError
 
 
 def test_a_subpath_may_use_dots_that_stay_inside_the_root() -> None:

@@ -32,9 +32,8 @@ from typing import Literal, Protocol, TypeVar
 import msgspec
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import ExecServerError, InternalError, InvalidParamsError, wire_error
+from exec_server.exceptions import InternalError, InvalidParamsError, wire_error
 from exec_server.fs.context import route_for
-from exec_server.fs.errors import FsError
 from exec_server.fs.handles import MAX_BLOCK, FileHandles
 from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import (
@@ -197,9 +196,10 @@ def _naming(path: PathArg | None) -> Iterator[None]:
     package's errors become the wire errors the server would answer with."""
     try:
         yield
-    except (ExecServerError, FsError) as exc:
+    except Exception as exc:
         err = wire_error(exc)
-        assert err is not None  # both kinds map
+        if err is None:
+            raise
         if err.path is None and path is not None:
             err.path = os.fsdecode(path)
         if err is exc:

@@ -81,6 +81,7 @@ from exec_server.fs.zygote import (
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.access import has_full_disk_read
 from exec_server.sandbox.convert import FsSandboxRequest, Generation, root_alias_normalize
+from exec_server.sandbox.errors import SandboxError
 from exec_server.sandbox.manager import SandboxManager
 from exec_server.sandbox.plan import SandboxPlan
 from exec_server.sandbox.policy import Access
@@ -605,7 +606,7 @@ class SandboxedFileSystem:
         await self._manager.warm()  # first use: backend probes off the loop
         try:
             wrapped = self._manager.wrap_plan(spec, plan)
-        except ExecServerError as exc:
+        except (ExecServerError, SandboxError) as exc:
             raise InvalidRequestError(f"failed to prepare fs sandbox: {exc.message}") from exc
         if not wrapped.argv:
             raise InvalidRequestError("fs sandbox command was empty")

@@ -7,7 +7,7 @@ what to confine, how strongly the client insists, which generation asked),
 :func:`fs_context` for ``fs/*`` (an :class:`FsSandboxRequest`), and
 :func:`cli_launch_request` for ``exec-server run``.
 
-Every error is an :class:`InvalidParamsError` naming the offending field.
+Errors: :class:`SandboxPolicyError` naming the offending field (-32602).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from exec_server.exceptions import InternalError, InvalidParamsError, os_error_message
+from exec_server.errno_text import os_error_text
 from exec_server.protocol import sandbox_types as wire
 from exec_server.sandbox.access import (
     ResolvedPolicy,
@@ -26,6 +26,7 @@ from exec_server.sandbox.access import (
     has_full_disk_write,
     includes_platform_defaults,
 )
+from exec_server.sandbox.errors import SandboxError, SandboxPolicyError
 from exec_server.sandbox.fs_request import FsSandboxRequest, root_alias_normalize
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.platform import platform_default_read_roots
@@ -176,7 +177,7 @@ def launch_request(
         probe: filesystem probe (tests).
 
     Raises:
-        InvalidParamsError: a value the structs cannot refuse; the message names the field.
+        SandboxPolicyError: a value the structs cannot refuse; the message names the field.
     """
     probe = probe or OsProbe()
     if ctx is None:
@@ -238,7 +239,8 @@ def _server_cwd() -> str:
     try:
         return os.path.realpath(os.getcwd())
     except OSError as exc:
-        raise InternalError(f"failed to read current dir: {os_error_message(exc)}") from exc
+        text = os_error_text(exc.errno) if exc.errno is not None else str(exc)
+        raise SandboxError(f"failed to read current dir: {text}") from exc
 
 
 def fs_context(
@@ -260,7 +262,7 @@ def fs_context(
         probe: filesystem probe (tests).
 
     Raises:
-        InvalidParamsError: a value the structs cannot refuse; the message names the field.
+        SandboxPolicyError: a value the structs cannot refuse; the message names the field.
     """
     if ctx is None:
         return None
@@ -387,12 +389,12 @@ def _subpath(value: str | None, where: str) -> str | None:
     if value is None or value == "":
         return None
     if value.startswith("/") or "\x00" in value:
-        raise InvalidParamsError(f"{where}: subpath must be a relative path")
+        raise SandboxPolicyError(f"{where}: subpath must be a relative path")
     normal = posixpath.normpath(value)
     if normal == ".." or normal.startswith("../"):
         # Meant to name something inside each root (".git", ".codex"): "../.."
         # would grant, say, write access above every workspace root.
-        raise InvalidParamsError(f"{where}: subpath must stay inside the root")
+        raise SandboxPolicyError(f"{where}: subpath must stay inside the root")
     return value
 
 
@@ -401,7 +403,7 @@ def _target(path: wire.FileSystemPath, where: str) -> Target:
         return PathTarget(str(path.path))
     if isinstance(path, wire.FileSystemGlobPath):
         if not path.pattern:
-            raise InvalidParamsError(f"{where}.pattern: glob pattern must not be empty")
+            raise SandboxPolicyError(f"{where}.pattern: glob pattern must not be empty")
         return GlobTarget(path.pattern)
     value = path.value
     if isinstance(value, wire.SpecialProjectRoots):
@@ -460,7 +462,7 @@ def permissions_policy(perms: wire.Permissions) -> tuple[FileSystemPolicy, Netwo
     if isinstance(fs, wire.UnrestrictedFileSystem):
         return FileSystemPolicy.unrestricted(), network
     if fs.glob_scan_max_depth is not None and fs.glob_scan_max_depth < 1:
-        raise InvalidParamsError(
+        raise SandboxPolicyError(
             "sandbox.permissions.file_system.glob_scan_max_depth: must be a positive integer"
         )
     entries = convert_entries(fs.entries, "sandbox.permissions.file_system.entries")
@@ -501,31 +503,31 @@ def cli_launch_request(
     need the platform sandbox.
 
     Raises:
-        InvalidParamsError: unknown mode, relative ``cwd`` or writable root, or
+        SandboxPolicyError: unknown mode, relative ``cwd`` or writable root, or
             ``--writable-root`` with a mode that cannot write.
     """
     probe = probe or OsProbe()
     if not cwd.startswith("/"):
-        raise InvalidParamsError(f"cwd must be absolute: {cwd}")
+        raise SandboxPolicyError(f"cwd must be absolute: {cwd}")
     cwd = normalize(cwd)
     roots: list[str] = []
     for root in writable_roots:
         if not root.startswith("/"):
-            raise InvalidParamsError(f"--writable-root must be an absolute path: {root}")
+            raise SandboxPolicyError(f"--writable-root must be an absolute path: {root}")
         roots.append(normalize(root))
     policy: LegacyPolicy
     if sandbox == "danger-full-access":
         if roots:
-            raise InvalidParamsError("--writable-root needs --sandbox workspace-write")
+            raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
         policy = DangerFullAccess()
     elif sandbox == "read-only":
         if roots:
-            raise InvalidParamsError("--writable-root needs --sandbox workspace-write")
+            raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
         policy = ReadOnly(network_access=network)
     elif sandbox == "workspace-write":
         policy = WorkspaceWrite(writable_roots=tuple(roots), network_access=network)
     else:
-        raise InvalidParamsError(
+        raise SandboxPolicyError(
             f"--sandbox: unknown mode {sandbox!r} "
             "(expected read-only, workspace-write or danger-full-access)"
         )

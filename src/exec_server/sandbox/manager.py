@@ -19,10 +19,11 @@ from dataclasses import replace
 from typing import Protocol
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import ExecServerError, InternalError
+from exec_server.exceptions import ExecServerError
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.sandbox_types import SandboxContext
 from exec_server.sandbox.convert import Generation, LaunchSandboxRequest, launch_request
+from exec_server.sandbox.errors import SandboxError, SandboxLaunchError
 from exec_server.sandbox.macos import seatbelt
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.platform import PLATFORM_SANDBOX, platform_default_read_roots
@@ -41,14 +42,6 @@ logger = logging.getLogger("exec_server.sandbox")
 #: PROTOCOL.md §7.5.
 NETWORK_DISABLED_ENV = "CODEX_SANDBOX_NETWORK_DISABLED"
 SANDBOX_ENV = "CODEX_SANDBOX"
-
-
-class SandboxLaunchError(InternalError):
-    """The launch could not be confined: ``-32603 failed to build sandbox launch: <reason>``."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"failed to build sandbox launch: {reason}")
-        self.reason = reason
 
 
 class _Backend(Protocol):
@@ -123,7 +116,7 @@ class SandboxManager:
         self._warmed = True
 
     def _probe(self) -> None:
-        with contextlib.suppress(ExecServerError, ImportError, ValueError, OSError):
+        with contextlib.suppress(ExecServerError, SandboxError, ImportError, ValueError, OSError):
             self._select_backend(required=False)
 
     async def aprepare(
@@ -160,7 +153,7 @@ class SandboxManager:
             ``.value`` (legacy ``sandbox``) or ``.camel`` (current ``sandboxType``).
 
         Raises:
-            InvalidParamsError: a sandbox value the structs cannot refuse (-32602).
+            SandboxPolicyError: a sandbox value the structs cannot refuse (-32602).
             SandboxLaunchError: no way to confine it (-32603).
         """
         request = launch_request(
@@ -193,7 +186,7 @@ class SandboxManager:
                 tmpdir=out.env.get("TMPDIR"),
                 platform_defaults=platform_default_read_roots(self._platform),
             )
-        except ExecServerError as exc:
+        except (ExecServerError, SandboxError) as exc:
             raise SandboxLaunchError(exc.message) from exc
         required = request.preference == "require" or request.forced_type is not None
         return self._wrap(
@@ -241,7 +234,7 @@ class SandboxManager:
         allow = self._config.allow_unsandboxed and not required
         try:
             backend = self._select_backend(required=required)
-        except ExecServerError as exc:
+        except (ExecServerError, SandboxError) as exc:
             raise SandboxLaunchError(exc.message) from exc
         except (ImportError, ValueError, OSError) as exc:
             raise SandboxLaunchError(str(exc)) from exc
@@ -254,7 +247,7 @@ class SandboxManager:
             return spec
         try:
             wrapped = backend.wrap(spec, plan)
-        except ExecServerError as exc:
+        except (ExecServerError, SandboxError) as exc:
             raise SandboxLaunchError(exc.message) from exc
         except (OSError, ValueError) as exc:  # ValueError: an env execve cannot carry
             raise SandboxLaunchError(str(exc)) from exc
