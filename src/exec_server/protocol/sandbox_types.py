@@ -17,6 +17,7 @@ Unknown members are ignored; unknown tags and enum values are decode errors.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Final, Literal, TypeVar, overload
 
 import msgspec
@@ -500,20 +501,7 @@ def decode_launch_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | N
     Raises:
         InvalidParamsError: malformed object; the message names the field.
     """
-    keys = None if raw is None else _member_keys(raw)
-    if raw is None or keys is None:
-        return None
-    if "permissions" in keys:
-        return decode_sandbox(raw, CurrentSandboxContext)
-    launch = not _LAUNCH_KEYS.isdisjoint(keys)
-    if "sandboxPolicy" in keys and not launch:
-        return decode_sandbox(raw, FileSystemSandboxContext)
-    if not launch:
-        raise InvalidParamsError("sandbox: missing field `permissions`")
-    config = decode_sandbox(raw, SandboxLaunchConfig)
-    if config.sandbox_preference is None and config.sandbox is None:
-        raise InvalidParamsError("sandbox: missing field `sandboxPreference`")
-    return config
+    return None if raw is None else _decode_member(bytes(raw), launch=True)
 
 
 def decode_fs_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
@@ -525,13 +513,24 @@ def decode_fs_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
     Raises:
         InvalidParamsError: malformed object; the message names the field.
     """
-    keys = None if raw is None else _member_keys(raw)
-    if raw is None or keys is None:
+    return None if raw is None else _decode_member(bytes(raw), launch=False)
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_member(raw: bytes, *, launch: bool) -> SandboxContext | None:
+    """Both decoders; memoised because Codex sends the identical context on every
+    call (the result is immutable and depends on nothing but the bytes)."""
+    keys = _member_keys(raw)
+    if keys is None:
         return None
     if "permissions" in keys:
         return decode_sandbox(raw, CurrentSandboxContext)
-    if "sandboxPolicy" in keys:
+    has_launch_keys = not _LAUNCH_KEYS.isdisjoint(keys)
+    if "sandboxPolicy" in keys and not (launch and has_launch_keys):
         return decode_sandbox(raw, FileSystemSandboxContext)
-    if not _LAUNCH_KEYS.isdisjoint(keys):
-        return decode_sandbox(raw, SandboxLaunchConfig)
-    raise InvalidParamsError("sandbox: missing field `permissions`")
+    if not has_launch_keys:
+        raise InvalidParamsError("sandbox: missing field `permissions`")
+    config = decode_sandbox(raw, SandboxLaunchConfig)
+    if launch and config.sandbox_preference is None and config.sandbox is None:
+        raise InvalidParamsError("sandbox: missing field `sandboxPreference`")
+    return config
