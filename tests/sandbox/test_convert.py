@@ -39,7 +39,6 @@ from exec_server.sandbox.policy import (
     WorkspaceWrite,
     base_fs_policy_from_legacy,
     effective_fs_policy,
-    effective_legacy_policy,
     effective_network,
     fs_policy_from_legacy,
     helper_legacy_policy,
@@ -206,12 +205,10 @@ def test_legacy_writable_roots_order_and_exclusions() -> None:
 
 # --- §6.12 effective policies ---
 
-PROFILE_NET = ExtraPermissions(network_enabled=True, network_present=True, read=("/tmp",), write=())
+PROFILE_NET = ExtraPermissions(network_enabled=True, read=("/tmp",), write=())
 
 
 def test_effective_external_sandbox_gains_network() -> None:  # §15.7 test 58
-    base = ExternalSandbox(False)
-    assert effective_legacy_policy(base, PROFILE_NET) == ExternalSandbox(True)
     assert effective_network(Network.RESTRICTED, PROFILE_NET) is Network.ENABLED
     assert effective_fs_policy(FileSystemPolicy.external(), PROFILE_NET) == (
         FileSystemPolicy.external()
@@ -254,39 +251,6 @@ def test_effective_network(
     assert effective_network(base, extra) is expected
 
 
-def test_effective_legacy_policy_variants() -> None:
-    extra = ExtraPermissions(
-        network_enabled=True, network_present=True, read=("/r",), write=("/w",)
-    )
-    reads_only = ExtraPermissions(read=("/r",))
-    assert effective_legacy_policy(DangerFullAccess(), extra) == DangerFullAccess()
-    ww = WorkspaceWrite(
-        writable_roots=("/a",),
-        read_only_access=ReadOnlyAccess.restricted(["/q"]),
-        exclude_slash_tmp=True,
-    )
-    assert effective_legacy_policy(ww, extra) == WorkspaceWrite(
-        writable_roots=("/a", "/w"),
-        read_only_access=ReadOnlyAccess.restricted(["/q", "/r"]),
-        network_access=True,
-        exclude_slash_tmp=True,
-    )
-    # full-access reads stay full-access
-    assert effective_legacy_policy(WorkspaceWrite(), reads_only) == WorkspaceWrite()
-    ro = ReadOnly(ReadOnlyAccess.restricted(["/q"], include_platform_defaults=False))
-    assert effective_legacy_policy(ro, reads_only) == ReadOnly(
-        ReadOnlyAccess.restricted(["/q", "/r"], include_platform_defaults=False)
-    )
-    # read-only with extra writes becomes workspace-write, tmp exclusions false
-    assert effective_legacy_policy(ro, extra) == WorkspaceWrite(
-        writable_roots=("/w",),
-        read_only_access=ReadOnlyAccess.restricted(["/q", "/r"], include_platform_defaults=False),
-        network_access=True,
-    )
-    assert effective_legacy_policy(ro, ExtraPermissions()) is ro
-    assert effective_legacy_policy(ro, None) is ro
-
-
 def test_launch_config_merges_additional_permissions() -> None:
     cfg = {
         "sandboxPreference": "forbid",
@@ -302,7 +266,6 @@ def test_launch_config_merges_additional_permissions() -> None:
     }
     req = launch_request(decode_launch_sandbox(json.dumps(cfg).encode()), command_cwd="/w")
     assert req.network is Network.ENABLED
-    assert req.legacy_policy == ExternalSandbox(True)
     assert req.fs_policy == FileSystemPolicy.unrestricted()  # §15.7 test 57 shape
     cfg["additionalPermissions"] = None
     req = launch_request(decode_launch_sandbox(json.dumps(cfg).encode()), command_cwd="/w")
@@ -573,12 +536,13 @@ def test_current_helper_plan_adds_platform_defaults_when_reads_restricted() -> N
 def test_cli_policies() -> None:
     probe = FakeProbe()
     ro = cli_launch_request("read-only", cwd="/w", probe=probe)
-    assert ro.legacy_policy == ReadOnly()
+    assert ro.fs_policy == FileSystemPolicy.restricted([sp(ROOT, R)])
+    assert ro.network is Network.RESTRICTED
     assert ro.needs_platform_sandbox
     ww = cli_launch_request(
         "workspace-write", cwd="/w/", writable_roots=["/x/../y"], network=True, probe=probe
     )
-    assert ww.legacy_policy == WorkspaceWrite(writable_roots=("/y",), network_access=True)
+    assert p("/y", W) in ww.fs_policy.entries and p("/x/../y", W) not in ww.fs_policy.entries
     assert ww.cwd == "/w"
     assert ww.network is Network.ENABLED
     full = cli_launch_request("danger-full-access", cwd="/w", probe=probe)

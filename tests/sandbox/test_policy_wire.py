@@ -195,7 +195,6 @@ def test_no_sandbox_config() -> None:
     assert req.network is Network.ENABLED
     assert req.cwd == "/srv/proj"
     assert req.roots == ("/srv/proj",)
-    assert req.legacy_policy == DangerFullAccess()
 
 
 def test_process_start_example_decodes() -> None:
@@ -209,7 +208,6 @@ def test_process_start_example_decodes() -> None:
         (SpecialTarget(SpecialKind.SLASH_TMP), Access.WRITE),
         (SpecialTarget(SpecialKind.TMPDIR), Access.WRITE),
     ]
-    assert isinstance(req.legacy_policy, WorkspaceWrite)
     assert req.needs_platform_sandbox
 
 

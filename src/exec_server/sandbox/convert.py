@@ -53,7 +53,6 @@ from exec_server.sandbox.policy import (
     Target,
     WorkspaceWrite,
     effective_fs_policy,
-    effective_legacy_policy,
     effective_network,
     fs_policy_from_legacy,
     helper_legacy_policy,
@@ -89,7 +88,6 @@ class LaunchSandboxRequest:
         fs_policy: effective filesystem policy (additional permissions merged).
         network: effective network policy.
         cwd: the policy cwd; ``roots``: workspace roots special paths expand to.
-        legacy_policy: effective legacy policy (legacy generation only).
         enforce_managed_network: the client requires managed networking.
     """
 
@@ -100,7 +98,6 @@ class LaunchSandboxRequest:
     roots: tuple[str, ...]
     preference: Preference = "auto"
     forced_type: SandboxType | None = None
-    legacy_policy: LegacyPolicy | None = None
     enforce_managed_network: bool = False
     home: str | None = None
     #: Protected-subpath probing and ``/tmp`` checks (tests inject fakes).
@@ -206,7 +203,6 @@ def launch_request(
             effective_network(legacy_network(base), extra),
             command_cwd,
             (command_cwd,),
-            legacy_policy=effective_legacy_policy(base, extra),
             probe=probe,
         )
     forced = None if ctx.sandbox_preference is not None else _SANDBOX_TYPES[ctx.sandbox or "none"]
@@ -221,7 +217,6 @@ def launch_request(
         (cwd,),
         preference=ctx.sandbox_preference or "auto",
         forced_type=forced,
-        legacy_policy=effective_legacy_policy(legacy_policy_from_wire(ctx.policy), extra),
         enforce_managed_network=ctx.enforce_managed_network,
         probe=probe,
     )
@@ -303,8 +298,6 @@ def _legacy_fs_request(
         legacy_network(request),
         helper_fs,
         tmpdir=tmpdir,
-        legacy_policy=request,
-        helper_legacy_policy=effective_legacy_policy(helper, helper_extra),
         probe=probe,
     )
 
@@ -445,7 +438,6 @@ def extra_permissions(profile: wire.PermissionProfile | None) -> ExtraPermission
     fs = profile.file_system
     return ExtraPermissions(
         network_enabled=profile.network.enabled if profile.network is not None else None,
-        network_present=profile.network is not None,
         read=tuple(fs.read) if fs is not None and fs.read is not None else None,
         write=tuple(fs.write) if fs is not None and fs.write is not None else None,
     )
@@ -538,6 +530,5 @@ def cli_launch_request(
         legacy_network(policy),
         cwd,
         (cwd,),
-        legacy_policy=policy,
         probe=probe,
     )

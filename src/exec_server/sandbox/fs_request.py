@@ -23,7 +23,6 @@ from exec_server.sandbox.policy import (
     FileSystemPolicy,
     FsProbe,
     Generation,
-    LegacyPolicy,
     Network,
     OsProbe,
     PolicyScope,
@@ -131,8 +130,6 @@ class FsSandboxRequest:
     helper_policy: FileSystemPolicy
     tmpdir: str | None = None
     home: str | None = None
-    legacy_policy: LegacyPolicy | None = None
-    helper_legacy_policy: LegacyPolicy | None = None
     probe: FsProbe = field(default_factory=OsProbe, compare=False, repr=False)
 
     @property
