@@ -102,14 +102,14 @@ def test_legacy_policy_encodes_snake_case_with_kebab_tags() -> None:
         read_only_access=wire.ReadOnlyAccessRestricted(include_platform_defaults=False),
         exclude_slash_tmp=True,
     )
-    out = json.loads(wire.encode_sandbox(policy))
+    out = json.loads(wire.encode_client_context(policy))
     assert out == {
         "type": "workspace-write",
         "writable_roots": ["/srv/cache"],
         "read_only_access": {"type": "restricted", "include_platform_defaults": False},
         "exclude_slash_tmp": True,
     }
-    assert json.loads(wire.encode_sandbox(wire.ReadOnlyPolicy())) == {"type": "read-only"}
+    assert json.loads(wire.encode_client_context(wire.ReadOnlyPolicy())) == {"type": "read-only"}
 
 
 BAD_POLICIES = [

@@ -11,7 +11,7 @@ are snake_case again.
 Every path inside a policy is an :class:`AbsPath`: a plain absolute path or a
 ``file://`` URI, lexically normalised at decode time. Decode with
 :func:`decode_sandbox` (it installs the hook that validates paths, so a bad
-path is reported with its location); encode with :func:`encode_sandbox`.
+path is reported with its location); encode with :func:`encode_client_context`.
 Unknown members are ignored; unknown tags and enum values are decode errors.
 """
 
@@ -81,7 +81,6 @@ __all__ = [
     "decode_launch_sandbox",
     "decode_sandbox",
     "encode_client_context",
-    "encode_sandbox",
 ]
 
 
@@ -380,16 +379,9 @@ def _dec_hook(tp: type, obj: Any) -> Any:
     raise NotImplementedError(f"unsupported type {tp!r}")
 
 
-def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, AbsPath):
-        return str(obj)
-    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
-
-
 _T = TypeVar("_T")
 
 _decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
-_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
 
 
 @overload
@@ -424,25 +416,17 @@ def decode_sandbox(data: bytes | str | msgspec.Raw, tp: object, *, field: str = 
         raise InvalidParamsError(f"{field}: {exc}") from exc
 
 
-def encode_sandbox(obj: object) -> bytes:
-    """Encode a sandbox struct (``AbsPath`` values become plain strings)."""
-    return _encoder.encode(obj)
-
-
 def encode_client_context(ctx: msgspec.Struct) -> bytes:
     """A context as a client sends it: members at their default left out (upstream's
     serde refuses ``null`` for several, e.g. ``sandboxOverride``), and paths as
     ``file://`` URIs in the current shape (upstream 0.163 refuses plain ones
     there), plain in the legacy one.
-
-    :func:`encode_sandbox` writes every member and plain paths: what the server
-    hands its own helpers.
     """
     as_uri = isinstance(ctx, CurrentSandboxContext)
 
     def plain(value: object) -> object:
         if isinstance(value, AbsPath):
-            return render_path(value, PathForm.URI if as_uri else PathForm.PLAIN)
+            return str(render_path(value, PathForm.URI if as_uri else PathForm.PLAIN))
         if isinstance(value, msgspec.Struct):
             config = value.__struct_config__
             out: dict[str, object] = {}
