@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from exec_server.rpc.ws_auth import WsAuthSettings
-
 __all__ = [
     "DEFAULT_CLOSED_RETENTION",
     "DEFAULT_CONCURRENT_REQUESTS",
@@ -23,6 +21,8 @@ __all__ = [
     "MIN_MAX_MESSAGE_SIZE",
     "SandboxBackendName",
     "ServerConfig",
+    "WsAuthMode",
+    "WsAuthSettings",
 ]
 
 #: PROTOCOL.md §14: port 0 lets the OS choose; the bound URL is printed.
@@ -48,6 +48,36 @@ DEFAULT_CONCURRENT_REQUESTS: Final = 64
 DEFAULT_FS_HELPER_TIMEOUT: Final = 30.0
 
 SandboxBackendName = Literal["auto", "bwrap", "landlock"]
+
+
+WsAuthMode = Literal["capability-token", "signed-bearer-token"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WsAuthSettings:
+    """The ``--ws-*`` flags as given, validated by ``rpc.ws_auth.load_authenticator``."""
+
+    mode: WsAuthMode | None = None
+    token_file: str | None = None
+    token_sha256: str | None = None
+    shared_secret_file: str | None = None
+    issuer: str | None = None
+    audience: str | None = None
+    max_clock_skew: int | None = None
+
+    @property
+    def any_flag(self) -> bool:
+        return any(
+            v is not None
+            for v in (
+                self.token_file,
+                self.token_sha256,
+                self.shared_secret_file,
+                self.issuer,
+                self.audience,
+                self.max_clock_skew,
+            )
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,8 +16,11 @@ Tree::
     └── NotFoundError           -32004   filesystem "not found"
 
 Domain packages raise their own errors, free of codes; :func:`from_domain_error`
-is where those become the classes above (``http``: an invalid request is
--32602, a failed one -32603; an unreadable host config file -32603).
+is where those become the classes above: ``fs`` (not found -32004, refused
+-32600, failed -32603, PROTOCOL.md §9.1), ``sandbox`` (a bad policy value
+-32602, a launch that cannot be confined -32603), ``http`` (an invalid request
+is -32602, a failed one -32603) and an unreadable host config file (-32603).
+:func:`wire_error` is the same for any exception a boundary catches.
 
 ``ProtocolClosedError`` is not a wire error: it tells the transport to close
 the connection without replying (spec §3.5).
@@ -29,8 +32,10 @@ import enum
 import re
 
 from exec_server.errno_text import os_error_text
+from exec_server.fs.errors import FsError, FsNotFoundError, FsRefusedError
 from exec_server.hostconfig import ConfigReadError
 from exec_server.http.errors import HttpError, HttpRequestInvalid
+from exec_server.sandbox.errors import SandboxError, SandboxPolicyError
 
 __all__ = [
     "AlreadyAttachedError",
@@ -46,6 +51,7 @@ __all__ = [
     "from_domain_error",
     "os_error_message",
     "params_error_text",
+    "wire_error",
 ]
 
 
@@ -132,13 +138,26 @@ def error_for_code(code: int, message: str) -> ExecServerError:
     return cls(message)
 
 
-def from_domain_error(exc: Exception) -> ExecServerError | None:
+def from_domain_error(exc: BaseException) -> ExecServerError | None:
     """The wire error for a domain package's error, or None if ``exc`` is not one."""
-    if isinstance(exc, HttpRequestInvalid):
+    if isinstance(exc, FsError):
+        if isinstance(exc, FsNotFoundError):
+            return NotFoundError(exc.message, path=exc.path)
+        if isinstance(exc, FsRefusedError):
+            return InvalidRequestError(exc.message, path=exc.path)
+        return InternalError(exc.message, path=exc.path)
+    if isinstance(exc, SandboxPolicyError | HttpRequestInvalid):
         return InvalidParamsError(exc.message)
-    if isinstance(exc, HttpError | ConfigReadError):
+    if isinstance(exc, SandboxError | HttpError | ConfigReadError):
         return InternalError(exc.message)
     return None
+
+
+def wire_error(exc: BaseException) -> ExecServerError | None:
+    """``exc`` itself if it is a wire error, else :func:`from_domain_error`."""
+    if isinstance(exc, ExecServerError):
+        return exc
+    return from_domain_error(exc)
 
 
 def os_error_message(exc: OSError) -> str:

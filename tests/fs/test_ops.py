@@ -13,10 +13,27 @@ from pathlib import Path
 import pytest
 
 from exec_server.errno_text import errno_text
-from exec_server.exceptions import InternalError, InvalidRequestError, NotFoundError
+from exec_server.exceptions import (
+    InternalError,
+    InvalidRequestError,
+    NotFoundError,
+    from_domain_error,
+)
 from exec_server.fs import ops
-from exec_server.fs.errors import fs_error_from_os
+from exec_server.fs.errors import (
+    FsFailedError,
+    FsNotFoundError,
+    FsRefusedError,
+    fs_error_from_os,
+)
 from exec_server.fs.service import FileSystemService
+
+#: the fs package's error for each wire error (the mapper turns one into the other)
+_DOMAIN = {
+    NotFoundError: FsNotFoundError,
+    InvalidRequestError: FsRefusedError,
+    InternalError: FsFailedError,
+}
 
 
 @pytest.mark.parametrize(
@@ -36,8 +53,9 @@ from exec_server.fs.service import FileSystemService
 )
 def test_error_mapping(code: int, cls: type[Exception], wire: int) -> None:
     err = fs_error_from_os(OSError(code, os.strerror(code), "/some/path"))
-    assert type(err) is cls
-    assert err.code == wire
+    assert type(err) is _DOMAIN[cls]
+    mapped = from_domain_error(err)
+    assert type(mapped) is cls and mapped.code == wire and mapped.message == err.message
     assert err.message == f"{errno_text(code)} (os error {code})"
     if code == errno.EIO:
         assert err.message == "I/O error (os error 5)"  # musl's text, as CLIENT_COMPAT §6.5
@@ -66,7 +84,7 @@ def test_failed_write_keeps_the_complete_file(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "write", failing_write)
-    with pytest.raises(InternalError) as exc:
+    with pytest.raises(FsFailedError) as exc:
         ops.write_file(str(target), b"new contents that never fully land")
     monkeypatch.undo()
     assert exc.value.message == "No space left on device (os error 28)"
@@ -262,7 +280,7 @@ def test_copy_file_onto_itself_is_refused(tdir: Path) -> None:
 def test_copy_onto_fifo_fails_instead_of_hanging(tdir: Path) -> None:
     (tdir / "f").write_text("x")
     os.mkfifo(tdir / "pipe")
-    with pytest.raises(InternalError) as exc:
+    with pytest.raises(FsFailedError) as exc:
         ops.copy(str(tdir / "f"), str(tdir / "pipe"), recursive=False)
     assert exc.value.message == "No such device or address (os error 6)"
 
@@ -342,7 +360,7 @@ async def test_service_read_inline_and_in_worker_closes_descriptors(
     before = len(os.listdir("/proc/self/fd"))
     for _ in range(3):
         assert await asyncio.wait_for(service.read_file(str(target)), 30) == data
-    with pytest.raises(InternalError):
+    with pytest.raises(FsFailedError):
         await asyncio.wait_for(service.read_file(str(tdir)), 30)
     assert len(os.listdir("/proc/self/fd")) == before
 
@@ -386,7 +404,7 @@ def test_copy_tree_merges_keeps_links_and_modes(tdir: Path) -> None:
     assert not (dst / "fifo").exists()
     (dst / "blocker").write_text("file")
     (src / "blocker").mkdir()
-    with pytest.raises(InternalError):
+    with pytest.raises(FsFailedError):
         ops.copy(str(src), str(dst), recursive=True)  # a file where a directory goes
 
 
@@ -403,7 +421,7 @@ def test_copy_tree_meeting_a_broken_link_where_a_directory_goes_says_file_exists
     dst = tdir / "dst"
     dst.mkdir()
     (dst / "e").symlink_to("e" if link_to == "self" else "nowhere")
-    with pytest.raises(InternalError) as exc:
+    with pytest.raises(FsFailedError) as exc:
         ops.copy(str(src), str(dst), recursive=True)
     assert exc.value.message == "File exists (os error 17)"
     assert os.readlink(dst / "e") == ("e" if link_to == "self" else "nowhere")  # left alone

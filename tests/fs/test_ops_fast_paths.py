@@ -20,8 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exec_server.exceptions import InternalError, InvalidRequestError
+from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import fdops, ops
+from exec_server.fs.errors import FsFailedError, FsRefusedError
 
 
 @pytest.fixture
@@ -170,10 +171,10 @@ def test_existing_names_in_the_destination_are_overwritten_carefully(tdir: Path)
 def test_tree_root_that_is_a_file_is_refused(tdir: Path) -> None:
     (tdir / "src").mkdir()
     (tdir / "file").write_text("x")
-    with pytest.raises(InternalError):
+    with pytest.raises(FsFailedError):
         ops.copy(str(tdir / "src"), str(tdir / "file"), recursive=True)
     assert (tdir / "file").read_text() == "x"
-    with pytest.raises(InternalError):
+    with pytest.raises(FsFailedError):
         ops.copy(str(tdir / "src"), str(tdir / "file" / "below"), recursive=True)
 
 
@@ -360,7 +361,7 @@ def test_remove_tree_where_unlinking_a_directory_is_eperm(
         real_unlink(path, dir_fd=dir_fd)
 
     monkeypatch.setattr(os, "unlink", unlink)
-    with pytest.raises(InvalidRequestError, match="not permitted"):
+    with pytest.raises(FsRefusedError, match="not permitted"):
         ops.remove(str(root), recursive=True, force=False)
     assert (root / "a" / "b" / "protected").read_text() == "a/b/protected"
     protect = False

@@ -31,8 +31,9 @@ WAIT = 60.0
 
 CHILD = """
 import json, os, sys
-from exec_server.exceptions import ExecServerError
+from exec_server.exceptions import wire_error
 from exec_server.fs import ops
+from exec_server.fs.errors import FsError
 os.setgroups([])
 os.setresgid(NOBODY, NOBODY, NOBODY)
 os.setresuid(NOBODY, NOBODY, NOBODY)
@@ -41,8 +42,9 @@ for path in sys.argv[1:]:
     try:
         ops.write_file(path, b"new")
         out[path] = "ok"
-    except ExecServerError as exc:
-        out[path] = [exc.code, exc.message]
+    except FsError as exc:
+        err = wire_error(exc)
+        out[path] = [err.code, err.message]
 print(json.dumps(out))
 """.replace("NOBODY", str(NOBODY))
 

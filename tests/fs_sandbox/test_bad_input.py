@@ -23,6 +23,7 @@ from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError
 from exec_server.fs.sandboxed import SandboxedFileSystem
 from exec_server.fs.zygote import Zygote
+from exec_server.protocol.sandbox_types import decode_fs_sandbox
 from exec_server.sandbox.manager import SandboxManager
 
 TIMEOUT = 10.0
@@ -341,15 +342,14 @@ async def test_pieces_shorter_than_announced_are_a_helper_failure(
 ) -> None:
     """The child reads exactly the announced size: pieces that fall short would
     leave it waiting, so the request fails at once and the child is killed."""
-    import msgspec
 
     from exec_server.fs import ops
-    from exec_server.sandbox.convert import fs_context_from_wire
+    from exec_server.sandbox.convert import fs_context
 
     sfs = service()
     fs = LocalFileSystem(confined=sfs)
     payload = ops.Pieces(10, lambda: iter([b"12345"]))
-    context = fs_context_from_wire(msgspec.Raw(json.dumps(ctx.ww(layout.allowed)).encode()))
+    context = fs_context(decode_fs_sandbox(json.dumps(ctx.ww(layout.allowed)).encode()))
     try:
         with pytest.raises(InternalError, match="payload was 5 bytes, not 10"):
             await asyncio.wait_for(

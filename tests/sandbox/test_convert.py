@@ -12,13 +12,15 @@ import msgspec
 import pytest
 
 from exec_server.exceptions import InvalidParamsError
+from exec_server.fs.context import route
+from exec_server.protocol.sandbox_types import decode_fs_sandbox, decode_launch_sandbox
 from exec_server.sandbox.convert import (
     Generation,
     cli_launch_request,
-    fs_context_from_wire,
-    fs_route_from_wire,
-    launch_request_from_wire,
+    fs_context,
+    launch_request,
 )
+from exec_server.sandbox.errors import SandboxPolicyError
 from exec_server.sandbox.policy import (
     Access,
     DangerFullAccess,
@@ -37,7 +39,6 @@ from exec_server.sandbox.policy import (
     WorkspaceWrite,
     base_fs_policy_from_legacy,
     effective_fs_policy,
-    effective_legacy_policy,
     effective_network,
     fs_policy_from_legacy,
     helper_legacy_policy,
@@ -204,12 +205,10 @@ def test_legacy_writable_roots_order_and_exclusions() -> None:
 
 # --- §6.12 effective policies ---
 
-PROFILE_NET = ExtraPermissions(network_enabled=True, network_present=True, read=("/tmp",), write=())
+PROFILE_NET = ExtraPermissions(network_enabled=True, read=("/tmp",), write=())
 
 
 def test_effective_external_sandbox_gains_network() -> None:  # §15.7 test 58
-    base = ExternalSandbox(False)
-    assert effective_legacy_policy(base, PROFILE_NET) == ExternalSandbox(True)
     assert effective_network(Network.RESTRICTED, PROFILE_NET) is Network.ENABLED
     assert effective_fs_policy(FileSystemPolicy.external(), PROFILE_NET) == (
         FileSystemPolicy.external()
@@ -252,39 +251,6 @@ def test_effective_network(
     assert effective_network(base, extra) is expected
 
 
-def test_effective_legacy_policy_variants() -> None:
-    extra = ExtraPermissions(
-        network_enabled=True, network_present=True, read=("/r",), write=("/w",)
-    )
-    reads_only = ExtraPermissions(read=("/r",))
-    assert effective_legacy_policy(DangerFullAccess(), extra) == DangerFullAccess()
-    ww = WorkspaceWrite(
-        writable_roots=("/a",),
-        read_only_access=ReadOnlyAccess.restricted(["/q"]),
-        exclude_slash_tmp=True,
-    )
-    assert effective_legacy_policy(ww, extra) == WorkspaceWrite(
-        writable_roots=("/a", "/w"),
-        read_only_access=ReadOnlyAccess.restricted(["/q", "/r"]),
-        network_access=True,
-        exclude_slash_tmp=True,
-    )
-    # full-access reads stay full-access
-    assert effective_legacy_policy(WorkspaceWrite(), reads_only) == WorkspaceWrite()
-    ro = ReadOnly(ReadOnlyAccess.restricted(["/q"], include_platform_defaults=False))
-    assert effective_legacy_policy(ro, reads_only) == ReadOnly(
-        ReadOnlyAccess.restricted(["/q", "/r"], include_platform_defaults=False)
-    )
-    # read-only with extra writes becomes workspace-write, tmp exclusions false
-    assert effective_legacy_policy(ro, extra) == WorkspaceWrite(
-        writable_roots=("/w",),
-        read_only_access=ReadOnlyAccess.restricted(["/q", "/r"], include_platform_defaults=False),
-        network_access=True,
-    )
-    assert effective_legacy_policy(ro, ExtraPermissions()) is ro
-    assert effective_legacy_policy(ro, None) is ro
-
-
 def test_launch_config_merges_additional_permissions() -> None:
     cfg = {
         "sandboxPreference": "forbid",
@@ -298,12 +264,11 @@ def test_launch_config_merges_additional_permissions() -> None:
         "windowsSandboxPrivateDesktop": False,
         "useLegacyLandlock": False,
     }
-    req = launch_request_from_wire(msgspec.Raw(json.dumps(cfg).encode()), command_cwd="/w")
+    req = launch_request(decode_launch_sandbox(json.dumps(cfg).encode()), command_cwd="/w")
     assert req.network is Network.ENABLED
-    assert req.legacy_policy == ExternalSandbox(True)
     assert req.fs_policy == FileSystemPolicy.unrestricted()  # §15.7 test 57 shape
     cfg["additionalPermissions"] = None
-    req = launch_request_from_wire(msgspec.Raw(json.dumps(cfg).encode()), command_cwd="/w")
+    req = launch_request(decode_launch_sandbox(json.dumps(cfg).encode()), command_cwd="/w")
     assert (req.fs_policy.kind, req.network) == (FsKind.UNRESTRICTED, Network.RESTRICTED)
 
 
@@ -349,7 +314,7 @@ def test_helper_strips_network_grants_keeps_fs_grants(tmp_path: Path) -> None:  
     }
     extra = {"network": {"enabled": True}, "file_system": {"read": ["/R"], "write": ["/W"]}}
     cwd = str(tmp_path / "cwd")
-    req = fs_context_from_wire(_ctx(policy, additionalPermissions=extra), server_cwd=cwd)
+    req = fs_context(decode_fs_sandbox(_ctx(policy, additionalPermissions=extra)), server_cwd=cwd)
     assert req is not None and not req.direct
     plan = req.helper_plan(platform_defaults=("/usr",), runtime_read_roots=("/py",))
     assert not plan.network
@@ -381,22 +346,22 @@ RO_ALLOWED = {
     ],
 )
 def test_legacy_fs_routing(policy: dict[str, Any], direct: bool) -> None:
-    req = fs_context_from_wire(_ctx(policy), server_cwd="/srv/cwd")
+    req = fs_context(decode_fs_sandbox(_ctx(policy)), server_cwd="/srv/cwd")
     assert req is not None and req.generation is Generation.LEGACY
     assert req.direct is direct
-    route = fs_route_from_wire(bytes(_ctx(policy)))
-    assert route.confined is (not direct)
+    decided = route(decode_fs_sandbox(bytes(_ctx(policy))))
+    assert decided.confined is (not direct)
 
 
 def test_fs_routing_absent_and_null() -> None:
-    assert fs_context_from_wire(None) is None
-    assert fs_context_from_wire(msgspec.Raw(b"null")) is None
-    assert not fs_route_from_wire(None).confined
-    assert not fs_route_from_wire(b" null ").confined
+    assert fs_context(decode_fs_sandbox(None)) is None
+    assert fs_context(decode_fs_sandbox(msgspec.Raw(b"null"))) is None
+    assert not route(decode_fs_sandbox(None)).confined
+    assert not route(decode_fs_sandbox(b" null ")).confined
 
 
 def test_fs_context_pre_check_uses_server_cwd() -> None:
-    req = fs_context_from_wire(_ctx(RO_ALLOWED), server_cwd="/srv/cwd", probe=FakeProbe())
+    req = fs_context(decode_fs_sandbox(_ctx(RO_ALLOWED)), server_cwd="/srv/cwd", probe=FakeProbe())
     assert req is not None
     assert req.resolve_access("/srv/allowed/note.txt") is Access.READ
     assert req.resolve_access("/srv/cwd/x") is Access.READ  # read-only includes the cwd
@@ -415,7 +380,7 @@ def test_fs_context_workspace_write_pre_check() -> None:
         "exclude_tmpdir_env_var": True,
         "exclude_slash_tmp": True,
     }
-    req = fs_context_from_wire(_ctx(ww), server_cwd="/srv/cwd", probe=probe)
+    req = fs_context(decode_fs_sandbox(_ctx(ww)), server_cwd="/srv/cwd", probe=probe)
     assert req is not None
     assert req.can_write("/srv/allowed/new.txt")
     assert req.resolve_access("/srv/allowed/.git/config") is Access.READ
@@ -436,18 +401,18 @@ def test_fs_context_accepts_launch_config_shape() -> None:
         "windowsSandboxPrivateDesktop": False,
         "useLegacyLandlock": False,
     }
-    req = fs_context_from_wire(msgspec.Raw(json.dumps(cfg).encode()), server_cwd="/srv/cwd")
+    req = fs_context(decode_fs_sandbox(json.dumps(cfg).encode()), server_cwd="/srv/cwd")
     assert req is not None and not req.direct
     assert req.resolve_access("/srv/allowed/a") is Access.READ
 
 
 def test_fs_context_missing_permissions() -> None:
     with pytest.raises(InvalidParamsError, match="missing field `permissions`"):
-        fs_context_from_wire(msgspec.Raw(b'{"windowsSandboxLevel":"disabled"}'))
+        fs_context(decode_fs_sandbox(msgspec.Raw(b'{"windowsSandboxLevel":"disabled"}')))
     with pytest.raises(InvalidParamsError, match=r"sandbox\.sandboxPolicy\.type"):
-        fs_context_from_wire(_ctx({"type": "nope"}))
+        fs_context(decode_fs_sandbox(_ctx({"type": "nope"})))
     with pytest.raises(InvalidParamsError, match="windowsSandboxLevel"):
-        fs_context_from_wire(msgspec.Raw(b'{"sandboxPolicy":{"type":"read-only"}}'))
+        fs_context(decode_fs_sandbox(msgspec.Raw(b'{"sandboxPolicy":{"type":"read-only"}}')))
 
 
 # --- current client: scope (CLIENT_COMPAT §1.5) and fs routing ---
@@ -499,18 +464,19 @@ MANAGED_WS = {
     ],
 )
 def test_current_scope_rules(extra: dict[str, Any], cwd: str, roots: tuple[str, ...]) -> None:
-    req = launch_request_from_wire(_current(MANAGED_WS, **extra), command_cwd="/proc-cwd")
+    ctx = decode_launch_sandbox(_current(MANAGED_WS, **extra))
+    req = launch_request(ctx, command_cwd="/proc-cwd")
     assert (req.cwd, req.roots) == (cwd, roots)
 
 
 def test_current_project_roots_expand_to_every_root() -> None:
     value = _current(MANAGED_WS, cwd="/c", workspaceRoots=["/r1", "/r2"])
-    req = fs_context_from_wire(value, server_cwd="/srv", probe=FakeProbe())
+    req = fs_context(decode_fs_sandbox(value), server_cwd="/srv", probe=FakeProbe())
     assert req is not None and not req.direct
     assert req.can_write("/r1/a") and req.can_write("/r2/b")
     # current_working_directory also means the workspace roots (0.163.0), not cwd
     assert req.resolve_access("/c/x") is Access.READ  # via root: read only
-    no_roots = fs_context_from_wire(_current(MANAGED_WS, cwd="/c"), server_cwd="/srv")
+    no_roots = fs_context(decode_fs_sandbox(_current(MANAGED_WS, cwd="/c")), server_cwd="/srv")
     assert no_roots is not None and not no_roots.can_write("/c/x")
 
 
@@ -540,7 +506,7 @@ def test_current_project_roots_expand_to_every_root() -> None:
     ],
 )
 def test_current_fs_routing(perms: dict[str, Any], direct: bool) -> None:
-    req = fs_context_from_wire(_current(perms), server_cwd="/srv")
+    req = fs_context(decode_fs_sandbox(_current(perms)), server_cwd="/srv")
     assert req is not None and req.generation is Generation.CURRENT
     assert req.direct is direct
 
@@ -556,7 +522,8 @@ def test_current_helper_plan_adds_platform_defaults_when_reads_restricted() -> N
         },
         "network": "enabled",
     }
-    req = fs_context_from_wire(_current(perms), server_cwd="/srv", probe=FakeProbe({"/usr"}))
+    ctx = decode_fs_sandbox(_current(perms))
+    req = fs_context(ctx, server_cwd="/srv", probe=FakeProbe({"/usr"}))
     assert req is not None
     plan = req.helper_plan(platform_defaults=("/usr", "/missing"))
     assert plan.readable_roots == ("/data", "/usr")
@@ -569,12 +536,13 @@ def test_current_helper_plan_adds_platform_defaults_when_reads_restricted() -> N
 def test_cli_policies() -> None:
     probe = FakeProbe()
     ro = cli_launch_request("read-only", cwd="/w", probe=probe)
-    assert ro.legacy_policy == ReadOnly()
+    assert ro.fs_policy == FileSystemPolicy.restricted([sp(ROOT, R)])
+    assert ro.network is Network.RESTRICTED
     assert ro.needs_platform_sandbox
     ww = cli_launch_request(
         "workspace-write", cwd="/w/", writable_roots=["/x/../y"], network=True, probe=probe
     )
-    assert ww.legacy_policy == WorkspaceWrite(writable_roots=("/y",), network_access=True)
+    assert p("/y", W) in ww.fs_policy.entries and p("/x/../y", W) not in ww.fs_policy.entries
     assert ww.cwd == "/w"
     assert ww.network is Network.ENABLED
     full = cli_launch_request("danger-full-access", cwd="/w", probe=probe)
@@ -590,9 +558,9 @@ def test_cli_policies() -> None:
     ],
 )
 def test_cli_policy_errors(mode: str, kwargs: dict[str, Any], needle: str) -> None:
-    with pytest.raises(InvalidParamsError, match=needle):
+    with pytest.raises(SandboxPolicyError, match=needle):
         cli_launch_request(mode, cwd="/w", **kwargs)
-    with pytest.raises(InvalidParamsError, match="cwd must be absolute"):
+    with pytest.raises(SandboxPolicyError, match="cwd must be absolute"):
         cli_launch_request("read-only", cwd="rel")
 
 
@@ -648,11 +616,13 @@ def test_root_alias_normalize_resolves_top_level_alias(monkeypatch: pytest.Monke
 
 
 def test_unreadable_server_cwd_is_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exec_server.exceptions import InternalError
+    from exec_server.exceptions import InternalError, from_domain_error
+    from exec_server.sandbox.errors import SandboxError
 
     def gone() -> str:
         raise FileNotFoundError(2, "No such file or directory")
 
     monkeypatch.setattr(os, "getcwd", gone)
-    with pytest.raises(InternalError, match="failed to read current dir: No such file"):
-        fs_context_from_wire(_ctx(RO_ALLOWED))
+    with pytest.raises(SandboxError, match="failed to read current dir: No such file") as info:
+        fs_context(decode_fs_sandbox(_ctx(RO_ALLOWED)))
+    assert type(from_domain_error(info.value)) is InternalError

@@ -14,8 +14,9 @@ from typing import Any
 
 import msgspec
 
+from exec_server.protocol.sandbox_types import decode_fs_sandbox
 from exec_server.sandbox.access import PROTECTED_NAMES_ALWAYS, ResolvedPolicy
-from exec_server.sandbox.convert import fs_context_from_wire
+from exec_server.sandbox.convert import fs_context
 from exec_server.sandbox.fs_request import FsSandboxRequest
 from exec_server.sandbox.platform import platform_default_read_roots
 from exec_server.sandbox.policy import (
@@ -229,14 +230,14 @@ def _current(workspace: Path, entries: list[dict[str, Any]]) -> FsSandboxRequest
         "workspaceRoots": [uri],
         "windowsSandboxLevel": "disabled",
     }
-    req = fs_context_from_wire(msgspec.Raw(json.dumps(ctx).encode()), server_cwd=str(workspace))
+    req = fs_context(decode_fs_sandbox(json.dumps(ctx).encode()), server_cwd=str(workspace))
     assert req is not None and not req.direct
     return req
 
 
 def _legacy(policy: dict[str, Any], cwd: Path) -> FsSandboxRequest:
     ctx = {"sandboxPolicy": policy, "windowsSandboxLevel": "disabled"}
-    req = fs_context_from_wire(msgspec.Raw(json.dumps(ctx).encode()), server_cwd=str(cwd))
+    req = fs_context(decode_fs_sandbox(msgspec.Raw(json.dumps(ctx).encode())), server_cwd=str(cwd))
     assert req is not None and not req.direct
     return req
 

@@ -13,12 +13,13 @@ import msgspec
 import pytest
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import ErrorCode, InternalError, InvalidParamsError
+from exec_server.exceptions import ErrorCode, InternalError, InvalidParamsError, from_domain_error
 from exec_server.process.spec import LaunchSpec
+from exec_server.protocol.sandbox_types import decode_launch_sandbox
 from exec_server.sandbox.convert import (
     Generation,
     LaunchSandboxRequest,
-    launch_request_from_wire,
+    launch_request,
 )
 from exec_server.sandbox.manager import (
     NETWORK_DISABLED_ENV,
@@ -80,7 +81,7 @@ def current(perms: dict[str, Any], **extra: Any) -> msgspec.Raw:
 
 
 def req(raw: msgspec.Raw | None, **kwargs: Any) -> LaunchSandboxRequest:
-    return launch_request_from_wire(raw, command_cwd="/srv/proj", **kwargs)
+    return launch_request(decode_launch_sandbox(raw), command_cwd="/srv/proj", **kwargs)
 
 
 # --- §7.3 selection matrix ---
@@ -236,7 +237,8 @@ def test_legacy_workspace_write_is_wrapped_with_plan() -> None:
     backend = FakeBackend()
     mgr, selector = manager(backend=backend, sandbox_backend="bwrap")
     original = spec()
-    out = mgr.prepare(original, legacy("auto", fs=WW_FS, network="restricted", policy=WW_POLICY))
+    ctx = decode_launch_sandbox(legacy("auto", fs=WW_FS, network="restricted", policy=WW_POLICY))
+    out = mgr.prepare(original, ctx)
     assert out.argv == ["/fake/wrapper", "--", "/bin/sh", "-c", "true"]
     assert out.sandbox_type is LINUX
     assert (out.sandbox_type.value, out.sandbox_type.camel) == ("linux-seccomp", "linuxSeccomp")
@@ -255,7 +257,8 @@ def test_legacy_workspace_write_is_wrapped_with_plan() -> None:
 
 def test_legacy_forbid_with_restricted_network_marks_env_only() -> None:
     mgr, selector = manager(backend=FakeBackend())
-    out = mgr.prepare(spec(), legacy("forbid", fs=ROOT_READ, network="restricted"))
+    ctx = decode_launch_sandbox(legacy("forbid", fs=ROOT_READ, network="restricted"))
+    out = mgr.prepare(spec(), ctx)
     assert out.argv == ["/bin/sh", "-c", "true"]
     assert out.sandbox_type is NONE
     assert out.env[NETWORK_DISABLED_ENV] == "1"
@@ -266,7 +269,7 @@ def test_no_sandbox_runs_directly_and_env_is_exact() -> None:
     mgr, selector = manager(backend=FakeBackend())
     for raw in (None, legacy("forbid"), current({"type": "disabled"})):
         original = spec(arg0="custom")
-        out = mgr.prepare(original, raw)
+        out = mgr.prepare(original, decode_launch_sandbox(raw))
         assert out.argv == original.argv and out.env == original.env
         assert out.arg0 == "custom" and out.sandbox_type is NONE
     assert selector.calls == []
@@ -277,7 +280,7 @@ def test_current_client_env_is_not_marked() -> None:
     backend = FakeBackend()
     mgr, _ = manager(backend=backend)
     perms = {"type": "managed", "file_system": {"type": "unrestricted"}, "network": "restricted"}
-    out = mgr.prepare(spec(), current(perms))
+    out = mgr.prepare(spec(), decode_launch_sandbox(current(perms)))
     assert out.sandbox_type is LINUX
     assert NETWORK_DISABLED_ENV not in out.env
     ((_, plan),) = backend.calls
@@ -307,7 +310,7 @@ def test_current_recorded_shell_plan(tmp_path: Path) -> None:
     mgr, _ = manager(backend=backend)
     out = mgr.prepare(
         spec(cwd=str(ws), env={"TMPDIR": str(tmp_path / "t")}),
-        current(perms, cwd=uri, workspaceRoots=[uri]),
+        decode_launch_sandbox(current(perms, cwd=uri, workspaceRoots=[uri])),
     )
     assert out.sandbox_type is LINUX
     ((_, plan),) = backend.calls
@@ -318,8 +321,9 @@ def test_current_recorded_shell_plan(tmp_path: Path) -> None:
 def test_require_without_platform_sandbox_fails_closed() -> None:
     mgr, _ = manager(platform=NONE, allow_unsandboxed=True)
     with pytest.raises(SandboxLaunchError) as info:
-        mgr.prepare(spec(), legacy("require"))
-    assert info.value.code is ErrorCode.INTERNAL_ERROR
+        mgr.prepare(spec(), decode_launch_sandbox(legacy("require")))
+    mapped = from_domain_error(info.value)
+    assert mapped is not None and mapped.code is ErrorCode.INTERNAL_ERROR
     assert info.value.message.startswith("failed to build sandbox launch: ")
     assert "sandboxPreference" in info.value.message
 
@@ -327,14 +331,15 @@ def test_require_without_platform_sandbox_fails_closed() -> None:
 def test_require_without_backend_fails_even_when_unsandboxed_allowed() -> None:
     mgr, selector = manager(backend=None, allow_unsandboxed=True)
     with pytest.raises(SandboxLaunchError, match="no usable Linux sandbox"):
-        mgr.prepare(spec(), legacy("require"))
+        mgr.prepare(spec(), decode_launch_sandbox(legacy("require")))
     assert selector.calls == [("auto", False)]
 
 
 def test_needed_sandbox_without_backend_fails_closed() -> None:
     mgr, _ = manager(backend=None)
     with pytest.raises(SandboxLaunchError) as info:
-        mgr.prepare(spec(), legacy("auto", fs=ROOT_READ, network="restricted"))
+        ctx = decode_launch_sandbox(legacy("auto", fs=ROOT_READ, network="restricted"))
+        mgr.prepare(spec(), ctx)
     assert info.value.message == (
         "failed to build sandbox launch: no usable Linux sandbox (auto): nothing works"
     )
@@ -342,7 +347,8 @@ def test_needed_sandbox_without_backend_fails_closed() -> None:
 
 def test_allow_unsandboxed_runs_auto_launch_unconfined() -> None:
     mgr, selector = manager(backend=None, allow_unsandboxed=True)
-    out = mgr.prepare(spec(), legacy("auto", fs=ROOT_READ, network="restricted"))
+    ctx = decode_launch_sandbox(legacy("auto", fs=ROOT_READ, network="restricted"))
+    out = mgr.prepare(spec(), ctx)
     assert out.argv == ["/bin/sh", "-c", "true"] and out.sandbox_type is NONE
     assert out.env[NETWORK_DISABLED_ENV] == "1"
     assert selector.calls == [("auto", True)]
@@ -355,7 +361,7 @@ def test_backend_error_becomes_launch_error() -> None:
 
     mgr, _ = manager(backend=Broken())
     with pytest.raises(SandboxLaunchError, match="lies inside a writable root"):
-        mgr.prepare(spec(), legacy("require"))
+        mgr.prepare(spec(), decode_launch_sandbox(legacy("require")))
 
 
 def test_forced_type_from_older_sandbox_member() -> None:
@@ -364,17 +370,19 @@ def test_forced_type_from_older_sandbox_member() -> None:
     obj["sandbox"] = "macos-seatbelt"
     mgr, _ = manager(backend=FakeBackend())
     with pytest.raises(SandboxLaunchError, match="seatbelt sandbox is only available on macOS"):
-        mgr.prepare(spec(), msgspec.Raw(json.dumps(obj).encode()))
+        mgr.prepare(spec(), decode_launch_sandbox(msgspec.Raw(json.dumps(obj).encode())))
     obj["sandbox"] = "linux-seccomp"
-    out = mgr.prepare(spec(), msgspec.Raw(json.dumps(obj).encode()))
+    out = mgr.prepare(spec(), decode_launch_sandbox(msgspec.Raw(json.dumps(obj).encode())))
     assert out.sandbox_type is LINUX
     obj["sandbox"] = "none"
-    assert mgr.prepare(spec(), msgspec.Raw(json.dumps(obj).encode())).sandbox_type is NONE
+    ctx = decode_launch_sandbox(msgspec.Raw(json.dumps(obj).encode()))
+    assert mgr.prepare(spec(), ctx).sandbox_type is NONE
 
 
 def test_macos_platform_uses_seatbelt() -> None:
     mgr, selector = manager(platform=MAC)
-    out = mgr.prepare(spec(arg0="ignored"), legacy("auto", fs=WW_FS, network="restricted"))
+    ctx = decode_launch_sandbox(legacy("auto", fs=WW_FS, network="restricted"))
+    out = mgr.prepare(spec(arg0="ignored"), ctx)
     assert out.sandbox_type is MAC
     assert (out.sandbox_type.value, out.sandbox_type.camel) == ("macos-seatbelt", "macosSeatbelt")
     assert out.argv[:2] == ["/usr/bin/sandbox-exec", "-p"]
@@ -388,7 +396,7 @@ def test_macos_platform_uses_seatbelt() -> None:
 def test_malformed_sandbox_is_invalid_params() -> None:
     mgr, _ = manager(backend=FakeBackend())
     with pytest.raises(InvalidParamsError, match=r"sandbox\.policy\.type"):
-        mgr.prepare(spec(), legacy(policy={"type": "yolo"}))
+        mgr.prepare(spec(), decode_launch_sandbox(legacy(policy={"type": "yolo"})))
 
 
 def test_wrap_plan_for_helper() -> None:
@@ -458,7 +466,7 @@ def test_real_backend_denies_write_outside_workspace(tmp_path: Path) -> None:
             cwd=str(ws),
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
         ),
-        raw,
+        decode_launch_sandbox(raw),
     )
     assert launch.sandbox_type is LINUX
     try:

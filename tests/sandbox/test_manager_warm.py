@@ -13,6 +13,7 @@ import pytest
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError
 from exec_server.process.spec import LaunchSpec
+from exec_server.protocol.sandbox_types import decode_launch_sandbox
 from exec_server.sandbox.manager import SandboxLaunchError, SandboxManager
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 
@@ -90,13 +91,13 @@ async def test_warm_swallows_probe_failure_and_prepare_still_fails_closed() -> N
     await mgr.warm()
     assert mgr.warmed
     with pytest.raises(SandboxLaunchError, match="nothing works"):
-        mgr.prepare(spec(), NEEDS_SANDBOX)
+        mgr.prepare(spec(), decode_launch_sandbox(NEEDS_SANDBOX))
 
 
 async def test_aprepare_probes_off_the_loop_before_preparing() -> None:
     selector = RecordingSelector()
     mgr = manager(selector)
-    out = await mgr.aprepare(spec(), NEEDS_SANDBOX)
+    out = await mgr.aprepare(spec(), decode_launch_sandbox(NEEDS_SANDBOX))
     assert out.argv == ["/fake/wrapper", "--", "/bin/true"]
     assert out.sandbox_type is SandboxType.LINUX_SECCOMP
     # The first selection (the probing one) ran in a worker thread; the

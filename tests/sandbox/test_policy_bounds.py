@@ -20,8 +20,8 @@ import pytest
 
 from exec_server.client.sandbox_contexts import to_wire, workspace_write
 from exec_server.exceptions import InvalidParamsError
-from exec_server.protocol.sandbox_types import MAX_SANDBOX_ENTRIES
-from exec_server.sandbox.convert import launch_request_from_wire
+from exec_server.protocol.sandbox_types import MAX_SANDBOX_ENTRIES, decode_launch_sandbox
+from exec_server.sandbox.convert import launch_request
 
 
 def _context(workspace: Path, extra: int) -> dict[str, Any]:
@@ -45,8 +45,8 @@ def _calls(fn: Callable[[], object]) -> int:
 
 def test_plan_cost_is_linear_in_the_entries(tmp_path: Path) -> None:
     def plan(n: int) -> Callable[[], object]:
-        request = launch_request_from_wire(
-            msgspec.Raw(json.dumps(_context(tmp_path, n)).encode()),
+        request = launch_request(decode_launch_sandbox(
+            msgspec.Raw(json.dumps(_context(tmp_path, n)).encode())),
             command_cwd=str(tmp_path),
             enforce_managed_network=False,
             tmpdir=None,
@@ -60,8 +60,8 @@ def test_plan_cost_is_linear_in_the_entries(tmp_path: Path) -> None:
 def test_past_the_bound_is_refused_naming_the_list(tmp_path: Path) -> None:
     wire = _context(tmp_path, MAX_SANDBOX_ENTRIES)
     with pytest.raises(InvalidParamsError) as info:
-        launch_request_from_wire(
-            msgspec.Raw(json.dumps(wire).encode()),
+        launch_request(decode_launch_sandbox(
+            msgspec.Raw(json.dumps(wire).encode())),
             command_cwd=str(tmp_path),
             enforce_managed_network=False,
             tmpdir=None,
@@ -75,8 +75,8 @@ def test_past_the_bound_is_refused_naming_the_list(tmp_path: Path) -> None:
         },
     }
     with pytest.raises(InvalidParamsError) as info:
-        launch_request_from_wire(
-            msgspec.Raw(json.dumps(legacy).encode()),
+        launch_request(decode_launch_sandbox(
+            msgspec.Raw(json.dumps(legacy).encode())),
             command_cwd=str(tmp_path),
             enforce_managed_network=False,
             tmpdir=None,

@@ -8,9 +8,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from exec_server.protocol.sandbox_types import decode_fs_sandbox, decode_launch_sandbox
 from exec_server.sandbox import globs
 from exec_server.sandbox.access import ResolvedPolicy
-from exec_server.sandbox.convert import fs_context_from_wire, launch_request_from_wire
+from exec_server.sandbox.convert import fs_context, launch_request
 from exec_server.sandbox.globs import GlobScanError, expand_glob
 from exec_server.sandbox.policy import (
     Access,
@@ -110,10 +111,10 @@ def test_wire_glob_scan_depth_is_carried(tree: Path) -> None:
         "windowsSandboxLevel": "disabled",
     }
     raw = msgspec.Raw(json.dumps(ctx).encode())
-    request = launch_request_from_wire(raw, command_cwd=str(tree))
+    request = launch_request(decode_launch_sandbox(raw), command_cwd=str(tree))
     assert request.fs_policy.glob_scan_max_depth == 1
     plan = request.plan(tmpdir=None, platform_defaults=())
     assert set(plan.denied_paths) == {str(tree / ".env"), str(tree / "link.env")}
-    fs = fs_context_from_wire(raw, server_cwd="/")
+    fs = fs_context(decode_fs_sandbox(raw), server_cwd="/")
     assert fs is not None and fs.resolve_access(str(tree / ".env")) is Access.NONE
     assert fs.resolve_access(str(tree / "a" / ".env")) is Access.READ

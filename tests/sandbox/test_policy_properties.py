@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
+from exec_server.protocol.sandbox_types import decode_fs_sandbox, decode_launch_sandbox
 from exec_server.sandbox.access import ResolvedPolicy
-from exec_server.sandbox.convert import fs_context_from_wire, launch_request_from_wire
+from exec_server.sandbox.convert import fs_context, launch_request
 from exec_server.sandbox.plan import SandboxPlan
 from exec_server.sandbox.policy import (
     Access,
@@ -153,8 +154,8 @@ json_value = st.recursive(
 def test_decoding_never_crashes(value: Any) -> None:
     raw = msgspec.Raw(json.dumps(value).encode())
     for decode in (
-        lambda: launch_request_from_wire(raw, command_cwd="/w"),
-        lambda: fs_context_from_wire(raw, server_cwd="/w"),
+        lambda: launch_request(decode_launch_sandbox(raw), command_cwd="/w"),
+        lambda: fs_context(decode_fs_sandbox(raw), server_cwd="/w"),
     ):
         with contextlib.suppress(InvalidParamsError, InvalidRequestError):
             decode()

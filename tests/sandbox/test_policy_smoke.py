@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from exec_server.sandbox.convert import Generation, launch_request_from_wire
+from exec_server.protocol.sandbox_types import decode_launch_sandbox
+from exec_server.sandbox.convert import Generation, launch_request
 from exec_server.sandbox.policy import FsKind, Network
 
 
@@ -16,7 +17,7 @@ def test_legacy_no_sandbox_config_decodes() -> None:
         b'"enforceManagedNetwork":false,"windowsSandboxLevel":"disabled",'
         b'"windowsSandboxPrivateDesktop":false,"useLegacyLandlock":false}'
     )
-    req = launch_request_from_wire(raw, command_cwd="/srv/proj")
+    req = launch_request(decode_launch_sandbox(raw), command_cwd="/srv/proj")
     assert req.generation is Generation.LEGACY
     assert req.preference == "forbid"
     assert req.fs_policy.kind is FsKind.UNRESTRICTED

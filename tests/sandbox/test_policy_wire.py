@@ -9,14 +9,16 @@ from typing import Any
 import msgspec
 import pytest
 
-from exec_server.exceptions import InvalidParamsError, InvalidRequestError
+from exec_server.exceptions import ErrorCode, InvalidParamsError, InvalidRequestError, wire_error
 from exec_server.protocol import sandbox_types as wire
+from exec_server.protocol.sandbox_types import decode_fs_sandbox, decode_launch_sandbox
 from exec_server.sandbox.convert import (
     Generation,
-    fs_context_from_wire,
-    launch_request_from_wire,
+    fs_context,
+    launch_request,
     legacy_policy_from_wire,
 )
+from exec_server.sandbox.errors import SandboxPolicyError
 from exec_server.sandbox.policy import (
     Access,
     DangerFullAccess,
@@ -100,14 +102,14 @@ def test_legacy_policy_encodes_snake_case_with_kebab_tags() -> None:
         read_only_access=wire.ReadOnlyAccessRestricted(include_platform_defaults=False),
         exclude_slash_tmp=True,
     )
-    out = json.loads(wire.encode_sandbox(policy))
+    out = json.loads(wire.encode_client_context(policy))
     assert out == {
         "type": "workspace-write",
         "writable_roots": ["/srv/cache"],
         "read_only_access": {"type": "restricted", "include_platform_defaults": False},
         "exclude_slash_tmp": True,
     }
-    assert json.loads(wire.encode_sandbox(wire.ReadOnlyPolicy())) == {"type": "read-only"}
+    assert json.loads(wire.encode_client_context(wire.ReadOnlyPolicy())) == {"type": "read-only"}
 
 
 BAD_POLICIES = [
@@ -186,18 +188,17 @@ PROCESS_START_SANDBOX = {  # PROTOCOL.md §8.1 example
 
 
 def test_no_sandbox_config() -> None:
-    req = launch_request_from_wire(raw(NO_SANDBOX), command_cwd="/elsewhere")
+    req = launch_request(decode_launch_sandbox(raw(NO_SANDBOX)), command_cwd="/elsewhere")
     assert req.generation is Generation.LEGACY
     assert req.preference == "forbid"
     assert req.fs_policy.kind is FsKind.UNRESTRICTED
     assert req.network is Network.ENABLED
     assert req.cwd == "/srv/proj"
     assert req.roots == ("/srv/proj",)
-    assert req.legacy_policy == DangerFullAccess()
 
 
 def test_process_start_example_decodes() -> None:
-    req = launch_request_from_wire(raw(PROCESS_START_SANDBOX), command_cwd="/srv/proj")
+    req = launch_request(decode_launch_sandbox(raw(PROCESS_START_SANDBOX)), command_cwd="/srv/proj")
     assert req.preference == "auto"
     assert req.network is Network.RESTRICTED
     kinds = [(e.target, e.access) for e in req.fs_policy.entries]
@@ -207,13 +208,12 @@ def test_process_start_example_decodes() -> None:
         (SpecialTarget(SpecialKind.SLASH_TMP), Access.WRITE),
         (SpecialTarget(SpecialKind.TMPDIR), Access.WRITE),
     ]
-    assert isinstance(req.legacy_policy, WorkspaceWrite)
     assert req.needs_platform_sandbox
 
 
 def test_absent_and_null_mean_no_sandbox() -> None:
     for value in (None, msgspec.Raw(b"null")):
-        req = launch_request_from_wire(value, command_cwd="/w")
+        req = launch_request(decode_launch_sandbox(value), command_cwd="/w")
         assert req.generation is None
         assert not req.needs_platform_sandbox
 
@@ -222,13 +222,13 @@ def test_sandbox_alias_member_preselects_type() -> None:
     obj = dict(PROCESS_START_SANDBOX)
     del obj["sandboxPreference"]
     obj["sandbox"] = "linux-seccomp"
-    req = launch_request_from_wire(raw(obj), command_cwd="/srv/proj")
+    req = launch_request(decode_launch_sandbox(raw(obj)), command_cwd="/srv/proj")
     assert req.forced_type is not None and req.forced_type.value == "linux-seccomp"
 
 
 def test_sandbox_policy_cwd_accepts_uri() -> None:
     obj = dict(NO_SANDBOX, sandboxPolicyCwd="file:///srv/p%20q")
-    assert launch_request_from_wire(raw(obj), command_cwd="/x").cwd == "/srv/p q"
+    assert launch_request(decode_launch_sandbox(raw(obj)), command_cwd="/x").cwd == "/srv/p q"
 
 
 BAD_LAUNCH = [
@@ -296,7 +296,7 @@ def test_bad_launch_config_names_the_field(patch: dict[str, Any], needle: str) -
     if patch.get("sandboxPreference", "") is None:
         del obj["sandboxPreference"]
     with pytest.raises(InvalidParamsError) as info:
-        launch_request_from_wire(raw(obj), command_cwd="/srv/proj")
+        launch_request(decode_launch_sandbox(raw(obj)), command_cwd="/srv/proj")
     assert needle.split(" - ")[0] in info.value.message
 
 
@@ -304,7 +304,7 @@ def test_missing_required_member() -> None:
     obj = dict(PROCESS_START_SANDBOX)
     del obj["enforceManagedNetwork"]
     with pytest.raises(InvalidParamsError, match="enforceManagedNetwork"):
-        launch_request_from_wire(raw(obj), command_cwd="/srv/proj")
+        launch_request(decode_launch_sandbox(raw(obj)), command_cwd="/srv/proj")
 
 
 @pytest.mark.parametrize(
@@ -312,7 +312,7 @@ def test_missing_required_member() -> None:
 )
 def test_unrecognisable_sandbox_objects_are_rejected(value: bytes) -> None:
     with pytest.raises(InvalidParamsError, match=r"^sandbox"):
-        launch_request_from_wire(msgspec.Raw(value), command_cwd="/w")
+        launch_request(decode_launch_sandbox(msgspec.Raw(value)), command_cwd="/w")
 
 
 # --- current-client permission context (CLIENT_COMPAT.md §1.4, recordings) ---
@@ -357,7 +357,7 @@ RECORDED_START = {
 
 
 def test_recorded_current_context_decodes() -> None:
-    req = launch_request_from_wire(raw(RECORDED_START), command_cwd=WS_PATH)
+    req = launch_request(decode_launch_sandbox(raw(RECORDED_START)), command_cwd=WS_PATH)
     assert req.generation is Generation.CURRENT
     assert req.network is Network.RESTRICTED
     assert req.cwd == WS_PATH
@@ -391,9 +391,10 @@ def test_every_recorded_sandbox_object_decodes() -> None:
     for where, sandbox in seen:
         value = raw(sandbox)
         if where.endswith("process/start"):
-            assert launch_request_from_wire(value, command_cwd="/").generation is Generation.CURRENT
+            req = launch_request(decode_launch_sandbox(value), command_cwd="/")
+            assert req.generation is Generation.CURRENT
         else:
-            req = fs_context_from_wire(value, server_cwd="/srv")
+            req = fs_context(decode_fs_sandbox(value), server_cwd="/srv")
             assert req is not None and req.generation is Generation.CURRENT, where
 
 
@@ -421,7 +422,7 @@ CURRENT_VARIANTS = [
 @pytest.mark.parametrize(("perms", "kind", "network"), CURRENT_VARIANTS)
 def test_current_permission_variants(perms: dict[str, Any], kind: FsKind, network: Network) -> None:
     ctx = {"permissions": perms, "windowsSandboxLevel": "disabled"}
-    req = launch_request_from_wire(raw(ctx), command_cwd="/w")
+    req = launch_request(decode_launch_sandbox(raw(ctx)), command_cwd="/w")
     assert (req.fs_policy.kind, req.network) == (kind, network)
 
 
@@ -446,7 +447,7 @@ def test_current_entries_deny_glob_unknown() -> None:
         "windowsSandboxLevel": "mxc",
         "sandboxOverride": {"escalatedSandboxWithRestrictions": {}},
     }
-    req = launch_request_from_wire(raw(ctx), command_cwd="/w")
+    req = launch_request(decode_launch_sandbox(raw(ctx)), command_cwd="/w")
     assert [e.target for e in req.fs_policy.entries] == [
         PathTarget("/srv/x"),
         GlobTarget("**/*.env"),
@@ -516,17 +517,21 @@ def test_bad_current_context_names_the_field(ctx: dict[str, Any], needle: str) -
     ctx = {"windowsSandboxLevel": "disabled", **ctx}
     if ctx["windowsSandboxLevel"] is None:
         del ctx["windowsSandboxLevel"]
-    with pytest.raises(InvalidParamsError) as info:
-        launch_request_from_wire(raw(ctx), command_cwd="/w")
-    assert needle in info.value.message
-    with pytest.raises(InvalidParamsError):
-        fs_context_from_wire(raw(ctx), server_cwd="/w")
+    # refused by the decoder (the handler) or by the conversion: -32602 either way
+    with pytest.raises((InvalidParamsError, SandboxPolicyError)) as info:
+        launch_request(decode_launch_sandbox(raw(ctx)), command_cwd="/w")
+    mapped = wire_error(info.value)
+    assert mapped is not None and mapped.code == ErrorCode.INVALID_PARAMS
+    assert needle in mapped.message
+    with pytest.raises((InvalidParamsError, SandboxPolicyError)) as info:
+        fs_context(decode_fs_sandbox(raw(ctx)), server_cwd="/w")
+    assert type(wire_error(info.value)) is InvalidParamsError
 
 
 def test_a_subpath_may_use_dots_that_stay_inside_the_root() -> None:
     """Only a subpath that climbs above its root is refused (see BAD_CURRENT)."""
     ctx = {"windowsSandboxLevel": "disabled", **_one_entry(_project_subpath("a/../.codex"))}
-    launch_request_from_wire(raw(ctx), command_cwd="/w")
+    launch_request(decode_launch_sandbox(raw(ctx)), command_cwd="/w")
 
 
 # --- more PROTOCOL.md examples ---
@@ -547,7 +552,7 @@ def test_filesystem_context_example_section_6_8() -> None:
         "useLegacyLandlock": False,
         "additionalPermissions": None,
     }
-    req = fs_context_from_wire(raw(ctx), server_cwd="/srv/proj")
+    req = fs_context(decode_fs_sandbox(raw(ctx)), server_cwd="/srv/proj")
     assert req is not None and not req.direct
     assert req.resolve_access("/srv/allowed/note.txt") is Access.READ
     assert req.resolve_access("/srv/other") is Access.NONE
@@ -565,12 +570,12 @@ def test_appendix_a_read_outside_writable_roots_is_denied() -> None:
         },
         "windowsSandboxLevel": "disabled",
     }
-    req = fs_context_from_wire(raw(ctx), server_cwd="/srv/proj")
+    req = fs_context(decode_fs_sandbox(raw(ctx)), server_cwd="/srv/proj")
     assert req is not None and not req.direct
     assert req.resolve_access("/srv/other/secret.txt") is Access.NONE
     assert req.resolve_access("/srv/proj/src/main.c") is Access.WRITE
 
 
 def test_appendix_a_process_start_sandbox_is_no_sandbox() -> None:
-    req = launch_request_from_wire(raw(NO_SANDBOX), command_cwd="/srv/proj")
+    req = launch_request(decode_launch_sandbox(raw(NO_SANDBOX)), command_cwd="/srv/proj")
     assert req.preference == "forbid" and not req.needs_platform_sandbox

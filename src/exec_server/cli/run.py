@@ -162,6 +162,7 @@ def run(ns: argparse.Namespace) -> int:
                          "-- CMD ARGS...)\n")
         return 2
     from exec_server.exceptions import ExecServerError
+    from exec_server.sandbox.errors import SandboxError
 
     try:
         cwd = os.getcwd()
@@ -186,8 +187,8 @@ def run(ns: argparse.Namespace) -> int:
     spec = LaunchSpec(argv=command, cwd=cwd, env=dict(os.environ), tty=True)
     try:
         wrapped = _confine(ns, spec)
-    except (ExecServerError, ValueError) as exc:
-        message = exc.message if isinstance(exc, ExecServerError) else str(exc)
+    except (ExecServerError, SandboxError, ValueError) as exc:
+        message = str(exc) if isinstance(exc, ValueError) else exc.message
         sys.stderr.write(f"exec-server run: {message}\n")
         return EXIT_SETUP
     if wrapped.sandbox_type is SandboxType.NONE and ns.sandbox != "danger-full-access":

@@ -41,7 +41,8 @@ from exec_server.protocol.process_types import (
     ReadResult,
     WriteStatus,
 )
-from exec_server.protocol.sandbox_types import encode_client_context
+from exec_server.protocol.sandbox_types import decode_launch_sandbox, encode_client_context
+from exec_server.sandbox.errors import SandboxError
 
 if TYPE_CHECKING:
     from exec_server.http.client import HttpClient
@@ -214,7 +215,11 @@ class LocalExecBackend:
             pipe_stdin=pipe_stdin,
         )
         if sandbox is not None:
-            spec = await self._sandbox().aprepare(spec, msgspec.Raw(encode_client_context(sandbox)))
+            ctx = decode_launch_sandbox(encode_client_context(sandbox))
+            try:
+                spec = await self._sandbox().aprepare(spec, ctx)
+            except SandboxError as exc:
+                raise _wire(exc) from exc
         handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval,
                                argv=argv)
         with registered(self._handles, handle):
@@ -291,7 +296,7 @@ class LocalExecBackend:
         self._handles.pop(process_id, None)
 
 
-def _wire(exc: HttpError) -> Exception:
+def _wire(exc: HttpError | SandboxError) -> Exception:
     """The error the server would answer with (both backends raise the same)."""
     return from_domain_error(exc) or exc
 

@@ -33,7 +33,7 @@ import msgspec
 
 from exec_server.client._opening import Closable, Opening
 from exec_server.config import ServerConfig
-from exec_server.exceptions import ExecServerError, InternalError, InvalidParamsError
+from exec_server.exceptions import InternalError, InvalidParamsError, wire_error
 from exec_server.fs.context import route_for
 from exec_server.fs.handles import MAX_BLOCK, FileHandles
 from exec_server.fs.ops import DirEntry, Metadata
@@ -46,7 +46,7 @@ from exec_server.fs.service import (
 from exec_server.fs.walk import MAX_DEPTH, MAX_DIRECTORIES, MAX_ENTRIES, WalkOptions
 from exec_server.protocol import fs_types as t
 from exec_server.protocol.paths import PathForm, WirePath, parse_wire_path, render_path
-from exec_server.protocol.sandbox_types import encode_client_context
+from exec_server.protocol.sandbox_types import decode_fs_sandbox, encode_client_context
 
 __all__ = [
     "DirEntry",
@@ -156,14 +156,20 @@ class FileStream:
 
 
 @contextlib.contextmanager
-def _naming(path: PathArg) -> Iterator[None]:
-    """Errors about ``path`` name it (``NotFoundError``'s wire text does not)."""
+def _naming(path: PathArg | None) -> Iterator[None]:
+    """Errors about ``path`` name it (``NotFoundError``'s wire text does not); the fs
+    package's errors become the wire errors the server would answer with."""
     try:
         yield
-    except ExecServerError as exc:
-        if exc.path is None:
-            exc.path = os.fsdecode(path)
-        raise
+    except Exception as exc:
+        err = wire_error(exc)
+        if err is None:
+            raise
+        if err.path is None and path is not None:
+            err.path = os.fsdecode(path)
+        if err is exc:
+            raise
+        raise err from exc
 
 
 class ExecutorFileSystem(Protocol):
@@ -331,7 +337,7 @@ class LocalFileSystem:
         await self.aclose()
 
     async def _route(self, sandbox: FsSandbox) -> Route:
-        return await route_for(_sandbox_json(sandbox), self._service.pool)
+        return await route_for(decode_fs_sandbox(_sandbox_json(sandbox)), self._service.pool)
 
     async def read_file(
         self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
@@ -463,6 +469,10 @@ class LocalFileSystem:
         return Opening(lambda: self._open(path, mode, sandbox))
 
     async def _open(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
+        with _naming(None):
+            return await self._open_named(path, mode, sandbox)
+
+    async def _open_named(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
         handle_id = uuid.uuid4().hex
         handle = self._handles.reserve(handle_id)
         try:
@@ -484,13 +494,18 @@ class _LocalBlocks:
         self._id = handle_id
 
     async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]:
-        return await self._service.pool.run(self._handles.read_block, self._id, offset, length)
+        with _naming(None):
+            return await self._service.pool.run(
+                self._handles.read_block, self._id, offset, length
+            )
 
     async def write_block(self, offset: int, data: bytes) -> None:
-        await self._service.pool.run(self._handles.write_block, self._id, offset, data)
+        with _naming(None):
+            await self._service.pool.run(self._handles.write_block, self._id, offset, data)
 
     async def close(self) -> None:
-        await self._service.pool.run(self._handles.close, self._id)
+        with _naming(None):
+            await self._service.pool.run(self._handles.close, self._id)
 
 
 class RpcCaller(Protocol):

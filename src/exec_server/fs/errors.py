@@ -1,19 +1,19 @@
-"""The one place where filesystem failures become typed errors (PROTOCOL.md §9.1).
+"""The errors the filesystem code raises: a kind and the client's text, no wire code.
 
-| kind                                              | error                 | code   |
-|---------------------------------------------------|-----------------------|--------|
-| not found (ENOENT)                                | ``NotFoundError``     | -32004 |
-| invalid input (EINVAL, our own validation)        | ``InvalidRequestError`` | -32600 |
-| permission denied (EACCES, EPERM)                 | ``InvalidRequestError`` | -32600 |
-| anything else (EISDIR, ENOTDIR, EEXIST, EROFS, …) | ``InternalError``     | -32603 |
+| kind                                          | error               | code   |
+|-----------------------------------------------|---------------------|--------|
+| not found (ENOENT)                            | ``FsNotFoundError`` | -32004 |
+| invalid input (EINVAL, our own validation)    | ``FsRefusedError``  | -32600 |
+| permission denied (EACCES, EPERM)             | ``FsRefusedError``  | -32600 |
+| anything else (EISDIR, ENOTDIR, EEXIST, EROFS) | ``FsFailedError``   | -32603 |
 
-The message is the OS error text in Rust's format, ``<text> (os error N)``
-(PROTOCOL.md §5.3), in musl's wording as upstream's static build prints it
-(:mod:`exec_server.errno_text`: ``I/O error``, ``Symbolic link loop``...).
-EROFS is deliberately *not* a permission error: upstream
-answers ``-32603 Read-only file system (os error 30)`` (CLIENT_COMPAT.md §6.5).
-The current Codex client depends on -32004 for a missing parent in
-``fs/writeFile`` to create the directory and retry.
+The codes are assigned in one place, :func:`exec_server.exceptions.from_domain_error`
+(PROTOCOL.md §9.1). The message is the OS error text in Rust's format,
+``<text> (os error N)`` (PROTOCOL.md §5.3), in musl's wording as upstream's
+static build prints it (:mod:`exec_server.errno_text`). EROFS is deliberately
+*not* a refusal: upstream answers ``-32603 Read-only file system (os error 30)``
+(CLIENT_COMPAT.md §6.5). The current Codex client depends on -32004 for a
+missing parent in ``fs/writeFile`` to create the directory and retry.
 """
 
 from __future__ import annotations
@@ -23,18 +23,16 @@ import os
 from types import TracebackType
 from typing import Final
 
-from exec_server.exceptions import (
-    ExecServerError,
-    InternalError,
-    InvalidRequestError,
-    NotFoundError,
-    os_error_message,
-)
+from exec_server.errno_text import os_error_text
 
 __all__ = [
     "INVALID_INPUT_ERRNOS",
     "NOT_FOUND_ERRNOS",
     "PERMISSION_ERRNOS",
+    "FsError",
+    "FsFailedError",
+    "FsNotFoundError",
+    "FsRefusedError",
     "fs_error_from_os",
     "os_error",
     "translate_os_errors",
@@ -47,15 +45,47 @@ PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
 INVALID_INPUT_ERRNOS = frozenset({errno.EINVAL})
 
 
-def fs_error_from_os(exc: OSError) -> ExecServerError:
-    """Translate one ``OSError`` into the typed error the wire expects."""
-    message = os_error_message(exc)
+class FsError(Exception):
+    """A filesystem operation failed; ``message`` is the text the client sees.
+
+    ``path`` (optional) is the path asked about: ``str()`` then names it, the
+    wire text does not (upstream's words often leave it out).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        if self.path is None or self.path in self.message:
+            return self.message
+        return f"{self.path}: {self.message}"
+
+
+class FsNotFoundError(FsError):
+    """The path (or a parent of it) does not exist."""
+
+
+class FsRefusedError(FsError):
+    """Refused: the input is invalid or the operation is not permitted."""
+
+
+class FsFailedError(FsError):
+    """Any other failure (wrong file type, exists, read-only filesystem, I/O…)."""
+
+
+def fs_error_from_os(exc: OSError) -> FsError:
+    """The typed error for one ``OSError``."""
     code = exc.errno
+    if code is None:
+        return FsFailedError(str(exc))
+    message = os_error_text(code)
     if code in NOT_FOUND_ERRNOS:
-        return NotFoundError(message)
+        return FsNotFoundError(message)
     if code in PERMISSION_ERRNOS or code in INVALID_INPUT_ERRNOS:
-        return InvalidRequestError(message)
-    return InternalError(message)
+        return FsRefusedError(message)
+    return FsFailedError(message)
 
 
 def os_error(code: int) -> OSError:
@@ -64,8 +94,7 @@ def os_error(code: int) -> OSError:
 
 
 class _TranslateOsErrors:
-    """A plain context manager: about a third of ``@contextmanager``'s cost, and
-    it wraps every filesystem call, some of them answered in ~10 µs."""
+    """A plain context manager: it wraps every filesystem call, some answered in ~10 µs."""
 
     __slots__ = ()
 

@@ -81,6 +81,7 @@ from exec_server.fs.zygote import (
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.access import has_full_disk_read
 from exec_server.sandbox.convert import FsSandboxRequest, Generation, root_alias_normalize
+from exec_server.sandbox.errors import SandboxError
 from exec_server.sandbox.manager import SandboxManager
 from exec_server.sandbox.plan import SandboxPlan
 from exec_server.sandbox.policy import Access
@@ -605,7 +606,7 @@ class SandboxedFileSystem:
         await self._manager.warm()  # first use: backend probes off the loop
         try:
             wrapped = self._manager.wrap_plan(spec, plan)
-        except ExecServerError as exc:
+        except (ExecServerError, SandboxError) as exc:
             raise InvalidRequestError(f"failed to prepare fs sandbox: {exc.message}") from exc
         if not wrapped.argv:
             raise InvalidRequestError("fs sandbox command was empty")
@@ -679,9 +680,10 @@ def _request(context: object) -> FsSandboxRequest:
     if isinstance(context, bytes | bytearray):
         # The router's fallback hands over the raw member when the policy
         # layer was missing at import time; decode it now.
-        from exec_server.sandbox.convert import fs_context_from_wire
+        from exec_server.protocol.sandbox_types import decode_fs_sandbox
+        from exec_server.sandbox.convert import fs_context
 
-        decoded = fs_context_from_wire(msgspec.Raw(bytes(context)))
+        decoded = fs_context(decode_fs_sandbox(bytes(context)))
         if decoded is not None:
             return decoded
     raise InvalidRequestError(NEEDS_POLICY)

@@ -32,8 +32,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from exec_server.errno_text import os_error_text
-from exec_server.exceptions import ExecServerError
+from exec_server.exceptions import ExecServerError, wire_error
 from exec_server.fs import fdops, nofollow
+from exec_server.fs.errors import FsError
 from exec_server.fs.fdops import temp_name, write_all
 from exec_server.fs.walk import WalkOptions, walk
 
@@ -697,8 +698,10 @@ def _no_follow(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], byt
             nofollow.remove(req.path, recursive=req.recursive, force=req.force)
         else:
             raise OpError(_INVALID, f"{req.op} does not take followSymlinks")
-    except ExecServerError as exc:
-        raise OpError(exc.code, exc.message) from exc
+    except (ExecServerError, FsError) as exc:
+        err = wire_error(exc)
+        assert err is not None  # both kinds map
+        raise OpError(err.code, err.message) from exc
     return {}, b""
 
 

@@ -11,12 +11,13 @@ are snake_case again.
 Every path inside a policy is an :class:`AbsPath`: a plain absolute path or a
 ``file://`` URI, lexically normalised at decode time. Decode with
 :func:`decode_sandbox` (it installs the hook that validates paths, so a bad
-path is reported with its location); encode with :func:`encode_sandbox`.
+path is reported with its location); encode with :func:`encode_client_context`.
 Unknown members are ignored; unknown tags and enum values are decode errors.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Final, Literal, TypeVar, overload
 
 import msgspec
@@ -61,6 +62,7 @@ __all__ = [
     "ReadOnlyAccessRestricted",
     "ReadOnlyPolicy",
     "RestrictedFileSystem",
+    "SandboxContext",
     "SandboxLaunchConfig",
     "SandboxPolicy",
     "SandboxTypeName",
@@ -75,9 +77,10 @@ __all__ = [
     "UnrestrictedFileSystem",
     "WindowsSandboxLevel",
     "WorkspaceWritePolicy",
+    "decode_fs_sandbox",
+    "decode_launch_sandbox",
     "decode_sandbox",
     "encode_client_context",
-    "encode_sandbox",
 ]
 
 
@@ -269,7 +272,7 @@ class SandboxLaunchConfig(msgspec.Struct, frozen=True, kw_only=True, rename="cam
     policy: SandboxPolicy
     file_system_policy: FileSystemSandboxPolicy
     network_policy: NetworkSandboxPolicy
-    sandbox_policy_cwd: str
+    sandbox_policy_cwd: AbsPath
     enforce_managed_network: bool
     windows_sandbox_level: WindowsSandboxLevel
     windows_sandbox_private_desktop: bool
@@ -352,6 +355,15 @@ class CurrentSandboxContext(msgspec.Struct, frozen=True, kw_only=True, rename="c
     sandbox_override: str | dict[str, Any] | None = None
 
 
+#: A decoded ``sandbox`` member, any generation.
+SandboxContext = CurrentSandboxContext | FileSystemSandboxContext | SandboxLaunchConfig
+
+#: Members that mark a legacy ``SandboxLaunchConfig``.
+_LAUNCH_KEYS = frozenset(
+    {"sandboxPreference", "policy", "fileSystemPolicy", "networkPolicy", "sandboxPolicyCwd"}
+)
+
+
 # --- codec ---
 
 
@@ -367,16 +379,9 @@ def _dec_hook(tp: type, obj: Any) -> Any:
     raise NotImplementedError(f"unsupported type {tp!r}")
 
 
-def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, AbsPath):
-        return str(obj)
-    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
-
-
 _T = TypeVar("_T")
 
 _decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
-_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
 
 
 @overload
@@ -411,25 +416,17 @@ def decode_sandbox(data: bytes | str | msgspec.Raw, tp: object, *, field: str = 
         raise InvalidParamsError(f"{field}: {exc}") from exc
 
 
-def encode_sandbox(obj: object) -> bytes:
-    """Encode a sandbox struct (``AbsPath`` values become plain strings)."""
-    return _encoder.encode(obj)
-
-
 def encode_client_context(ctx: msgspec.Struct) -> bytes:
     """A context as a client sends it: members at their default left out (upstream's
     serde refuses ``null`` for several, e.g. ``sandboxOverride``), and paths as
     ``file://`` URIs in the current shape (upstream 0.163 refuses plain ones
     there), plain in the legacy one.
-
-    :func:`encode_sandbox` writes every member and plain paths: what the server
-    hands its own helpers.
     """
     as_uri = isinstance(ctx, CurrentSandboxContext)
 
     def plain(value: object) -> object:
         if isinstance(value, AbsPath):
-            return render_path(value, PathForm.URI if as_uri else PathForm.PLAIN)
+            return str(render_path(value, PathForm.URI if as_uri else PathForm.PLAIN))
         if isinstance(value, msgspec.Struct):
             config = value.__struct_config__
             out: dict[str, object] = {}
@@ -461,3 +458,63 @@ def _locate(message: str, field: str) -> str:
     if not sep:
         return f"{field}: {message}"
     return f"{field}{where.rstrip('`')}: {text}"
+
+
+def _member_keys(raw: bytes | msgspec.Raw) -> dict[str, msgspec.Raw] | None:
+    """The member's keys (None for JSON ``null``); anything but an object is -32602."""
+    try:
+        keys: dict[str, msgspec.Raw] | None = msgspec.json.decode(
+            raw, type=dict[str, msgspec.Raw] | None
+        )
+    except msgspec.ValidationError as exc:
+        raise InvalidParamsError(f"sandbox: {params_error_text(str(exc))}") from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidParamsError(f"sandbox: {exc}") from exc
+    return keys
+
+
+def decode_launch_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
+    """Decode ``process/start.sandbox``; None when absent or ``null``.
+
+    The shape is told apart by its keys (CLIENT_COMPAT.md §1.2 rule 3):
+    ``permissions`` is the current context; ``sandboxPolicy`` without launch
+    members a filesystem context (its launch is derived from it); otherwise a
+    legacy ``SandboxLaunchConfig``, which needs ``sandboxPreference`` or the
+    older ``sandbox`` member.
+
+    Raises:
+        InvalidParamsError: malformed object; the message names the field.
+    """
+    return None if raw is None else _decode_member(bytes(raw), launch=True)
+
+
+def decode_fs_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
+    """Decode ``fs/*.sandbox``; None when absent or ``null``.
+
+    ``permissions``: the current context; ``sandboxPolicy``: a legacy
+    filesystem context; launch members: a launch config (its policy is used).
+
+    Raises:
+        InvalidParamsError: malformed object; the message names the field.
+    """
+    return None if raw is None else _decode_member(bytes(raw), launch=False)
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_member(raw: bytes, *, launch: bool) -> SandboxContext | None:
+    """Both decoders; memoised because Codex sends the identical context on every
+    call (the result is immutable and depends on nothing but the bytes)."""
+    keys = _member_keys(raw)
+    if keys is None:
+        return None
+    if "permissions" in keys:
+        return decode_sandbox(raw, CurrentSandboxContext)
+    has_launch_keys = not _LAUNCH_KEYS.isdisjoint(keys)
+    if "sandboxPolicy" in keys and not (launch and has_launch_keys):
+        return decode_sandbox(raw, FileSystemSandboxContext)
+    if not has_launch_keys:
+        raise InvalidParamsError("sandbox: missing field `permissions`")
+    config = decode_sandbox(raw, SandboxLaunchConfig)
+    if launch and config.sandbox_preference is None and config.sandbox is None:
+        raise InvalidParamsError("sandbox: missing field `sandboxPreference`")
+    return config

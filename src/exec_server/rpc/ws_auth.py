@@ -26,8 +26,9 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
+from exec_server.config import WsAuthMode, WsAuthSettings
 from exec_server.exceptions import os_error_message
 
 __all__ = [
@@ -43,8 +44,6 @@ __all__ = [
     "WsAuthSettings",
     "load_authenticator",
 ]
-
-WsAuthMode = Literal["capability-token", "signed-bearer-token"]
 
 #: ``--ws-max-clock-skew-seconds`` default: slack for ``exp`` and ``nbf``.
 DEFAULT_CLOCK_SKEW: Final = 30
@@ -80,33 +79,6 @@ class Grant:
     connection must close (a JWT's ``exp`` plus the skew), None for no limit."""
 
     expires_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WsAuthSettings:
-    """The ``--ws-*`` flags as given, validated by :func:`load_authenticator`."""
-
-    mode: WsAuthMode | None = None
-    token_file: str | None = None
-    token_sha256: str | None = None
-    shared_secret_file: str | None = None
-    issuer: str | None = None
-    audience: str | None = None
-    max_clock_skew: int | None = None
-
-    @property
-    def any_flag(self) -> bool:
-        return any(
-            v is not None
-            for v in (
-                self.token_file,
-                self.token_sha256,
-                self.shared_secret_file,
-                self.issuer,
-                self.audience,
-                self.max_clock_skew,
-            )
-        )
 
 
 def _read_secret(path: str) -> bytes:

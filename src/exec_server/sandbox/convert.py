@@ -1,81 +1,73 @@
-"""Wire sandbox objects → the internal policy model (both generations).
+"""The decoded ``sandbox`` member → the internal policy model (both generations).
 
-The entry point for ``process/start``: tells the shapes apart
-(CLIENT_COMPAT.md §1.2 rule 3), validates them and produces a
-:class:`LaunchSandboxRequest` (what to confine, how strongly the client
-insists, which generation asked). Also builds the ``exec-server run`` policy.
-Filesystem contexts live in :mod:`exec_server.sandbox.fs_request` and are
-re-exported here.
+The handlers decode the member (:mod:`exec_server.protocol.sandbox_types`);
+this module validates what the structs cannot say and converts them:
+:func:`launch_request` for ``process/start`` (a :class:`LaunchSandboxRequest`:
+what to confine, how strongly the client insists, which generation asked),
+:func:`fs_context` for ``fs/*`` (an :class:`FsSandboxRequest`), and
+:func:`cli_launch_request` for ``exec-server run``.
 
-Every error is an :class:`InvalidParamsError` naming the offending field.
+Errors: :class:`SandboxPolicyError` naming the offending field (-32602).
 """
 
 from __future__ import annotations
 
+import os
+import posixpath
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-import msgspec
-
-from exec_server.exceptions import InvalidParamsError
+from exec_server.errno_text import os_error_text
 from exec_server.protocol import sandbox_types as wire
-from exec_server.sandbox._decode import (
-    LAUNCH_KEYS,
-    Generation,
-    current_scope,
-    extra_permissions,
-    legacy_fs_policy,
-    legacy_policy_from_wire,
-    object_keys,
-    permissions_policy,
-    plain_path,
-)
 from exec_server.sandbox.access import (
     ResolvedPolicy,
+    has_full_disk_read,
     has_full_disk_write,
     includes_platform_defaults,
 )
-from exec_server.sandbox.fs_request import (
-    FsRouteDecision,
-    FsSandboxRequest,
-    cached_fs_route,
-    fs_context_from_wire,
-    fs_route_from_wire,
-    root_alias_normalize,
-)
+from exec_server.sandbox.errors import SandboxError, SandboxPolicyError
+from exec_server.sandbox.fs_request import FsSandboxRequest, root_alias_normalize
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.platform import platform_default_read_roots
 from exec_server.sandbox.policy import (
+    Access,
     DangerFullAccess,
+    ExternalSandbox,
+    ExtraPermissions,
     FileSystemPolicy,
+    FsEntry,
     FsKind,
     FsProbe,
+    Generation,
+    GlobTarget,
     LegacyPolicy,
     Network,
     OsProbe,
+    PathTarget,
     PolicyScope,
     ReadOnly,
+    ReadOnlyAccess,
+    SpecialKind,
+    SpecialTarget,
+    Target,
     WorkspaceWrite,
     effective_fs_policy,
-    effective_legacy_policy,
     effective_network,
     fs_policy_from_legacy,
+    helper_legacy_policy,
     legacy_network,
     normalize,
 )
 
 __all__ = [
-    "FsRouteDecision",
     "FsSandboxRequest",
     "Generation",
     "LaunchSandboxRequest",
     "Preference",
-    "cached_fs_route",
     "cli_launch_request",
-    "fs_context_from_wire",
-    "fs_route_from_wire",
-    "launch_request_from_wire",
+    "fs_context",
+    "launch_request",
     "legacy_policy_from_wire",
     "root_alias_normalize",
 ]
@@ -96,7 +88,6 @@ class LaunchSandboxRequest:
         fs_policy: effective filesystem policy (additional permissions merged).
         network: effective network policy.
         cwd: the policy cwd; ``roots``: workspace roots special paths expand to.
-        legacy_policy: effective legacy policy (legacy generation only).
         enforce_managed_network: the client requires managed networking.
     """
 
@@ -107,7 +98,6 @@ class LaunchSandboxRequest:
     roots: tuple[str, ...]
     preference: Preference = "auto"
     forced_type: SandboxType | None = None
-    legacy_policy: LegacyPolicy | None = None
     enforce_managed_network: bool = False
     home: str | None = None
     #: Protected-subpath probing and ``/tmp`` checks (tests inject fakes).
@@ -165,18 +155,18 @@ class LaunchSandboxRequest:
 _SANDBOX_TYPES = {t.value: t for t in SandboxType}
 
 
-def launch_request_from_wire(
-    raw: msgspec.Raw | None,
+def launch_request(
+    ctx: wire.SandboxContext | None,
     *,
     command_cwd: str,
     enforce_managed_network: bool = False,
     tmpdir: str | None = None,
     probe: FsProbe | None = None,
 ) -> LaunchSandboxRequest:
-    """Decode ``process/start.sandbox``.
+    """The confinement ``process/start`` asks for.
 
     Args:
-        raw: the raw member; None (absent) or JSON ``null`` mean no sandbox.
+        ctx: the decoded ``sandbox`` member; None: no sandbox.
         command_cwd: the process cwd (default policy cwd for current contexts).
         enforce_managed_network: the current client's top-level
             ``enforceManagedNetwork`` (legacy configs carry their own).
@@ -184,16 +174,12 @@ def launch_request_from_wire(
         probe: filesystem probe (tests).
 
     Raises:
-        InvalidParamsError: malformed object; the message names the field.
+        SandboxPolicyError: a value the structs cannot refuse; the message names the field.
     """
     probe = probe or OsProbe()
-    if raw is None:
+    if ctx is None:
         return LaunchSandboxRequest.unsandboxed(command_cwd)
-    keys = object_keys(raw, "sandbox")
-    if keys is None:
-        return LaunchSandboxRequest.unsandboxed(command_cwd)
-    if "permissions" in keys:
-        ctx = wire.decode_sandbox(raw, wire.CurrentSandboxContext)
+    if isinstance(ctx, wire.CurrentSandboxContext):
         fs, network = permissions_policy(ctx.permissions)
         cwd, roots = current_scope(ctx, command_cwd)
         return LaunchSandboxRequest(
@@ -203,14 +189,13 @@ def launch_request_from_wire(
             cwd,
             roots,
             enforce_managed_network=enforce_managed_network,
-            home=str(ctx.user_home_dir) if ctx.user_home_dir is not None else None,
+            home=_opt_str(ctx.user_home_dir),
             probe=probe,
         )
-    if "sandboxPolicy" in keys and not (LAUNCH_KEYS & keys.keys()):
+    if isinstance(ctx, wire.FileSystemSandboxContext):
         # A filesystem context on process/start: derive what the client would have sent.
-        fctx = wire.decode_sandbox(raw, wire.FileSystemSandboxContext)
-        extra = extra_permissions(fctx.additional_permissions)
-        base = legacy_policy_from_wire(fctx.sandbox_policy)
+        extra = extra_permissions(ctx.additional_permissions)
+        base = legacy_policy_from_wire(ctx.sandbox_policy)
         scope = PolicyScope.legacy(command_cwd, tmpdir)
         return LaunchSandboxRequest(
             Generation.LEGACY,
@@ -218,32 +203,276 @@ def launch_request_from_wire(
             effective_network(legacy_network(base), extra),
             command_cwd,
             (command_cwd,),
-            legacy_policy=effective_legacy_policy(base, extra),
             probe=probe,
         )
-    if not (LAUNCH_KEYS & keys.keys()):
-        raise InvalidParamsError("sandbox: missing field `permissions`")
-    config = wire.decode_sandbox(raw, wire.SandboxLaunchConfig)
-    forced: SandboxType | None = None
-    if config.sandbox_preference is None:
-        if config.sandbox is None:
-            raise InvalidParamsError("sandbox: missing field `sandboxPreference`")
-        forced = _SANDBOX_TYPES[config.sandbox]
-    cwd = plain_path(config.sandbox_policy_cwd, "sandbox.sandboxPolicyCwd")
-    extra = extra_permissions(config.additional_permissions)
-    fs = legacy_fs_policy(config.file_system_policy, "sandbox.fileSystemPolicy")
+    forced = None if ctx.sandbox_preference is not None else _SANDBOX_TYPES[ctx.sandbox or "none"]
+    cwd = str(ctx.sandbox_policy_cwd)
+    extra = extra_permissions(ctx.additional_permissions)
+    fs = legacy_fs_policy(ctx.file_system_policy, "sandbox.fileSystemPolicy")
     return LaunchSandboxRequest(
         Generation.LEGACY,
         effective_fs_policy(fs, extra),
-        effective_network(Network(config.network_policy), extra),
+        effective_network(Network(ctx.network_policy), extra),
         cwd,
         (cwd,),
-        preference=config.sandbox_preference or "auto",
+        preference=ctx.sandbox_preference or "auto",
         forced_type=forced,
-        legacy_policy=effective_legacy_policy(legacy_policy_from_wire(config.policy), extra),
-        enforce_managed_network=config.enforce_managed_network,
+        enforce_managed_network=ctx.enforce_managed_network,
         probe=probe,
     )
+
+
+def _opt_str(path: wire.AbsPath | None) -> str | None:
+    return None if path is None else str(path)
+
+
+# --- fs/* ---
+
+
+def _server_cwd() -> str:
+    """The server's canonical cwd (PROTOCOL.md §10.1 step 1)."""
+    try:
+        return os.path.realpath(os.getcwd())
+    except OSError as exc:
+        text = os_error_text(exc.errno) if exc.errno is not None else str(exc)
+        raise SandboxError(f"failed to read current dir: {text}") from exc
+
+
+def fs_context(
+    ctx: wire.SandboxContext | None,
+    *,
+    server_cwd: str | None = None,
+    tmpdir: str | None = None,
+    probe: FsProbe | None = None,
+) -> FsSandboxRequest | None:
+    """The confinement an ``fs/*`` call asks for; None when it has no sandbox (direct).
+
+    Looks at the filesystem (the server's cwd; legacy policies: root aliases,
+    protected subpaths), so the event loop calls it in a worker.
+
+    Args:
+        ctx: the decoded ``sandbox`` member.
+        server_cwd: the server's canonical cwd (default: ``realpath(getcwd())``).
+        tmpdir: ``$TMPDIR`` that ``tmpdir`` entries mean (default: the server's).
+        probe: filesystem probe (tests).
+
+    Raises:
+        SandboxPolicyError: a value the structs cannot refuse; the message names the field.
+    """
+    if ctx is None:
+        return None
+    cwd = server_cwd if server_cwd is not None else _server_cwd()
+    tmp = tmpdir if tmpdir is not None else os.environ.get("TMPDIR")
+    probe = probe or OsProbe()
+    if isinstance(ctx, wire.CurrentSandboxContext):
+        return _current_fs_request(ctx, cwd, tmp, probe)
+    policy = ctx.sandbox_policy if isinstance(ctx, wire.FileSystemSandboxContext) else ctx.policy
+    extra = extra_permissions(ctx.additional_permissions)
+    return _legacy_fs_request(legacy_policy_from_wire(policy), extra, cwd, tmp, probe)
+
+
+def _legacy_fs_request(
+    base: LegacyPolicy,
+    extra: ExtraPermissions | None,
+    cwd: str,
+    tmpdir: str | None,
+    probe: FsProbe,
+) -> FsSandboxRequest:
+    """PROTOCOL.md §10.1 for a legacy ``sandboxPolicy``."""
+    direct = not isinstance(base, ReadOnly | WorkspaceWrite)
+    request = _alias_policy(base)
+    helper = _alias_policy(helper_legacy_policy(base))
+    scope = PolicyScope.legacy(cwd, tmpdir)
+    request_fs = fs_policy_from_legacy(request, scope, probe)
+    # Helper grants: the context's filesystem grants, network stripped (§10.4 step 1).
+    helper_extra = (
+        ExtraPermissions(read=extra.read, write=extra.write) if extra is not None else None
+    )
+    helper_fs = effective_fs_policy(fs_policy_from_legacy(helper, scope, probe), helper_extra)
+    return FsSandboxRequest(
+        Generation.LEGACY,
+        direct,
+        cwd,
+        (cwd,),
+        request_fs,
+        legacy_network(request),
+        helper_fs,
+        tmpdir=tmpdir,
+        probe=probe,
+    )
+
+
+def _current_fs_request(
+    ctx: wire.CurrentSandboxContext, server_cwd: str, tmpdir: str | None, probe: FsProbe
+) -> FsSandboxRequest:
+    fs, network = permissions_policy(ctx.permissions)
+    cwd, roots = current_scope(ctx, server_cwd)
+    direct = fs.kind is not FsKind.RESTRICTED or has_full_disk_write(fs)
+    return FsSandboxRequest(
+        Generation.CURRENT,
+        direct,
+        cwd,
+        roots,
+        fs,
+        network,
+        _with_minimal(fs),
+        tmpdir=tmpdir,
+        home=_opt_str(ctx.user_home_dir),
+        probe=probe,
+    )
+
+
+def _alias_access(access: ReadOnlyAccess) -> ReadOnlyAccess:
+    if access.full:
+        return access
+    return replace(access, readable_roots=tuple(map(root_alias_normalize, access.readable_roots)))
+
+
+def _alias_policy(policy: LegacyPolicy) -> LegacyPolicy:
+    if isinstance(policy, ReadOnly):
+        return replace(policy, access=_alias_access(policy.access))
+    if isinstance(policy, WorkspaceWrite):
+        return replace(
+            policy,
+            writable_roots=tuple(map(root_alias_normalize, policy.writable_roots)),
+            read_only_access=_alias_access(policy.read_only_access),
+        )
+    return policy
+
+
+def _with_minimal(policy: FileSystemPolicy) -> FileSystemPolicy:
+    """Platform-default reads for the helper when reads are restricted (§10.1 step 3)."""
+    if policy.kind is not FsKind.RESTRICTED or has_full_disk_read(policy):
+        return policy
+    minimal = FsEntry(SpecialTarget(SpecialKind.MINIMAL), Access.READ)
+    if minimal in policy.entries:
+        return policy
+    return replace(policy, entries=(*policy.entries, minimal))
+
+
+# --- wire struct → model pieces ---
+
+
+def read_access(access: wire.ReadOnlyAccess) -> ReadOnlyAccess:
+    if isinstance(access, wire.ReadOnlyAccessFull):
+        return ReadOnlyAccess()
+    return ReadOnlyAccess.restricted(
+        access.readable_roots, include_platform_defaults=access.include_platform_defaults
+    )
+
+
+def legacy_policy_from_wire(policy: wire.SandboxPolicy) -> LegacyPolicy:
+    """Legacy ``SandboxPolicy`` wire struct → :data:`LegacyPolicy`."""
+    if isinstance(policy, wire.DangerFullAccessPolicy):
+        return DangerFullAccess()
+    if isinstance(policy, wire.ReadOnlyPolicy):
+        return ReadOnly(read_access(policy.access), policy.network_access)
+    if isinstance(policy, wire.ExternalSandboxPolicy):
+        return ExternalSandbox(network_enabled=policy.network_access == "enabled")
+    return WorkspaceWrite(
+        writable_roots=tuple(policy.writable_roots),
+        read_only_access=read_access(policy.read_only_access),
+        network_access=policy.network_access,
+        exclude_tmpdir_env_var=policy.exclude_tmpdir_env_var,
+        exclude_slash_tmp=policy.exclude_slash_tmp,
+    )
+
+
+def _subpath(value: str | None, where: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if value.startswith("/") or "\x00" in value:
+        raise SandboxPolicyError(f"{where}: subpath must be a relative path")
+    normal = posixpath.normpath(value)
+    if normal == ".." or normal.startswith("../"):
+        # Meant to name something inside each root (".git", ".codex"): "../.."
+        # would grant, say, write access above every workspace root.
+        raise SandboxPolicyError(f"{where}: subpath must stay inside the root")
+    return value
+
+
+def _target(path: wire.FileSystemPath, where: str) -> Target:
+    if isinstance(path, wire.FileSystemPathEntry):
+        return PathTarget(str(path.path))
+    if isinstance(path, wire.FileSystemGlobPath):
+        if not path.pattern:
+            raise SandboxPolicyError(f"{where}.pattern: glob pattern must not be empty")
+        return GlobTarget(path.pattern)
+    value = path.value
+    if isinstance(value, wire.SpecialProjectRoots):
+        return SpecialTarget(
+            SpecialKind.PROJECT_ROOTS, _subpath(value.subpath, f"{where}.value.subpath")
+        )
+    if isinstance(value, wire.SpecialUnknown):
+        return SpecialTarget(SpecialKind.UNKNOWN, value.subpath)
+    return SpecialTarget(SpecialKind(value.__struct_config__.tag))
+
+
+_ACCESS = {"read": Access.READ, "write": Access.WRITE, "none": Access.NONE, "deny": Access.NONE}
+
+
+def convert_entries(
+    entries: Sequence[wire.FileSystemSandboxEntry], where: str
+) -> tuple[FsEntry, ...]:
+    return tuple(
+        FsEntry(
+            _target(entry.path, f"{where}[{i}].path"),
+            _ACCESS[entry.access],
+            skip_if_missing=entry.missing_path_behavior == "skip",
+        )
+        for i, entry in enumerate(entries)
+    )
+
+
+def legacy_fs_policy(policy: wire.FileSystemSandboxPolicy, where: str) -> FileSystemPolicy:
+    if policy.kind == "unrestricted":
+        return FileSystemPolicy.unrestricted()
+    if policy.kind == "external-sandbox":
+        return FileSystemPolicy.external()
+    return FileSystemPolicy.restricted(convert_entries(policy.entries, f"{where}.entries"))
+
+
+def extra_permissions(profile: wire.PermissionProfile | None) -> ExtraPermissions | None:
+    if profile is None:
+        return None
+    fs = profile.file_system
+    return ExtraPermissions(
+        network_enabled=profile.network.enabled if profile.network is not None else None,
+        read=tuple(fs.read) if fs is not None and fs.read is not None else None,
+        write=tuple(fs.write) if fs is not None and fs.write is not None else None,
+    )
+
+
+def permissions_policy(perms: wire.Permissions) -> tuple[FileSystemPolicy, Network]:
+    """Current ``permissions`` → (filesystem policy, network) (CLIENT_COMPAT.md §1.6)."""
+    if isinstance(perms, wire.PermissionsDisabled):
+        return FileSystemPolicy.unrestricted(), Network.ENABLED
+    if isinstance(perms, wire.PermissionsExternal):
+        return FileSystemPolicy.external(), Network(perms.network)
+    network = Network(perms.network)
+    fs = perms.file_system
+    if isinstance(fs, wire.UnrestrictedFileSystem):
+        return FileSystemPolicy.unrestricted(), network
+    if fs.glob_scan_max_depth is not None and fs.glob_scan_max_depth < 1:
+        raise SandboxPolicyError(
+            "sandbox.permissions.file_system.glob_scan_max_depth: must be a positive integer"
+        )
+    entries = convert_entries(fs.entries, "sandbox.permissions.file_system.entries")
+    policy = FileSystemPolicy(FsKind.RESTRICTED, entries, fs.glob_scan_max_depth)
+    return policy, network
+
+
+def current_scope(
+    ctx: wire.CurrentSandboxContext, fallback_cwd: str
+) -> tuple[str, tuple[str, ...]]:
+    """Policy cwd and workspace roots (CLIENT_COMPAT.md §1.5)."""
+    if ctx.policy_context is not None:
+        cwd = ctx.policy_context.cwd or ctx.cwd
+        roots = ctx.policy_context.workspace_roots or []
+    else:
+        cwd = ctx.cwd
+        roots = ctx.workspace_roots
+    return str(cwd) if cwd is not None else fallback_cwd, tuple(dict.fromkeys(map(str, roots)))
 
 
 # --- CLI ---
@@ -266,31 +495,31 @@ def cli_launch_request(
     need the platform sandbox.
 
     Raises:
-        InvalidParamsError: unknown mode, relative ``cwd`` or writable root, or
+        SandboxPolicyError: unknown mode, relative ``cwd`` or writable root, or
             ``--writable-root`` with a mode that cannot write.
     """
     probe = probe or OsProbe()
     if not cwd.startswith("/"):
-        raise InvalidParamsError(f"cwd must be absolute: {cwd}")
+        raise SandboxPolicyError(f"cwd must be absolute: {cwd}")
     cwd = normalize(cwd)
     roots: list[str] = []
     for root in writable_roots:
         if not root.startswith("/"):
-            raise InvalidParamsError(f"--writable-root must be an absolute path: {root}")
+            raise SandboxPolicyError(f"--writable-root must be an absolute path: {root}")
         roots.append(normalize(root))
     policy: LegacyPolicy
     if sandbox == "danger-full-access":
         if roots:
-            raise InvalidParamsError("--writable-root needs --sandbox workspace-write")
+            raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
         policy = DangerFullAccess()
     elif sandbox == "read-only":
         if roots:
-            raise InvalidParamsError("--writable-root needs --sandbox workspace-write")
+            raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
         policy = ReadOnly(network_access=network)
     elif sandbox == "workspace-write":
         policy = WorkspaceWrite(writable_roots=tuple(roots), network_access=network)
     else:
-        raise InvalidParamsError(
+        raise SandboxPolicyError(
             f"--sandbox: unknown mode {sandbox!r} "
             "(expected read-only, workspace-write or danger-full-access)"
         )
@@ -301,6 +530,5 @@ def cli_launch_request(
         legacy_network(policy),
         cwd,
         (cwd,),
-        legacy_policy=policy,
         probe=probe,
     )

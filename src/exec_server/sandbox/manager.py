@@ -1,8 +1,8 @@
 """Sandbox manager: select a sandbox and turn a launch into a confined launch.
 
 ``process/start`` calls :meth:`SandboxManager.prepare` (or, from a coroutine,
-:meth:`SandboxManager.aprepare`) with the request's ``LaunchSpec`` and raw
-``sandbox`` member. The manager decodes the policy,
+:meth:`SandboxManager.aprepare`) with the request's ``LaunchSpec`` and its
+decoded ``sandbox`` member. The manager converts the policy,
 selects the sandbox type (PROTOCOL.md §7.3, on the *effective* policies),
 resolves a :class:`SandboxPlan` and hands it to the platform mechanism
 (Linux backend from :mod:`exec_server.sandbox.select`, or Seatbelt). It never
@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from dataclasses import replace
 from typing import Protocol
 
-import msgspec
-
 from exec_server.config import ServerConfig
-from exec_server.exceptions import ExecServerError, InternalError
+from exec_server.exceptions import ExecServerError
 from exec_server.process.spec import LaunchSpec
-from exec_server.sandbox.convert import Generation, LaunchSandboxRequest, launch_request_from_wire
+from exec_server.protocol.sandbox_types import SandboxContext
+from exec_server.sandbox.convert import Generation, LaunchSandboxRequest, launch_request
+from exec_server.sandbox.errors import SandboxError, SandboxLaunchError
 from exec_server.sandbox.macos import seatbelt
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.platform import PLATFORM_SANDBOX, platform_default_read_roots
+from exec_server.sandbox.select import select_backend
 
 __all__ = [
     "NETWORK_DISABLED_ENV",
@@ -42,14 +42,6 @@ logger = logging.getLogger("exec_server.sandbox")
 #: PROTOCOL.md §7.5.
 NETWORK_DISABLED_ENV = "CODEX_SANDBOX_NETWORK_DISABLED"
 SANDBOX_ENV = "CODEX_SANDBOX"
-
-
-class SandboxLaunchError(InternalError):
-    """The launch could not be confined: ``-32603 failed to build sandbox launch: <reason>``."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"failed to build sandbox launch: {reason}")
-        self.reason = reason
 
 
 class _Backend(Protocol):
@@ -77,12 +69,6 @@ def select_sandbox_type(request: LaunchSandboxRequest, platform: SandboxType) ->
     if request.preference == "require":
         return platform
     return platform if request.needs_platform_sandbox else SandboxType.NONE
-
-
-def _default_selector() -> _Selector:
-    module = importlib.import_module("exec_server.sandbox.select")
-    selector: _Selector = module.select_backend
-    return selector
 
 
 class SandboxManager:
@@ -130,35 +116,35 @@ class SandboxManager:
         self._warmed = True
 
     def _probe(self) -> None:
-        with contextlib.suppress(ExecServerError, ImportError, ValueError, OSError):
+        with contextlib.suppress(ExecServerError, SandboxError, ImportError, ValueError, OSError):
             self._select_backend(required=False)
 
     async def aprepare(
         self,
         spec: LaunchSpec,
-        sandbox_raw: msgspec.Raw | None,
+        sandbox: SandboxContext | None,
         *,
         enforce_managed_network: bool = False,
     ) -> LaunchSpec:
         """:meth:`prepare` for coroutines: the probes (if still to do) run in a thread."""
         await self.warm()
-        return self.prepare(spec, sandbox_raw, enforce_managed_network=enforce_managed_network)
+        return self.prepare(spec, sandbox, enforce_managed_network=enforce_managed_network)
 
     def prepare(
         self,
         spec: LaunchSpec,
-        sandbox_raw: msgspec.Raw | None,
+        sandbox: SandboxContext | None,
         *,
         enforce_managed_network: bool = False,
     ) -> LaunchSpec:
-        """Decode ``process/start.sandbox`` and return the launch to spawn.
+        """Convert ``process/start.sandbox`` and return the launch to spawn.
 
         Cheap once :meth:`warm` has run; before that, the first sandboxed
         launch runs the backend probes here, blocking (use :meth:`aprepare`).
 
         Args:
             spec: the launch as requested (argv, cwd, final env, tty...).
-            sandbox_raw: the raw ``sandbox`` member; None/``null``: no sandbox.
+            sandbox: the decoded ``sandbox`` member; None: no sandbox.
             enforce_managed_network: the current client's top-level flag.
 
         Returns:
@@ -167,11 +153,11 @@ class SandboxManager:
             ``.value`` (legacy ``sandbox``) or ``.camel`` (current ``sandboxType``).
 
         Raises:
-            InvalidParamsError: malformed sandbox object (-32602).
+            SandboxPolicyError: a sandbox value the structs cannot refuse (-32602).
             SandboxLaunchError: no way to confine it (-32603).
         """
-        request = launch_request_from_wire(
-            sandbox_raw,
+        request = launch_request(
+            sandbox,
             command_cwd=spec.cwd,
             enforce_managed_network=enforce_managed_network,
             tmpdir=spec.env.get("TMPDIR"),
@@ -200,7 +186,7 @@ class SandboxManager:
                 tmpdir=out.env.get("TMPDIR"),
                 platform_defaults=platform_default_read_roots(self._platform),
             )
-        except ExecServerError as exc:
+        except (ExecServerError, SandboxError) as exc:
             raise SandboxLaunchError(exc.message) from exc
         required = request.preference == "require" or request.forced_type is not None
         return self._wrap(
@@ -248,7 +234,7 @@ class SandboxManager:
         allow = self._config.allow_unsandboxed and not required
         try:
             backend = self._select_backend(required=required)
-        except ExecServerError as exc:
+        except (ExecServerError, SandboxError) as exc:
             raise SandboxLaunchError(exc.message) from exc
         except (ImportError, ValueError, OSError) as exc:
             raise SandboxLaunchError(str(exc)) from exc
@@ -261,7 +247,7 @@ class SandboxManager:
             return spec
         try:
             wrapped = backend.wrap(spec, plan)
-        except ExecServerError as exc:
+        except (ExecServerError, SandboxError) as exc:
             raise SandboxLaunchError(exc.message) from exc
         except (OSError, ValueError) as exc:  # ValueError: an env execve cannot carry
             raise SandboxLaunchError(str(exc)) from exc
@@ -270,7 +256,7 @@ class SandboxManager:
     def _select_backend(self, *, required: bool) -> _Backend | None:
         """The configured Linux backend (probing on first use, cached per process)."""
         allow = self._config.allow_unsandboxed and not required
-        selector = self._selector or _default_selector()
+        selector = self._selector or select_backend
         return selector(self._config.sandbox_backend, allow_unsandboxed=allow)
 
     async def aclose(self) -> None:

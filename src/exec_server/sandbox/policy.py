@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -31,6 +31,7 @@ __all__ = [
     "FsEntry",
     "FsKind",
     "FsProbe",
+    "Generation",
     "GlobTarget",
     "LegacyPolicy",
     "Network",
@@ -46,7 +47,6 @@ __all__ = [
     "WritableRoot",
     "base_fs_policy_from_legacy",
     "effective_fs_policy",
-    "effective_legacy_policy",
     "effective_network",
     "fs_policy_from_legacy",
     "helper_legacy_policy",
@@ -56,6 +56,13 @@ __all__ = [
     "legacy_writable_roots",
     "protected_subpaths",
 ]
+
+
+class Generation(enum.Enum):
+    """Which client generation sent the sandbox object."""
+
+    LEGACY = "legacy"
+    CURRENT = "current"
 
 
 class Access(enum.Enum):
@@ -234,14 +241,8 @@ class ExtraPermissions:
     """``PermissionProfile`` (PROTOCOL.md §6.4): ``None`` members were null on the wire."""
 
     network_enabled: bool | None = None
-    network_present: bool = False
     read: tuple[str, ...] | None = None
     write: tuple[str, ...] | None = None
-
-    @property
-    def is_empty(self) -> bool:
-        """Both members null."""
-        return not self.network_present and self.read is None and self.write is None
 
     @property
     def extra_reads(self) -> tuple[str, ...]:
@@ -476,43 +477,6 @@ def effective_network(network: Network, extra: ExtraPermissions | None) -> Netwo
     if network is Network.ENABLED or extra.network_enabled is True:
         return Network.ENABLED
     return Network.RESTRICTED
-
-
-def _merge_reads(access: ReadOnlyAccess, reads: Sequence[str]) -> ReadOnlyAccess:
-    if access.full or not reads:
-        return access
-    return replace(access, readable_roots=_dedup((*access.readable_roots, *reads)))
-
-
-def effective_legacy_policy(policy: LegacyPolicy, extra: ExtraPermissions | None) -> LegacyPolicy:
-    """Legacy policy widened by additional permissions (PROTOCOL.md §6.12)."""
-    if extra is None or extra.is_empty:
-        return policy
-    grants_network = extra.network_enabled is True
-    reads, writes = extra.extra_reads, extra.extra_writes
-    if isinstance(policy, DangerFullAccess):
-        return policy
-    if isinstance(policy, ExternalSandbox):
-        return ExternalSandbox(network_enabled=policy.network_enabled or grants_network)
-    if isinstance(policy, WorkspaceWrite):
-        return replace(
-            policy,
-            writable_roots=_dedup((*policy.writable_roots, *writes)),
-            read_only_access=_merge_reads(policy.read_only_access, reads),
-            network_access=policy.network_access or grants_network,
-        )
-    access = _merge_reads(policy.access, reads)
-    network = policy.network_access or grants_network
-    if not writes:
-        return ReadOnly(access=access, network_access=network)
-    # Intentional over-approximation upstream: read-only + writes becomes workspace-write.
-    return WorkspaceWrite(
-        writable_roots=writes,
-        read_only_access=access,
-        network_access=network,
-        exclude_tmpdir_env_var=False,
-        exclude_slash_tmp=False,
-    )
 
 
 def helper_legacy_policy(policy: LegacyPolicy) -> LegacyPolicy:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from exec_server.exceptions import InternalError
+from exec_server.sandbox.errors import SandboxUnavailableError
 from exec_server.sandbox.linux.base import LinuxBackend
 
 __all__ = [
@@ -23,10 +23,6 @@ __all__ = [
 ]
 
 BACKEND_NAMES = ("auto", "bwrap", "landlock")
-
-
-class SandboxUnavailableError(InternalError):
-    """No usable sandbox backend where one is required (fail closed)."""
 
 
 class _Probes:

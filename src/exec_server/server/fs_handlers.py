@@ -44,6 +44,7 @@ from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.messages import RequestId
 from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical, render_path
 from exec_server.protocol.paths import parse_wire_path as _parse_wire_path_full
+from exec_server.protocol.sandbox_types import decode_fs_sandbox
 from exec_server.server.router import RequestContext, Router
 
 __all__ = [
@@ -90,8 +91,7 @@ def _service(ctx: RequestContext) -> FileSystemService:
 
 
 async def _route(ctx: RequestContext, raw: t.SandboxField) -> Route:
-    sandbox = t.sandbox_raw(raw)
-    return await route_for(None if sandbox is None else bytes(sandbox), _service(ctx).pool)
+    return await route_for(decode_fs_sandbox(t.sandbox_raw(raw)), _service(ctx).pool)
 
 
 #: for the other fs handler modules (file handles)

@@ -49,6 +49,11 @@ from exec_server.protocol.process_types import (
     WriteParams,
     WriteResult,
 )
+from exec_server.protocol.sandbox_types import (
+    CurrentSandboxContext,
+    SandboxContext,
+    decode_launch_sandbox,
+)
 from exec_server.server.notifications import denial
 from exec_server.server.router import RequestContext, Router
 
@@ -64,25 +69,17 @@ _CURRENT_ONLY_FIELDS = (
     "network_proxy",
     "shell_snapshot",
 )
-_SandboxKeys = dict[str, msgspec.Raw]
 
 
-def _sandbox_has_permissions(raw: msgspec.Raw) -> bool:
-    try:
-        keys = msgspec.json.decode(raw, type=_SandboxKeys)
-    except msgspec.ValidationError:
-        return False
-    return "permissions" in keys
-
-
-def is_current_start(params: StartParams, cwd_form: PathForm) -> bool:
+def is_current_start(
+    params: StartParams, cwd_form: PathForm, sandbox: SandboxContext | None
+) -> bool:
     """CLIENT_COMPAT.md §1.2 rule 4: does this ``process/start`` come from the current client?"""
     if cwd_form is PathForm.URI:
         return True
     if any(getattr(params, name) is not _UNSET for name in _CURRENT_ONLY_FIELDS):
         return True
-    raw = params.sandbox_raw()
-    return raw is None or _sandbox_has_permissions(raw)
+    return sandbox is None or isinstance(sandbox, CurrentSandboxContext)
 
 
 def _parse_cwd(cwd: str) -> tuple[str, PathForm]:
@@ -103,15 +100,14 @@ def _manager(ctx: RequestContext) -> ProcessManager:
 
 
 async def _prepare_sandbox(
-    ctx: RequestContext, spec: LaunchSpec, params: StartParams
+    ctx: RequestContext, spec: LaunchSpec, sandbox: SandboxContext | None
 ) -> LaunchSpec:
-    raw = params.sandbox_raw()
-    sandbox = ctx.services.sandbox
-    if sandbox is None:
-        if raw is not None:
+    manager = ctx.services.sandbox
+    if manager is None:
+        if sandbox is not None:
             raise InternalError("failed to build sandbox launch: no sandbox support in this server")
         return spec
-    prepared: LaunchSpec = await sandbox.aprepare(spec, raw)
+    prepared: LaunchSpec = await manager.aprepare(spec, sandbox)
     return prepared
 
 
@@ -119,7 +115,8 @@ async def handle_start(ctx: RequestContext, params: StartParams) -> StartResult:
     if not params.argv:
         raise InvalidParamsError("argv must not be empty")
     cwd, form = _parse_cwd(params.cwd)
-    current = is_current_start(params, form)
+    sandbox = decode_launch_sandbox(params.sandbox_raw())
+    current = is_current_start(params, form, sandbox)
     if params.enforce_managed_network is True:
         raise InternalError(
             "failed to build sandbox launch: enforceManagedNetwork is not supported by this "
@@ -146,7 +143,7 @@ async def handle_start(ctx: RequestContext, params: StartParams) -> StartResult:
         arg0=params.arg0,
         pipe_stdin=params.pipe_stdin is True and not params.tty,
     )
-    spec = await _prepare_sandbox(ctx, spec, params)
+    spec = await _prepare_sandbox(ctx, spec, sandbox)
     await _manager(ctx).start(params.process_id, spec, report_denial=current)
     kind = spec.sandbox_type
     if current:

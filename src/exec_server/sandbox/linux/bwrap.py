@@ -18,6 +18,7 @@ import shutil
 from dataclasses import dataclass
 
 from exec_server.process.spec import LaunchSpec
+from exec_server.sandbox.errors import SandboxUnavailableError
 from exec_server.sandbox.linux import seccomp
 from exec_server.sandbox.linux.base import (
     WRAPPER_ENV,
@@ -154,8 +155,6 @@ class BwrapBackend(LinuxBackend):
             # a bwrap the sandboxed command could replace is no boundary (SANDBOX.md §9.17)
             if self._fallback is not None:
                 return self._fallback.wrap(spec, plan)
-            from exec_server.sandbox.select import SandboxUnavailableError
-
             raise SandboxUnavailableError(
                 f"bwrap at {self.info.path} lies inside a writable root; refusing to use it")
         env = sandbox_env(spec, plan)

@@ -1,9 +1,9 @@
-"""The decoded-context cache never carries filesystem state between calls.
+"""A context carries no filesystem state between calls.
 
-Codex sends the identical ``permissions`` context on every fs call, so the
-pure decode is cached by raw bytes; protected subpaths (``.git``…) must still
-be detected per request. The contexts here have no explicit ``.git`` carve-out,
-so only the per-request detection (PROTOCOL.md §6.10) protects it.
+Codex sends the identical ``permissions`` context on every fs call;
+protected subpaths (``.git``…) must be detected per request. The contexts
+here have no explicit ``.git`` carve-out, so only the per-request detection
+(PROTOCOL.md §6.10) protects it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pytest
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.exceptions import ExecServerError
 from exec_server.fs.sandboxed import SandboxedFileSystem
-from exec_server.sandbox.convert import fs_context_from_wire
+from exec_server.protocol.sandbox_types import decode_fs_sandbox
+from exec_server.sandbox.convert import fs_context
 from exec_server.sandbox.policy import Access
 
 #: the ``workspace_write_context`` fixture (tests/conftest.py).
@@ -33,24 +34,23 @@ def workspace(tmp_path: Path) -> Path:
     return ws
 
 
-def test_repeated_context_is_decoded_fresh_for_protected_paths(
+def test_repeated_context_is_resolved_fresh_for_protected_paths(
     workspace: Path, workspace_write_context: Context
 ) -> None:
     # What depends on the filesystem is a `gitdir:` pointer's target (a missing
     # `.git` itself is read-only in a current context from the start).
     raw = msgspec.Raw(json.dumps(workspace_write_context(workspace)).encode())
     (workspace / "store").mkdir()
-    first = fs_context_from_wire(raw)
+    first = fs_context(decode_fs_sandbox(raw))
     assert first is not None
     assert first.can_write(str(workspace / "store" / "config"))
     assert not first.can_write(str(workspace / ".git" / "config"))
-    hit = fs_context_from_wire(raw)  # a cache hit, resolved before the pointer exists
+    hit = fs_context(decode_fs_sandbox(raw))  # resolved before the pointer exists
     assert hit is not None and hit.can_write(str(workspace / "store" / "config"))
     (workspace / ".git").write_text("gitdir: store\n")
-    second = fs_context_from_wire(raw)
+    second = fs_context(decode_fs_sandbox(raw))
     assert second is not None
-    assert second is not first and second is not hit  # the cache hands out fresh objects
-    assert second == first  # ... of the same decoded policy
+    assert second == first  # the same policy, resolved again
     assert not second.can_write(str(workspace / "store" / "config"))
     assert second.resolve_access(str(workspace / "store")) is Access.READ
     assert str(workspace / "store") in second.helper_plan().read_only_subpaths
@@ -58,15 +58,15 @@ def test_repeated_context_is_decoded_fresh_for_protected_paths(
     assert first.can_write(str(workspace / "a.txt"))
 
 
-def test_cache_key_includes_server_cwd_and_tmpdir(
+def test_context_takes_server_cwd_and_tmpdir(
     workspace: Path, tmp_path: Path, workspace_write_context: Context
 ) -> None:
     full = workspace_write_context(workspace)
     ctx = {k: full[k] for k in ("permissions", "windowsSandboxLevel")}  # no cwd: the server's
     raw = msgspec.Raw(json.dumps(ctx).encode())
-    a = fs_context_from_wire(raw, server_cwd=str(workspace), tmpdir="/t1")
-    b = fs_context_from_wire(raw, server_cwd=str(tmp_path), tmpdir="/t1")
-    c = fs_context_from_wire(raw, server_cwd=str(workspace), tmpdir="/t2")
+    a = fs_context(decode_fs_sandbox(raw), server_cwd=str(workspace), tmpdir="/t1")
+    b = fs_context(decode_fs_sandbox(raw), server_cwd=str(tmp_path), tmpdir="/t1")
+    c = fs_context(decode_fs_sandbox(raw), server_cwd=str(workspace), tmpdir="/t2")
     assert a is not None and b is not None and c is not None
     assert (a.cwd, a.tmpdir) == (str(workspace), "/t1")
     assert (b.cwd, b.tmpdir) == (str(tmp_path), "/t1")
@@ -89,31 +89,3 @@ async def test_git_created_between_two_calls_is_not_writable(
         await fs.write_file(str(target), b"evil", sandbox=sandbox)
     assert not target.exists()
     assert (workspace / "probe" / "HEAD").read_bytes() == b"x"
-
-
-def test_server_cwd_is_resolved_once_per_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``realpath`` of the cwd runs again only when ``getcwd()`` changes."""
-    import os
-
-    from exec_server.sandbox import fs_request
-
-    calls: list[str] = []
-    real = os.path.realpath
-
-    def counting(path: str) -> str:
-        calls.append(path)
-        return real(path)
-
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    (tmp_path / "link").symlink_to(tmp_path / "b")
-    monkeypatch.setattr(fs_request.os.path, "realpath", counting)
-    monkeypatch.chdir(tmp_path / "a")
-    first = fs_request._server_cwd()
-    assert fs_request._server_cwd() == first == real(tmp_path / "a")
-    monkeypatch.chdir(tmp_path / "link")  # the kernel names the target directory
-    assert fs_request._server_cwd() == real(tmp_path / "b")
-    assert fs_request._server_cwd() == real(tmp_path / "b")
-    assert calls == [str(real(tmp_path / "a")), str(real(tmp_path / "b"))]
