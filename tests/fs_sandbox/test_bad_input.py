@@ -50,8 +50,11 @@ def inject(sfs: SandboxedFileSystem, hook: str) -> None:
         *,
         timeout: float,  # noqa: ASYNC109
         into: Any = None,
+        owner: Any = None,
     ) -> Any:
-        return await original({**header, "test_hook": hook}, data, timeout=timeout, into=into)
+        return await original(
+            {**header, "test_hook": hook}, data, timeout=timeout, into=into, owner=owner
+        )
 
     zygote.run = run  # type: ignore[method-assign]
 

@@ -50,6 +50,7 @@ from exec_server.process.pipes import (
     close_quietly,
     spawn_may_block,
     spawn_pipes,
+    spawn_via_service,
 )
 from exec_server.process.pty import set_window_size, spawn_pty
 from exec_server.process.spec import ExitStatus, LaunchService, LaunchSpec
@@ -264,10 +265,8 @@ def _set_if_pending(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _spawn(spec: LaunchSpec, owner: object | None) -> SpawnedChild:
-    if spec.tty:
-        return spawn_pty(spec, service_owner=owner)
-    return spawn_pipes(spec, service_owner=owner)
+def _spawn(spec: LaunchSpec) -> SpawnedChild:
+    return spawn_pty(spec) if spec.tty else spawn_pipes(spec)
 
 
 def _spawn_error(exc: BaseException) -> BaseException:
@@ -371,8 +370,8 @@ class ProcessManager:
             InternalError: spawn failure with the OS text.
         """
         loop = asyncio.get_running_loop()
-        rec, owner = self._begin(process_id, spec, current)
-        child = self._spawn_or_forget(rec, spec, owner)
+        rec, _ = self._begin(process_id, spec, current)
+        child = self._spawn_or_forget(rec, spec)
         self._attach(rec, child, spec, loop)
 
     async def start_async(
@@ -385,16 +384,18 @@ class ProcessManager:
         exec'd its program (``vfork``); with either on a hung network or FUSE mount
         that was the event loop, and every connection stalled. Spawns whose cwd and
         program the dentry cache resolves on local filesystems
-        (:mod:`exec_server.fs.nonblocking`), and those a launch service starts,
-        stay on the loop.
+        (:mod:`exec_server.fs.nonblocking`) stay on the loop; a launch service's
+        start (the helper zygote) is awaited.
         """
-        if spec.zygote is not None or not spawn_may_block(spec):
+        if spec.zygote is None and not spawn_may_block(spec):
             self.start(process_id, spec, current=current)
             return
         loop = asyncio.get_running_loop()
         rec, owner = self._begin(process_id, spec, current)
         try:
-            child = await shared_pool().run(_spawn, spec, owner)
+            child = await spawn_via_service(spec, owner)
+            if child is None:
+                child = await shared_pool().run(_spawn, spec)
         except BaseException as exc:
             self._forget(rec, spec)
             raise _spawn_error(exc) from exc
@@ -418,12 +419,10 @@ class ProcessManager:
             self._services[id(spec.zygote.service)] = spec.zygote.service
         return rec, owner
 
-    def _spawn_or_forget(
-        self, rec: _Record, spec: LaunchSpec, owner: object | None
-    ) -> SpawnedChild:
+    def _spawn_or_forget(self, rec: _Record, spec: LaunchSpec) -> SpawnedChild:
         """Spawn; on failure forget ``rec``, discard the launch and raise InternalError."""
         try:
-            return _spawn(spec, owner)
+            return _spawn(spec)
         except BaseException as exc:
             self._forget(rec, spec)
             raise _spawn_error(exc) from exc

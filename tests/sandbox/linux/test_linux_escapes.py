@@ -876,7 +876,7 @@ async def _interrupt(backend: Any, plan: SandboxPlan, cwd: str, tty: bool) -> tu
     else:
         spec.zygote = None
     try:
-        manager.start("i", spec)
+        await manager.start_async("i", spec)
         async with asyncio.timeout(10):
             await ready.wait()
             manager.signal("i")
@@ -935,7 +935,7 @@ async def _tree_outlives(backend: Any, plan: SandboxPlan, cwd: str, how: str) ->
     else:
         spec.zygote = None  # the launcher script (or bwrap) itself
     try:
-        manager.start("t", spec)
+        await manager.start_async("t", spec)
         rec = manager._records["t"]
         assert rec.child is not None and (rec.child.popen is None) == via_zygote
         async with asyncio.timeout(10):

@@ -59,7 +59,7 @@ print(json.dumps({
 @pytest.fixture(params=["prefork", "no-prefork"])
 def landlock(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The Landlock backend; its zygote keeps a pre-forked spare child or forks per launch."""
-    from exec_server.sandbox.linux.spawn_zygote import SpawnZygote
+    from exec_server.fs.zygote import Zygote
 
     try:
         backend = select_backend("landlock")
@@ -71,7 +71,7 @@ def landlock(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "prefork":
         yield backend
         return
-    backend.spawn_zygote = SpawnZygote(python=backend.python, prefork=False)
+    backend.spawn_zygote = Zygote(python=backend.python, prefork=False)
     try:
         yield backend
     finally:
@@ -149,7 +149,7 @@ async def test_child_looks_like_a_launcher_child(no_leaks: None, landlock: Any,
     env = {"PATH": "/usr/bin:/bin", "ONLY": "1", "ODD": "caf\u00e9 \udcff"}
     spec = _wrap(landlock, str(tmp_path), [sys.executable, "-I", "-S", "-c", _CHILD_REPORT],
                  env=env, tty=tty, arg0="visible-name")
-    manager.start("c", spec)
+    await manager.start_async("c", spec)
     assert _via_zygote(manager, "c")
     code, out = await sink.closed("c")
     assert code == 0, out
@@ -159,7 +159,7 @@ async def test_child_looks_like_a_launcher_child(no_leaks: None, landlock: Any,
     assert report["cwd"] == str(tmp_path)
     assert report["fds"] == [0, 1, 2, 3]  # 3: the listdir itself; no fd of ours leaked
     # signal dispositions as exec leaves them (python itself ignores SIGPIPE: ask grep)
-    manager.start("s", _wrap(landlock, str(tmp_path),
+    await manager.start_async("s", _wrap(landlock, str(tmp_path),
                              ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"], tty=tty))
     code, out = await sink.closed("s")
     assert code == 0 and out.split() == [b"SigBlk:", b"0" * 16, b"SigIgn:", b"0" * 16], out
@@ -186,7 +186,7 @@ async def test_exit_and_exec_failure_codes(no_leaks: None, landlock: Any, make_m
         "true": (["true"], 0),
     }
     for pid, (argv, _) in cases.items():
-        manager.start(pid, _wrap(landlock, root, argv, tty=tty))
+        await manager.start_async(pid, _wrap(landlock, root, argv, tty=tty))
         assert _via_zygote(manager, pid)
     for pid, (_, expected) in cases.items():
         code, out = await sink.closed(pid)
@@ -197,7 +197,7 @@ async def test_exit_and_exec_failure_codes(no_leaks: None, landlock: Any, make_m
     spec = _wrap(landlock, root, ["sh", "-c", f"touch {root}/ran"], tty=tty)
     assert spec.zygote is not None
     bad = replace(spec.zygote.request, args=("--bogus-flag", *spec.zygote.request.args))
-    manager.start("setup", replace(spec, zygote=replace(spec.zygote, request=bad)))
+    await manager.start_async("setup", replace(spec, zygote=replace(spec.zygote, request=bad)))
     assert _via_zygote(manager, "setup")
     code, out = await sink.closed("setup")
     assert code == 125
@@ -216,7 +216,7 @@ async def test_missing_cwd_fails_the_start(no_leaks: None, landlock: Any, make_m
     assert spec.zygote is not None
     gone = replace(spec.zygote.request, cwd=spec.cwd)
     with pytest.raises(InternalError, match="No such file or directory"):
-        manager.start("x", replace(spec, zygote=replace(spec.zygote, request=gone)))
+        await manager.start_async("x", replace(spec, zygote=replace(spec.zygote, request=gone)))
 
 
 async def test_first_launch_falls_back_then_zygote_is_used(no_leaks: None, landlock: Any,
@@ -224,12 +224,12 @@ async def test_first_launch_falls_back_then_zygote_is_used(no_leaks: None, landl
                                                            tmp_path: Path) -> None:
     await landlock.spawn_zygote.aclose()
     manager, sink = make_manager()
-    manager.start("first", _wrap(landlock, str(tmp_path), ["true"]))
+    await manager.start_async("first", _wrap(landlock, str(tmp_path), ["true"]))
     assert not _via_zygote(manager, "first")  # the zygote is only starting
     assert (await sink.closed("first"))[0] == 0
     await _warm(landlock, manager)
     before = landlock.spawn_zygote.spawned
-    manager.start("second", _wrap(landlock, str(tmp_path), ["true"]))
+    await manager.start_async("second", _wrap(landlock, str(tmp_path), ["true"]))
     assert _via_zygote(manager, "second")
     assert (await sink.closed("second"))[0] == 0
     assert landlock.spawn_zygote.spawned == before + 1
@@ -239,7 +239,7 @@ async def test_config_switch_uses_the_launcher(no_leaks: None, landlock: Any, ma
                                                tmp_path: Path) -> None:
     manager, sink = make_manager(launch_zygote=False)
     await _warm(landlock, manager)
-    manager.start("p", _wrap(landlock, str(tmp_path), ["true"]))
+    await manager.start_async("p", _wrap(landlock, str(tmp_path), ["true"]))
     assert not _via_zygote(manager, "p")
     assert (await sink.closed("p"))[0] == 0
     await landlock.spawn_zygote.release(manager)
@@ -249,11 +249,11 @@ async def test_stdin_pipe_and_terminate(no_leaks: None, landlock: Any, make_mana
                                         tmp_path: Path) -> None:
     manager, sink = make_manager()
     await _warm(landlock, manager)
-    manager.start("in", _wrap(landlock, str(tmp_path), ["head", "-n1"], pipe_stdin=True))
+    await manager.start_async("in", _wrap(landlock, str(tmp_path), ["head", "-n1"], pipe_stdin=True))
     assert _via_zygote(manager, "in")
     assert await manager.write("in", b"hello\nworld\n") is WriteStatus.ACCEPTED
     assert await sink.closed("in") == (0, b"hello\n")
-    manager.start("sleep", _wrap(landlock, str(tmp_path), ["sh", "-c", "echo up; sleep 30"]))
+    await manager.start_async("sleep", _wrap(landlock, str(tmp_path), ["sh", "-c", "echo up; sleep 30"]))
     assert _via_zygote(manager, "sleep")
     async with asyncio.timeout(TIMEOUT):
         while b"up" not in sink.output.get("sleep", b""):  # noqa: ASYNC110 - no event for it
@@ -271,12 +271,12 @@ async def test_large_requests(no_leaks: None, landlock: Any, make_manager: Any,
     env = dict(PATH_ENV)
     env.update({f"BIG{i}": "x" * 100_000 for i in range(count)})  # < ARG_MAX
     last = f"BIG{count - 1}"
-    manager.start("big", _wrap(landlock, str(tmp_path), ["sh", "-c", f"echo ${{#{last}}}"],
+    await manager.start_async("big", _wrap(landlock, str(tmp_path), ["sh", "-c", f"echo ${{#{last}}}"],
                                env=env))
     assert _via_zygote(manager, "big") == (count * 100_000 < 1 << 20)
     assert await sink.closed("big") == (0, b"100000\n")
     # a request that fits still goes through the zygote
-    manager.start("small", _wrap(landlock, str(tmp_path), ["true"]))
+    await manager.start_async("small", _wrap(landlock, str(tmp_path), ["true"]))
     assert _via_zygote(manager, "small")
     assert (await sink.closed("small"))[0] == 0
 
@@ -289,7 +289,7 @@ async def test_zygote_death_kills_its_children_and_it_restarts(no_leaks: None, l
     await _warm(landlock, manager)
     old = zygote.pid
     tag = f"60.{os.getpid()}{time.monotonic_ns() % 10**9}"
-    manager.start("long", _wrap(landlock, str(tmp_path),
+    await manager.start_async("long", _wrap(landlock, str(tmp_path),
                                 ["sh", "-c", f"sleep {tag} & echo started; wait"]))
     assert _via_zygote(manager, "long")
     leader = manager.pid_of("long")
@@ -307,12 +307,12 @@ async def test_zygote_death_kills_its_children_and_it_restarts(no_leaks: None, l
             while _alive(pid):  # noqa: ASYNC110 - no event for a foreign process
                 await asyncio.sleep(0.01)
     # the next launch runs the launcher while a new zygote starts, then the zygote again
-    manager.start("after", _wrap(landlock, str(tmp_path), ["true"]))
+    await manager.start_async("after", _wrap(landlock, str(tmp_path), ["true"]))
     assert not _via_zygote(manager, "after")
     assert (await sink.closed("after"))[0] == 0
     await _warm(landlock, manager)
     assert zygote.pid not in (None, old)
-    manager.start("again", _wrap(landlock, str(tmp_path), ["true"]))
+    await manager.start_async("again", _wrap(landlock, str(tmp_path), ["true"]))
     assert _via_zygote(manager, "again")
     assert (await sink.closed("again"))[0] == 0
 
@@ -358,7 +358,7 @@ def test_new_event_loop_replaces_the_zygote(no_leaks: None, landlock: Any,
         manager.set_sink(sink)
         try:
             await zygote.ensure_started(manager)
-            manager.start("t", _wrap(landlock, str(tmp_path), ["true"]))
+            await manager.start_async("t", _wrap(landlock, str(tmp_path), ["true"]))
             assert _via_zygote(manager, "t")
             assert (await sink.closed("t"))[0] == 0
             return zygote.pid
