@@ -1,4 +1,5 @@
-"""The Landlock spawn zygote: through the process manager, exit statuses, death, leaks.
+"""Landlock launches by the helper zygote: through the process manager, exit statuses,
+death, leaks.
 
 The escape-regression suite runs on the zygote too (``landlock-zygote`` leg);
 this file covers what is specific to it: what the child looks like (group,
@@ -160,7 +161,8 @@ async def test_child_looks_like_a_launcher_child(no_leaks: None, landlock: Any,
     assert report["fds"] == [0, 1, 2, 3]  # 3: the listdir itself; no fd of ours leaked
     # signal dispositions as exec leaves them (python itself ignores SIGPIPE: ask grep)
     await manager.start_async("s", _wrap(landlock, str(tmp_path),
-                             ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"], tty=tty))
+                                         ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"],
+                                         tty=tty))
     code, out = await sink.closed("s")
     assert code == 0 and out.split() == [b"SigBlk:", b"0" * 16, b"SigIgn:", b"0" * 16], out
     assert report["nnp"] == "1" and report["seccomp"] == "2" and int(report["capeff"], 16) == 0
@@ -249,11 +251,13 @@ async def test_stdin_pipe_and_terminate(no_leaks: None, landlock: Any, make_mana
                                         tmp_path: Path) -> None:
     manager, sink = make_manager()
     await _warm(landlock, manager)
-    await manager.start_async("in", _wrap(landlock, str(tmp_path), ["head", "-n1"], pipe_stdin=True))
+    spec = _wrap(landlock, str(tmp_path), ["head", "-n1"], pipe_stdin=True)
+    await manager.start_async("in", spec)
     assert _via_zygote(manager, "in")
     assert await manager.write("in", b"hello\nworld\n") is WriteStatus.ACCEPTED
     assert await sink.closed("in") == (0, b"hello\n")
-    await manager.start_async("sleep", _wrap(landlock, str(tmp_path), ["sh", "-c", "echo up; sleep 30"]))
+    spec = _wrap(landlock, str(tmp_path), ["sh", "-c", "echo up; sleep 30"])
+    await manager.start_async("sleep", spec)
     assert _via_zygote(manager, "sleep")
     async with asyncio.timeout(TIMEOUT):
         while b"up" not in sink.output.get("sleep", b""):  # noqa: ASYNC110 - no event for it
@@ -271,8 +275,8 @@ async def test_large_requests(no_leaks: None, landlock: Any, make_manager: Any,
     env = dict(PATH_ENV)
     env.update({f"BIG{i}": "x" * 100_000 for i in range(count)})  # < ARG_MAX
     last = f"BIG{count - 1}"
-    await manager.start_async("big", _wrap(landlock, str(tmp_path), ["sh", "-c", f"echo ${{#{last}}}"],
-                               env=env))
+    spec = _wrap(landlock, str(tmp_path), ["sh", "-c", f"echo ${{#{last}}}"], env=env)
+    await manager.start_async("big", spec)
     assert _via_zygote(manager, "big") == (count * 100_000 < 1 << 20)
     assert await sink.closed("big") == (0, b"100000\n")
     # a request that fits still goes through the zygote
@@ -290,7 +294,7 @@ async def test_zygote_death_kills_its_children_and_it_restarts(no_leaks: None, l
     old = zygote.pid
     tag = f"60.{os.getpid()}{time.monotonic_ns() % 10**9}"
     await manager.start_async("long", _wrap(landlock, str(tmp_path),
-                                ["sh", "-c", f"sleep {tag} & echo started; wait"]))
+                                            ["sh", "-c", f"sleep {tag} & echo started; wait"]))
     assert _via_zygote(manager, "long")
     leader = manager.pid_of("long")
     async with asyncio.timeout(TIMEOUT):
@@ -438,3 +442,39 @@ def _zygote_processes(server_pid: int) -> set[int]:
                 str(server_pid).encode()]:
             out.add(int(name))
     return out
+
+
+async def test_one_zygote_serves_fs_calls_and_launches(no_leaks: None, landlock: Any,
+                                                       make_manager: Any,
+                                                       tmp_path: Path) -> None:
+    """A confined fs call and a launch are both children of the same zygote process,
+    and the fs child is confined by the kernel (a write outside its plan is refused)."""
+    manager, sink = make_manager()
+    zygote = landlock.spawn_zygote
+    await _warm(landlock, manager)
+    pid = zygote.pid
+    inside, outside = tmp_path / "in", tmp_path / "out"
+    inside.mkdir()
+    outside.mkdir()
+    plan = {"full_read": True, "full_write": False, "network": False,
+            "writable_roots": [str(inside)]}
+    header = {"op": "fs/writeFile", "path": str(outside / "f"), "expect": str(outside),
+              "plan": plan}
+    reply, _ = await zygote.run(header, b"escaped", timeout=TIMEOUT, owner=manager)
+    assert reply["status"] == "error" and "Permission denied" in reply["message"], reply
+    assert not (outside / "f").exists()
+    header = {**header, "path": str(inside / "f"), "expect": str(inside)}
+    reply, _ = await zygote.run(header, b"written", timeout=TIMEOUT, owner=manager)
+    assert reply["status"] == "ok", reply
+    assert (inside / "f").read_bytes() == b"written"
+    await manager.start_async("p", _wrap(landlock, str(tmp_path),
+                                         ["sh", "-c", "echo up; sleep 30"]))
+    assert _via_zygote(manager, "p")
+    async with asyncio.timeout(TIMEOUT):
+        while b"up" not in sink.output.get("p", b""):  # noqa: ASYNC110 - no event for it
+            await asyncio.sleep(0.01)
+    leader = manager.pid_of("p")
+    assert leader is not None and _ppid(leader) == pid  # the same process all along
+    assert zygote.pid == pid
+    assert manager.terminate("p")
+    assert (await sink.closed("p"))[0] == 128 + signal.SIGTERM
