@@ -536,7 +536,7 @@ class Zygote:
                 self._retire(z, "no report of a launch in time")
                 raise OSError(errno.ETIMEDOUT, "the helper zygote did not start it") from None
             except _NoChild as exc:
-                raise OSError(exc.errno, f"spawn zygote fork: {os.strerror(exc.errno)}") from None
+                raise OSError(exc.errno, f"helper zygote fork: {os.strerror(exc.errno)}") from None
             except HelperFailure:
                 raise OSError(errno.EIO, "the helper zygote died starting it") from None
         except BaseException:

@@ -61,7 +61,7 @@ class SpawnedChild:
         popen: kept so ``subprocess`` never warns about an unreaped child;
             the manager reaps it and sets ``returncode``.
         exit_status: set when the child is not ours (started by a launch
-            service such as the spawn zygote): resolves to the raw wait status
+            service such as the helper zygote): resolves to the raw wait status
             its real parent reported; the manager awaits it instead of reaping.
     """
 

@@ -46,7 +46,7 @@ def launcher_argv(plan: SandboxPlan, command: list[str], *, cwd: str | None,
 def launcher_flags(plan: SandboxPlan, command: list[str], *, cwd: str | None,
                    arg0: str | None = None, status_fd: int | None = None,
                    strict_mounts: bool = False, env_fd: int | None = None) -> list[str]:
-    """``_launch.main``'s arguments: the launcher script's and the spawn zygote child's."""
+    """``_launch.main``'s arguments: the launcher script's and a helper zygote launch's."""
     argv: list[str] = []
     if env_fd is not None:
         argv += ["--env-fd", str(env_fd)]

@@ -123,7 +123,7 @@ def serve(raw: bytes, fds: list[int], handoff: socket.socket) -> int:
         code = _launch.main(args, env=env)
     except BaseException as exc:  # report anything; never return into the zygote
         try:
-            os.write(2, f"exec-server sandbox: spawn zygote child: {exc!r}\n".encode())
+            os.write(2, f"exec-server sandbox: helper zygote launch: {exc!r}\n".encode())
             _launch._report(STATUS_FD, "error", "zygote", repr(exc))
         except BaseException:
             pass
