@@ -80,6 +80,7 @@ _REAP_TIMEOUT: Final = 5.0
 DEFAULT_SPAWN_TIMEOUT: Final = 5.0
 #: after this many failed starts in a row the zygote is not tried again.
 _MAX_START_FAILURES: Final = 3
+_CLOSED: Final = "the helper zygote was closed"
 #: operations whose child, once it has the whole request, is not killed when the
 #: caller stops waiting: it finishes in the background within the call's timeout,
 #: as a cancelled direct call's worker thread does (docs/sandboxed-fs.md).
@@ -278,7 +279,7 @@ class Zygote:
         z, self._z = self._z, None
         if z is not None:
             if z.loop is loop:
-                self._retire(z, "closed")
+                self._retire(z, _CLOSED)
             else:
                 self._kill_sync(z)
         while pending := [t for t in self._closing if t.get_loop() is loop]:
@@ -379,10 +380,11 @@ class Zygote:
         # EOF on the control socket: the zygote SIGKILLs its children's groups and exits.
         z.ctl.close()
         if not z.ready.done():
-            self._failed_start(f"helper zygote {z.popen.pid}: {why}")
+            if why != _CLOSED:  # closed while starting is no failed start
+                self._failed_start(f"helper zygote {z.popen.pid}: {why}")
             z.ready.set_exception(HelperFailure(why))
             z.ready.exception()  # mark retrieved: nobody may be waiting
-        elif why != "closed":
+        elif why != _CLOSED:
             logger.warning("helper zygote %d: %s", z.popen.pid, why)
         for pid, p in z.by_pid.items():
             if p.group:
