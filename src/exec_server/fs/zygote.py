@@ -174,6 +174,8 @@ class _Process:
     by_pid: dict[int, _Pending] = field(default_factory=dict)
     dead: bool = False
     timer: asyncio.TimerHandle | None = None
+    #: resolves when the full control socket has room again (fs senders wait on it).
+    writable: asyncio.Future[None] | None = None
 
 
 class Zygote:
@@ -377,6 +379,7 @@ class Zygote:
             z.timer = None
         with contextlib.suppress(ValueError, OSError, RuntimeError):
             z.loop.remove_reader(z.ctl.fileno())
+        self._writable(z)
         # EOF on the control socket: the zygote SIGKILLs its children's groups and exits.
         z.ctl.close()
         if not z.ready.done():
@@ -616,19 +619,13 @@ class Zygote:
         call = _Call(z, req_id, p, ours, temp)
         try:
             ours.setblocking(False)
-            try:
-                z.ctl.sendmsg(
-                    [b"F" + _ID.pack(req_id)],
-                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))],
-                )
-            except OSError as exc:
-                self._retire(z, f"cannot reach the helper zygote: {exc}")
-                raise _NotForked from exc
-            finally:
-                theirs.close()
             raw = json.dumps(header).encode()
             try:
                 async with asyncio.timeout_at(deadline):
+                    try:
+                        await self._send_control(z, b"F" + _ID.pack(req_id), theirs.fileno())
+                    finally:
+                        theirs.close()
                     # The frame goes into the socket buffer while the zygote forks.
                     await self._send(loop, ours, raw, data)
             except TimeoutError:
@@ -649,6 +646,32 @@ class Zygote:
         self._finishing.add(task)
         task.add_done_callback(self._finished)
         return await asyncio.shield(task)
+
+    async def _send_control(self, z: _Process, msg: bytes, fd: int) -> None:
+        """Send an ``F`` request; a full control socket (a burst, big launches queued
+        before it) is waited out; a dead zygote forked nothing (``_NotForked``)."""
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
+        while not z.dead:
+            try:
+                z.ctl.sendmsg([msg], anc)
+                return
+            except (BlockingIOError, InterruptedError):
+                if z.writable is None:
+                    z.writable = z.loop.create_future()
+                    z.loop.add_writer(z.ctl.fileno(), self._writable, z)
+                await asyncio.shield(z.writable)
+            except OSError as exc:
+                self._retire(z, f"cannot reach the helper zygote: {exc}")
+        raise _NotForked
+
+    @staticmethod
+    def _writable(z: _Process) -> None:
+        """Wake the senders waiting for room on the control socket (or its end)."""
+        with contextlib.suppress(ValueError, OSError):
+            z.loop.remove_writer(z.ctl.fileno())
+        fut, z.writable = z.writable, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     async def _send(
         self, loop: asyncio.AbstractEventLoop, sock: socket.socket, raw: bytes, data: Payload
