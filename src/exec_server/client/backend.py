@@ -203,7 +203,7 @@ class LocalExecBackend:
         handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval,
                                argv=argv)
         with registered(self._handles, handle):
-            self._manager.start(pid, spec, current=True)
+            await self._manager.start_async(pid, spec, current=True)
         return handle
 
     async def http_request(
