@@ -2,7 +2,7 @@
 """Sandbox benchmark: sandboxed ``true`` start->closed, ours per backend vs upstream.
 
 Starts, one after the other, our server with ``--sandbox-backend bwrap``, ours
-with ``--sandbox-backend landlock`` (launches through the spawn zygote), ours
+with ``--sandbox-backend landlock`` (launches through the helper zygote), ours
 with ``--sandbox-backend landlock --no-launch-zygote`` (the launcher script per
 launch; ``--no-launcher-leg`` skips it) and (when installed, ``pip install
 openai-codex-cli-bin``) the upstream ``codex exec-server``, and measures over
@@ -157,7 +157,7 @@ async def bench_all(targets: list[ServerTarget], n: int) -> list[_Leg]:
             client = await connect_client(stack, srv.url)
             leg = _Leg(t, client, workspace)
             await _check_denied(leg, outside)
-            # warm probes and caches (and let the Landlock spawn zygote, started by
+            # warm probes and caches (and let the helper zygote, started by
             # the first sandboxed launch, come up: launches before it is ready run the
             # launcher script)
             for _ in range(8):
@@ -210,7 +210,7 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=40, help="samples per server (default 40)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     ap.add_argument("--no-launcher-leg", dest="launcher_leg", action="store_false",
-                    help="skip the Landlock leg without the spawn zygote (launcher script)")
+                    help="skip the Landlock leg without the helper zygote (launcher script)")
     args = ap.parse_args()
     n = 3 if args.quick else args.n
     targets: list[ServerTarget] = []

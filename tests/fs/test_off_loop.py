@@ -1,11 +1,13 @@
 """No ``fs/*`` call touches the filesystem on the event loop: every look-up, open,
 read and write of a direct call runs in a worker thread (a cold disk or a hung
-network mount never stalls the other connections)."""
+network mount never stalls the other connections). Nor does a sandboxed
+``process/start`` through the helper zygote wait on the loop."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import select
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,9 +17,14 @@ import pytest
 
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.client.sandbox_contexts import workspace_write
+from exec_server.config import ServerConfig
 from exec_server.fs.service import FileSystemService
+from exec_server.rpc.listen import ListenAddress
+from exec_server.sandbox.select import SandboxUnavailableError, select_backend
+from exec_server.server.app import ExecServer
+from exec_server.server.services import ServerServices
 
-from .conftest import open_live_server
+from .conftest import LiveServer, open_live_server
 
 WAIT = 30.0
 
@@ -128,3 +135,57 @@ async def test_no_confined_fs_call_touches_the_loop(
     assert seen, "the spy saw nothing"
     on_loop = [name for name, thread in seen if thread == loop]
     assert on_loop == []
+
+
+async def test_no_landlock_launch_waits_on_the_loop(
+    no_leaks: None, tdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sandboxed ``process/start`` the helper zygote starts (Landlock backend): the
+    check of its cwd runs in a worker and the zygote's report is awaited, never a
+    blocking ``select`` on the loop thread. (The sandbox policy's own look-ups of the
+    protected names are the sandbox manager's, not checked here.)"""
+    try:
+        zygote = getattr(select_backend("landlock"), "spawn_zygote", None)
+    except SandboxUnavailableError as exc:
+        pytest.skip(f"landlock backend unusable: {exc}")
+    if zygote is None:
+        pytest.skip("no helper zygote for launches")
+    config = ServerConfig(sandbox_backend="landlock")
+    server = ExecServer(config, services=ServerServices.create(config))
+    ws_server = await server.listen_websocket(ListenAddress("127.0.0.1", 0))
+    host, port = next(iter(ws_server.sockets)).getsockname()[:2]
+    live = LiveServer(server, ws_server, f"ws://{host}:{port}")
+    owner = object()
+    try:
+        client = await live.client()
+        sandbox = workspace_write(tdir, tmp=False)
+        await zygote.ensure_started(owner)  # else the first launch runs the launcher script
+        before = zygote.spawned
+        cwd_stats: list[int] = []
+        selects: list[int] = []
+        real_stat, real_select = os.stat, select.select
+
+        def spy_stat(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(path, str) and path == str(tdir):
+                cwd_stats.append(threading.get_ident())
+            return real_stat(path, *args, **kwargs)
+
+        def spy_select(*args: Any) -> Any:
+            selects.append(threading.get_ident())
+            return real_select(*args)
+
+        monkeypatch.setattr(os, "stat", spy_stat)
+        monkeypatch.setattr(select, "select", spy_select)
+        loop = threading.get_ident()
+        done = await asyncio.wait_for(
+            client.run(["sh", "-c", "echo ok > out"], cwd=str(tdir), sandbox=sandbox), WAIT
+        )
+        monkeypatch.undo()
+        assert done.exit_code == 0, done
+        assert zygote.spawned == before + 1  # started by the zygote, not the launcher
+        assert cwd_stats and loop not in cwd_stats
+        assert loop not in selects
+        assert (tdir / "out").read_text() == "ok\n"
+    finally:
+        await zygote.release(owner)
+        await live.aclose()

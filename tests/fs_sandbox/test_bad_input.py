@@ -51,8 +51,11 @@ def inject(sfs: SandboxedFileSystem, hook: str) -> None:
         *,
         timeout: float,  # noqa: ASYNC109
         into: Any = None,
+        owner: Any = None,
     ) -> Any:
-        return await original({**header, "test_hook": hook}, data, timeout=timeout, into=into)
+        return await original(
+            {**header, "test_hook": hook}, data, timeout=timeout, into=into, owner=owner
+        )
 
     zygote.run = run  # type: ignore[method-assign]
 
@@ -423,3 +426,37 @@ def test_one_shot_helper_protocol(tmp_path: Path) -> None:
     garbage = helper(b"{not json")
     assert garbage.returncode == 1
     assert garbage.stderr.decode().startswith("fs sandbox helper failed: ")
+
+
+async def test_a_full_control_socket_is_waited_out(no_leaks: None, tmp_path: Path) -> None:
+    """A call that finds the zygote's control socket full (the zygote is stopped
+    here) waits for room instead of giving up on the zygote, and then runs."""
+    root = os.path.realpath(tmp_path)  # noqa: ASYNC240 - a test's own set-up
+    (tmp_path / "f").write_bytes(b"data")
+    zygote = Zygote(prefork=False)
+    try:
+        await zygote.ensure_started()
+        pid = zygote.pid
+        assert pid is not None
+        proc = zygote._z
+        assert proc is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            filler = b"?" + bytes(9) + bytes(60_000)  # an unknown kind: answered with E
+            with pytest.raises(BlockingIOError):
+                for _ in range(10_000):
+                    proc.ctl.send(filler)
+            header = {"op": "fs/readFile", "path": f"{root}/f", "expect": root,
+                      "plan": {"full_read": True, "full_write": False, "network": False}}
+            call = asyncio.create_task(zygote.run(header, timeout=TIMEOUT))
+            async with asyncio.timeout(TIMEOUT):
+                while proc.writable is None:  # noqa: ASYNC110 - no event for it
+                    await asyncio.sleep(0.01)
+            assert not call.done()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        reply, payload = await asyncio.wait_for(call, TIMEOUT)
+        assert reply["status"] == "ok" and payload == b"data", reply
+        assert zygote.pid == pid  # the same zygote served it
+    finally:
+        await zygote.aclose()

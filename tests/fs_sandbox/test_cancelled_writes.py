@@ -88,9 +88,10 @@ class Pause:
             *,
             timeout: float,  # noqa: ASYNC109
             into: Any = None,
+            owner: Any = None,
         ) -> Any:
             return await original(
-                {**header, "test_pause": self.spec}, data, timeout=timeout, into=into
+                {**header, "test_pause": self.spec}, data, timeout=timeout, into=into, owner=owner
             )
 
         zygote.run = run  # type: ignore[method-assign]

@@ -13,10 +13,11 @@ managed contexts, CLIENT_COMPAT.md §1.4) every operation:
 
 Two confinement paths (docs/sandboxed-fs.md):
 
-* **zygote** (default on Linux with Landlock): a single-threaded
-  ``python -I -S`` zygote forks one child per request; the child applies
-  Landlock for the request's plan (the zygote already carries no_new_privs and
-  the seccomp network filter), verifies through ``/proc/self/fd`` that every
+* **zygote** (default on Linux with Landlock): the single-threaded
+  ``python -I -S`` helper zygote (``fs/zygote.py``, shared with Landlock
+  launches) forks one child per request; the child carries no_new_privs and
+  the seccomp network filter, applies Landlock for the request's plan,
+  verifies through ``/proc/self/fd`` that every
   directory it opens is where the server checked it (a symlink swapped in
   meanwhile is refused), enforces read-only holes (``.git`` …) on the verified
   real location, replies over a socketpair with raw bytes, and exits.
@@ -77,6 +78,7 @@ from exec_server.fs.zygote import (
     describe_wait_status,
     new_temp_token,
     remove_write_temp,
+    shared_zygote,
 )
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.access import has_full_disk_read
@@ -281,7 +283,7 @@ class SandboxedFileSystem:
         self._config = config
         self._manager = sandbox_manager
         self._mode: Mode = mode
-        self._zygote = zygote if zygote is not None else Zygote()
+        self._zygote = zygote if zygote is not None else shared_zygote()
         self._helpers: set[asyncio.subprocess.Process] = set()
         self._runtime_roots: tuple[str, ...] | None = None
         self._closed = False
@@ -295,13 +297,13 @@ class SandboxedFileSystem:
         return f"<SandboxedFileSystem mode={self._mode} {self._zygote!r}>"
 
     async def aclose(self) -> None:
-        """Kill and reap the zygote, its children and any one-shot helper."""
+        """Kill and reap any one-shot helper; release the zygote (its last owner closes it)."""
         self._closed = True
         for proc in list(self._helpers):
             _kill_group(proc)
         for proc in list(self._helpers):
             await proc.wait()
-        await self._zygote.aclose()
+        await self._zygote.release(self)
 
     # ------------------------------------------------------------- typed API
 
@@ -573,7 +575,7 @@ class SandboxedFileSystem:
             header["mode"] = op.mode
         try:
             reply, payload = await self._zygote.run(
-                header, op.data, timeout=self._config.fs_helper_timeout, into=into
+                header, op.data, timeout=self._config.fs_helper_timeout, into=into, owner=self
             )
         except HelperFailure as exc:
             raise InternalError(str(exc)) from exc

@@ -1,26 +1,38 @@
-"""Server side of the fs zygote: start it lazily, fork confined children, read replies.
+"""Client of the helper zygote: confined fs calls and Landlock launches, one process.
 
 The server is multi-threaded and must never fork itself to confine a child
 (SANDBOX.md §0.3). Instead one small single-threaded ``python -I -S`` process
-(``zygote_main.py``) is started once and forks one child per request; each child
-applies Landlock + seccomp for its own request and exits after replying.
+(``zygote_main.py``, started with ``subprocess``) forks one child per request:
+a confined filesystem operation (``F``) or a Landlock launch (``S``); the
+control protocol is ``sandbox.linux.zygote_base``'s.
 
-Per request the server creates a ``SOCK_STREAM`` socketpair, hands one end to
-the zygote over the ``SOCK_SEQPACKET`` control socket (``SCM_RIGHTS``), gets
-back the child's pid and a pidfd, streams the request frame (raw bytes, no
-base64) and reads the reply frame until complete. A hang is bounded by the
-caller's timeout (the child is ``SIGKILL``ed through its pidfd), an early EOF
-or an undecodable frame becomes ``HelperFailure`` with the exit status the
-zygote reports, and a dead zygote is restarted on the next request. A writeFile
-whose caller goes away once its child has the whole request is finished in the
-background (:meth:`Zygote.drain`), and the temp file name of a writeFile child
-that died is removed (:func:`remove_temp_file`; docs/sandboxed-fs.md).
+fs call: the server creates a ``SOCK_STREAM`` socketpair, hands one end to the
+zygote, gets back the child's pid and a pidfd, streams the request frame (raw
+bytes, no base64) and reads the reply frame until complete. A hang is bounded
+by the caller's timeout (the child is ``SIGKILL``ed through its pidfd), an
+early EOF or an undecodable frame becomes ``HelperFailure`` with the exit
+status the zygote reports. A writeFile whose caller goes away once its child
+has the whole request is finished in the background (:meth:`Zygote.drain`),
+and the temp file name of a writeFile child that died is removed
+(:func:`remove_temp_file`; docs/sandboxed-fs.md).
+
+Launch (``process.spec.LaunchService``): the command's stdio and status pipe
+go to the zygote; :meth:`Zygote.spawn` awaits the child's pid (it leads its
+own group by then) and the child's wait status arrives when the zygote reaps
+it. While the zygote is not ready a launch raises ``LaunchServiceUnavailable``
+(the caller runs the launcher script) and the zygote starts meanwhile; an fs
+call awaits the start.
+
+Lifecycle: started lazily, on the event loop of its first use (a use from
+another loop replaces it: tests run one loop each); restarted when it dies;
+closed when its last owner (process manager, sandboxed filesystem) releases it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -36,31 +48,39 @@ from typing import Final
 from exec_server.fs.ops import Payload, Pieces, ReceiveInto
 from exec_server.fs.workers import shared_pool
 from exec_server.fs.zygote_ops import encode_frame, temp_name
-from exec_server.sandbox.linux.zygote_base import fds_from_anc
+from exec_server.process.spec import LaunchServiceUnavailable, ServicedChild
+from exec_server.sandbox.linux.spawn_zygote_main import REQUEST_HEADER
+from exec_server.sandbox.linux.zygote_base import ID_PID, MAX_REQUEST, fds_from_anc
 
 __all__ = [
     "HelperFailure",
+    "SpawnRequest",
     "Zygote",
     "ZygoteUnavailable",
     "describe_wait_status",
     "new_temp_token",
     "remove_temp_file",
     "remove_write_temp",
+    "shared_zygote",
 ]
 
 logger = logging.getLogger("exec_server.fs.sandbox")
 
 _ID: Final = struct.Struct("!Q")
-_PID: Final = struct.Struct("!i")
 _EXIT: Final = struct.Struct("!ii")
 _FRAME: Final = struct.Struct("!IQ")
 _MAX_REPLY_HEADER: Final = 64 * 1024 * 1024
 _MAX_REPLY_DATA: Final = 1024 * 1024 * 1024
-_FS_DIR: Final = os.path.dirname(os.path.abspath(__file__))
+_MAIN: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_main.py")
 #: payloads up to this size are sent together with their frame header.
 _COALESCE: Final = 256 * 1024
 #: how long to wait for the zygote to report a killed child as reaped.
 _REAP_TIMEOUT: Final = 5.0
+#: seconds a launch may wait for the zygote's report of its child.
+DEFAULT_SPAWN_TIMEOUT: Final = 5.0
+#: after this many failed starts in a row the zygote is not tried again.
+_MAX_START_FAILURES: Final = 3
+_CLOSED: Final = "the helper zygote was closed"
 #: operations whose child, once it has the whole request, is not killed when the
 #: caller stops waiting: it finishes in the background within the call's timeout,
 #: as a cancelled direct call's worker thread does (docs/sandboxed-fs.md).
@@ -73,6 +93,14 @@ class ZygoteUnavailable(Exception):
 
 class HelperFailure(Exception):
     """A child crashed, hung, or answered something that is not a reply frame."""
+
+
+class _NoChild(HelperFailure):
+    """The zygote could not start a child for the request (``errno``)."""
+
+    def __init__(self, err: int) -> None:
+        super().__init__(f"cannot fork a sandbox helper: {os.strerror(err)}")
+        self.errno = err
 
 
 class _NotForked(Exception):
@@ -91,12 +119,34 @@ def describe_wait_status(status: int) -> str:
     return f"exit status: {os.waitstatus_to_exitcode(status)}"
 
 
+@dataclass(frozen=True, slots=True)
+class SpawnRequest:
+    """One launch for the zygote (the ``LaunchSpec.zygote.request`` of the Landlock backend).
+
+    Attributes:
+        args: launcher flags (``--status-fd 3 ... -- CMD...``), as ``_launch.main`` takes.
+        env: the command's complete environment.
+        cwd: the command's working directory (checked before the spawn).
+        status_fd: the server-side write end of the status pipe (also in
+            ``LaunchSpec.pass_fds``; the caller closes it after the spawn).
+    """
+
+    args: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    status_fd: int
+
+
 @dataclass(eq=False, slots=True)
 class _Pending:
+    """One request's child: its pid and pidfd once started, its wait status once reaped."""
+
     started: asyncio.Future[tuple[int, int]]
     exited: asyncio.Future[int]
     pid: int | None = None
     pidfd: int | None = None
+    #: a launch: its whole process group is killed if the zygote dies first.
+    group: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -113,43 +163,74 @@ class _Call:
 
 @dataclass(eq=False, slots=True)
 class _Process:
-    proc: asyncio.subprocess.Process
+    """One running zygote, bound to the event loop that started it."""
+
+    popen: subprocess.Popen[bytes]
     ctl: socket.socket
-    abi: int
+    loop: asyncio.AbstractEventLoop
+    ready: asyncio.Future[None]
+    abi: int = 0
     pending: dict[int, _Pending] = field(default_factory=dict)
     by_pid: dict[int, _Pending] = field(default_factory=dict)
     dead: bool = False
+    timer: asyncio.TimerHandle | None = None
+    #: resolves when the full control socket has room again (fs senders wait on it).
+    writable: asyncio.Future[None] | None = None
 
 
 class Zygote:
-    """A lazily started fs zygote. Not thread-safe; use from one event loop.
+    """A lazily started helper zygote; implements ``process.spec.LaunchService``.
 
     Args:
+        python: interpreter for the zygote (default ``sys.executable``).
         start_timeout: seconds to wait for the zygote's ready message.
-        test_hooks: let requests carry ``test_hook`` (crash/garbage/hang/short) and
+        spawn_timeout: seconds a launch waits for its child's report.
+        test_hooks: let fs requests carry ``test_hook`` (crash/garbage/hang/short) and
             ``test_pause`` (``zygote_main.Zygote._arm_pause``) for tests.
-        prefork: keep one child forked ahead of time (takes the fork off the
-            request's critical path).
+        prefork: keep a child of each kind forked ahead of time (takes the fork
+            off the request's critical path).
     """
 
     def __init__(
-        self, *, start_timeout: float = 10.0, test_hooks: bool = False, prefork: bool = True
+        self,
+        *,
+        python: str | None = None,
+        start_timeout: float = 10.0,
+        spawn_timeout: float = DEFAULT_SPAWN_TIMEOUT,
+        test_hooks: bool = False,
+        prefork: bool = True,
     ) -> None:
+        self._python = python or sys.executable
         self._prefork = prefork
         self._start_timeout = start_timeout
+        self._spawn_timeout = spawn_timeout
         self._test_hooks = test_hooks
         self._z: _Process | None = None
-        self._lock = asyncio.Lock()
         self._next_id = 0
-        self._closed = False
-        self._unavailable: str | None = None
+        self._failures = 0
+        self._unavailable: str | None = (
+            None if sys.platform.startswith("linux") else "the helper zygote needs Linux"
+        )
+        self._owners: dict[int, object] = {}
+        self._closing: set[asyncio.Task[None]] = set()
         #: calls whose caller went away while their child finishes (``_FINISH_WHEN_CANCELLED``).
         self._finishing: set[asyncio.Task[tuple[dict[str, object], bytes]]] = set()
+        #: launches started through the zygote (tests, diagnostics).
+        self.spawned = 0
 
     @property
     def pid(self) -> int | None:
-        """The running zygote's pid (for tests and diagnostics)."""
-        return None if self._z is None or self._z.dead else self._z.proc.pid
+        """The running (ready) zygote's pid, else None (also for another loop's zygote)."""
+        z = self._z
+        if z is None or z.dead or not z.ready.done() or z.ready.cancelled():
+            return None
+        if z.ready.exception() is not None:
+            return None
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        return z.popen.pid if loop is None or loop is z.loop else None
 
     @property
     def abi(self) -> int:
@@ -157,94 +238,54 @@ class Zygote:
         return 0 if self._z is None else self._z.abi
 
     def __repr__(self) -> str:
-        return f"<Zygote pid={self.pid} abi={self.abi} closed={self._closed}>"
+        return f"<Zygote pid={self.pid} abi={self.abi} owners={len(self._owners)}>"
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def ensure_started(self) -> None:
-        """Start (or restart) the zygote if needed.
+    async def ensure_started(self, owner: object = None) -> None:
+        """Start (or restart) the zygote for ``owner`` and wait until it is ready.
 
         Raises:
             ZygoteUnavailable: it cannot start, or the kernel lacks Landlock.
         """
-        if self._closed:
-            raise ZygoteUnavailable("the filesystem sandbox is shut down")
-        if self._z is not None and not self._z.dead:
-            return
-        async with self._lock:
-            if self._z is not None and not self._z.dead:
-                return
-            if not sys.platform.startswith("linux"):
-                self._unavailable = "the fs zygote needs Linux (Landlock)"
-            if self._unavailable is not None:
-                raise ZygoteUnavailable(self._unavailable)
-            if self._z is not None:
-                await self._reap(self._z)
-                self._z = None
-            self._z = await self._spawn()
+        await self._ready(owner)
 
-    async def _spawn(self) -> _Process:
-        loop = asyncio.get_running_loop()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    async def _ready(self, owner: object) -> _Process:
+        if owner is not None:
+            self._owners[id(owner)] = owner
+        z = self._current(asyncio.get_running_loop())
+        if z is None:
+            raise ZygoteUnavailable(self._unavailable or "the helper zygote cannot start")
         try:
-            argv = [
-                sys.executable,
-                "-I",
-                "-S",
-                "-B",
-                os.path.join(_FS_DIR, "zygote_main.py"),
-                _FS_DIR,
-                str(theirs.fileno()),
-                str(os.getpid()),
-            ]
-            if self._test_hooks:
-                argv.append("--test-hooks")
-            if not self._prefork:
-                argv.append("--no-prefork")
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,
-                env={},
-                cwd="/",
-            )
-        except OSError as exc:
-            ours.close()
-            raise ZygoteUnavailable(f"cannot start the fs zygote: {exc}") from exc
-        finally:
-            theirs.close()
-        ours.setblocking(False)
-        try:
-            async with asyncio.timeout(self._start_timeout):
-                msg = await loop.sock_recv(ours, 4096)
-        except (TimeoutError, OSError) as exc:
-            ours.close()
-            proc.kill()
-            await proc.wait()
-            raise ZygoteUnavailable(f"the fs zygote did not start: {exc!r}") from exc
-        if msg[:1] != b"R":
-            ours.close()
-            proc.kill()
-            await proc.wait()
-            raise ZygoteUnavailable(f"the fs zygote did not start (exit {proc.returncode})")
-        info = json.loads(msg[1:])
-        z = _Process(proc=proc, ctl=ours, abi=int(info.get("abi", 0)))
+            await asyncio.shield(z.ready)
+        except HelperFailure as exc:
+            raise ZygoteUnavailable(f"the helper zygote did not start: {exc}") from None
         if z.abi <= 0:
             self._unavailable = "Landlock is not available in this kernel"
-            await self._shutdown(z)
+            self._retire(z, self._unavailable)
             raise ZygoteUnavailable(self._unavailable)
-        loop.add_reader(ours.fileno(), self._on_control, z)
-        logger.debug("fs zygote started: pid %d, Landlock ABI %d", proc.pid, z.abi)
         return z
 
+    async def release(self, owner: object) -> None:
+        """Forget ``owner``; the last one closes (and reaps) the zygote."""
+        self._owners.pop(id(owner), None)
+        if not self._owners:
+            await self.aclose()
+
     async def aclose(self) -> None:
-        """Kill every child and the zygote, and reap them. Idempotent."""
-        self._closed = True
+        """Close the zygote (it kills its children's groups and exits) and reap it.
+
+        The service stays usable: a later use starts a new zygote.
+        """
+        loop = asyncio.get_running_loop()
         z, self._z = self._z, None
         if z is not None:
-            await self._shutdown(z)
+            if z.loop is loop:
+                self._retire(z, _CLOSED)
+            else:
+                self._kill_sync(z)
+        while pending := [t for t in self._closing if t.get_loop() is loop]:
+            await asyncio.wait(pending)
         await self.drain()
 
     async def drain(self) -> None:
@@ -254,57 +295,161 @@ class Zygote:
         while self._finishing:
             await asyncio.gather(*self._finishing, return_exceptions=True)
 
-    async def _shutdown(self, z: _Process) -> None:
-        for p in list(z.pending.values()):
-            _kill(p)
-        self._mark_dead(z, "the filesystem sandbox is shutting down")
-        await self._reap(z)
+    def _current(self, loop: asyncio.AbstractEventLoop) -> _Process | None:
+        """The zygote of ``loop``, starting one when there is none (None: cannot start)."""
+        z = self._z
+        if z is not None and z.loop is not loop:
+            # A zygote of another (probably finished) loop: it and its owners are stale.
+            self._z = None
+            self._kill_sync(z)
+            self._owners.clear()
+            self._closing = {t for t in self._closing if t.get_loop() is loop}
+            self._finishing = {t for t in self._finishing if t.get_loop() is loop}
+            z = None
+        if z is not None and z.dead:
+            self._z = z = None
+        if z is None and self._unavailable is None:
+            z = self._z = self._start(loop)
+        return z
 
-    async def _reap(self, z: _Process) -> None:
+    def _start(self, loop: asyncio.AbstractEventLoop) -> _Process | None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        flags = [*(["--test-hooks"] if self._test_hooks else ()),
+                 *(["--no-prefork"] if not self._prefork else ())]
         try:
-            async with asyncio.timeout(5):
-                await z.proc.wait()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                z.proc.kill()
-            await z.proc.wait()
+            with contextlib.suppress(OSError):
+                ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_REQUEST * 2)
+            popen = subprocess.Popen(
+                [self._python, "-I", "-S", "-B", _MAIN, "--zygote", str(theirs.fileno()),
+                 str(os.getpid()), *flags],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                env={},
+                cwd="/",
+            )
+        except OSError as exc:
+            ours.close()
+            self._failed_start(f"cannot start the helper zygote: {exc}")
+            return None
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        z = _Process(popen=popen, ctl=ours, loop=loop, ready=loop.create_future())
+        loop.add_reader(ours.fileno(), self._on_control, z)
+        z.timer = loop.call_later(self._start_timeout, self._start_timed_out, z)
+        return z
 
-    def _mark_dead(self, z: _Process, why: str) -> None:
+    def _failed_start(self, why: str) -> None:
+        self._failures += 1
+        logger.warning("%s", why)
+        if self._failures >= _MAX_START_FAILURES:
+            self._unavailable = f"the helper zygote failed to start {self._failures} times"
+
+    def _start_timed_out(self, z: _Process) -> None:
+        z.timer = None
+        if not z.ready.done():
+            self._retire(z, "the helper zygote did not report ready in time")
+
+    def _kill_sync(self, z: _Process) -> None:
+        """Tear down a zygote whose loop is gone (no awaiting possible)."""
+        z.dead = True
+        with contextlib.suppress(Exception):
+            z.loop.remove_reader(z.ctl.fileno())
+        if z.timer is not None:
+            z.timer.cancel()
+        z.ctl.close()
+        for pid, p in z.by_pid.items():
+            if p.group:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            z.popen.kill()
+        with contextlib.suppress(ChildProcessError):
+            z.popen.wait()
+
+    def _retire(self, z: _Process, why: str) -> None:
+        """The zygote is closed, gone or unusable: fail what waits on it, reap it (async)."""
         if z.dead:
             return
         z.dead = True
-        with contextlib.suppress(ValueError, OSError):
-            asyncio.get_running_loop().remove_reader(z.ctl.fileno())
+        if z.timer is not None:
+            z.timer.cancel()
+            z.timer = None
+        with contextlib.suppress(ValueError, OSError, RuntimeError):
+            z.loop.remove_reader(z.ctl.fileno())
+        self._writable(z)
+        # EOF on the control socket: the zygote SIGKILLs its children's groups and exits.
         z.ctl.close()
-        for p in z.pending.values():
+        if not z.ready.done():
+            if why != _CLOSED:  # closed while starting is no failed start
+                self._failed_start(f"helper zygote {z.popen.pid}: {why}")
+            z.ready.set_exception(HelperFailure(why))
+            z.ready.exception()  # mark retrieved: nobody may be waiting
+        elif why != _CLOSED:
+            logger.warning("helper zygote %d: %s", z.popen.pid, why)
+        for pid, p in z.by_pid.items():
+            if p.group:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)  # a launch outliving its zygote is unobservable
+        for p in {*z.pending.values(), *z.by_pid.values()}:
             for fut in (p.started, p.exited):
                 if not fut.done():
                     fut.set_exception(HelperFailure(why))
-                    fut.exception()  # mark retrieved: nobody may be waiting
-        if not self._closed:
-            logger.warning("fs zygote %d exited: %s", z.proc.pid, why)
+                    fut.exception()
+        task = z.loop.create_task(self._reap(z))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _reap(z: _Process) -> None:
+        """Wait (pidfd) for the retired zygote to exit, SIGKILL it after 5 s; always reap."""
+        loop = asyncio.get_running_loop()
+        try:
+            pidfd = os.pidfd_open(z.popen.pid)
+        except OSError:
+            pidfd = -1
+        try:
+            if pidfd >= 0:
+                gone: asyncio.Event = asyncio.Event()
+                loop.add_reader(pidfd, gone.set)
+                try:
+                    async with asyncio.timeout(5.0):
+                        await gone.wait()
+                finally:
+                    loop.remove_reader(pidfd)
+        except TimeoutError:
+            logger.warning("helper zygote %d did not exit; killing it", z.popen.pid)
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+            if z.popen.poll() is None:
+                # Timed out, cancelled (loop ending) or no pidfd: SIGKILL ends it at once.
+                with contextlib.suppress(OSError):
+                    z.popen.kill()
+                z.popen.wait()
 
     # ------------------------------------------------------------------ control socket
 
     def _on_control(self, z: _Process) -> None:
         while not z.dead:
             try:
-                msg, anc, _flags, _addr = z.ctl.recvmsg(64, socket.CMSG_SPACE(16))
-            except BlockingIOError:
+                msg, anc, _flags, _addr = z.ctl.recvmsg(4096, socket.CMSG_SPACE(16))
+            except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                self._mark_dead(z, f"control socket error: {exc}")
+                self._retire(z, f"control socket error: {exc}")
                 return
             fds = fds_from_anc(anc)
             if not msg:
                 for fd in fds:
                     os.close(fd)
-                self._mark_dead(z, "the fs zygote exited")
+                self._retire(z, "the helper zygote exited")
                 return
             kind = msg[:1]
-            if kind == b"P" and len(msg) == 1 + _ID.size + _PID.size and len(fds) == 1:
-                (req_id,) = _ID.unpack(msg[1 : 1 + _ID.size])
-                (pid,) = _PID.unpack(msg[1 + _ID.size :])
+            if kind == b"P" and len(msg) == 1 + ID_PID.size and len(fds) == 1:
+                req_id, pid = ID_PID.unpack(msg[1:])
                 p = z.pending.get(req_id)
                 if p is None or p.started.done():
                     os.close(fds[0])
@@ -320,14 +465,95 @@ class Zygote:
                 p = z.by_pid.pop(pid, None)
                 if p is not None and not p.exited.done():
                     p.exited.set_result(status)
-            elif kind == b"E" and len(msg) == 1 + _ID.size + _PID.size:
-                (req_id,) = _ID.unpack(msg[1 : 1 + _ID.size])
-                (err,) = _PID.unpack(msg[1 + _ID.size :])
+            elif kind == b"E" and len(msg) == 1 + ID_PID.size:
+                req_id, err = ID_PID.unpack(msg[1:])
                 p = z.pending.get(req_id)
                 if p is not None and not p.started.done():
-                    p.started.set_exception(
-                        HelperFailure(f"cannot fork fs sandbox helper: {os.strerror(err)}")
-                    )
+                    p.started.set_exception(_NoChild(err))
+            elif kind == b"R" and not z.ready.done():
+                z.abi = int(json.loads(msg[1:]).get("abi", 0))
+                self._failures = 0
+                if z.timer is not None:
+                    z.timer.cancel()
+                    z.timer = None
+                z.ready.set_result(None)
+                logger.debug("helper zygote %d ready, Landlock ABI %d", z.popen.pid, z.abi)
+
+    def _pending(self, z: _Process, *, group: bool = False) -> tuple[int, _Pending]:
+        self._next_id += 1
+        p = _Pending(started=z.loop.create_future(), exited=z.loop.create_future(), group=group)
+        z.pending[self._next_id] = p
+        return self._next_id, p
+
+    # ------------------------------------------------------------------ launches
+
+    async def spawn(
+        self,
+        request: object,
+        stdio: tuple[int | None, int, int],
+        *,
+        tty: bool,
+        owner: object,
+    ) -> ServicedChild:
+        """Start a confined child for ``request``; see ``process.spec.LaunchService``."""
+        if not isinstance(request, SpawnRequest):
+            raise LaunchServiceUnavailable(f"not a spawn request: {request!r}")
+        self._owners[id(owner)] = owner
+        z = self._current(asyncio.get_running_loop())
+        if z is None or z.dead or not z.ready.done() or z.abi <= 0:
+            raise LaunchServiceUnavailable("the helper zygote is not ready")
+        # The launcher path fails here too (Popen's cwd); a worker, as the cwd
+        # may be on a hung mount.
+        st = await shared_pool().run(os.stat, request.cwd)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), request.cwd)
+        stdin, stdout, stderr = stdio
+        body = json.dumps({"args": request.args, "env": request.env}).encode()
+        if 1 + REQUEST_HEADER.size + len(body) > MAX_REQUEST:
+            raise LaunchServiceUnavailable("launch request too large for the helper zygote")
+        if tty:
+            fds = [stdout, request.status_fd]
+        elif stdin is not None:
+            fds = [stdin, stdout, stderr, request.status_fd]
+        else:
+            fds = [stdout, stderr, request.status_fd]
+        if z.dead:
+            raise LaunchServiceUnavailable("the helper zygote is gone")
+        req_id, p = self._pending(z, group=True)
+        # ASCII JSON: surrogates travel escaped.
+        raw = b"S" + REQUEST_HEADER.pack(req_id, tty, stdin is not None and not tty) + body
+        try:
+            try:
+                z.ctl.sendmsg([raw], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                       struct.pack(f"{len(fds)}i", *fds))])
+            except (BlockingIOError, InterruptedError) as exc:
+                raise LaunchServiceUnavailable("the helper zygote is busy") from exc
+            except OSError as exc:
+                if exc.errno in (errno.EMSGSIZE, errno.ENOBUFS, errno.ENOMEM):
+                    raise LaunchServiceUnavailable(f"helper zygote request: {exc}") from exc
+                # Not delivered (EPIPE/ECONNRESET): nothing was started.
+                self._retire(z, f"cannot reach the helper zygote: {exc}")
+                raise LaunchServiceUnavailable("the helper zygote is gone") from exc
+            try:
+                async with asyncio.timeout(self._spawn_timeout):
+                    pid, pidfd = await asyncio.shield(p.started)
+            except TimeoutError:
+                self._retire(z, "no report of a launch in time")
+                raise OSError(errno.ETIMEDOUT, "the helper zygote did not start it") from None
+            except _NoChild as exc:
+                raise OSError(exc.errno, f"helper zygote fork: {os.strerror(exc.errno)}") from None
+            except HelperFailure:
+                raise OSError(errno.EIO, "the helper zygote died starting it") from None
+        except BaseException:
+            # Cancelled while the child starts: it is killed once it is known.
+            p.started.add_done_callback(_kill_launch)
+            raise
+        finally:
+            z.pending.pop(req_id, None)
+        os.close(pidfd)
+        p.pidfd = None
+        self.spawned += 1
+        return ServicedChild(pid=pid, wait=lambda: _exit_status(p))
 
     # ------------------------------------------------------------------ requests
 
@@ -338,8 +564,9 @@ class Zygote:
         *,
         timeout: float,  # noqa: ASYNC109
         into: ReceiveInto | None = None,
+        owner: object = None,
     ) -> tuple[dict[str, object], bytes]:
-        """Run one request in a fresh confined child.
+        """Run one request in a fresh confined child (for ``owner``, which releases us).
 
         When this returns or raises, the child has replied and exits on its
         own, or it has been killed and reaped (bounded wait).
@@ -363,11 +590,11 @@ class Zygote:
             HelperFailure: the child crashed, hung or sent garbage.
         """
         try:
-            return await self._run_once(header, data, timeout, into)
+            return await self._run_once(header, data, timeout, into, owner)
         except _NotForked:
             # The zygote died before it could fork: nothing ran, so one retry
             # on a fresh zygote is safe.
-            return await self._run_once(header, data, timeout, into)
+            return await self._run_once(header, data, timeout, into, owner)
 
     async def _run_once(
         self,
@@ -375,16 +602,12 @@ class Zygote:
         data: Payload,
         timeout: float,  # noqa: ASYNC109
         into: ReceiveInto | None,
+        owner: object,
     ) -> tuple[dict[str, object], bytes]:
-        await self.ensure_started()
-        z = self._z
-        assert z is not None
+        z = await self._ready(owner)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        self._next_id += 1
-        req_id = self._next_id
-        p = _Pending(started=loop.create_future(), exited=loop.create_future())
-        z.pending[req_id] = p
+        req_id, p = self._pending(z)
         temp = None
         op = header.get("op")
         path, expect = header.get("path"), header.get("expect")
@@ -396,19 +619,13 @@ class Zygote:
         call = _Call(z, req_id, p, ours, temp)
         try:
             ours.setblocking(False)
-            try:
-                z.ctl.sendmsg(
-                    [b"F" + _ID.pack(req_id)],
-                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))],
-                )
-            except OSError as exc:
-                self._mark_dead(z, f"cannot reach the fs zygote: {exc}")
-                raise _NotForked from exc
-            finally:
-                theirs.close()
             raw = json.dumps(header).encode()
             try:
                 async with asyncio.timeout_at(deadline):
+                    try:
+                        await self._send_control(z, b"F" + _ID.pack(req_id), theirs.fileno())
+                    finally:
+                        theirs.close()
                     # The frame goes into the socket buffer while the zygote forks.
                     await self._send(loop, ours, raw, data)
             except TimeoutError:
@@ -429,6 +646,32 @@ class Zygote:
         self._finishing.add(task)
         task.add_done_callback(self._finished)
         return await asyncio.shield(task)
+
+    async def _send_control(self, z: _Process, msg: bytes, fd: int) -> None:
+        """Send an ``F`` request; a full control socket (a burst, big launches queued
+        before it) is waited out; a dead zygote forked nothing (``_NotForked``)."""
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
+        while not z.dead:
+            try:
+                z.ctl.sendmsg([msg], anc)
+                return
+            except (BlockingIOError, InterruptedError):
+                if z.writable is None:
+                    z.writable = z.loop.create_future()
+                    z.loop.add_writer(z.ctl.fileno(), self._writable, z)
+                await asyncio.shield(z.writable)
+            except OSError as exc:
+                self._retire(z, f"cannot reach the helper zygote: {exc}")
+        raise _NotForked
+
+    @staticmethod
+    def _writable(z: _Process) -> None:
+        """Wake the senders waiting for room on the control socket (or its end)."""
+        with contextlib.suppress(ValueError, OSError):
+            z.loop.remove_writer(z.ctl.fileno())
+        fut, z.writable = z.writable, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     async def _send(
         self, loop: asyncio.AbstractEventLoop, sock: socket.socket, raw: bytes, data: Payload
@@ -580,6 +823,35 @@ class Zygote:
         except HelperFailure as exc:
             return HelperFailure(f"fs sandbox helper failed: {exc}")
         return HelperFailure(f"fs sandbox helper failed with status {describe_wait_status(status)}")
+
+
+def _kill_launch(started: asyncio.Future[tuple[int, int]]) -> None:
+    """Kill the group of a launch whose caller went away before it was started."""
+    if started.cancelled() or started.exception() is not None:
+        return
+    pid, pidfd = started.result()
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+    os.close(pidfd)
+
+
+async def _exit_status(p: _Pending) -> int:
+    """A launch's raw wait status; -1 when its zygote died first (unobservable)."""
+    try:
+        return await p.exited
+    except HelperFailure:
+        return -1
+
+
+_shared: Zygote | None = None
+
+
+def shared_zygote() -> Zygote:
+    """The process's helper zygote, shared by the sandboxed filesystem and launches."""
+    global _shared
+    if _shared is None:
+        _shared = Zygote()
+    return _shared
 
 
 def new_temp_token() -> str:

@@ -16,7 +16,7 @@ arbitrary commands (tty, ptmx, shm and other device nodes); the fs helper
 needs none of them, and each rule costs an open + syscall in every child
 (~0.15 ms per request measured). Only the rule *choice* is ours: the syscalls,
 structs and ABI probing are the mechanism module's (``sandbox.linux.landlock``,
-stdlib only), as is the seccomp network filter installed once in the zygote.
+stdlib only), as is the seccomp network filter each child installs first.
 The zygote puts the source tree on ``sys.path`` before loading this module.
 """
 

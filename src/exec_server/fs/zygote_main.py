@@ -1,37 +1,32 @@
-"""The fs zygote process: a small single-threaded Python that forks one child per request.
+"""The helper zygote: one small single-threaded Python forking a child per request.
 
-Started once by ``fs.zygote.Zygote`` as ``python -I -S zygote_main.py <fs dir>
-<control fd> <server pid> [--test-hooks]``: no site-packages, no
-environment-driven imports, only the stdlib plus ``zygote_ops`` and
-``zygote_confine`` loaded by file path (not through the ``exec_server``
-package, whose ``__init__`` modules may grow third-party imports).
+Started lazily by ``fs.zygote.Zygote`` as ``python -I -S -B zygote_main.py
+--zygote <control fd> <server pid> [--test-hooks] [--no-prefork]``: no
+site-packages, no environment-driven imports; the stdlib, the mechanism
+modules of ``sandbox/linux`` and ``zygote_ops``/``zygote_confine`` loaded by
+file path. The loop, the control protocol and the spares are
+``sandbox.linux.zygote_base``'s; this module says what the two request kinds
+do:
 
-Control channel (``SOCK_SEQPACKET``, one message per datagram):
+* ``F`` + id, with the child's ``SOCK_STREAM`` socket: one confined
+  filesystem operation. The child carries no_new_privs and the seccomp network
+  filter and, as root, no capability (applied while it waits as a spare);
+  with the request's frame read from its socket it applies Landlock for
+  *that* request's plan before touching any path, runs the operation in
+  strict mode, writes one reply frame and exits. The next ``F`` spare is
+  forked once no ``F`` child runs.
+* ``S`` + a launch (``sandbox.linux.spawn_zygote_main``): the child becomes a
+  Landlock launch of a command. The next ``S`` spare is forked once the
+  zygote has been idle for ``SPARE_DELAY`` (never while a launch's child is
+  still confining itself on a small machine).
 
-* server → zygote ``F`` + 8-byte request id, with the child's socket in
-  ``SCM_RIGHTS``: fork a child for it.
-* zygote → server ``R`` + JSON ``{"abi", "pid"}`` once ready;
-  ``P`` + id + pid (``!i``) with a pidfd of the child (``SCM_RIGHTS``), right
-  after the fork; ``X`` + pid + wait status (``!ii``) after reaping a child;
-  ``E`` + id + errno when the fork failed.
-
-The zygote itself carries no_new_privs and the seccomp network filter
-(``sandbox.linux.seccomp``), installed once after start-up, and as root drops
-every capability then; children inherit all three. One child is kept
-pre-forked, waiting for a request socket.
-
-The child: closes everything of the zygote's, arms ``PDEATHSIG``, reads its
-request frame from its socket, applies Landlock for *that* request's plan
-before touching any path, runs the operation in strict mode and writes one
-reply frame, then ``_exit(0)``. EOF on the control socket means
-the server is going away: kill and reap every child, exit.
+``R`` carries ``{"abi", "pid"}``: the Landlock ABI (0: no Landlock, nothing
+can be served).
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import gc
 import importlib.util
 import json
 import os
@@ -44,18 +39,21 @@ from types import ModuleType
 from typing import Any
 
 if __name__ == "__main__":
-    # Landlock plumbing, the seccomp program and the zygote loop are the
-    # mechanism modules' (stdlib-only): import them from the source tree
+    # The mechanism modules are stdlib-only: import them from the source tree
     # without site-packages.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from exec_server.sandbox.linux.zygote_base import ZygoteBase, fds_from_anc
+from exec_server.sandbox.linux import spawn_zygote_main as spawn
+from exec_server.sandbox.linux._libc import call_prctl
+from exec_server.sandbox.linux.zygote_base import ZygoteBase
 
 __all__ = ["main"]
 
 _PR_SET_PDEATHSIG = 1
-_ID = struct.Struct("!Q")
-_PID = struct.Struct("!i")
+_FS = b"F"
+_SPAWN = b"S"
+#: idle seconds after a launch before the next launch spare is forked.
+SPARE_DELAY = 0.002
 
 
 def _load(name: str, directory: str) -> ModuleType:
@@ -70,15 +68,13 @@ def _load(name: str, directory: str) -> ModuleType:
 
 
 class Zygote(ZygoteBase):
-    """State of the zygote process; see the module docstring for the protocol."""
+    """The helper zygote; see the module docstring for its request kinds."""
 
-    #: the server is told about every reaped child, the spare included.
-    report_spare_exit = True
-    server_gone = (BrokenPipeError, ConnectionResetError)
+    kinds = (_FS, _SPAWN)
 
-    def __init__(
-        self, ctl_fd: int, server_pid: int, fs_dir: str, test_hooks: bool, prefork: bool = True
-    ) -> None:
+    def __init__(self, ctl_fd: int, server_pid: int, test_hooks: bool,
+                 prefork: bool = True) -> None:
+        fs_dir = os.path.dirname(os.path.abspath(__file__))
         self.ops = _load("zygote_ops", fs_dir)
         self.confine = _load("zygote_confine", fs_dir)
         self.abi: int = self.confine.landlock_abi()
@@ -87,143 +83,70 @@ class Zygote(ZygoteBase):
         self.seccomp = seccomp
         super().__init__(ctl_fd, server_pid, prefork)
         self.test_hooks = test_hooks
-        self.libc = ctypes.CDLL(None, use_errno=True)
+        #: monotonic time after which a new launch spare may be forked.
+        self.spawn_at = 0.0
 
     # -------------------------------------------------------------- zygote side
 
-    def run(self) -> int:
-        self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != self.server_pid:
-            return 1
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        self._install_wakeup()
-        self._warm_up()
-        # Network is always off for the helper (PROTOCOL.md §10.1): filter the
-        # zygote once; every child inherits it (and no_new_privs) across fork.
-        # From here on only sendmsg/recvmsg are used (the filter denies sendto).
-        self.seccomp.install_network_filter()
-        if os.getuid() == 0:
-            # As the one-shot helper (bwrap --cap-drop ALL, the launcher) and
-            # upstream's: a confined operation obeys file permissions too, and
-            # has no mount or chown powers. Dropped once; children inherit.
-            from exec_server.sandbox.linux._launch import drop_capabilities
-
-            drop_capabilities(now=True)
-        gc.collect()
-        gc.freeze()
-        self._send(b"R" + json.dumps({"abi": self.abi, "pid": os.getpid()}).encode())
-        self._make_spare()
-        self._loop()
-        return 0
+    def _ready_message(self) -> bytes:
+        return json.dumps({"abi": self.abi, "pid": os.getpid()}).encode()
 
     def _warm_up(self) -> None:
-        """Run the child's code paths once so forked children start warm."""
+        """Run the children's code paths once so forked children start warm."""
         self.confine.warm_up(self.abi)
         req = self.ops.OpRequest.from_header({"op": "fs/getMetadata", "path": "/", "expect": "/"})
         for _ in range(3):
             self.ops.execute(req, b"", strict=True)
             json.loads(json.dumps({"status": "ok", "result": {"a": [1, "b"]}}))
+        spawn.warm_up()
 
-    def _all_reaped(self, report: bool) -> None:
-        if report:
-            # Re-fork the spare once no request's child is running, so the
-            # fork and its page faults never compete with one.
-            self._make_spare()
+    def _accepts(self, kind: bytes, n: int, fds: list[int]) -> bool:
+        if kind == _FS:
+            return n == 9 and len(fds) == 1
+        self.spawn_at = time.monotonic() + SPARE_DELAY
+        return spawn.accepts(self.buf, n, fds)
 
-    def _on_control(self) -> bool:
-        try:
-            msg, anc, _flags, _addr = self.ctl.recvmsg(64, socket.CMSG_SPACE(16))
-        except InterruptedError:
-            return True
-        fds = fds_from_anc(anc)
-        if not msg:
-            for fd in fds:
-                os.close(fd)
-            return False
-        if msg[:1] != b"F" or len(fds) != 1 or len(msg) != 1 + _ID.size:
-            for fd in fds:
-                os.close(fd)
-            return True
-        req_id = msg[1:]
-        spare, self.spare = self.spare, None
-        if spare is not None:
-            pid, handoff = spare
-            try:
-                # Hand the request socket to the waiting child: the fork is
-                # already paid for, off this request's critical path.
-                handoff.sendmsg(
-                    [b"G"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fds[0]))]
-                )
-            except OSError:
-                pid = -1
-            finally:
-                handoff.close()
-            if pid < 0:
-                pid = self._fork_for(fds[0], req_id)
-        else:
-            pid = self._fork_for(fds[0], req_id)
-        os.close(fds[0])
-        if pid < 0:
-            return True
-        pidfd = os.pidfd_open(pid)
-        try:
-            self._send(b"P" + req_id + _PID.pack(pid), (pidfd,))
-        finally:
-            os.close(pidfd)
-        return True
+    def _spare_at(self, kind: bytes) -> float:
+        if kind == _SPAWN:
+            return self.spawn_at
+        # No fs child running: the fork and its page faults never compete with one.
+        return float("inf") if _FS in self.children.values() else 0.0
 
-    def _fork_for(self, fd: int, req_id: bytes) -> int:
-        """Fork a child for request socket ``fd``; -1 (reported) when fork fails."""
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            self._send(b"E" + req_id + _PID.pack(exc.errno or errno.EAGAIN))
-            return -1
-        if pid == 0:
-            self._child(fd)  # never returns
-        self.children.add(pid)
-        return pid
-
-    def _make_spare(self) -> None:
-        """Pre-fork the next child; it waits (unconfined, touching nothing) for a request."""
-        if self.spare is not None or not self.prefork:
-            return
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            pid = os.fork()
-        except OSError:
-            ours.close()
-            theirs.close()
-            return
-        if pid == 0:
-            ours.close()
-            self._child(-1, handoff=theirs)  # never returns
-        theirs.close()
-        self.children.add(pid)
-        self.spare = (pid, ours)
+    def _handed_off(self, kind: bytes, raw: memoryview, pid: int,
+                    handoff: socket.socket) -> None:
+        if kind == _SPAWN:
+            spawn.handed_off(raw, pid, handoff)
 
     # -------------------------------------------------------------- child side
 
-    def _child(self, fd: int, handoff: socket.socket | None = None) -> None:
-        code = 0
-        try:
-            gc.disable()  # short-lived: a collection would touch (copy) every page
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            self._close_zygote_fds()
-            zygote_pid = os.getppid()
-            self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != zygote_pid:
-                os._exit(1)
-            if handoff is not None:
-                self._prefault()
-                fd = self._await_request(handoff)
-            self._serve(fd)
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
+    def _prepare(self, kind: bytes, ahead: bool) -> None:
+        if kind == _SPAWN:
+            if ahead:
+                spawn.prefault()
+            return
+        zygote_pid = os.getppid()
+        call_prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != zygote_pid:
+            os._exit(1)
+        if ahead:
+            self._prefault()
+        # Network is always off for the helper (PROTOCOL.md §10.1); from here
+        # on only sendmsg/recvmsg are used (the filter denies sendto).
+        self.seccomp.install_network_filter()
+        if os.getuid() == 0:
+            # As the one-shot helper (bwrap --cap-drop ALL, the launcher) and
+            # upstream's: a confined operation obeys file permissions too, and
+            # has no mount or chown powers.
+            from exec_server.sandbox.linux._launch import drop_capabilities
+
+            drop_capabilities(now=True)
+
+    def _serve(self, kind: bytes, raw: bytes, fds: list[int], handoff: socket.socket) -> int:
+        if kind == _SPAWN:
+            return spawn.serve(raw, fds, handoff)
+        handoff.close()
+        self._serve_fs(fds[0])
+        return 0
 
     def _prefault(self) -> None:
         """Touch (copy-on-write) what serving a request touches, before it arrives.
@@ -245,21 +168,6 @@ class Zygote(ZygoteBase):
         json.dumps({"status": "error", "code": err.code, "message": err.message})
         self.confine.prefault()
 
-    @staticmethod
-    def _await_request(handoff: socket.socket) -> int:
-        """A spare child blocks here until the zygote hands it a request socket."""
-        while True:
-            try:
-                _msg, anc, _flags, _addr = handoff.recvmsg(8, socket.CMSG_SPACE(4))
-                break
-            except InterruptedError:
-                continue
-        handoff.close()
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(payload) >= 4:
-                return int(struct.unpack("i", payload[:4])[0])
-        os._exit(0)  # the zygote is going away (EOF): nothing to do
-
     def _reply(self, fd: int, header: dict[str, object], payload: bytes = b"") -> None:
         frame = self.ops.encode_frame(json.dumps(header).encode(), len(payload))
         if len(payload) <= 256 * 1024:
@@ -268,7 +176,7 @@ class Zygote(ZygoteBase):
             self.ops.write_all(fd, frame)
             self.ops.write_all(fd, payload)
 
-    def _serve(self, fd: int) -> None:
+    def _serve_fs(self, fd: int) -> None:
         ops = self.ops
         try:
             raw, data = ops.read_frame(fd)
@@ -389,11 +297,9 @@ class Zygote(ZygoteBase):
 
 
 def main(argv: list[str]) -> int:
-    fs_dir, ctl_fd, server_pid = argv[1], int(argv[2]), int(argv[3])
-    flags = argv[4:]
-    return Zygote(
-        ctl_fd, server_pid, fs_dir, "--test-hooks" in flags, "--no-prefork" not in flags
-    ).run()
+    """``zygote_main.py --zygote <control fd> <server pid> [--test-hooks] [--no-prefork]``."""
+    ctl_fd, server_pid, flags = int(argv[2]), int(argv[3]), argv[4:]
+    return Zygote(ctl_fd, server_pid, "--test-hooks" in flags, "--no-prefork" not in flags).run()
 
 
 if __name__ == "__main__":

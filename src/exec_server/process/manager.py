@@ -56,6 +56,7 @@ from exec_server.process.pipes import (
     close_quietly,
     spawn_may_block,
     spawn_pipes,
+    spawn_via_service,
 )
 from exec_server.process.pty import set_window_size, spawn_pty
 from exec_server.process.spec import ExitStatus, LaunchService, LaunchSpec
@@ -229,10 +230,8 @@ def _set_if_pending(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _spawn(spec: LaunchSpec, owner: object | None) -> SpawnedChild:
-    if spec.tty:
-        return spawn_pty(spec, service_owner=owner)
-    return spawn_pipes(spec, service_owner=owner)
+def _spawn(spec: LaunchSpec) -> SpawnedChild:
+    return spawn_pty(spec) if spec.tty else spawn_pipes(spec)
 
 
 def _spawn_error(exc: BaseException) -> BaseException:
@@ -403,9 +402,13 @@ class ProcessManager:
         if spec.zygote is not None and self._use_services:
             owner = self
             self._services[id(spec.zygote.service)] = spec.zygote.service
-        elif spawn_may_block(spec):
-            return await shared_pool().run(_spawn, spec, owner)
-        return _spawn(spec, owner)
+            child = await spawn_via_service(spec, owner)
+            if child is not None:
+                return child
+            return await shared_pool().run(_spawn, spec)
+        if spawn_may_block(spec):
+            return await shared_pool().run(_spawn, spec)
+        return _spawn(spec)
 
     @staticmethod
     async def _abandon(child: SpawnedChild) -> None:

@@ -15,8 +15,8 @@ would not). The one exception: a server that inherited ignored or blocked
 signals resets them in the child (``child_signals``), which needs a ``preexec_fn``.
 
 A launch a sandbox backend marked with ``LaunchSpec.zygote`` may instead be
-started by that launch service (the Landlock spawn zygote) when the caller
-passes a ``service_owner``: same stdio, but the child is the service's, so
+started by that launch service (the helper zygote's Landlock launches,
+:func:`spawn_via_service`): same stdio, but the child is the service's, so
 ``SpawnedChild.exit_status`` replaces reaping it here.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from exec_server.fs import nonblocking
 from exec_server.process.child_signals import child_preexec
-from exec_server.process.spec import LaunchServiceUnavailable, LaunchSpec, ServicedChild
+from exec_server.process.spec import LaunchServiceUnavailable, LaunchSpec
 from exec_server.protocol.process_types import ProcessStream
 
 __all__ = [
@@ -61,7 +61,7 @@ class SpawnedChild:
         popen: kept so ``subprocess`` never warns about an unreaped child;
             the manager reaps it and sets ``returncode``.
         exit_status: set when the child is not ours (started by a launch
-            service such as the spawn zygote): resolves to the raw wait status
+            service such as the helper zygote): resolves to the raw wait status
             its real parent reported; the manager awaits it instead of reaping.
     """
 
@@ -116,27 +116,80 @@ def spawn_may_block(spec: LaunchSpec) -> bool:
     return False  # found nowhere: the exec fails at once
 
 
-def spawn_via_service(
-    spec: LaunchSpec, stdio: tuple[int | None, int, int], owner: object | None
-) -> ServicedChild | None:
-    """Start ``spec`` through its launch service when it has one and ``owner`` allows.
+async def spawn_via_service(spec: LaunchSpec, owner: object | None) -> SpawnedChild | None:
+    """Start ``spec`` through ``spec.zygote``'s launch service, awaited (the loop never
+    blocks on it); same stdio as :func:`spawn_pipes` or ``spawn_pty`` would give.
 
-    None: spawn it the plain way (no service, or the service cannot take it now).
+    ``owner`` must release the service later. None: spawn it the plain way (no
+    owner or service, or the service cannot take the launch now).
+
+    Raises:
+        OSError: the launch itself failed (e.g. its cwd is missing).
     """
     if owner is None or spec.zygote is None:
         return None
+    parent_fds: list[int] = []
+    to_close: list[int] = []
     try:
-        return spec.zygote.service.spawn(spec.zygote.request, stdio, tty=spec.tty, owner=owner)
+        if spec.tty:
+            from exec_server.process.pty import set_window_size
+
+            master, slave = os.openpty()
+            parent_fds.append(master)
+            to_close.append(slave)
+            set_window_size(slave, spec.rows, spec.columns)
+            parent_fds.append(os.dup(master))
+            stdio: tuple[int | None, int, int] = (slave, slave, slave)
+        else:
+            stdio = _pipes(spec, parent_fds, to_close)
+        serviced = await spec.zygote.service.spawn(
+            spec.zygote.request, stdio, tty=spec.tty, owner=owner
+        )
     except LaunchServiceUnavailable:
+        serviced = None
+    except BaseException:
+        for fd in parent_fds:
+            close_quietly(fd)
+        raise
+    finally:
+        for fd in to_close:
+            close_quietly(fd)
+    if serviced is None:
+        for fd in parent_fds:
+            close_quietly(fd)
         return None
+    _nonblocking(*parent_fds)
+    if spec.tty:
+        outputs = [(ProcessStream.PTY, parent_fds[0])]
+    else:
+        outputs = [(ProcessStream.STDOUT, parent_fds[0]), (ProcessStream.STDERR, parent_fds[1])]
+    return SpawnedChild(pid=serviced.pid, outputs=outputs,
+                        stdin_fd=parent_fds[-1] if spec.tty or spec.pipe_stdin else None,
+                        exit_status=serviced.wait)
 
 
-def spawn_pipes(spec: LaunchSpec, *, service_owner: object | None = None) -> SpawnedChild:
-    """Spawn ``spec`` on pipes; the caller owns the returned fds.
+def _pipes(spec: LaunchSpec, parent_fds: list[int],
+           to_close: list[int]) -> tuple[int | None, int, int]:
+    """The child's (stdin or None, stdout, stderr) pipe ends; the parent's ends (stdout,
+    stderr[, stdin]) go to ``parent_fds``, the child's to ``to_close``."""
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    parent_fds.append(out_r)
+    to_close.append(out_w)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    parent_fds.append(err_r)
+    to_close.append(err_w)
+    in_r: int | None = None
+    if spec.pipe_stdin:
+        in_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+        parent_fds.append(stdin_w)
+        to_close.append(in_r)
+    _grow_pipe(out_w)
+    _grow_pipe(err_w)
+    return in_r, out_w, err_w
 
-    ``service_owner``: let ``spec.zygote``'s launch service start it (the
-    owner must release the service later); otherwise, or when the service is
-    unavailable, ``spec.argv`` is spawned directly.
+
+def spawn_pipes(spec: LaunchSpec) -> SpawnedChild:
+    """Spawn ``spec.argv`` on pipes; the caller owns the returned fds.
 
     Raises:
         OSError: exec or cwd failure (``errno`` set, e.g. ENOENT).
@@ -145,36 +198,11 @@ def spawn_pipes(spec: LaunchSpec, *, service_owner: object | None = None) -> Spa
     to_close: list[int] = []
     parent_fds: list[int] = []
     try:
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        parent_fds.append(out_r)
-        to_close.append(out_w)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        parent_fds.append(err_r)
-        to_close.append(err_w)
-        stdin_w: int | None = None
-        in_r: int | None = None
-        if spec.pipe_stdin:
-            in_r, stdin_w = os.pipe2(os.O_CLOEXEC)
-            parent_fds.append(stdin_w)
-            to_close.append(in_r)
-            stdin_arg: int = in_r
-        else:
-            stdin_arg = subprocess.DEVNULL
-        _grow_pipe(out_w)
-        _grow_pipe(err_w)
-        serviced = spawn_via_service(spec, (in_r, out_w, err_w), service_owner)
-        if serviced is not None:
-            _nonblocking(out_r, err_r, stdin_w)
-            return SpawnedChild(
-                pid=serviced.pid,
-                outputs=[(ProcessStream.STDOUT, out_r), (ProcessStream.STDERR, err_r)],
-                stdin_fd=stdin_w,
-                exit_status=serviced.wait,
-            )
+        in_r, out_w, err_w = _pipes(spec, parent_fds, to_close)
         popen = subprocess.Popen(
             argv,
             executable=program,
-            stdin=stdin_arg,
+            stdin=in_r if in_r is not None else subprocess.DEVNULL,
             stdout=out_w,
             stderr=err_w,
             cwd=spec.cwd,
@@ -192,11 +220,11 @@ def spawn_pipes(spec: LaunchSpec, *, service_owner: object | None = None) -> Spa
     finally:
         for fd in to_close:
             close_quietly(fd)
-    _nonblocking(out_r, err_r, stdin_w)
+    _nonblocking(*parent_fds)
     return SpawnedChild(
         pid=popen.pid,
-        outputs=[(ProcessStream.STDOUT, out_r), (ProcessStream.STDERR, err_r)],
-        stdin_fd=stdin_w,
+        outputs=[(ProcessStream.STDOUT, parent_fds[0]), (ProcessStream.STDERR, parent_fds[1])],
+        stdin_fd=parent_fds[2] if spec.pipe_stdin else None,
         popen=popen,
     )
 

@@ -22,12 +22,7 @@ import subprocess
 import termios
 
 from exec_server.process.child_signals import reset_in_child
-from exec_server.process.pipes import (
-    SpawnedChild,
-    child_args,
-    close_quietly,
-    spawn_via_service,
-)
+from exec_server.process.pipes import SpawnedChild, child_args, close_quietly
 from exec_server.process.spec import LaunchSpec
 from exec_server.process.tree import become_subreaper
 from exec_server.protocol.process_types import ProcessStream
@@ -62,11 +57,8 @@ def set_window_size(fd: int, rows: int, columns: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
 
 
-def spawn_pty(spec: LaunchSpec, *, service_owner: object | None = None) -> SpawnedChild:
+def spawn_pty(spec: LaunchSpec) -> SpawnedChild:
     """Spawn ``spec`` on a new PTY; the caller owns the returned fds.
-
-    ``service_owner``: as for ``spawn_pipes`` (the launch service's child
-    also gets its own session with the PTY as controlling terminal).
 
     Raises:
         OSError: exec or cwd failure (``errno`` set).
@@ -77,15 +69,6 @@ def spawn_pty(spec: LaunchSpec, *, service_owner: object | None = None) -> Spawn
     try:
         set_window_size(slave, spec.rows, spec.columns)
         writer = os.dup(master)
-        serviced = spawn_via_service(spec, (slave, slave, slave), service_owner)
-        if serviced is not None:
-            _prepare_master(master, writer)
-            return SpawnedChild(
-                pid=serviced.pid,
-                outputs=[(ProcessStream.PTY, master)],
-                stdin_fd=writer,
-                exit_status=serviced.wait,
-            )
         popen = subprocess.Popen(
             argv,
             executable=program,

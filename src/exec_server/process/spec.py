@@ -49,9 +49,9 @@ class ServicedChild:
 
 
 class LaunchService(Protocol):
-    """Starts prepared launches without forking the server (e.g. the Landlock spawn zygote)."""
+    """Starts prepared launches without forking the server (the helper zygote)."""
 
-    def spawn(
+    async def spawn(
         self,
         request: object,
         stdio: tuple[int | None, int, int],
@@ -59,10 +59,10 @@ class LaunchService(Protocol):
         tty: bool,
         owner: object,
     ) -> ServicedChild:
-        """Start ``request`` with ``stdio`` (stdin None = ``/dev/null``); call in the event loop.
+        """Start ``request`` with ``stdio`` (stdin None = ``/dev/null``).
 
         ``owner`` must later ``release`` the service. The caller keeps (and
-        closes) its fds.
+        closes) its fds once this returns.
 
         Raises:
             LaunchServiceUnavailable: nothing was started; use the fallback.

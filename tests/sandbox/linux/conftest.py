@@ -140,8 +140,7 @@ def _spawn(spec: LaunchSpec) -> tuple[subprocess.Popen[bytes], list[int]]:
 async def _run_via_zygote(leg: ZygoteLeg, wrapped_specs: list[LaunchSpec],
                           timeout: float) -> list[Result]:  # noqa: ASYNC109
     """Start every launch through the spawn zygote at once; drain and await each exit."""
-    from exec_server.process.pipes import SpawnedChild, spawn_pipes
-    from exec_server.process.pty import spawn_pty
+    from exec_server.process.pipes import SpawnedChild, spawn_via_service
 
     owner = object()
     zygote = leg.spawn_zygote
@@ -151,11 +150,11 @@ async def _run_via_zygote(leg: ZygoteLeg, wrapped_specs: list[LaunchSpec],
         zygote_pid = zygote.pid
         for wrapped in wrapped_specs:
             try:
-                spawn = spawn_pty if wrapped.tty else spawn_pipes
-                child = spawn(wrapped, service_owner=owner)
+                child = await spawn_via_service(wrapped, owner)
             finally:
                 for fd in wrapped.pass_fds:
                     os.close(fd)
+            assert child is not None, "not via the zygote"
             children.append(child)
             assert child.popen is None and child.exit_status is not None, "not via the zygote"
             if child.stdin_fd is not None:

@@ -1,4 +1,5 @@
-"""The Landlock spawn zygote: through the process manager, exit statuses, death, leaks.
+"""Landlock launches by the helper zygote: through the process manager, exit statuses,
+death, leaks.
 
 The escape-regression suite runs on the zygote too (``landlock-zygote`` leg);
 this file covers what is specific to it: what the child looks like (group,
@@ -60,7 +61,7 @@ print(json.dumps({
 @pytest.fixture(params=["prefork", "no-prefork"])
 def landlock(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The Landlock backend; its zygote keeps a pre-forked spare child or forks per launch."""
-    from exec_server.sandbox.linux.spawn_zygote import SpawnZygote
+    from exec_server.fs.zygote import Zygote
 
     try:
         backend = select_backend("landlock")
@@ -72,7 +73,7 @@ def landlock(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "prefork":
         yield backend
         return
-    backend.spawn_zygote = SpawnZygote(python=backend.python, prefork=False)
+    backend.spawn_zygote = Zygote(python=backend.python, prefork=False)
     try:
         yield backend
     finally:
@@ -439,3 +440,39 @@ def _zygote_processes(server_pid: int) -> set[int]:
                 str(server_pid).encode()]:
             out.add(int(name))
     return out
+
+
+async def test_one_zygote_serves_fs_calls_and_launches(no_leaks: None, landlock: Any,
+                                                       make_manager: Any,
+                                                       tmp_path: Path) -> None:
+    """A confined fs call and a launch are both children of the same zygote process,
+    and the fs child is confined by the kernel (a write outside its plan is refused)."""
+    manager, sink = make_manager()
+    zygote = landlock.spawn_zygote
+    await _warm(landlock, manager)
+    pid = zygote.pid
+    inside, outside = tmp_path / "in", tmp_path / "out"
+    inside.mkdir()
+    outside.mkdir()
+    plan = {"full_read": True, "full_write": False, "network": False,
+            "writable_roots": [str(inside)]}
+    header = {"op": "fs/writeFile", "path": str(outside / "f"), "expect": str(outside),
+              "plan": plan}
+    reply, _ = await zygote.run(header, b"escaped", timeout=TIMEOUT, owner=manager)
+    assert reply["status"] == "error" and "Permission denied" in reply["message"], reply
+    assert not (outside / "f").exists()
+    header = {**header, "path": str(inside / "f"), "expect": str(inside)}
+    reply, _ = await zygote.run(header, b"written", timeout=TIMEOUT, owner=manager)
+    assert reply["status"] == "ok", reply
+    assert (inside / "f").read_bytes() == b"written"
+    await manager.start("p", _wrap(landlock, str(tmp_path),
+                                         ["sh", "-c", "echo up; sleep 30"]))
+    assert _via_zygote(manager, "p")
+    async with asyncio.timeout(TIMEOUT):
+        while b"up" not in sink.output.get("p", b""):  # noqa: ASYNC110 - no event for it
+            await asyncio.sleep(0.01)
+    leader = manager.pid_of("p")
+    assert leader is not None and _ppid(leader) == pid  # the same process all along
+    assert zygote.pid == pid
+    assert manager.terminate("p")
+    assert (await sink.closed("p"))[0] == 128 + signal.SIGTERM

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from exec_server.fs.zygote import SpawnRequest, Zygote, shared_zygote
 from exec_server.process.spec import LaunchSpec, ZygoteLaunch
 from exec_server.sandbox.linux.base import (
     WRAPPER_ENV,
@@ -21,7 +22,6 @@ from exec_server.sandbox.linux.base import (
     memfd_holding,
     sandbox_env,
 )
-from exec_server.sandbox.linux.spawn_zygote import SpawnRequest, SpawnZygote
 from exec_server.sandbox.linux.spawn_zygote_main import STATUS_FD
 from exec_server.sandbox.plan import SandboxPlan
 
@@ -46,7 +46,7 @@ def launcher_argv(plan: SandboxPlan, command: list[str], *, cwd: str | None,
 def launcher_flags(plan: SandboxPlan, command: list[str], *, cwd: str | None,
                    arg0: str | None = None, status_fd: int | None = None,
                    strict_mounts: bool = False, env_fd: int | None = None) -> list[str]:
-    """``_launch.main``'s arguments: the launcher script's and the spawn zygote child's."""
+    """``_launch.main``'s arguments: the launcher script's and a helper zygote launch's."""
     argv: list[str] = []
     if env_fd is not None:
         argv += ["--env-fd", str(env_fd)]
@@ -116,10 +116,10 @@ def _status_reader(fd: int) -> Callable[[], None]:
 class LandlockBackend(LinuxBackend):
     """Landlock + mount-namespace rebinds + capability drop + seccomp, in a launcher.
 
-    ``zygote``: wrapped launches also carry a ``ZygoteLaunch`` for the shared
-    spawn zygote (``spawn_zygote.py``), which a process manager may use
-    instead of running the launcher script (same confinement, no interpreter
-    start-up per launch).
+    ``zygote``: wrapped launches also carry a ``ZygoteLaunch`` for the
+    process's helper zygote (``fs/zygote.py``), which a process manager may
+    use instead of running the launcher script (same confinement, no
+    interpreter start-up per launch).
     """
 
     name = "landlock"
@@ -131,9 +131,11 @@ class LandlockBackend(LinuxBackend):
         self.strict_mounts = strict_mounts
         self.python = python or sys.executable
         self._placeholders = PlaceholderRegistry()
-        #: the spawn zygote shared by every launch of this backend (None: disabled).
-        self.spawn_zygote: SpawnZygote | None = (
-            SpawnZygote(python=self.python) if zygote else None)
+        #: the helper zygote starting this backend's launches (None: disabled).
+        self.spawn_zygote: Zygote | None = None
+        if zygote:
+            self.spawn_zygote = (shared_zygote() if python in (None, sys.executable)
+                                 else Zygote(python=self.python))
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "abi": self.abi, "mount_ns": self.mount_ns,

@@ -1,7 +1,5 @@
 """Entry script of the Landlock launcher (``python -I -S launcher.py FLAGS -- CMD...``).
 
-Also the entry of the spawn zygote (``launcher.py --zygote CTL_FD SERVER_PID``).
-
 Deliberately tiny: a script is compiled on every run while imported modules
 come from the bytecode cache, so the body lives in ``_launch.py``. ``-I``
 keeps this directory off ``sys.path``; registering bare package modules makes
@@ -27,11 +25,6 @@ def _bootstrap_package() -> None:
 
 if __name__ == "__main__":
     _bootstrap_package()
-    if sys.argv[1:2] == ["--zygote"]:
-        # The spawn zygote (spawn_zygote_main.py) shares this bootstrap.
-        from exec_server.sandbox.linux.spawn_zygote_main import main as zygote_main
-
-        sys.exit(zygote_main(sys.argv[2:]))
     from exec_server.sandbox.linux._launch import main
 
     sys.exit(main(sys.argv[1:]))

@@ -1,28 +1,53 @@
-"""Main-loop plumbing shared by the two fork-per-request zygotes.
+"""The fork-per-request loop of the helper zygote (``fs/zygote_main.py``).
 
-Used by ``fs/zygote_main.py`` (sandboxed fs calls) and
-``sandbox/linux/spawn_zygote_main.py`` (Landlock launches), both running under
-``python -I -S``: stdlib-only on purpose, like the rest of this directory.
+Runs under ``python -I -S``: stdlib-only on purpose, like the rest of this
+directory. The server never forks itself (it is multi-threaded); this small
+single-threaded process forks one child per request instead.
 
-What is shared: the SIGCHLD wake pipe, the select loop over the control
-socket and that pipe, reaping (``X`` + pid + wait status to the server), the
-pre-forked spare's bookkeeping and the kill-and-reap shutdown on EOF. What a
-request means, what a child does and how the spare is re-forked stay in the
-specific zygotes (hooks below).
+Control channel (``SOCK_SEQPACKET``, one message per datagram):
+
+* server -> zygote: kind (one byte) + request id (``!Q``) + the kind's bytes,
+  with the request's fds (``SCM_RIGHTS``).
+* zygote -> server: ``R`` + JSON once ready; ``P`` + id + pid (``!Qi``) with
+  a pidfd of the child once it has the request (and, when its kind asks,
+  leads its own process group or session); ``E`` + id + errno (``!Qi``) when
+  no child could take it; ``X`` + pid + raw wait status (``!ii``) after
+  reaping a child.
+
+Every child starts as a *spare*: forked ahead of time, it resets what the
+zygote changed (signals, gc), prepares for its kind (copy-on-write faults,
+restrictions that need no request) and waits on a private socketpair. A
+request is handed to the spare of its kind as the whole control message plus
+its fds; without one, a spare is forked on demand and handed the request at
+once. When a kind's next spare is forked is the subclass's rule
+(``_spare_at``). EOF on the control socket means the server is going away:
+SIGKILL every child (and its group), reap, exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import select
 import signal
 import socket
 import struct
+import time
 
-__all__ = ["ZygoteBase", "fds_from_anc"]
+from exec_server.sandbox.linux._libc import call_prctl
+
+__all__ = ["ID_PID", "MAX_REQUEST", "ZygoteBase", "fds_from_anc", "reset_signals"]
 
 _EXIT = struct.Struct("!ii")
+#: ``P`` and ``E`` payloads: request id, then pid or errno.
+ID_PID = struct.Struct("!Qi")
+_ID = struct.Struct("!Q")
+#: largest control message (a launch's args and env); the server falls back above it.
+MAX_REQUEST = 1 << 20
+_MAX_FDS = 4
+_EBADF = 9
+_PR_SET_PDEATHSIG = 1
 
 
 def fds_from_anc(anc: list[tuple[int, int, bytes]]) -> list[int]:
@@ -35,47 +60,99 @@ def fds_from_anc(anc: list[tuple[int, int, bytes]]) -> list[int]:
     return fds
 
 
-class ZygoteBase:
-    """A single-threaded zygote: control socket, children, wake pipe, spare child."""
+#: signals the zygote leaves at other than their default (set by ``ZygoteBase.run``).
+_NOT_DEFAULT: list[int] = []
 
-    #: whether the death of an unused spare is reported (``X``) to the server.
-    report_spare_exit = False
-    #: errors on the control socket that mean the server is gone.
-    server_gone: tuple[type[BaseException], ...] = (OSError,)
+
+def _not_default() -> list[int]:
+    """Ours (SIGCHLD, SIGINT, ...) and whatever the server inherited ignored (``nohup``)."""
+    out = []
+    for n in range(1, signal.NSIG):
+        if n in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(n) is not signal.SIG_DFL:
+                out.append(n)
+    return out
+
+
+def reset_signals() -> None:
+    """In a child: every signal to its default, none blocked, as exec'd commands expect."""
+    signal.set_wakeup_fd(-1)
+    for n in _NOT_DEFAULT:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(n, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+class ZygoteBase:
+    """A single-threaded zygote: control socket, children, wake pipe, one spare per kind."""
+
+    #: the request kinds served (first byte of a control message).
+    kinds: tuple[bytes, ...] = ()
 
     def __init__(self, ctl_fd: int, server_pid: int, prefork: bool) -> None:
         self.ctl = socket.socket(fileno=ctl_fd)
         self.server_pid = server_pid
         self.prefork = prefork
-        self.children: set[int] = set()
+        #: pid -> kind of every child (spares included).
+        self.children: dict[int, bytes] = {}
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        #: (pid, hand-off socket) of the pre-forked child, if any.
-        self.spare: tuple[int, socket.socket] | None = None
+        #: kind -> (pid, hand-off socket) of its pre-forked child.
+        self.spares: dict[bytes, tuple[int, socket.socket]] = {}
+        self.buf = bytearray(MAX_REQUEST)
+        self.anc_size = socket.CMSG_SPACE(_MAX_FDS * 4)
 
     # ------------------------------------------------------------------ hooks
 
-    def _on_control(self) -> bool:
-        """Handle one control message; False on EOF (the server closed the socket)."""
+    def _ready_message(self) -> bytes:
+        """The ``R`` payload (JSON), sent once warmed up."""
         raise NotImplementedError
 
-    def _idle_timeout(self) -> float | None:
-        """Seconds the select may block (None: until something happens)."""
-        return None
+    def _warm_up(self) -> None:
+        """Run what children run once, so forks start warm."""
 
-    def _all_reaped(self, report: bool) -> None:
-        """Called once a reap found no child left."""
+    def _accepts(self, kind: bytes, n: int, fds: list[int]) -> bool:
+        """Whether a request of ``n`` bytes (in ``buf``) with ``fds`` is well formed."""
+        raise NotImplementedError
 
-    def _kill_child(self, pid: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    def _spare_at(self, kind: bytes) -> float:
+        """Monotonic time from which a new spare of ``kind`` may be forked (inf: not now)."""
+        return 0.0
 
-    # ------------------------------------------------------------------ shared
+    def _prepare(self, kind: bytes, ahead: bool) -> None:
+        """In a spare, before its request: ``ahead`` when forked ahead of time."""
 
-    def _install_wakeup(self) -> None:
-        """SIGCHLD (and only it) wakes the select loop through the wake pipe."""
+    def _serve(self, kind: bytes, raw: bytes, fds: list[int], handoff: socket.socket) -> int:
+        """In the child: serve the request (``raw`` is the control message); the exit code."""
+        raise NotImplementedError
+
+    def _handed_off(self, kind: bytes, raw: memoryview, pid: int,
+                    handoff: socket.socket) -> None:
+        """In the zygote, once child ``pid`` has the request (e.g. wait for its setsid)."""
+
+    # ------------------------------------------------------------------ zygote side
+
+    def run(self) -> int:
+        """Warm up, report ready, serve until EOF; the exit code."""
+        global _NOT_DEFAULT
+        call_prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the server
+        if os.getppid() != self.server_pid:
+            return 1
+        # Received fds must never land on 0-2 (children dup2 onto them).
+        while (fd := os.open("/dev/null", os.O_RDWR)) <= 2:
+            pass
+        os.close(fd)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGCHLD, lambda _s, _f: None)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        _NOT_DEFAULT = _not_default()
+        self._warm_up()
+        gc.collect()
+        gc.freeze()  # forked children keep sharing these pages
+        self._send(b"R" + self._ready_message())
+        self._loop()
+        return 0
 
     def _send(self, msg: bytes, fds: tuple[int, ...] = ()) -> None:
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
@@ -85,10 +162,9 @@ class ZygoteBase:
         """Serve until EOF on the control socket, then kill and reap every child."""
         try:
             while True:
-                timeout = self._idle_timeout()
                 try:
                     ready, _, _ = select.select([self.ctl.fileno(), self.wake_r], [], [],
-                                                timeout)
+                                                self._fork_spares())
                 except InterruptedError:
                     continue
                 if self.wake_r in ready:
@@ -96,22 +172,137 @@ class ZygoteBase:
                     self._reap(block=False)
                 if self.ctl.fileno() in ready and not self._on_control():
                     break
-        except self.server_gone:
+        except OSError:
             pass  # the server is gone: clean up below
         finally:
-            if self.spare is not None:
-                self.spare[1].close()
+            for _, sock in self.spares.values():
+                sock.close()
             for pid in list(self.children):
-                self._kill_child(pid)
+                for kill in (os.killpg, os.kill):  # a launch leads its own group
+                    with contextlib.suppress(OSError):
+                        kill(pid, signal.SIGKILL)
             self._reap(block=True, report=False)
 
-    def _close_zygote_fds(self) -> None:
-        """In a forked child: drop the zygote's control socket, wake pipe and spare socket."""
-        self.ctl.close()
-        os.close(self.wake_r)
-        os.close(self.wake_w)
-        if self.spare is not None:
-            self.spare[1].close()
+    def _fork_spares(self) -> float | None:
+        """Fork the spares that are due; seconds until the next one is (None: none pending)."""
+        if not self.prefork:
+            return None
+        timeout: float | None = None
+        for kind in self.kinds:
+            if kind in self.spares:
+                continue
+            wait = self._spare_at(kind) - time.monotonic()
+            if wait <= 0:
+                self._make_spare(kind, ahead=True)
+            elif wait != float("inf"):
+                timeout = wait if timeout is None else min(timeout, wait)
+        return timeout
+
+    def _on_control(self) -> bool:
+        """Handle one control message; False on EOF (the server closed the socket)."""
+        try:
+            n, anc, _flags, _addr = self.ctl.recvmsg_into([self.buf], self.anc_size)
+        except InterruptedError:
+            return True
+        fds = fds_from_anc(anc)
+        try:
+            if n == 0:
+                return False
+            if n < 1 + _ID.size:
+                return True
+            kind = bytes(self.buf[:1])
+            (req_id,) = _ID.unpack_from(self.buf, 1)
+            if kind not in self.kinds or not self._accepts(kind, n, fds):
+                self._send(b"E" + ID_PID.pack(req_id, _EBADF))
+                return True
+            self._start(kind, req_id, n, fds)
+            return True
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _start(self, kind: bytes, req_id: int, n: int, fds: list[int]) -> None:
+        """Hand the request to the kind's spare (one forked now if there is none or it died)."""
+        msg = memoryview(self.buf)[:n]
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
+        for ahead in (True, False):
+            spare = self.spares.pop(kind, None) if ahead else self._make_spare(kind, ahead=False)
+            if spare is None:
+                if not ahead:
+                    return  # fork failed (reported)
+                continue
+            pid, handoff = spare
+            try:
+                try:
+                    handoff.sendmsg([msg], anc)
+                except OSError:
+                    continue  # it died before taking the request
+                self._handed_off(kind, msg, pid, handoff)
+            finally:
+                handoff.close()
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError as exc:  # it is already gone: its X follows
+                self._send(b"E" + ID_PID.pack(req_id, exc.errno or _EBADF))
+                return
+            try:
+                self._send(b"P" + ID_PID.pack(req_id, pid), (pidfd,))
+            finally:
+                os.close(pidfd)
+            return
+
+    def _make_spare(self, kind: bytes, *, ahead: bool) -> tuple[int, socket.socket] | None:
+        """Fork a child of ``kind`` waiting for its request; None (reported) if fork fails."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with contextlib.suppress(OSError):  # room for the largest request
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * MAX_REQUEST)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            ours.close()
+            theirs.close()
+            if not ahead:
+                (req_id,) = _ID.unpack_from(self.buf, 1)
+                self._send(b"E" + ID_PID.pack(req_id, exc.errno or 11))
+            return None
+        if pid == 0:
+            ours.close()
+            self._spare(kind, theirs, ahead)  # never returns
+        theirs.close()
+        self.children[pid] = kind
+        if ahead:
+            self.spares[kind] = (pid, ours)
+        return pid, ours
+
+    # ------------------------------------------------------------------ child side
+
+    def _spare(self, kind: bytes, handoff: socket.socket, ahead: bool) -> None:
+        """A forked child: get ready, wait for the request, serve it. Never returns."""
+        code = 125
+        try:
+            gc.disable()  # short-lived or about to exec: a collection would copy every page
+            reset_signals()
+            self.ctl.close()
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            for _, sock in self.spares.values():
+                sock.close()
+            self._prepare(kind, ahead)
+            while True:
+                try:
+                    n, anc, _flags, _addr = handoff.recvmsg_into([self.buf], self.anc_size)
+                    break
+                except InterruptedError:
+                    continue
+            fds = fds_from_anc(anc)
+            # EOF: the zygote is closing.
+            code = 0 if n == 0 else self._serve(kind, bytes(self.buf[:n]), fds, handoff)
+        except BaseException:
+            pass
+        finally:
+            os._exit(code)
+
+    # ------------------------------------------------------------------ reaping
 
     def _drain_wakeups(self) -> None:
         try:
@@ -131,12 +322,10 @@ class ZygoteBase:
                 continue
             if pid == 0:
                 return
-            self.children.discard(pid)
-            if self.spare is not None and self.spare[0] == pid:
-                self.spare[1].close()
-                self.spare = None
-                if not self.report_spare_exit:
-                    continue  # an unused spare died: nobody to tell
+            kind = self.children.pop(pid, None)
+            spare = self.spares.get(kind) if kind is not None else None
+            if spare is not None and spare[0] == pid:
+                del self.spares[kind]  # type: ignore[arg-type]
+                spare[1].close()
             if report:
                 self._send(b"X" + _EXIT.pack(pid, status))
-        self._all_reaped(report)
