@@ -237,8 +237,8 @@ async def test_pool_without_cpu_following_wakes_nothing_near() -> None:
 
 
 async def test_concurrent_big_writes_each_land_whole(live_server: Any, tdir: Path) -> None:
-    """Big writes are decoded two pieces at a time with the shared fan-out helpers
-    (``native_base64.PAIR_MIN``). Several at once, on four connections, one with a
+    """Big writes are decoded a slice at a time as they are written. Several at
+    once, on four connections, one with a
     bad character in its second half: each gets its own answer, the good ones
     land whole, the refused one keeps the old file, and no temp file is left."""
     clients = [await live_server.client() for _ in range(4)]

@@ -11,7 +11,6 @@ import pytest
 
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import ops
-from exec_server.fs.fanout import shared_fanout
 
 
 def _pieces(
@@ -74,15 +73,6 @@ def test_a_payload_failing_half_way_leaves_the_target_as_it_was(tdir: Path, exis
         assert _names(tdir) == []  # no temp file left either
 
 
-def test_write_instead_replaces_what_the_pieces_began(tdir: Path) -> None:
-    target = tdir / "f"
-    target.write_bytes(b"old contents")
-    payload = _pieces([b"x" * 3000, b"y"], fail_at=1, error=ops.WriteInstead(b"the whole"))
-    ops.write_file(str(target), payload)
-    assert target.read_bytes() == b"the whole"
-    assert _names(tdir) == ["f"]
-
-
 def test_in_place_fallback_gets_the_payload_whole_before_truncating(
     tdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -101,35 +91,10 @@ def test_in_place_fallback_gets_the_payload_whole_before_truncating(
     assert target.read_bytes() == b"old contents"
     ops.write_file(str(target), _pieces([b"new ", b"contents"]))
     assert target.read_bytes() == b"new contents"
-    ops.write_file(str(target), _pieces([b"zz", b"?"], fail_at=1, error=ops.WriteInstead(b"w")))
-    assert target.read_bytes() == b"w"
 
 
-def test_payload_bytes_joins_or_takes_the_replacement() -> None:
+def test_payload_bytes_joins_the_pieces() -> None:
     assert ops.payload_bytes(b"plain") == b"plain"
     assert bytes(ops.payload_bytes(_pieces([b"ab", b"cd", b"e"]))) == b"abcde"
-    replaced = _pieces([b"ab", b"cd"], fail_at=1, error=ops.WriteInstead(b"other"))
-    assert ops.payload_bytes(replaced) == b"other"
     with pytest.raises(InvalidRequestError):
         ops.payload_bytes(_pieces([b"ab", b"cd"], fail_at=1))
-
-
-def test_a_worker_write_makes_the_pieces_with_the_fanout_helpers(tdir: Path) -> None:
-    """``produce_paired`` (two pieces at a time) is what ``write_file`` uses when a
-    payload has it, handed the shared helpers' ``run``; ``produce`` stays unused."""
-    target = tdir / "f"
-    parts = [os.urandom(5000), os.urandom(3)]
-    used: list[object] = []
-
-    def paired(run_pair: ops.RunTasks) -> Iterator[memoryview]:
-        used.append(run_pair)
-        done: list[int] = []
-        run_pair([lambda: done.append(1), lambda: done.append(2)])
-        assert sorted(done) == [1, 2]
-        yield from _Parts(parts)()
-
-    unused = _Parts([b"never"])
-    ops.write_file(str(target), ops.Pieces(5003, unused, paired))
-    assert target.read_bytes() == b"".join(parts)
-    assert used == [shared_fanout().run] and unused.calls == 0
-    assert _names(tdir) == ["f"]

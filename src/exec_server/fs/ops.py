@@ -36,7 +36,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -60,8 +60,6 @@ __all__ = [
     "Payload",
     "Pieces",
     "ReceiveInto",
-    "RunTasks",
-    "WriteInstead",
     "canonicalize",
     "copy",
     "create_directory",
@@ -70,9 +68,7 @@ __all__ = [
     "payload_bytes",
     "read_and_close",
     "read_directory",
-    "read_exactly",
     "read_file",
-    "read_from_start",
     "remove",
     "resolve_existing_prefix",
     "write_file",
@@ -184,26 +180,6 @@ def read_and_close(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
             os.close(fd)
 
 
-def read_exactly(fd: int, view: memoryview) -> bool:
-    """Fill ``view`` from ``fd``'s position; True if the file then ends there (it is still
-    as long as its ``fstat`` said), False if it ended before or goes on."""
-    with translate_os_errors():
-        got = 0
-        while got < len(view):
-            n = os.readv(fd, [view[got:]])
-            if n == 0:
-                return False
-            got += n
-        return not os.read(fd, 1)
-
-
-def read_from_start(fd: int, limit: int = READ_LIMIT) -> bytes:
-    """Read ``fd`` from offset 0 to EOF, capped at ``limit``, leaving it open."""
-    with translate_os_errors():
-        os.lseek(fd, 0, os.SEEK_SET)
-        return _read_all(fd, 0, limit)
-
-
 def _read_all(fd: int, size: int, limit: int) -> bytes:
     """Read to EOF with one file-sized allocation in the common case."""
     if size > 0:
@@ -234,11 +210,8 @@ def _read_all(fd: int, size: int, limit: int) -> bytes:
 
 
 Buffer = bytes | bytearray | memoryview
-#: ``run(tasks)``: run blocking tasks at once, raise the first error after all stopped
-#: (``FanOut.run``).
-RunTasks = Callable[[Sequence[Callable[[], object]]], None]
 #: ``into(size)``: a buffer of exactly ``size`` bytes to receive a file's contents in,
-#: or None to have them as new bytes (see ``FileSystemService.read_file_mapped``).
+#: or None to have them as new bytes (the confined helper's client takes one).
 ReceiveInto = Callable[[int], memoryview | None]
 
 
@@ -251,23 +224,10 @@ class Pieces:
 
     size: int
     produce: Callable[[], Iterable[Buffer]]
-    #: The same pieces made faster by a helper thread joining in (``produce_paired(run_pair)``,
-    #: see ``native_base64.decode_pieces``): for a writer that would only wait meanwhile,
-    #: a worker thread, never the event loop.
-    produce_paired: Callable[[RunTasks], Iterable[Buffer]] | None = None
 
 
 #: What :func:`write_file` writes: the bytes, or :class:`Pieces`.
 Payload = Buffer | Pieces
-
-
-class WriteInstead(Exception):
-    """Raised by a payload's pieces: drop what was written and write ``data`` instead
-    (the pieces' source found it must be decoded another way)."""
-
-    def __init__(self, data: Buffer) -> None:
-        super().__init__("write the whole data instead")
-        self.data = data
 
 
 def payload_bytes(payload: Payload) -> Buffer:
@@ -275,11 +235,8 @@ def payload_bytes(payload: Payload) -> Buffer:
     if not isinstance(payload, Pieces):
         return payload
     whole = bytearray()
-    try:
-        for piece in payload.produce():
-            whole += piece
-    except WriteInstead as instead:
-        return instead.data
+    for piece in payload.produce():
+        whole += piece
     return whole
 
 
@@ -287,14 +244,11 @@ def write_file(path: str, data: Payload) -> None:
     """Create or replace ``path`` with ``data``; parents are not created (``-32004``).
 
     A payload given in pieces goes to a temp file piece by piece; if its pieces
-    raise, the temp file is removed and the target left as it was (with
-    :class:`WriteInstead`, the write is redone with its data). Targets written
-    in place (devices, FIFOs, the fallbacks below) get it whole, decoded first.
+    raise, the temp file is removed and the target left as it was. Targets
+    written in place (devices, FIFOs, the fallbacks below) get it whole, made
+    first.
     """
-    try:
-        _write_file(path, data)
-    except WriteInstead as instead:
-        _write_file(path, instead.data)
+    _write_file(path, data)
 
 
 def _write_file(path: str, data: Payload) -> None:
@@ -362,13 +316,7 @@ def _write_in_place(path: str, data: Payload, extra_flags: int = 0) -> None:
 
 
 def _write_all(fd: int, data: Payload) -> None:
-    pieces: Iterable[Buffer]
-    if not isinstance(data, Pieces):
-        pieces = (data,)
-    elif data.produce_paired is not None:
-        pieces = data.produce_paired(shared_fanout().run)
-    else:
-        pieces = data.produce()
+    pieces = (data,) if not isinstance(data, Pieces) else data.produce()
     for piece in pieces:
         view = memoryview(piece).cast("B")
         while view:

@@ -44,7 +44,7 @@ import msgspec
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import ErrorCode, ProtocolClosedError
-from exec_server.protocol.codec import ProtocolError, decode_message, encode_error
+from exec_server.protocol.codec import SPAN_MIN, ProtocolError, decode_message, encode_error
 from exec_server.protocol.codec import encode_notification as _encode_notification
 from exec_server.protocol.connection import malformed_message_text
 from exec_server.protocol.messages import (
@@ -74,7 +74,6 @@ from exec_server.server import (
     process_handlers,
 )
 from exec_server.server.capabilities import advertised_capabilities
-from exec_server.server.heap import BIG_TRANSFER, heap_releaser, settle_startup_heap
 from exec_server.server.listener import (
     Listener,
     check_stdio,
@@ -239,9 +238,6 @@ class ConnectionProcessor:
             self._closed = True
             self._request_close(f"send failed: {exc}")
             return False
-        finally:
-            if len(data) >= BIG_TRANSFER:  # checked here: every small reply passes by
-                heap_releaser().note_transfer(len(data))
         return not self._closed
 
     async def _notify(self, method: str, params: msgspec.Struct) -> bool:
@@ -325,12 +321,8 @@ class ConnectionProcessor:
             except ProtocolClosedError as exc:
                 self._request_close(str(exc))
                 return
-            if not isinstance(item, OversizedMessage):
-                size = len(item)
-                if size >= BIG_TRANSFER:
-                    heap_releaser().note_transfer(size)
-                if size > KEEP_MESSAGE_MAX:
-                    del item  # an idle connection would hold a 64 MiB write's 85 MiB text
+            if not isinstance(item, OversizedMessage) and len(item) > KEEP_MESSAGE_MAX:
+                del item  # an idle connection would hold a 64 MiB write's 85 MiB text
 
     async def _next(self) -> Inbound:
         """The next message in arrival order (read ahead, or from the transport); None at EOF.
@@ -457,7 +449,10 @@ class ConnectionProcessor:
             return
         assert item is not None
         try:
-            message = decode_message(item)
+            if len(item) < SPAN_MIN:
+                message = decode_message(item)
+            else:  # walked in a worker, a window at a time: the loop runs on
+                message = await asyncio.to_thread(decode_message, item)
         except ProtocolError as exc:
             await self._send(
                 encode_error(
@@ -646,12 +641,9 @@ async def run_server(
         loop.add_signal_handler(sig, stop.set)
     server = ExecServer(config)
     server.services.start_warming()
-    releaser = heap_releaser()
     try:
         if target == STDIO:
             transport = await _open_stdio("exec-server stdio", config.max_message_size)
-            settle_startup_heap()
-            releaser.watch()
             conn = asyncio.create_task(server.processor(transport).run())
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({conn, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -663,8 +655,6 @@ async def run_server(
             ws_server = await server.listen_websocket(target, listener)
             sock = next(iter(ws_server.sockets))
             host, port = sock.getsockname()[:2]
-            settle_startup_heap()
-            releaser.watch()
             loop.add_signal_handler(signal.SIGHUP, reload_authenticator, listener)
             if announce is not None:
                 announce(format_ws_url(host, port, scheme=listener.scheme))
@@ -676,7 +666,6 @@ async def run_server(
                 server.close_connections()
                 await ws_server.wait_closed()
     finally:
-        releaser.unwatch()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await server.aclose()
