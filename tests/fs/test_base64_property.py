@@ -8,6 +8,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -21,7 +22,12 @@ from exec_server.protocol import fs_types as t
 from exec_server.protocol.codec import SPAN_MIN, ProtocolError, decode_message
 from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.messages import Request
-from exec_server.server.fs_handlers import decode_data_base64, read_text, span_payload
+from exec_server.server.fs_handlers import (
+    decode_data_base64,
+    read_text,
+    read_text_pieces,
+    span_payload,
+)
 
 B64_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 
@@ -173,3 +179,42 @@ def test_a_bad_symbol_is_named_at_its_offset_across_scan_chunks(where: str) -> N
     text[offset] = ord("!")
     text[-1] = ord("?")  # a later bad byte (last group) must not be the one named
     assert base64_text.error_text(bytes(text)) == f"Invalid symbol 33, offset {offset}."
+
+
+@pytest.mark.parametrize("change", [0, -1, 1, -1000], ids=["same", "grew", "shrank", "grew-more"])
+def test_a_big_read_sends_the_file_as_it_is_when_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: int
+) -> None:
+    """A big file is read a piece at a time into its text, for the size its ``fstat``
+    said: one that is longer or shorter by then is read again whole, and the
+    reply holds exactly what it holds; the descriptor is closed either way."""
+    from exec_server.fs import service
+
+    data = os.urandom(3 * 100_000 + 1)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    opened: list[int] = []
+    real_open = ops.open_for_read
+
+    def open_for_read(name: str, **kwargs: Any) -> tuple[int, int | None]:
+        fd, size = real_open(name, **kwargs)
+        opened.append(fd)
+        assert size is not None
+        return fd, size + change
+
+    monkeypatch.setattr(ops, "open_for_read", open_for_read)
+    monkeypatch.setattr(service, "PIECES_MIN", 1)
+    monkeypatch.setattr(service, "READ_PIECE", 3 * 1000)
+    pieces_used: list[int] = []
+
+    def read_pieces(pieces: Any, size: int) -> t.ReadFileText:
+        pieces_used.append(size)
+        return read_text_pieces(pieces, size)
+
+    result = service._read_direct(str(path), False, read_text, 1000, read_pieces)
+    assert isinstance(result, t.ReadFileText)
+    text = base64.b64encode(data).decode()
+    assert json.loads(msgspec.json.encode(result)) == {"dataBase64": text}
+    assert pieces_used == [len(data) + change]
+    with pytest.raises(OSError):
+        os.fstat(opened[0])

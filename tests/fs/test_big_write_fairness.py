@@ -65,7 +65,7 @@ async def test_a_big_write_is_decoded_while_the_loop_runs(
     turns_at_slices: list[int] = []
 
     def decode_message(item: Any) -> Any:
-        if len(item) >= codec.SPAN_MIN:
+        if len(item) >= app.DECODE_OFF_LOOP:
             decoded_on.append(threading.get_ident())
         return codec.decode_message(item)
 

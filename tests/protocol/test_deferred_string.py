@@ -135,9 +135,26 @@ def test_slices_join_to_what_base64_decodes(data: bytes, piece: int) -> None:
     assert base64_text.decoded_size(text, 2, end) == len(data)
 
 
-@given(st.binary(max_size=300), st.sampled_from([3, 6, 300]))
-def test_encode_quoted_is_the_json_string_of_the_base64(data: bytes, piece: int) -> None:
-    assert bytes(base64_text.encode_quoted(data, piece)) == b'"' + base64.b64encode(data) + b'"'
+@given(st.binary(max_size=300), st.sampled_from([3, 6, 300]), st.sampled_from([0, 1 << 30]))
+def test_encoded_text_is_the_json_string_of_the_base64(
+    data: bytes, piece: int, mapped_min: int
+) -> None:
+    """Whole or in pieces, in a mapping or not: the same text."""
+    expected = b'"' + base64.b64encode(data) + b'"'
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(base64_text, "MAPPED_MIN", mapped_min)
+        assert bytes(base64_text.encode_quoted(data)) == expected
+        pieces = (data[i : i + piece] for i in range(0, len(data), piece))
+        assert bytes(base64_text.encode_pieces_quoted(pieces, len(data))) == expected
+
+
+def test_pieces_that_do_not_add_up_are_refused() -> None:
+    with pytest.raises(ValueError, match="fewer"):
+        base64_text.encode_pieces_quoted([b"abc"], 6)
+    with pytest.raises(ValueError, match="more"):
+        base64_text.encode_pieces_quoted([b"abc", b"def"], 3)
+    with pytest.raises(ValueError, match="multiple of 3"):
+        base64_text.encode_pieces_quoted([b"ab", b"cd"], 4)
 
 
 @given(st.text(alphabet="QUJDab+/=\n!", max_size=24), st.sampled_from([4, 8, 64]))
@@ -165,8 +182,6 @@ def test_padding_at_the_end_of_a_middle_slice_is_refused() -> None:
 def test_slice_sizes_must_be_whole_groups() -> None:
     with pytest.raises(ValueError):
         list(base64_text.decode_slices(b"QUJD", 0, 4, 6))
-    with pytest.raises(ValueError):
-        base64_text.encode_quoted(b"abc", 4)
 
 
 # ----------------------------------------------------------------- codec

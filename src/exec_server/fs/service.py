@@ -182,10 +182,11 @@ class FileSystemService:
         the server reads the file: one thread hand-off instead of two; the server
         base64-encodes big files this way).
 
-        ``map_pieces(pieces, size)``, if given, maps a big regular file the server
-        reads itself as it is read, :data:`READ_PIECE` bytes at a time (in one
-        reused buffer), so the file is never held whole; a file whose size
-        changed since its ``fstat`` is read again whole for ``map_large``."""
+        ``map_pieces(pieces, size)``, if given, maps a regular file of
+        :data:`PIECES_MIN` bytes or more that the server reads itself as it is
+        read, :data:`READ_PIECE` bytes at a time (in one reused buffer), so the
+        file is never held whole; a file whose size changed since its ``fstat``
+        is read again whole for ``map_large``."""
         if route.confined:
             confined = self._confined_or_refuse(route)
             if not confined.reads_directly(route.context):
@@ -309,7 +310,7 @@ def _read_direct(
 ) -> bytes | T:
     """Read and map in one worker job (see :meth:`FileSystemService.read_file_mapped`)."""
     fd, size = ops.open_for_read(path, regular_only=regular_only)
-    if map_pieces is not None and size is not None and size > large_over:
+    if map_pieces is not None and size is not None and size >= max(PIECES_MIN, large_over + 1):
         try:
             with translate_os_errors():
                 return map_pieces(_pieces_of(fd, size), size)
@@ -328,6 +329,8 @@ def _read_direct(
 
 #: Bytes of a big file read at a time (a multiple of 3: whole base64 groups).
 READ_PIECE: Final = 3 << 18
+#: Files from this size on are read a piece at a time when the caller can map pieces.
+PIECES_MIN: Final = 3 << 20
 
 
 class _Resized(Exception):

@@ -44,7 +44,7 @@ import msgspec
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import ErrorCode, ProtocolClosedError
-from exec_server.protocol.codec import SPAN_MIN, ProtocolError, decode_message, encode_error
+from exec_server.protocol.codec import ProtocolError, decode_message, encode_error
 from exec_server.protocol.codec import encode_notification as _encode_notification
 from exec_server.protocol.connection import malformed_message_text
 from exec_server.protocol.messages import (
@@ -105,6 +105,9 @@ BLOCKING_METHODS: Final = ("process/read",)
 #: system and the next message faulted it in again (~0.8 ms per 1 MiB write);
 #: above glibc's largest mmap threshold every message gets fresh pages anyway.
 KEEP_MESSAGE_MAX: Final = 32 << 20
+#: Messages from this size on are decoded in a worker thread: walking one takes
+#: ~0.25 ms per MiB, which the event loop would spend unable to answer anyone.
+DECODE_OFF_LOOP: Final = 4 << 20
 #: Seconds one message may keep the read loop busy before the transport is read
 #: ahead (to notice EOF, §2.7). Most requests take far less; checking costs one
 #: timer per busy connection per period, not one per request.
@@ -449,7 +452,7 @@ class ConnectionProcessor:
             return
         assert item is not None
         try:
-            if len(item) < SPAN_MIN:
+            if len(item) < DECODE_OFF_LOOP:
                 message = decode_message(item)
             else:  # walked in a worker, a window at a time: the loop runs on
                 message = await asyncio.to_thread(decode_message, item)
