@@ -48,7 +48,7 @@ async def test_a_big_write_is_decoded_while_the_loop_runs(
     inprocess_server: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A 64 MiB write (85 MiB of text): the message is walked in a worker thread, and
-    its text decoded there a 1 MiB slice at a time, with loop turns between the
+    its text decoded there a 1 MiB slice at a time, with loop turns between
     slices. Decoding the message on the loop (as msgspec, or a scan of the whole
     text there) gives no turn at all: a synchronous call on the loop's thread
     cannot be interleaved with the loop."""
@@ -89,9 +89,11 @@ async def test_a_big_write_is_decoded_while_the_loop_runs(
     assert decoded_on and loop_thread not in decoded_on
     slices = len(turns_at_slices)
     assert slices == -(-len(base64.b64encode(data)) // MIB)  # 1 MiB of text at a time
-    # The loop turned between slices (about half of them here: the worker gives
-    # the GIL up while it writes, and Python's switch interval, 5 ms, makes it
-    # give it up within two or three 1 MiB decodes); a decode of the whole text
-    # in one call would have shown no turn from the first slice to the last.
+    # The loop turned between slices, in several of the gaps (1 in 5 to 1 in 10
+    # on this project's loaded VM: the worker gives the GIL up while it writes,
+    # and Python's switch interval, 5 ms, makes it give it up every few 1 MiB
+    # decodes), and many times in all; a decode of the whole text in one call
+    # would have shown no turn from the first slice to the last.
     turned = sum(b > a for a, b in itertools.pairwise(turns_at_slices))
-    assert turned >= slices // 8, f"the loop turned between {turned} of {slices} slices"
+    assert turned >= 3, f"the loop turned between {turned} of {slices} slices"
+    assert turns_at_slices[-1] - turns_at_slices[0] >= slices

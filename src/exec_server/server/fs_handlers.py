@@ -32,6 +32,7 @@ from exec_server.fs.service import (
 from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.protocol import fs_types as t
 from exec_server.protocol.base64_text import (
+    Undecodable,
     decode_slices,
     decoded_size,
     encode_pieces_quoted,
@@ -163,7 +164,7 @@ def span_payload(span: StringSpan) -> ops.Payload:
     def produce() -> Iterator[bytes]:
         try:
             yield from decode_slices(text, start, end)
-        except binascii.Error as exc:
+        except Undecodable as exc:
             error = error_text(memoryview(text)[start:end])
             raise _invalid_base64(exc if error is None else error) from None
 
