@@ -388,3 +388,27 @@ async def test_pool_lets_a_failed_jobs_data_go_before_answering() -> None:
     assert isinstance(error, OSError)
     assert alive_at_answer == [False, False]
     assert error.__traceback__ is not None  # still there to log, without the locals
+
+
+async def test_a_read_to_the_limit_leaves_nothing_held(
+    server: Any, rpc: Any, tmp_path: Path, wait_until: Any
+) -> None:
+    """``/dev/zero`` has no size: it is read to the 512 MiB limit and refused. The
+    bytes read grow one buffer, which goes back to the system when dropped; kept
+    as 1 MiB chunks they stayed in glibc's heaps once the first read's freed
+    blocks had raised its mmap threshold (three reads: ~500 MiB held for good)."""
+    client = await rpc(server.url)
+    await client.initialize()
+    await client.call("fs/getMetadata", {"path": tmp_path.as_uri(), "sandbox": None})
+    before = _status_kib(server.pid, "VmRSS")
+    for _ in range(3):
+        reply = await client.request("fs/readFile", {"path": "/dev/zero", "sandbox": None},
+                                     timeout=120)
+        assert reply["error"]["message"].startswith("file is too large to read"), reply
+
+    def held_mib() -> float:
+        return (_status_kib(server.pid, "VmRSS") - before) / 1024
+
+    with contextlib.suppress(TimeoutError):
+        await wait_until(lambda: held_mib() <= 16, 5.0)
+    assert held_mib() <= 16, f"{held_mib():.0f} MiB still held after the refused read"

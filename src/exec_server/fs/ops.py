@@ -181,17 +181,21 @@ def read_and_close(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
 
 
 def _read_all(fd: int, size: int, limit: int) -> bytes:
-    """Read to EOF with one file-sized allocation in the common case."""
+    """Read to EOF with one file-sized allocation in the common case.
+
+    Past its ``fstat`` size (or for a FIFO, a device) the rest grows one
+    buffer: chunks kept apart were each a block of glibc's heap, which keeps
+    them resident once freed (a ``/dev/zero`` read to the limit left ~500 MiB
+    held for good); one big buffer is a mapping, handed back whole.
+    """
+    data = bytearray()
     if size > 0:
         # A short read of size+1 means EOF: the bytes object is the only copy.
         first = os.read(fd, size + 1)
         if len(first) <= size:
             return first
-        chunks = [first]
-        total = len(first)
-    else:
-        chunks = []
-        total = 0
+        data += first
+        del first
     while True:
         try:
             chunk = os.read(fd, _CHUNK)
@@ -199,11 +203,10 @@ def _read_all(fd: int, size: int, limit: int) -> bytes:
             break
         if not chunk:
             break
-        total += len(chunk)
-        if total > limit:
+        if len(data) + len(chunk) > limit:
             raise InvalidRequestError(too_large_message(limit))
-        chunks.append(chunk)
-    return b"".join(chunks)
+        data += chunk
+    return bytes(data)
 
 
 # -------------------------------------------------------------------- write
