@@ -160,7 +160,3 @@ class StringSpan:
 
     def __len__(self) -> int:
         return self.end - self.start
-
-    def token(self) -> bytes:
-        """The member as JSON text, quotes included (a copy: for the slow paths)."""
-        return bytes(self.data[self.start - 1 : self.end + 1])
