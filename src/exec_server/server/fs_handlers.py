@@ -210,28 +210,23 @@ async def write_file(ctx: RequestContext, params: t.WriteFileParams) -> t.EmptyR
     route = await _route(ctx, params.sandbox)
     service = _service(ctx)
     span = ctx.span
-    produce: Callable[[], ops.Payload]
-    if span is not None:
-        produce = functools.partial(span_payload, span)
-    elif len(params.data_base64) > INLINE_CODEC_LIMIT:
-        produce = functools.partial(decode_data_base64, params.data_base64)
+    raw = params.data_base64
+    following = params.follow_symlinks is not False
+    if span is None and len(raw) <= INLINE_CODEC_LIMIT and following:
+        await service.write_file(path.path, decode_data_base64(raw), route)
+        return t.EmptyResult()
+    # Decoded in the worker that writes: one thread hand-off, not two.
+    produce: Callable[[], ops.Payload] = (
+        functools.partial(span_payload, span)
+        if span is not None
+        else functools.partial(decode_data_base64, raw)
+    )
+    if following:
+        await service.write_file_from(path.path, produce, route)
     else:
-        data = decode_data_base64(params.data_base64)
-        produce = functools.partial(_as_is, data)
-        if params.follow_symlinks is not False:
-            await service.write_file(path.path, data, route)
-            return t.EmptyResult()
-    if params.follow_symlinks is False:
         call = NoFollowCall(t.METHOD_WRITE_FILE, path.path, produce=produce)
         await service.no_follow(call, route)
-    else:
-        # Decoded in the worker that writes: one thread hand-off, not two.
-        await service.write_file_from(path.path, produce, route)
     return t.EmptyResult()
-
-
-def _as_is(data: bytes) -> bytes:
-    return data
 
 
 async def create_directory(ctx: RequestContext, params: t.CreateDirectoryParams) -> t.EmptyResult:
