@@ -7,7 +7,6 @@ import binascii
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +17,17 @@ from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import ops
+from exec_server.protocol import base64_text
 from exec_server.protocol import fs_types as t
-from exec_server.protocol import native_base64
-from exec_server.protocol.codec import ONE_PASS_MIN, ProtocolError, decode_message
+from exec_server.protocol.codec import SPAN_MIN, ProtocolError, decode_message
 from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.messages import Request
-from exec_server.server import fs_handlers
 from exec_server.server.fs_handlers import (
-    data_span_payload,
     decode_data_base64,
-    decode_data_span,
-    encode_read_reply,
-    read_into_reply,
-    receive_into_reply,
+    read_text,
+    read_text_pieces,
+    span_payload,
 )
-from exec_server.server.router import Router
 
 B64_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 
@@ -41,11 +36,7 @@ B64_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 def test_round_trip(data: bytes) -> None:
     token = msgspec.json.encode(base64.b64encode(data).decode())
     assert decode_data_base64(msgspec.Raw(token)) == data
-    encoded = encode_read_reply(7, data)
-    # Written by libcrypto outside the GIL when it is there (a bytearray), else by msgspec.
-    assert isinstance(encoded.payload, bytearray) == native_base64.encoder_available()
-    reply = json.loads(encoded.payload)
-    assert reply == {"id": 7, "result": {"dataBase64": json.loads(token)}}
+    assert msgspec.json.encode(read_text(data)) == b'{"dataBase64":' + token + b"}"
 
 
 @given(st.one_of(st.text(alphabet=B64_CHARS, max_size=64), st.text(max_size=64)))
@@ -99,23 +90,15 @@ def _shifted(error: str, by: int) -> str:
     return re.sub(r"(offset |length: )(\d+)", lambda m: f"{m[1]}{int(m[2]) + by}", error)
 
 
-@pytest.fixture
-def big_paths(fresh_codec: None) -> None:
-    """The server's registrations for big writes (undone afterwards)."""
-    fs_handlers.register(Router())
-
-
-@pytest.mark.usefixtures("big_paths")
 @pytest.mark.parametrize("case", _CORPUS["cases"][::5], ids=lambda c: repr(c["dataBase64"])[:40])
-@pytest.mark.parametrize("way", ["whole", "pieces", "paired"])
+@pytest.mark.parametrize("piece", [4096, base64_text.DECODE_SLICE])
 def test_big_requests_give_the_same_answers(
-    case: dict[str, str], way: str, monkeypatch: pytest.MonkeyPatch
+    case: dict[str, str], piece: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Behind 64 KiB of valid text the request takes the big paths (the payload
-    decoded where it lies, natively when it can be): same acceptance, same text.
-    ``pieces``: as a confined write decodes it; ``paired``: as a worker does, two
-    pieces at a time on two threads."""
-    lead = "QUJD" * (ONE_PASS_MIN // 4)
+    """Behind 1 MiB of valid text the request takes the big path (the payload
+    decoded where it lies, a slice at a time): same acceptance, same text."""
+    monkeypatch.setattr(base64_text, "DECODE_SLICE", piece)
+    lead = "QUJD" * (SPAN_MIN // 4)
     text = lead + case["dataBase64"]
     message = msgspec.json.encode(
         {"id": 1, "method": "fs/writeFile", "params": {"path": "/x", "dataBase64": text}}
@@ -126,25 +109,11 @@ def test_big_requests_give_the_same_answers(
         assert case["error"] is not None and case["error"].startswith("Invalid symbol")
         return  # not JSON text at all (a raw control character): the framing error
     assert isinstance(msg, Request)
-    params = msg.decoded
     try:
-        if isinstance(params, t.WriteFileParamsSpan):
-            if way != "whole":
-                # The writer's way: in 4 KiB pieces, sent back to the exact decoder
-                # when a piece is refused.
-                monkeypatch.setattr(native_base64, "PIECE", 4096)
-                monkeypatch.setattr(native_base64, "PAIR_MIN", 8)
-                payload = data_span_payload(params.data_base64)
-                paired = way == "paired"
-                got = bytes(_paired_bytes(payload) if paired else ops.payload_bytes(payload))
-            else:
-                got = bytes(decode_data_span(params.data_base64))
+        if msg.span is not None:
+            got = bytes(ops.payload_bytes(span_payload(msg.span)))
         else:
-            raw = (
-                params.data_base64
-                if isinstance(params, t.WriteFileParams)
-                else (msgspec.json.decode(msg.params or b"{}", type=t.WriteFileParams).data_base64)
-            )
+            raw = msgspec.json.decode(msg.params or b"{}", type=t.WriteFileParams).data_base64
             got = decode_data_base64(raw)
     except InvalidRequestError as exc:
         assert case["error"] is not None, exc.message
@@ -156,71 +125,11 @@ def test_big_requests_give_the_same_answers(
     assert got == b"ABC" * (len(lead) // 4) + bytes.fromhex(case["hex"])
 
 
-def _run_in_turn(tasks: Sequence[Callable[[], object]]) -> None:
-    """A ``run_pair``: every task, then the first error raised."""
-    errors: list[BaseException] = []
-    for task in tasks:
-        try:
-            task()
-        except BaseException as exc:
-            errors.append(exc)
-    if errors:
-        raise errors[0]
-
-
-def _paired_bytes(payload: ops.Payload) -> bytes:
-    """:func:`ops.payload_bytes`, with the pieces made two at a time (``produce_paired``)."""
-    if not isinstance(payload, ops.Pieces):
-        return bytes(payload)
-    assert payload.produce_paired is not None
-    whole = bytearray()
-    try:
-        for piece in payload.produce_paired(_run_in_turn):
-            whole += piece
-    except ops.WriteInstead as instead:
-        return bytes(instead.data)
-    return bytes(whole)
-
-
-def _reply_data(encoded: Any) -> bytes:
-    reply = json.loads(encoded.payload)
-    assert set(reply) == {"id", "result"} and reply["id"] == 9
-    return base64.b64decode(reply["result"]["dataBase64"], validate=True)
-
-
-@pytest.mark.parametrize("change", [0, -1, 1, -1000], ids=["same", "grew", "shrank", "grew-more"])
-@pytest.mark.parametrize("native", [True, False], ids=["native", "msgspec"])
-def test_read_into_reply_sends_the_file_as_it_is_when_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: int, native: bool
-) -> None:
-    """``size`` is what ``fstat`` said: a file read straight into its reply comes out
-    whole even if it is longer or shorter by then, and the descriptor is closed."""
-    if native and not native_base64.encoder_available():
-        pytest.skip("no libcrypto")
-    if not native:
-        monkeypatch.setattr(native_base64, "encoder_available", lambda: False)
-    data = os.urandom(3 * 100_000 + 1)
-    path = tmp_path / "f"
-    path.write_bytes(data)
-    fd = os.open(path, os.O_RDONLY)
-    encoded = read_into_reply(9, fd, len(data) + change)
-    assert _reply_data(encoded) == data
-    with pytest.raises(OSError):
-        os.fstat(fd)
-
-
 @pytest.mark.parametrize("size", [0, 1, 2, 3, 3 * 100_000 + 1, (3 << 18) * 2 + 5])
-def test_receive_into_reply_turns_the_received_bytes_into_the_reply(size: int) -> None:
-    """A confined read's bytes are received into the view ``receive_into_reply``
-    gives (the back of the reply's buffer), then encoded there: the reply
-    carries exactly those bytes, pieces of ``ENCODE_PIECE`` included."""
-    if not native_base64.encoder_available():
-        pytest.skip("no libcrypto")
+def test_a_big_read_is_the_json_string_of_its_base64(size: int) -> None:
     data = os.urandom(size)
-    view, finish = receive_into_reply(9, size)
-    assert len(view) == size
-    view[:] = data
-    assert _reply_data(finish()) == data
+    reply = msgspec.json.encode(read_text(data))
+    assert json.loads(reply) == {"dataBase64": base64.b64encode(data).decode()}
 
 
 @given(
@@ -229,12 +138,12 @@ def test_receive_into_reply_turns_the_received_bytes_into_the_reply(size: int) -
     st.sampled_from(["*", "=", "-", "_", " ", "A", "é", "\x7f"]),
     st.integers(1, 30).map(lambda n: 4 * n),
 )
-def test_paired_pieces_answer_as_the_exact_decoder_wherever_the_text_breaks(
+def test_slices_answer_as_the_exact_decoder_wherever_the_text_breaks(
     data: bytes, where: int, char: str, piece: int
 ) -> None:
-    """A big write's text decoded two pieces at a time (as a worker does it), with
-    one character replaced anywhere - in either lane of any pair: the same bytes
-    as the exact decoder, or its very error text."""
+    """A big write's text decoded a slice at a time, with one character replaced
+    anywhere - at a slice's edge or inside: the same bytes as the exact decoder,
+    or its very error text."""
     text = base64.b64encode(data).decode()
     where %= len(text)
     text = text[:where] + char + text[where + 1 :]
@@ -246,10 +155,9 @@ def test_paired_pieces_answer_as_the_exact_decoder_wherever_the_text_breaks(
     message = b'{"a":' + token + b"}"
     span = StringSpan(message, 6, len(message) - 2)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native_base64, "PIECE", piece)
-        mp.setattr(native_base64, "PAIR_MIN", 8)
+        mp.setattr(base64_text, "DECODE_SLICE", piece)
         try:
-            got: bytes | str = _paired_bytes(data_span_payload(span))
+            got: bytes | str = bytes(ops.payload_bytes(span_payload(span)))
         except InvalidRequestError as exc:
             got = exc.message
     assert got == expected
@@ -259,7 +167,7 @@ def test_paired_pieces_answer_as_the_exact_decoder_wherever_the_text_breaks(
 def test_a_bad_symbol_is_named_at_its_offset_across_scan_chunks(where: str) -> None:
     """The body is scanned a chunk at a time in C; the first bad byte is found
     wherever it falls, and a bad byte in the last group is judged there."""
-    chunk = fs_handlers._SCAN_CHUNK
+    chunk = base64_text._SCAN_CHUNK
     text = bytearray(base64.b64encode(os.urandom(3 * chunk // 4 * 2 + 300)))
     body = len(text) - 4  # the last group is checked apart (padding rules)
     offset = {
@@ -270,4 +178,43 @@ def test_a_bad_symbol_is_named_at_its_offset_across_scan_chunks(where: str) -> N
     }[where]
     text[offset] = ord("!")
     text[-1] = ord("?")  # a later bad byte (last group) must not be the one named
-    assert fs_handlers._base64_error_text(bytes(text)) == f"Invalid symbol 33, offset {offset}."
+    assert base64_text.error_text(bytes(text)) == f"Invalid symbol 33, offset {offset}."
+
+
+@pytest.mark.parametrize("change", [0, -1, 1, -1000], ids=["same", "grew", "shrank", "grew-more"])
+def test_a_big_read_sends_the_file_as_it_is_when_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: int
+) -> None:
+    """A big file is read a piece at a time into its text, for the size its ``fstat``
+    said: one that is longer or shorter by then is read again whole, and the
+    reply holds exactly what it holds; the descriptor is closed either way."""
+    from exec_server.fs import service
+
+    data = os.urandom(3 * 100_000 + 1)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    opened: list[int] = []
+    real_open = ops.open_for_read
+
+    def open_for_read(name: str, **kwargs: Any) -> tuple[int, int | None]:
+        fd, size = real_open(name, **kwargs)
+        opened.append(fd)
+        assert size is not None
+        return fd, size + change
+
+    monkeypatch.setattr(ops, "open_for_read", open_for_read)
+    monkeypatch.setattr(service, "PIECES_MIN", 1)
+    monkeypatch.setattr(service, "READ_PIECE", 3 * 1000)
+    pieces_used: list[int] = []
+
+    def read_pieces(pieces: Any, size: int) -> t.ReadFileText:
+        pieces_used.append(size)
+        return read_text_pieces(pieces, size)
+
+    result = service._read_direct(str(path), False, read_text, 1000, read_pieces)
+    assert isinstance(result, t.ReadFileText)
+    text = base64.b64encode(data).decode()
+    assert json.loads(msgspec.json.encode(result)) == {"dataBase64": text}
+    assert pieces_used == [len(data) + change]
+    with pytest.raises(OSError):
+        os.fstat(opened[0])

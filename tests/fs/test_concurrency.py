@@ -150,10 +150,10 @@ async def test_sequential_jobs_reuse_the_thread_that_answered() -> None:
 
 
 async def test_concurrent_big_writes_each_land_whole(live_server: Any, tdir: Path) -> None:
-    """Big writes are decoded piece by piece as they are written. Several at once,
-    on four connections, one with a bad character in its second half: each gets
-    its own answer, the good ones land whole, the refused one keeps the old
-    file, and no temp file is left."""
+    """Big writes are decoded a slice at a time as they are written. Several at
+    once, on four connections, one with a
+    bad character in its second half: each gets its own answer, the good ones
+    land whole, the refused one keeps the old file, and no temp file is left."""
     clients = [await live_server.client() for _ in range(4)]
     datas = [os.urandom((1 << 20) + k) for k in range(3)]
     bad_target = tdir / "bad"

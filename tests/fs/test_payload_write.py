@@ -73,15 +73,6 @@ def test_a_payload_failing_half_way_leaves_the_target_as_it_was(tdir: Path, exis
         assert _names(tdir) == []  # no temp file left either
 
 
-def test_write_instead_replaces_what_the_pieces_began(tdir: Path) -> None:
-    target = tdir / "f"
-    target.write_bytes(b"old contents")
-    payload = _pieces([b"x" * 3000, b"y"], fail_at=1, error=ops.WriteInstead(b"the whole"))
-    ops.write_file(str(target), payload)
-    assert target.read_bytes() == b"the whole"
-    assert _names(tdir) == ["f"]
-
-
 def test_in_place_fallback_gets_the_payload_whole_before_truncating(
     tdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -100,14 +91,10 @@ def test_in_place_fallback_gets_the_payload_whole_before_truncating(
     assert target.read_bytes() == b"old contents"
     ops.write_file(str(target), _pieces([b"new ", b"contents"]))
     assert target.read_bytes() == b"new contents"
-    ops.write_file(str(target), _pieces([b"zz", b"?"], fail_at=1, error=ops.WriteInstead(b"w")))
-    assert target.read_bytes() == b"w"
 
 
-def test_payload_bytes_joins_or_takes_the_replacement() -> None:
+def test_payload_bytes_joins_the_pieces() -> None:
     assert ops.payload_bytes(b"plain") == b"plain"
     assert bytes(ops.payload_bytes(_pieces([b"ab", b"cd", b"e"]))) == b"abcde"
-    replaced = _pieces([b"ab", b"cd"], fail_at=1, error=ops.WriteInstead(b"other"))
-    assert ops.payload_bytes(replaced) == b"other"
     with pytest.raises(InvalidRequestError):
         ops.payload_bytes(_pieces([b"ab", b"cd"], fail_at=1))

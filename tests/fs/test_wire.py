@@ -302,22 +302,20 @@ async def test_big_writes_give_the_same_answers(wire: Any, tdir: Path) -> None:
 async def test_big_writes_are_decoded_piece_by_piece_as_they_are_written(
     wire: Any, tdir: Path
 ) -> None:
-    """A 3 MiB write is 4 MiB of text, four 1 MiB pieces (``native_base64.PIECE``):
-    the whole file arrives, and a bad character in the third piece - after two
+    """A 3 MiB write is 4 MiB of text, four 1 MiB slices (``base64_text.DECODE_SLICE``):
+    the whole file arrives, and a bad character in the third slice - after two
     were written to the temp file - is upstream's error at its offset, with the
     old file untouched and no temp file left."""
-    from exec_server.server import fs_handlers
+    from exec_server.protocol.base64_text import DECODE_SLICE
 
-    if not fs_handlers.native_base64.available():
-        pytest.skip("no libcrypto: decoded whole")
     data = os.urandom(3 * 1024 * 1024)
     target = tdir / "big"
     text = b64(data)
-    assert len(text) == 4 * fs_handlers.native_base64.PIECE
+    assert len(text) == 4 * DECODE_SLICE
     reply = await wire.raw("fs/writeFile", {"path": uri(target), "dataBase64": text})
     assert reply["result"] == {}
     assert target.read_bytes() == data
-    offset = 2 * fs_handlers.native_base64.PIECE + 12345
+    offset = 2 * DECODE_SLICE + 12345
     bad = text[:offset] + "*" + text[offset + 1 :]
     reply = await wire.raw("fs/writeFile", {"path": uri(target), "dataBase64": bad})
     assert error(reply) == (
@@ -332,25 +330,22 @@ async def test_big_writes_decode_their_base64_where_it_lies(
     wire: Any, tdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A big plain request leaves ``dataBase64`` undecoded until the writing worker
-    (natively when libcrypto is there); answers are those of the other paths."""
+    decodes it a slice at a time; answers are those of the other paths."""
     from exec_server.server import fs_handlers
 
     spans: list[int] = []
-    real = fs_handlers.data_span_payload
+    real = fs_handlers.span_payload
 
     def spy(span: Any) -> Any:
         spans.append(len(span))
         return real(span)
 
-    monkeypatch.setattr(fs_handlers, "data_span_payload", spy)
-    data = os.urandom(200_001)
+    monkeypatch.setattr(fs_handlers, "span_payload", spy)
+    data = os.urandom(1024 * 1024 + 1)
     target = tdir / "big"
     reply = await wire.raw("fs/writeFile", {"path": uri(target), "dataBase64": b64(data)})
     assert reply["result"] == {}
     assert target.read_bytes() == data
-    if not fs_handlers.native_base64.available():
-        assert spans == []
-        return
     assert spans == [len(b64(data))]
     # A raw control character is not JSON text: still a -32600 naming the member,
     # and the file keeps its content.

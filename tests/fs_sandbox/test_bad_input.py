@@ -292,16 +292,14 @@ async def test_big_remote_write_under_a_confined_context(
 async def test_big_confined_write_is_decoded_as_it_goes_to_the_helper(
     no_leaks: None, layout: Any, ctx: Any, make_caller: Any
 ) -> None:
-    """A 3 MiB write is four 1 MiB pieces of text, decoded one by one as they are
+    """A 3 MiB write is four 1 MiB slices of text, decoded one by one as they are
     sent to the confined child. A bad character in the third piece is upstream's
     error at its offset: the child, two pieces in, is killed before it has all
     the data, so nothing is written, and the service goes on."""
     import base64
 
-    from exec_server.protocol import native_base64
+    from exec_server.protocol.base64_text import DECODE_SLICE
 
-    if not native_base64.available():
-        pytest.skip("no libcrypto: decoded whole")
     sfs = service()
     caller = make_caller(sfs)
     blob = os.urandom(3 << 20)
@@ -315,7 +313,7 @@ async def test_big_confined_write_is_decoded_as_it_goes_to_the_helper(
         assert reply == {"id": reply["id"], "result": {}}
         assert target.read_bytes() == blob
         earlier = zygote_children(sfs)  # the answered write's child may be on its way out
-        offset = 2 * native_base64.PIECE + 999
+        offset = 2 * DECODE_SLICE + 999
         bad = text[:offset] + "!" + text[offset + 1 :]
         fresh = layout.allowed / "fresh.bin"
         for path in (target, fresh):

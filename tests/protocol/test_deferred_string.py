@@ -1,13 +1,12 @@
 """Big ``fs/writeFile`` requests: the base64 member is located in the text
-(:mod:`json_span`), left undecoded by the codec, and decoded natively
-(:mod:`native_base64`) with exactly msgspec's results and errors."""
+(:mod:`json_span`), left undecoded by the codec, and decoded a slice at a time
+(:mod:`base64_text`) with exactly the answers of the whole-token path."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
-import threading
 from typing import Any
 
 import msgspec
@@ -16,18 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidRequestError
+from exec_server.fs import ops
+from exec_server.protocol import base64_text, json_span
 from exec_server.protocol import fs_types as t
-from exec_server.protocol import native_base64
-from exec_server.protocol.codec import (
-    ONE_PASS_MIN,
-    decode_message,
-    register_deferred_string,
-)
-from exec_server.protocol.json_span import StringSpan, find_string_member
+from exec_server.protocol.codec import SPAN_MIN, decode_message
+from exec_server.protocol.json_span import find_string_member
 from exec_server.protocol.messages import Request
-from exec_server.server.fs_handlers import decode_data_base64, decode_data_span
-
-needs_native = pytest.mark.skipif(not native_base64.available(), reason="no libcrypto")
+from exec_server.server.fs_handlers import decode_data_base64, span_payload
 
 # ------------------------------------------------------------- json_span
 
@@ -106,233 +100,90 @@ def test_span_matches_what_a_json_decoder_reads(
     assert data[span[0] : span[1]].decode() == value
 
 
-# --------------------------------------------------------- native_base64
+def test_finds_are_bounded_to_windows_with_the_same_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No ``bytes.find`` call looks past its window (so a worker walking a GiB
+    gives the GIL back between calls), and the span found is the same."""
+    text = base64.b64encode(os.urandom(3000)).decode()
+    message = json.dumps({"id": 1, "params": {"p": "a\\", "dataBase64": text}}).encode()
+    whole = find_string_member(message, b"params", b"dataBase64")
+    monkeypatch.setattr(json_span, "WINDOW", 64)
+    looked: list[int] = []
+
+    class Spy(bytes):
+        def find(self, sub: Any, start: Any = 0, end: Any = None) -> int:
+            looked.append((len(self) if end is None else end) - start)
+            return super().find(sub, start, end)
+
+    assert find_string_member(Spy(message), b"params", b"dataBase64") == whole
+    assert whole is not None and whole[1] - whole[0] == len(text)
+    assert looked and max(looked) <= 64
 
 
-@needs_native
-@given(st.binary(max_size=300))
-def test_native_decodes_what_msgspec_decodes(data: bytes) -> None:
-    text = base64.b64encode(data)
-    decoded = native_base64.decode_strict(b"xx" + text + b"yy", 2, 2 + len(text))
-    assert decoded is not None and bytes(decoded) == data
+# ----------------------------------------------------------- base64_text
 
 
-@pytest.mark.skipif(not native_base64.encoder_available(), reason="no libcrypto")
-@given(st.binary(max_size=300), st.integers(0, 7))
-def test_native_encodes_what_base64_encodes(data: bytes, offset: int) -> None:
-    length = native_base64.encoded_length(len(data))
-    out = bytearray(b"?" * (offset + length + 1))
-    native_base64.encode_into(data, out, offset)
-    assert bytes(out[offset : offset + length]) == base64.b64encode(data)
-    assert out[:offset] == b"?" * offset  # nothing before the offset is touched
-    with pytest.raises(ValueError, match="too short"):
-        native_base64.encode_into(data, bytearray(offset + length), offset)
+@given(st.binary(max_size=400), st.sampled_from([4, 8, 12, 400]))
+def test_slices_join_to_what_base64_decodes(data: bytes, piece: int) -> None:
+    text = b"xx" + base64.b64encode(data) + b"yy"
+    end = len(text) - 2
+    slices = list(base64_text.decode_slices(text, 2, end, piece))
+    assert b"".join(slices) == data
+    assert all(len(s) <= piece // 4 * 3 for s in slices)
+    assert base64_text.decoded_size(text, 2, end) == len(data)
 
 
-@pytest.mark.skipif(not native_base64.encoder_available(), reason="no libcrypto")
-@given(st.binary(max_size=400), st.integers(1, 50).map(lambda n: 3 * n), st.integers(0, 7))
-def test_native_encodes_the_tail_of_its_own_buffer(data: bytes, piece: int, offset: int) -> None:
-    """The bytes wait at the back of the text's place; the text comes out in front."""
-    length = native_base64.encoded_length(len(data))
-    out = bytearray(b"<" * offset + b"?" * (length - len(data)) + data + b">")
-    native_base64.encode_tail_in_place(out, offset, len(data), piece)
-    assert bytes(out[offset : offset + length]) == base64.b64encode(data)
-    assert out[:offset] == b"<" * offset
-    assert len(out) == offset + length + 1
+@given(st.binary(max_size=300), st.sampled_from([3, 6, 300]), st.sampled_from([0, 1 << 30]))
+def test_encoded_text_is_the_json_string_of_the_base64(
+    data: bytes, piece: int, mapped_min: int
+) -> None:
+    """Whole or in pieces, in a mapping or not: the same text."""
+    expected = b'"' + base64.b64encode(data) + b'"'
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(base64_text, "MAPPED_MIN", mapped_min)
+        assert bytes(base64_text.encode_quoted(data)) == expected
+        pieces = (data[i : i + piece] for i in range(0, len(data), piece))
+        assert bytes(base64_text.encode_pieces_quoted(pieces, len(data))) == expected
 
 
-@pytest.mark.skipif(not native_base64.encoder_available(), reason="no libcrypto")
-def test_native_in_place_encoding_refuses_what_does_not_fit() -> None:
-    with pytest.raises(ValueError, match="too short"):
-        native_base64.encode_tail_in_place(bytearray(8), 0, 6)  # 8 characters, no spare byte
+def test_pieces_that_do_not_add_up_are_refused() -> None:
+    with pytest.raises(ValueError, match="fewer"):
+        base64_text.encode_pieces_quoted([b"abc"], 6)
+    with pytest.raises(ValueError, match="more"):
+        base64_text.encode_pieces_quoted([b"abc", b"def"], 3)
     with pytest.raises(ValueError, match="multiple of 3"):
-        native_base64.encode_tail_in_place(bytearray(9), 0, 6, piece=4)
+        base64_text.encode_pieces_quoted([b"ab", b"cd"], 4)
 
 
-def _msgspec_bytes(text: bytes) -> bytes | None:
+@given(st.text(alphabet="QUJDab+/=\n!", max_size=24), st.sampled_from([4, 8, 64]))
+def test_slices_accept_exactly_what_upstream_accepts(chars: str, piece: int) -> None:
+    """Slices never take text the whole-text rules refuse (``=`` inside, a bad
+    length, stray bits are checked by the caller) and never refuse valid text."""
+    text = chars.encode()
+    valid = base64_text.error_text(text) is None
     try:
-        return msgspec.json.decode(b'"' + text + b'"', type=bytes)
-    except msgspec.DecodeError:
-        return None
-
-
-@needs_native
-@given(
-    st.one_of(
-        st.binary(max_size=40),
-        st.text(alphabet="ABCDQRSTabc+/= \t\n-_", max_size=40).map(str.encode),
-    )
-)
-def test_native_never_accepts_more_than_msgspec(text: bytes) -> None:
-    got = native_base64.decode_strict(text, 0, len(text))
-    if got is not None:
-        assert bytes(got) == _msgspec_bytes(text)
-
-
-@needs_native
-@pytest.mark.parametrize(
-    "text", [b" QUJD", b"QUJD\n", b"\tQUJD", b"QQ==QUJD", b"QU=D", b"=QUJ", b"Q===", b"QUJ-"]
-)
-def test_native_refuses_what_evp_would_bend(text: bytes) -> None:
-    assert native_base64.decode_strict(text, 0, len(text)) is None
-
-
-@needs_native
-def test_native_trailing_padding() -> None:
-    for raw in (b"A", b"AB", b"ABC", b"ABCD"):
-        text = base64.b64encode(raw)
-        assert bytes(native_base64.decode_strict(text, 0, len(text)) or b"?") == raw
-    # msgspec accepts stray bits in the last group; so do we, with its result.
-    assert bytes(native_base64.decode_strict(b"QR==", 0, 4) or b"?") == b"A"
-
-
-def _joined(pieces: Any) -> bytes:
-    out = bytearray()
-    for piece in pieces():
-        out += piece  # used before the next piece reuses the buffer
-    return bytes(out)
-
-
-@needs_native
-@given(st.binary(max_size=300), st.integers(1, 40).map(lambda n: 4 * n), st.booleans())
-def test_native_pieces_join_to_what_decode_strict_gives(
-    data: bytes, piece: int, gathered: bool
-) -> None:
-    text = b"xx" + base64.b64encode(data) + b"yy"
-    source: bytes | bytearray = bytearray(text) if gathered else text
-    pieces = native_base64.decode_pieces(source, 2, len(text) - 2, piece)
-    assert pieces is not None
-    assert _joined(pieces) == data
-    assert _joined(pieces) == data  # each call decodes anew
-    # One buffer, reused: never bigger than a piece's bytes.
-    assert all(len(p) <= piece // 4 * 3 for p in pieces())
-
-
-@needs_native
-@given(
-    st.one_of(
-        st.binary(max_size=40),
-        st.text(alphabet="ABCDQRSTabc+/= \t\n-_", max_size=40).map(str.encode),
-    ),
-    st.integers(1, 4).map(lambda n: 4 * n),
-)
-def test_native_pieces_accept_exactly_what_decode_strict_accepts(text: bytes, piece: int) -> None:
-    whole = native_base64.decode_strict(text, 0, len(text))
-    pieces = native_base64.decode_pieces(text, 0, len(text), piece)
-    if pieces is None:
-        assert whole is None
-        return
-    try:
-        got = _joined(pieces)
-    except native_base64.Undecodable:
-        assert whole is None
+        decoded = b"".join(base64_text.decode_slices(text, 0, len(text), piece))
+    except base64_text.Undecodable:
+        assert not valid
     else:
-        assert whole is not None and got == bytes(whole)
+        assert valid or base64_text.stray_bits(text, 0, len(text)), text
+        if valid:
+            assert decoded == base64.b64decode(text, validate=True)
 
 
-@needs_native
-def test_native_pieces_stop_at_the_piece_evp_refuses() -> None:
-    good = base64.b64encode(os.urandom(3 * 1000))  # 4000 characters
-    text = good[:2500] + b"!" + good[2501:]
-    pieces = native_base64.decode_pieces(text, 0, len(text), 1000)
-    assert pieces is not None
-    seen = []
-    with pytest.raises(native_base64.Undecodable, match="characters 2000-3000"):
-        for piece in pieces():
-            seen.append(bytes(piece))
-    assert b"".join(seen) == base64.b64decode(good[:2000])
-    assert native_base64.decode_pieces(text, 0, len(text), 6) is None  # not whole groups
+def test_padding_at_the_end_of_a_middle_slice_is_refused() -> None:
+    text = b"QQ==QUJD"  # each 4-character slice alone is valid
+    with pytest.raises(base64_text.Undecodable):
+        list(base64_text.decode_slices(text, 0, len(text), 4))
 
 
-class _Pairs:
-    """A ``run_pair`` that runs each pair on two real threads, the second task
-    first, and records the pairs it was given."""
-
-    def __init__(self) -> None:
-        self.sizes: list[int] = []
-
-    def __call__(self, tasks: Any) -> None:
-        self.sizes.append(len(tasks))
-        errors: list[BaseException] = []
-
-        def run(task: Any) -> None:
-            try:
-                task()
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(task,)) for task in reversed(tasks)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
+def test_slice_sizes_must_be_whole_groups() -> None:
+    with pytest.raises(ValueError):
+        list(base64_text.decode_slices(b"QUJD", 0, 4, 6))
 
 
-def _joined_paired(pieces: Any, pairs: _Pairs) -> bytes:
-    out = bytearray()
-    for piece in pieces(pairs):
-        out += piece
-    return bytes(out)
-
-
-@needs_native
-@given(st.binary(max_size=600), st.integers(1, 40).map(lambda n: 4 * n))
-def test_native_pieces_decoded_two_at_a_time_join_to_the_same_bytes(
-    data: bytes, piece: int
-) -> None:
-    text = b"xx" + base64.b64encode(data) + b"yy"
-    pieces = native_base64.decode_pieces(text, 2, len(text) - 2, piece)
-    assert pieces is not None
-    pairs = _Pairs()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native_base64, "PAIR_MIN", 8)
-        assert _joined_paired(pieces, pairs) == data
-        # Never more than half the text in one piece, so both threads get work.
-        n = len(text) - 4
-        assert all(len(p) <= max(1, -(-n // 8)) * 3 for p in pieces(_Pairs()))
-    if len(text) - 4 >= 8:
-        assert pairs.sizes and set(pairs.sizes) == {2}  # only whole pairs go to run_pair
-    else:
-        assert pairs.sizes == []  # below PAIR_MIN: decoded on the calling thread
-
-
-@needs_native
-def test_native_pieces_two_at_a_time_only_from_pair_min() -> None:
-    text = base64.b64encode(os.urandom(3 * (native_base64.PAIR_MIN // 4)))
-    below = text[: native_base64.PAIR_MIN - 4]
-    for source, paired in ((text, True), (below, False)):
-        pieces = native_base64.decode_pieces(source, 0, len(source))
-        assert pieces is not None
-        pairs = _Pairs()
-        assert _joined_paired(pieces, pairs) == base64.b64decode(source)
-        assert (pairs.sizes == [2]) is paired
-
-
-@needs_native
-@pytest.mark.parametrize("bad_at", [100, 2600], ids=["first-lane", "second-lane"])
-def test_native_pieces_two_at_a_time_stop_at_a_refused_piece(bad_at: int) -> None:
-    good = base64.b64encode(os.urandom(3 * 1000))  # 4000 characters: pieces of 2000
-    text = good[:bad_at] + b"!" + good[bad_at + 1 :]
-    pieces = native_base64.decode_pieces(text, 0, len(text), 4000)
-    assert pieces is not None
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native_base64, "PAIR_MIN", 8)
-        where = "0-2000" if bad_at < 2000 else "2000-4000"
-        with pytest.raises(native_base64.Undecodable, match=f"characters {where}"):
-            _joined_paired(pieces, _Pairs())
-
-
-# ------------------------------------------------------------------ codec
-
-
-@pytest.fixture
-def deferred(fresh_codec: None) -> None:
-    """The server's registration, undone afterwards."""
-    register_deferred_string(
-        t.METHOD_WRITE_FILE, "dataBase64", t.WriteFileParamsHead, t.WriteFileParamsSpan.from_head
-    )
+# ----------------------------------------------------------------- codec
 
 
 def big_write(data_text: str, **extra: object) -> bytes:
@@ -340,17 +191,21 @@ def big_write(data_text: str, **extra: object) -> bytes:
     return msgspec.json.encode({"id": 7, "method": "fs/writeFile", "params": params})
 
 
-@pytest.mark.usefixtures("deferred")
+def written(payload: ops.Payload) -> bytes:
+    return bytes(ops.payload_bytes(payload))
+
+
 def test_big_requests_leave_the_member_in_place() -> None:
-    payload = os.urandom(ONE_PASS_MIN)
+    payload = os.urandom(SPAN_MIN)
     message = big_write(base64.b64encode(payload).decode(), sandbox={"dataBase64": "x"})
     msg = decode_message(message)
     assert isinstance(msg, Request) and (msg.id, msg.method) == (7, "fs/writeFile")
-    params = msg.decoded
-    assert isinstance(params, t.WriteFileParamsSpan) and params.path == "/x"
+    assert msg.span is not None and msg.span.data is message
+    assert msg.params is not None
+    params = msgspec.json.decode(msg.params, type=t.WriteFileParams)
+    assert params.path == "/x" and bytes(params.data_base64) == b'""'
     assert bytes(t.sandbox_raw(params.sandbox) or b"") == b'{"dataBase64":"x"}'
-    assert isinstance(params.data_base64, StringSpan) and params.data_base64.data is message
-    assert bytes(decode_data_span(params.data_base64)) == payload
+    assert written(span_payload(msg.span)) == payload
     # Member order does not matter, at either level.
     reordered = msgspec.json.encode(
         {
@@ -360,72 +215,66 @@ def test_big_requests_leave_the_member_in_place() -> None:
         }
     )
     msg2 = decode_message(reordered)
-    assert isinstance(msg2, Request) and msg2.id == "s"
-    assert isinstance(msg2.decoded, t.WriteFileParamsSpan) and msg2.decoded.path == "/y"
-    assert bytes(decode_data_span(msg2.decoded.data_base64)) == payload
+    assert isinstance(msg2, Request) and msg2.id == "s" and msg2.span is not None
+    assert written(span_payload(msg2.span)) == payload
 
 
-@needs_native
-@pytest.mark.usefixtures("deferred")
-def test_a_message_gathered_from_fragments_is_decoded_in_place(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_message_gathered_from_fragments_is_decoded_in_place() -> None:
     """A fragmented message arrives as the bytearray its fragments grew: the member
-    is found and decoded natively there, nothing copied to ``bytes`` first."""
-    payload = os.urandom(ONE_PASS_MIN)
+    is found and decoded there, nothing copied to ``bytes`` first."""
+    payload = os.urandom(SPAN_MIN)
     message = bytearray(big_write(base64.b64encode(payload).decode()))
     msg = decode_message(message)
-    assert isinstance(msg, Request) and isinstance(msg.decoded, t.WriteFileParamsSpan)
-    span = msg.decoded.data_base64
-    assert isinstance(span, StringSpan) and span.data is message
-    monkeypatch.setattr(
-        "exec_server.server.fs_handlers.decode_data_base64",
-        lambda raw: pytest.fail("took the slow path"),
-    )
-    assert bytes(decode_data_span(span)) == payload
+    assert isinstance(msg, Request) and msg.span is not None and msg.span.data is message
+    assert written(span_payload(msg.span)) == payload
 
 
-@pytest.mark.usefixtures("deferred")
-def test_small_escaped_or_mistyped_requests_take_the_other_paths() -> None:
-    text = base64.b64encode(b"\xff" * ONE_PASS_MIN).decode()
+def test_small_escaped_mistyped_or_other_requests_take_the_whole_path() -> None:
+    text = base64.b64encode(b"\xff" * SPAN_MIN).decode()
     small = decode_message(big_write("QUJD"))
-    assert isinstance(small, Request) and small.decoded is None
+    assert isinstance(small, Request) and small.span is None
     escaped = decode_message(big_write(text).replace(b"/", b"\\/"))
-    assert isinstance(escaped, Request) and escaped.decoded is None and escaped.params
+    assert isinstance(escaped, Request) and escaped.span is None and escaped.params
+    # A mistyped member elsewhere: its params fail as the whole message's would.
+    whole = msgspec.json.decode(big_write(text).replace(b'"/x"', b"5"))["params"]
     mistyped = decode_message(big_write(text).replace(b'"/x"', b"5"))
-    assert isinstance(mistyped, Request) and mistyped.decoded is None
+    assert isinstance(mistyped, Request) and mistyped.params is not None
+    with pytest.raises(msgspec.ValidationError) as cut:
+        msgspec.json.decode(mistyped.params, type=t.WriteFileParams)
+    with pytest.raises(msgspec.ValidationError) as full:
+        msgspec.convert(whole, type=t.WriteFileParams)
+    assert str(cut.value) == str(full.value) == "Expected `str`, got `int` - at `$.path`"
+    other = decode_message(big_write(text).replace(b"fs/writeFile", b"fs/other"))
+    assert isinstance(other, Request) and other.span is None and other.method == "fs/other"
+    assert other.params is not None and len(other.params) > len(text)
 
 
-@pytest.mark.usefixtures("deferred")
 @pytest.mark.parametrize(
     "bad",
     [
         b"!!!!",  # a bad symbol
         b"QUJ",  # bad length
-        b"QUJD\\n",  # an escape: not deferred, same error
+        b"QUJD\\n",  # an escape: left whole, same error
         b"QUJD\n",  # a raw control character: not JSON text
         b"QU\xffJD",  # not UTF-8
+        b"aR==",  # stray bits in the last symbol
+        b"QQ==QUJD",  # padding inside
     ],
 )
 def test_bad_base64_in_a_big_request_is_invalid_request(bad: bytes) -> None:
-    body = base64.b64encode(b"\0" * (ONE_PASS_MIN // 3 * 3 + 3)) + bad  # no padding
+    body = base64.b64encode(b"\0" * (SPAN_MIN // 3 * 3 + 3)) + bad  # no padding
     message = b'{"id":1,"method":"fs/writeFile","params":{"path":"/x","dataBase64":"%s"}}' % body
     msg = decode_message(message)
     assert isinstance(msg, Request)
-    params = msg.decoded
-    if isinstance(params, t.WriteFileParamsSpan):
-        with pytest.raises(InvalidRequestError) as span_error:
-            decode_data_span(params.data_base64)
-        message_text = span_error.value.message
-    else:
-        if isinstance(params, t.WriteFileParams):  # one pass, the member kept raw
-            raw = params.data_base64
+    with pytest.raises(InvalidRequestError) as error:
+        if msg.span is not None:
+            written(span_payload(msg.span))
         else:
             assert msg.params is not None
-            raw = msgspec.json.decode(msg.params, type=t.WriteFileParams).data_base64
-        with pytest.raises(InvalidRequestError) as raw_error:
-            decode_data_base64(raw)
-        message_text = raw_error.value.message
+            decode_data_base64(msgspec.json.decode(msg.params, type=t.WriteFileParams).data_base64)
+    message_text = error.value.message
     assert message_text.startswith("fs/writeFile requires valid base64 dataBase64: ")
     if bad == b"!!!!":
         assert message_text.endswith(f"Invalid symbol 33, offset {len(body) - 4}.")
+    if bad == b"aR==":
+        assert message_text.endswith(f"Invalid last symbol 82, offset {len(body) - 3}.")

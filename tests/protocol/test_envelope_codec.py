@@ -12,14 +12,11 @@ from hypothesis import strategies as st
 
 from exec_server.protocol.codec import (
     ProtocolError,
-    ReplyToFill,
     decode_message,
     decode_params,
     decode_result,
     encode_error,
     encode_notification,
-    encode_reply,
-    encode_reply_filled,
     encode_request,
     encode_result,
 )
@@ -217,63 +214,6 @@ def test_encoders_match_upstream_shapes() -> None:
         b'{"id":-1,"error":{"code":-32600,"message":"bad"}}'
     )
     assert encode_result(5, InitializeResult("s")) == b'{"id":5,"result":{"sessionId":"s"}}'
-
-
-class _Text(msgspec.Struct):
-    text: bytes
-
-
-@given(
-    st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=20)),
-    st.binary(max_size=300),
-)
-def test_a_reply_filled_outside_the_encoder_equals_the_encoded_one(
-    request_id: int | str, data: bytes
-) -> None:
-    """``encode_reply_filled`` leaves the member's text to a ``fill`` (the server's
-    GIL-free base64 for big reads): the reply must be byte for byte the encoder's,
-    whatever the id (an empty string id has its own ``""``)."""
-    import base64
-
-    text = base64.b64encode(data)
-
-    def fill(buffer: bytearray, at: int) -> None:
-        buffer[at : at + len(text) + 1] = text + b"\xff"  # and the scratch byte
-
-    filled = encode_reply_filled(request_id, _Text(b""), len(text), fill)
-    assert bytes(filled.payload) == encode_reply(request_id, _Text(data)).payload
-    assert encode_result(request_id, filled) is filled.payload
-
-
-@given(
-    st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=20)),
-    st.binary(max_size=300),
-)
-def test_a_reply_filled_in_two_steps_equals_the_encoded_one(
-    request_id: int | str, data: bytes
-) -> None:
-    """``ReplyToFill``: the buffer first, the text written into it later (a confined
-    read receives its bytes there), then ``done``: the encoder's reply, byte for byte."""
-    import base64
-
-    text = base64.b64encode(data)
-    reply = ReplyToFill(request_id, _Text(b""), len(text))
-    assert len(reply.buffer) >= reply.at + len(text) + 1  # the text and a scratch byte
-    reply.buffer[reply.at : reply.at + len(text) + 1] = text + b"\xff"
-    done = reply.done()
-    assert bytes(done.payload) == encode_reply(request_id, _Text(data)).payload
-    assert encode_result(request_id, done) is done.payload
-
-
-def test_a_reply_encoded_ahead_is_sent_as_it_is_and_only_for_its_id() -> None:
-    """A worker encodes a big result's whole reply (no copy into a new envelope);
-    answering another id with it would be a bug, and is refused."""
-    reply = encode_reply(5, InitializeResult("s"))
-    assert encode_result(5, reply) is reply.payload
-    assert reply.payload == b'{"id":5,"result":{"sessionId":"s"}}'
-    for other in (6, "5"):
-        with pytest.raises(ValueError, match="reply encoded for id 5"):
-            encode_result(other, reply)
 
 
 def test_result_round_trip_through_raw() -> None:

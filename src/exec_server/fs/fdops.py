@@ -120,16 +120,21 @@ def check_for_read(fd: int, limit: int = READ_LIMIT, not_a_file: str | None = No
 
 def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
     """Read ``fd`` to EOF (or to what a non-blocking FIFO has), refusing more than
-    ``limit`` bytes; ``size`` (``st_size``) makes the common case one allocation."""
-    chunks: list[bytes] = []
-    total = 0
+    ``limit`` bytes; ``size`` (``st_size``) makes the common case one allocation.
+
+    Past its ``fstat`` size (or for a FIFO, a device) the rest grows one
+    buffer: chunks kept apart were each a block of glibc's heap, which keeps
+    them resident once freed (a ``/dev/zero`` read to the limit left ~500 MiB
+    held for good); one big buffer is a mapping, handed back whole.
+    """
+    data = bytearray()
     if size:
         # A short read of size+1 means EOF: the bytes object is the only copy.
         first = os.read(fd, size + 1)
         if len(first) <= size:
             return first
-        chunks.append(first)
-        total = len(first)
+        data += first
+        del first
     while True:
         try:
             chunk = os.read(fd, _CHUNK)
@@ -137,11 +142,10 @@ def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
             break
         if not chunk:
             break
-        total += len(chunk)
-        if total > limit:
+        if len(data) + len(chunk) > limit:
             raise InvalidRequestError(too_large_message(limit))
-        chunks.append(chunk)
-    return b"".join(chunks)
+        data += chunk
+    return bytes(data)
 
 
 # -------------------------------------------------------------------- write

@@ -20,7 +20,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -50,8 +50,6 @@ __all__ = [
     "Payload",
     "Pieces",
     "ReceiveInto",
-    "RunTasks",
-    "WriteInstead",
     "canonicalize",
     "copy",
     "create_directory",
@@ -62,9 +60,7 @@ __all__ = [
     "payload_bytes",
     "read_and_close",
     "read_directory",
-    "read_exactly",
     "read_file",
-    "read_from_start",
     "remove",
     "resolve_existing_prefix",
     "too_large_message",
@@ -158,33 +154,10 @@ def read_and_close(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
             os.close(fd)
 
 
-def read_exactly(fd: int, view: memoryview) -> bool:
-    """Fill ``view`` from ``fd``'s position; True if the file then ends there (it is still
-    as long as its ``fstat`` said), False if it ended before or goes on."""
-    with translate_os_errors():
-        got = 0
-        while got < len(view):
-            n = os.readv(fd, [view[got:]])
-            if n == 0:
-                return False
-            got += n
-        return not os.read(fd, 1)
-
-
-def read_from_start(fd: int, limit: int = READ_LIMIT) -> bytes:
-    """Read ``fd`` from offset 0 to EOF, capped at ``limit``, leaving it open."""
-    with translate_os_errors():
-        os.lseek(fd, 0, os.SEEK_SET)
-        return fdops.read_to_end(fd, None, limit)
-
-
 # -------------------------------------------------------------------- write
 
 
 Buffer = bytes | bytearray | memoryview
-#: ``run(tasks)``: run blocking tasks at once, raise the first error after all stopped
-#: (``FanOut.run``).
-RunTasks = Callable[[Sequence[Callable[[], object]]], None]
 #: ``into(size)``: a buffer of exactly ``size`` bytes to receive a file's contents in,
 #: or None to have them as new bytes (see ``FileSystemService.read_file_mapped``).
 ReceiveInto = Callable[[int], memoryview | None]
@@ -199,23 +172,10 @@ class Pieces:
 
     size: int
     produce: Callable[[], Iterable[Buffer]]
-    #: The same pieces made faster by a helper thread joining in (``produce_paired(run_pair)``,
-    #: see ``native_base64.decode_pieces``): for a writer that would only wait meanwhile,
-    #: a worker thread, never the event loop.
-    produce_paired: Callable[[RunTasks], Iterable[Buffer]] | None = None
 
 
 #: What :func:`write_file` writes: the bytes, or :class:`Pieces`.
 Payload = Buffer | Pieces
-
-
-class WriteInstead(Exception):
-    """Raised by a payload's pieces: drop what was written and write ``data`` instead
-    (the pieces' source found it must be decoded another way)."""
-
-    def __init__(self, data: Buffer) -> None:
-        super().__init__("write the whole data instead")
-        self.data = data
 
 
 def payload_bytes(payload: Payload) -> Buffer:
@@ -223,11 +183,8 @@ def payload_bytes(payload: Payload) -> Buffer:
     if not isinstance(payload, Pieces):
         return payload
     whole = bytearray()
-    try:
-        for piece in payload.produce():
-            whole += piece
-    except WriteInstead as instead:
-        return instead.data
+    for piece in payload.produce():
+        whole += piece
     return whole
 
 
@@ -235,14 +192,10 @@ def write_file(path: str, data: Payload) -> None:
     """Create or replace ``path`` with ``data``; parents are not created (``-32004``).
 
     A payload given in pieces goes to the new file piece by piece; if its pieces
-    raise, the new file is dropped and the target left as it was (with
-    :class:`WriteInstead`, the write is redone with its data). Targets written
+    raise, the new file is dropped and the target left as it was. Targets written
     in place (devices, FIFOs, see :func:`fdops.replace_file`) get it whole.
     """
-    try:
-        _write_file(path, data)
-    except WriteInstead as instead:
-        _write_file(path, instead.data)
+    _write_file(path, data)
 
 
 def _write_file(path: str, data: Payload) -> None:

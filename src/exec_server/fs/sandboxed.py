@@ -344,13 +344,7 @@ class SandboxedFileSystem:
         return _request(context).generation is Generation.CURRENT
 
     async def write_file(self, context: object, path: str, data: ops.Payload) -> None:
-        request = _request(context)
-        try:
-            await self.run(FsOperation("fs/writeFile", path, data=data), request)
-        except ops.WriteInstead as instead:
-            # The pieces' source gave up half way (that helper was killed, nothing
-            # written): write what it gives instead.
-            await self.run(FsOperation("fs/writeFile", path, data=instead.data), request)
+        await self.run(FsOperation("fs/writeFile", path, data=data), _request(context))
 
     async def create_directory(self, context: object, path: str, recursive: bool) -> None:
         op = FsOperation("fs/createDirectory", path, recursive=recursive)

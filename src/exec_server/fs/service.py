@@ -23,7 +23,7 @@ pool's stuck-job rule keeps hung jobs from holding every thread).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from stat import S_ISDIR, S_ISREG
 from typing import Final, Protocol, TypeVar
@@ -86,13 +86,6 @@ class ConfinedFileSystem(Protocol):
     """What the sandboxed-filesystem service offers (one call per operation)."""
 
     async def read_file(self, context: object, path: str) -> bytes: ...
-
-    async def read_file_into(
-        self, context: object, path: str, into: ops.ReceiveInto
-    ) -> bytes | None:
-        """:meth:`read_file`, the contents received into ``into(size)`` when that gives
-        a buffer (None is returned then)."""
-        ...
 
     async def write_file(self, context: object, path: str, data: ops.Payload) -> None: ...
 
@@ -182,56 +175,37 @@ class FileSystemService:
         route: Route = DIRECT,
         *,
         regular_only: bool = False,
-        read_large: Callable[[int, int], T] | None = None,
-        receive_large: Callable[[int], tuple[memoryview, Callable[[], T]]] | None = None,
+        map_pieces: Callable[[Iterable[memoryview], int], T] | None = None,
     ) -> bytes | T:
         """Like :meth:`read_file`, but contents over ``large_over`` bytes come back as
-        ``map_large(data)`` computed in the worker that read them (one thread
-        hand-off instead of two; the server base64-encodes big files this way).
+        ``map_large(data)`` computed in a worker (in the one that read them when
+        the server reads the file: one thread hand-off instead of two; the server
+        base64-encodes big files this way).
 
-        ``read_large(fd, size)``, if given, does the reading and mapping itself for a
-        regular file of ``size`` bytes (by its ``fstat``) over ``large_over`` read
-        directly, and closes ``fd``: the server reads such a file straight into its
-        reply.
-
-        ``receive_large(size)``, if given, does the same for contents over
-        ``large_over`` bytes that a confined helper reads: it gives the buffer to
-        receive them in and a function that maps them (run in a worker)."""
+        ``map_pieces(pieces, size)``, if given, maps a regular file of
+        :data:`PIECES_MIN` bytes or more that the server reads itself as it is
+        read, :data:`READ_PIECE` bytes at a time (in one reused buffer), so the
+        file is never held whole; a file whose size changed since its ``fstat``
+        is read again whole for ``map_large``."""
         if route.confined:
             confined = self._confined_or_refuse(route)
             if not confined.reads_directly(route.context):
-                if receive_large is None:
-                    data = await confined.read_file(route.context, path)
-                else:
-                    finish: Callable[[], T] | None = None
-
-                    def into(size: int) -> memoryview | None:
-                        nonlocal finish
-                        if size <= large_over:
-                            return None
-                        view, finish = receive_large(size)
-                        return view
-
-                    received = await confined.read_file_into(route.context, path, into)
-                    if received is None:
-                        assert finish is not None
-                        return await self._pool.run(finish)
-                    data = received
+                data = await confined.read_file(route.context, path)
                 if len(data) > large_over:
                     return await self._pool.run(map_large, data)
                 return data
             # As the confined service would read it itself, with this route's rule.
             regular_only = confined.reads_regular_only(route.context)
         return await self._pool.run(
-            _read_direct, path, regular_only, map_large, large_over, read_large
+            _read_direct, path, regular_only, map_large, large_over, map_pieces
         )
 
     async def write_file_from(
         self, path: str, produce: Callable[[], ops.Payload], route: Route = DIRECT
     ) -> None:
         """Like :meth:`write_file` with the data made by ``produce()`` in the same
-        worker job (the server decodes big base64 payloads this way, a piece at a
-        time as they are written when it can: see ``ops.Payload``)."""
+        worker job (the server decodes big base64 payloads this way, a slice at a
+        time as they are written: see ``ops.Pieces``)."""
         if route.confined:
             # Made in a worker (a small text is decoded there), handed over as made:
             # pieces are decoded as they go to the confined helper.
@@ -332,14 +306,58 @@ def _read_direct(
     regular_only: bool,
     map_large: Callable[[bytes], T],
     large_over: int,
-    read_large: Callable[[int, int], T] | None,
+    map_pieces: Callable[[Iterable[memoryview], int], T] | None,
 ) -> bytes | T:
-    """Open, read and map in one worker job (see :meth:`FileSystemService.read_file_mapped`)."""
+    """Read and map in one worker job (see :meth:`FileSystemService.read_file_mapped`)."""
     fd, size = ops.open_for_read(path, regular_only=regular_only)
-    if read_large is not None and size is not None and size > large_over:
-        return read_large(fd, size)
-    data = ops.read_and_close(fd, size)
+    if map_pieces is not None and size is not None and size >= max(PIECES_MIN, large_over + 1):
+        try:
+            with translate_os_errors():
+                return map_pieces(_pieces_of(fd, size), size)
+        except _Resized:
+            with translate_os_errors():
+                os.lseek(fd, 0, os.SEEK_SET)
+            fd, closing = -1, fd
+            data = ops.read_and_close(closing, None)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    else:
+        data = ops.read_and_close(fd, size)
     return map_large(data) if len(data) > large_over else data
+
+
+#: Bytes of a big file read at a time (a multiple of 3: whole base64 groups).
+READ_PIECE: Final = 3 << 18
+#: Files from this size on are read a piece at a time when the caller can map pieces.
+PIECES_MIN: Final = 3 << 20
+
+
+class _Resized(Exception):
+    """The file is no longer as long as its ``fstat`` said."""
+
+
+def _pieces_of(fd: int, size: int) -> Iterator[memoryview]:
+    """``fd``'s ``size`` bytes, :data:`READ_PIECE` at a time in one reused buffer.
+
+    Raises:
+        _Resized: the file ended early or goes on past ``size``.
+    """
+    buffer = bytearray(min(READ_PIECE, size))
+    view = memoryview(buffer)
+    done = 0
+    while done < size:
+        want = min(READ_PIECE, size - done)
+        got = 0
+        while got < want:
+            n = os.readv(fd, [view[got:want]])
+            if n == 0:
+                raise _Resized
+            got += n
+        yield view[:want]
+        done += want
+    if os.read(fd, 1):
+        raise _Resized
 
 
 def _produce_and_write(path: str, produce: Callable[[], ops.Payload]) -> None:

@@ -15,8 +15,7 @@ their own camelCase renames).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Any, Final, TypeVar, Union
+from typing import Any, Final, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -33,22 +32,18 @@ from exec_server.protocol.messages import (
 )
 
 __all__ = [
-    "EncodedReply",
+    "SPAN_MIN",
     "ProtocolError",
-    "ReplyToFill",
     "decode_error_text",
     "decode_message",
     "decode_params",
     "decode_result",
     "encode_error",
     "encode_notification",
-    "encode_reply",
-    "encode_reply_filled",
     "encode_request",
     "encode_result",
     "lossy_text",
     "params_decoder",
-    "register_deferred_string",
 ]
 
 T = TypeVar("T")
@@ -149,75 +144,11 @@ _plain_request_decoder: Final = msgspec.json.Decoder(_PlainRequest)
 #: one decoder per params type (``decode(.., type=)`` re-derives it per call).
 _params_decoders: dict[object, msgspec.json.Decoder[Any]] = {}
 
-#: messages from this size on are tried with the deferred-string decoder first.
-ONE_PASS_MIN: Final = 64 * 1024
-
-
-def _tagged_decoder(
-    types: dict[str, type], methods: dict[type, str], prefix: str
-) -> msgspec.json.Decoder[Any]:
-    """A decoder of ``{"id", "method", "params"}`` whose params type the method picks."""
-    structs = []
-    methods.clear()
-    for index, (name, ptype) in enumerate(sorted(types.items())):
-        struct = msgspec.defstruct(
-            f"{prefix}{index}", [("id", RequestId), ("params", ptype)], tag_field="method", tag=name
-        )
-        methods[struct] = name
-        structs.append(struct)
-    union: Any = structs[0] if len(structs) == 1 else Union[tuple(structs)]  # noqa: UP007
-    return msgspec.json.Decoder(union)
-
-
-#: method -> (params member left undecoded, builder of the handler's params).
-_deferred: dict[str, tuple[bytes, Callable[[Any, StringSpan], object]]] = {}
-_deferred_heads: dict[str, type] = {}
-_deferred_methods: dict[type, str] = {}
-_deferred_decoder: msgspec.json.Decoder[Any] | None = None
-
-
-def register_deferred_string(
-    method: str,
-    member: str,
-    head_type: type,
-    build: Callable[[Any, StringSpan], object],
-) -> None:
-    """Leave the string ``params[member]`` of big ``method`` requests undecoded.
-
-    For a message of ``ONE_PASS_MIN`` bytes or more whose ``params.<member>``
-    is a string without escapes (:func:`find_string_member`), the message is
-    decoded with that string's text cut out, into ``head_type`` (where the
-    member must accept ``""``), and ``build(head, span)`` makes the params the
-    handler gets (``Request.decoded``); the handler decodes the span itself,
-    e.g. natively in a worker. Other messages take the generic path.
-    """
-    global _deferred_decoder
-    entry = (member.encode(), build)
-    if _deferred.get(method) == entry and _deferred_heads.get(method) is head_type:
-        return
-    _deferred[method] = entry
-    _deferred_heads[method] = head_type
-    _deferred_decoder = _tagged_decoder(_deferred_heads, _deferred_methods, "_Head")
-
-
-def _decode_deferred(data: bytes | bytearray) -> Request | None:
-    """``data`` with its deferred string member cut out (see above), or None."""
-    assert _deferred_decoder is not None
-    for member in {m for m, _ in _deferred.values()}:
-        span = find_string_member(data, b"params", member)
-        if span is None:
-            continue
-        start, end = span
-        try:
-            head = _deferred_decoder.decode(data[:start] + data[end:])
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            return None
-        method = _deferred_methods[type(head)]
-        wanted, build = _deferred[method]
-        if wanted != member:
-            return None
-        return Request(head.id, method, None, build(head.params, StringSpan(data, start, end)))
-    return None
+#: ``fs/writeFile`` messages from this size on have their ``params.dataBase64``
+#: left in place (:func:`decode_message`).
+SPAN_MIN: Final = 1 << 20
+#: the one method whose big string member is left in place.
+_SPAN_METHOD: Final = "fs/writeFile"
 
 
 _id_decoder: Final = msgspec.json.Decoder(RequestId)
@@ -264,22 +195,47 @@ def _bad_id(raw: Raw) -> ProtocolError:
 def decode_message(data: bytes | bytearray | str) -> Message:
     """Decode one inbound frame or line.
 
+    An ``fs/writeFile`` of :data:`SPAN_MIN` bytes or more whose
+    ``params.dataBase64`` is a string without escapes is decoded with that
+    string's text cut out (``""`` in ``params``): the text stays where it is
+    and the Request's ``span`` says where (:class:`StringSpan`), for the
+    handler to decode a slice at a time. Walking a GiB of text here, in one
+    call that holds the GIL, is what this avoids; the search for it is bounded
+    to slices (:mod:`json_span`), so a caller in a worker thread lets the event
+    loop run meanwhile.
+
     Raises:
         ProtocolError: not JSON, not an object, no shape fits, or nested deeper
             than the decoder goes (msgspec stops at Python's recursion limit,
             ~1000 levels; upstream's serde at 128).
     """
     try:
+        if len(data) >= SPAN_MIN and not isinstance(data, str):
+            request = _decode_with_span(data)
+            if request is not None:
+                return request
         return _decode_message(data)
     except RecursionError as exc:
         raise ProtocolError(str(exc)) from None
 
 
+def _decode_with_span(data: bytes | bytearray) -> Request | None:
+    """``data`` decoded with ``params.dataBase64`` cut out, if it is an
+    ``fs/writeFile`` request holding that member as a plain string; else None."""
+    span = find_string_member(data, b"params", b"dataBase64")
+    if span is None:
+        return None
+    start, end = span
+    try:
+        head = _decode_message(data[:start] + data[end:])
+    except ProtocolError:
+        return None  # the whole message gets its own error
+    if not isinstance(head, Request) or head.method != _SPAN_METHOD:
+        return None
+    return Request(head.id, head.method, head.params, StringSpan(data, start, end))
+
+
 def _decode_message(data: bytes | bytearray | str) -> Message:
-    if _deferred_decoder is not None and len(data) >= ONE_PASS_MIN and not isinstance(data, str):
-        deferred = _decode_deferred(data)
-        if deferred is not None:
-            return deferred
     try:
         plain = _plain_request_decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
@@ -369,85 +325,8 @@ def encode_notification(method: str, params: msgspec.Struct | Raw | None = None)
     return _encoder.encode(_OutNotification(method, UNSET if params is None else params))
 
 
-class EncodedReply:
-    """A whole ``{"id":..,"result":..}`` reply, encoded where its result was made.
-
-    Why: a big ``fs/readFile`` result is ~85 MiB of base64 for a 64 MiB file.
-    Encoded in the worker that read the file, straight into the reply, that
-    text is written once; a result encoded first and wrapped in the envelope
-    afterwards was copied into it, one more copy at the peak.
-    :func:`encode_result` sends it as it is.
-    """
-
-    __slots__ = ("payload", "request_id")
-
-    def __init__(self, request_id: RequestId, payload: bytes | bytearray) -> None:
-        self.request_id = request_id
-        self.payload = payload
-
-
-def encode_reply(request_id: RequestId, result: msgspec.Struct) -> EncodedReply:
-    """:func:`encode_result` ahead of time (safe in a worker thread)."""
-    return EncodedReply(request_id, _encoder.encode(_OutResult(request_id, result)))
-
-
-def encode_reply_filled(
-    request_id: RequestId,
-    result: msgspec.Struct,
-    length: int,
-    fill: Callable[[bytearray, int], None],
-) -> EncodedReply:
-    """:func:`encode_reply` for a ``result`` whose one string member is left empty
-    (``""``, the last in its encoding) for ``fill(buffer, offset)`` to write:
-    ``length`` bytes that need no JSON escaping (base64), then one scratch byte.
-
-    Lets that text be made outside msgspec, straight into the reply: the server
-    base64-encodes a big file without the GIL this way (``fs/readFile``).
-    """
-    reply = ReplyToFill(request_id, result, length)
-    fill(reply.buffer, reply.at)
-    return reply.done()
-
-
-class ReplyToFill:
-    """:func:`encode_reply_filled` in two steps, for a text that is written later
-    and elsewhere: ``buffer[at : at + length]`` (and one scratch byte after it)
-    is the member's text to write, then :meth:`done` completes the reply.
-
-    Why: a confined read's bytes arrive from the helper's socket on the event
-    loop; received straight into the back of this buffer and encoded there in
-    a worker, the reply is all the server holds (see ``fs_handlers``).
-    """
-
-    __slots__ = ("_request_id", "_rest", "at", "buffer", "length")
-
-    def __init__(self, request_id: RequestId, result: msgspec.Struct, length: int) -> None:
-        empty = _encoder.encode(_OutResult(request_id, result))
-        at = empty.rindex(b'""') + 1  # inside the member's quotes (an id comes before)
-        self._request_id = request_id
-        self._rest = empty[at:]
-        self.at = at
-        self.length = length
-        self.buffer = bytearray(len(empty) + length + 1)
-        self.buffer[:at] = empty[:at]
-
-    def done(self) -> EncodedReply:
-        """The reply, once the text is written (no view of ``buffer`` may be left:
-        the scratch byte is cut off)."""
-        buffer, at, length = self.buffer, self.at, self.length
-        buffer[at + length : at + length + len(self._rest)] = self._rest
-        del buffer[-1]  # the scratch byte
-        return EncodedReply(self._request_id, buffer)
-
-
-def encode_result(
-    request_id: RequestId, result: msgspec.Struct | Raw | EncodedReply
-) -> bytes | bytearray:
+def encode_result(request_id: RequestId, result: msgspec.Struct | Raw) -> bytes:
     """``{"id":..,"result":..}``."""
-    if isinstance(result, EncodedReply):
-        if result.request_id != request_id or type(result.request_id) is not type(request_id):
-            raise ValueError(f"reply encoded for id {result.request_id!r} answers {request_id!r}")
-        return result.payload
     return _encoder.encode(_OutResult(request_id, result))
 
 

@@ -14,8 +14,10 @@ answers use the request's form.
 ``fs/writeFile``'s ``dataBase64`` is decoded from a ``msgspec.Raw`` slice of the
 inbound message (no intermediate ``str``) so that invalid base64 can be
 reported with upstream's ``-32600`` text instead of a generic decode error;
-the client side encodes from ``bytes`` (:class:`WriteFileRequest`), and
-``fs/readFile`` results are ``bytes`` fields that msgspec turns into base64 in C.
+a big request's ``dataBase64`` is not decoded at all by the codec (see
+``codec.decode_message``). The client side encodes from ``bytes``
+(:class:`WriteFileRequest`); ``fs/readFile`` results are ``bytes`` fields that
+msgspec turns into base64 in C, or for big files :class:`ReadFileText`.
 
 ``fs/getMetadata``'s ``isSymlink``/``size`` exist only in the current
 generation; they are ``UNSET`` (omitted) for legacy requests (CLIENT_COMPAT
@@ -28,8 +30,6 @@ from typing import Annotated, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
-
-from exec_server.protocol.json_span import StringSpan
 
 __all__ = [
     "FS_METHODS",
@@ -63,6 +63,7 @@ __all__ = [
     "ReadDirectoryResult",
     "ReadFileParams",
     "ReadFileResult",
+    "ReadFileText",
     "RemoveParams",
     "WalkEntry",
     "WalkError",
@@ -71,8 +72,6 @@ __all__ = [
     "WalkResult",
     "WriteBlockParams",
     "WriteFileParams",
-    "WriteFileParamsHead",
-    "WriteFileParamsSpan",
     "WriteFileRequest",
     "sandbox_raw",
 ]
@@ -133,6 +132,15 @@ class ReadFileResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     data_base64: bytes
 
 
+class ReadFileText(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Server-side encode shape of a big ``fs/readFile`` result: ``data_base64`` is
+    the JSON string (quotes included), made in a worker a slice at a time and
+    copied into the reply as it is (msgspec would encode the bytes in one
+    GIL-holding call)."""
+
+    data_base64: msgspec.Raw
+
+
 class WriteFileParams(
     msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
 ):
@@ -142,37 +150,6 @@ class WriteFileParams(
     data_base64: msgspec.Raw
     sandbox: SandboxField = UNSET
     follow_symlinks: bool | None = None
-
-
-class WriteFileParamsHead(
-    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
-):
-    """Decode shape of a big request with its ``dataBase64`` text cut out
-    (``codec.register_deferred_string``): the member is then ``""``."""
-
-    path: str
-    data_base64: str
-    sandbox: SandboxField = UNSET
-    follow_symlinks: bool | None = None
-
-
-class WriteFileParamsSpan(msgspec.Struct, frozen=True, kw_only=True):
-    """What the handler gets for a big request: ``dataBase64`` still undecoded,
-    where it lies in the message (decoded natively, in the worker that writes)."""
-
-    path: str
-    data_base64: StringSpan
-    sandbox: SandboxField = UNSET
-    follow_symlinks: bool | None = None
-
-    @classmethod
-    def from_head(cls, head: WriteFileParamsHead, span: StringSpan) -> WriteFileParamsSpan:
-        return cls(
-            path=head.path,
-            data_base64=span,
-            sandbox=head.sandbox,
-            follow_symlinks=head.follow_symlinks,
-        )
 
 
 class WriteFileRequest(

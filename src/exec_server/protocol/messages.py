@@ -16,6 +16,8 @@ from typing import Annotated, Final, TypeAlias
 
 import msgspec
 
+from exec_server.protocol.json_span import StringSpan
+
 __all__ = [
     "MALFORMED_ID",
     "EnvironmentCapabilities",
@@ -45,15 +47,15 @@ class Request(msgspec.Struct, frozen=True):
     """A call that expects a Response or ErrorResponse with the same ``id``.
 
     ``params`` is ``None`` when the member was absent; an explicit JSON
-    ``null`` arrives as ``Raw(b"null")``. ``decoded`` holds the params already
-    decoded with one string member left in place (big messages of some methods,
-    see ``codec.register_deferred_string``); ``params`` is then ``None``.
+    ``null`` arrives as ``Raw(b"null")``. ``span`` is a big ``fs/writeFile``'s
+    ``dataBase64`` text left in the message (``params`` then holds ``""`` for
+    it; see ``codec.decode_message``).
     """
 
     id: RequestId
     method: str
     params: msgspec.Raw | None = None
-    decoded: object = None
+    span: StringSpan | None = None
 
 
 class Notification(msgspec.Struct, frozen=True):

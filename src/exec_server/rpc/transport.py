@@ -78,8 +78,7 @@ class OversizedMessage:
 #: gathered in (not copied into a ``bytes``).
 Inbound: TypeAlias = bytes | bytearray | OversizedMessage | None
 
-#: What ``send`` takes: one encoded message (a big reply may be the bytearray a
-#: worker built it in, see ``codec.encode_reply_filled``).
+#: What ``send`` takes: one encoded message.
 Outbound: TypeAlias = bytes | bytearray
 
 

@@ -74,7 +74,6 @@ from exec_server.server import (
     process_handlers,
 )
 from exec_server.server.capabilities import advertised_capabilities
-from exec_server.server.heap import BIG_TRANSFER, heap_releaser, settle_startup_heap
 from exec_server.server.listener import (
     Listener,
     check_stdio,
@@ -106,6 +105,9 @@ BLOCKING_METHODS: Final = ("process/read",)
 #: system and the next message faulted it in again (~0.8 ms per 1 MiB write);
 #: above glibc's largest mmap threshold every message gets fresh pages anyway.
 KEEP_MESSAGE_MAX: Final = 32 << 20
+#: Messages from this size on are decoded in a worker thread: walking one takes
+#: ~0.25 ms per MiB, which the event loop would spend unable to answer anyone.
+DECODE_OFF_LOOP: Final = 4 << 20
 #: Seconds one message may keep the read loop busy before the transport is read
 #: ahead (to notice EOF, §2.7). Most requests take far less; checking costs one
 #: timer per busy connection per period, not one per request.
@@ -239,9 +241,6 @@ class ConnectionProcessor:
             self._closed = True
             self._request_close(f"send failed: {exc}")
             return False
-        finally:
-            if len(data) >= BIG_TRANSFER:  # checked here: every small reply passes by
-                heap_releaser().note_transfer(len(data))
         return not self._closed
 
     async def _notify(self, method: str, params: msgspec.Struct) -> bool:
@@ -331,12 +330,8 @@ class ConnectionProcessor:
             except ProtocolClosedError as exc:
                 self._refuse(str(exc))
                 return
-            if not isinstance(item, OversizedMessage):
-                size = len(item)
-                if size >= BIG_TRANSFER:
-                    heap_releaser().note_transfer(size)
-                if size > KEEP_MESSAGE_MAX:
-                    del item  # an idle connection would hold a 64 MiB write's 85 MiB text
+            if not isinstance(item, OversizedMessage) and len(item) > KEEP_MESSAGE_MAX:
+                del item  # an idle connection would hold a 64 MiB write's 85 MiB text
 
     async def _next(self) -> Inbound:
         """The next message in arrival order (read ahead, or from the transport); None at EOF.
@@ -463,7 +458,10 @@ class ConnectionProcessor:
             return
         assert item is not None
         try:
-            message = decode_message(item)
+            if len(item) < DECODE_OFF_LOOP:
+                message = decode_message(item)
+            else:  # walked in a worker, a window at a time: the loop runs on
+                message = await asyncio.to_thread(decode_message, item)
         except ProtocolError as exc:
             await self._send(
                 encode_error(
@@ -652,12 +650,9 @@ async def run_server(
         loop.add_signal_handler(sig, stop.set)
     server = ExecServer(config)
     server.services.start_warming()
-    releaser = heap_releaser()
     try:
         if target == STDIO:
             transport = await _open_stdio("exec-server stdio", config.max_message_size)
-            settle_startup_heap()
-            releaser.watch()
             conn = asyncio.create_task(server.processor(transport).run())
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({conn, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -669,8 +664,6 @@ async def run_server(
             ws_server = await server.listen_websocket(target, listener)
             sock = next(iter(ws_server.sockets))
             host, port = sock.getsockname()[:2]
-            settle_startup_heap()
-            releaser.watch()
             loop.add_signal_handler(signal.SIGHUP, reload_authenticator, listener)
             if announce is not None:
                 announce(format_ws_url(host, port, scheme=listener.scheme))
@@ -682,7 +675,6 @@ async def run_server(
                 server.close_connections()
                 await ws_server.wait_closed()
     finally:
-        releaser.unwatch()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await server.aclose()

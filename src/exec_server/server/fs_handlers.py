@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import binascii
 import functools
-import os
 import re
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 import msgspec
@@ -32,16 +31,16 @@ from exec_server.fs.service import (
 )
 from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.protocol import fs_types as t
-from exec_server.protocol import native_base64
-from exec_server.protocol.codec import (
-    EncodedReply,
-    ReplyToFill,
-    encode_reply,
-    encode_reply_filled,
-    register_deferred_string,
+from exec_server.protocol.base64_text import (
+    Undecodable,
+    decode_slices,
+    decoded_size,
+    encode_pieces_quoted,
+    encode_quoted,
+    error_text,
+    stray_bits,
 )
 from exec_server.protocol.json_span import StringSpan
-from exec_server.protocol.messages import RequestId
 from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical, render_path
 from exec_server.protocol.paths import parse_wire_path as _parse_wire_path_full
 from exec_server.protocol.sandbox_types import decode_fs_sandbox
@@ -98,89 +97,7 @@ async def _route(ctx: RequestContext, raw: t.SandboxField) -> Route:
 filesystem_service = _service
 sandbox_route = _route
 
-_B64_VALUES: Final = {
-    c: i for i, c in enumerate(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
-}
-_PAD: Final = 0x3D
-#: byte -> 0 for a base64 symbol, 1 for anything else
-_SYMBOL_OR_NOT: Final = bytes(0 if c in _B64_VALUES else 1 for c in range(256))
-_SCAN_CHUNK: Final = 1 << 20
 _BACKSLASH: Final = re.compile(rb"\\")
-
-
-def _first_non_symbol(data: bytes | memoryview, end: int) -> int:
-    """Offset of the first byte before ``end`` that is no base64 symbol, or -1.
-
-    In C, a chunk at a time (``translate`` then ``find``, ~0.1 s for 100 MiB,
-    without a copy of the whole text): a byte at a time in Python took ~10 s
-    for a 100 MiB payload whose last group was bad, holding the GIL all along.
-    """
-    view = memoryview(data)
-    for start in range(0, end, _SCAN_CHUNK):
-        stop = min(start + _SCAN_CHUNK, end)
-        found = bytes(view[start:stop]).translate(_SYMBOL_OR_NOT).find(1)
-        if found >= 0:
-            return start + found
-    return -1
-
-
-def _base64_error_text(data: bytes | memoryview) -> str | None:
-    """Upstream's error for ``data`` (Rust ``base64`` 0.22, standard alphabet,
-    canonical padding, no stray bits in the last symbol), or None if it is valid.
-
-    Checked in upstream's order, so the same defect is named: a bad last byte
-    when the length leaves one symbol over; then every group but the last, in
-    order (``=`` counts as bad there); then the last group (padding place,
-    length, padding count, unused bits).
-    """
-    values = _B64_VALUES
-    n = len(data)
-    rem = n % 4
-    if rem == 1 and data[-1] != _PAD and data[-1] not in values:
-        return f"Invalid symbol {data[-1]}, offset {n - 1}."
-    body = max(n - rem - (4 if rem == 0 else 0), 0)
-    offset = _first_non_symbol(data, body)
-    if offset >= 0:
-        return f"Invalid symbol {data[offset]}, offset {offset}."
-    morsels: list[int] = []
-    pads = first_pad = last = 0
-    for k in range(body, n):
-        byte = data[k]
-        if byte == _PAD:
-            if k - body < 2:
-                return f"Invalid symbol {byte}, offset {k}."
-            if not pads:
-                first_pad = k
-            pads += 1
-            continue
-        if pads:
-            return f"Invalid symbol {_PAD}, offset {first_pad}."
-        value = values.get(byte)
-        if value is None:
-            return f"Invalid symbol {byte}, offset {k}."
-        last = byte
-        morsels.append(value)
-    if n and len(morsels) < 2:
-        return f"Invalid input length: {body + len(morsels)}"
-    if (pads + len(morsels)) % 4:
-        return "Invalid padding"
-    bits = 0
-    for i, value in enumerate(morsels):
-        bits |= value << (18 - 6 * i)
-    if bits & (0xFFFFFF >> (len(morsels) * 6 // 8 * 8)):
-        return f"Invalid last symbol {last}, offset {body + len(morsels) - 1}."
-    return None
-
-
-def _stray_bits(text: bytes | bytearray | memoryview, start: int, end: int) -> bool:
-    """Whether padded base64 ``text[start:end]``, otherwise valid, sets bits its last
-    symbol does not carry (``aR==`` for ``aQ==``): upstream refuses it; msgspec,
-    ``binascii`` and libcrypto decode it."""
-    if end - start < 4 or text[end - 1] != _PAD:
-        return False
-    if text[end - 2] == _PAD:
-        return bool(_B64_VALUES.get(text[end - 3], 0) & 0x0F)
-    return bool(_B64_VALUES.get(text[end - 2], 0) & 0x03)
 
 
 def _invalid_base64(error: object) -> InvalidRequestError:
@@ -189,8 +106,8 @@ def _invalid_base64(error: object) -> InvalidRequestError:
 
 
 def _not_json_text(exc: msgspec.DecodeError) -> InvalidRequestError:
-    """Only a deferred span (:func:`decode_data_span`) reaches the decoder unchecked
-    (the rest of its message was valid JSON): it is bad base64 all the same."""
+    """A token msgspec cannot read as JSON text (bytes that are not UTF-8): bad
+    base64 all the same."""
     return _invalid_base64(exc)
 
 
@@ -215,7 +132,7 @@ def decode_data_base64(raw: msgspec.Raw) -> bytes:
         raise _not_json_text(exc) from exc
     else:
         token = memoryview(raw)
-        if _BACKSLASH.search(token) is None and not _stray_bits(token, 1, len(token) - 1):
+        if _BACKSLASH.search(token) is None and not stray_bits(token, 1, len(token) - 1):
             return decoded
         # An escape hides the text's last characters, or its last symbol has stray
         # bits: judge the text itself.
@@ -226,7 +143,7 @@ def decode_data_base64(raw: msgspec.Raw) -> bytes:
     except msgspec.DecodeError as exc:
         raise _not_json_text(exc) from exc
     data = text.encode("utf-8", "surrogatepass")
-    error = _base64_error_text(data)
+    error = error_text(data)
     if error is not None:
         raise _invalid_base64(error)
     if refused is None:
@@ -234,184 +151,81 @@ def decode_data_base64(raw: msgspec.Raw) -> bytes:
     return binascii.a2b_base64(data, strict_mode=True)  # valid by upstream's rules
 
 
-def decode_data_span(span: StringSpan) -> bytes | memoryview:
-    """Decode a big request's ``dataBase64`` where it lies in the message: natively
-    (no GIL) when it is plain padded base64, else as :func:`decode_data_base64`."""
-    data = native_base64.decode_strict(span.data, span.start, span.end)
-    if data is not None and not _stray_bits(span.data, span.start, span.end):
-        return data
-    _refuse_plain_span(span)
-    return decode_data_base64(msgspec.Raw(span.token()))
+def span_payload(span: StringSpan) -> ops.Payload:
+    """A big request's ``dataBase64`` (left in its message by the codec) as the
+    writing worker takes it: decoded a slice at a time as it is written, so the
+    GIL goes back to the event loop between slices and the decoded file is never
+    held whole. A bad slice stops the write (its temp file is dropped) with
+    upstream's error for the whole text."""
+    text, start, end = span.data, span.start, span.end
+    if stray_bits(text, start, end):
+        raise _invalid_base64(error_text(memoryview(text)[start:end]))
 
-
-def _refuse_plain_span(span: StringSpan) -> None:
-    """Raise upstream's error (-32600) for a big ``dataBase64`` libcrypto refused,
-    judged where it lies in the message, a chunk at a time; return when the span
-    holds a JSON escape or upstream would take it (the caller then judges the
-    decoded text whole).
-
-    Why: judging it whole (:func:`decode_data_base64`: copy the token, decode it
-    twice, encode it) holds the GIL for a few hundred milliseconds per call on
-    100 MiB, and every connection's event loop waits meanwhile: another
-    client's ``getMetadata`` waited up to 432-813 ms during such a write, 40-47
-    ms during a valid one. Chunked, the GIL is let go between chunks.
-    """
-    text = span.data
-    if text.find(b"\\", span.start, span.end) >= 0:
-        return  # an escape: the raw span is not the text
-    error = _base64_error_text(memoryview(text)[span.start : span.end])
-    if error is not None:
-        raise _invalid_base64(error)
-
-
-def data_span_payload(span: StringSpan) -> ops.Payload:
-    """A big request's ``dataBase64`` as the writing worker needs it: decoded a piece
-    at a time as it is written (natively, no GIL) when it is plain padded base64,
-    so the worker holds the text and one piece rather than the text and all its
-    bytes; else whole, as :func:`decode_data_span` decodes it. A piece libcrypto
-    refuses sends the write back to :func:`decode_data_base64`, which names the
-    error as upstream does (and the temp file written so far is dropped)."""
-    pieces = native_base64.decode_pieces(span.data, span.start, span.end, native_base64.PIECE)
-    if pieces is None or _stray_bits(span.data, span.start, span.end):
-        return decode_data_span(span)
-
-    def decoded(run_pair: ops.RunTasks | None = None) -> Iterator[memoryview]:
+    def produce() -> Iterator[bytes]:
         try:
-            yield from pieces(run_pair)
-        except native_base64.Undecodable:
-            _refuse_plain_span(span)
-            raise ops.WriteInstead(decode_data_base64(msgspec.Raw(span.token()))) from None
+            yield from decode_slices(text, start, end)
+        except Undecodable as exc:
+            error = error_text(memoryview(text)[start:end])
+            raise _invalid_base64(exc if error is None else error) from None
 
-    text = span.data
-    pad = (text[span.end - 1] == _PAD) + (text[span.end - 2] == _PAD) if len(span) else 0
-    return ops.Pieces(len(span) // 4 * 3 - pad, decoded, decoded)
+    return ops.Pieces(decoded_size(text, start, end), produce)
 
 
-def encode_read_reply(request_id: RequestId, data: bytes) -> EncodedReply:
-    """The whole reply to a big ``fs/readFile``, made in the worker that read the file:
-    its base64 text is written once, straight into the reply (see :class:`EncodedReply`),
-    by libcrypto without the GIL when it can be (see ``native_base64.encode_into``)."""
-    if not native_base64.encoder_available():
-        return encode_reply(request_id, t.ReadFileResult(data_base64=data))
-    return encode_reply_filled(
-        request_id,
-        t.ReadFileResult(data_base64=b""),
-        native_base64.encoded_length(len(data)),
-        functools.partial(native_base64.encode_into, data),
-    )
+def read_text(data: bytes) -> t.ReadFileText:
+    """A big ``fs/readFile`` result, encoded a slice at a time (in a worker)."""
+    return t.ReadFileText(data_base64=msgspec.Raw(encode_quoted(data)))
 
 
-class _Resized(Exception):
-    """The file is no longer as long as its ``fstat`` said."""
-
-
-def read_into_reply(request_id: RequestId, fd: int, size: int) -> EncodedReply:
-    """The whole reply to a big ``fs/readFile`` of regular file ``fd`` (``size`` bytes by
-    its ``fstat``), made in the worker: the file is read straight into the reply's
-    buffer, behind where its text goes, and turned into that text in place
-    (``native_base64.encode_tail_in_place``), so the worker holds the reply alone,
-    not the file and the reply (a 64 MiB read: 85 MiB, not 149). A file that
-    changed size since its ``fstat`` is read again from the start and encoded
-    as :func:`encode_read_reply` does. Closes ``fd``."""
-    try:
-        if native_base64.encoder_available():
-
-            def fill(buffer: bytearray, at: int) -> None:
-                tail = at + native_base64.encoded_length(size) - size
-                target = memoryview(buffer)[tail : tail + size]
-                try:
-                    whole = ops.read_exactly(fd, target)
-                finally:
-                    target.release()  # the buffer is resized afterwards
-                if not whole:
-                    raise _Resized
-                native_base64.encode_tail_in_place(buffer, at, size)
-
-            try:
-                return encode_reply_filled(
-                    request_id,
-                    t.ReadFileResult(data_base64=b""),
-                    native_base64.encoded_length(size),
-                    fill,
-                )
-            except _Resized:
-                pass
-        return encode_read_reply(request_id, ops.read_from_start(fd))
-    finally:
-        os.close(fd)
-
-
-def receive_into_reply(
-    request_id: RequestId, size: int
-) -> tuple[memoryview, Callable[[], EncodedReply]]:
-    """The reply to a big confined ``fs/readFile`` of ``size`` bytes, made before they
-    arrive: where to receive them (the back of the reply's buffer, behind where
-    their text goes) and the function, for a worker, that turns them into that
-    text in place. As :func:`read_into_reply` for files the server reads: the
-    reply is all there is at the peak, not the file and the reply (a 32 MiB
-    read under a restricted read policy: 74 MiB over idle before)."""
-    text = native_base64.encoded_length(size)
-    reply = ReplyToFill(request_id, t.ReadFileResult(data_base64=b""), text)
-    tail = reply.at + reply.length - size
-    view = memoryview(reply.buffer)[tail : tail + size]
-
-    def finish() -> EncodedReply:
-        view.release()  # the buffer is resized by done()
-        native_base64.encode_tail_in_place(reply.buffer, reply.at, size)
-        return reply.done()
-
-    return view, finish
+def read_text_pieces(pieces: Iterable[memoryview], size: int) -> t.ReadFileText:
+    """:func:`read_text` of a file given as it is read (in the worker reading it)."""
+    return t.ReadFileText(data_base64=msgspec.Raw(encode_pieces_quoted(pieces, size)))
 
 
 async def read_file(
     ctx: RequestContext, params: t.ReadFileParams
-) -> t.ReadFileResult | EncodedReply:
+) -> t.ReadFileResult | t.ReadFileText:
     path = parse_wire_path(params.path)
+    service = _service(ctx)
+    route = await _route(ctx, params.sandbox)
     if params.follow_symlinks is False:
-        service = _service(ctx)
-        data = await service.read_file_no_follow(path.path, await _route(ctx, params.sandbox))
+        data = await service.read_file_no_follow(path.path, route)
         if len(data) > INLINE_CODEC_LIMIT:
-            return await service.pool.run(encode_read_reply, ctx.request_id, data)
+            return await service.pool.run(read_text, data)
         return t.ReadFileResult(data_base64=data)
-    native = native_base64.encoder_available()
-    result = await _service(ctx).read_file_mapped(
+    result = await service.read_file_mapped(
         path.path,
-        functools.partial(encode_read_reply, ctx.request_id),
+        read_text,
         INLINE_CODEC_LIMIT,
-        await _route(ctx, params.sandbox),
+        route,
         regular_only=path.form is PathForm.URI,
-        read_large=functools.partial(read_into_reply, ctx.request_id),
-        receive_large=functools.partial(receive_into_reply, ctx.request_id) if native else None,
+        map_pieces=read_text_pieces,
     )
     if isinstance(result, bytes):
         return t.ReadFileResult(data_base64=result)
     return result
 
 
-async def write_file(
-    ctx: RequestContext,
-    params: t.WriteFileParams | t.WriteFileParamsSpan,
-) -> t.EmptyResult:
+async def write_file(ctx: RequestContext, params: t.WriteFileParams) -> t.EmptyResult:
     path = parse_wire_path(params.path)
     route = await _route(ctx, params.sandbox)
     service = _service(ctx)
+    span = ctx.span
     raw = params.data_base64
-    if params.follow_symlinks is False:
-        produce = (
-            functools.partial(data_span_payload, raw)
-            if isinstance(raw, StringSpan)
-            else functools.partial(decode_data_base64, raw)
-        )
+    following = params.follow_symlinks is not False
+    if span is None and len(raw) <= INLINE_CODEC_LIMIT and following:
+        await service.write_file(path.path, decode_data_base64(raw), route)
+        return t.EmptyResult()
+    # Decoded in the worker that writes: one thread hand-off, not two.
+    produce: Callable[[], ops.Payload] = (
+        functools.partial(span_payload, span)
+        if span is not None
+        else functools.partial(decode_data_base64, raw)
+    )
+    if following:
+        await service.write_file_from(path.path, produce, route)
+    else:
         call = NoFollowCall(t.METHOD_WRITE_FILE, path.path, produce=produce)
         await service.no_follow(call, route)
-        return t.EmptyResult()
-    if isinstance(raw, StringSpan):
-        await service.write_file_from(path.path, functools.partial(data_span_payload, raw), route)
-    elif len(raw) <= INLINE_CODEC_LIMIT:
-        await service.write_file(path.path, decode_data_base64(raw), route)
-    else:
-        # Decoded in the worker that writes: one thread hand-off, not two.
-        await service.write_file_from(path.path, functools.partial(decode_data_base64, raw), route)
     return t.EmptyResult()
 
 
@@ -566,14 +380,6 @@ _URI_NAME_SAFE: Final = ":@=,;!$&'()*+[]^|~"
 
 def register(router: Router) -> None:
     """Add every ``fs/*`` method (family ``filesystem``, PROTOCOL.md §4.3)."""
-    # Big writes: base64 decoded natively in the writing worker when it can be.
-    if native_base64.available():
-        register_deferred_string(
-            t.METHOD_WRITE_FILE,
-            "dataBase64",
-            t.WriteFileParamsHead,
-            t.WriteFileParamsSpan.from_head,
-        )
     router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem")
     router.add(t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem")
     router.add(

@@ -27,7 +27,6 @@ from exec_server.exceptions import (
     params_error_text,
 )
 from exec_server.protocol.codec import (
-    EncodedReply,
     decode_error_text,
     decode_params,
     encode_error,
@@ -41,6 +40,7 @@ from exec_server.protocol.connection import (
     malformed_message_text,
     method_not_found_text,
 )
+from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.messages import Request, RequestId
 from exec_server.rpc.transport import Outbound
 from exec_server.server.services import ServerServices
@@ -57,8 +57,7 @@ __all__ = [
 logger = logging.getLogger("exec_server.server")
 
 P = TypeVar("P")
-#: a handler returns its result struct, or (for a big one) its whole reply, encoded.
-R = TypeVar("R", bound=msgspec.Struct | EncodedReply)
+R = TypeVar("R", bound=msgspec.Struct)
 
 #: ``async def handler(ctx, params) -> ResultStruct``
 Handler = Callable[["RequestContext", P], Awaitable[R]]
@@ -113,6 +112,8 @@ class RequestContext:
         services: server-wide services (``config``, ``sandbox``, ``fs_sandbox``).
         attachment: this connection's state (handshake, session, sink).
         registry: the process-wide session registry.
+        span: a big ``fs/writeFile``'s ``dataBase64`` text, left in its message
+            by the codec (its params hold ``""`` for it); None for any other request.
     """
 
     def __init__(
@@ -128,6 +129,7 @@ class RequestContext:
         self.attachment = attachment
         self.services = services
         self.registry = registry
+        self.span: StringSpan | None = None
         self._released: asyncio.Event | None = None
         self._replied: asyncio.Event | None = None
 
@@ -191,7 +193,7 @@ class RequestContext:
 class Route:
     method: str
     params_type: Any
-    handler: Callable[[RequestContext, Any], Awaitable[msgspec.Struct | EncodedReply]]
+    handler: Callable[[RequestContext, Any], Awaitable[msgspec.Struct]]
     family: Family
     may_block: bool = False
 
@@ -257,6 +259,7 @@ class Router:
             )
         started = _clock() if logger.isEnabledFor(logging.DEBUG) else None
         params: Any = None
+        ctx.span = request.span
         try:
             params = self._params(ctx, route, request)
             result = await route.handler(ctx, params)
@@ -273,32 +276,25 @@ class Router:
     @staticmethod
     def _params(ctx: RequestContext, route: Route, request: Request) -> Any:
         """Decode and gate; raises what :meth:`_error` answers."""
-        decoded = request.decoded
-        if decoded is not None:
-            # Decoded with a member left in place (codec.register_deferred_string):
-            # the module that registered the route registered the shape, and its
-            # handler takes it.
-            params: Any = decoded
-        else:
-            try:
-                params = decode_params(request.params, route.params_type)
-            except msgspec.ValidationError:
-                raise  # a ValidationError is a DecodeError too: -32602, as it says
-            except (msgspec.DecodeError, RecursionError) as exc:
-                # The envelope was JSON, but not the params in it: the envelope's
-                # reader skips over them without checking their text (invalid
-                # UTF-8 in a string), or they nest deeper than the decoder goes.
-                # Upstream reads the whole message at once and answers id -1; we
-                # know the id, so the request gets its answer.
-                raise InvalidRequestError(
-                    malformed_message_text(
-                        ctx.attachment.kind,
-                        ctx.attachment.label,
-                        decode_error_text(exc, request.params or b"")
-                        if isinstance(exc, msgspec.DecodeError)
-                        else str(exc),
-                    )
-                ) from None
+        try:
+            params = decode_params(request.params, route.params_type)
+        except msgspec.ValidationError:
+            raise  # a ValidationError is a DecodeError too: -32602, as it says
+        except (msgspec.DecodeError, RecursionError) as exc:
+            # The envelope was JSON, but not the params in it: the envelope's
+            # reader skips over them without checking their text (invalid
+            # UTF-8 in a string), or they nest deeper than the decoder goes.
+            # Upstream reads the whole message at once and answers id -1; we
+            # know the id, so the request gets its answer.
+            raise InvalidRequestError(
+                malformed_message_text(
+                    ctx.attachment.kind,
+                    ctx.attachment.label,
+                    decode_error_text(exc, request.params or b"")
+                    if isinstance(exc, msgspec.DecodeError)
+                    else str(exc),
+                )
+            ) from None
         att = ctx.attachment
         att.handshake.gate(route.family, has_session=att.session is not None, attached=att.attached)
         return params
