@@ -25,7 +25,7 @@ import time
 import websockets
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (  # noqa: E402
+from harness import (
     OURS,
     UPSTREAM,
     Report,

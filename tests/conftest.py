@@ -561,7 +561,7 @@ class InProcessServer:
         self._clients: list[RpcClient] = []
 
     async def connect(self, label: str = "exec-server test") -> RpcClient:
-        from exec_server.rpc.transport import memory_pair
+        from exec_server.transport.streams import memory_pair
 
         client_end, server_end = memory_pair(label=label)
         processor = self.server.processor(server_end)
@@ -622,7 +622,8 @@ class RouterCaller:
     def __init__(self, services: Any = None) -> None:
         from exec_server.config import ServerConfig
         from exec_server.protocol.connection import HandshakeState
-        from exec_server.server import fs_handle_handlers, fs_handlers
+        from exec_server.server.handlers import fs_handlers
+        from exec_server.server.handlers import fs_handles as fs_handle_handlers
         from exec_server.server.router import Router
         from exec_server.server.services import ServerServices
         from exec_server.server.session import Attachment, Session, SessionRegistry

@@ -55,7 +55,7 @@ WsAuthMode = Literal["capability-token", "signed-bearer-token"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WsAuthSettings:
-    """The ``--ws-*`` flags as given, validated by ``rpc.ws_auth.load_authenticator``."""
+    """The ``--ws-*`` flags as given, validated by ``transport.ws_auth.load_authenticator``."""
 
     mode: WsAuthMode | None = None
     token_file: str | None = None

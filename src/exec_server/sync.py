@@ -24,7 +24,7 @@ from exec_server.client import ExecServerClient as AsyncClient
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.client.process import CompletedProcess, ProcessHandle
 from exec_server.process.spec import ExitStatus
-from exec_server.protocol.process_types import OutputChunk
+from exec_server.protocol.types.process import OutputChunk
 
 __all__ = ["ExecServerClient", "FileSystem", "Process"]
 

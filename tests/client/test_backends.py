@@ -8,7 +8,7 @@ import pytest
 
 from exec_server.client import ExecBackend, Signal
 from exec_server.exceptions import InternalError, InvalidParamsError
-from exec_server.protocol.process_types import ProcessStream, WriteStatus
+from exec_server.protocol.types.process import ProcessStream, WriteStatus
 
 TIMEOUT = 15
 

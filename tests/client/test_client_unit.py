@@ -17,7 +17,7 @@ from exec_server.exceptions import (
     MethodNotFoundError,
     NotFoundError,
 )
-from exec_server.protocol.process_types import (
+from exec_server.protocol.types.process import (
     ProcessStream,
     TerminateParams,
     TerminateResult,

@@ -13,7 +13,7 @@ import pytest
 
 from exec_server.client import NotSupportedError
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
-from exec_server.protocol.process_types import METHOD_CLOSE_STDIN, METHOD_RESIZE_PTY
+from exec_server.protocol.types.process import METHOD_CLOSE_STDIN, METHOD_RESIZE_PTY
 
 
 async def test_resize_reaches_the_pty(backend: Any, sh_env: dict[str, str]) -> None:

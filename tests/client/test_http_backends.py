@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from exec_server.exceptions import InternalError, InvalidParamsError
-from exec_server.protocol.http_types import RequestHeader
+from exec_server.protocol.types.http import RequestHeader
 
 
 @pytest.fixture(autouse=True)

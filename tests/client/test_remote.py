@@ -17,7 +17,7 @@ from exec_server.client import (
     HandshakeError,
 )
 from exec_server.exceptions import InvalidRequestError, MethodNotFoundError
-from exec_server.protocol.process_types import (
+from exec_server.protocol.types.process import (
     ReadParams,
     StartParams,
     TerminateParams,

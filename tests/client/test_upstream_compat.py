@@ -16,8 +16,8 @@ import pytest
 from exec_server.client import ExecServerClient
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.exceptions import InvalidRequestError
-from exec_server.protocol.process_types import StartParams, WriteStatus
-from exec_server.protocol.sandbox_types import CurrentSandboxContext, decode_sandbox
+from exec_server.protocol.types.process import StartParams, WriteStatus
+from exec_server.protocol.types.sandbox import CurrentSandboxContext, decode_sandbox
 
 pytestmark = pytest.mark.upstream
 
@@ -116,7 +116,7 @@ async def test_a_current_context_struct_is_taken_by_upstream(
 
 async def test_extensions_are_detected_as_missing(upstream_url: str) -> None:
     from exec_server.client import NotSupportedError
-    from exec_server.protocol.process_types import METHOD_CLOSE_STDIN, METHOD_RESIZE_PTY
+    from exec_server.protocol.types.process import METHOD_CLOSE_STDIN, METHOD_RESIZE_PTY
 
     async with await ExecServerClient.connect(upstream_url) as client:
         assert not await client.supports(METHOD_RESIZE_PTY)

@@ -24,7 +24,7 @@ from exec_server.client.fs import RemoteFileSystem
 from exec_server.client.sandbox_contexts import workspace_write
 from exec_server.patch.apply import apply_patch
 from exec_server.patch.errors import ApplyError
-from exec_server.protocol.process_types import EnvPolicy
+from exec_server.protocol.types.process import EnvPolicy
 
 TIMEOUT = 20.0
 

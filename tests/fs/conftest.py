@@ -34,9 +34,9 @@ from websockets.asyncio.server import Server
 from exec_server.client.connection import ExecServerClient
 from exec_server.client.fs import ExecutorFileSystem, LocalFileSystem, RemoteFileSystem
 from exec_server.config import ServerConfig
-from exec_server.rpc.listen import ListenAddress
 from exec_server.server.app import ExecServer
 from exec_server.server.services import ServerServices
+from exec_server.transport.listen import ListenAddress
 
 T = TypeVar("T")
 

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import ops
 from exec_server.protocol import base64_text
-from exec_server.protocol import fs_types as t
 from exec_server.protocol.codec import SPAN_MIN, ProtocolError, decode_message
 from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.messages import Request
-from exec_server.server.fs_handlers import (
+from exec_server.protocol.types import fs as t
+from exec_server.server.handlers.fs import (
     decode_data_base64,
     read_text,
     read_text_pieces,

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from exec_server.protocol import codec
-from exec_server.server import app, fs_handlers
+from exec_server.server import app
+from exec_server.server.handlers import fs as fs_handlers
 
 MIB = 1 << 20
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.connection import Connection
 
-from exec_server.client import _transport
+from exec_server.client import _transport as _transport
 from exec_server.client.fs import RemoteFileSystem
 
 WAIT = 30.0

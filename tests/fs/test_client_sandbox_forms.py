@@ -19,7 +19,7 @@ import pytest
 
 from exec_server.client.fs import ExecutorFileSystem
 from exec_server.exceptions import InvalidParamsError
-from exec_server.protocol import sandbox_types as st
+from exec_server.protocol.types import sandbox as st
 
 WAIT = 30.0
 

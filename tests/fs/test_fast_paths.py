@@ -6,7 +6,7 @@ import pytest
 
 from exec_server.exceptions import ExecServerError
 from exec_server.protocol.paths import parse_wire_path as full_parse
-from exec_server.server.fs_handlers import parse_wire_path as fast_parse
+from exec_server.server.handlers.fs import parse_wire_path as fast_parse
 
 CASES = [
     "file:///",

@@ -17,7 +17,7 @@ import pytest
 from exec_server.client import sandbox_contexts as sc
 from exec_server.client.fs import ExecutorFileSystem
 from exec_server.exceptions import InternalError, InvalidRequestError, NotFoundError
-from exec_server.protocol import fs_types as t
+from exec_server.protocol.types import fs as t
 
 from .conftest import open_live_server
 

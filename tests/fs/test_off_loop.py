@@ -19,10 +19,10 @@ from exec_server.client.fs import RemoteFileSystem
 from exec_server.client.sandbox_contexts import workspace_write
 from exec_server.config import ServerConfig
 from exec_server.fs.service import FileSystemService
-from exec_server.rpc.listen import ListenAddress
 from exec_server.sandbox.select import SandboxUnavailableError, select_backend
 from exec_server.server.app import ExecServer
 from exec_server.server.services import ServerServices
+from exec_server.transport.listen import ListenAddress
 
 from .conftest import LiveServer, open_live_server
 

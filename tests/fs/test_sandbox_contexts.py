@@ -14,7 +14,7 @@ import pytest
 from exec_server.client import sandbox_contexts as sc
 from exec_server.client.fs import ExecutorFileSystem
 from exec_server.exceptions import InvalidRequestError
-from exec_server.protocol import sandbox_types as st
+from exec_server.protocol.types import sandbox as st
 
 WAIT = 30.0
 #: codex 0.163's traffic (a copy of shared/spec/codex-0.163-recordings kept with the tests).

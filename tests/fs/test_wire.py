@@ -331,7 +331,7 @@ async def test_big_writes_decode_their_base64_where_it_lies(
 ) -> None:
     """A big plain request leaves ``dataBase64`` undecoded until the writing worker
     decodes it a slice at a time; answers are those of the other paths."""
-    from exec_server.server import fs_handlers
+    from exec_server.server.handlers import fs as fs_handlers
 
     spans: list[int] = []
     real = fs_handlers.span_payload

@@ -23,7 +23,7 @@ from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError
 from exec_server.fs.sandboxed import SandboxedFileSystem
 from exec_server.fs.zygote import Zygote
-from exec_server.protocol.sandbox_types import decode_fs_sandbox
+from exec_server.protocol.types.sandbox import decode_fs_sandbox
 from exec_server.sandbox.manager import SandboxManager
 
 TIMEOUT = 10.0

@@ -182,9 +182,9 @@ async def open_remote_fs(*, full_services: bool = False) -> AsyncIterator[Any]:
     from exec_server.client.connection import ExecServerClient
     from exec_server.client.fs import RemoteFileSystem
     from exec_server.config import ServerConfig
-    from exec_server.rpc.listen import ListenAddress
     from exec_server.server.app import ExecServer
     from exec_server.server.services import ServerServices
+    from exec_server.transport.listen import ListenAddress
 
     config = ServerConfig()
     services = ServerServices.create(config) if full_services else ServerServices(config)

@@ -12,7 +12,7 @@ import pytest
 
 from exec_server.config import ServerConfig
 from exec_server.process.manager import ProcessManager
-from exec_server.protocol.process_types import (
+from exec_server.protocol.types.process import (
     ClosedNotification,
     ExitedNotification,
     OutputNotification,

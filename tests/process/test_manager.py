@@ -14,7 +14,7 @@ import pytest
 from exec_server.exceptions import InternalError, InvalidRequestError
 from exec_server.process.manager import ProcessManager, exit_status_from_wait, looks_sandbox_denied
 from exec_server.process.spec import LaunchSpec
-from exec_server.protocol.process_types import ProcessStream, WriteStatus
+from exec_server.protocol.types.process import ProcessStream, WriteStatus
 from exec_server.sandbox.plan import SandboxType
 from exec_server.server.notifications import notifier
 

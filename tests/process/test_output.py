@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from exec_server.process.output import RETAINED_OUTPUT_CAP, OutputBuffer
-from exec_server.protocol.process_types import ProcessStream
+from exec_server.protocol.types.process import ProcessStream
 
 OUT = ProcessStream.STDOUT
 ERR = ProcessStream.STDERR

@@ -16,7 +16,7 @@ import pytest
 
 from exec_server.process.manager import WRITE_QUEUE_BYTES, ProcessManager
 from exec_server.process.spec import LaunchSpec
-from exec_server.protocol.process_types import WriteStatus
+from exec_server.protocol.types.process import WriteStatus
 
 MiB = 1 << 20
 

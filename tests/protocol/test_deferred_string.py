@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import ops
 from exec_server.protocol import base64_text, json_span
-from exec_server.protocol import fs_types as t
 from exec_server.protocol.codec import SPAN_MIN, decode_message
 from exec_server.protocol.json_span import find_string_member
 from exec_server.protocol.messages import Request
-from exec_server.server.fs_handlers import decode_data_base64, span_payload
+from exec_server.protocol.types import fs as t
+from exec_server.server.handlers.fs import decode_data_base64, span_payload
 
 # ------------------------------------------------------------- json_span
 

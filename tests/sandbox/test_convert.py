@@ -13,7 +13,7 @@ import pytest
 
 from exec_server.exceptions import InvalidParamsError
 from exec_server.fs.context import route
-from exec_server.protocol.sandbox_types import decode_fs_sandbox, decode_launch_sandbox
+from exec_server.protocol.types.sandbox import decode_fs_sandbox, decode_launch_sandbox
 from exec_server.sandbox.convert import (
     Generation,
     cli_launch_request,

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from exec_server.protocol.sandbox_types import decode_fs_sandbox
+from exec_server.protocol.types.sandbox import decode_fs_sandbox
 from exec_server.sandbox.access import PROTECTED_NAMES_ALWAYS, ResolvedPolicy
 from exec_server.sandbox.convert import fs_context
 from exec_server.sandbox.fs_request import FsSandboxRequest

@@ -15,7 +15,7 @@ import pytest
 from exec_server.config import ServerConfig
 from exec_server.exceptions import ErrorCode, InternalError, InvalidParamsError, from_domain_error
 from exec_server.process.spec import LaunchSpec
-from exec_server.protocol.sandbox_types import decode_launch_sandbox
+from exec_server.protocol.types.sandbox import decode_launch_sandbox
 from exec_server.sandbox.convert import (
     Generation,
     LaunchSandboxRequest,

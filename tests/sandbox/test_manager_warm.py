@@ -13,7 +13,7 @@ import pytest
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError
 from exec_server.process.spec import LaunchSpec
-from exec_server.protocol.sandbox_types import decode_launch_sandbox
+from exec_server.protocol.types.sandbox import decode_launch_sandbox
 from exec_server.sandbox.manager import SandboxLaunchError, SandboxManager
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 

@@ -20,7 +20,7 @@ import pytest
 
 from exec_server.client.sandbox_contexts import to_wire, workspace_write
 from exec_server.exceptions import InvalidParamsError
-from exec_server.protocol.sandbox_types import MAX_SANDBOX_ENTRIES, decode_launch_sandbox
+from exec_server.protocol.types.sandbox import MAX_SANDBOX_ENTRIES, decode_launch_sandbox
 from exec_server.sandbox.convert import launch_request
 
 

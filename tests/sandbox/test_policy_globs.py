@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from exec_server.protocol.sandbox_types import decode_fs_sandbox, decode_launch_sandbox
+from exec_server.protocol.types.sandbox import decode_fs_sandbox, decode_launch_sandbox
 from exec_server.sandbox import globs
 from exec_server.sandbox.access import ResolvedPolicy
 from exec_server.sandbox.convert import fs_context, launch_request

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
-from exec_server.protocol.sandbox_types import decode_fs_sandbox, decode_launch_sandbox
+from exec_server.protocol.types.sandbox import decode_fs_sandbox, decode_launch_sandbox
 from exec_server.sandbox.access import ResolvedPolicy
 from exec_server.sandbox.convert import fs_context, launch_request
 from exec_server.sandbox.plan import SandboxPlan

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from exec_server.protocol.sandbox_types import decode_launch_sandbox
+from exec_server.protocol.types.sandbox import decode_launch_sandbox
 from exec_server.sandbox.convert import Generation, launch_request
 from exec_server.sandbox.policy import FsKind, Network
 

@@ -10,8 +10,8 @@ import msgspec
 import pytest
 
 from exec_server.exceptions import ErrorCode, InvalidParamsError, InvalidRequestError, wire_error
-from exec_server.protocol import sandbox_types as wire
-from exec_server.protocol.sandbox_types import decode_fs_sandbox, decode_launch_sandbox
+from exec_server.protocol.types import sandbox as wire
+from exec_server.protocol.types.sandbox import decode_fs_sandbox, decode_launch_sandbox
 from exec_server.sandbox.convert import (
     Generation,
     fs_context,

@@ -1,5 +1,5 @@
 """The upgrade gate as ``websockets.asyncio.server``'s ``process_request`` hook, and the
-token parsing of :mod:`exec_server.rpc.ws_auth`, without a server process."""
+token parsing of :mod:`exec_server.transport.ws_auth`, without a server process."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import InvalidStatus
 
-from exec_server.rpc.http_gate import UpgradeGate
-from exec_server.rpc.ws_auth import (
+from exec_server.transport.http_gate import UpgradeGate
+from exec_server.transport.ws_auth import (
     Authenticator,
     AuthRefused,
     CapabilityToken,

@@ -326,7 +326,7 @@ def test_log_has_one_line_per_attempt_and_never_the_token(
     while "accepted" not in srv.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     log = srv.log()
-    lines = [line for line in log.splitlines() if "exec_server.rpc.http" in line]
+    lines = [line for line in log.splitlines() if "exec_server.transport.http" in line]
     assert len(lines) == 3, log
     assert "401 (invalid websocket bearer token)" in lines[0]
     assert "403 (Origin header)" in lines[1]

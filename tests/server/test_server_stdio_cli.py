@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exec_server.rpc.listen import STDIO, ListenAddress, ListenUrlError, parse_listen_url
+from exec_server.transport.listen import STDIO, ListenAddress, ListenUrlError, parse_listen_url
 
 TIMEOUT = 10.0
 

@@ -1,4 +1,4 @@
-"""Line framing and the in-memory pair (rpc/transport.py), fed by hand."""
+"""Line framing and the in-memory pair (transport/streams.py), fed by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exec_server.rpc.transport import OversizedMessage, StreamTransport, memory_pair
+from exec_server.transport.streams import OversizedMessage, StreamTransport, memory_pair
 
 
 class _NullWriter:

@@ -219,9 +219,9 @@ async def test_many_concurrent_connections(server: Any, rpc: Rpc) -> None:
 async def test_tcp_nodelay_on_accepted_socket() -> None:
     """In-process server, so the accepted (server-side) socket can be inspected."""
     from exec_server.config import ServerConfig
-    from exec_server.rpc.listen import ListenAddress
     from exec_server.server.app import ExecServer
     from exec_server.server.services import ServerServices
+    from exec_server.transport.listen import ListenAddress
 
     config = ServerConfig()
     srv = ExecServer(config, ServerServices(config))

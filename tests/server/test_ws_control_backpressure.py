@@ -141,7 +141,7 @@ async def test_a_client_that_pings_without_reading_is_held_back_not_buffered() -
     holds the client), so what it holds stays at the write limit instead of
     growing by a pong per ping; when the client reads again every ping is
     answered in order and the connection carries messages as before."""
-    from exec_server.rpc.ws_server import WRITE_LIMIT, serve_websocket
+    from exec_server.transport.websocket import WRITE_LIMIT, serve_websocket
 
     got: asyncio.Queue[bytes] = asyncio.Queue()
 

@@ -250,7 +250,7 @@ async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str,
     from exec_server.client import ClientError, ExecServerClient
     from exec_server.client.run import inherit_server_env
     from exec_server.exceptions import ExecServerError
-    from exec_server.protocol.process_types import (
+    from exec_server.protocol.types.process import (
         METHOD_CLOSE_STDIN,
         METHOD_RESIZE_PTY,
         ProcessStream,
@@ -341,7 +341,7 @@ def _write_all(fd: int, data: bytes) -> None:
 async def _pump_stdin(handle: ProcessHandle, *, eof: str | None) -> None:
     """Forward our stdin; at its end close the remote stdin (pipes, ``eof="close"``)
     or send the terminal's EOF character (PTY)."""
-    from exec_server.protocol.process_types import WriteStatus
+    from exec_server.protocol.types.process import WriteStatus
 
     loop = asyncio.get_running_loop()
     fd = sys.stdin.fileno()

@@ -21,10 +21,10 @@ from exec_server.config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     ServerConfig,
 )
-from exec_server.rpc.listen import ListenUrlError, parse_listen_url
-from exec_server.rpc.ws_auth import DEFAULT_CLOCK_SKEW, WsAuthSettings
 from exec_server.server.app import run_server
 from exec_server.server.listener import INSECURE_FLAG
+from exec_server.transport.listen import ListenUrlError, parse_listen_url
+from exec_server.transport.ws_auth import DEFAULT_CLOCK_SKEW, WsAuthSettings
 
 __all__ = ["register", "run"]
 

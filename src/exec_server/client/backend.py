@@ -33,7 +33,7 @@ from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidParamsError, from_domain_error
 from exec_server.http.errors import HttpBodyFailed, HttpError
 from exec_server.process.events import Exited, Output, ProcessEvent
-from exec_server.protocol.process_types import (
+from exec_server.protocol.types.process import (
     ClosedNotification,
     EnvPolicy,
     ExitedNotification,
@@ -41,7 +41,7 @@ from exec_server.protocol.process_types import (
     ReadResult,
     WriteStatus,
 )
-from exec_server.protocol.sandbox_types import decode_launch_sandbox, encode_client_context
+from exec_server.protocol.types.sandbox import decode_launch_sandbox, encode_client_context
 from exec_server.sandbox.errors import SandboxError
 
 if TYPE_CHECKING:

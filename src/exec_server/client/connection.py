@@ -56,7 +56,9 @@ from exec_server.protocol.codec import (
     encode_notification,
     encode_request,
 )
-from exec_server.protocol.http_types import (
+from exec_server.protocol.messages import ErrorResponse, Notification, Response
+from exec_server.protocol.paths import PathForm, render_path
+from exec_server.protocol.types.http import (
     BUFFERED_REQUEST_ID,
     METHOD_HTTP_REQUEST,
     NOTIFY_BODY_DELTA,
@@ -64,9 +66,7 @@ from exec_server.protocol.http_types import (
     HttpRequestParams,
     HttpRequestResult,
 )
-from exec_server.protocol.messages import ErrorResponse, Notification, Response
-from exec_server.protocol.paths import PathForm, render_path
-from exec_server.protocol.process_types import (
+from exec_server.protocol.types.process import (
     METHOD_CLOSE_STDIN,
     METHOD_READ,
     METHOD_RESIZE_PTY,
@@ -97,7 +97,7 @@ from exec_server.protocol.process_types import (
     WriteResult,
     WriteStatus,
 )
-from exec_server.protocol.sandbox_types import encode_client_context
+from exec_server.protocol.types.sandbox import encode_client_context
 
 __all__ = [
     "DEFAULT_CLIENT_NAME",

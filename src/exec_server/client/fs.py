@@ -44,9 +44,9 @@ from exec_server.fs.service import (
     Route,
 )
 from exec_server.fs.walk import MAX_DEPTH, MAX_DIRECTORIES, MAX_ENTRIES, WalkOptions
-from exec_server.protocol import fs_types as t
 from exec_server.protocol.paths import PathForm, WirePath, parse_wire_path, render_path
-from exec_server.protocol.sandbox_types import decode_fs_sandbox, encode_client_context
+from exec_server.protocol.types import fs as t
+from exec_server.protocol.types.sandbox import decode_fs_sandbox, encode_client_context
 
 __all__ = [
     "DirEntry",

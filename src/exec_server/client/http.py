@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Final, TypeAlias, TypedDict
 
 from exec_server.exceptions import InternalError
-from exec_server.protocol.http_types import RequestHeader
+from exec_server.protocol.types.http import RequestHeader
 
 __all__ = ["HeaderArg", "HttpOptions", "HttpResponse", "body_failed", "request_headers"]
 

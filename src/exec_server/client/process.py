@@ -31,7 +31,7 @@ import msgspec
 from exec_server.client.errors import ClientClosedError, ConnectionLostError
 from exec_server.exceptions import InvalidParamsError
 from exec_server.process.spec import ExitStatus
-from exec_server.protocol.process_types import (
+from exec_server.protocol.types.process import (
     ClosedNotification,
     EnvPolicy,
     ExitedNotification,

@@ -19,7 +19,7 @@ from exec_server.client.errors import ClientError, ProcessError, ProcessTimeoutE
 from exec_server.client.process import CompletedProcess, ProcessHandle, SpawnOptions
 from exec_server.exceptions import ExecServerError
 from exec_server.process.spec import ExitStatus
-from exec_server.protocol.process_types import EnvPolicy, ProcessStream
+from exec_server.protocol.types.process import EnvPolicy, ProcessStream
 
 __all__ = ["DEFAULT_SHELL", "TERMINATE_WAIT", "RunOptions", "inherit_server_env", "run_command"]
 

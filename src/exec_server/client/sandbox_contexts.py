@@ -8,7 +8,7 @@ read-only ``.git``/``.codex`` carve-outs a sandboxed call may plant a git hook.
 These builders give the contexts codex 0.163 sends on ``fs/*`` calls (checked
 against its recordings in the tests), for any workspace.
 
-The results are :class:`~exec_server.protocol.sandbox_types.CurrentSandboxContext`
+The results are :class:`~exec_server.protocol.types.sandbox.CurrentSandboxContext`
 structs, which the client's filesystem backends accept as they are;
 :func:`to_wire` gives the JSON object for hand-written JSON-RPC.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from exec_server.protocol.sandbox_types import (
+from exec_server.protocol.types.sandbox import (
     AbsPath,
     CurrentSandboxContext,
     FileSystemAccess,

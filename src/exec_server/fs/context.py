@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from exec_server.fs.service import DIRECT, FsRoute
 from exec_server.fs.workers import WorkerPool
-from exec_server.protocol.sandbox_types import SandboxContext
+from exec_server.protocol.types.sandbox import SandboxContext
 from exec_server.sandbox.convert import fs_context
 
 __all__ = ["route", "route_for"]

@@ -676,7 +676,7 @@ def _request(context: object) -> FsSandboxRequest:
     if isinstance(context, bytes | bytearray):
         # The router's fallback hands over the raw member when the policy
         # layer was missing at import time; decode it now.
-        from exec_server.protocol.sandbox_types import decode_fs_sandbox
+        from exec_server.protocol.types.sandbox import decode_fs_sandbox
         from exec_server.sandbox.convert import fs_context
 
         decoded = fs_context(decode_fs_sandbox(bytes(context)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from exec_server.protocol.process_types import OutputChunk, ProcessStream
+from exec_server.protocol.types.process import OutputChunk, ProcessStream
 
 __all__ = ["Closed", "EventSink", "Exited", "Output", "ProcessEvent", "Snapshot"]
 

@@ -61,7 +61,7 @@ from exec_server.process.pipes import (
 from exec_server.process.pty import set_window_size, spawn_pty
 from exec_server.process.spec import ExitStatus, LaunchService, LaunchSpec
 from exec_server.process.stdin import WRITE_QUEUE_BYTES, WRITE_QUEUE_DEPTH, Stdin
-from exec_server.protocol.process_types import ProcessStream, WriteStatus
+from exec_server.protocol.types.process import ProcessStream, WriteStatus
 from exec_server.sandbox.plan import SandboxType
 
 __all__ = [

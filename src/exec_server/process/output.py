@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
-from exec_server.protocol.process_types import OutputChunk, ProcessStream
+from exec_server.protocol.types.process import OutputChunk, ProcessStream
 
 __all__ = ["RETAINED_OUTPUT_CAP", "OutputBuffer"]
 

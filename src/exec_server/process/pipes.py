@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from exec_server.fs import nonblocking
 from exec_server.process.child_signals import child_preexec
 from exec_server.process.spec import LaunchServiceUnavailable, LaunchSpec
-from exec_server.protocol.process_types import ProcessStream
+from exec_server.protocol.types.process import ProcessStream
 
 __all__ = [
     "PIPE_SIZE",

@@ -25,7 +25,7 @@ from exec_server.process.child_signals import reset_in_child
 from exec_server.process.pipes import SpawnedChild, child_args, close_quietly
 from exec_server.process.spec import LaunchSpec
 from exec_server.process.tree import become_subreaper
-from exec_server.protocol.process_types import ProcessStream
+from exec_server.protocol.types.process import ProcessStream
 from exec_server.sandbox.plan import SandboxType
 
 __all__ = ["set_window_size", "spawn_pty"]

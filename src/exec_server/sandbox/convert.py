@@ -1,6 +1,6 @@
 """The decoded ``sandbox`` member → the internal policy model (both generations).
 
-The handlers decode the member (:mod:`exec_server.protocol.sandbox_types`);
+The handlers decode the member (:mod:`exec_server.protocol.types.sandbox`);
 this module validates what the structs cannot say and converts them:
 :func:`launch_request` for ``process/start`` (a :class:`LaunchSandboxRequest`:
 what to confine, how strongly the client insists, which generation asked),
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from exec_server.errno_text import os_error_text
-from exec_server.protocol import sandbox_types as wire
+from exec_server.protocol.types import sandbox as wire
 from exec_server.sandbox.access import (
     ResolvedPolicy,
     has_full_disk_read,

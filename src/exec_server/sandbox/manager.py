@@ -21,7 +21,7 @@ from typing import Protocol
 from exec_server.config import ServerConfig
 from exec_server.exceptions import ExecServerError
 from exec_server.process.spec import LaunchSpec
-from exec_server.protocol.sandbox_types import SandboxContext
+from exec_server.protocol.types.sandbox import SandboxContext
 from exec_server.sandbox.convert import Generation, LaunchSandboxRequest, launch_request
 from exec_server.sandbox.errors import SandboxError, SandboxLaunchError
 from exec_server.sandbox.macos import seatbelt

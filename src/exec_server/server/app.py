@@ -57,23 +57,12 @@ from exec_server.protocol.messages import (
     RequestId,
     Response,
 )
-from exec_server.rpc.listen import STDIO, ListenAddress, format_ws_url, parse_listen_url
-from exec_server.rpc.transport import (
-    Inbound,
-    MessageTransport,
-    Outbound,
-    OversizedMessage,
-    StreamTransport,
-    WebSocketTransport,
-)
-from exec_server.server import (
-    env_handlers,
-    fs_handle_handlers,
-    fs_handlers,
-    http_handlers,
-    process_handlers,
-)
 from exec_server.server.capabilities import advertised_capabilities
+from exec_server.server.handlers import env as env_handlers
+from exec_server.server.handlers import fs as fs_handlers
+from exec_server.server.handlers import fs_handles as fs_handle_handlers
+from exec_server.server.handlers import http as http_handlers
+from exec_server.server.handlers import process as process_handlers
 from exec_server.server.listener import (
     Listener,
     check_stdio,
@@ -83,6 +72,15 @@ from exec_server.server.listener import (
 from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, SessionRegistry
+from exec_server.transport.listen import STDIO, ListenAddress, format_ws_url, parse_listen_url
+from exec_server.transport.streams import (
+    Inbound,
+    MessageTransport,
+    Outbound,
+    OversizedMessage,
+    StreamTransport,
+    WebSocketTransport,
+)
 
 if TYPE_CHECKING:  # the listener's modules load with the listener: stdio does without
     from websockets.asyncio.server import Server as WsServer
@@ -582,7 +580,7 @@ class ExecServer:
             AuthConfigError, ListenerRefused: without ``listener``, the config's
                 auth and TLS flags do not allow this address.
         """
-        from exec_server.rpc.ws_server import serve_websocket
+        from exec_server.transport.websocket import serve_websocket
 
         if listener is None:
             listener = prepare_listener(self.config, address)

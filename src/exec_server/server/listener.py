@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import os_error_message
-from exec_server.rpc.http_gate import UpgradeGate
-from exec_server.rpc.listen import ListenAddress
-from exec_server.rpc.ws_auth import AuthConfigError, Authenticator, load_authenticator
+from exec_server.transport.http_gate import UpgradeGate
+from exec_server.transport.listen import ListenAddress
+from exec_server.transport.ws_auth import AuthConfigError, Authenticator, load_authenticator
 
 __all__ = [
     "INSECURE_FLAG",

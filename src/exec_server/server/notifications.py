@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from exec_server.process.events import EventSink, Exited, Output, ProcessEvent
-from exec_server.protocol.process_types import (
+from exec_server.protocol.types.process import (
     NOTIFY_CLOSED,
     NOTIFY_EXITED,
     NOTIFY_OUTPUT,

@@ -42,9 +42,9 @@ from exec_server.protocol.connection import (
 )
 from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.messages import Request, RequestId
-from exec_server.rpc.transport import Outbound
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, Session, SessionRegistry
+from exec_server.transport.streams import Outbound
 
 __all__ = [
     "INTERNAL_ERROR_TEXT",

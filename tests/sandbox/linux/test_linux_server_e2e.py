@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("exec_server.server.process_handlers")
+pytest.importorskip("exec_server.server.handlers.process")
 
 
 def _special(kind: str, subpath: str | None = None) -> dict[str, Any]:

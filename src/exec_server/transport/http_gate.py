@@ -10,12 +10,12 @@ The gates, in upstream's order, first refusal wins:
 2. ``/readyz``: ``200`` with no authentication (health probes); any path
    other than ``/``: ``404``; a method other than ``GET``: ``405``; no
    ``Connection: upgrade`` or ``Upgrade: websocket``: ``400``;
-3. authentication (:mod:`exec_server.rpc.ws_auth`): ``401`` with the reason;
+3. authentication (:mod:`exec_server.transport.ws_auth`): ``401`` with the reason;
 4. otherwise the upgrade goes on (the library checks the rest of the
    handshake).
 
 Sans-I/O: :meth:`UpgradeGate.decide` takes the parsed request and returns the
-response to send, or the :class:`~exec_server.rpc.ws_auth.Grant` to open the
+response to send, or the :class:`~exec_server.transport.ws_auth.Grant` to open the
 connection with. :meth:`UpgradeGate.process_request` is the same decision in
 the shape of ``websockets.asyncio.server.serve``'s ``process_request`` hook.
 Each decision is logged once at info level (``/readyz`` at debug): the peer,
@@ -32,11 +32,11 @@ from typing import Any, Final
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from exec_server.rpc.ws_auth import Authenticator, AuthRefused, Grant
+from exec_server.transport.ws_auth import Authenticator, AuthRefused, Grant
 
 __all__ = ["READY_PATH", "UpgradeGate"]
 
-logger = logging.getLogger("exec_server.rpc.http")
+logger = logging.getLogger("exec_server.transport.http")
 
 READY_PATH: Final = "/readyz"
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from exec_server.exceptions import InvalidParamsError
 from exec_server.http.errors import HttpBodyFailed
 from exec_server.http.request import HeaderSpec, build_request
-from exec_server.protocol.http_types import (
+from exec_server.protocol.types.http import (
     METHOD_HTTP_REQUEST,
     NOTIFY_BODY_DELTA,
     U64_MAX,

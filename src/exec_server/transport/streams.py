@@ -2,7 +2,7 @@
 
 A transport moves whole messages as bytes; it neither parses JSON nor knows
 about methods. :class:`WebSocketTransport` adapts a ``websockets`` asyncio
-connection (the listener's, :mod:`exec_server.rpc.ws_server`);
+connection (the listener's, :mod:`exec_server.transport.websocket`);
 :class:`StreamTransport` frames lines on a byte stream (stdio).
 
 Size limit (PROTOCOL.md §14: a larger message gets a clear error, not a dropped
@@ -10,7 +10,7 @@ connection): the WebSocket transport receives messages fragment by fragment
 and, once a message grows past ``max_message_size``, discards the rest of it
 and reports :class:`OversizedMessage`. The library still buffers a single
 *frame* whole, so it is configured with a frame limit
-(:func:`~exec_server.rpc.ws_server.serve_websocket`) and closes the connection
+(:func:`~exec_server.transport.websocket.serve_websocket`) and closes the connection
 with 1009 for a larger frame: that is the memory guard. The line transport
 discards oversized lines chunk by chunk and never buffers more than the limit.
 """
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
 from websockets.exceptions import ConnectionClosed
 
-from exec_server.rpc.ws_auth import Grant
+from exec_server.transport.ws_auth import Grant
 
 if TYPE_CHECKING:  # imported with the listener only: stdio serving does without it
     from websockets.asyncio.connection import Connection

@@ -30,7 +30,6 @@ from exec_server.fs.service import (
     Route,
 )
 from exec_server.fs.walk import WalkOptions, WalkOutcome
-from exec_server.protocol import fs_types as t
 from exec_server.protocol.base64_text import (
     Undecodable,
     decode_slices,
@@ -43,7 +42,8 @@ from exec_server.protocol.base64_text import (
 from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.paths import PathForm, WirePath, normalize_lexical, render_path
 from exec_server.protocol.paths import parse_wire_path as _parse_wire_path_full
-from exec_server.protocol.sandbox_types import decode_fs_sandbox
+from exec_server.protocol.types import fs as t
+from exec_server.protocol.types.sandbox import decode_fs_sandbox
 from exec_server.server.router import RequestContext, Router
 
 __all__ = [

@@ -2,10 +2,10 @@
 
 The library owns the wire: the HTTP upgrade, framing, Pong replies, the
 closing handshake, and closing every connection when the server closes. Every
-HTTP request first meets :class:`~exec_server.rpc.http_gate.UpgradeGate` as the
+HTTP request first meets :class:`~exec_server.transport.http_gate.UpgradeGate` as the
 library's ``process_request`` hook (Origin refusal, ``/readyz``, paths,
 authentication). Each upgraded connection is handed to the handler as a
-:class:`~exec_server.rpc.transport.WebSocketTransport`.
+:class:`~exec_server.transport.streams.WebSocketTransport`.
 
 Settings, and why: no compression (upstream negotiates none, and it would
 cost CPU and copies on every message); no server pings (clients ping if they
@@ -26,17 +26,17 @@ from typing import Final
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 
-from exec_server.rpc.http_gate import UpgradeGate
-from exec_server.rpc.transport import CLOSE_TIMEOUT, WebSocketTransport, set_nodelay
-from exec_server.rpc.ws_auth import Grant
+from exec_server.transport.http_gate import UpgradeGate
+from exec_server.transport.streams import CLOSE_TIMEOUT, WebSocketTransport, set_nodelay
+from exec_server.transport.ws_auth import Grant
 
 __all__ = ["WRITE_LIMIT", "serve_websocket"]
 
-logger = logging.getLogger("exec_server.rpc")
+logger = logging.getLogger("exec_server.transport")
 #: the library's own handshake and frame messages. Its debug lines quote every
 #: frame, i.e. file contents, environments and tokens, which must never reach a
 #: log: only its warnings and errors pass (the gate logs each upgrade once).
-wire_logger = logging.getLogger("exec_server.rpc.wire")
+wire_logger = logging.getLogger("exec_server.transport.wire")
 wire_logger.setLevel(logging.WARNING)
 
 #: bytes the socket's write buffer holds before senders wait (backpressure).
@@ -107,11 +107,11 @@ async def serve_websocket(
     The caller closes the returned server (``close()`` closes every connection
     with 1001, ``wait_closed()`` waits for the handlers); a peer that does not
     complete a closing handshake is cut off after
-    :data:`~exec_server.rpc.transport.CLOSE_TIMEOUT`.
+    :data:`~exec_server.transport.streams.CLOSE_TIMEOUT`.
 
     Args:
         max_message_size: a bigger message is discarded as it arrives and
-            reported as :class:`~exec_server.rpc.transport.OversizedMessage`;
+            reported as :class:`~exec_server.transport.streams.OversizedMessage`;
             the connection stays.
         frame_limit: a single frame bigger than this fails the connection with
             1009 (the library buffers a frame whole). Default

@@ -26,7 +26,7 @@ from exec_server.process.events import Snapshot
 from exec_server.process.manager import ProcessManager
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.paths import PathForm, parse_wire_path
-from exec_server.protocol.process_types import (
+from exec_server.protocol.types.process import (
     METHOD_CLOSE_STDIN,
     METHOD_READ,
     METHOD_RESIZE_PTY,
@@ -49,7 +49,7 @@ from exec_server.protocol.process_types import (
     WriteParams,
     WriteResult,
 )
-from exec_server.protocol.sandbox_types import (
+from exec_server.protocol.types.sandbox import (
     CurrentSandboxContext,
     SandboxContext,
     decode_launch_sandbox,
