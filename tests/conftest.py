@@ -622,7 +622,7 @@ class RouterCaller:
     def __init__(self, services: Any = None) -> None:
         from exec_server.config import ServerConfig
         from exec_server.protocol.connection import HandshakeState
-        from exec_server.server.handlers import fs_handlers
+        from exec_server.server.handlers import fs as fs_handlers
         from exec_server.server.handlers import fs_handles as fs_handle_handlers
         from exec_server.server.router import Router
         from exec_server.server.services import ServerServices

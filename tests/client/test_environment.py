@@ -17,7 +17,7 @@ from exec_server.client import (
     RuntimePaths,
     normalize_exec_server_url,
 )
-from exec_server.fs.zygote_confine import landlock_abi
+from exec_server.fs.helper.confine import landlock_abi
 
 _HAS_CONFINEMENT = landlock_abi() > 0 or shutil.which("bwrap") is not None
 

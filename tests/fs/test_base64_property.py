@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
-from exec_server.fs import ops
+from exec_server.fs import direct as ops
 from exec_server.protocol import base64_text
 from exec_server.protocol.codec import SPAN_MIN, ProtocolError, decode_message
 from exec_server.protocol.json_span import StringSpan

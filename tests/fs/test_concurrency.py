@@ -14,8 +14,8 @@ import pytest
 
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.exceptions import InvalidRequestError
-from exec_server.fs import ops
-from exec_server.fs.workers import WorkerPool
+from exec_server.fs import direct as ops
+from exec_server.fs.pool import WorkerPool
 from exec_server.protocol.types import fs as t
 
 WAIT = 30.0

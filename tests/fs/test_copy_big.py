@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exec_server.fs import ops
+from exec_server.fs import direct as ops
 
 MIB = 1024 * 1024
 

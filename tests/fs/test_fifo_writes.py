@@ -20,8 +20,8 @@ import pytest
 
 from exec_server.client.fs import ExecutorFileSystem, LocalFileSystem, RemoteFileSystem
 from exec_server.exceptions import ExecServerError
-from exec_server.fs import workers
-from exec_server.fs.workers import WorkerPool, waiting_on_others
+from exec_server.fs import pool as workers
+from exec_server.fs.pool import WorkerPool, waiting_on_others
 
 TIMEOUT = 30.0
 MIB = 1 << 20

@@ -377,7 +377,7 @@ async def test_sandboxed_open_with_the_one_shot_helper(tdir: Path, backend: str)
     in the server, following no link; the policy still decides."""
     from exec_server.client.fs import LocalFileSystem
     from exec_server.config import ServerConfig
-    from exec_server.fs.sandboxed import SandboxedFileSystem
+    from exec_server.fs.confined import SandboxedFileSystem
     from exec_server.sandbox.manager import SandboxManager
 
     if backend == "bwrap" and not shutil.which("bwrap"):

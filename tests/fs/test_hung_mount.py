@@ -1,4 +1,4 @@
-"""A path on a hung mount never stalls the server (fs calls run in fs/workers.py).
+"""A path on a hung mount never stalls the server (fs calls run in fs/pool.py).
 
 The mount is a FUSE filesystem whose daemon never answers, not even its INIT:
 every look-up under it waits until the test closes ``/dev/fuse``, which fails
@@ -24,7 +24,8 @@ from exec_server.client import ExecServerClient
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.client.sandbox_contexts import workspace_write
 from exec_server.exceptions import ExecServerError
-from exec_server.fs import nonblocking, workers
+from exec_server.fs import nonblocking
+from exec_server.fs import pool as workers
 
 WAIT = 20.0
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2

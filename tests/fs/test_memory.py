@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from exec_server.fs.workers import WorkerPool
+from exec_server.fs.pool import WorkerPool
 
 MIB = 1 << 20
 #: upstream's peak growth for a 32 MiB transfer (see the module doc), MiB.

@@ -19,7 +19,7 @@ from exec_server.exceptions import (
     NotFoundError,
     from_domain_error,
 )
-from exec_server.fs import ops
+from exec_server.fs import direct as ops
 from exec_server.fs.errors import (
     FsFailedError,
     FsNotFoundError,

@@ -1,4 +1,4 @@
-"""Tree copies and removals (:mod:`exec_server.fs.fdops`, by way of :mod:`exec_server.fs.ops`).
+"""Tree copies and removals (:mod:`exec_server.fs.fdops`, by way of :mod:`exec_server.fs.direct`).
 
 The results match ``std::fs::copy`` (contents, exact permission bits whatever
 the umask or default ACL), a merge overwrites carefully, kernel-side copies
@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exec_server.exceptions import InvalidRequestError
-from exec_server.fs import fdops, ops
+from exec_server.fs import direct as ops
+from exec_server.fs import fdops
 from exec_server.fs.errors import FsFailedError, FsRefusedError
 
 

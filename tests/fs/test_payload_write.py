@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from exec_server.exceptions import InvalidRequestError
-from exec_server.fs import fdops, ops
+from exec_server.fs import direct as ops
+from exec_server.fs import fdops
 
 
 def _pieces(

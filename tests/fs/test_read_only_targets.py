@@ -32,7 +32,7 @@ WAIT = 60.0
 CHILD = """
 import json, os, sys
 from exec_server.exceptions import wire_error
-from exec_server.fs import ops
+from exec_server.fs import direct as ops
 from exec_server.fs.errors import FsError
 os.setgroups([])
 os.setresgid(NOBODY, NOBODY, NOBODY)
@@ -98,7 +98,7 @@ def test_files_the_caller_may_not_write_are_not_replaced(shared_dir: Path) -> No
 
 
 def test_root_still_writes_a_read_only_file(shared_dir: Path) -> None:
-    from exec_server.fs import ops
+    from exec_server.fs import direct as ops
 
     target = make(shared_dir / "read-only.txt", 0, 0o444)
     ops.write_file(str(target), b"new")

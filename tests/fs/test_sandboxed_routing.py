@@ -1,6 +1,6 @@
 """PROTOCOL.md §15.6 #23-#35: sandboxed contexts are confined, on both backends.
 
-The confinement itself is the sandboxed-filesystem area's (``fs/sandboxed.py``);
+The confinement itself is the sandboxed-filesystem area's (``fs/confined.py``);
 these tests check that ``LocalFileSystem`` and the server route read-only and
 workspace-write contexts there, never to the direct implementation.
 """

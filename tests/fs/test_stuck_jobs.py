@@ -1,5 +1,5 @@
 """Jobs that run long give their place in the worker pool to jobs waiting for one
-(``fs/workers.py``, ``STUCK_AFTER``): a call on a hung mount may never return."""
+(``fs/pool.py``, ``STUCK_AFTER``): a call on a hung mount may never return."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import threading
 import time
 
-from exec_server.fs import workers
-from exec_server.fs.workers import WorkerPool
+from exec_server.fs import pool as workers
+from exec_server.fs.pool import WorkerPool
 
 WAIT = 20.0
 

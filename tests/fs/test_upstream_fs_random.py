@@ -22,7 +22,7 @@ below now pass.
 The sandboxed walks (fewer: upstream's confined requests take ~45 ms each) send every
 request with codex's workspace-write context (:func:`_context`, the work dir the only
 writable root), so our server runs it in its confined helper (docs/sandboxed-fs.md,
-zygote_ops.py), its own implementation of each operation, and upstream in its own
+fs/helper/ops.py), its own implementation of each operation, and upstream in its own
 helper: writes only ("workspace-write": both read the whole disk directly), or reads
 too ("workspace-write-minimal"). Requests reaching outside the work dir are not
 generated (docs/compat.md: our denials have other codes and texts), nor those meeting
@@ -590,7 +590,7 @@ async def _run(
 
 WALKS = [pytest.param(None, seed, STEPS, id=str(seed)) for seed in SEEDS] + [
     # Our server runs sandboxed writes in its confined helper (docs/sandboxed-fs.md:
-    # its own implementation of each operation, zygote_ops.py), upstream in its own
+    # its own implementation of each operation, fs/helper/ops.py), upstream in its own
     # helper; reads too under "workspace-write-minimal" (under "workspace-write", which
     # reads the whole disk, both sides read directly).
     pytest.param(sandbox, seed, SANDBOXED_STEPS, id=f"{sandbox}-{seed}")
@@ -638,7 +638,7 @@ async def _assert_same(
 
 # Once real differences, now fixed (each also has a test that runs without upstream):
 # a recursive copy meeting a dangling or looping link where it makes a subdirectory
-# (fs/ops.py _copy_entry, tests/fs/test_ops.py), a URI with an empty segment before
+# (fs/direct.py _copy_entry, tests/fs/test_ops.py), a URI with an empty segment before
 # `..`, and a host spelled with escapes or other Unicode forms (protocol/paths.py,
 # tests/fs/test_wire.py).
 
@@ -701,7 +701,7 @@ async def test_uri_host_spellings(sides: tuple[Any, Any], host: str) -> None:
 
 # ---------------------------------------------------------------------------
 # Our confined helper (sandboxed requests), as the sandboxed walks found it. The
-# first two were real differences, now fixed (zygote_ops.py _mkdir_unless_directory:
+# first two were real differences, now fixed (fs/helper/ops.py _mkdir_unless_directory:
 # "File exists" where a file or a broken link holds a directory's place); the others
 # are choices documented in docs/compat.md and not generated (_confined_differs).
 # ---------------------------------------------------------------------------
@@ -738,7 +738,7 @@ _COPY_THROUGH_LINK = pytest.mark.xfail(
     strict=True,
     reason="where an entry's place in a recursive fs/copy's destination is a link to a "
     "directory (to a file), upstream merges into (writes through) it; our confined "
-    "helper (zygote_ops.py _copy_tree, O_NOFOLLOW) answers -32603 Not a directory "
+    "helper (fs/helper/ops.py _copy_tree, O_NOFOLLOW) answers -32603 Not a directory "
     "(os error 20) (Symbolic link loop (os error 40))",
 )
 #: docs/compat.md, Sandboxed fs/* and symlinks (docs/sandboxed-fs.md, Choices where
@@ -746,7 +746,7 @@ _COPY_THROUGH_LINK = pytest.mark.xfail(
 _WRITE_THROUGH_DANGLING = pytest.mark.xfail(
     strict=True,
     reason="a confined write (writeFile, fs/copy of a file) through a final link "
-    "leading nowhere is refused by our helper (zygote_ops.py _write_file, "
+    "leading nowhere is refused by our helper (fs/helper/ops.py _write_file, "
     "fdops.copy_file_at: -32603 Symbolic link loop (os error 40)); upstream creates the "
     "link's target, or answers what creating it gives (Not a directory (os error 20))",
 )
@@ -794,7 +794,7 @@ async def test_confined_symlink_choices(
     "reads: upstream's helper (bwrap) masks the missing protected names (.git, .agents, "
     ".codex, .aws) with empty mounts, which its fs/readDirectory lists as directories "
     "(and which count in the directory's size on tmpfs); our confined helper (Landlock, "
-    "no mounts: zygote_ops.py _read_directory) lists what is on disk",
+    "no mounts: fs/helper/ops.py _read_directory) lists what is on disk",
 )
 async def test_confined_read_of_the_workspace(sides: tuple[Any, Any]) -> None:
     await _assert_same(sides, [("fs/readDirectory", {"path": "{U}"})], "workspace-write-minimal")

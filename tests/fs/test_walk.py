@@ -264,7 +264,7 @@ async def test_sandboxed_walk_in_the_one_shot_helper(tdir: Path, backend: str) -
     """The upstream-equivalent helper path (no zygote) walks confined the same way."""
     from exec_server.client.fs import LocalFileSystem
     from exec_server.config import ServerConfig
-    from exec_server.fs.sandboxed import SandboxedFileSystem
+    from exec_server.fs.confined import SandboxedFileSystem
     from exec_server.sandbox.manager import SandboxManager
 
     if backend == "bwrap" and not shutil.which("bwrap"):

@@ -29,9 +29,9 @@ import pytest
 from exec_server.client.fs import ExecutorFileSystem, LocalFileSystem, RemoteFileSystem
 from exec_server.client.sandbox_contexts import to_wire, workspace_write
 from exec_server.config import ServerConfig
-from exec_server.fs.sandboxed import SandboxedFileSystem
-from exec_server.fs.zygote import Zygote
-from exec_server.fs.zygote_confine import landlock_abi
+from exec_server.fs.confined import SandboxedFileSystem
+from exec_server.fs.helper.client import Zygote
+from exec_server.fs.helper.confine import landlock_abi
 from exec_server.sandbox.manager import SandboxManager
 from exec_server.server.services import ServerServices
 

@@ -21,8 +21,8 @@ import pytest
 from exec_server.client.fs import LocalFileSystem
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError
-from exec_server.fs.sandboxed import SandboxedFileSystem
-from exec_server.fs.zygote import Zygote
+from exec_server.fs.confined import SandboxedFileSystem
+from exec_server.fs.helper.client import Zygote
 from exec_server.protocol.types.sandbox import decode_fs_sandbox
 from exec_server.sandbox.manager import SandboxManager
 
@@ -344,7 +344,7 @@ async def test_pieces_shorter_than_announced_are_a_helper_failure(
     """The child reads exactly the announced size: pieces that fall short would
     leave it waiting, so the request fails at once and the child is killed."""
 
-    from exec_server.fs import ops
+    from exec_server.fs import direct as ops
     from exec_server.sandbox.convert import fs_context
 
     sfs = service()

@@ -18,7 +18,7 @@ import pytest
 
 from exec_server.client.fs import RemoteFileSystem
 from exec_server.exceptions import ExecServerError
-from exec_server.fs.sandboxed import SandboxedFileSystem
+from exec_server.fs.confined import SandboxedFileSystem
 from exec_server.protocol.types.sandbox import decode_fs_sandbox
 from exec_server.sandbox.convert import fs_context
 from exec_server.sandbox.policy import Access

@@ -16,7 +16,7 @@ import pytest
 from exec_server.client.fs import LocalFileSystem
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError, InvalidRequestError
-from exec_server.fs.sandboxed import SandboxedFileSystem
+from exec_server.fs.confined import SandboxedFileSystem
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.manager import SandboxLaunchError
 from exec_server.sandbox.plan import SandboxPlan

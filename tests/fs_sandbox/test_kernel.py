@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from exec_server.fs.sandboxed import SandboxedFileSystem
+from exec_server.fs.confined import SandboxedFileSystem
 
 
 def plan(readable: list[Path] | None = None, writable: list[Path] | None = None) -> dict[str, Any]:

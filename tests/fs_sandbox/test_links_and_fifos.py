@@ -21,7 +21,7 @@ import pytest
 
 from exec_server.client.fs import ExecutorFileSystem
 from exec_server.exceptions import ExecServerError
-from exec_server.fs.sandboxed import SandboxedFileSystem
+from exec_server.fs.confined import SandboxedFileSystem
 
 
 def uri(path: Path) -> str:

@@ -23,7 +23,7 @@ import pytest
 
 from exec_server.client.fs import LocalFileSystem
 from exec_server.exceptions import ExecServerError
-from exec_server.fs.sandboxed import SandboxedFileSystem
+from exec_server.fs.confined import SandboxedFileSystem
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100

@@ -8,7 +8,7 @@ import pytest
 
 from exec_server.client.fs import LocalFileSystem
 from exec_server.exceptions import ExecServerError
-from exec_server.fs.sandboxed import SandboxedFileSystem
+from exec_server.fs.confined import SandboxedFileSystem
 
 
 async def test_full_read_policy_reads_directly_but_writes_are_confined(

@@ -100,7 +100,7 @@ async def test_apply_patch_and_view_image_sequences(
     assert base64.b64decode(r["result"]["dataBase64"]) == b"outside\n"
 
     # The confined calls ran in children of the server's fs zygote.
-    assert any(b"zygote_main.py" in c for c in _cmdlines(server.child_pids()))
+    assert any(b"fs/helper/main.py" in c for c in _cmdlines(server.child_pids()))
 
 
 def _cmdlines(pids: set[int]) -> list[bytes]:

@@ -328,7 +328,7 @@ def test_cache_hit_still_finds_a_gitdir_created_between_calls(tmp_path: Path) ->
 
 def test_canonicaliser_matches_the_check_path_rule(tmp_path: Path) -> None:
     """Entries resolve exactly like check paths (``fs.ops.resolve_existing_prefix``)."""
-    from exec_server.fs.ops import resolve_existing_prefix
+    from exec_server.fs.direct import resolve_existing_prefix
     from exec_server.sandbox.fs_request import _Canonical
 
     root = tmp_path.resolve()

@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return console_main(args)
     if args and args[0] == FS_HELPER_FLAG:
-        from exec_server.fs.helper_main import helper_main
+        from exec_server.fs.helper.oneshot import helper_main
 
         return helper_main(args[1:])
     if args and args[0] == APPLY_PATCH_FLAG:

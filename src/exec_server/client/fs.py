@@ -2,7 +2,7 @@
 
 :class:`ExecutorFileSystem` is what tools (apply_patch, view_image) program
 against; :class:`LocalFileSystem` runs the operations in this process with the
-server's exact semantics (same :mod:`exec_server.fs.ops`, same routing of
+server's exact semantics (same :mod:`exec_server.fs.direct`, same routing of
 sandbox contexts), :class:`RemoteFileSystem` sends ``fs/*`` requests over an
 ``ExecServerClient``. Both raise the same typed errors
 (:mod:`exec_server.exceptions`): ``NotFoundError`` (-32004),
@@ -35,8 +35,8 @@ from exec_server.client._opening import Closable, Opening
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError, InvalidParamsError, wire_error
 from exec_server.fs.context import route_for
+from exec_server.fs.direct import DirEntry, Metadata
 from exec_server.fs.handles import MAX_BLOCK, FileHandles
-from exec_server.fs.ops import DirEntry, Metadata
 from exec_server.fs.service import (
     ConfinedFileSystem,
     FileSystemService,
@@ -312,7 +312,7 @@ class LocalFileSystem:
         It owns a ``SandboxedFileSystem`` (helper zygote, one-shot helpers):
         close it with :meth:`aclose` or ``async with``.
         """
-        from exec_server.fs.sandboxed import SandboxedFileSystem
+        from exec_server.fs.confined import SandboxedFileSystem
         from exec_server.sandbox.manager import SandboxManager
 
         cfg = config or ServerConfig()

@@ -7,8 +7,8 @@ two route identically. The context is converted by
 
 from __future__ import annotations
 
+from exec_server.fs.pool import WorkerPool
 from exec_server.fs.service import DIRECT, FsRoute
-from exec_server.fs.workers import WorkerPool
 from exec_server.protocol.types.sandbox import SandboxContext
 from exec_server.sandbox.convert import fs_context
 

@@ -1,9 +1,9 @@
 """The filesystem operations of PROTOCOL.md §9.3, relative to open directories.
 
 The one implementation of their semantics, used by both routes: the server's
-direct calls (:mod:`exec_server.fs.ops`, which opens a path's directory and
+direct calls (:mod:`exec_server.fs.direct`, which opens a path's directory and
 hands over the descriptor and the final name) and the confined helper
-(:mod:`exec_server.fs.zygote_ops`, which opens and verifies the directory
+(:mod:`exec_server.fs.helper.ops`, which opens and verifies the directory
 itself). Every step works on descriptors and ``*at`` calls: what one step found
 is not looked up by path again in the next.
 
@@ -206,7 +206,7 @@ def temp_name(name: str, token: str) -> str:
     """The name of the temp file that replaces ``name``: ``.<name>.<token>.tmp``.
 
     The confined helper's server picks ``token`` so that it can remove what a
-    killed helper leaves at that name (``fs/zygote.py``).
+    killed helper leaves at that name (``fs/helper/client.py``).
     """
     return f".{os.fsencode(name)[:100].decode('utf-8', 'surrogateescape')}.{token}.tmp"
 

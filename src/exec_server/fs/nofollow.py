@@ -15,7 +15,7 @@ non-recursive ``remove``.
 
 Paths are absolute and lexically normal (no ``.``/``..``): the handlers parse
 them so. Only the standard library and the stdlib-only error modules are used:
-the confined helper (``zygote_ops``) runs these same functions for a sandbox
+the confined helper (``fs.helper.ops``) runs these same functions for a sandbox
 context that needs confinement, with its own privileges (no capabilities, so
 permission bits apply there as in any confined call).
 """

@@ -10,11 +10,11 @@ Shared by the server's ``fs/*`` handlers and the client's in-process
 | current ``disabled`` / ``external`` / managed+unrestricted | direct   |
 | legacy ``read-only`` / ``workspace-write``, current managed+restricted | confined |
 
-Confined calls go to the sandboxed-filesystem service (``fs/sandboxed.py``);
+Confined calls go to the sandboxed-filesystem service (``fs/confined.py``);
 when none is configured they fail closed with ``-32600`` and the upstream text
 (PROTOCOL.md §10.7) - never unconfined.
 
-Every direct call is one job in a worker thread (:mod:`exec_server.fs.workers`):
+Every direct call is one job in a worker thread (:mod:`exec_server.fs.pool`):
 the event loop never touches the filesystem, so a big copy, a cold disk or a
 path on a hung network or FUSE mount never stalls the other connections (the
 pool's stuck-job rule keeps hung jobs from holding every thread).
@@ -29,12 +29,13 @@ from stat import S_ISDIR, S_ISREG
 from typing import Final, Protocol, TypeVar
 
 from exec_server.exceptions import InvalidRequestError
-from exec_server.fs import nofollow, ops
+from exec_server.fs import direct as ops
+from exec_server.fs import nofollow
+from exec_server.fs.direct import DirEntry, Metadata
 from exec_server.fs.errors import translate_os_errors
 from exec_server.fs.handles import Install, Mode, open_into
-from exec_server.fs.ops import DirEntry, Metadata
+from exec_server.fs.pool import WorkerPool, shared_pool
 from exec_server.fs.walk import WalkOptions, WalkOutcome, limits_error, walk
-from exec_server.fs.workers import WorkerPool, shared_pool
 
 __all__ = [
     "DIRECT",
@@ -155,7 +156,7 @@ class FileSystemService:
     async def read_file(
         self, path: str, route: Route = DIRECT, *, regular_only: bool = False
     ) -> bytes:
-        """Whole file contents (cap :data:`~exec_server.fs.ops.READ_LIMIT`)."""
+        """Whole file contents (cap :data:`~exec_server.fs.direct.READ_LIMIT`)."""
         if route.confined:
             return await self._confined_or_refuse(route).read_file(route.context, path)
         return await self._pool.run(ops.read_file, path, regular_only=regular_only)

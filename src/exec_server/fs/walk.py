@@ -2,7 +2,7 @@
 
 Stdlib only: the same code runs in the server's worker threads and, for a
 confining sandbox context, inside the kernel-confined helper child
-(``zygote_ops``), where ``visible`` hides what the policy does not let the
+(``fs.helper.ops``), where ``visible`` hides what the policy does not let the
 caller read.
 
 The rules are upstream's (0.163): the root counts as the first directory; each

@@ -46,7 +46,7 @@ from exec_server.exceptions import (
     InvalidRequestError,
     os_error_message,
 )
-from exec_server.fs.workers import shared_pool
+from exec_server.fs.pool import shared_pool
 from exec_server.process import tree
 from exec_server.process.events import Closed, EventSink, Exited, Output, ProcessEvent, Snapshot
 from exec_server.process.output import RETAINED_OUTPUT_CAP, OutputBuffer

@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from exec_server.config import ServerConfig
-from exec_server.fs.sandboxed import SandboxedFileSystem
+from exec_server.fs.confined import SandboxedFileSystem
 from exec_server.fs.service import FileSystemService
 from exec_server.protocol.messages import EnvironmentCapabilities, EnvironmentInfo
 from exec_server.sandbox.manager import SandboxManager

@@ -24,7 +24,7 @@ import uuid
 from exec_server.config import ServerConfig
 from exec_server.exceptions import AlreadyAttachedError, InvalidRequestError
 from exec_server.fs.handles import FileHandles
-from exec_server.fs.workers import shared_pool
+from exec_server.fs.pool import shared_pool
 from exec_server.process.manager import ProcessManager
 from exec_server.protocol.connection import (
     Handshake,

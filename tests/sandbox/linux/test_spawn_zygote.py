@@ -61,7 +61,7 @@ print(json.dumps({
 @pytest.fixture(params=["prefork", "no-prefork"])
 def landlock(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The Landlock backend; its zygote keeps a pre-forked spare child or forks per launch."""
-    from exec_server.fs.zygote import Zygote
+    from exec_server.fs.helper.client import Zygote
 
     try:
         backend = select_backend("landlock")

@@ -153,7 +153,7 @@ def _parse(args: list[str]) -> tuple[_Plan, dict[str, object], list[str]]:
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int,
            data: str | None = None) -> None:
-    from exec_server.sandbox.linux._libc import c_ulong, call_syscall
+    from exec_server._os.linux import c_ulong, call_syscall
 
     def enc(s: str | None) -> bytes | None:
         return None if s is None else os.fsencode(s)
@@ -164,7 +164,7 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int,
 
 def _unshare(flags: int) -> None:
     """``unshare(flags)``, adding a user namespace that maps us to ourselves when not root."""
-    from exec_server.sandbox.linux._libc import c_int, call_syscall
+    from exec_server._os.linux import c_int, call_syscall
 
     uid, gid = os.getuid(), os.getgid()
     call_syscall("unshare", c_int(flags | (_CLONE_NEWUSER if uid != 0 else 0)))
@@ -179,7 +179,7 @@ def _unshare(flags: int) -> None:
 
 
 def _umount(target: str) -> None:
-    from exec_server.sandbox.linux._libc import c_int, call_syscall
+    from exec_server._os.linux import c_int, call_syscall
 
     call_syscall("umount2", os.fsencode(target), c_int(2))  # MNT_DETACH
 
@@ -270,7 +270,7 @@ def _read_only_tree(writable: list[str]) -> None:
     roots thereby also become mountpoints: a writable parent cannot rename a
     workspace (and its protected ``.git``) away and plant another (EBUSY).
     """
-    from exec_server.sandbox.linux._libc import mount_setattr, move_mount, open_tree
+    from exec_server._os.linux import mount_setattr, move_mount, open_tree
 
     roots = sorted((r for r in writable if os.path.exists(r)), key=lambda p: p.count("/"))
     clones: list[tuple[str, int]] = []
@@ -298,7 +298,7 @@ def _own_pty() -> int | None:
     Cloned by its name in this namespace's copy of the host's devpts (the fd's own
     mount belongs to the old namespace); None when stdin is no PTY or it cannot be.
     """
-    from exec_server.sandbox.linux._libc import open_tree
+    from exec_server._os.linux import open_tree
 
     try:
         if not os.isatty(0):
@@ -318,7 +318,7 @@ def _private_dev() -> None:
     Nothing else of the host's ``/dev`` (disks, ``kmsg``, its ``/dev/shm``, other
     terminals' ``/dev/pts/N``) is visible; ``/dev`` itself is read-only.
     """
-    from exec_server.sandbox.linux._libc import mount_setattr, move_mount, open_tree
+    from exec_server._os.linux import mount_setattr, move_mount, open_tree
 
     nodes: list[tuple[str, int]] = []
     try:
@@ -435,7 +435,7 @@ def _split_monitor() -> int:
         # SIGINT): the kernel then drops what the group receives from outside.
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         os.close(relay_r)
-        from exec_server.sandbox.linux._libc import call_prctl
+        from exec_server._os.linux import call_prctl
 
         call_prctl(_PR_SET_PDEATHSIG, 9)
         return relay_w
@@ -503,7 +503,7 @@ def drop_capabilities(*, now: bool = False) -> None:
     permitted sets are emptied too, for a process that will not ``execve``
     (the fs zygote, whose children run the confined operations themselves).
     """
-    from exec_server.sandbox.linux._libc import byref, c_uint32, call_prctl, call_syscall
+    from exec_server._os.linux import byref, c_uint32, call_prctl, call_syscall
 
     try:
         with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
@@ -554,7 +554,8 @@ def _probe() -> int:
     import json
     import tempfile
 
-    from exec_server.sandbox.linux import _libc, landlock, seccomp
+    from exec_server._os import linux as _libc
+    from exec_server.sandbox.linux import landlock, seccomp
 
     result: dict[str, object] = {"arch": _libc.machine, "uid": os.getuid(),
                                  "landlock_abi": landlock.abi_version()}
@@ -653,7 +654,7 @@ def _restore_signals() -> None:
 
 
 def _pdeathsig() -> None:
-    from exec_server.sandbox.linux._libc import call_prctl
+    from exec_server._os.linux import call_prctl
 
     before = os.getppid()
     call_prctl(_PR_SET_PDEATHSIG, 9)

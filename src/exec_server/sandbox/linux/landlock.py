@@ -15,7 +15,7 @@ denied paths inside granted roots need a mount namespace on top.
 import os
 import stat
 
-from exec_server.sandbox.linux._libc import (
+from exec_server._os.linux import (
     Structure,
     byref,
     c_int,
@@ -156,7 +156,7 @@ def abi_version() -> int:
 
 
 # --- low level: the syscalls and their structs (also used by the fs zygote's
-# smaller per-request ruleset, fs/zygote_confine.py)
+# smaller per-request ruleset, fs/helper/confine.py)
 
 
 class _RulesetAttr(Structure):

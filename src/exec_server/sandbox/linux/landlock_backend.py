@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from exec_server.fs.zygote import SpawnRequest, Zygote, shared_zygote
+from exec_server.fs.helper.client import SpawnRequest, Zygote, shared_zygote
 from exec_server.process.spec import LaunchSpec, ZygoteLaunch
 from exec_server.sandbox.linux.base import (
     WRAPPER_ENV,
@@ -117,7 +117,7 @@ class LandlockBackend(LinuxBackend):
     """Landlock + mount-namespace rebinds + capability drop + seccomp, in a launcher.
 
     ``zygote``: wrapped launches also carry a ``ZygoteLaunch`` for the
-    process's helper zygote (``fs/zygote.py``), which a process manager may
+    process's helper zygote (``fs/helper/client.py``), which a process manager may
     use instead of running the launcher script (same confinement, no
     interpreter start-up per launch).
     """

@@ -8,7 +8,7 @@ installing must happen in a single-threaded child, never in the server.
 
 import sys
 
-from exec_server.sandbox.linux._libc import (
+from exec_server._os.linux import (
     Structure,
     addressof,
     byref,

@@ -1,4 +1,4 @@
-"""Landlock launches in the helper zygote: the ``S`` requests of ``fs/zygote_main.py``.
+"""Landlock launches in the helper zygote: the ``S`` requests of ``fs/helper/main.py``.
 
 The Landlock launcher script (``launcher.py``) costs one ``python -I -S``
 start-up per launch. The helper zygote instead preloads the launcher body

@@ -21,9 +21,9 @@ from typing import Final
 import msgspec
 
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
-from exec_server.fs import ops
+from exec_server.fs import direct as ops
 from exec_server.fs.context import route_for
-from exec_server.fs.ops import lossy_name
+from exec_server.fs.direct import lossy_name
 from exec_server.fs.service import (
     FileSystemService,
     NoFollowCall,

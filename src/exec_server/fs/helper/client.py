@@ -2,9 +2,9 @@
 
 The server is multi-threaded and must never fork itself to confine a child
 (SANDBOX.md §0.3). Instead one small single-threaded ``python -I -S`` process
-(``zygote_main.py``, started with ``subprocess``) forks one child per request:
+(``main.py``, started with ``subprocess``) forks one child per request:
 a confined filesystem operation (``F``) or a Landlock launch (``S``); the
-control protocol is ``sandbox.linux.zygote_base``'s.
+control protocol is ``fs.helper.loop``'s.
 
 fs call: the server creates a ``SOCK_STREAM`` socketpair, hands one end to the
 zygote, gets back the child's pid and a pidfd, streams the request frame (raw
@@ -45,12 +45,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Final
 
-from exec_server.fs.ops import Payload, Pieces, ReceiveInto
-from exec_server.fs.workers import shared_pool
-from exec_server.fs.zygote_ops import encode_frame, temp_name
+from exec_server.fs.direct import Payload, Pieces, ReceiveInto
+from exec_server.fs.helper.loop import ID_PID, MAX_REQUEST, fds_from_anc
+from exec_server.fs.helper.ops import encode_frame, temp_name
+from exec_server.fs.pool import shared_pool
 from exec_server.process.spec import LaunchServiceUnavailable, ServicedChild
 from exec_server.sandbox.linux.spawn_zygote_main import REQUEST_HEADER
-from exec_server.sandbox.linux.zygote_base import ID_PID, MAX_REQUEST, fds_from_anc
 
 __all__ = [
     "HelperFailure",
@@ -71,7 +71,7 @@ _EXIT: Final = struct.Struct("!ii")
 _FRAME: Final = struct.Struct("!IQ")
 _MAX_REPLY_HEADER: Final = 64 * 1024 * 1024
 _MAX_REPLY_DATA: Final = 1024 * 1024 * 1024
-_MAIN: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_main.py")
+_MAIN: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
 #: payloads up to this size are sent together with their frame header.
 _COALESCE: Final = 256 * 1024
 #: how long to wait for the zygote to report a killed child as reaped.
@@ -572,8 +572,8 @@ class Zygote:
         own, or it has been killed and reaped (bounded wait).
 
         Args:
-            header: the request header (``zygote_ops.OpRequest`` fields + ``plan``).
-            data: raw payload (writeFile contents); :class:`~exec_server.fs.ops.Pieces`
+            header: the request header (``helper.ops.OpRequest`` fields + ``plan``).
+            data: raw payload (writeFile contents); :class:`~exec_server.fs.direct.Pieces`
                 are sent as they are made, and if making one raises, the child is
                 killed before it has all the data (it writes nothing) and the
                 error propagates.
@@ -855,7 +855,7 @@ def shared_zygote() -> Zygote:
 
 
 def new_temp_token() -> str:
-    """A fresh token for a writeFile's temp file name (``zygote_ops.temp_name``)."""
+    """A fresh token for a writeFile's temp file name (``helper.ops.temp_name``)."""
     return os.urandom(6).hex()
 
 
@@ -891,7 +891,7 @@ async def remove_write_temp(path: str, expect: str, token: str) -> None:
     """Remove what a writeFile helper given ``tmp=token`` for the check path ``path``
     (whose real parent is ``expect``) may have left, once it is dead: a helper
     killed (timeout, cancelled caller) or crashed while it put its file in place
-    leaves its temp file's name (``zygote_ops._write_atomic``)."""
+    leaves its temp file's name (``helper.ops._write_atomic``)."""
     await _remove_temp(*_temp_file(path, expect, token))
 
 

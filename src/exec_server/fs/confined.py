@@ -14,7 +14,7 @@ managed contexts, CLIENT_COMPAT.md §1.4) every operation:
 Two confinement paths (docs/sandboxed-fs.md):
 
 * **zygote** (default on Linux with Landlock): the single-threaded
-  ``python -I -S`` helper zygote (``fs/zygote.py``, shared with Landlock
+  ``python -I -S`` helper zygote (``fs/helper/client.py``, shared with Landlock
   launches) forks one child per request; the child carries no_new_privs and
   the seccomp network filter, applies Landlock for the request's plan,
   verifies through ``/proc/self/fd`` that every
@@ -58,20 +58,11 @@ from exec_server.exceptions import (
     error_for_code,
     os_error_message,
 )
-from exec_server.fs import ops
+from exec_server.fs import direct as ops
+from exec_server.fs.direct import DirEntry, Metadata
 from exec_server.fs.handles import Install, open_into
 from exec_server.fs.handles import Mode as OpenMode
-from exec_server.fs.ops import DirEntry, Metadata
-from exec_server.fs.service import (
-    NO_FOLLOW_WRITES,
-    NoFollowCall,
-    NoFollowResult,
-    run_no_follow,
-    walk_here,
-)
-from exec_server.fs.walk import WalkOptions, WalkOutcome
-from exec_server.fs.workers import shared_pool
-from exec_server.fs.zygote import (
+from exec_server.fs.helper.client import (
     HelperFailure,
     Zygote,
     ZygoteUnavailable,
@@ -80,6 +71,15 @@ from exec_server.fs.zygote import (
     remove_write_temp,
     shared_zygote,
 )
+from exec_server.fs.pool import shared_pool
+from exec_server.fs.service import (
+    NO_FOLLOW_WRITES,
+    NoFollowCall,
+    NoFollowResult,
+    run_no_follow,
+    walk_here,
+)
+from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.access import has_full_disk_read
 from exec_server.sandbox.convert import FsSandboxRequest, Generation, root_alias_normalize
@@ -431,7 +431,7 @@ class SandboxedFileSystem:
         """A ``followSymlinks: false`` call, confined as the others: a read runs here
         when the policies provably read everything; otherwise the policy is checked
         on the path as spelled and as resolved, and the confined helper runs the same
-        no-follow code (``zygote_ops``, :mod:`exec_server.fs.nofollow`) on the path
+        no-follow code (``fs.helper.ops``, :mod:`exec_server.fs.nofollow`) on the path
         as spelled, under Landlock and without capabilities."""
         req = _request(context)
         if call.method not in NO_FOLLOW_WRITES and _reads_everything(req):
@@ -805,7 +805,7 @@ def _helper_request(
 ) -> dict[str, object]:
     """PROTOCOL.md §10.5 request, plus an ``x-exec-server`` member our helper uses
     for the same strict checks as the zygote (unknown members are ignored); ``tmp``:
-    a writeFile's temp file token (``zygote_ops.temp_name``)."""
+    a writeFile's temp file token (``helper.ops.temp_name``)."""
     params: dict[str, object] = {"sandbox": None}
     if op.method == "fs/copy":
         assert dst is not None

@@ -1,4 +1,4 @@
-"""The fork-per-request loop of the helper zygote (``fs/zygote_main.py``).
+"""The fork-per-request loop of the helper zygote (``fs/helper/main.py``).
 
 Runs under ``python -I -S``: stdlib-only on purpose, like the rest of this
 directory. The server never forks itself (it is multi-threaded); this small
@@ -35,7 +35,7 @@ import socket
 import struct
 import time
 
-from exec_server.sandbox.linux._libc import call_prctl
+from exec_server._os.linux import call_prctl
 
 __all__ = ["ID_PID", "MAX_REQUEST", "ZygoteBase", "fds_from_anc", "reset_signals"]
 

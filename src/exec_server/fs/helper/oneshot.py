@@ -3,7 +3,7 @@
 The upstream-equivalent confinement path (PROTOCOL.md §10.4-§10.6): the server
 launches this mode through the sandbox manager (bwrap or the Landlock
 launcher), writes one §10.5 request and reads one response line. The
-operation runs with the direct semantics of §9.3 (``zygote_ops``); when the
+operation runs with the direct semantics of §9.3 (``fs.helper.ops``); when the
 request carries our ``x-exec-server`` member (the server's expected real
 parents and the read-only holes), the same strict checks as in the zygote
 children apply. Stdlib only: it must start under tight read confinement.
@@ -17,7 +17,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 
-from exec_server.fs.zygote_ops import OpError, OpRequest, execute
+from exec_server.fs.helper.ops import OpError, OpRequest, execute
 
 __all__ = ["helper_main"]
 

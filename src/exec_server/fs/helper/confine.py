@@ -8,7 +8,7 @@ zygote runs as ``python -I -S`` without site-packages.
 The plan arrives as a plain dict with the fields of ``sandbox.plan.SandboxPlan``
 (``full_read``, ``readable_roots``, ``full_write``, ``writable_roots``,
 ``network``). Read-only holes inside writable roots cannot be expressed in
-Landlock (SANDBOX.md §1.7); ``zygote_ops`` enforces those on the resolved
+Landlock (SANDBOX.md §1.7); ``fs.helper.ops`` enforces those on the resolved
 object instead.
 
 Why not ``sandbox.linux.landlock.restrict_self``: that ruleset is made for

@@ -1,11 +1,11 @@
 """The helper zygote: one small single-threaded Python forking a child per request.
 
-Started lazily by ``fs.zygote.Zygote`` as ``python -I -S -B zygote_main.py
+Started lazily by ``fs.helper.client.Zygote`` as ``python -I -S -B main.py
 --zygote <control fd> <server pid> [--test-hooks] [--no-prefork]``: no
 site-packages, no environment-driven imports; the stdlib, the mechanism
-modules of ``sandbox/linux`` and ``zygote_ops``/``zygote_confine`` loaded by
+modules of ``sandbox/linux`` and ``helper.ops``/``helper.confine`` loaded by
 file path. The loop, the control protocol and the spares are
-``sandbox.linux.zygote_base``'s; this module says what the two request kinds
+``fs.helper.loop``'s; this module says what the two request kinds
 do:
 
 * ``F`` + id, with the child's ``SOCK_STREAM`` socket: one confined
@@ -41,11 +41,14 @@ from typing import Any
 if __name__ == "__main__":
     # The mechanism modules are stdlib-only: import them from the source tree
     # without site-packages.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    _src = os.path.abspath(__file__)
+    for _ in range(4):  # src/exec_server/fs/helper/main.py -> src
+        _src = os.path.dirname(_src)
+    sys.path.insert(0, _src)
 
+from exec_server._os.linux import call_prctl
+from exec_server.fs.helper.loop import ZygoteBase
 from exec_server.sandbox.linux import spawn_zygote_main as spawn
-from exec_server.sandbox.linux._libc import call_prctl
-from exec_server.sandbox.linux.zygote_base import ZygoteBase
 
 __all__ = ["main"]
 
@@ -75,8 +78,8 @@ class Zygote(ZygoteBase):
     def __init__(self, ctl_fd: int, server_pid: int, test_hooks: bool,
                  prefork: bool = True) -> None:
         fs_dir = os.path.dirname(os.path.abspath(__file__))
-        self.ops = _load("zygote_ops", fs_dir)
-        self.confine = _load("zygote_confine", fs_dir)
+        self.ops = _load("ops", fs_dir)
+        self.confine = _load("confine", fs_dir)
         self.abi: int = self.confine.landlock_abi()
         from exec_server.sandbox.linux import seccomp
 
@@ -274,7 +277,7 @@ class Zygote(ZygoteBase):
 
     def _arm_pause(self, spec: object) -> None:
         """Tests (``--test-hooks``): ``{"stage", "paused", "resume", "named"}`` stops a
-        write at ``stage`` (``zygote_ops.test_pause``): the child writes
+        write at ``stage`` (``helper.ops.test_pause``): the child writes
         ``<stage> <pid>\n`` to the FIFO ``paused`` and goes on once it reads a byte
         (or EOF) from the FIFO ``resume``. Both are opened before Landlock.
         ``named``: a named temp file instead of an unnamed one."""
@@ -297,7 +300,7 @@ class Zygote(ZygoteBase):
 
 
 def main(argv: list[str]) -> int:
-    """``zygote_main.py --zygote <control fd> <server pid> [--test-hooks] [--no-prefork]``."""
+    """``main.py --zygote <control fd> <server pid> [--test-hooks] [--no-prefork]``."""
     ctl_fd, server_pid, flags = int(argv[2]), int(argv[3]), argv[4:]
     return Zygote(ctl_fd, server_pid, "--test-hooks" in flags, "--no-prefork" not in flags).run()
 

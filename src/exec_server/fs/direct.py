@@ -3,7 +3,7 @@
 Each call opens what its path names (or the directory it is in) and runs the
 one implementation of the semantics, :mod:`exec_server.fs.fdops`, which the
 confined helper runs too. Everything here is blocking: callers run it in a
-worker thread (:mod:`exec_server.fs.workers`). Paths are absolute, lexically
+worker thread (:mod:`exec_server.fs.pool`). Paths are absolute, lexically
 normalised ``str`` paths (non-UTF-8 bytes as surrogate escapes). Every failure
 leaves as a typed :class:`~exec_server.exceptions.ExecServerError` mapped in
 :mod:`exec_server.fs.errors`.
@@ -37,7 +37,7 @@ from exec_server.fs.fdops import (
     lossy_name,
     too_large_message,
 )
-from exec_server.fs.workers import waiting_on_others
+from exec_server.fs.pool import waiting_on_others
 
 __all__ = [
     "COPY_DIR_WITHOUT_RECURSIVE",
