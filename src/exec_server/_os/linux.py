@@ -1,14 +1,17 @@
-"""Thin access to the few Linux syscalls the sandbox needs, on ``_ctypes`` directly.
+"""Every foreign (libc or raw syscall) binding of the package, on ``_ctypes`` directly.
 
-Stdlib-only on purpose: the landlock launcher imports this under
-``python -I -S`` where interpreter start-up is the cost floor (SANDBOX.md
-§3.6). The ``ctypes`` package costs ~2 ms of Python-level set-up per launch;
-the handful of C types below come straight from its C core instead. Nothing
-here is called inside the server process except the read-only Landlock ABI
-query.
+The one module that loads a C library: the rest of ``exec_server`` calls the
+functions below with plain Python values (``tests/test_os_bindings.py``
+enforces this). Stdlib-only on purpose: the Landlock launcher and the fs
+helper import it under ``python -I -S``, where interpreter start-up is the
+cost floor (SANDBOX.md §3.6); the ``ctypes`` package would cost ~2 ms of
+Python-level set-up there, so the few C types come straight from its C core.
+Importable everywhere: a function this libc lacks (not Linux, an old libc)
+fails with ``ENOSYS`` when called.
 """
 
 import _ctypes
+import errno
 import os
 
 __all__ = [
@@ -32,6 +35,9 @@ __all__ = [
     "mount_setattr",
     "move_mount",
     "open_tree",
+    "rename_exchange",
+    "set_child_subreaper",
+    "set_parent_death_signal",
     "sizeof",
 ]
 
@@ -95,6 +101,14 @@ class _Function(_ctypes.CFuncPtr):
     _restype_ = c_long
 
 
+class _IntFunction(_ctypes.CFuncPtr):
+    """A C function of libc returning ``int`` (read as ``long``, a failed call's -1
+    would come back as 4294967295)."""
+
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = c_int
+
+
 class _Libc:
     """What ``CFuncPtr((name, lib))`` needs from a library: its ``_handle``."""
 
@@ -103,8 +117,19 @@ class _Libc:
 
 
 _libc = _Libc()
-_syscall = _Function(("syscall", _libc))  # type: ignore[arg-type]
-_prctl = _Function(("prctl", _libc))  # type: ignore[arg-type]
+
+
+def _load(kind: type[_ctypes.CFuncPtr], name: str) -> _ctypes.CFuncPtr | None:
+    """libc's ``name``, or None where this libc has no such function."""
+    try:
+        return kind((name, _libc))  # type: ignore[arg-type]
+    except AttributeError:
+        return None
+
+
+_syscall = _load(_Function, "syscall")
+_prctl = _load(_IntFunction, "prctl")
+_renameat2 = _load(_IntFunction, "renameat2")
 
 machine = os.uname().machine
 
@@ -149,17 +174,47 @@ def call_syscall(name: str, *args: object) -> int:
     ``bytes``/``None`` for pointers): bare Python ints would be truncated to ``int``.
     """
     nr = NR.get(name)
-    if nr is None:
-        raise OSError(38, f"{name}: unsupported architecture {machine}")
+    if nr is None or _syscall is None:
+        raise OSError(errno.ENOSYS, f"{name}: unsupported architecture {machine}")
     _ctypes.set_errno(0)
     return _checked(int(_syscall(c_long(nr), *args)), name)
 
 
 def call_prctl(option: int, arg2: int = 0, arg3: object = 0, arg4: int = 0, arg5: int = 0) -> int:
     """``prctl(2)``; raise ``OSError`` on failure."""
+    if _prctl is None:
+        raise OSError(errno.ENOSYS, f"prctl({option}): not available here")
     a3 = c_ulong(arg3) if isinstance(arg3, int) else arg3
     ret = int(_prctl(c_int(option), c_ulong(arg2), a3, c_ulong(arg4), c_ulong(arg5)))
     return _checked(ret, f"prctl({option})")
+
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+RENAME_EXCHANGE = 2
+
+
+def set_parent_death_signal(signal: int) -> None:
+    """``PR_SET_PDEATHSIG``: the calling thread's process gets ``signal`` when the
+    thread that created it exits. Safe in a forked child before exec (one call, no locks)."""
+    call_prctl(PR_SET_PDEATHSIG, signal)
+
+
+def set_child_subreaper() -> None:
+    """``PR_SET_CHILD_SUBREAPER`` (kept across ``execve``): orphaned descendants are
+    re-parented to this process instead of init."""
+    call_prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def rename_exchange(dir_fd: int, old: bytes, new: bytes) -> None:
+    """Swap the entries ``old`` and ``new`` of directory ``dir_fd`` in one step
+    (``renameat2(RENAME_EXCHANGE)``); ``OSError`` on failure, ``ENOSYS`` where libc
+    has no ``renameat2``."""
+    if _renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2: not available here")
+    if _renameat2(dir_fd, old, dir_fd, new, RENAME_EXCHANGE) != 0:
+        err = _ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 #: ``open_tree`` flags: a detached copy of the mount tree at the path (with its submounts).

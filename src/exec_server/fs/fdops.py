@@ -31,7 +31,6 @@ Choices beyond the spec:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import stat
@@ -39,6 +38,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Final
 
+from exec_server._os.linux import rename_exchange
 from exec_server.exceptions import InvalidRequestError
 
 __all__ = [
@@ -289,18 +289,11 @@ def replace_file(
         raise
 
 
-def _load_renameat2() -> Callable[..., int] | None:
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):  # an old libc, not Linux
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_renameat2: Final = _load_renameat2()
-_RENAME_EXCHANGE: Final = 2
+#: ``rename_exchange`` errors meaning "cannot here" (old kernel or libc, a filesystem
+#: without it, the entry gone): the caller renames instead.
+_NO_EXCHANGE: Final = frozenset(
+    {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOENT}
+)
 
 
 def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
@@ -313,19 +306,19 @@ def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
     which made a 1 KiB ``fs/writeFile`` ~3x upstream's; the exchange does not.
     Readers still see the complete old or the complete new file.
     """
-    if _renameat2 is None:
-        return False
     src, dst = os.fsencode(tmp), os.fsencode(name)
-    if _renameat2(dir_fd, src, dir_fd, dst, _RENAME_EXCHANGE) != 0:
-        err = ctypes.get_errno()
-        if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOENT):
+    try:
+        rename_exchange(dir_fd, src, dst)
+    except OSError as exc:
+        if exc.errno in _NO_EXCHANGE:
             return False
-        raise OSError(err, os.strerror(err), name)
+        raise OSError(exc.errno, exc.strerror, name) from None
     try:
         os.unlink(tmp, dir_fd=dir_fd)
     except IsADirectoryError:
         # A directory replaced the target since it was looked at: put it back.
-        _renameat2(dir_fd, src, dir_fd, dst, _RENAME_EXCHANGE)
+        with contextlib.suppress(OSError):
+            rename_exchange(dir_fd, src, dst)
         raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), name) from None
     except FileNotFoundError:
         pass

@@ -54,7 +54,6 @@ from exec_server.process.pipes import (
     ProcessGuard,
     SpawnedChild,
     close_quietly,
-    spawn_may_block,
     spawn_pipes,
     spawn_via_service,
 )
@@ -391,24 +390,16 @@ class ProcessManager:
         self._to_running(rec, child)
 
     async def _launch(self, spec: LaunchSpec) -> SpawnedChild:
-        """Spawn the child, through its launch service when it has one.
-
-        A spawn that could wait on a filesystem runs in a worker thread: the
-        spawning thread waits until the child has changed to its cwd and
-        exec'd its program (``vfork``), and with either on a hung network or
-        FUSE mount that would be the event loop.
-        """
-        owner: object | None = None
+        """Spawn the child, through its launch service when it has one, else in a
+        worker thread: the spawning thread waits until the child has changed to its
+        cwd and exec'd its program (``vfork``), and either may be on a hung network or
+        FUSE mount."""
         if spec.zygote is not None and self._use_services:
-            owner = self
             self._services[id(spec.zygote.service)] = spec.zygote.service
-            child = await spawn_via_service(spec, owner)
+            child = await spawn_via_service(spec, self)
             if child is not None:
                 return child
-            return await shared_pool().run(_spawn, spec)
-        if spawn_may_block(spec):
-            return await shared_pool().run(_spawn, spec)
-        return _spawn(spec)
+        return await shared_pool().run(_spawn, spec)
 
     @staticmethod
     async def _abandon(child: SpawnedChild) -> None:

@@ -31,7 +31,6 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from exec_server.fs import nonblocking
 from exec_server.process.child_signals import child_preexec
 from exec_server.process.spec import LaunchServiceUnavailable, LaunchSpec
 from exec_server.protocol.types.process import ProcessStream
@@ -93,27 +92,6 @@ def child_args(spec: LaunchSpec) -> tuple[list[str], str]:
     if spec.arg0 is not None:
         argv[0] = spec.arg0
     return argv, program
-
-
-def spawn_may_block(spec: LaunchSpec) -> bool:
-    """Whether spawning ``spec`` could wait on a filesystem: its cwd, or a path its
-    program is looked for at, is not known to resolve from the dentry cache on a
-    local filesystem (:mod:`exec_server.fs.nonblocking`). The spawning thread waits
-    until the child has changed to its cwd and exec'd its program."""
-    if nonblocking.lookup(spec.cwd) is not nonblocking.Lookup.LOCAL:
-        return True
-    _, program = child_args(spec)
-    if os.sep in program:
-        candidates = [program]
-    else:  # as subprocess does: each directory of the child's PATH in turn
-        candidates = [os.path.join(d, program) for d in os.get_exec_path(spec.env)]
-    for candidate in candidates:
-        found = nonblocking.lookup(os.path.join(spec.cwd, candidate))
-        if found is nonblocking.Lookup.LOCAL:
-            return False
-        if found is nonblocking.Lookup.UNKNOWN:
-            return True
-    return False  # found nowhere: the exec fails at once
 
 
 async def spawn_via_service(spec: LaunchSpec, owner: object | None) -> SpawnedChild | None:

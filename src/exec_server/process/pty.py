@@ -13,7 +13,6 @@ the reader may close its fd independently.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import os
 import signal
@@ -21,6 +20,7 @@ import struct
 import subprocess
 import termios
 
+from exec_server._os.linux import set_parent_death_signal
 from exec_server.process.child_signals import reset_in_child
 from exec_server.process.pipes import SpawnedChild, child_args, close_quietly
 from exec_server.process.spec import LaunchSpec
@@ -30,11 +30,6 @@ from exec_server.sandbox.plan import SandboxType
 
 __all__ = ["set_window_size", "spawn_pty"]
 
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_prctl = _LIBC.prctl
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_prctl.restype = ctypes.c_int
 _SIGKILL = int(signal.SIGKILL)
 _TIOCSCTTY = termios.TIOCSCTTY
 
@@ -42,7 +37,7 @@ _TIOCSCTTY = termios.TIOCSCTTY
 def _child_setup() -> None:
     """Runs in the forked child after setsid() and the stdio dup2s."""
     reset_in_child()
-    _prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+    set_parent_death_signal(_SIGKILL)
     fcntl.ioctl(0, _TIOCSCTTY, 0)
 
 

@@ -15,26 +15,21 @@ none of this: their PID namespace ends with them.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 
+from exec_server._os.linux import set_child_subreaper
+
 __all__ = ["become_subreaper", "descendants", "kill_tree", "open_pidfds", "signal_pidfds"]
 
-_PR_SET_CHILD_SUBREAPER = 36
-_prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux only
-if _prctl is not None:
-    _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                       ctypes.c_ulong]
-    _prctl.restype = ctypes.c_int
 #: walks of ``kill_tree`` before it gives up on a tree that keeps forking.
 _KILL_PASSES = 20
 
 
 def become_subreaper() -> None:
     """In a forked child before exec: adopt orphaned descendants (one syscall, no locks)."""
-    if _prctl is not None:
-        _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    with contextlib.suppress(OSError):  # not Linux: orphans go to init
+        set_child_subreaper()
 
 
 def _stat(pid: str) -> tuple[int, int, bool] | None:
