@@ -146,7 +146,7 @@ def _dotted_problems(text: str) -> list[str]:
             continue
         head = ".".join(dotted.removeprefix("exec_server.").split(".")[:2])
         if first in AMBIGUOUS and not dotted.startswith("exec_server.") and not _resolve(head):
-            continue  # stdlib ``http.client``-style, or a variable: not ours
+            continue  # stdlib ``http.client``-style, a variable, an error text: not ours
         if not _resolve(dotted):
             problems.append(dotted)
     return problems
