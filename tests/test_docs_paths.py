@@ -17,6 +17,8 @@ Every backticked code span and fenced code line of README.md and docs/*.md is re
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import importlib
 import itertools
 import re
@@ -84,8 +86,19 @@ def _path_exists(path: str) -> bool:
     return False
 
 
+def _file_names() -> set[str]:
+    """Names of the repository's Python files (for bare ``streams.py`` mentions)."""
+    return {
+        py.name for base in ("src", "tests", "benchmarks") for py in (ROOT / base).rglob("*.py")
+    }
+
+
+FILE_NAMES = _file_names()
+BARE = re.compile(r"(?<![\w./-])(\w+\.py)(?![\w/])")
+
+
 def _path_problems(text: str) -> list[str]:
-    problems = []
+    problems = [name for name in BARE.findall(text) if name not in FILE_NAMES]
     for match in PATH.finditer(text):
         raw = match.group(1)
         if raw.startswith(("/", ".")):
@@ -152,29 +165,57 @@ def _dotted_problems(text: str) -> list[str]:
     return problems
 
 
-def _class_sources() -> dict[str, list[str]]:
-    classes: dict[str, list[str]] = {}
+@functools.cache
+def _class_sources() -> dict[str, list[set[str]]]:
+    """Class name -> for each class of that name in ``src``, the names it defines:
+    methods, class attributes and fields, ``self.x`` assignments, and (by name) what
+    its bases defined in ``src`` define."""
+    found: dict[str, list[tuple[set[str], list[str]]]] = {}
     for py in PACKAGE.rglob("*.py"):
-        text = py.read_text()
-        for name in re.findall(r"^class (\w+)", text, re.M):
-            classes.setdefault(name, []).append(text)
-    return classes
+        for node in ast.walk(ast.parse(py.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            names: set[str] = set()
+            for item in ast.walk(node):
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    names.add(item.name)
+                elif isinstance(item, ast.Name) and isinstance(item.ctx, ast.Store):
+                    names.add(item.id)
+                elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store):
+                    names.add(item.attr)
+            bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                     for b in node.bases]
+            found.setdefault(node.name, []).append((names, bases))
+
+    def defined(name: str, seen: frozenset[str]) -> list[set[str]]:
+        out = []
+        for names, bases in found.get(name, []):
+            names = set(names)
+            for base in bases:
+                if base not in seen:
+                    for inherited in defined(base, seen | {base}):
+                        names |= inherited
+            out.append(names)
+        return out
+
+    return {name: defined(name, frozenset({name})) for name in found}
 
 
 CLASS_ATTR = re.compile(r"(?<![\w.])([A-Z]\w*)\.([a-z_]\w*)")
 
 
-def _class_attr_problems(text: str, classes: dict[str, list[str]]) -> list[str]:
+def _class_attr_problems(text: str, classes: dict[str, list[set[str]]]) -> list[str]:
     problems = []
     for owner, attr in CLASS_ATTR.findall(text):
-        sources = classes.get(owner)
-        if sources is None:
+        definitions = classes.get(owner)
+        if definitions is None:
             continue
-        if not any(re.search(rf"\b{re.escape(attr)}\b", src) for src in sources):
+        if not any(attr in names for names in definitions):
             problems.append(f"{owner}.{attr}")
     return problems
 
 
+@functools.cache
 def _module_sources() -> dict[str, list[str]]:
     """Module stem -> the texts of ``src`` modules of that name (``codec`` -> protocol/codec.py)."""
     modules: dict[str, list[str]] = {}
@@ -207,6 +248,7 @@ def _stem_attr_problems(text: str, modules: dict[str, list[str]]) -> list[str]:
     return problems
 
 
+@functools.cache
 def _subcommand_options() -> dict[str, set[str]]:
     from exec_server.cli import main as cli_main
 
@@ -242,6 +284,7 @@ def test_the_checker_catches_what_it_is_for() -> None:
     assert _path_problems("see fs/direct.py and server/handlers/") == []
     assert _path_problems("fs/nowhere.py") == ["fs/nowhere.py"]
     assert _path_problems("fs/helper/{client,nothing}.py") == ["fs/helper/nothing.py"]
+    assert _path_problems("router.py and nowhere.py") == ["nowhere.py"]
     assert _dotted_problems("exceptions.from_domain_error") == []
     assert _dotted_problems("exec_server.fs.direct.no_such_function") != []
     assert _dotted_problems("http.client and sync.py") == []
