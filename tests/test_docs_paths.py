@@ -94,7 +94,7 @@ def _file_names() -> set[str]:
 
 
 FILE_NAMES = _file_names()
-BARE = re.compile(r"(?<![\w./-])(\w+\.py)(?![\w/])")
+BARE = re.compile(r"(?<![\w./*-])(\w+\.py)(?![\w/])")
 
 
 def _path_problems(text: str) -> list[str]:
