@@ -216,6 +216,29 @@ def _class_attr_problems(text: str, classes: dict[str, list[set[str]]]) -> list[
 
 
 @functools.cache
+def _words() -> frozenset[str]:
+    """Every identifier in the repository's Python files."""
+    return frozenset(
+        word
+        for base in ("src", "tests", "benchmarks")
+        for py in (ROOT / base).rglob("*.py")
+        for word in re.findall(r"\w+", py.read_text())
+    )
+
+
+CAMEL = re.compile(r"[A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+")
+
+
+def _name_problems(text: str) -> list[str]:
+    """A span that is one CamelCase name (``SandboxedFileSystem``) names a class or
+    constant the code has."""
+    name = text.strip()
+    if CAMEL.fullmatch(name) and name not in _words():
+        return [name]
+    return []
+
+
+@functools.cache
 def _module_sources() -> dict[str, list[str]]:
     """Module stem -> the texts of ``src`` modules of that name (``codec`` -> protocol/codec.py)."""
     modules: dict[str, list[str]] = {}
@@ -292,6 +315,9 @@ def test_the_checker_catches_what_it_is_for() -> None:
     classes = _class_sources()
     assert _class_attr_problems("Router.dispatch", classes) == []
     assert _class_attr_problems("Router.no_such_method", classes) == ["Router.no_such_method"]
+    assert _name_problems("SandboxedFileSystem") == []
+    gone = "Zygote" + "Pool" + "Gone"  # a name no file may hold
+    assert _name_problems(gone) == [gone]
     modules = _module_sources()
     assert _stem_attr_problems("codec.decode_message, spec.LaunchSpec", modules) == []
     assert _stem_attr_problems("codec.no_such_name", modules) == ["codec.no_such_name"]
@@ -318,6 +344,7 @@ def test_docs_name_only_what_exists(md: Path) -> None:
                 *_dotted_problems(text),
                 *_class_attr_problems(text, classes),
                 *_stem_attr_problems(text, modules),
+                *_name_problems(text),
             ]
         problems.extend(f"{md.name}:{number}: {name}" for name in found)
     assert problems == []
