@@ -11,7 +11,9 @@ Every backticked code span and fenced code line of README.md and docs/*.md is re
   ``fs.errors.FsNotFoundError``) must import and resolve attribute by attribute;
 - ``Class.attr`` where ``Class`` is defined in ``src`` must name something in that class's
   module;
-- an ``exec-server SUBCOMMAND ...`` command line may use only that subcommand's options.
+- a span that is one CamelCase name must name something the code has;
+- an ``exec-server SUBCOMMAND ...`` command line may use only that subcommand's options,
+  and a table row that starts with a flag names only ``exec-server`` options.
 """
 
 from __future__ import annotations
@@ -302,6 +304,16 @@ def _flag_problems(text: str, options: dict[str, set[str]]) -> list[str]:
     return problems
 
 
+def _table_flag_problems(line: str, options: dict[str, set[str]]) -> list[str]:
+    """A table row that starts with a flag (``| `--listen URL` | ...``): every flag of
+    its first cell is an option of some ``exec-server`` subcommand."""
+    if not line.startswith("| `--"):
+        return []
+    known = set().union(*options.values())
+    cell = line.split("|")[1]
+    return [flag for flag in re.findall(r"`(--[\w-]+)", cell) if flag not in known]
+
+
 def test_the_checker_catches_what_it_is_for() -> None:
     """Each rule flags a made-up name and accepts a real one (so it cannot pass vacuously)."""
     assert _path_problems("see fs/direct.py and server/handlers/") == []
@@ -329,6 +341,8 @@ def test_the_checker_catches_what_it_is_for() -> None:
         "exec-server serve --no-such-flag"
     ]
     assert _flag_problems("exec-server exec --url U -- ls --color", options) == []
+    assert _table_flag_problems("| `--listen URL`, `--detach-ttl S` | x |", options) == []
+    assert _table_flag_problems("| `--listen URL`, `--gone` | x |", options) == ["--gone"]
 
 
 @pytest.mark.parametrize("md", _docs(), ids=lambda p: p.name)
@@ -347,4 +361,8 @@ def test_docs_name_only_what_exists(md: Path) -> None:
                 *_name_problems(text),
             ]
         problems.extend(f"{md.name}:{number}: {name}" for name in found)
+    for number, line in enumerate(md.read_text().splitlines(), 1):
+        problems.extend(
+            f"{md.name}:{number}: {flag}" for flag in _table_flag_problems(line, options)
+        )
     assert problems == []
