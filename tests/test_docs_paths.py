@@ -9,8 +9,10 @@ Every backticked code span and fenced code line of README.md and docs/*.md is re
 - a dotted name whose first part is a module or package of ``exec_server``
   (``exec_server.fs.direct``, ``exceptions.from_domain_error``,
   ``fs.errors.FsNotFoundError``) must import and resolve attribute by attribute;
-- ``Class.attr`` where ``Class`` is defined in ``src`` must name something in that class's
-  module;
+- ``Class.attr`` where ``Class`` is defined in ``src`` must name something that class (or
+  a base of it in ``src``) defines; ``module.attr`` where ``module`` is the name of a
+  module in ``src`` (``codec.decode_message``) must name something in it; a bare
+  ``name.py`` must be a file of the repository;
 - a span that is one CamelCase name must name something the code has;
 - an ``exec-server SUBCOMMAND ...`` command line may use only that subcommand's options,
   and a table row that starts with a flag names only ``exec-server`` options.
