@@ -123,7 +123,7 @@ async def test_bench_exec_quick_beside_an_alternate_build(tmp_path: Path) -> Non
 
 
 async def test_bench_fs_only_the_budget_rows(tmp_path: Path) -> None:
-    out, figures = await _run(
+    _, figures = await _run(
         "bench_fs.py", tmp_path / "fs.json",
         "--quick", "--no-upstream", "--only", "1 KiB,getMetadata", "--dir", str(tmp_path),
     )
