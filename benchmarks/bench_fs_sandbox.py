@@ -17,10 +17,13 @@ current client's workspace-write ``permissions`` context on every call
   getMetadata, root:read             the same for fs/getMetadata
   unsandboxed readFile 1 KiB         ``sandbox: null`` for reference
 
-Target: ours/upstream <= 0.1 for the confined rows. Medians in ms over N calls
-per server (after warm-up: the first call starts our zygote).
+The budget's target: ours/upstream <= 0.15 for the confined rows, met when the
+ratio's 95 % interval reaches it. Medians in ms over N calls per server (after
+warm-up: the first call starts our helper). ``--alt DIR`` adds another build of
+this server (``PYTHONPATH=DIR``) to the same alternation.
 
 Usage: python benchmarks/bench_fs_sandbox.py [--n N] [--no-upstream] [--json FILE]
+                                           [--alt DIR ...]
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from harness import (
     Report,
     ServerTarget,
     Summary,
+    alt_targets,
     available_targets,
     connect_client,
     publish,
@@ -134,8 +138,11 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=60, help="calls per metric")
     parser.add_argument("--no-upstream", action="store_true")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--alt", action="append", default=[], metavar="DIR",
+                        help="another build of this server, run with PYTHONPATH=DIR; repeatable")
     args = parser.parse_args()
     targets = available_targets(upstream=not args.no_upstream)
+    targets[1:1] = alt_targets(args.alt)
     report = Report(
         "sandboxed fs (current-client permissions context, file:// URIs)", [t.name for t in targets]
     )
@@ -144,7 +151,7 @@ def main() -> int:
         "sandboxed readFile 1 KiB, restr.",
         "sandboxed getMetadata, restr.",
     ):
-        report.metric(metric, "ms", target=0.1)
+        report.metric(metric, "ms", target=0.15)
     for metric in ("readFile 1 KiB, root:read", "getMetadata, root:read"):
         report.metric(metric, "ms")
     report.metric("unsandboxed readFile 1 KiB", "ms")

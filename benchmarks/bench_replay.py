@@ -18,8 +18,12 @@ in a note; one that does not complete (timeout, dropped connection) is named and
 left out of the rest of the run on both servers, so the total compares like with
 like.
 
+``--alt DIR`` replays against another build of this server (``PYTHONPATH=DIR``)
+in the same rounds.
+
 Usage: python benchmarks/bench_replay.py [--rounds N] [--quick] [--no-upstream]
            [--recordings DIR ...] [--sandbox-backend auto|bwrap|landlock] [--json FILE]
+           [--alt DIR ...]
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from harness import (
     Report,
     RunningServer,
     ServerTarget,
+    alt_targets,
     ours_target,
     start_in_temp_dir,
     summarize,
@@ -194,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=float, default=30.0, metavar="S",
                     help="give up on a session waiting longer than this (default 30 s)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    ap.add_argument("--alt", action="append", default=[], metavar="DIR",
+                    help="another build of this server, run with PYTHONPATH=DIR, replayed "
+                    "in the same rounds; repeatable")
     args = ap.parse_args(argv)
     paths = recordings(args.recordings or [RECORDINGS])
     if args.only:
@@ -201,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         paths = [p for p in paths if p.name.removesuffix(".rpc.jsonl") in wanted]
     if not paths:
         ap.error("no recordings found")
-    targets = [ours_target("--sandbox-backend", args.sandbox_backend)]
+    targets = [ours_target("--sandbox-backend", args.sandbox_backend),
+               *alt_targets(args.alt, "--sandbox-backend", args.sandbox_backend)]
     up = None if args.no_upstream else upstream_target()
     if up is not None:
         targets.append(up)

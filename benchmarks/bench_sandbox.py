@@ -20,10 +20,12 @@ the shared raw WebSocket client (TCP_QUICKACK client, the fair mode):
 All servers run at once and samples alternate between them round by round.
 
 Also times ``backend.wrap()`` alone in this process (no spawn) for each backend.
-Target: ours/upstream <= 0.25 per backend.
+The budget's target: ours/upstream <= 0.25 per backend, met when the ratio's
+95 % interval reaches it. ``--alt DIR`` adds another build of this server
+(``PYTHONPATH=DIR``) with the same legs, named ``alt1-bwrap``, ...
 
 Usage: python benchmarks/bench_sandbox.py [--quick] [--no-upstream] [--no-launcher-leg]
-                                          [--json FILE]
+                                          [-n N] [--json FILE] [--alt DIR ...]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -46,10 +49,13 @@ from harness import (
     Report,
     ServerTarget,
     Summary,
+    alt_targets,
     connect_client,
     ours_target,
+    ratio_interval,
     start_in_temp_dir,
     summarize,
+    target_met,
     temp_dir,
     upstream_target,
     write_json,
@@ -211,6 +217,9 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     ap.add_argument("--no-launcher-leg", dest="launcher_leg", action="store_false",
                     help="skip the Landlock leg without the helper zygote (launcher script)")
+    ap.add_argument("--alt", action="append", default=[], metavar="DIR",
+                    help="another build of this server, run with PYTHONPATH=DIR (legs "
+                    "alt1-bwrap, ...); repeatable")
     args = ap.parse_args()
     n = 3 if args.quick else args.n
     targets: list[ServerTarget] = []
@@ -222,6 +231,8 @@ def main() -> int:
             continue
         t = ours_target(*flags)
         targets.append(ServerTarget(f"ours-{name}", t.argv, t.env))
+        targets += [ServerTarget(f"{alt.name}-{name}", alt.argv, alt.env)
+                    for alt in alt_targets(args.alt, *flags)]
     up = None if args.no_upstream else upstream_target()
     if up is not None:
         targets.append(up)
@@ -229,7 +240,9 @@ def main() -> int:
     report.metric(METRIC, "ms", target=TARGET_RATIO)
     report.metric(PLAIN_METRIC, "ms")
     figures: dict[str, object] = {}
+    samples: dict[str, list[float]] = {}
     for leg in asyncio.run(bench_all(targets, n)):
+        samples[leg.target.name] = leg.samples
         summary, plain = summarize(leg.samples), summarize(leg.plain)
         name = leg.target.name
         report.add(name, METRIC, summary)
@@ -249,10 +262,20 @@ def main() -> int:
             f = figures[t.name]
             if t.name != UPSTREAM and isinstance(f, dict):
                 ratio = f["median_ms"] / upstream_med["median_ms"]
-                ok = "ok" if ratio <= TARGET_RATIO else "MISS"
-                report.notes.append(f"{t.name}/upstream = {ratio:.2f}x "
+                interval = ratio_interval(samples[t.name], samples[UPSTREAM])
+                ok = "ok" if target_met(ratio, interval, TARGET_RATIO, False) else "MISS"
+                shown = "" if interval is None else f" (95% {interval[0]:.2f}-{interval[1]:.2f})"
+                report.notes.append(f"{t.name}/upstream = {ratio:.2f}x{shown} "
                                     f"(target <= {TARGET_RATIO}) {ok}")
                 f["ratio"] = ratio
+                f["ratio_95"] = None if interval is None else list(interval)
+    for t in targets:
+        if t.name.startswith("alt"):
+            ours = "ours-" + t.name.split("-", 1)[1]
+            ratio = statistics.median(samples[ours]) / statistics.median(samples[t.name])
+            interval = ratio_interval(samples[ours], samples[t.name])
+            shown = "" if interval is None else f" (95% {interval[0]:.2f}-{interval[1]:.2f})"
+            report.notes.append(f"{ours}/{t.name} = {ratio:.2f}x{shown}")
     print(report.render(), flush=True)
     if args.json:
         write_json(args.json, figures)

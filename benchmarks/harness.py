@@ -59,16 +59,19 @@ __all__ = [
     "RunningServer",
     "ServerTarget",
     "Summary",
+    "alt_targets",
     "available_targets",
     "connect_client",
     "default_env",
     "fs_parser",
     "ours_target",
     "publish",
+    "ratio_interval",
     "rss_kib",
     "start_in_temp_dir",
     "start_server",
     "summarize",
+    "target_met",
     "temp_dir",
     "upstream_codex_path",
     "upstream_target",
@@ -270,10 +273,14 @@ def fs_targets(args: argparse.Namespace) -> list[ServerTarget]:
     """The servers a :func:`fs_parser` benchmark runs: ours, each ``--alt`` build
     (``alt1``, ``alt2``, ...), then upstream unless ``--no-upstream``."""
     out = [ours_target()] if args.no_upstream else available_targets()
-    base = ours_target()
-    for k, alt in enumerate(args.alt):
-        out.insert(1 + k, ServerTarget(f"alt{k + 1}", base.argv, {"PYTHONPATH": alt}))
-    return out
+    return out[:1] + alt_targets(args.alt) + out[1:]
+
+
+def alt_targets(dirs: Sequence[str], *extra_args: str) -> list[ServerTarget]:
+    """Other builds of this server (``alt1``, ``alt2``, ...), each run with ``PYTHONPATH=DIR``."""
+    base = ours_target(*extra_args)
+    return [ServerTarget(f"alt{k + 1}", base.argv, {"PYTHONPATH": d})
+            for k, d in enumerate(dirs)]
 
 
 def _proc_kib(path: str, key: str) -> int | None:
@@ -675,6 +682,19 @@ def ratio_interval(ours: Sequence[float], upstream: Sequence[float],
     return ratios[int(tail * (len(ratios) - 1))], ratios[int((1 - tail) * (len(ratios) - 1))]
 
 
+def target_met(ratio: float, interval: tuple[float, float] | None, target: float,
+               higher_is_better: bool) -> bool:
+    """The budget's rule: met when the ratio's 95 % interval reaches ``target``.
+
+    Why: one run on a shared VM cannot tell a ratio just past the target from one
+    just inside it; a miss is only a miss when the whole interval is past it.
+    Without an interval (fewer than 5 samples a side) the median ratio decides.
+    """
+    if higher_is_better:
+        return (ratio if interval is None else interval[1]) >= target
+    return (ratio if interval is None else interval[0]) <= target
+
+
 async def time_many(n: int, fn: Callable[[], Any], *, scale: float = 1000.0) -> Summary:
     """Run ``await fn()`` n times sequentially; summary of durations (ms by default)."""
     samples = []
@@ -722,7 +742,8 @@ class Report:
             target: float | None = None, higher_is_better: bool = False) -> None:
         self.metric(metric, unit, target=target, higher_is_better=higher_is_better)
         self._rows[metric].values[server] = value
-        self._intervals.pop(metric, None)
+        self._intervals = {k: v for k, v in self._intervals.items()
+                           if not k.startswith(f"{metric}\0")}
 
     @staticmethod
     def _median(v: Summary | float | None) -> float | None:
@@ -730,30 +751,36 @@ class Report:
             return None
         return v.median if isinstance(v, Summary) else float(v)
 
-    def ratio(self, metric: str) -> float | None:
+    def ratio(self, metric: str, other: str = UPSTREAM) -> float | None:
+        """median(ours) / median(``other``) of one row."""
         row = self._rows.get(metric)
         if row is None:
             return None
         a = self._median(row.values.get(OURS))
-        b = self._median(row.values.get(UPSTREAM))
+        b = self._median(row.values.get(other))
         if a is None or b is None or b == 0:
             return None
         return a / b
 
-    def interval(self, metric: str) -> tuple[float, float] | None:
+    def interval(self, metric: str, other: str = UPSTREAM) -> tuple[float, float] | None:
         """95 % interval of :meth:`ratio` (see :func:`ratio_interval`), when both
         servers' samples are known."""
-        if metric in self._intervals:
-            return self._intervals[metric]
+        key = f"{metric}\0{other}"
+        if key in self._intervals:
+            return self._intervals[key]
         row = self._rows.get(metric)
         if row is None:
             return None
-        a, b = row.values.get(OURS), row.values.get(UPSTREAM)
+        a, b = row.values.get(OURS), row.values.get(other)
         interval = None
         if isinstance(a, Summary) and isinstance(b, Summary):
             interval = ratio_interval(a.samples, b.samples)
-        self._intervals[metric] = interval
+        self._intervals[key] = interval
         return interval
+
+    def _alts(self) -> list[str]:
+        """The ``--alt`` builds in this report (``alt1``, ...)."""
+        return [s for s in self.servers if s.startswith("alt")]
 
     def as_dict(self) -> dict[str, JSON]:
         out: dict[str, JSON] = {}
@@ -764,6 +791,9 @@ class Report:
                 "target": row.target,
                 "ratio": self.ratio(row.metric),
                 "ratio_95": None if interval is None else list(interval),
+                **{f"ratio_{alt}": self.ratio(row.metric, alt) for alt in self._alts()},
+                **{f"ratio_{alt}_95": (None if (i := self.interval(row.metric, alt)) is None
+                                       else list(i)) for alt in self._alts()},
                 **{
                     s: ({"median": v.median, "p90": v.p90, "n": v.n}
                         if isinstance(v, Summary) else v)
@@ -777,6 +807,8 @@ class Report:
         show_ratio = OURS in self.servers and UPSTREAM in self.servers
         if show_ratio:
             head += ["ours/up", "95% interval", "target"]
+        alts = self._alts() if OURS in self.servers else []
+        head += [f"ours/{alt}" for alt in alts]
         lines: list[list[str]] = [head]
         for row in self._rows.values():
             cells = [row.metric]
@@ -792,9 +824,14 @@ class Report:
                 if row.target is None or ratio is None:
                     cells.append("")
                 else:
-                    ok = (ratio >= row.target) if row.higher_is_better else (ratio <= row.target)
+                    ok = target_met(ratio, interval, row.target, row.higher_is_better)
                     cmp = ">=" if row.higher_is_better else "<="
                     cells.append(f"{cmp}{row.target:g} {'ok' if ok else 'MISS'}")
+            for alt in alts:
+                ratio = self.ratio(row.metric, alt)
+                interval = self.interval(row.metric, alt)
+                cells.append("-" if ratio is None else f"{ratio:.2f}x" + (
+                    "" if interval is None else f" ({interval[0]:.2f}-{interval[1]:.2f})"))
             lines.append(cells)
         widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
         text = [f"== {self.title} =="]
@@ -806,7 +843,8 @@ class Report:
         text += [f"note: {n}" for n in self.notes]
         if show_ratio and any(self.interval(m) is not None for m in self._rows):
             text.append("note: 95% interval: bootstrap of ours/up over this run's samples; "
-                        "the verdict is the median ratio's, the interval shows the noise")
+                        "a target is met when the interval reaches it (the median ratio's "
+                        "verdict where there is no interval)")
         return "\n".join(text)
 
     def print(self) -> None:

@@ -105,3 +105,42 @@ async def test_fuzz_frames_against_our_server_alone(tmp_path: Path) -> None:
     assert ours("json/response-from-client") == (
         [], "close 1008 'unexpected response from client'")
     assert ours("size/message-70MiB-in-1MiB-fragments") == (["1:ok"], "open")
+
+
+async def test_bench_exec_quick_beside_an_alternate_build(tmp_path: Path) -> None:
+    src = BENCHMARKS.parent / "src"
+    out, figures = await _run(
+        "bench_exec.py", tmp_path / "bench.json",
+        "--quick", "--servers", "ours", "--modes", "quickack", "--metrics", "true",
+        "--alt", str(src),
+    )
+    assert b"ours/alt1" in out
+    assert "pty write->echo [quickack]" not in figures  # rows not measured are not shown
+    row = figures["true start->closed [quickack]"]
+    assert row["ours"]["n"] == row["alt1"]["n"] == 3
+    assert row["ratio_alt1"] == row["ours"]["median"] / row["alt1"]["median"]
+    assert row["target"] == 0.5
+
+
+async def test_bench_fs_only_the_budget_rows(tmp_path: Path) -> None:
+    _, figures = await _run(
+        "bench_fs.py", tmp_path / "fs.json",
+        "--quick", "--no-upstream", "--only", "1 KiB,getMetadata", "--dir", str(tmp_path),
+    )
+    assert sorted(figures) == ["getMetadata", "readFile 1 KiB", "writeFile 1 KiB"]
+    assert {row["target"] for row in figures.values()} == {1.5}
+    assert os.listdir(tmp_path) == ["fs.json"]  # its work directory is gone
+
+
+def test_a_target_is_met_when_the_interval_reaches_it() -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from harness import target_met
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert target_met(0.55, (0.48, 0.62), 0.5, higher_is_better=False)
+    assert not target_met(0.55, (0.51, 0.62), 0.5, higher_is_better=False)
+    assert target_met(0.75, (0.6, 0.85), 0.8, higher_is_better=True)
+    assert not target_met(0.75, (0.6, 0.79), 0.8, higher_is_better=True)
+    assert target_met(0.5, None, 0.5, higher_is_better=False)  # no interval: the median decides
+    assert not target_met(0.51, None, 0.5, higher_is_better=False)
