@@ -26,7 +26,7 @@ from exec_server.exceptions import AlreadyAttachedError, InvalidRequestError
 from exec_server.fs.handles import FileHandles
 from exec_server.fs.pool import shared_pool
 from exec_server.process.manager import ProcessManager
-from exec_server.protocol.connection import (
+from exec_server.protocol.handshake import (
     Handshake,
     already_attached_text,
     unknown_session_text,
