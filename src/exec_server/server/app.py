@@ -128,9 +128,7 @@ class ExecServer:
         expires_at = conn.grant.expires_at
         if expires_at is not None:
             loop = asyncio.get_running_loop()
-            expiry = loop.call_later(
-                max(0.0, expires_at - time.time()), _expire, conn, processor
-            )
+            expiry = loop.call_later(max(0.0, expires_at - time.time()), _expire, processor)
         try:
             await processor.run()
         finally:
@@ -167,10 +165,9 @@ class ExecServer:
         await self.services.aclose()
 
 
-def _expire(conn: WebSocketTransport, processor: ConnectionProcessor) -> None:
-    logger.info("%s: websocket jwt expired, closing", conn.label)
-    conn.close_with = (1008, "websocket jwt expired")
-    processor.close("websocket jwt expired")
+def _expire(processor: ConnectionProcessor) -> None:
+    logger.info("%s: websocket jwt expired, closing", processor.transport.label)
+    processor.refuse("websocket jwt expired")
 
 
 async def run_server(

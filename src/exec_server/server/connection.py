@@ -216,8 +216,9 @@ class ConnectionProcessor:
         """End the connection: cancel what is in progress, detach, close (server shutdown)."""
         self._request_close(reason)
 
-    def _refuse(self, reason: str) -> None:
-        """End the connection for a protocol violation, telling the peer why."""
+    def refuse(self, reason: str) -> None:
+        """End the connection, telling the peer why (a WebSocket closes with 1008):
+        a protocol violation, or an expired token."""
         self.transport.refuse(reason)
         self._request_close(reason)
 
@@ -241,7 +242,7 @@ class ConnectionProcessor:
             try:
                 await self._handle(item)
             except ProtocolClosedError as exc:
-                self._refuse(str(exc))
+                self.refuse(str(exc))
                 return
             if not isinstance(item, OversizedMessage) and len(item) > KEEP_MESSAGE_MAX:
                 del item  # an idle connection would hold a 64 MiB write's 85 MiB text
@@ -426,6 +427,6 @@ class ConnectionProcessor:
         try:
             await self._answer(ctx, request)
         except ProtocolClosedError as exc:
-            self._refuse(str(exc))
+            self.refuse(str(exc))
         finally:
             ctx.released.set()

@@ -104,7 +104,7 @@ class WebSocketTransport:
         #: what the upgrade was accepted with (a signed token's expiry).
         self.grant = grant if grant is not None else Grant()
         #: the close frame :meth:`aclose` sends (code, reason).
-        self.close_with: tuple[int, str] = (1000, "")
+        self._close_with: tuple[int, str] = (1000, "")
 
     @property
     def hangup_fd(self) -> int | None:
@@ -157,15 +157,15 @@ class WebSocketTransport:
         """Close with 1008 (policy violation) and ``reason`` instead of a normal
         closure: the peer broke the JSON-RPC protocol (PROTOCOL.md §3.5) and learns
         how. ``reason`` is cut to the 123 bytes a close frame holds."""
-        self.close_with = (1008, _close_reason(reason))
+        self._close_with = (1008, _close_reason(reason))
 
     async def aclose(self) -> None:
-        """Closing handshake with :attr:`close_with`; the TCP connection is aborted
-        if it has not ended after :data:`CLOSE_TIMEOUT` (a peer that does not read
-        leaves the close frame stuck behind a full write buffer)."""
+        """Closing handshake (1000, or what :meth:`refuse` set); the TCP connection
+        is aborted if it has not ended after :data:`CLOSE_TIMEOUT` (a peer that
+        does not read leaves the close frame stuck behind a full write buffer)."""
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT):
-                await self.ws.close(*self.close_with)
+                await self.ws.close(*self._close_with)
         except TimeoutError:
             self.ws.transport.abort()
 
