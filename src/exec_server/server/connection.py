@@ -130,9 +130,7 @@ class ConnectionProcessor:
         self._handlers: set[asyncio.Task[None]] = set()
         #: requests in progress at once (``--concurrent-requests``): the one
         #: being dispatched plus the long polls in ``_handlers``.
-        self._limit = services.config.concurrent_requests
-        #: ``_start_request`` waits for a handler to end (the limit is reached).
-        self._slot_waiter: asyncio.Future[None] | None = None
+        self._slots = asyncio.Semaphore(services.config.concurrent_requests)
         #: ``_serve`` waits for the next message (so nothing is being handled).
         self._parked = False
         self._closed = False
@@ -393,17 +391,15 @@ class ConnectionProcessor:
             raise ProtocolClosedError("unexpected response from client")
 
     async def _start_request(self, request: Request) -> None:
-        while len(self._handlers) >= self._limit:
-            waiter = self._slot_waiter = asyncio.get_running_loop().create_future()
-            try:
-                await waiter
-            finally:
-                self._slot_waiter = None
+        await self._slots.acquire()
         ctx = RequestContext(
             request.id, request.method, self.attachment, self.services, self.registry
         )
         if not self.router.may_block(request.method):
-            await self._answer(ctx, request)  # inline: answered before the next is read
+            try:
+                await self._answer(ctx, request)  # inline: answered before the next is read
+            finally:
+                self._slots.release()
             return
         task = asyncio.create_task(self._run_request(ctx, request))
         self._handlers.add(task)
@@ -412,9 +408,7 @@ class ConnectionProcessor:
 
     def _handler_done(self, task: asyncio.Task[None]) -> None:
         self._handlers.discard(task)
-        waiter = self._slot_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._slots.release()
 
     async def _answer(self, ctx: RequestContext, request: Request) -> None:
         try:
