@@ -70,7 +70,7 @@ class Attachment:
     ) -> None:
         self.connection_id = uuid.uuid4().hex
         self.label = label
-        #: the transport's kind (``websocket``, ``stdio``...), for error texts.
+        #: the transport's kind (``websocket`` or ``line``), for error texts.
         self.kind = kind
         self.sink = sink
         self.handshake = Handshake()
