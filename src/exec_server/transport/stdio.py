@@ -1,4 +1,8 @@
-"""Newline-delimited JSON on a byte stream: ``--listen stdio`` (PROTOCOL.md §2.6)."""
+"""Newline-delimited JSON on a byte stream: ``--listen stdio`` (PROTOCOL.md §2.6).
+
+An oversized line is discarded chunk by chunk: no more than the limit is ever
+buffered.
+"""
 
 from __future__ import annotations
 
