@@ -545,7 +545,8 @@ class InProcessServer:
 
     ``server`` is the ExecServer (tests may add routes to ``server.router``);
     ``await connect()`` returns an :class:`RpcClient` whose ``processor`` is
-    the server side's :class:`ConnectionProcessor` and ``task`` its run task;
+    the server side's
+    :class:`~exec_server.server.connection.ConnectionProcessor` and ``task`` its run task;
     ``await client.aclose()`` is a transport drop.
     """
 
@@ -561,7 +562,7 @@ class InProcessServer:
         self._clients: list[RpcClient] = []
 
     async def connect(self, label: str = "exec-server test") -> RpcClient:
-        from exec_server.transport.streams import memory_pair
+        from exec_server.transport.memory import memory_pair
 
         client_end, server_end = memory_pair(label=label)
         processor = self.server.processor(server_end)
@@ -621,7 +622,7 @@ class RouterCaller:
 
     def __init__(self, services: Any = None) -> None:
         from exec_server.config import ServerConfig
-        from exec_server.protocol.connection import HandshakeState
+        from exec_server.protocol.handshake import HandshakeState
         from exec_server.server.handlers import fs as fs_handlers
         from exec_server.server.handlers import fs_handles as fs_handle_handlers
         from exec_server.server.router import Router
@@ -752,17 +753,6 @@ def _legacy_workspace_write_context(root: str | os.PathLike[str]) -> dict[str, A
 def legacy_workspace_write_context() -> Callable[[str | os.PathLike[str]], dict[str, Any]]:
     """``legacy_workspace_write_context(root)``: a fresh legacy WW(w) context dict."""
     return _legacy_workspace_write_context
-
-
-@pytest.fixture
-def fresh_codec(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Start from a codec with no big-request registrations (deferred string);
-    whatever the test registers is undone afterwards."""
-    from exec_server.protocol import codec
-
-    for name in ("_deferred", "_deferred_heads", "_deferred_methods"):
-        monkeypatch.setattr(codec, name, {})
-    monkeypatch.setattr(codec, "_deferred_decoder", None)
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exec_server.exceptions import InvalidRequestError, ProtocolClosedError
-from exec_server.protocol.connection import Handshake, HandshakeState
+from exec_server.protocol.handshake import Handshake, HandshakeState
 
 
 def test_happy_path() -> None:

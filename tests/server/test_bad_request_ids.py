@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from exec_server.server.app import _sniff_id
+from exec_server.server.connection import _sniff_id
 
 TIMEOUT = 10.0
 BAD_ID = "data did not match any variant of untagged enum RequestId"

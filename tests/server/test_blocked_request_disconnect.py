@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from exec_server.server.app import READ_AHEAD_MESSAGES
+from exec_server.server.connection import READ_AHEAD_MESSAGES
 
 TIMEOUT = 10.0
 #: 100 KB per write; WRITES of them exceed both bounds of a child's stdin queue

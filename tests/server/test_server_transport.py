@@ -1,4 +1,4 @@
-"""Line framing and the in-memory pair (transport/streams.py), fed by hand."""
+"""Line framing (transport/stdio.py) and the in-memory pair (transport/memory.py), fed by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exec_server.transport.streams import OversizedMessage, StreamTransport, memory_pair
+from exec_server.transport.base import OversizedMessage
+from exec_server.transport.memory import memory_pair
+from exec_server.transport.stdio import StreamTransport
 
 
 class _NullWriter:

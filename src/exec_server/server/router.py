@@ -33,7 +33,7 @@ from exec_server.protocol.codec import (
     encode_result,
     params_decoder,
 )
-from exec_server.protocol.connection import (
+from exec_server.protocol.handshake import (
     NO_SESSION,
     SESSION_RESUMED,
     Family,
@@ -44,7 +44,7 @@ from exec_server.protocol.json_span import StringSpan
 from exec_server.protocol.messages import Request, RequestId
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, Session, SessionRegistry
-from exec_server.transport.streams import Outbound
+from exec_server.transport.base import Outbound
 
 __all__ = [
     "INTERNAL_ERROR_TEXT",
@@ -226,13 +226,6 @@ class Router:
             raise ValueError(f"method {method!r} registered twice")
         params_decoder(params_type)  # now, not on the method's first request
         self._routes[method] = Route(method, params_type, handler, family, may_block)
-
-    def set_may_block(self, method: str) -> None:
-        """Mark an already registered method as possibly long-waiting."""
-        route = self._routes[method]
-        self._routes[method] = Route(
-            route.method, route.params_type, route.handler, route.family, True
-        )
 
     def may_block(self, method: str) -> bool:
         route = self._routes.get(method)

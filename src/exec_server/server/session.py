@@ -9,10 +9,9 @@ detached: notifications stop, processes keep running and buffering for
 connection resumed the session in the meantime.
 
 Choice (CLIENT_COMPAT.md §1.1): resuming an attached session answers
-``-32600`` (the target/legacy code, which PROTOCOL.md's tests expect). The
-current client never resumes in the recorded scenarios and the message text
-is identical, so one code serves both; ``already_attached_code`` switches to
-``-32010`` if a client needs it.
+``-32600`` (the target/legacy code, which PROTOCOL.md's tests expect), where
+upstream 0.163 answers ``-32010`` with the same text: the current client never
+resumes in the recorded scenarios.
 """
 
 from __future__ import annotations
@@ -22,11 +21,11 @@ import logging
 import uuid
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import AlreadyAttachedError, InvalidRequestError
+from exec_server.exceptions import InvalidRequestError
 from exec_server.fs.handles import FileHandles
 from exec_server.fs.pool import shared_pool
 from exec_server.process.manager import ProcessManager
-from exec_server.protocol.connection import (
+from exec_server.protocol.handshake import (
     Handshake,
     already_attached_text,
     unknown_session_text,
@@ -36,7 +35,6 @@ from exec_server.server.notifications import NotificationSend, notifier
 __all__ = ["Attachment", "Session", "SessionRegistry"]
 
 logger = logging.getLogger("exec_server.server")
-
 
 
 class Session:
@@ -72,7 +70,7 @@ class Attachment:
     ) -> None:
         self.connection_id = uuid.uuid4().hex
         self.label = label
-        #: the transport's kind (``websocket``, ``stdio``...), for error texts.
+        #: the transport's kind (``websocket`` or ``line``), for error texts.
         self.kind = kind
         self.sink = sink
         self.handshake = Handshake()
@@ -111,13 +109,12 @@ def _ignore_result(result: object, error: BaseException | None) -> None:
 class SessionRegistry:
     """Process-wide ``sessionId -> Session`` map with detach/expiry (§4.4)."""
 
-    def __init__(self, config: ServerConfig, *, already_attached_code: int = -32600) -> None:
+    def __init__(self, config: ServerConfig) -> None:
         self._config = config
         self._sessions: dict[str, Session] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: sessions being shut down (``_remove``): awaited, never cancelled.
         self._closing: set[asyncio.Task[None]] = set()
-        self._already_attached_code = already_attached_code
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -142,8 +139,6 @@ class SessionRegistry:
         if session is None:
             raise InvalidRequestError(unknown_session_text(session_id))
         if session.attached_to is not None:
-            if self._already_attached_code == AlreadyAttachedError.code:
-                raise AlreadyAttachedError(already_attached_text(session_id))
             raise InvalidRequestError(already_attached_text(session_id))
         deadline = session.detach_deadline
         if deadline is not None and asyncio.get_running_loop().time() >= deadline:

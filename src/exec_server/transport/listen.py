@@ -29,10 +29,6 @@ class ListenAddress:
     host: str
     port: int
 
-    @property
-    def url(self) -> str:
-        return format_ws_url(self.host, self.port)
-
 
 def format_ws_url(host: str, port: int, *, scheme: str = "ws") -> str:
     """``ws://IP:PORT`` (or ``wss://``); IPv6 in brackets."""

@@ -27,6 +27,7 @@ __all__ = [
     "Handshake",
     "HandshakeState",
     "already_attached_text",
+    "malformed_message_text",
     "method_not_found_text",
     "unknown_session_text",
 ]

@@ -1,0 +1,70 @@
+"""Two connected in-process transports (tests, embedding)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from exec_server.transport.base import Inbound, Outbound
+
+__all__ = ["MemoryTransport", "memory_pair"]
+
+
+class MemoryTransport:
+    """One end of an in-process pair (tests, embedding); line-framing error texts."""
+
+    kind = "line"
+
+    def __init__(
+        self,
+        inbound: asyncio.Queue[bytes | None],
+        outbound: asyncio.Queue[bytes | None],
+        *,
+        label: str,
+    ) -> None:
+        self.label = label
+        self._inbound = inbound
+        self._outbound = outbound
+        self.closed = False
+
+    @property
+    def hangup_fd(self) -> None:
+        """No descriptor: EOF arrives as a message."""
+        return None
+
+    async def receive(self) -> Inbound:
+        if self.closed:
+            return None
+        item = await self._inbound.get()
+        if item is None:
+            self.closed = True
+        return item
+
+    async def send(self, data: Outbound) -> None:
+        if self.closed:
+            raise ConnectionResetError("transport closed")
+        await self._outbound.put(bytes(data) if isinstance(data, bytearray) else data)
+
+    def refuse(self, reason: str) -> None:
+        """No close reason to carry: the peer just sees EOF."""
+        del reason
+
+    async def aclose(self) -> None:
+        """Close both directions: the peer sees EOF, our reader stops."""
+        if not self.closed:
+            self.closed = True
+            for queue in (self._outbound, self._inbound):
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(None)
+
+
+def memory_pair(
+    *, label: str = "memory", maxsize: int = 0
+) -> tuple[MemoryTransport, MemoryTransport]:
+    """Two connected in-process transports (unbounded unless ``maxsize``)."""
+    a_to_b: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
+    b_to_a: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
+    return (
+        MemoryTransport(b_to_a, a_to_b, label=f"{label} a"),
+        MemoryTransport(a_to_b, b_to_a, label=f"{label} b"),
+    )
