@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from exec_server.protocol.types import sandbox as wire
 from exec_server.sandbox.access import (
     ResolvedPolicy,
     has_full_disk_read,
@@ -26,7 +27,6 @@ from exec_server.sandbox.policy import (
     PolicyScope,
     SpecialKind,
     SpecialTarget,
-    WorkspaceWrite,
     fs_policy_from_legacy,
     is_within,
 )
@@ -261,7 +261,7 @@ def plan_of(
 
 def test_plan_workspace_write_default() -> None:
     probe = FakeProbe(dirs={"/tmp", "/ws/.git"})
-    policy = fs_policy_from_legacy(WorkspaceWrite(), SCOPE, probe)
+    policy = fs_policy_from_legacy(wire.WorkspaceWritePolicy(), SCOPE, probe)
     plan = ResolvedPolicy(policy, SCOPE, probe=probe).plan(Network.RESTRICTED)
     assert plan.full_read and not plan.full_write and not plan.network
     # shallow first, so mechanisms can bind parents before children

@@ -27,11 +27,10 @@ from exec_server.sandbox.linux.base import (
     env_entries,
     finish_spec,
     first_missing_component,
-    is_inside,
     memfd_holding,
     sandbox_env,
 )
-from exec_server.sandbox.linux.knobs import read_only_knobs
+from exec_server.sandbox.linux.knobs import is_inside, read_only_knobs
 from exec_server.sandbox.plan import SandboxPlan
 
 __all__ = ["BwrapBackend", "BwrapInfo", "build_args"]

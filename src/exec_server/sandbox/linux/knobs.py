@@ -13,14 +13,15 @@ Stdlib only: the Landlock launcher (``python -I -S``) imports it too.
 
 import os
 
-__all__ = ["KERNEL_KNOBS", "PROC_KNOBS", "read_only_knobs"]
+__all__ = ["KERNEL_KNOBS", "PROC_KNOBS", "is_inside", "read_only_knobs"]
 
 #: knobs inside ``/proc`` (a freshly mounted ``/proc`` has them writable).
 PROC_KNOBS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 KERNEL_KNOBS = (*PROC_KNOBS, "/sys")
 
 
-def _inside(path: str, root: str) -> bool:
+def is_inside(path: str, root: str) -> bool:
+    """Component-wise prefix test on normalised absolute paths (``/ab`` is not in ``/a``)."""
     return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
 
 
@@ -37,12 +38,12 @@ def read_only_knobs(*, full_write: bool, writable_roots: "list[str] | tuple[str,
     roots = ["/"] if full_write else list(writable_roots)
     found: list[str] = []
     for knob in KERNEL_KNOBS:
-        if (fresh_proc and knob in PROC_KNOBS) or any(_inside(knob, r) for r in roots):
+        if (fresh_proc and knob in PROC_KNOBS) or any(is_inside(knob, r) for r in roots):
             found.append(knob)
             continue
-        found += [r for r in roots if _inside(r, knob)]
+        found += [r for r in roots if is_inside(r, knob)]
     out = []
     for path in dict.fromkeys(found):
-        if os.path.lexists(path) and not any(_inside(path, p) and path != p for p in found):
+        if os.path.lexists(path) and not any(is_inside(path, p) and path != p for p in found):
             out.append(path)
     return sorted(out, key=lambda p: p.count("/"))

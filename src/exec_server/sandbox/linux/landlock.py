@@ -155,7 +155,7 @@ def abi_version() -> int:
         return 0
 
 
-# --- low level: the syscalls and their structs (also used by the fs zygote's
+# --- low level: the syscalls and their structs (also used by the helper zygote's
 # smaller per-request ruleset, fs/helper/confine.py)
 
 

@@ -18,10 +18,10 @@ from exec_server.sandbox.linux.base import (
     env_entries,
     finish_spec,
     first_missing_component,
-    is_inside,
     memfd_holding,
     sandbox_env,
 )
+from exec_server.sandbox.linux.knobs import is_inside
 from exec_server.sandbox.linux.spawn_zygote_main import STATUS_FD
 from exec_server.sandbox.plan import SandboxPlan
 
