@@ -12,7 +12,6 @@ from exec_server.sandbox.access import (
     has_full_disk_read,
     has_full_disk_write,
     includes_platform_defaults,
-    resolve_access,
     resolve_target,
 )
 from exec_server.sandbox.plan import SandboxPlan
@@ -30,6 +29,13 @@ from exec_server.sandbox.policy import (
     fs_policy_from_legacy,
     is_within,
 )
+
+
+def resolve_access(
+    policy: FileSystemPolicy, path: str, scope: PolicyScope, probe: FakeProbe | None = None
+) -> Access:
+    """``resolve_access_with_cwd`` exactly as PROTOCOL.md §6.11 (no protected subpaths)."""
+    return ResolvedPolicy(policy, scope, probe=probe, protect=False).resolve_access(path)
 
 
 class FakeProbe:

@@ -125,12 +125,6 @@ class LaunchSandboxRequest:
     def network_restricted(self) -> bool:
         return self.network is Network.RESTRICTED or self.enforce_managed_network
 
-    def scope(self, tmpdir: str | None) -> PolicyScope:
-        return PolicyScope(cwd=self.cwd, roots=self.roots, tmpdir=tmpdir, home=self.home)
-
-    def resolved(self, tmpdir: str | None) -> ResolvedPolicy:
-        return ResolvedPolicy(self.fs_policy, self.scope(tmpdir), probe=self.probe)
-
     def plan(
         self,
         *,
@@ -140,7 +134,9 @@ class LaunchSandboxRequest:
         """The plan mechanisms enforce; ``tmpdir`` is the child's final ``$TMPDIR``."""
         defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults
         network = Network.RESTRICTED if self.network_restricted else Network.ENABLED
-        return self.resolved(tmpdir).plan(network, platform_defaults=defaults, probe=self.probe)
+        scope = PolicyScope(cwd=self.cwd, roots=self.roots, tmpdir=tmpdir, home=self.home)
+        resolved = ResolvedPolicy(self.fs_policy, scope, probe=self.probe)
+        return resolved.plan(network, platform_defaults=defaults, probe=self.probe)
 
     @property
     def include_platform_defaults(self) -> bool:

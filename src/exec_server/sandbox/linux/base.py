@@ -21,7 +21,6 @@ __all__ = [
     "env_entries",
     "first_missing_component",
     "memfd_holding",
-    "sandbox_env",
 ]
 
 #: The environment every wrapper (bwrap, the Landlock launcher) is started with.
@@ -68,18 +67,6 @@ def first_missing_component(path: str) -> str | None:
         missing = parent
         parent = os.path.dirname(parent)
     return missing
-
-
-def sandbox_env(spec: LaunchSpec, plan: SandboxPlan) -> dict[str, str]:
-    """The request env plus the plan's ``extra_env``.
-
-    ``CODEX_SANDBOX_NETWORK_DISABLED`` is the policy layer's decision
-    (PROTOCOL.md §7.5 vs CLIENT_COMPAT §4: only legacy launches get it), so
-    the mechanism adds nothing on its own.
-    """
-    env = dict(spec.env)
-    env.update(plan.extra_env)
-    return env
 
 
 def env_entries(env: dict[str, str]) -> list[tuple[bytes, bytes]]:

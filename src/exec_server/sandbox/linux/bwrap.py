@@ -28,7 +28,6 @@ from exec_server.sandbox.linux.base import (
     finish_spec,
     first_missing_component,
     memfd_holding,
-    sandbox_env,
 )
 from exec_server.sandbox.linux.knobs import is_inside, read_only_knobs
 from exec_server.sandbox.plan import SandboxPlan
@@ -156,7 +155,7 @@ class BwrapBackend(LinuxBackend):
                 return self._fallback.wrap(spec, plan)
             raise SandboxUnavailableError(
                 f"bwrap at {self.info.path} lies inside a writable root; refusing to use it")
-        env = sandbox_env(spec, plan)
+        env = dict(spec.env)  # the policy layer already added what it adds (§7.5)
         entries = env_entries(env)
         if 3 * len(entries) + len(spec.argv) > _MAX_ARGS - _OWN_ARGS_ALLOWANCE:
             raise ValueError(f"too many environment variables for bwrap ({len(entries)}; it "

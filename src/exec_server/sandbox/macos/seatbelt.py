@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
-from exec_server.sandbox.policy import is_within
+from exec_server.sandbox.policy import PROTECTED_NAMES, is_within
 
 __all__ = [
     "BASE_POLICY",
@@ -35,9 +35,6 @@ __all__ = [
 
 #: Absolute path, never a PATH lookup: a planted binary would defeat the sandbox.
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
-
-#: Protected metadata names guarded by regex in every writable root.
-PROTECTED_NAMES = (".git", ".agents", ".codex")
 
 BASE_POLICY = """\
 (version 1)
