@@ -136,10 +136,6 @@ class _RuleIndex:
             current = current.rsplit("/", 1)[0] or "/"
 
 
-def _absolute(path: str, cwd: str) -> str:
-    return join_normalized(cwd, path)
-
-
 # --- predicates (§6.11 "Other predicates") ---
 
 
@@ -304,7 +300,7 @@ class ResolvedPolicy:
         """
         if self.policy.kind is not FsKind.RESTRICTED:
             return Access.WRITE
-        candidate = self._candidate(_absolute(path, self.scope.cwd))
+        candidate = self._candidate(join_normalized(self.scope.cwd, path))
         access = self._index.best(candidate)
         if self._defaults and access is not Access.WRITE:
             access = self._index_with_defaults.best(candidate)
@@ -319,7 +315,7 @@ class ResolvedPolicy:
         """
         if self.policy.kind is not FsKind.RESTRICTED:
             return ()
-        base = self._candidate(_absolute(path, self.scope.cwd))
+        base = self._candidate(join_normalized(self.scope.cwd, path))
         skip = 1 if base == "/" else len(base) + 1
         holes = sorted(
             (p for p, access in self._combined if access is not Access.WRITE),

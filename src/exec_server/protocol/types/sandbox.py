@@ -91,7 +91,7 @@ class AbsPath(str):
 
 
 NetworkAccess = Literal["restricted", "enabled"]
-NetworkSandboxPolicy = Literal["restricted", "enabled"]
+NetworkSandboxPolicy = NetworkAccess
 WindowsSandboxLevel = Literal["disabled", "restricted-token", "elevated", "mxc"]
 SandboxablePreference = Literal["auto", "require", "forbid"]
 SandboxTypeName = Literal["none", "macos-seatbelt", "linux-seccomp", "windows-restricted-token"]
