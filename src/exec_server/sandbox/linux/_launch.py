@@ -206,15 +206,11 @@ def _placeholder_for(path: str, writable: list[str]) -> str | None:
 
     Only inside a writable root: elsewhere nothing can create it anyway.
     """
-    parent, missing = path, path
-    while not os.path.lexists(parent):
-        missing = parent
-        parent = os.path.dirname(parent)
-        if parent == missing:
-            return None
-    from exec_server.sandbox.linux.knobs import is_inside
+    from exec_server.sandbox.linux.knobs import first_missing_component, is_inside
 
-    if not any(is_inside(missing, root) and missing != root for root in writable):
+    missing = first_missing_component(path)
+    if missing is None or not any(is_inside(missing, root) and missing != root
+                                  for root in writable):
         return None
     try:  # noqa: SIM105 - contextlib costs start-up time here
         os.mkdir(missing, 0o555)

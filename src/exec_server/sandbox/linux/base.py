@@ -19,7 +19,6 @@ __all__ = [
     "PlaceholderRegistry",
     "chain_cleanup",
     "env_entries",
-    "first_missing_component",
     "memfd_holding",
 ]
 
@@ -55,18 +54,6 @@ class LinuxBackend(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe()}>"
-
-
-def first_missing_component(path: str) -> str | None:
-    """The shallowest missing path on the way to ``path``; None if it exists."""
-    if os.path.lexists(path):
-        return None
-    missing = path
-    parent = os.path.dirname(path)
-    while parent != missing and not os.path.lexists(parent):
-        missing = parent
-        parent = os.path.dirname(parent)
-    return missing
 
 
 def env_entries(env: dict[str, str]) -> list[tuple[bytes, bytes]]:

@@ -26,11 +26,11 @@ from exec_server.sandbox.linux.base import (
     PlaceholderRegistry,
     env_entries,
     finish_spec,
-    first_missing_component,
     memfd_holding,
 )
-from exec_server.sandbox.linux.knobs import is_inside, read_only_knobs
+from exec_server.sandbox.linux.knobs import first_missing_component, is_inside, read_only_knobs
 from exec_server.sandbox.plan import SandboxPlan
+from exec_server.sandbox.policy import depth
 
 __all__ = ["BwrapBackend", "BwrapInfo", "build_args"]
 
@@ -49,10 +49,6 @@ class BwrapInfo:
 _MAX_ARGS = 9000
 #: room kept for our own options (namespaces, binds, knobs, protected paths).
 _OWN_ARGS_ALLOWANCE = 1000
-
-
-def _depth(path: str) -> int:
-    return len([p for p in path.split("/") if p])
 
 
 def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
@@ -82,7 +78,7 @@ def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
                 if os.path.exists(root):
                     args += ["--ro-bind", root, root]
         args += ["--dev", "/dev"]
-        writable = sorted((w for w in plan.writable_roots if os.path.isdir(w)), key=_depth)
+        writable = sorted((w for w in plan.writable_roots if os.path.isdir(w)), key=depth)
         for root in writable:
             args += ["--bind", root, root]
             for sub in plan.read_only_subpaths:

@@ -17,10 +17,9 @@ from exec_server.sandbox.linux.base import (
     chain_cleanup,
     env_entries,
     finish_spec,
-    first_missing_component,
     memfd_holding,
 )
-from exec_server.sandbox.linux.knobs import is_inside
+from exec_server.sandbox.linux.knobs import first_missing_component, is_inside
 from exec_server.sandbox.linux.spawn_zygote_main import STATUS_FD
 from exec_server.sandbox.plan import SandboxPlan
 
