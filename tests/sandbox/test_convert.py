@@ -13,6 +13,7 @@ import pytest
 
 from exec_server.exceptions import InvalidParamsError
 from exec_server.fs.context import route
+from exec_server.protocol.types import sandbox as wire
 from exec_server.protocol.types.sandbox import decode_fs_sandbox, decode_launch_sandbox
 from exec_server.sandbox.convert import (
     Generation,
@@ -23,20 +24,14 @@ from exec_server.sandbox.convert import (
 from exec_server.sandbox.errors import SandboxPolicyError
 from exec_server.sandbox.policy import (
     Access,
-    DangerFullAccess,
-    ExternalSandbox,
-    ExtraPermissions,
     FileSystemPolicy,
     FsEntry,
     FsKind,
     Network,
     PathTarget,
     PolicyScope,
-    ReadOnly,
-    ReadOnlyAccess,
     SpecialKind,
     SpecialTarget,
-    WorkspaceWrite,
     base_fs_policy_from_legacy,
     effective_fs_policy,
     effective_network,
@@ -46,6 +41,27 @@ from exec_server.sandbox.policy import (
     legacy_writable_roots,
     protected_subpaths,
 )
+
+
+def restricted(roots: list[str], *, include_platform_defaults: bool = True) -> wire.ReadOnlyAccess:
+    """A restricted legacy ``ReadOnlyAccess`` as decoded."""
+    return wire.ReadOnlyAccessRestricted(
+        include_platform_defaults=include_platform_defaults,
+        readable_roots=[wire.AbsPath(r) for r in roots],
+    )
+
+
+def extra_permissions(
+    network_enabled: bool | None = None,
+    read: tuple[str, ...] | None = None,
+    write: tuple[str, ...] | None = None,
+) -> wire.PermissionProfile:
+    """Additional permissions as decoded (``None``: null on the wire)."""
+    paths = lambda xs: None if xs is None else [wire.AbsPath(x) for x in xs]  # noqa: E731
+    return wire.PermissionProfile(
+        network=wire.NetworkPermissions(enabled=network_enabled),
+        file_system=wire.FileSystemPermissions(read=paths(read), write=paths(write)),
+    )
 
 
 class FakeProbe:
@@ -80,25 +96,25 @@ TMP, STMP = SpecialKind.TMPDIR, SpecialKind.SLASH_TMP
 # --- §6.9 base conversion ---
 
 BASE_CASES = [
-    (DangerFullAccess(), FileSystemPolicy.unrestricted()),
-    (ExternalSandbox(True), FileSystemPolicy.external()),
-    (ReadOnly(), FileSystemPolicy.restricted([sp(ROOT, R)])),
+    (wire.DangerFullAccessPolicy(), FileSystemPolicy.unrestricted()),
+    (wire.ExternalSandboxPolicy(network_access="enabled"), FileSystemPolicy.external()),
+    (wire.ReadOnlyPolicy(), FileSystemPolicy.restricted([sp(ROOT, R)])),
     (
-        ReadOnly(ReadOnlyAccess.restricted(["/a", "/b"], include_platform_defaults=True)),
+        wire.ReadOnlyPolicy(access=restricted(["/a", "/b"], include_platform_defaults=True)),
         FileSystemPolicy.restricted([sp(CWD, R), sp(MIN, R), p("/a", R), p("/b", R)]),
     ),
     (
-        ReadOnly(ReadOnlyAccess.restricted(["/a"], include_platform_defaults=False)),
+        wire.ReadOnlyPolicy(access=restricted(["/a"], include_platform_defaults=False)),
         FileSystemPolicy.restricted([sp(CWD, R), p("/a", R)]),
     ),
     (
-        WorkspaceWrite(),
+        wire.WorkspaceWritePolicy(),
         FileSystemPolicy.restricted([sp(ROOT, R), sp(CWD, W), sp(STMP, W), sp(TMP, W)]),
     ),
     (
-        WorkspaceWrite(
-            writable_roots=("/w1", "/w2"),
-            read_only_access=ReadOnlyAccess.restricted(["/r"], include_platform_defaults=True),
+        wire.WorkspaceWritePolicy(
+            writable_roots=["/w1", "/w2"],
+            read_only_access=restricted(["/r"], include_platform_defaults=True),
             exclude_slash_tmp=True,
         ),
         FileSystemPolicy.restricted(
@@ -106,8 +122,8 @@ BASE_CASES = [
         ),
     ),
     (
-        WorkspaceWrite(
-            read_only_access=ReadOnlyAccess.restricted([], include_platform_defaults=False),
+        wire.WorkspaceWritePolicy(
+            read_only_access=restricted([], include_platform_defaults=False),
             exclude_tmpdir_env_var=True,
             exclude_slash_tmp=True,
         ),
@@ -123,9 +139,9 @@ def test_base_conversion(legacy: Any, expected: FileSystemPolicy) -> None:
 
 def test_from_legacy_drops_readable_roots_inside_writable_roots() -> None:
     probe = FakeProbe(dirs={"/w/.git"})
-    policy = WorkspaceWrite(
-        writable_roots=("/w",),
-        read_only_access=ReadOnlyAccess.restricted(
+    policy = wire.WorkspaceWritePolicy(
+        writable_roots=["/w"],
+        read_only_access=restricted(
             ["/w/sub", "/w/.git/hooks", "/elsewhere", "/proj/docs"], include_platform_defaults=False
         ),
         exclude_slash_tmp=True,
@@ -138,7 +154,10 @@ def test_from_legacy_drops_readable_roots_inside_writable_roots() -> None:
 
 def test_from_legacy_keeps_other_variants_unchanged() -> None:
     scope = PolicyScope.legacy("/proj", None)
-    for legacy in (ReadOnly(ReadOnlyAccess.restricted(["/proj/x"])), DangerFullAccess()):
+    for legacy in (
+        wire.ReadOnlyPolicy(access=restricted(["/proj/x"])),
+        wire.DangerFullAccessPolicy(),
+    ):
         assert fs_policy_from_legacy(legacy, scope, FakeProbe()) == base_fs_policy_from_legacy(
             legacy
         )
@@ -147,13 +166,13 @@ def test_from_legacy_keeps_other_variants_unchanged() -> None:
 @pytest.mark.parametrize(
     ("legacy", "network"),
     [
-        (DangerFullAccess(), Network.ENABLED),
-        (ExternalSandbox(False), Network.RESTRICTED),
-        (ExternalSandbox(True), Network.ENABLED),
-        (ReadOnly(network_access=True), Network.ENABLED),
-        (ReadOnly(), Network.RESTRICTED),
-        (WorkspaceWrite(network_access=True), Network.ENABLED),
-        (WorkspaceWrite(), Network.RESTRICTED),
+        (wire.DangerFullAccessPolicy(), Network.ENABLED),
+        (wire.ExternalSandboxPolicy(), Network.RESTRICTED),
+        (wire.ExternalSandboxPolicy(network_access="enabled"), Network.ENABLED),
+        (wire.ReadOnlyPolicy(network_access=True), Network.ENABLED),
+        (wire.ReadOnlyPolicy(), Network.RESTRICTED),
+        (wire.WorkspaceWritePolicy(network_access=True), Network.ENABLED),
+        (wire.WorkspaceWritePolicy(), Network.RESTRICTED),
     ],
 )
 def test_legacy_network(legacy: Any, network: Network) -> None:
@@ -186,26 +205,28 @@ def test_protected_subpaths_follow_gitdir_pointer(tmp_path: Path) -> None:
 def test_legacy_writable_roots_order_and_exclusions() -> None:
     probe = FakeProbe(dirs={"/tmp", "/proj/.git", "/tmp/.codex"})
     scope = PolicyScope.legacy("/proj", "/var/tmp/me")
-    roots = legacy_writable_roots(WorkspaceWrite(writable_roots=("/extra",)), scope, probe)
+    roots = legacy_writable_roots(
+        wire.WorkspaceWritePolicy(writable_roots=["/extra"]), scope, probe
+    )
     assert [r.root for r in roots] == ["/extra", "/proj", "/tmp", "/var/tmp/me"]
     assert roots[1].read_only_subpaths == ("/proj/.git",)
     assert roots[2].read_only_subpaths == ("/tmp/.codex",)
     assert roots[1].allows_write("/proj/src/a.py")
     assert not roots[1].allows_write("/proj/.git/config")
     assert not roots[1].allows_write("/projX")
-    excluded = WorkspaceWrite(exclude_slash_tmp=True, exclude_tmpdir_env_var=True)
+    excluded = wire.WorkspaceWritePolicy(exclude_slash_tmp=True, exclude_tmpdir_env_var=True)
     assert [r.root for r in legacy_writable_roots(excluded, scope, probe)] == ["/proj"]
     # relative or empty TMPDIR is ignored; missing /tmp is skipped
     bad_tmp = PolicyScope.legacy("/proj", "relative/tmp")
-    assert [r.root for r in legacy_writable_roots(WorkspaceWrite(), bad_tmp, FakeProbe())] == [
-        "/proj"
-    ]
-    assert legacy_writable_roots(ReadOnly(), scope, probe) == []
+    assert [
+        r.root for r in legacy_writable_roots(wire.WorkspaceWritePolicy(), bad_tmp, FakeProbe())
+    ] == ["/proj"]
+    assert legacy_writable_roots(wire.ReadOnlyPolicy(), scope, probe) == []
 
 
 # --- §6.12 effective policies ---
 
-PROFILE_NET = ExtraPermissions(network_enabled=True, read=("/tmp",), write=())
+PROFILE_NET = extra_permissions(network_enabled=True, read=("/tmp",), write=())
 
 
 def test_effective_external_sandbox_gains_network() -> None:  # §15.7 test 58
@@ -217,7 +238,7 @@ def test_effective_external_sandbox_gains_network() -> None:  # §15.7 test 58
 
 def test_effective_fs_policy_preserves_denials() -> None:  # §15.7 test 59
     base = FileSystemPolicy.restricted([sp(ROOT, R), p("/w/denied", N)])
-    extra = ExtraPermissions(write=("/w/allowed",))
+    extra = extra_permissions(write=("/w/allowed",))
     assert effective_fs_policy(base, extra).entries == (
         sp(ROOT, R),
         p("/w/denied", N),
@@ -228,10 +249,10 @@ def test_effective_fs_policy_preserves_denials() -> None:  # §15.7 test 59
 
 def test_effective_fs_policy_dedups_and_keeps_order() -> None:
     base = FileSystemPolicy.restricted([p("/a", R)])
-    extra = ExtraPermissions(read=("/a", "/b", "/b"), write=("/c", "/c"))
+    extra = extra_permissions(read=("/a", "/b", "/b"), write=("/c", "/c"))
     assert effective_fs_policy(base, extra).entries == (p("/a", R), p("/b", R), p("/c", W))
     assert effective_fs_policy(base, None) is base
-    assert effective_fs_policy(base, ExtraPermissions(read=(), write=None)) is base
+    assert effective_fs_policy(base, extra_permissions(read=(), write=None)) is base
 
 
 @pytest.mark.parametrize(
@@ -239,14 +260,14 @@ def test_effective_fs_policy_dedups_and_keeps_order() -> None:
     [
         (Network.RESTRICTED, None, Network.RESTRICTED),
         (Network.ENABLED, None, Network.ENABLED),
-        (Network.ENABLED, ExtraPermissions(), Network.ENABLED),
-        (Network.RESTRICTED, ExtraPermissions(), Network.RESTRICTED),
-        (Network.RESTRICTED, ExtraPermissions(network_enabled=False), Network.RESTRICTED),
-        (Network.RESTRICTED, ExtraPermissions(network_enabled=True), Network.ENABLED),
+        (Network.ENABLED, extra_permissions(), Network.ENABLED),
+        (Network.RESTRICTED, extra_permissions(), Network.RESTRICTED),
+        (Network.RESTRICTED, extra_permissions(network_enabled=False), Network.RESTRICTED),
+        (Network.RESTRICTED, extra_permissions(network_enabled=True), Network.ENABLED),
     ],
 )
 def test_effective_network(
-    base: Network, extra: ExtraPermissions | None, expected: Network
+    base: Network, extra: wire.PermissionProfile | None, expected: Network
 ) -> None:
     assert effective_network(base, extra) is expected
 
@@ -276,24 +297,24 @@ def test_launch_config_merges_additional_permissions() -> None:
 
 
 def test_helper_policy_enables_platform_defaults_for_read_only() -> None:
-    ro = ReadOnly(ReadOnlyAccess.restricted([], include_platform_defaults=False))
-    assert helper_legacy_policy(ro) == ReadOnly(ReadOnlyAccess.restricted([]))
+    ro = wire.ReadOnlyPolicy(access=restricted([], include_platform_defaults=False))
+    assert helper_legacy_policy(ro) == wire.ReadOnlyPolicy(access=restricted([]))
 
 
 def test_helper_policy_enables_platform_defaults_for_workspace_reads() -> None:
-    ww = WorkspaceWrite(
-        writable_roots=("/w",),
-        read_only_access=ReadOnlyAccess.restricted(["/r"], include_platform_defaults=False),
+    ww = wire.WorkspaceWritePolicy(
+        writable_roots=["/w"],
+        read_only_access=restricted(["/r"], include_platform_defaults=False),
         network_access=True,
         exclude_slash_tmp=True,
     )
-    assert helper_legacy_policy(ww) == WorkspaceWrite(
-        writable_roots=("/w",),
-        read_only_access=ReadOnlyAccess.restricted(["/r"], include_platform_defaults=True),
+    assert helper_legacy_policy(ww) == wire.WorkspaceWritePolicy(
+        writable_roots=["/w"],
+        read_only_access=restricted(["/r"], include_platform_defaults=True),
         network_access=True,
         exclude_slash_tmp=True,
     )
-    assert helper_legacy_policy(DangerFullAccess()) == DangerFullAccess()
+    assert helper_legacy_policy(wire.DangerFullAccessPolicy()) == wire.DangerFullAccessPolicy()
 
 
 def _ctx(policy: dict[str, Any], **extra: Any) -> msgspec.Raw:

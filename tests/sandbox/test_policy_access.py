@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from exec_server.protocol.types import sandbox as wire
 from exec_server.sandbox.access import (
     ResolvedPolicy,
     has_full_disk_read,
     has_full_disk_write,
     includes_platform_defaults,
-    resolve_access,
     resolve_target,
 )
 from exec_server.sandbox.plan import SandboxPlan
@@ -26,10 +26,16 @@ from exec_server.sandbox.policy import (
     PolicyScope,
     SpecialKind,
     SpecialTarget,
-    WorkspaceWrite,
     fs_policy_from_legacy,
     is_within,
 )
+
+
+def resolve_access(
+    policy: FileSystemPolicy, path: str, scope: PolicyScope, probe: FakeProbe | None = None
+) -> Access:
+    """``resolve_access_with_cwd`` exactly as PROTOCOL.md §6.11 (no protected subpaths)."""
+    return ResolvedPolicy(policy, scope, probe=probe, protect=False).resolve_access(path)
 
 
 class FakeProbe:
@@ -261,7 +267,7 @@ def plan_of(
 
 def test_plan_workspace_write_default() -> None:
     probe = FakeProbe(dirs={"/tmp", "/ws/.git"})
-    policy = fs_policy_from_legacy(WorkspaceWrite(), SCOPE, probe)
+    policy = fs_policy_from_legacy(wire.WorkspaceWritePolicy(), SCOPE, probe)
     plan = ResolvedPolicy(policy, SCOPE, probe=probe).plan(Network.RESTRICTED)
     assert plan.full_read and not plan.full_write and not plan.network
     # shallow first, so mechanisms can bind parents before children

@@ -16,26 +16,28 @@ from exec_server.sandbox.convert import (
     Generation,
     fs_context,
     launch_request,
-    legacy_policy_from_wire,
 )
 from exec_server.sandbox.errors import SandboxPolicyError
 from exec_server.sandbox.policy import (
     Access,
-    DangerFullAccess,
-    ExternalSandbox,
     FsEntry,
     FsKind,
     GlobTarget,
     Network,
     PathTarget,
-    ReadOnly,
-    ReadOnlyAccess,
     SpecialKind,
     SpecialTarget,
-    WorkspaceWrite,
 )
 
 RECORDINGS = Path("/work/shared/spec/codex-0.163-recordings")
+
+
+def restricted(roots: list[str], *, include_platform_defaults: bool = True) -> wire.ReadOnlyAccess:
+    """A restricted legacy ``ReadOnlyAccess`` as decoded."""
+    return wire.ReadOnlyAccessRestricted(
+        include_platform_defaults=include_platform_defaults,
+        readable_roots=[wire.AbsPath(r) for r in roots],
+    )
 
 
 def raw(obj: Any) -> msgspec.Raw:
@@ -45,8 +47,8 @@ def raw(obj: Any) -> msgspec.Raw:
 # --- legacy SandboxPolicy examples, PROTOCOL.md §6.1 ---
 
 LEGACY_POLICIES = [
-    ({"type": "danger-full-access"}, DangerFullAccess()),
-    ({"type": "read-only"}, ReadOnly(ReadOnlyAccess(), False)),
+    ({"type": "danger-full-access"}, wire.DangerFullAccessPolicy()),
+    ({"type": "read-only"}, wire.ReadOnlyPolicy(access=wire.ReadOnlyAccessFull())),
     (
         {
             "type": "read-only",
@@ -56,10 +58,13 @@ LEGACY_POLICIES = [
                 "readable_roots": ["/srv/data"],
             },
         },
-        ReadOnly(ReadOnlyAccess.restricted(["/srv/data"], include_platform_defaults=False), False),
+        wire.ReadOnlyPolicy(access=restricted(["/srv/data"], include_platform_defaults=False)),
     ),
-    ({"type": "external-sandbox", "network_access": "enabled"}, ExternalSandbox(True)),
-    ({"type": "external-sandbox"}, ExternalSandbox(False)),
+    (
+        {"type": "external-sandbox", "network_access": "enabled"},
+        wire.ExternalSandboxPolicy(network_access="enabled"),
+    ),
+    ({"type": "external-sandbox"}, wire.ExternalSandboxPolicy()),
     (
         {
             "type": "workspace-write",
@@ -69,23 +74,23 @@ LEGACY_POLICIES = [
             "exclude_tmpdir_env_var": True,
             "exclude_slash_tmp": True,
         },
-        WorkspaceWrite(
-            ("/srv/cache",),
-            ReadOnlyAccess.restricted([], include_platform_defaults=True),
-            False,
-            True,
-            True,
+        wire.WorkspaceWritePolicy(
+            writable_roots=[wire.AbsPath("/srv/cache")],
+            read_only_access=restricted([], include_platform_defaults=True),
+            network_access=False,
+            exclude_tmpdir_env_var=True,
+            exclude_slash_tmp=True,
         ),
     ),
     # include_platform_defaults defaults to true when absent (PROTOCOL.md §17 trap 10)
     (
         {"type": "read-only", "access": {"type": "restricted"}},
-        ReadOnly(ReadOnlyAccess.restricted([], include_platform_defaults=True), False),
+        wire.ReadOnlyPolicy(access=restricted([], include_platform_defaults=True)),
     ),
     # file:// URIs and lexical normalisation inside policies
     (
         {"type": "workspace-write", "writable_roots": ["file:///srv/a/../b%20c"]},
-        WorkspaceWrite(writable_roots=("/srv/b c",)),
+        wire.WorkspaceWritePolicy(writable_roots=["/srv/b c"]),
     ),
 ]
 
@@ -93,7 +98,7 @@ LEGACY_POLICIES = [
 @pytest.mark.parametrize(("obj", "expected"), LEGACY_POLICIES)
 def test_legacy_policy_decodes(obj: dict[str, Any], expected: object) -> None:
     decoded = wire.decode_sandbox(json.dumps(obj), wire.SandboxPolicy)
-    assert legacy_policy_from_wire(decoded) == expected
+    assert decoded == expected
 
 
 def test_legacy_policy_encodes_snake_case_with_kebab_tags() -> None:
@@ -495,8 +500,11 @@ BAD_CURRENT = [
     ),
     (
         _one_entry(
-            {"path": {"type": "path", "path": "x"}, "access": "read",
-             "missing_path_behavior": "create"}
+            {
+                "path": {"type": "path", "path": "x"},
+                "access": "read",
+                "missing_path_behavior": "create",
+            }
         ),
         "sandbox.permissions.file_system.entries[0]",
     ),

@@ -64,10 +64,9 @@ def _confine(ns: argparse.Namespace, spec: LaunchSpec) -> LaunchSpec:
     """Policy → plan → backend wrap, through the same manager the server uses."""
     from exec_server.config import ServerConfig
     from exec_server.sandbox.manager import SandboxManager
-    from exec_server.sandbox.select import select_backend
 
     request = _plan_request(ns, spec.cwd)
-    manager = SandboxManager(ServerConfig(sandbox_backend=ns.backend), selector=select_backend)
+    manager = SandboxManager(ServerConfig(sandbox_backend=ns.backend))
     wrapped: LaunchSpec = manager.prepare_request(spec, request)
     return wrapped
 

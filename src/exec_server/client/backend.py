@@ -275,9 +275,8 @@ class LocalExecBackend:
         """The server's sandbox layer, in-process (created on first use)."""
         if self._sandbox_manager is None:
             from exec_server.sandbox.manager import SandboxManager
-            from exec_server.sandbox.select import select_backend
 
-            self._sandbox_manager = SandboxManager(self._config, selector=select_backend)
+            self._sandbox_manager = SandboxManager(self._config)
         return self._sandbox_manager
 
     async def aclose(self) -> None:

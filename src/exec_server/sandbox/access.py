@@ -5,7 +5,8 @@ A :class:`FileSystemPolicy` names paths indirectly (``current_working_directory`
 paths for one :class:`PolicyScope`, adds the protected subpaths of each
 writable root (§6.10), and answers two questions:
 
-* ``resolve_access(path)``: the server-side check for sandboxed fs calls;
+* ``resolve_access(path)``: the server-side check for sandboxed fs calls
+  (without ``protect``, exactly ``resolve_access_with_cwd`` of §6.11);
 * ``plan(...)``: the fully resolved description mechanisms enforce.
 
 Both use the same rule: the most specific matching path wins, ties broken
@@ -52,7 +53,6 @@ __all__ = [
     "has_full_disk_read",
     "has_full_disk_write",
     "includes_platform_defaults",
-    "resolve_access",
     "resolve_target",
 ]
 
@@ -134,29 +134,6 @@ class _RuleIndex:
             if current == "/":
                 return None
             current = current.rsplit("/", 1)[0] or "/"
-
-
-def _best(rules: Iterable[tuple[str, Access]], path: str) -> Access | None:
-    return _RuleIndex(rules).best(path)
-
-
-def _absolute(path: str, cwd: str) -> str:
-    return join_normalized(cwd, path)
-
-
-def resolve_access(
-    policy: FileSystemPolicy, path: str, scope: PolicyScope, probe: FsProbe | None = None
-) -> Access:
-    """``resolve_access_with_cwd`` exactly as PROTOCOL.md §6.11 (no protected subpaths)."""
-    if policy.kind is not FsKind.RESTRICTED:
-        return Access.WRITE
-    probe = probe or OsProbe()
-    rules = [
-        (p, entry.access)
-        for entry in policy.entries
-        for p in resolve_target(entry.target, scope, probe)
-    ]
-    return _best(rules, _absolute(path, scope.cwd)) or Access.NONE
 
 
 # --- predicates (§6.11 "Other predicates") ---
@@ -323,7 +300,7 @@ class ResolvedPolicy:
         """
         if self.policy.kind is not FsKind.RESTRICTED:
             return Access.WRITE
-        candidate = self._candidate(_absolute(path, self.scope.cwd))
+        candidate = self._candidate(join_normalized(self.scope.cwd, path))
         access = self._index.best(candidate)
         if self._defaults and access is not Access.WRITE:
             access = self._index_with_defaults.best(candidate)
@@ -338,7 +315,7 @@ class ResolvedPolicy:
         """
         if self.policy.kind is not FsKind.RESTRICTED:
             return ()
-        base = self._candidate(_absolute(path, self.scope.cwd))
+        base = self._candidate(join_normalized(self.scope.cwd, path))
         skip = 1 if base == "/" else len(base) + 1
         holes = sorted(
             (p for p, access in self._combined if access is not Access.WRITE),

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import msgspec
+
 from exec_server.errno_text import os_error_text
 from exec_server.protocol.types import sandbox as wire
 from exec_server.sandbox.access import (
@@ -32,8 +34,6 @@ from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.platform import platform_default_read_roots
 from exec_server.sandbox.policy import (
     Access,
-    DangerFullAccess,
-    ExternalSandbox,
     ExtraPermissions,
     FileSystemPolicy,
     FsEntry,
@@ -46,12 +46,9 @@ from exec_server.sandbox.policy import (
     OsProbe,
     PathTarget,
     PolicyScope,
-    ReadOnly,
-    ReadOnlyAccess,
     SpecialKind,
     SpecialTarget,
     Target,
-    WorkspaceWrite,
     effective_fs_policy,
     effective_network,
     fs_policy_from_legacy,
@@ -68,7 +65,6 @@ __all__ = [
     "cli_launch_request",
     "fs_context",
     "launch_request",
-    "legacy_policy_from_wire",
     "root_alias_normalize",
 ]
 
@@ -129,12 +125,6 @@ class LaunchSandboxRequest:
     def network_restricted(self) -> bool:
         return self.network is Network.RESTRICTED or self.enforce_managed_network
 
-    def scope(self, tmpdir: str | None) -> PolicyScope:
-        return PolicyScope(cwd=self.cwd, roots=self.roots, tmpdir=tmpdir, home=self.home)
-
-    def resolved(self, tmpdir: str | None) -> ResolvedPolicy:
-        return ResolvedPolicy(self.fs_policy, self.scope(tmpdir), probe=self.probe)
-
     def plan(
         self,
         *,
@@ -144,7 +134,9 @@ class LaunchSandboxRequest:
         """The plan mechanisms enforce; ``tmpdir`` is the child's final ``$TMPDIR``."""
         defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults
         network = Network.RESTRICTED if self.network_restricted else Network.ENABLED
-        return self.resolved(tmpdir).plan(network, platform_defaults=defaults, probe=self.probe)
+        scope = PolicyScope(cwd=self.cwd, roots=self.roots, tmpdir=tmpdir, home=self.home)
+        resolved = ResolvedPolicy(self.fs_policy, scope, probe=self.probe)
+        return resolved.plan(network, platform_defaults=defaults, probe=self.probe)
 
     @property
     def include_platform_defaults(self) -> bool:
@@ -194,8 +186,8 @@ def launch_request(
         )
     if isinstance(ctx, wire.FileSystemSandboxContext):
         # A filesystem context on process/start: derive what the client would have sent.
-        extra = extra_permissions(ctx.additional_permissions)
-        base = legacy_policy_from_wire(ctx.sandbox_policy)
+        extra = ctx.additional_permissions
+        base = ctx.sandbox_policy
         scope = PolicyScope.legacy(command_cwd, tmpdir)
         return LaunchSandboxRequest(
             Generation.LEGACY,
@@ -207,7 +199,7 @@ def launch_request(
         )
     forced = None if ctx.sandbox_preference is not None else _SANDBOX_TYPES[ctx.sandbox or "none"]
     cwd = str(ctx.sandbox_policy_cwd)
-    extra = extra_permissions(ctx.additional_permissions)
+    extra = ctx.additional_permissions
     fs = legacy_fs_policy(ctx.file_system_policy, "sandbox.fileSystemPolicy")
     return LaunchSandboxRequest(
         Generation.LEGACY,
@@ -267,8 +259,7 @@ def fs_context(
     if isinstance(ctx, wire.CurrentSandboxContext):
         return _current_fs_request(ctx, cwd, tmp, probe)
     policy = ctx.sandbox_policy if isinstance(ctx, wire.FileSystemSandboxContext) else ctx.policy
-    extra = extra_permissions(ctx.additional_permissions)
-    return _legacy_fs_request(legacy_policy_from_wire(policy), extra, cwd, tmp, probe)
+    return _legacy_fs_request(policy, ctx.additional_permissions, cwd, tmp, probe)
 
 
 def _legacy_fs_request(
@@ -279,15 +270,13 @@ def _legacy_fs_request(
     probe: FsProbe,
 ) -> FsSandboxRequest:
     """PROTOCOL.md §10.1 for a legacy ``sandboxPolicy``."""
-    direct = not isinstance(base, ReadOnly | WorkspaceWrite)
+    direct = not isinstance(base, wire.ReadOnlyPolicy | wire.WorkspaceWritePolicy)
     request = _alias_policy(base)
     helper = _alias_policy(helper_legacy_policy(base))
     scope = PolicyScope.legacy(cwd, tmpdir)
     request_fs = fs_policy_from_legacy(request, scope, probe)
     # Helper grants: the context's filesystem grants, network stripped (§10.4 step 1).
-    helper_extra = (
-        ExtraPermissions(read=extra.read, write=extra.write) if extra is not None else None
-    )
+    helper_extra = msgspec.structs.replace(extra, network=None) if extra is not None else None
     helper_fs = effective_fs_policy(fs_policy_from_legacy(helper, scope, probe), helper_extra)
     return FsSandboxRequest(
         Generation.LEGACY,
@@ -322,19 +311,23 @@ def _current_fs_request(
     )
 
 
-def _alias_access(access: ReadOnlyAccess) -> ReadOnlyAccess:
-    if access.full:
+def _aliased(paths: Sequence[str]) -> list[wire.AbsPath]:
+    return [wire.AbsPath(root_alias_normalize(path)) for path in paths]
+
+
+def _alias_access(access: wire.ReadOnlyAccess) -> wire.ReadOnlyAccess:
+    if isinstance(access, wire.ReadOnlyAccessFull):
         return access
-    return replace(access, readable_roots=tuple(map(root_alias_normalize, access.readable_roots)))
+    return msgspec.structs.replace(access, readable_roots=_aliased(access.readable_roots))
 
 
 def _alias_policy(policy: LegacyPolicy) -> LegacyPolicy:
-    if isinstance(policy, ReadOnly):
-        return replace(policy, access=_alias_access(policy.access))
-    if isinstance(policy, WorkspaceWrite):
-        return replace(
+    if isinstance(policy, wire.ReadOnlyPolicy):
+        return msgspec.structs.replace(policy, access=_alias_access(policy.access))
+    if isinstance(policy, wire.WorkspaceWritePolicy):
+        return msgspec.structs.replace(
             policy,
-            writable_roots=tuple(map(root_alias_normalize, policy.writable_roots)),
+            writable_roots=_aliased(policy.writable_roots),
             read_only_access=_alias_access(policy.read_only_access),
         )
     return policy
@@ -351,31 +344,6 @@ def _with_minimal(policy: FileSystemPolicy) -> FileSystemPolicy:
 
 
 # --- wire struct → model pieces ---
-
-
-def read_access(access: wire.ReadOnlyAccess) -> ReadOnlyAccess:
-    if isinstance(access, wire.ReadOnlyAccessFull):
-        return ReadOnlyAccess()
-    return ReadOnlyAccess.restricted(
-        access.readable_roots, include_platform_defaults=access.include_platform_defaults
-    )
-
-
-def legacy_policy_from_wire(policy: wire.SandboxPolicy) -> LegacyPolicy:
-    """Legacy ``SandboxPolicy`` wire struct → :data:`LegacyPolicy`."""
-    if isinstance(policy, wire.DangerFullAccessPolicy):
-        return DangerFullAccess()
-    if isinstance(policy, wire.ReadOnlyPolicy):
-        return ReadOnly(read_access(policy.access), policy.network_access)
-    if isinstance(policy, wire.ExternalSandboxPolicy):
-        return ExternalSandbox(network_enabled=policy.network_access == "enabled")
-    return WorkspaceWrite(
-        writable_roots=tuple(policy.writable_roots),
-        read_only_access=read_access(policy.read_only_access),
-        network_access=policy.network_access,
-        exclude_tmpdir_env_var=policy.exclude_tmpdir_env_var,
-        exclude_slash_tmp=policy.exclude_slash_tmp,
-    )
 
 
 def _subpath(value: str | None, where: str) -> str | None:
@@ -430,17 +398,6 @@ def legacy_fs_policy(policy: wire.FileSystemSandboxPolicy, where: str) -> FileSy
     if policy.kind == "external-sandbox":
         return FileSystemPolicy.external()
     return FileSystemPolicy.restricted(convert_entries(policy.entries, f"{where}.entries"))
-
-
-def extra_permissions(profile: wire.PermissionProfile | None) -> ExtraPermissions | None:
-    if profile is None:
-        return None
-    fs = profile.file_system
-    return ExtraPermissions(
-        network_enabled=profile.network.enabled if profile.network is not None else None,
-        read=tuple(fs.read) if fs is not None and fs.read is not None else None,
-        write=tuple(fs.write) if fs is not None and fs.write is not None else None,
-    )
 
 
 def permissions_policy(perms: wire.Permissions) -> tuple[FileSystemPolicy, Network]:
@@ -502,22 +459,22 @@ def cli_launch_request(
     if not cwd.startswith("/"):
         raise SandboxPolicyError(f"cwd must be absolute: {cwd}")
     cwd = normalize(cwd)
-    roots: list[str] = []
+    roots: list[wire.AbsPath] = []
     for root in writable_roots:
         if not root.startswith("/"):
             raise SandboxPolicyError(f"--writable-root must be an absolute path: {root}")
-        roots.append(normalize(root))
+        roots.append(wire.AbsPath(normalize(root)))
     policy: LegacyPolicy
     if sandbox == "danger-full-access":
         if roots:
             raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
-        policy = DangerFullAccess()
+        policy = wire.DangerFullAccessPolicy()
     elif sandbox == "read-only":
         if roots:
             raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
-        policy = ReadOnly(network_access=network)
+        policy = wire.ReadOnlyPolicy(network_access=network)
     elif sandbox == "workspace-write":
-        policy = WorkspaceWrite(writable_roots=tuple(roots), network_access=network)
+        policy = wire.WorkspaceWritePolicy(writable_roots=roots, network_access=network)
     else:
         raise SandboxPolicyError(
             f"--sandbox: unknown mode {sandbox!r} "

@@ -143,16 +143,21 @@ class FsSandboxRequest:
         Current-client contexts resolve further than §6.11 (docs/sandbox-policy.md,
         "Pre-check for current contexts"); legacy ones keep PROTOCOL.md §10.
         """
+        return self._resolve(self.policy, default_read_roots=platform_default_read_roots())
+
+    def _resolve(
+        self, policy: FileSystemPolicy, *, default_read_roots: Sequence[str] = ()
+    ) -> ResolvedPolicy:
         if self.generation is Generation.CURRENT:
             return ResolvedPolicy(
-                self.policy,
+                policy,
                 self.scope,
                 probe=self.probe,
                 canonicalize=self._canonical,
                 protect_names=PROTECTED_NAMES_ALWAYS,
-                default_read_roots=platform_default_read_roots(),
+                default_read_roots=default_read_roots,
             )
-        return ResolvedPolicy(self.policy, self.scope, probe=self.probe)
+        return ResolvedPolicy(policy, self.scope, probe=self.probe)
 
     @cached_property
     def _canonical(self) -> Callable[[str], str]:
@@ -162,9 +167,6 @@ class FsSandboxRequest:
     def resolve_access(self, path: str) -> Access:
         """§6.11 for ``path`` (relative joins ``cwd``) with protected subpaths read-only."""
         return self.resolved.resolve_access(path)
-
-    def can_read(self, path: str) -> bool:
-        return self.resolve_access(path) is not Access.NONE
 
     def can_write(self, path: str) -> bool:
         return self.resolve_access(path) is Access.WRITE
@@ -200,19 +202,9 @@ class FsSandboxRequest:
             platform_defaults: override the platform's default read roots.
         """
         defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults
-        if self.generation is Generation.CURRENT:
-            # Same resolution as the pre-check: the confined child's guard then
-            # also refuses creating a missing `.git` & co. under a writable root.
-            resolved = ResolvedPolicy(
-                self.helper_policy,
-                self.scope,
-                probe=self.probe,
-                canonicalize=self._canonical,
-                protect_names=PROTECTED_NAMES_ALWAYS,
-            )
-        else:
-            resolved = ResolvedPolicy(self.helper_policy, self.scope, probe=self.probe)
-        return resolved.plan(
+        # Same resolution as the pre-check: for a current context the confined child's
+        # guard then also refuses creating a missing `.git` & co. under a writable root.
+        return self._resolve(self.helper_policy).plan(
             Network.RESTRICTED,
             platform_defaults=defaults,
             extra_read_roots=runtime_read_roots,

@@ -85,16 +85,12 @@ class SandboxManager:
         config: ServerConfig,
         *,
         platform: SandboxType = PLATFORM_SANDBOX,
-        selector: _Selector | None = None,
+        selector: _Selector = select_backend,
     ) -> None:
         self._config = config
         self._platform = platform
         self._selector = selector
         self._warmed = False
-
-    @property
-    def platform(self) -> SandboxType:
-        return self._platform
 
     @property
     def warmed(self) -> bool:
@@ -256,8 +252,7 @@ class SandboxManager:
     def _select_backend(self, *, required: bool) -> _Backend | None:
         """The configured Linux backend (probing on first use, cached per process)."""
         allow = self._config.allow_unsandboxed and not required
-        selector = self._selector or select_backend
-        return selector(self._config.sandbox_backend, allow_unsandboxed=allow)
+        return self._selector(self._config.sandbox_backend, allow_unsandboxed=allow)
 
     async def aclose(self) -> None:
         """Nothing to release yet: probes are cached per process by the backends."""

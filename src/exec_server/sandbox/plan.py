@@ -10,7 +10,7 @@ allowed. Pure data: no OS calls here.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["SandboxPlan", "SandboxType"]
 
@@ -59,7 +59,6 @@ class SandboxPlan:
     writable_roots: tuple[str, ...] = ()
     read_only_subpaths: tuple[str, ...] = ()
     denied_paths: tuple[str, ...] = ()
-    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def unrestricted(self) -> bool:

@@ -5,8 +5,9 @@ plus a derived ``FileSystemSandboxPolicy``; the current client sends
 permission entries (CLIENT_COMPAT.md §1.4). Both end up here as a
 :class:`FileSystemPolicy` (entries x access) and a :class:`Network` value,
 resolved against a :class:`PolicyScope` (cwd, workspace roots, ``$TMPDIR``).
-The legacy policy itself is kept too (:data:`LegacyPolicy`) because §6.9 /
-§6.10 / §6.12 are defined on it.
+§6.9 / §6.10 / §6.12 are defined on the legacy policy and the additional
+permissions, which are used as decoded (:data:`LegacyPolicy`, the frozen wire
+structs of :mod:`exec_server.protocol.types.sandbox`).
 
 Nothing here touches the OS; conversions that need to know whether a path
 exists (protected subpaths, ``/tmp``) take an :class:`FsProbe`.
@@ -20,13 +21,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+import msgspec
+
 from exec_server.protocol.paths import normalize_lexical
+from exec_server.protocol.types import sandbox as wire
 
 __all__ = [
     "Access",
-    "DangerFullAccess",
-    "ExternalSandbox",
-    "ExtraPermissions",
     "FileSystemPolicy",
     "FsEntry",
     "FsKind",
@@ -38,12 +39,9 @@ __all__ = [
     "OsProbe",
     "PathTarget",
     "PolicyScope",
-    "ReadOnly",
-    "ReadOnlyAccess",
     "SpecialKind",
     "SpecialTarget",
     "Target",
-    "WorkspaceWrite",
     "WritableRoot",
     "base_fs_policy_from_legacy",
     "effective_fs_policy",
@@ -187,70 +185,10 @@ class PolicyScope:
         return None
 
 
-# --- legacy SandboxPolicy ---
-
-
-@dataclass(frozen=True, slots=True)
-class ReadOnlyAccess:
-    """``ReadOnlyAccess``: ``full`` or restricted to roots (+ platform defaults)."""
-
-    full: bool = True
-    include_platform_defaults: bool = True
-    readable_roots: tuple[str, ...] = ()
-
-    @classmethod
-    def restricted(
-        cls, readable_roots: Iterable[str] = (), *, include_platform_defaults: bool = True
-    ) -> ReadOnlyAccess:
-        return cls(False, include_platform_defaults, tuple(readable_roots))
-
-
-FULL_READ = ReadOnlyAccess()
-
-
-@dataclass(frozen=True, slots=True)
-class DangerFullAccess:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class ReadOnly:
-    access: ReadOnlyAccess = FULL_READ
-    network_access: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ExternalSandbox:
-    network_enabled: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class WorkspaceWrite:
-    writable_roots: tuple[str, ...] = ()
-    read_only_access: ReadOnlyAccess = FULL_READ
-    network_access: bool = False
-    exclude_tmpdir_env_var: bool = False
-    exclude_slash_tmp: bool = False
-
-
-LegacyPolicy = DangerFullAccess | ReadOnly | ExternalSandbox | WorkspaceWrite
-
-
-@dataclass(frozen=True, slots=True)
-class ExtraPermissions:
-    """``PermissionProfile`` (PROTOCOL.md §6.4): ``None`` members were null on the wire."""
-
-    network_enabled: bool | None = None
-    read: tuple[str, ...] | None = None
-    write: tuple[str, ...] | None = None
-
-    @property
-    def extra_reads(self) -> tuple[str, ...]:
-        return _dedup(self.read or ())
-
-    @property
-    def extra_writes(self) -> tuple[str, ...]:
-        return _dedup(self.write or ())
+#: The legacy ``SandboxPolicy`` (PROTOCOL.md §6.1), as decoded.
+LegacyPolicy = wire.SandboxPolicy
+#: Additional permissions (``PermissionProfile``, PROTOCOL.md §6.4), as decoded.
+ExtraPermissions = wire.PermissionProfile
 
 
 # --- filesystem probing (the one impure seam) ---
@@ -319,10 +257,10 @@ def _dedup(items: Iterable[str]) -> tuple[str, ...]:
 
 def legacy_network(policy: LegacyPolicy) -> Network:
     """``enabled`` iff the legacy policy has full network access (PROTOCOL.md §6.3)."""
-    if isinstance(policy, DangerFullAccess):
+    if isinstance(policy, wire.DangerFullAccessPolicy):
         return Network.ENABLED
-    if isinstance(policy, ExternalSandbox):
-        return Network.ENABLED if policy.network_enabled else Network.RESTRICTED
+    if isinstance(policy, wire.ExternalSandboxPolicy):
+        return Network(policy.network_access)
     return Network.ENABLED if policy.network_access else Network.RESTRICTED
 
 
@@ -330,8 +268,8 @@ def _special(kind: SpecialKind, access: Access) -> FsEntry:
     return FsEntry(SpecialTarget(kind), access)
 
 
-def _read_entries(access: ReadOnlyAccess, *, with_cwd: bool) -> list[FsEntry]:
-    if access.full:
+def _read_entries(access: wire.ReadOnlyAccess, *, with_cwd: bool) -> list[FsEntry]:
+    if isinstance(access, wire.ReadOnlyAccessFull):
         return [_special(SpecialKind.ROOT, Access.READ)]
     entries: list[FsEntry] = []
     if with_cwd:
@@ -344,11 +282,11 @@ def _read_entries(access: ReadOnlyAccess, *, with_cwd: bool) -> list[FsEntry]:
 
 def base_fs_policy_from_legacy(policy: LegacyPolicy) -> FileSystemPolicy:
     """The cwd-independent conversion of PROTOCOL.md §6.9."""
-    if isinstance(policy, DangerFullAccess):
+    if isinstance(policy, wire.DangerFullAccessPolicy):
         return FileSystemPolicy.unrestricted()
-    if isinstance(policy, ExternalSandbox):
+    if isinstance(policy, wire.ExternalSandboxPolicy):
         return FileSystemPolicy.external()
-    if isinstance(policy, ReadOnly):
+    if isinstance(policy, wire.ReadOnlyPolicy):
         return FileSystemPolicy.restricted(_read_entries(policy.access, with_cwd=True))
     entries = _read_entries(policy.read_only_access, with_cwd=False)
     entries.append(_special(SpecialKind.CURRENT_WORKING_DIRECTORY, Access.WRITE))
@@ -369,7 +307,7 @@ def fs_policy_from_legacy(
     writable root are dropped (unless they sit in a protected subpath).
     """
     base = base_fs_policy_from_legacy(policy)
-    if not isinstance(policy, WorkspaceWrite):
+    if not isinstance(policy, wire.WorkspaceWritePolicy):
         return base
     roots = legacy_writable_roots(policy, scope, probe)
     kept = tuple(
@@ -437,7 +375,7 @@ def legacy_writable_roots(
     policy: LegacyPolicy, scope: PolicyScope, probe: FsProbe
 ) -> list[WritableRoot]:
     """Writable roots of a workspace-write policy, in §6.10 order, with protections."""
-    if not isinstance(policy, WorkspaceWrite):
+    if not isinstance(policy, wire.WorkspaceWritePolicy):
         return []
     paths: list[str] = list(policy.writable_roots)
     paths.append(normalize(scope.cwd))
@@ -456,9 +394,9 @@ def effective_fs_policy(
     policy: FileSystemPolicy, extra: ExtraPermissions | None
 ) -> FileSystemPolicy:
     """Append extra read/write grants to a restricted policy, skipping exact duplicates."""
-    if extra is None or policy.kind is not FsKind.RESTRICTED:
+    if extra is None or extra.file_system is None or policy.kind is not FsKind.RESTRICTED:
         return policy
-    reads, writes = extra.extra_reads, extra.extra_writes
+    reads, writes = _dedup(extra.file_system.read or ()), _dedup(extra.file_system.write or ())
     if not reads and not writes:
         return policy
     entries = list(policy.entries)
@@ -474,18 +412,25 @@ def effective_network(network: Network, extra: ExtraPermissions | None) -> Netwo
     """Network after additional permissions (PROTOCOL.md §6.12)."""
     if extra is None:
         return network
-    if network is Network.ENABLED or extra.network_enabled is True:
+    if network is Network.ENABLED or (extra.network is not None and extra.network.enabled):
         return Network.ENABLED
     return Network.RESTRICTED
 
 
 def helper_legacy_policy(policy: LegacyPolicy) -> LegacyPolicy:
     """Force platform-default reads on for the fs helper (PROTOCOL.md §10.1 step 3)."""
-    if isinstance(policy, ReadOnly) and not policy.access.full:
-        return replace(policy, access=replace(policy.access, include_platform_defaults=True))
-    if isinstance(policy, WorkspaceWrite) and not policy.read_only_access.full:
-        return replace(
+    set_defaults = msgspec.structs.replace
+    if isinstance(policy, wire.ReadOnlyPolicy) and isinstance(
+        policy.access, wire.ReadOnlyAccessRestricted
+    ):
+        return set_defaults(
+            policy, access=set_defaults(policy.access, include_platform_defaults=True)
+        )
+    if isinstance(policy, wire.WorkspaceWritePolicy) and isinstance(
+        policy.read_only_access, wire.ReadOnlyAccessRestricted
+    ):
+        return set_defaults(
             policy,
-            read_only_access=replace(policy.read_only_access, include_platform_defaults=True),
+            read_only_access=set_defaults(policy.read_only_access, include_platform_defaults=True),
         )
     return policy

@@ -25,53 +25,42 @@ __all__ = [
 BACKEND_NAMES = ("auto", "bwrap", "landlock")
 
 
-class _Probes:
-    """Lazily computed, cached probe results (one per process)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._landlock: LinuxBackend | None = None
-        self._landlock_reason: str | None = None
-        self._bwrap: LinuxBackend | None = None
-        self._bwrap_reason: str | None = None
-
-    def landlock(self) -> tuple[LinuxBackend | None, str]:
-        with self._lock:
-            if self._landlock is None and self._landlock_reason is None:
-                if not sys.platform.startswith("linux"):
-                    self._landlock_reason = f"Landlock is Linux-only (platform {sys.platform})"
-                else:
-                    from exec_server.sandbox.linux.landlock_backend import LandlockBackend
-                    from exec_server.sandbox.linux.probe import probe_landlock
-
-                    result = probe_landlock()
-                    if result.usable:
-                        self._landlock = LandlockBackend(result.abi, mount_ns=result.mount_ns)
-                        self._landlock_reason = ""
-                    else:
-                        self._landlock_reason = result.reason
-            return self._landlock, self._landlock_reason or ""
-
-    def bwrap(self) -> tuple[LinuxBackend | None, str]:
-        landlock, _ = self.landlock()
-        with self._lock:
-            if self._bwrap is None and self._bwrap_reason is None:
-                if not sys.platform.startswith("linux"):
-                    self._bwrap_reason = f"bubblewrap is Linux-only (platform {sys.platform})"
-                else:
-                    from exec_server.sandbox.linux.bwrap import BwrapBackend
-                    from exec_server.sandbox.linux.probe import probe_bwrap
-
-                    result = probe_bwrap()
-                    if result.usable and result.info is not None:
-                        self._bwrap = BwrapBackend(result.info, fallback=landlock)
-                        self._bwrap_reason = ""
-                    else:
-                        self._bwrap_reason = result.reason
-            return self._bwrap, self._bwrap_reason or ""
+#: Probe outcomes by backend name: the backend, or None and why not.
+_found: dict[str, tuple[LinuxBackend | None, str]] = {}
+#: Reentrant: the bwrap probe asks for the Landlock backend (its fallback).
+_lock = threading.RLock()
 
 
-_probes = _Probes()
+def _probe_landlock() -> tuple[LinuxBackend | None, str]:
+    from exec_server.sandbox.linux.landlock_backend import LandlockBackend
+    from exec_server.sandbox.linux.probe import probe_landlock
+
+    result = probe_landlock()
+    if not result.usable:
+        return None, result.reason
+    return LandlockBackend(result.abi, mount_ns=result.mount_ns), ""
+
+
+def _probe_bwrap() -> tuple[LinuxBackend | None, str]:
+    from exec_server.sandbox.linux.bwrap import BwrapBackend
+    from exec_server.sandbox.linux.probe import probe_bwrap
+
+    landlock, _ = _probed("landlock")
+    result = probe_bwrap()
+    if not result.usable or result.info is None:
+        return None, result.reason
+    return BwrapBackend(result.info, fallback=landlock), ""
+
+
+def _probed(name: str) -> tuple[LinuxBackend | None, str]:
+    """Backend ``name`` (``bwrap`` or ``landlock``), probed on first use, cached per process."""
+    with _lock:
+        if name not in _found:
+            if not sys.platform.startswith("linux"):
+                _found[name] = None, f"{name} is Linux-only (platform {sys.platform})"
+            else:
+                _found[name] = _probe_bwrap() if name == "bwrap" else _probe_landlock()
+        return _found[name]
 
 
 def select_backend(backend: str = "auto", *,
@@ -88,14 +77,12 @@ def select_backend(backend: str = "auto", *,
             backend) is unusable; the message carries the probe's reason.
         ValueError: unknown backend name.
     """
-    if backend == "bwrap":
-        found, reason = _probes.bwrap()
-    elif backend == "landlock":
-        found, reason = _probes.landlock()
+    if backend in ("bwrap", "landlock"):
+        found, reason = _probed(backend)
     elif backend == "auto":
-        found, reason = _probes.bwrap()
+        found, reason = _probed("bwrap")
         if found is None:
-            landlock, ll_reason = _probes.landlock()
+            landlock, ll_reason = _probed("landlock")
             found = landlock
             reason = f"bwrap: {reason}; landlock: {ll_reason}"
         if found is None and allow_unsandboxed:
@@ -110,8 +97,8 @@ def select_backend(backend: str = "auto", *,
 
 def probe_report() -> dict[str, object]:
     """Every backend's probe outcome, for diagnostics (``exec-server run --probe``)."""
-    bw, bw_reason = _probes.bwrap()
-    ll, ll_reason = _probes.landlock()
+    bw, bw_reason = _probed("bwrap")
+    ll, ll_reason = _probed("landlock")
     return {
         "bwrap": bw.describe() if bw is not None else {"usable": False, "reason": bw_reason},
         "landlock": ll.describe() if ll is not None else {"usable": False, "reason": ll_reason},

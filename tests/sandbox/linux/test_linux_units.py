@@ -18,8 +18,9 @@ import pytest
 
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.linux import seccomp
-from exec_server.sandbox.linux.base import PlaceholderRegistry, first_missing_component
+from exec_server.sandbox.linux.base import PlaceholderRegistry
 from exec_server.sandbox.linux.bwrap import build_args
+from exec_server.sandbox.linux.knobs import first_missing_component
 from exec_server.sandbox.linux.landlock import LandlockError, abi_version, restrict_self
 from exec_server.sandbox.linux.landlock_backend import LAUNCHER_PATH
 from exec_server.sandbox.plan import SandboxPlan

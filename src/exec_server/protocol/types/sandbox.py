@@ -91,7 +91,7 @@ class AbsPath(str):
 
 
 NetworkAccess = Literal["restricted", "enabled"]
-NetworkSandboxPolicy = Literal["restricted", "enabled"]
+NetworkSandboxPolicy = NetworkAccess
 WindowsSandboxLevel = Literal["disabled", "restricted-token", "elevated", "mxc"]
 SandboxablePreference = Literal["auto", "require", "forbid"]
 SandboxTypeName = Literal["none", "macos-seatbelt", "linux-seccomp", "windows-restricted-token"]
@@ -462,14 +462,7 @@ def _locate(message: str, field: str) -> str:
 
 def _member_keys(raw: bytes | msgspec.Raw) -> dict[str, msgspec.Raw] | None:
     """The member's keys (None for JSON ``null``); anything but an object is -32602."""
-    try:
-        keys: dict[str, msgspec.Raw] | None = msgspec.json.decode(
-            raw, type=dict[str, msgspec.Raw] | None
-        )
-    except msgspec.ValidationError as exc:
-        raise InvalidParamsError(f"sandbox: {params_error_text(str(exc))}") from exc
-    except msgspec.DecodeError as exc:
-        raise InvalidParamsError(f"sandbox: {exc}") from exc
+    keys: dict[str, msgspec.Raw] | None = decode_sandbox(raw, dict[str, msgspec.Raw] | None)
     return keys
 
 

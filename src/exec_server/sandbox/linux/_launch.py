@@ -2,8 +2,8 @@
 
 Run through ``launcher.py`` as
 ``[sys.executable, "-I", "-S", <launcher.py>, <flags>, "--", program, args...]``
-(SANDBOX.md §8), or called by a forked child of the spawn zygote
-(``spawn_zygote_main.py``) with the very same flags: one copy of the
+(SANDBOX.md §8), or called by a forked child of the helper zygote (an ``S``
+request, ``spawn_zygote_main.py``) with the very same flags: one copy of the
 confinement code for both paths. Stdlib only and few imports (``os``, ``sys``, ``_ctypes``,
 ``struct``, ``stat``, ``resource``): interpreter start-up is the cost floor.
 
@@ -29,7 +29,7 @@ environment, ``NAME=VALUE`` entries each ending in NUL, read to EOF from fd N),
 
 Environment: the launcher runs outside the sandbox until ``_confine`` returns,
 so the server starts it with an empty environment (``base.WRAPPER_ENV``) and
-hands the command's through ``--env-fd`` (or, in the spawn zygote's child,
+hands the command's through ``--env-fd`` (or, in the helper zygote's child,
 as ``main``'s ``env``): it is used only by the final ``execve``.
 """
 
@@ -201,22 +201,16 @@ def _bind_read_only(src: str, target: str) -> None:
     _mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _locked_flags(target))
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _placeholder_for(path: str, writable: list[str]) -> str | None:
     """First missing component of ``path``, created as an empty dir to mount over.
 
     Only inside a writable root: elsewhere nothing can create it anyway.
     """
-    parent, missing = path, path
-    while not os.path.lexists(parent):
-        missing = parent
-        parent = os.path.dirname(parent)
-        if parent == missing:
-            return None
-    if not any(_inside(missing, root) and missing != root for root in writable):
+    from exec_server.sandbox.linux.knobs import first_missing_component, is_inside
+
+    missing = first_missing_component(path)
+    if missing is None or not any(is_inside(missing, root) and missing != root
+                                  for root in writable):
         return None
     try:  # noqa: SIM105 - contextlib costs start-up time here
         os.mkdir(missing, 0o555)
@@ -421,7 +415,7 @@ def _wait_for(pid: int) -> int:
 def _split_monitor() -> int:
     """Fork pid 1 of the new PID namespace; this process stays outside as its monitor.
 
-    The monitor is what the server (or the spawn zygote) spawned and waits
+    The monitor is what the server (or the helper zygote) spawned and waits
     for: it ignores the signals that the process group delivers to the command
     anyway, waits for pid 1, and ends as the command ended (its relayed wait
     status). It never returns; pid 1 returns the relay pipe's write end.
@@ -501,7 +495,7 @@ def drop_capabilities(*, now: bool = False) -> None:
 
     ``execve`` then leaves the new program none. With ``now`` the effective and
     permitted sets are emptied too, for a process that will not ``execve``
-    (the fs zygote, whose children run the confined operations themselves).
+    (the helper zygote, whose children run the confined operations themselves).
     """
     from exec_server._os.linux import byref, c_uint32, call_prctl, call_syscall
 
@@ -597,7 +591,7 @@ def _probe() -> int:
 def _execvp(program: str, argv: list[str], env: dict[str, str] | None = None) -> None:
     """``execvp`` without ``os.get_exec_path`` (it imports ``warnings``, unreadable under
     restricted reads once Landlock is on). Same search rules as ``os.execvp``; ``env``
-    (the spawn zygote's child) replaces the inherited environment."""
+    (the helper zygote's launch child) replaces the inherited environment."""
     if env is None:
         def execute(path: str) -> None:
             os.execv(path, argv)
@@ -666,7 +660,7 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
     """Confine this process and exec the command; returns only on failure (an exit code).
 
     The launcher script calls it with its command line (the command's
-    environment in ``--env-fd``); the spawn zygote's forked child
+    environment in ``--env-fd``); the helper zygote's forked launch child
     (``spawn_zygote_main``) with the same flags and the command's ``env``.
     Neither: the command inherits the launcher's own environment.
     """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
@@ -13,20 +14,13 @@ from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 
 __all__ = [
-    "NETWORK_DISABLED_ENV",
     "WRAPPER_ENV",
     "LinuxBackend",
     "PlaceholderRegistry",
     "chain_cleanup",
     "env_entries",
-    "first_missing_component",
-    "is_inside",
     "memfd_holding",
-    "sandbox_env",
 ]
-
-#: set in the child's env when the network is restricted (PROTOCOL.md §7.5).
-NETWORK_DISABLED_ENV = "CODEX_SANDBOX_NETWORK_DISABLED"
 
 #: The environment every wrapper (bwrap, the Landlock launcher) is started with.
 #: Empty on purpose: a wrapper runs outside the sandbox, so nothing the client
@@ -60,37 +54,6 @@ class LinuxBackend(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe()}>"
-
-
-def is_inside(path: str, root: str) -> bool:
-    """Component-wise prefix test on normalised absolute paths."""
-    if root == "/":
-        return path.startswith("/")
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def first_missing_component(path: str) -> str | None:
-    """The shallowest missing path on the way to ``path``; None if it exists."""
-    if os.path.lexists(path):
-        return None
-    missing = path
-    parent = os.path.dirname(path)
-    while parent != missing and not os.path.lexists(parent):
-        missing = parent
-        parent = os.path.dirname(parent)
-    return missing
-
-
-def sandbox_env(spec: LaunchSpec, plan: SandboxPlan) -> dict[str, str]:
-    """The request env plus the plan's ``extra_env``.
-
-    ``CODEX_SANDBOX_NETWORK_DISABLED`` is the policy layer's decision
-    (PROTOCOL.md §7.5 vs CLIENT_COMPAT §4: only legacy launches get it), so
-    the mechanism adds nothing on its own.
-    """
-    env = dict(spec.env)
-    env.update(plan.extra_env)
-    return env
 
 
 def env_entries(env: dict[str, str]) -> list[tuple[bytes, bytes]]:
@@ -188,8 +151,6 @@ def _remove_if_empty(path: str) -> None:
         st = os.lstat(path)
     except OSError:
         return
-    import stat
-
     try:
         if stat.S_ISDIR(st.st_mode):
             os.rmdir(path)

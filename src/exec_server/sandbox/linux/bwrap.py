@@ -26,13 +26,11 @@ from exec_server.sandbox.linux.base import (
     PlaceholderRegistry,
     env_entries,
     finish_spec,
-    first_missing_component,
-    is_inside,
     memfd_holding,
-    sandbox_env,
 )
-from exec_server.sandbox.linux.knobs import read_only_knobs
+from exec_server.sandbox.linux.knobs import first_missing_component, is_inside, read_only_knobs
 from exec_server.sandbox.plan import SandboxPlan
+from exec_server.sandbox.policy import depth
 
 __all__ = ["BwrapBackend", "BwrapInfo", "build_args"]
 
@@ -51,10 +49,6 @@ class BwrapInfo:
 _MAX_ARGS = 9000
 #: room kept for our own options (namespaces, binds, knobs, protected paths).
 _OWN_ARGS_ALLOWANCE = 1000
-
-
-def _depth(path: str) -> int:
-    return len([p for p in path.split("/") if p])
 
 
 def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
@@ -84,7 +78,7 @@ def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
                 if os.path.exists(root):
                     args += ["--ro-bind", root, root]
         args += ["--dev", "/dev"]
-        writable = sorted((w for w in plan.writable_roots if os.path.isdir(w)), key=_depth)
+        writable = sorted((w for w in plan.writable_roots if os.path.isdir(w)), key=depth)
         for root in writable:
             args += ["--bind", root, root]
             for sub in plan.read_only_subpaths:
@@ -157,7 +151,7 @@ class BwrapBackend(LinuxBackend):
                 return self._fallback.wrap(spec, plan)
             raise SandboxUnavailableError(
                 f"bwrap at {self.info.path} lies inside a writable root; refusing to use it")
-        env = sandbox_env(spec, plan)
+        env = dict(spec.env)  # the policy layer already added what it adds (§7.5)
         entries = env_entries(env)
         if 3 * len(entries) + len(spec.argv) > _MAX_ARGS - _OWN_ARGS_ALLOWANCE:
             raise ValueError(f"too many environment variables for bwrap ({len(entries)}; it "

@@ -8,20 +8,35 @@ with every capability dropped still writes them. Each backend therefore
 mounts them read-only over whatever its plan would leave writable (a fresh
 ``/proc``, a writable root that holds them, or a full-write plan).
 
-Stdlib only: the Landlock launcher (``python -I -S``) imports it too.
+Stdlib only: the Landlock launcher (``python -I -S``) imports it too, and
+takes the path helpers it shares with the backends (``is_inside``,
+``first_missing_component``) from here.
 """
 
 import os
 
-__all__ = ["KERNEL_KNOBS", "PROC_KNOBS", "read_only_knobs"]
+__all__ = ["KERNEL_KNOBS", "PROC_KNOBS", "first_missing_component", "is_inside", "read_only_knobs"]
 
 #: knobs inside ``/proc`` (a freshly mounted ``/proc`` has them writable).
 PROC_KNOBS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 KERNEL_KNOBS = (*PROC_KNOBS, "/sys")
 
 
-def _inside(path: str, root: str) -> bool:
+def is_inside(path: str, root: str) -> bool:
+    """Component-wise prefix test on normalised absolute paths (``/ab`` is not in ``/a``)."""
     return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def first_missing_component(path: str) -> "str | None":
+    """The shallowest missing path on the way to ``path``; None if it exists."""
+    if os.path.lexists(path):
+        return None
+    missing = path
+    parent = os.path.dirname(path)
+    while parent != missing and not os.path.lexists(parent):
+        missing = parent
+        parent = os.path.dirname(parent)
+    return missing
 
 
 def read_only_knobs(*, full_write: bool, writable_roots: "list[str] | tuple[str, ...]",
@@ -37,12 +52,12 @@ def read_only_knobs(*, full_write: bool, writable_roots: "list[str] | tuple[str,
     roots = ["/"] if full_write else list(writable_roots)
     found: list[str] = []
     for knob in KERNEL_KNOBS:
-        if (fresh_proc and knob in PROC_KNOBS) or any(_inside(knob, r) for r in roots):
+        if (fresh_proc and knob in PROC_KNOBS) or any(is_inside(knob, r) for r in roots):
             found.append(knob)
             continue
-        found += [r for r in roots if _inside(r, knob)]
+        found += [r for r in roots if is_inside(r, knob)]
     out = []
     for path in dict.fromkeys(found):
-        if os.path.lexists(path) and not any(_inside(path, p) and path != p for p in found):
+        if os.path.lexists(path) and not any(is_inside(path, p) and path != p for p in found):
             out.append(path)
     return sorted(out, key=lambda p: p.count("/"))

@@ -29,8 +29,6 @@ from exec_server._os.linux import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from exec_server.sandbox.plan import SandboxPlan
 
 __all__ = [
@@ -155,7 +153,7 @@ def abi_version() -> int:
         return 0
 
 
-# --- low level: the syscalls and their structs (also used by the fs zygote's
+# --- low level: the syscalls and their structs (also used by the helper zygote's
 # smaller per-request ruleset, fs/helper/confine.py)
 
 
@@ -237,27 +235,18 @@ def _add_path_rule(ruleset_fd: int, path: str, rights: int, handled: int) -> boo
         os.close(fd)
 
 
-def _rules_for(plan: "SandboxPlan", extra_read: "Iterable[str]",
-               extra_write: "Iterable[str]") -> list[tuple[str, int]]:
-    rules: list[tuple[str, int]] = []
-    if plan.full_read:
-        rules.append(("/", READ_RIGHTS))
-    else:
-        rules.extend((root, READ_RIGHTS) for root in plan.readable_roots)
-    rules.extend((root, READ_RIGHTS) for root in extra_read)
-    rules.extend((root, 0xFFFF) for root in plan.writable_roots)
-    rules.extend((root, 0xFFFF) for root in extra_write)
-    rules.extend(_DEVICE_RULES)
-    return rules
+def _rules_for(plan: "SandboxPlan") -> list[tuple[str, int]]:
+    reads = ["/"] if plan.full_read else plan.readable_roots
+    return [*((root, READ_RIGHTS) for root in reads),
+            *((root, 0xFFFF) for root in plan.writable_roots), *_DEVICE_RULES]
 
 
 def restrict_self(plan: "SandboxPlan", *, required: bool = True,
-                  extra_read: "Iterable[str]" = (), extra_write: "Iterable[str]" = (),
                   abi: int | None = None) -> LandlockStatus:
     """Confine the calling (single-threaded) process per ``plan``, best effort per ABI.
 
     Sets ``PR_SET_NO_NEW_PRIVS``. Writes are allowed only under
-    ``plan.writable_roots`` (+ ``extra_write`` and device nodes), reads only
+    ``plan.writable_roots`` (and device nodes), reads only
     under readable roots unless ``plan.full_read``; TCP bind/connect are
     handled with no rules when ``plan.network`` is false (ABI >= 4); signal
     scoping (and abstract-unix scoping when the network is off) on ABI >= 6.
@@ -265,7 +254,6 @@ def restrict_self(plan: "SandboxPlan", *, required: bool = True,
     Args:
         plan: the resolved plan (only its attributes are read).
         required: raise instead of returning an unenforced status.
-        extra_read / extra_write: additional roots (e.g. a helper's own files).
         abi: override the probed ABI (tests; must not exceed the kernel's).
 
     Raises:
@@ -293,7 +281,7 @@ def restrict_self(plan: "SandboxPlan", *, required: bool = True,
         ruleset_fd = create_ruleset(handled_fs, handled_net, scoped)
         try:
             if handled_fs:
-                for path, rights in _rules_for(plan, extra_read, extra_write):
+                for path, rights in _rules_for(plan):
                     if not _add_path_rule(ruleset_fd, path, rights, handled_fs):
                         skipped.append(path)
             from exec_server.sandbox.linux.seccomp import set_no_new_privs

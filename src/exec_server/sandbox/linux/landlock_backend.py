@@ -17,11 +17,9 @@ from exec_server.sandbox.linux.base import (
     chain_cleanup,
     env_entries,
     finish_spec,
-    first_missing_component,
-    is_inside,
     memfd_holding,
-    sandbox_env,
 )
+from exec_server.sandbox.linux.knobs import first_missing_component, is_inside
 from exec_server.sandbox.linux.spawn_zygote_main import STATUS_FD
 from exec_server.sandbox.plan import SandboxPlan
 
@@ -143,7 +141,7 @@ class LandlockBackend(LinuxBackend):
 
     def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
         arg0 = spec.arg0 if spec.arg0 is not None and spec.arg0 != spec.argv[0] else None
-        env = sandbox_env(spec, plan)
+        env = dict(spec.env)  # the policy layer already added what it adds (§7.5)
         # The launcher runs unconfined until it has confined itself: it starts with
         # WRAPPER_ENV, and the command's env reaches only its final execve.
         env_fd = memfd_holding("exec-server-env", b"".join(

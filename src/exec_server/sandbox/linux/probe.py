@@ -83,12 +83,13 @@ def find_bwrap(path_env: str | None = None) -> str | None:
 
 
 def _run_bwrap(path: str, args: list[str]) -> tuple[int, str]:
+    """Exit status and output (stdout + stderr) of ``bwrap ARGS``; -1 when it did not run."""
     try:
         proc = subprocess.run([path, *args], capture_output=True, timeout=_TIMEOUT, check=False,
                               stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return -1, str(exc)
-    return proc.returncode, proc.stderr.decode("utf-8", "replace")
+    return proc.returncode, (proc.stdout + proc.stderr).decode("utf-8", "replace")
 
 
 def probe_bwrap(path: str | None = None) -> BwrapProbe:
@@ -112,25 +113,11 @@ def probe_bwrap(path: str | None = None) -> BwrapProbe:
         rc, err = _run_bwrap(bwrap, [*base, *tail])
         if rc != 0:
             return BwrapProbe(False, f"bwrap probe failed ({rc}): {err.strip()[-300:]}")
-    _, help_text = _run_bwrap_help(bwrap)
+    _, help_text = _run_bwrap(bwrap, ["--help"])
     for needed in ("--seccomp", "--args"):  # --args: how the command's env travels
         if needed not in help_text:
             return BwrapProbe(False, f"{bwrap} lacks {needed}")
-    version = ""
-    try:
-        out = subprocess.run([bwrap, "--version"], capture_output=True, timeout=_TIMEOUT,
-                             check=False).stdout.decode().strip()
-        version = out.split()[-1] if out else ""
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    rc, out = _run_bwrap(bwrap, ["--version"])
+    version = out.split()[-1] if rc == 0 and out.strip() else ""
     info = BwrapInfo(path=bwrap, proc=proc_ok, argv0="--argv0" in help_text, version=version)
     return BwrapProbe(True, "", info)
-
-
-def _run_bwrap_help(path: str) -> tuple[int, str]:
-    try:
-        proc = subprocess.run([path, "--help"], capture_output=True, timeout=_TIMEOUT,
-                              check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return -1, str(exc)
-    return proc.returncode, (proc.stdout + proc.stderr).decode("utf-8", "replace")

@@ -170,13 +170,13 @@ def build_filter(mode: str = MODE_RESTRICTED, arch: str | None = None) -> bytes:
     if arch not in _ARCH:
         raise SeccompError(38, f"seccomp filter: unsupported architecture {arch}")
     audit_arch, nrs = _ARCH[arch]
+    # socket()/socketpair() domain check: restricted allows only AF_UNIX (jump over the
+    # EPERM when equal), vsock refuses only AF_VSOCK (fall into the EPERM when equal)
     deny: tuple[str, ...]
-    family_ok: int | None
-    family_bad: int | None
     if mode == MODE_RESTRICTED:
-        deny, family_ok, family_bad = _DENY_RESTRICTED, _AF_UNIX, None
+        deny, family, if_equal, if_other = _DENY_RESTRICTED, _AF_UNIX, 1, 0
     elif mode == MODE_VSOCK:
-        deny, family_ok, family_bad = _DENY_VSOCK, None, _AF_VSOCK
+        deny, family, if_equal, if_other = _DENY_VSOCK, _AF_VSOCK, 0, 1
     else:
         raise SeccompError(22, f"seccomp filter: unknown mode {mode!r}")
     prog = [
@@ -199,24 +199,13 @@ def build_filter(mode: str = MODE_RESTRICTED, arch: str | None = None) -> bytes:
         _ins(_RET_K, 0, 0, _RET_EPERM),
     ]
     for name in ("socket", "socketpair"):
-        if family_ok is not None:
-            # domain != AF_UNIX -> EPERM
-            prog += [
-                _ins(_JEQ_K, 0, 4, nrs[name]),
-                _ins(_LD_W_ABS, 0, 0, 16),
-                _ins(_JEQ_K, 1, 0, family_ok),
-                _ins(_RET_K, 0, 0, _RET_EPERM),
-                _ins(_RET_K, 0, 0, _RET_ALLOW),
-            ]
-        elif family_bad is not None:
-            # domain == AF_VSOCK -> EPERM
-            prog += [
-                _ins(_JEQ_K, 0, 4, nrs[name]),
-                _ins(_LD_W_ABS, 0, 0, 16),
-                _ins(_JEQ_K, 0, 1, family_bad),
-                _ins(_RET_K, 0, 0, _RET_EPERM),
-                _ins(_RET_K, 0, 0, _RET_ALLOW),
-            ]
+        prog += [
+            _ins(_JEQ_K, 0, 4, nrs[name]),
+            _ins(_LD_W_ABS, 0, 0, 16),
+            _ins(_JEQ_K, if_equal, if_other, family),
+            _ins(_RET_K, 0, 0, _RET_EPERM),
+            _ins(_RET_K, 0, 0, _RET_ALLOW),
+        ]
     prog.append(_ins(_RET_K, 0, 0, _RET_ALLOW))
     data = b"".join(prog)
     _cache[key] = data

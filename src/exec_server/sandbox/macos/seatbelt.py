@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
-from exec_server.sandbox.policy import is_within
+from exec_server.sandbox.policy import PROTECTED_NAMES, is_within
 
 __all__ = [
     "BASE_POLICY",
@@ -35,9 +35,6 @@ __all__ = [
 
 #: Absolute path, never a PATH lookup: a planted binary would defeat the sandbox.
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
-
-#: Protected metadata names guarded by regex in every writable root.
-PROTECTED_NAMES = (".git", ".agents", ".codex")
 
 BASE_POLICY = """\
 (version 1)
@@ -258,6 +255,12 @@ def _dedup(items: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def _subpaths(prefix: str, paths: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """``PREFIX_<i>`` parameters for ``paths`` and their ``(subpath (param ...))`` components."""
+    params = [(f"{prefix}_{i}", path) for i, path in enumerate(paths)]
+    return params, [f'(subpath (param "{key}"))' for key, _ in params]
+
+
 def _access_block(action: str, components: Sequence[str]) -> str:
     return f"(allow {action}\n" + " ".join(components) + "\n)"
 
@@ -303,7 +306,6 @@ def build(
         realpath: canonicalises parameter values (injectable for tests).
         user_cache_dir: value of ``DARWIN_USER_CACHE_DIR`` (None: omitted).
     """
-    params: list[tuple[str, str]] = []
     writable = [] if plan.full_write else _dedup([realpath(p) for p in plan.writable_roots])
     read_only = _dedup([realpath(p) for p in plan.read_only_subpaths])
     denied = _dedup([realpath(p) for p in plan.denied_paths])
@@ -314,11 +316,7 @@ def build(
         read_section = "; allow read-only file operations\n(allow file-read*)"
     else:
         readable = _dedup([realpath(p) for p in plan.readable_roots] + writable)
-        components = []
-        for i, root in enumerate(readable):
-            key = f"READABLE_ROOT_{i}"
-            read_params.append((key, root))
-            components.append(f'(subpath (param "{key}"))')
+        read_params, components = _subpaths("READABLE_ROOT", readable)
         read_section = "; allow read-only file operations\n"
         if components:
             read_section += _access_block("file-read*", components)
@@ -341,16 +339,8 @@ def build(
         write_section = ""
 
     # denials carved out of readable/writable areas (later rules override earlier ones)
-    deny_params: list[tuple[str, str]] = []
-    if denied:
-        components = []
-        for i, path in enumerate(denied):
-            key = f"DENIED_PATH_{i}"
-            deny_params.append((key, path))
-            components.append(f'(subpath (param "{key}"))')
-        deny_section = "(deny file-read* file-write*\n" + " ".join(components) + "\n)"
-    else:
-        deny_section = ""
+    deny_params, components = _subpaths("DENIED_PATH", denied)
+    deny_section = "(deny file-read* file-write*\n" + " ".join(components) + "\n)" if denied else ""
 
     network_section = NETWORK_POLICY if plan.network else ""
     defaults_section = (
