@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import shutil
 import threading
@@ -21,22 +20,18 @@ from typing import Any
 
 import pytest
 
+from exec_server._os.linux import rename_exchange
 from exec_server.client.fs import LocalFileSystem
 from exec_server.exceptions import ExecServerError
 from exec_server.fs.confined import SandboxedFileSystem
 
-_RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
-_libc = ctypes.CDLL(None, use_errno=True)
 HAS_HOSTNAME = os.path.exists("/etc/hostname")
 HAS_BWRAP = shutil.which("bwrap") is not None
 
 
 def _exchange(a: Path, b: Path) -> None:
-    res = _libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    if res != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    rename_exchange(_AT_FDCWD, os.fsencode(a), os.fsencode(b))
 
 
 class Swapper:

@@ -2,8 +2,9 @@
 
 Runs inside a freshly forked, single-threaded zygote child (never in the
 multi-threaded server: Landlock and seccomp are per-thread, SANDBOX.md §9.1),
-*before* the child touches any path. Stdlib only (``ctypes``), because the
-zygote runs as ``python -I -S`` without site-packages.
+*before* the child touches any path. Stdlib only (its kernel calls are
+:mod:`exec_server._os.linux`'s), because the zygote runs as ``python -I -S``
+without site-packages.
 
 The plan arrives as a plain dict with the fields of ``sandbox.plan.SandboxPlan``
 (``full_read``, ``readable_roots``, ``full_write``, ``writable_roots``,
