@@ -25,21 +25,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from stat import S_ISDIR, S_ISREG
 from typing import Final, Protocol, TypeVar
 
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import direct as ops
-from exec_server.fs import nofollow
 from exec_server.fs.direct import DirEntry, Metadata
 from exec_server.fs.errors import translate_os_errors
 from exec_server.fs.handles import Install, Mode, open_into
+from exec_server.fs.helper import ops as helper_ops
 from exec_server.fs.pool import WorkerPool, shared_pool
 from exec_server.fs.walk import WalkOptions, WalkOutcome, limits_error, walk
 
 __all__ = [
     "DIRECT",
-    "NO_FOLLOW_WRITES",
     "NO_RUNTIME_PATHS",
     "ConfinedFileSystem",
     "FileSystemService",
@@ -381,38 +379,38 @@ class NoFollowCall:
 #: getMetadata's :class:`Metadata`, readFile's bytes, None for the rest.
 NoFollowResult = Metadata | bytes | None
 
-NO_FOLLOW_WRITES: Final = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
-
 
 def run_no_follow(call: NoFollowCall) -> NoFollowResult:
-    """Run ``call`` here (a worker thread)."""
-    path = call.path
-    if call.method == "fs/getMetadata":
-        st = nofollow.lstat(path)
-        return Metadata(
-            is_directory=S_ISDIR(st.st_mode),
-            is_file=S_ISREG(st.st_mode),
-            is_symlink=False,
-            size=st.st_size,
-            created_at_ms=0,
-            modified_at_ms=st.st_mtime_ns // 1_000_000,
-        )
-    if call.method == "fs/readFile":
-        fd, size = nofollow.open_regular(path)
-        if size > ops.READ_LIMIT:
-            os.close(fd)
-            raise InvalidRequestError(ops.too_large_message(ops.READ_LIMIT))
-        return ops.read_and_close(fd, size)
-    if call.method == "fs/writeFile":
-        assert call.produce is not None
-        nofollow.write_file(path, ops.payload_bytes(call.produce()))
-    elif call.method == "fs/createDirectory":
-        nofollow.create_directory(path, recursive=call.recursive)
-    elif call.method == "fs/remove":
-        nofollow.remove(path, recursive=call.recursive, force=call.force)
-    else:
-        raise InvalidRequestError(f"{call.method} does not take followSymlinks")
-    return None
+    """Run ``call`` here (a worker thread), with the code the confined child runs."""
+    data = b"" if call.produce is None else ops.payload_bytes(call.produce())
+    fields, payload = helper_ops.no_follow(
+        call.method, call.path, data, recursive=call.recursive, force=call.force
+    )
+    return no_follow_result(call.method, fields, payload)
+
+
+def no_follow_result(method: str, fields: dict[str, object], payload: bytes) -> NoFollowResult:
+    """A no-follow call's answer from ``helper_ops.no_follow``'s result fields and payload."""
+    if method == "fs/getMetadata":
+        return metadata_from_fields(fields)
+    return payload if method == "fs/readFile" else None
+
+
+def metadata_from_fields(fields: dict[str, object]) -> Metadata:
+    """:class:`Metadata` from ``helper_ops.metadata_fields`` (as the confined child sends it)."""
+
+    def number(key: str) -> int:
+        value = fields.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return Metadata(
+        is_directory=bool(fields.get("isDirectory")),
+        is_file=bool(fields.get("isFile")),
+        created_at_ms=number("createdAtMs"),
+        modified_at_ms=number("modifiedAtMs"),
+        is_symlink=bool(fields.get("isSymlink", False)),
+        size=number("size"),
+    )
 
 
 def walk_here(path: str, options: WalkOptions) -> WalkOutcome:

@@ -57,25 +57,10 @@ def _decode(raw: bytes) -> tuple[OpRequest, bytes, bool]:
     params = msg.get("params")
     if op not in _OPERATIONS or not isinstance(params, dict):
         raise ValueError(f"unknown variant `{op}`")
+    # Our server's request header (the zygote's): the same strict checks apply.
     ext = msg.get("x-exec-server")
-    ext = ext if isinstance(ext, dict) else {}
-    header: dict[str, object] = {
-        k: ext[k]
-        for k in (
-            "expect",
-            "dest_expect",
-            "writable",
-            "read_only",
-            "denied",
-            "full_write",
-            "not_a_file",
-            "tmp",
-            "walk",
-            "plan",
-            "no_follow",
-        )
-        if k in ext
-    }
+    header: dict[str, object] = dict(ext) if isinstance(ext, dict) else {}
+    strict = bool(header)
     header["op"] = op
     if op == "fs/copy":
         header["path"] = _path(params.get("sourcePath"), "sourcePath")
@@ -94,7 +79,7 @@ def _decode(raw: bytes) -> tuple[OpRequest, bytes, bool]:
         except (binascii.Error, ValueError) as exc:
             raise OpError(-32600, f"fs/writeFile requires valid base64 dataBase64: {exc}") from exc
     req = OpRequest.from_header(header)
-    return req, data, bool(ext)
+    return req, data, strict
 
 
 def _response(op: str, result: Mapping[str, object], payload: bytes) -> dict[str, object]:

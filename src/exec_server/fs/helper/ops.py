@@ -32,19 +32,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from exec_server.errno_text import os_error_text
-from exec_server.exceptions import ExecServerError, wire_error
+from exec_server.exceptions import ExecServerError, InvalidRequestError, wire_error
 from exec_server.fs import fdops, nofollow
-from exec_server.fs.errors import FsError
+from exec_server.fs.errors import FsError, translate_os_errors
 from exec_server.fs.fdops import temp_name, write_all
 from exec_server.fs.walk import WalkOptions, walk
 
 __all__ = [
     "MAX_READ_BYTES",
+    "WRITE_OPS",
     "OpError",
     "OpRequest",
     "encode_frame",
     "error_from_os",
     "execute",
+    "metadata_fields",
+    "no_follow",
     "prefault",
     "read_frame",
     "temp_name",
@@ -498,14 +501,7 @@ def _get_metadata(c: _Ctx) -> tuple[dict[str, object], bytes]:
             st = lst
     finally:
         t.close()
-    return {
-        "isDirectory": stat.S_ISDIR(st.st_mode),
-        "isFile": stat.S_ISREG(st.st_mode),
-        "isSymlink": stat.S_ISLNK(lst.st_mode),
-        "size": st.st_size,
-        "createdAtMs": 0,
-        "modifiedAtMs": st.st_mtime_ns // 1_000_000,
-    }, b""
+    return metadata_fields(st, is_symlink=stat.S_ISLNK(lst.st_mode)), b""
 
 
 def _read_directory(c: _Ctx) -> tuple[dict[str, object], bytes]:
@@ -660,49 +656,64 @@ def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
     }, b""
 
 
-_NO_FOLLOW_WRITES = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
+def metadata_fields(st: os.stat_result, *, is_symlink: bool) -> dict[str, object]:
+    """getMetadata's answer (``createdAtMs`` is always 0, as upstream's)."""
+    return {
+        "isDirectory": stat.S_ISDIR(st.st_mode),
+        "isFile": stat.S_ISREG(st.st_mode),
+        "isSymlink": is_symlink,
+        "size": st.st_size,
+        "createdAtMs": 0,
+        "modifiedAtMs": st.st_mtime_ns // 1_000_000,
+    }
+
+
+WRITE_OPS = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
+
+
+def no_follow(
+    op: str, path: str, data: bytes | bytearray | memoryview, *, recursive: bool, force: bool
+) -> tuple[dict[str, object], bytes]:
+    """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`: no link anywhere
+    in ``path``, race-free), run by the server's worker and by the confined child alike.
+
+    Raises:
+        FsError, ExecServerError: as the direct path raises them.
+    """
+    if op == "fs/getMetadata":
+        return metadata_fields(nofollow.lstat(path), is_symlink=False), b""
+    if op == "fs/readFile":
+        fd, size = nofollow.open_regular(path)
+        try:
+            if size > MAX_READ_BYTES:
+                raise InvalidRequestError(fdops.too_large_message(MAX_READ_BYTES))
+            with translate_os_errors():
+                return {}, fdops.read_to_end(fd, size, MAX_READ_BYTES)
+        finally:
+            os.close(fd)
+    if op == "fs/writeFile":
+        nofollow.write_file(path, data)
+    elif op == "fs/createDirectory":
+        nofollow.create_directory(path, recursive=recursive)
+    elif op == "fs/remove":
+        nofollow.remove(path, recursive=recursive, force=force)
+    else:
+        raise InvalidRequestError(f"{op} does not take followSymlinks")
+    return {}, b""
 
 
 def _no_follow(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
-    """A ``followSymlinks: false`` call: the server's own no-follow code, run here under
-    Landlock and without capabilities; the path as spelled has no link in it, so the
-    guard (read-only holes, ``none`` carve-outs) judges the real location."""
+    """:func:`no_follow` under Landlock and without capabilities; the path as spelled
+    has no link in it, so the guard (read-only holes, ``none`` carve-outs) judges
+    the real location."""
     req = c.req
-    c.guard.check(req.path, write=req.op in _NO_FOLLOW_WRITES)
+    c.guard.check(req.path, write=req.op in WRITE_OPS)
     try:
-        if req.op == "fs/getMetadata":
-            st = nofollow.lstat(req.path)
-            return {
-                "isDirectory": stat.S_ISDIR(st.st_mode),
-                "isFile": stat.S_ISREG(st.st_mode),
-                "isSymlink": False,
-                "size": st.st_size,
-                "createdAtMs": 0,
-                "modifiedAtMs": st.st_mtime_ns // 1_000_000,
-            }, b""
-        if req.op == "fs/readFile":
-            fd, size = nofollow.open_regular(req.path)
-            try:
-                if size > MAX_READ_BYTES:
-                    raise OpError(
-                        _INVALID, f"file is too large to read: limit is {MAX_READ_BYTES} bytes"
-                    )
-                return {}, fdops.read_to_end(fd, size, MAX_READ_BYTES)
-            finally:
-                os.close(fd)
-        if req.op == "fs/writeFile":
-            nofollow.write_file(req.path, data)
-        elif req.op == "fs/createDirectory":
-            nofollow.create_directory(req.path, recursive=req.recursive)
-        elif req.op == "fs/remove":
-            nofollow.remove(req.path, recursive=req.recursive, force=req.force)
-        else:
-            raise OpError(_INVALID, f"{req.op} does not take followSymlinks")
+        return no_follow(req.op, req.path, data, recursive=req.recursive, force=req.force)
     except (ExecServerError, FsError) as exc:
         err = wire_error(exc)
         assert err is not None  # both kinds map
         raise OpError(err.code, err.message) from exc
-    return {}, b""
 
 
 def _open(c: _Ctx) -> tuple[dict[str, object], bytes]:
