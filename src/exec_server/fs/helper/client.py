@@ -48,7 +48,7 @@ from typing import Final
 
 from exec_server.fs.direct import Payload, Pieces
 from exec_server.fs.helper.loop import ID_PID, MAX_REQUEST, fds_from_anc
-from exec_server.fs.helper.ops import encode_frame, temp_name
+from exec_server.fs.helper.ops import FRAME, MAX_DATA, encode_frame, temp_name
 from exec_server.fs.pool import shared_pool
 from exec_server.process.spec import LaunchServiceUnavailable, ServicedChild
 from exec_server.sandbox.linux.spawn_zygote_main import REQUEST_HEADER
@@ -70,9 +70,7 @@ logger = logging.getLogger("exec_server.fs.sandbox")
 
 _ID: Final = struct.Struct("!Q")
 _EXIT: Final = struct.Struct("!ii")
-_FRAME: Final = struct.Struct("!IQ")
 _MAX_REPLY_HEADER: Final = 64 * 1024 * 1024
-_MAX_REPLY_DATA: Final = 1024 * 1024 * 1024
 _MAIN: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
 #: payloads up to this size are sent together with their frame header.
 _COALESCE: Final = 256 * 1024
@@ -763,11 +761,11 @@ class Zygote:
         sock: socket.socket,
         p: _Pending,
     ) -> tuple[dict[str, object], bytes]:
-        prefix = await _recv_exact(loop, sock, _FRAME.size)
+        prefix = await _recv_exact(loop, sock, FRAME.size)
         if prefix is None:
             raise await self._crashed(p)
-        hlen, dlen = _FRAME.unpack(prefix)
-        if hlen > _MAX_REPLY_HEADER or dlen > _MAX_REPLY_DATA:
+        hlen, dlen = FRAME.unpack(prefix)
+        if hlen > _MAX_REPLY_HEADER or dlen > MAX_DATA:
             raise HelperFailure("failed to encode or decode fs sandbox helper message: bad frame")
         raw = await _recv_exact(loop, sock, hlen)
         if raw is None:

@@ -36,6 +36,8 @@ from exec_server.fs.fdops import temp_name, write_all
 from exec_server.fs.walk import WalkOptions, walk
 
 __all__ = [
+    "FRAME",
+    "MAX_DATA",
     "MAX_READ_BYTES",
     "WRITE_OPS",
     "OpError",
@@ -53,9 +55,10 @@ __all__ = [
 
 #: fs/readFile refuses larger files (PROTOCOL.md §9.3).
 MAX_READ_BYTES = fdops.READ_LIMIT
-_FRAME = struct.Struct("!IQ")
+#: a frame: header length, data length (big endian), the JSON header, the raw data.
+FRAME = struct.Struct("!IQ")
 _MAX_HEADER = 16 * 1024 * 1024
-_MAX_DATA = 2 * MAX_READ_BYTES
+MAX_DATA = 2 * MAX_READ_BYTES
 
 _NOT_FOUND = -32004
 _INVALID = -32600
@@ -211,7 +214,7 @@ class OpRequest:
 
 def encode_frame(header: bytes, data_len: int) -> bytes:
     """Frame prefix: header length, data length (big endian), then the header."""
-    return _FRAME.pack(len(header), data_len) + header
+    return FRAME.pack(len(header), data_len) + header
 
 
 def _read_exact(fd: int, size: int) -> bytearray:
@@ -228,8 +231,8 @@ def _read_exact(fd: int, size: int) -> bytearray:
 
 def read_frame(fd: int) -> tuple[bytes, bytearray]:
     """Read one frame (header bytes, data) from a blocking fd."""
-    hlen, dlen = _FRAME.unpack(bytes(_read_exact(fd, _FRAME.size)))
-    if hlen > _MAX_HEADER or dlen > _MAX_DATA:
+    hlen, dlen = FRAME.unpack(bytes(_read_exact(fd, FRAME.size)))
+    if hlen > _MAX_HEADER or dlen > MAX_DATA:
         raise OpError(_INVALID, "fs sandbox frame too large")
     header = bytes(_read_exact(fd, hlen))
     return header, _read_exact(fd, dlen)
