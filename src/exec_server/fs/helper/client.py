@@ -360,10 +360,7 @@ class Zygote:
         if z.timer is not None:
             z.timer.cancel()
         z.ctl.close()
-        for pid, p in z.by_pid.items():
-            if p.group:
-                with contextlib.suppress(OSError):
-                    os.killpg(pid, signal.SIGKILL)
+        _kill_launches(z)
         with contextlib.suppress(OSError):
             z.popen.kill()
         with contextlib.suppress(ChildProcessError):
@@ -389,10 +386,7 @@ class Zygote:
             z.ready.exception()  # mark retrieved: nobody may be waiting
         elif why != _CLOSED:
             logger.warning("helper zygote %d: %s", z.popen.pid, why)
-        for pid, p in z.by_pid.items():
-            if p.group:
-                with contextlib.suppress(OSError):
-                    os.killpg(pid, signal.SIGKILL)  # a launch outliving its zygote is unobservable
+        _kill_launches(z)
         for p in {*z.pending.values(), *z.by_pid.values()}:
             for fut in (p.started, p.exited):
                 if not fut.done():
@@ -803,6 +797,14 @@ class Zygote:
         except HelperFailure as exc:
             return HelperFailure(f"fs sandbox helper failed: {exc}")
         return HelperFailure(f"fs sandbox helper failed with status {describe_wait_status(status)}")
+
+
+def _kill_launches(z: _Process) -> None:
+    """Kill the groups of a zygote's launches: one outliving its zygote is unobservable."""
+    for pid, p in z.by_pid.items():
+        if p.group:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def _kill_launch(started: asyncio.Future[tuple[int, int]]) -> None:
