@@ -50,11 +50,10 @@ def inject(sfs: SandboxedFileSystem, hook: str) -> None:
         data: bytes = b"",
         *,
         timeout: float,  # noqa: ASYNC109
-        into: Any = None,
         owner: Any = None,
     ) -> Any:
         return await original(
-            {**header, "test_hook": hook}, data, timeout=timeout, into=into, owner=owner
+            {**header, "test_hook": hook}, data, timeout=timeout, owner=owner
         )
 
     zygote.run = run  # type: ignore[method-assign]
@@ -132,9 +131,8 @@ async def test_broken_helper_is_a_clear_internal_error(
 async def test_a_big_read_cut_short_is_a_clear_internal_error(
     no_leaks: None, layout: Any, ctx: Any, make_caller: Any
 ) -> None:
-    """A big confined read is received straight into its reply's buffer: a helper
-    that announces 1 MiB and sends 10 bytes is a clear -32603, the child is
-    reaped, and the next read (whole, into its reply too) is answered."""
+    """A helper that announces 1 MiB and sends 10 bytes is a clear -32603, the
+    child is reaped, and the next read is answered whole."""
     sfs = service()
     try:
         caller = make_caller(sfs)

@@ -87,11 +87,10 @@ class Pause:
             data: Any = b"",
             *,
             timeout: float,  # noqa: ASYNC109
-            into: Any = None,
             owner: Any = None,
         ) -> Any:
             return await original(
-                {**header, "test_pause": self.spec}, data, timeout=timeout, into=into, owner=owner
+                {**header, "test_pause": self.spec}, data, timeout=timeout, owner=owner
             )
 
         zygote.run = run  # type: ignore[method-assign]

@@ -68,14 +68,18 @@ from exec_server.fs.helper.client import (
     ZygoteUnavailable,
     describe_wait_status,
     new_temp_token,
-    remove_write_temp,
+    remove_temp,
     shared_zygote,
+    write_temp,
 )
+from exec_server.fs.helper.ops import WRITE_OPS
 from exec_server.fs.pool import shared_pool
 from exec_server.fs.service import (
-    NO_FOLLOW_WRITES,
+    NO_RUNTIME_PATHS,
     NoFollowCall,
     NoFollowResult,
+    metadata_from_fields,
+    no_follow_result,
     run_no_follow,
     walk_here,
 )
@@ -100,7 +104,6 @@ DEFAULT_MAX_CONCURRENT = 64
 NEEDS_POLICY = "sandboxed filesystem operations require ReadOnly or WorkspaceWrite sandbox policy"
 FS_HELPER_FLAG = "--codex-run-as-fs-helper"
 
-_WRITE_OPS = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
 _PRESERVE_OPS = frozenset({"fs/remove", "fs/copy"})
 _T = TypeVar("_T")
 
@@ -123,11 +126,16 @@ class FsOperation:
 
     @property
     def writes(self) -> bool:
-        return self.method in _WRITE_OPS or (self.method == "fs/open" and self.mode == "replace")
+        return self.method in WRITE_OPS or (self.method == "fs/open" and self.mode == "replace")
 
 
 class _NoDescriptorPassing(Exception):
-    """The confinement in use cannot hand a descriptor back (the one-shot helper)."""
+    """The confinement in use cannot hand a descriptor back (the one-shot helper):
+    ``path`` is the checked location to open in the server instead."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,15 +189,8 @@ def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: b
 def _check_and_plan(
     op: FsOperation, request: FsSandboxRequest
 ) -> tuple[_Checked, _Checked | None, SandboxPlan]:
-    """:func:`_check_operation` and the confined helper's plan, in one worker job."""
-    src, dst = _check_operation(op, request)
-    return src, dst, request.helper_plan()
-
-
-def _check_operation(
-    op: FsOperation, request: FsSandboxRequest
-) -> tuple[_Checked, _Checked | None]:
-    """The check paths of ``op``'s source and destination (PROTOCOL.md §10.2-§10.3).
+    """The check paths of ``op``'s source and destination (PROTOCOL.md §10.2-§10.3)
+    and the confined helper's plan: one worker job.
 
     Raises:
         InvalidRequestError: the policy does not allow an access (-32600).
@@ -203,7 +204,7 @@ def _check_operation(
         # where it resolves to): both must be allowed.
         _require(request, op.path, write=op.writes)
     if op.method != "fs/copy" or op.destination is None:
-        return src, None
+        return src, None, request.helper_plan()
     dst = check_path(request, op.destination, preserve=False, write=True)
     # A tree copied in must not bring what the policy keeps read-only below the
     # destination (a `.git` planted in a writable root): refused before anything
@@ -211,7 +212,7 @@ def _check_operation(
     conflict = request.copy_conflict(src.path, dst.path)
     if conflict is not None:
         raise InvalidRequestError(NOT_PERMITTED.format(conflict))
-    return src, dst
+    return src, dst, request.helper_plan()
 
 
 def _require(request: FsSandboxRequest, path: str, *, write: bool) -> None:
@@ -242,14 +243,53 @@ def _runtime_read_roots() -> tuple[str, ...]:
     return tuple(sorted(r for r in roots if os.path.exists(r)))
 
 
-def _plan_header(plan: SandboxPlan) -> dict[str, object]:
-    return {
-        "full_read": plan.full_read,
+def _header(
+    op: FsOperation,
+    request: FsSandboxRequest,
+    src: _Checked,
+    dst: _Checked | None,
+    plan: SandboxPlan,
+) -> dict[str, object]:
+    """The request both confinements run (``helper.ops.OpRequest.from_header``): the
+    check paths and the real parents the server saw, the plan the child confines
+    itself with, the rules Landlock cannot express (read-only holes, ``none``
+    carve-outs) and a writeFile's temp file token (``helper.ops.temp_name``)."""
+    header: dict[str, object] = {
+        "op": op.method,
+        "path": op.path if op.no_follow else src.path,
+        "expect": src.expect,
+        "recursive": op.recursive,
+        "force": op.force,
+        "plan": {
+            "full_read": plan.full_read,
+            "full_write": plan.full_write,
+            "network": False,  # PROTOCOL.md §10.1 step 6: never for the helper
+            "readable_roots": list(plan.readable_roots),
+            "writable_roots": list(plan.writable_roots),
+        },
+        "writable": list(plan.writable_roots),
+        "read_only": list(plan.read_only_subpaths),
+        "denied": list(plan.denied_paths),
         "full_write": plan.full_write,
-        "network": False,  # PROTOCOL.md §10.1 step 6: never for the helper
-        "readable_roots": list(plan.readable_roots),
-        "writable_roots": list(plan.writable_roots),
+        "mode": op.mode,
     }
+    if dst is not None:
+        header["dest"] = dst.path
+        header["dest_expect"] = dst.expect
+    if op.method == "fs/open" or (
+        op.method == "fs/readFile" and request.generation is Generation.CURRENT
+    ):
+        header["not_a_file"] = op.path
+    if op.method == "fs/writeFile":
+        header["tmp"] = new_temp_token()
+    if op.walk is not None:
+        # The walk's root as spelled: the child decides what it may see by real locations.
+        w = op.walk
+        header["walk"] = [op.path, w.max_depth, w.max_directories, w.max_entries,
+                          w.follow_directory_symlinks, w.prune_hidden_directories]
+    if op.no_follow:
+        header["no_follow"] = True
+    return header
 
 
 # ---------------------------------------------------------------- the service
@@ -316,25 +356,6 @@ class SandboxedFileSystem:
         _, data = await self.run(FsOperation("fs/readFile", path), req)
         return data
 
-    async def read_file_into(
-        self, context: object, path: str, into: ops.ReceiveInto
-    ) -> bytes | None:
-        """:meth:`read_file`, but the helper's bytes may be received straight into the
-        buffer ``into(size)`` gives: None then (else the bytes, as ``read_file``)."""
-        req = _request(context)
-        if _reads_everything(req):
-            return await self.read_file(context, path)
-        taken = False
-
-        def receive(size: int) -> memoryview | None:
-            nonlocal taken
-            view = into(size)
-            taken = view is not None
-            return view
-
-        _, data = await self.run(FsOperation("fs/readFile", path), req, receive)
-        return None if taken else data
-
     def reads_directly(self, context: object) -> bool:
         """Whether read-only calls under ``context`` run in the server (no helper)."""
         return _reads_everything(_request(context))
@@ -355,7 +376,7 @@ class SandboxedFileSystem:
         if _reads_everything(request):
             return await shared_pool().run(ops.get_metadata, path)
         result, _ = await self.run(FsOperation("fs/getMetadata", path), request)
-        meta = _metadata_reply(result)
+        meta = metadata_from_fields(result)
         # In a worker, as every look-up: the path may be on a hung mount.
         if not meta.is_symlink and await shared_pool().run(_is_visible_link, request, path):
             meta = msgspec.structs.replace(meta, is_symlink=True)
@@ -407,25 +428,15 @@ class SandboxedFileSystem:
         req = _request(context)
         if mode == "read" and _reads_everything(req):
             return await shared_pool().run(open_into, install, path, mode)
-        if self._mode != "helper":
-            try:
-                result, _ = await self.run(FsOperation("fs/open", path, mode=mode), req)
-            except _NoDescriptorPassing:
-                pass
-            else:
-                fd = result.get("passed_fd")
-                if not isinstance(fd, int) or isinstance(fd, bool):
-                    raise InternalError("unexpected fs sandbox helper response: no descriptor")
-                install(fd)
-                return
-        if self._closed:
-            raise InternalError("the filesystem sandbox is shut down")
-        if req.direct:
-            raise InvalidRequestError(NEEDS_POLICY)
-        checked = await shared_pool().run(
-            check_path, req, path, preserve=False, write=mode == "replace"
-        )
-        await shared_pool().run(open_into, install, checked.path, mode, no_follow=True)
+        try:
+            result, _ = await self.run(FsOperation("fs/open", path, mode=mode), req)
+        except _NoDescriptorPassing as exc:
+            await shared_pool().run(open_into, install, exc.path, mode, no_follow=True)
+            return
+        fd = result.get("passed_fd")
+        if not isinstance(fd, int) or isinstance(fd, bool):
+            raise InternalError("unexpected fs sandbox helper response: no descriptor")
+        install(fd)
 
     async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
         """A ``followSymlinks: false`` call, confined as the others: a read runs here
@@ -434,7 +445,7 @@ class SandboxedFileSystem:
         no-follow code (``fs.helper.ops``, :mod:`exec_server.fs.nofollow`) on the path
         as spelled, under Landlock and without capabilities."""
         req = _request(context)
-        if call.method not in NO_FOLLOW_WRITES and _reads_everything(req):
+        if call.method not in WRITE_OPS and _reads_everything(req):
             return await shared_pool().run(run_no_follow, call)
         data: ops.Payload = b""
         if call.produce is not None:
@@ -447,12 +458,7 @@ class SandboxedFileSystem:
             force=call.force,
             no_follow=True,
         )
-        result, payload = await self.run(op, req)
-        if call.method == "fs/getMetadata":
-            return _metadata_reply(result)
-        if call.method == "fs/readFile":
-            return payload
-        return None
+        return no_follow_result(call.method, *await self.run(op, req))
 
     async def _read_only(
         self,
@@ -475,12 +481,9 @@ class SandboxedFileSystem:
     # ------------------------------------------------------------- core
 
     async def run(
-        self, op: FsOperation, request: FsSandboxRequest, into: ops.ReceiveInto | None = None
+        self, op: FsOperation, request: FsSandboxRequest
     ) -> tuple[dict[str, object], bytes]:
         """Check ``op`` against ``request`` and run it confined.
-
-        ``into``: where a successful reply's payload may be received instead of
-        new bytes (as ``ZygoteClient.run`` takes it; the one-shot helper ignores it).
 
         Returns:
             The helper's result fields and raw payload (readFile bytes).
@@ -496,99 +499,37 @@ class SandboxedFileSystem:
             raise InvalidRequestError("fs/copy requires destinationPath")
         # In a worker: the checks and the helper's plan look at the filesystem
         # (realpath, protected subpaths), which under a hung network or FUSE mount
-        # would stall every connection; the hop is a small part of a confined
-        # call, which waits for its helper.
+        # would stall every connection.
         src, dst, plan = await shared_pool().run(_check_and_plan, op, request)
-        not_a_file = (
-            op.path
-            if (op.method == "fs/readFile" and request.generation is Generation.CURRENT)
-            or op.method == "fs/open"
-            else None
-        )
+        header = _header(op, request, src, dst, plan)
         async with self._slots:
-            return await self._dispatch(op, request, plan, src, dst, not_a_file, into)
-
-    async def _dispatch(
-        self,
-        op: FsOperation,
-        request: FsSandboxRequest,
-        plan: SandboxPlan,
-        src: _Checked,
-        dst: _Checked | None,
-        not_a_file: str | None,
-        into: ops.ReceiveInto | None = None,
-    ) -> tuple[dict[str, object], bytes]:
-        if self._mode != "helper":
-            try:
-                return await self._run_zygote(op, plan, src, dst, not_a_file, into)
-            except ZygoteUnavailable as exc:
-                if self._mode == "zygote" or self._manager is None:
-                    raise InternalError(f"failed to prepare fs sandbox: {exc}") from exc
-                logger.info("fs zygote unavailable (%s); using the one-shot helper", exc)
-                self._mode = "helper"
-        if op.method == "fs/open":
-            raise _NoDescriptorPassing  # the one-shot helper answers over pipes
-        return await self._run_helper(op, request, src, dst, not_a_file)
-
-    def _guard(self, plan: SandboxPlan) -> dict[str, object]:
-        return {
-            "writable": list(plan.writable_roots),
-            "read_only": list(plan.read_only_subpaths),
-            "denied": list(plan.denied_paths),
-            "full_write": plan.full_write,
-        }
-
-    async def _run_zygote(
-        self,
-        op: FsOperation,
-        plan: SandboxPlan,
-        src: _Checked,
-        dst: _Checked | None,
-        not_a_file: str | None,
-        into: ops.ReceiveInto | None = None,
-    ) -> tuple[dict[str, object], bytes]:
-        header: dict[str, object] = {
-            "op": op.method,
-            "path": op.path if op.no_follow else src.path,
-            "expect": src.expect,
-            "recursive": op.recursive,
-            "force": op.force,
-            "plan": _plan_header(plan),
-            **self._guard(plan),
-        }
-        if dst is not None:
-            header["dest"] = dst.path
-            header["dest_expect"] = dst.expect
-        if not_a_file is not None:
-            header["not_a_file"] = not_a_file
-        if op.walk is not None:
-            header["walk"] = _walk_header(op.path, op.walk)
-        if op.no_follow:
-            header["no_follow"] = True
-        if op.method == "fs/open":
-            header["mode"] = op.mode
-        try:
-            reply, payload = await self._zygote.run(
-                header, op.data, timeout=self._config.fs_helper_timeout, into=into, owner=self
-            )
-        except HelperFailure as exc:
-            raise InternalError(str(exc)) from exc
-        return _unpack(reply), payload
+            if self._mode != "helper":
+                try:
+                    reply, payload = await self._zygote.run(
+                        header, op.data, timeout=self._config.fs_helper_timeout, owner=self
+                    )
+                except HelperFailure as exc:
+                    raise InternalError(str(exc)) from exc
+                except ZygoteUnavailable as exc:
+                    if self._mode == "zygote" or self._manager is None:
+                        raise InternalError(f"failed to prepare fs sandbox: {exc}") from exc
+                    logger.info("fs zygote unavailable (%s); using the one-shot helper", exc)
+                    self._mode = "helper"
+                else:
+                    return _unpack(reply), payload
+            if op.method == "fs/open":
+                raise _NoDescriptorPassing(src.path)  # the one-shot helper answers over pipes
+            return await self._run_helper(op, request, header)
 
     # ------------------------------------------------------------- one-shot helper
 
     async def _run_helper(
-        self,
-        op: FsOperation,
-        request: FsSandboxRequest,
-        src: _Checked,
-        dst: _Checked | None,
-        not_a_file: str | None,
+        self, op: FsOperation, request: FsSandboxRequest, header: dict[str, object]
     ) -> tuple[dict[str, object], bytes]:
+        """``header`` in a one-shot ``--codex-run-as-fs-helper`` process that the sandbox
+        manager wraps with the request's plan plus what its interpreter must read."""
         if self._manager is None:
-            raise InvalidRequestError(
-                "sandboxed filesystem operations require configured runtime paths"
-            )
+            raise InvalidRequestError(NO_RUNTIME_PATHS)
         if self._runtime_roots is None:
             self._runtime_roots = await shared_pool().run(_runtime_read_roots)
         plan = await shared_pool().run(
@@ -606,18 +547,17 @@ class SandboxedFileSystem:
             raise InvalidRequestError(f"failed to prepare fs sandbox: {exc.message}") from exc
         if not wrapped.argv:
             raise InvalidRequestError("fs sandbox command was empty")
-        token = new_temp_token() if op.method == "fs/writeFile" else None
-        message = json.dumps(_helper_request(op, src, dst, plan, not_a_file, token)).encode()
         status = -1
         try:
-            stdout, stderr, status = await self._spawn(wrapped, message)
+            stdout, stderr, status = await self._spawn(wrapped, _helper_request(op, header))
         finally:
             if wrapped.cleanup is not None:
                 with contextlib.suppress(OSError):
                     wrapped.cleanup()
-            if token is not None and status != 0:
+            temp = write_temp(header)
+            if temp is not None and status != 0:
                 # Killed (timeout, cancelled caller) or crashed: no temp file left.
-                await remove_write_temp(src.path, src.expect, token)
+                await remove_temp(*temp)
         if status != 0:
             raise InternalError(
                 f"fs sandbox helper failed with status {describe_wait_status(status)}: "
@@ -673,15 +613,6 @@ class SandboxedFileSystem:
 def _request(context: object) -> FsSandboxRequest:
     if isinstance(context, FsSandboxRequest):
         return context
-    if isinstance(context, bytes | bytearray):
-        # The router's fallback hands over the raw member when the policy
-        # layer was missing at import time; decode it now.
-        from exec_server.protocol.types.sandbox import decode_fs_sandbox
-        from exec_server.sandbox.convert import fs_context
-
-        decoded = fs_context(decode_fs_sandbox(bytes(context)))
-        if decoded is not None:
-            return decoded
     raise InvalidRequestError(NEEDS_POLICY)
 
 
@@ -717,17 +648,6 @@ def _is_visible_link(request: FsSandboxRequest, path: str) -> bool:
     return True
 
 
-def _metadata_reply(result: dict[str, object]) -> Metadata:
-    return Metadata(
-        is_directory=bool(result.get("isDirectory")),
-        is_file=bool(result.get("isFile")),
-        created_at_ms=_int(result.get("createdAtMs")),
-        modified_at_ms=_int(result.get("modifiedAtMs")),
-        is_symlink=bool(result.get("isSymlink", False)),
-        size=_int(result.get("size")),
-    )
-
-
 def _entries_reply(result: dict[str, object]) -> list[DirEntry]:
     entries = result.get("entries")
     if not isinstance(entries, list):
@@ -740,19 +660,6 @@ def _entries_reply(result: dict[str, object]) -> list[DirEntry]:
         )
         for e in entries
         if isinstance(e, dict)
-    ]
-
-
-def _walk_header(root: str, options: WalkOptions) -> list[object]:
-    """The walk's root as spelled (the confined child decides what it may see by real
-    locations) and its options."""
-    return [
-        root,
-        options.max_depth,
-        options.max_directories,
-        options.max_entries,
-        options.follow_directory_symlinks,
-        options.prune_hidden_directories,
     ]
 
 
@@ -778,10 +685,6 @@ def _path_reply(result: dict[str, object]) -> str:
     return out
 
 
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def _unpack(reply: dict[str, object]) -> dict[str, object]:
     if reply.get("status") == "error":
         code = reply.get("code")
@@ -795,49 +698,23 @@ def _unpack(reply: dict[str, object]) -> dict[str, object]:
     return result
 
 
-def _helper_request(
-    op: FsOperation,
-    src: _Checked,
-    dst: _Checked | None,
-    plan: SandboxPlan,
-    not_a_file: str | None,
-    tmp: str | None = None,
-) -> dict[str, object]:
-    """PROTOCOL.md §10.5 request, plus an ``x-exec-server`` member our helper uses
-    for the same strict checks as the zygote (unknown members are ignored); ``tmp``:
-    a writeFile's temp file token (``helper.ops.temp_name``)."""
+def _helper_request(op: FsOperation, header: dict[str, object]) -> bytes:
+    """PROTOCOL.md §10.5 request, with the zygote's request header as an
+    ``x-exec-server`` member: our helper runs the same strict checks from it
+    (upstream's ignores unknown members)."""
     params: dict[str, object] = {"sandbox": None}
     if op.method == "fs/copy":
-        assert dst is not None
-        params.update(sourcePath=src.path, destinationPath=dst.path, recursive=op.recursive)
+        params.update(sourcePath=header["path"], destinationPath=header["dest"],
+                      recursive=op.recursive)
     else:
-        params["path"] = op.path if op.no_follow else src.path
+        params["path"] = header["path"]
     if op.method == "fs/writeFile":
         params["dataBase64"] = base64.b64encode(ops.payload_bytes(op.data)).decode("ascii")
     elif op.method == "fs/createDirectory":
         params["recursive"] = op.recursive
     elif op.method == "fs/remove":
         params.update(recursive=op.recursive, force=op.force)
-    ext: dict[str, object] = {
-        "strict": True,
-        "expect": src.expect,
-        "writable": list(plan.writable_roots),
-        "read_only": list(plan.read_only_subpaths),
-        "denied": list(plan.denied_paths),
-        "full_write": plan.full_write,
-    }
-    if dst is not None:
-        ext["dest_expect"] = dst.expect
-    if not_a_file is not None:
-        ext["not_a_file"] = not_a_file
-    if tmp is not None:
-        ext["tmp"] = tmp
-    if op.walk is not None:
-        ext["walk"] = _walk_header(op.path, op.walk)
-        ext["plan"] = _plan_header(plan)
-    if op.no_follow:
-        ext["no_follow"] = True
-    return {"operation": op.method, "params": params, "x-exec-server": ext}
+    return json.dumps({"operation": op.method, "params": params, "x-exec-server": header}).encode()
 
 
 def _parse_helper_response(method: str, stdout: bytes) -> tuple[dict[str, object], bytes]:

@@ -49,7 +49,6 @@ __all__ = [
     "Metadata",
     "Payload",
     "Pieces",
-    "ReceiveInto",
     "canonicalize",
     "copy",
     "create_directory",
@@ -158,9 +157,6 @@ def read_and_close(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
 
 
 Buffer = bytes | bytearray | memoryview
-#: ``into(size)``: a buffer of exactly ``size`` bytes to receive a file's contents in,
-#: or None to have them as new bytes (see ``FileSystemService.read_file_mapped``).
-ReceiveInto = Callable[[int], memoryview | None]
 
 
 @dataclass(frozen=True, slots=True)

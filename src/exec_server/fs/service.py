@@ -25,21 +25,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from stat import S_ISDIR, S_ISREG
 from typing import Final, Protocol, TypeVar
 
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import direct as ops
-from exec_server.fs import nofollow
 from exec_server.fs.direct import DirEntry, Metadata
 from exec_server.fs.errors import translate_os_errors
 from exec_server.fs.handles import Install, Mode, open_into
+from exec_server.fs.helper import ops as helper_ops
 from exec_server.fs.pool import WorkerPool, shared_pool
 from exec_server.fs.walk import WalkOptions, WalkOutcome, limits_error, walk
 
 __all__ = [
     "DIRECT",
-    "NO_FOLLOW_WRITES",
     "NO_RUNTIME_PATHS",
     "ConfinedFileSystem",
     "FileSystemService",
@@ -73,14 +71,8 @@ class FsRoute:
 DIRECT = FsRoute(confined=False)
 
 
-class Route(Protocol):
-    """Anything shaped like :class:`FsRoute` (the policy layer returns its own type)."""
-
-    @property
-    def confined(self) -> bool: ...
-
-    @property
-    def context(self) -> object: ...
+#: what every method takes (``fs.context.route`` makes them).
+Route = FsRoute
 
 
 class ConfinedFileSystem(Protocol):
@@ -148,7 +140,7 @@ class FileSystemService:
     def pool(self) -> WorkerPool:
         return self._pool
 
-    def _confined_or_refuse(self, route: Route) -> ConfinedFileSystem:
+    def _confined_or_refuse(self) -> ConfinedFileSystem:
         if self._confined is None:
             raise InvalidRequestError(NO_RUNTIME_PATHS)
         return self._confined
@@ -158,7 +150,7 @@ class FileSystemService:
     ) -> bytes:
         """Whole file contents (cap :data:`~exec_server.fs.direct.READ_LIMIT`)."""
         if route.confined:
-            return await self._confined_or_refuse(route).read_file(route.context, path)
+            return await self._confined_or_refuse().read_file(route.context, path)
         return await self._pool.run(ops.read_file, path, regular_only=regular_only)
 
     def reads_directly(self, route: Route) -> bool:
@@ -189,7 +181,7 @@ class FileSystemService:
         file is never held whole; a file whose size changed since its ``fstat``
         is read again whole for ``map_large``."""
         if route.confined:
-            confined = self._confined_or_refuse(route)
+            confined = self._confined_or_refuse()
             if not confined.reads_directly(route.context):
                 data = await confined.read_file(route.context, path)
                 if len(data) > large_over:
@@ -211,7 +203,7 @@ class FileSystemService:
             # Made in a worker (a small text is decoded there), handed over as made:
             # pieces are decoded as they go to the confined helper.
             payload = await self._pool.run(produce)
-            return await self._confined_or_refuse(route).write_file(route.context, path, payload)
+            return await self._confined_or_refuse().write_file(route.context, path, payload)
         await self._pool.run(_produce_and_write, path, produce)
 
     async def write_file(
@@ -219,33 +211,33 @@ class FileSystemService:
     ) -> None:
         """Create or atomically replace ``path``."""
         if route.confined:
-            return await self._confined_or_refuse(route).write_file(route.context, path, data)
+            return await self._confined_or_refuse().write_file(route.context, path, data)
         await self._pool.run(ops.write_file, path, data)
 
     async def create_directory(
         self, path: str, route: Route = DIRECT, *, recursive: bool = True
     ) -> None:
         if route.confined:
-            return await self._confined_or_refuse(route).create_directory(
+            return await self._confined_or_refuse().create_directory(
                 route.context, path, recursive
             )
         await self._pool.run(ops.create_directory, path, recursive=recursive)
 
     async def get_metadata(self, path: str, route: Route = DIRECT) -> Metadata:
         if route.confined:
-            return await self._confined_or_refuse(route).get_metadata(route.context, path)
+            return await self._confined_or_refuse().get_metadata(route.context, path)
         return await self._pool.run(ops.get_metadata, path)
 
     async def read_directory(self, path: str, route: Route = DIRECT) -> list[DirEntry]:
         if route.confined:
-            return await self._confined_or_refuse(route).read_directory(route.context, path)
+            return await self._confined_or_refuse().read_directory(route.context, path)
         return await self._pool.run(ops.read_directory, path)
 
     async def remove(
         self, path: str, route: Route = DIRECT, *, recursive: bool = True, force: bool = True
     ) -> None:
         if route.confined:
-            return await self._confined_or_refuse(route).remove(
+            return await self._confined_or_refuse().remove(
                 route.context, path, recursive, force
             )
         await self._pool.run(ops.remove, path, recursive=recursive, force=force)
@@ -254,7 +246,7 @@ class FileSystemService:
         self, source: str, destination: str, route: Route = DIRECT, *, recursive: bool
     ) -> None:
         if route.confined:
-            return await self._confined_or_refuse(route).copy(
+            return await self._confined_or_refuse().copy(
                 route.context, source, destination, recursive
             )
         await self._pool.run(ops.copy, source, destination, recursive=recursive)
@@ -266,7 +258,7 @@ class FileSystemService:
         if refused is not None:
             raise InvalidRequestError(refused)
         if route.confined:
-            return await self._confined_or_refuse(route).walk(route.context, path, options)
+            return await self._confined_or_refuse().walk(route.context, path, options)
         return await self._pool.run(walk_here, path, options)
 
     async def open_handle(
@@ -275,7 +267,7 @@ class FileSystemService:
         """Open a new file handle's descriptor (``fs/open``) and hand it to ``install``
         in the worker that opened it (a cancelled caller cannot leak it)."""
         if route.confined:
-            confined = self._confined_or_refuse(route)
+            confined = self._confined_or_refuse()
             return await confined.open_handle(route.context, path, mode, install)
         await self._pool.run(open_into, install, path, mode)
 
@@ -283,7 +275,7 @@ class FileSystemService:
         """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`: no symlink
         anywhere in the path, race-free): in a worker, or confined like every call."""
         if route.confined:
-            return await self._confined_or_refuse(route).no_follow(route.context, call)
+            return await self._confined_or_refuse().no_follow(route.context, call)
         return await self._pool.run(run_no_follow, call)
 
     async def get_metadata_no_follow(self, path: str, route: Route = DIRECT) -> Metadata:
@@ -298,7 +290,7 @@ class FileSystemService:
 
     async def canonicalize(self, path: str, route: Route = DIRECT) -> str:
         if route.confined:
-            return await self._confined_or_refuse(route).canonicalize(route.context, path)
+            return await self._confined_or_refuse().canonicalize(route.context, path)
         return await self._pool.run(ops.canonicalize, path)
 
 
@@ -381,38 +373,38 @@ class NoFollowCall:
 #: getMetadata's :class:`Metadata`, readFile's bytes, None for the rest.
 NoFollowResult = Metadata | bytes | None
 
-NO_FOLLOW_WRITES: Final = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
-
 
 def run_no_follow(call: NoFollowCall) -> NoFollowResult:
-    """Run ``call`` here (a worker thread)."""
-    path = call.path
-    if call.method == "fs/getMetadata":
-        st = nofollow.lstat(path)
-        return Metadata(
-            is_directory=S_ISDIR(st.st_mode),
-            is_file=S_ISREG(st.st_mode),
-            is_symlink=False,
-            size=st.st_size,
-            created_at_ms=0,
-            modified_at_ms=st.st_mtime_ns // 1_000_000,
-        )
-    if call.method == "fs/readFile":
-        fd, size = nofollow.open_regular(path)
-        if size > ops.READ_LIMIT:
-            os.close(fd)
-            raise InvalidRequestError(ops.too_large_message(ops.READ_LIMIT))
-        return ops.read_and_close(fd, size)
-    if call.method == "fs/writeFile":
-        assert call.produce is not None
-        nofollow.write_file(path, ops.payload_bytes(call.produce()))
-    elif call.method == "fs/createDirectory":
-        nofollow.create_directory(path, recursive=call.recursive)
-    elif call.method == "fs/remove":
-        nofollow.remove(path, recursive=call.recursive, force=call.force)
-    else:
-        raise InvalidRequestError(f"{call.method} does not take followSymlinks")
-    return None
+    """Run ``call`` here (a worker thread), with the code the confined child runs."""
+    data = b"" if call.produce is None else ops.payload_bytes(call.produce())
+    fields, payload = helper_ops.no_follow(
+        call.method, call.path, data, recursive=call.recursive, force=call.force
+    )
+    return no_follow_result(call.method, fields, payload)
+
+
+def no_follow_result(method: str, fields: dict[str, object], payload: bytes) -> NoFollowResult:
+    """A no-follow call's answer from ``helper_ops.no_follow``'s result fields and payload."""
+    if method == "fs/getMetadata":
+        return metadata_from_fields(fields)
+    return payload if method == "fs/readFile" else None
+
+
+def metadata_from_fields(fields: dict[str, object]) -> Metadata:
+    """:class:`Metadata` from ``helper_ops.metadata_fields`` (as the confined child sends it)."""
+
+    def number(key: str) -> int:
+        value = fields.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return Metadata(
+        is_directory=bool(fields.get("isDirectory")),
+        is_file=bool(fields.get("isFile")),
+        created_at_ms=number("createdAtMs"),
+        modified_at_ms=number("modifiedAtMs"),
+        is_symlink=bool(fields.get("isSymlink", False)),
+        size=number("size"),
+    )
 
 
 def walk_here(path: str, options: WalkOptions) -> WalkOutcome:

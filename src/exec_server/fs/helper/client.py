@@ -42,12 +42,13 @@ import stat
 import struct
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from exec_server.fs.direct import Payload, Pieces, ReceiveInto
+from exec_server.fs.direct import Payload, Pieces
 from exec_server.fs.helper.loop import ID_PID, MAX_REQUEST, fds_from_anc
-from exec_server.fs.helper.ops import encode_frame, temp_name
+from exec_server.fs.helper.ops import FRAME, MAX_DATA, encode_frame, temp_name
 from exec_server.fs.pool import shared_pool
 from exec_server.process.spec import LaunchServiceUnavailable, ServicedChild
 from exec_server.sandbox.linux.spawn_zygote_main import REQUEST_HEADER
@@ -59,18 +60,17 @@ __all__ = [
     "ZygoteUnavailable",
     "describe_wait_status",
     "new_temp_token",
+    "remove_temp",
     "remove_temp_file",
-    "remove_write_temp",
     "shared_zygote",
+    "write_temp",
 ]
 
 logger = logging.getLogger("exec_server.fs.sandbox")
 
 _ID: Final = struct.Struct("!Q")
 _EXIT: Final = struct.Struct("!ii")
-_FRAME: Final = struct.Struct("!IQ")
 _MAX_REPLY_HEADER: Final = 64 * 1024 * 1024
-_MAX_REPLY_DATA: Final = 1024 * 1024 * 1024
 _MAIN: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
 #: payloads up to this size are sent together with their frame header.
 _COALESCE: Final = 256 * 1024
@@ -360,10 +360,7 @@ class Zygote:
         if z.timer is not None:
             z.timer.cancel()
         z.ctl.close()
-        for pid, p in z.by_pid.items():
-            if p.group:
-                with contextlib.suppress(OSError):
-                    os.killpg(pid, signal.SIGKILL)
+        _kill_launches(z)
         with contextlib.suppress(OSError):
             z.popen.kill()
         with contextlib.suppress(ChildProcessError):
@@ -389,10 +386,7 @@ class Zygote:
             z.ready.exception()  # mark retrieved: nobody may be waiting
         elif why != _CLOSED:
             logger.warning("helper zygote %d: %s", z.popen.pid, why)
-        for pid, p in z.by_pid.items():
-            if p.group:
-                with contextlib.suppress(OSError):
-                    os.killpg(pid, signal.SIGKILL)  # a launch outliving its zygote is unobservable
+        _kill_launches(z)
         for p in {*z.pending.values(), *z.by_pid.values()}:
             for fut in (p.started, p.exited):
                 if not fut.done():
@@ -563,7 +557,6 @@ class Zygote:
         data: Payload = b"",
         *,
         timeout: float,  # noqa: ASYNC109
-        into: ReceiveInto | None = None,
         owner: object = None,
     ) -> tuple[dict[str, object], bytes]:
         """Run one request in a fresh confined child (for ``owner``, which releases us).
@@ -578,9 +571,6 @@ class Zygote:
                 killed before it has all the data (it writes nothing) and the
                 error propagates.
             timeout: seconds before the child is killed.
-            into: for a successful reply's payload of ``n`` bytes, ``into(n)`` may
-                give a buffer of exactly ``n`` bytes to receive it in (the payload
-                returned is then empty); None receives it into new bytes.
 
         Returns:
             The reply header (``status`` ok/error …) and the raw reply payload.
@@ -590,33 +580,26 @@ class Zygote:
             HelperFailure: the child crashed, hung or sent garbage.
         """
         try:
-            return await self._run_once(header, data, timeout, into, owner)
+            return await self._run_once(header, data, timeout, owner)
         except _NotForked:
             # The zygote died before it could fork: nothing ran, so one retry
             # on a fresh zygote is safe.
-            return await self._run_once(header, data, timeout, into, owner)
+            return await self._run_once(header, data, timeout, owner)
 
     async def _run_once(
         self,
         header: dict[str, object],
         data: Payload,
         timeout: float,  # noqa: ASYNC109
-        into: ReceiveInto | None,
         owner: object,
     ) -> tuple[dict[str, object], bytes]:
         z = await self._ready(owner)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         req_id, p = self._pending(z)
-        temp = None
         op = header.get("op")
-        path, expect = header.get("path"), header.get("expect")
-        if op == "fs/writeFile" and isinstance(path, str) and isinstance(expect, str):
-            token = new_temp_token()
-            header = {**header, "tmp": token}
-            temp = _temp_file(path, expect, token)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        call = _Call(z, req_id, p, ours, temp)
+        call = _Call(z, req_id, p, ours, write_temp(header))
         try:
             ours.setblocking(False)
             raw = json.dumps(header).encode()
@@ -637,7 +620,7 @@ class Zygote:
             # done nothing, and is killed.
             await self._end(call, clean=False)
             raise
-        receive = self._receive(call, into, deadline, timeout)
+        receive = self._receive(call, deadline, timeout)
         if op not in _FINISH_WHEN_CANCELLED:
             return await receive
         # The child has everything it needs: if our caller stops waiting, it is not
@@ -699,7 +682,6 @@ class Zygote:
     async def _receive(
         self,
         call: _Call,
-        into: ReceiveInto | None,
         deadline: float,
         timeout: float,  # noqa: ASYNC109
     ) -> tuple[dict[str, object], bytes]:
@@ -710,7 +692,7 @@ class Zygote:
                 async with asyncio.timeout_at(deadline):
                     # The zygote's ``P`` (pid + pidfd) arrives concurrently; it is
                     # only needed to kill the child or to explain a crash.
-                    reply = await self._read_reply(loop, call.sock, call.p, into)
+                    reply = await self._read_reply(loop, call.sock, call.p)
             except TimeoutError:
                 raise HelperFailure(
                     f"fs sandbox helper timed out after {timeout:g}s and was killed"
@@ -731,7 +713,7 @@ class Zygote:
                 dead = await self._kill_and_reap(p)
                 if call.temp is not None:
                     if dead:
-                        await _remove_temp(*call.temp)
+                        await remove_temp(*call.temp)
                     elif p.pidfd is not None:
                         _remove_temp_once_dead(p.pidfd, *call.temp)
         finally:
@@ -772,13 +754,12 @@ class Zygote:
         loop: asyncio.AbstractEventLoop,
         sock: socket.socket,
         p: _Pending,
-        into: ReceiveInto | None,
     ) -> tuple[dict[str, object], bytes]:
-        prefix = await _recv_exact(loop, sock, _FRAME.size)
+        prefix = await _recv_exact(loop, sock, FRAME.size)
         if prefix is None:
             raise await self._crashed(p)
-        hlen, dlen = _FRAME.unpack(prefix)
-        if hlen > _MAX_REPLY_HEADER or dlen > _MAX_REPLY_DATA:
+        hlen, dlen = FRAME.unpack(prefix)
+        if hlen > _MAX_REPLY_HEADER or dlen > MAX_DATA:
             raise HelperFailure("failed to encode or decode fs sandbox helper message: bad frame")
         raw = await _recv_exact(loop, sock, hlen)
         if raw is None:
@@ -801,13 +782,6 @@ class Zygote:
                 raise await self._crashed(p)
             result["passed_fd"] = fd
             return header, b""
-        view = into(dlen) if into is not None and dlen and header["status"] == "ok" else None
-        if view is not None:
-            if len(view) != dlen:
-                raise ValueError(f"a buffer of {len(view)} bytes for a payload of {dlen}")
-            if not await _recv_exact_into(loop, sock, view):
-                raise await self._crashed(p)
-            return header, b""
         data = await _recv_exact(loop, sock, dlen)
         if data is None:
             raise await self._crashed(p)
@@ -823,6 +797,14 @@ class Zygote:
         except HelperFailure as exc:
             return HelperFailure(f"fs sandbox helper failed: {exc}")
         return HelperFailure(f"fs sandbox helper failed with status {describe_wait_status(status)}")
+
+
+def _kill_launches(z: _Process) -> None:
+    """Kill the groups of a zygote's launches: one outliving its zygote is unobservable."""
+    for pid, p in z.by_pid.items():
+        if p.group:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def _kill_launch(started: asyncio.Future[tuple[int, int]]) -> None:
@@ -883,19 +865,18 @@ def remove_temp_file(directory: str, name: str) -> None:
         os.close(fd)
 
 
-def _temp_file(path: str, expect: str, token: str) -> tuple[str, str]:
-    return expect, temp_name(os.path.basename(path), token)
+def write_temp(header: Mapping[str, object]) -> tuple[str, str] | None:
+    """Where a writeFile request's child names its finished file before it takes the
+    path's place: (the real parent the server checked, the temp name of its ``tmp``
+    token). A child killed (timeout, cancelled caller) or crashed in that instant
+    leaves the name behind; :func:`remove_temp` removes it once the child is dead."""
+    path, expect, token = header.get("path"), header.get("expect"), header.get("tmp")
+    if isinstance(path, str) and isinstance(expect, str) and isinstance(token, str):
+        return expect, temp_name(os.path.basename(path), token)
+    return None
 
 
-async def remove_write_temp(path: str, expect: str, token: str) -> None:
-    """Remove what a writeFile helper given ``tmp=token`` for the check path ``path``
-    (whose real parent is ``expect``) may have left, once it is dead: a helper
-    killed (timeout, cancelled caller) or crashed while it put its file in place
-    leaves its temp file's name (``helper.ops._write_atomic``)."""
-    await _remove_temp(*_temp_file(path, expect, token))
-
-
-async def _remove_temp(directory: str, name: str) -> None:
+async def remove_temp(directory: str, name: str) -> None:
     """:func:`remove_temp_file` in a worker (the directory may be on a hung mount)."""
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(_REAP_TIMEOUT):
@@ -946,29 +927,18 @@ async def _recv_exact(
     loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int
 ) -> bytes | None:
     """Receive exactly ``size`` bytes; None on a premature EOF."""
-    if size == 0:
-        return b""
     buf = bytearray(size)
-    with memoryview(buf) as view:
-        whole = await _recv_exact_into(loop, sock, view)
-    return bytes(buf) if whole else None
-
-
-async def _recv_exact_into(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
-) -> bool:
-    """Fill ``view`` from ``sock``; False on a premature EOF."""
-    size = len(view)
     got = 0
-    while got < size:
-        try:
-            n = await loop.sock_recv_into(sock, view[got:])
-        except (ConnectionResetError, BrokenPipeError):
-            return False
-        if n == 0:
-            return False
-        got += n
-    return True
+    with memoryview(buf) as view:
+        while got < size:
+            try:
+                n = await loop.sock_recv_into(sock, view[got:])
+            except (ConnectionResetError, BrokenPipeError):
+                return None
+            if n == 0:
+                return None
+            got += n
+    return bytes(buf)
 
 
 async def _recv_fd(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int | None:

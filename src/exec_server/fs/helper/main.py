@@ -99,7 +99,7 @@ class Zygote(ZygoteBase):
         self.confine.warm_up(self.abi)
         req = self.ops.OpRequest.from_header({"op": "fs/getMetadata", "path": "/", "expect": "/"})
         for _ in range(3):
-            self.ops.execute(req, b"", strict=True)
+            self.ops.execute(req, b"")
             json.loads(json.dumps({"status": "ok", "result": {"a": [1, "b"]}}))
         spawn.warm_up()
 
@@ -205,7 +205,7 @@ class Zygote(ZygoteBase):
             if probe is not None:
                 result, payload = self._probe(probe), b""
             else:
-                result, payload = ops.execute(req, data, strict=True)
+                result, payload = ops.execute(req, data)
         except ops.OpError as exc:
             self._reply(fd, {"status": "error", "code": exc.code, "message": exc.message})
             return

@@ -3,10 +3,10 @@
 The upstream-equivalent confinement path (PROTOCOL.md §10.4-§10.6): the server
 launches this mode through the sandbox manager (bwrap or the Landlock
 launcher), writes one §10.5 request and reads one response line. The
-operation runs with the direct semantics of §9.3 (``fs.helper.ops``); when the
-request carries our ``x-exec-server`` member (the server's expected real
-parents and the read-only holes), the same strict checks as in the zygote
-children apply. Stdlib only: it must start under tight read confinement.
+operation runs as in a zygote child (``fs.helper.ops``), from the same request
+header, sent as the ``x-exec-server`` member (the server's expected real parents,
+the read-only holes, the temp token). Stdlib only: it must start under tight
+read confinement.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _path(value: object, key: str) -> str:
     return value
 
 
-def _decode(raw: bytes) -> tuple[OpRequest, bytes, bool]:
+def _decode(raw: bytes) -> tuple[OpRequest, bytes]:
     """§10.5 request → operation; ValueError for anything malformed."""
     msg = json.loads(raw)
     if not isinstance(msg, dict):
@@ -57,25 +57,9 @@ def _decode(raw: bytes) -> tuple[OpRequest, bytes, bool]:
     params = msg.get("params")
     if op not in _OPERATIONS or not isinstance(params, dict):
         raise ValueError(f"unknown variant `{op}`")
+    # Our server's request header (the zygote's): the same strict checks apply.
     ext = msg.get("x-exec-server")
-    ext = ext if isinstance(ext, dict) else {}
-    header: dict[str, object] = {
-        k: ext[k]
-        for k in (
-            "expect",
-            "dest_expect",
-            "writable",
-            "read_only",
-            "denied",
-            "full_write",
-            "not_a_file",
-            "tmp",
-            "walk",
-            "plan",
-            "no_follow",
-        )
-        if k in ext
-    }
+    header: dict[str, object] = dict(ext) if isinstance(ext, dict) else {}
     header["op"] = op
     if op == "fs/copy":
         header["path"] = _path(params.get("sourcePath"), "sourcePath")
@@ -94,7 +78,7 @@ def _decode(raw: bytes) -> tuple[OpRequest, bytes, bool]:
         except (binascii.Error, ValueError) as exc:
             raise OpError(-32600, f"fs/writeFile requires valid base64 dataBase64: {exc}") from exc
     req = OpRequest.from_header(header)
-    return req, data, bool(ext)
+    return req, data
 
 
 def _response(op: str, result: Mapping[str, object], payload: bytes) -> dict[str, object]:
@@ -110,7 +94,7 @@ def helper_main(argv: Sequence[str]) -> int:
     try:
         raw = sys.stdin.buffer.read()
         try:
-            req, data, strict = _decode(raw)
+            req, data = _decode(raw)
         except OpError as exc:
             error = {"status": "error", "payload": {"code": exc.code, "message": exc.message}}
             sys.stdout.write(json.dumps(error) + "\n")
@@ -120,7 +104,7 @@ def helper_main(argv: Sequence[str]) -> int:
         return 1
     out: dict[str, object]
     try:
-        result, payload = execute(req, data, strict=strict)
+        result, payload = execute(req, data)
         out = _response(req.op, result, payload)
     except OpError as exc:
         out = {"status": "error", "payload": {"code": exc.code, "message": exc.message}}

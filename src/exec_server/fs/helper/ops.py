@@ -5,19 +5,16 @@ verified resolution of their paths and the guard; the operations themselves are
 Stdlib only: imported by the zygote (``python -I -S``, no site-packages) and by
 the one-shot ``--codex-run-as-fs-helper`` mode.
 
-Two resolution modes:
-
-* ``strict`` (zygote children): the server already resolved every path to its
-  *check path* (§10.3) and sends the real location it expects each parent
-  directory to have. The child opens the parent (``O_PATH``), reads back the
-  kernel's name for that open object (``/proc/self/fd``) and refuses to go on
-  if it differs: a symlink swapped in after the server's check is detected,
-  and everything afterwards is relative to that verified directory fd with
-  ``O_NOFOLLOW`` on the final component. Read-only holes (``.git`` …) and
-  ``none`` carve-outs that Landlock cannot express are enforced here against
-  the verified real location (SANDBOX.md §1.7, §7).
-* non-strict (one-shot helper): plain direct semantics on the given paths;
-  confinement comes entirely from the wrapper (bwrap / launcher).
+Resolution: the server already resolved every path to its *check path*
+(§10.3) and sends the real location it expects each parent directory to have
+(without one, the parent must be canonical). The child opens the parent
+(``O_PATH``), reads back the kernel's name for that open object
+(``/proc/self/fd``) and refuses to go on if it differs: a symlink swapped in
+after the server's check is detected, and everything afterwards is relative to
+that verified directory fd with ``O_NOFOLLOW`` on the final component.
+Read-only holes (``.git`` …) and ``none`` carve-outs that Landlock cannot
+express are enforced here against the verified real location (SANDBOX.md
+§1.7, §7). Zygote children and the one-shot helper resolve alike.
 
 Errors are ``OpError(code, message)`` with PROTOCOL.md §9.1 codes.
 """
@@ -32,19 +29,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from exec_server.errno_text import os_error_text
-from exec_server.exceptions import ExecServerError, wire_error
+from exec_server.exceptions import ExecServerError, InvalidRequestError, wire_error
 from exec_server.fs import fdops, nofollow
-from exec_server.fs.errors import FsError
+from exec_server.fs.errors import FsError, translate_os_errors
 from exec_server.fs.fdops import temp_name, write_all
 from exec_server.fs.walk import WalkOptions, walk
 
 __all__ = [
+    "FRAME",
+    "MAX_DATA",
     "MAX_READ_BYTES",
+    "WRITE_OPS",
     "OpError",
     "OpRequest",
     "encode_frame",
     "error_from_os",
     "execute",
+    "metadata_fields",
+    "no_follow",
     "prefault",
     "read_frame",
     "temp_name",
@@ -53,9 +55,10 @@ __all__ = [
 
 #: fs/readFile refuses larger files (PROTOCOL.md §9.3).
 MAX_READ_BYTES = fdops.READ_LIMIT
-_FRAME = struct.Struct("!IQ")
+#: a frame: header length, data length (big endian), the JSON header, the raw data.
+FRAME = struct.Struct("!IQ")
 _MAX_HEADER = 16 * 1024 * 1024
-_MAX_DATA = 2 * MAX_READ_BYTES
+MAX_DATA = 2 * MAX_READ_BYTES
 
 _NOT_FOUND = -32004
 _INVALID = -32600
@@ -101,7 +104,7 @@ class OpRequest:
     """One operation, decoded from the frame header (or a §10.5 helper request).
 
     ``expect`` / ``dest_expect`` are the real parent directories the server
-    saw at check time (strict mode only). ``tmp`` is the server's token for the
+    saw at check time. ``tmp`` is the server's token for the
     name of a writeFile's temp file (:func:`temp_name`; random when absent).
     """
 
@@ -211,7 +214,7 @@ class OpRequest:
 
 def encode_frame(header: bytes, data_len: int) -> bytes:
     """Frame prefix: header length, data length (big endian), then the header."""
-    return _FRAME.pack(len(header), data_len) + header
+    return FRAME.pack(len(header), data_len) + header
 
 
 def _read_exact(fd: int, size: int) -> bytearray:
@@ -228,8 +231,8 @@ def _read_exact(fd: int, size: int) -> bytearray:
 
 def read_frame(fd: int) -> tuple[bytes, bytearray]:
     """Read one frame (header bytes, data) from a blocking fd."""
-    hlen, dlen = _FRAME.unpack(bytes(_read_exact(fd, _FRAME.size)))
-    if hlen > _MAX_HEADER or dlen > _MAX_DATA:
+    hlen, dlen = FRAME.unpack(bytes(_read_exact(fd, FRAME.size)))
+    if hlen > _MAX_HEADER or dlen > MAX_DATA:
         raise OpError(_INVALID, "fs sandbox frame too large")
     header = bytes(_read_exact(fd, hlen))
     return header, _read_exact(fd, dlen)
@@ -321,13 +324,11 @@ class _Target:
 
 
 class _Ctx:
-    """Per-request resolution state: strictness, guard, fds to close."""
+    """Per-request resolution state: the request and its guard."""
 
-    def __init__(self, req: OpRequest, *, strict: bool) -> None:
+    def __init__(self, req: OpRequest) -> None:
         self.req = req
-        self.strict = strict
         self.guard = _Guard.build(req)
-        self.nofollow = os.O_NOFOLLOW if strict else 0
 
     def changed(self, path: str) -> OpError:
         return OpError(_INTERNAL, f"{path} changed while the sandboxed operation was running")
@@ -335,11 +336,9 @@ class _Ctx:
     def open_dir(self, path: str, expect: str | None) -> int:
         """Open an existing directory (``O_PATH``), verifying its real location."""
         fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        if self.strict:
-            real = _fd_path(fd)
-            if real != (expect if expect is not None else path):
-                os.close(fd)
-                raise self.changed(path)
+        if _fd_path(fd) != (expect if expect is not None else path):
+            os.close(fd)
+            raise self.changed(path)
         return fd
 
     def target(self, path: str, expect: str | None) -> _Target:
@@ -347,7 +346,7 @@ class _Ctx:
             return _Target(self.open_dir("/", "/"), ".", "/")
         parent, name = os.path.split(path)
         fd = self.open_dir(parent, expect)
-        return _Target(fd, name, _fd_path(fd) if self.strict else parent)
+        return _Target(fd, name, _fd_path(fd))
 
 
 def _final_symlink(c: _Ctx, t: _Target) -> OSError | OpError:
@@ -371,9 +370,9 @@ def _final_symlink(c: _Ctx, t: _Target) -> OSError | OpError:
 def _open_final(c: _Ctx, t: _Target, flags: int) -> int:
     """``openat`` of a read's final component; a final symlink is :func:`_final_symlink`'s."""
     try:
-        return os.open(t.name, flags | c.nofollow, dir_fd=t.dirfd)
+        return os.open(t.name, flags | os.O_NOFOLLOW, dir_fd=t.dirfd)
     except OSError as exc:
-        if not c.strict or exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
         # O_NOFOLLOW refuses a final link with ELOOP, or ENOTDIR with
         # O_DIRECTORY; the same numbers for anything else are re-raised.
@@ -406,23 +405,21 @@ def _read_file(c: _Ctx) -> tuple[dict[str, object], bytes]:
 
 
 def _write_file(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
-    """Create or atomically replace (:func:`fdops.replace_file`); the one-shot helper,
-    whose wrapper decides what it may write, writes in place."""
+    """Create or atomically replace (:func:`fdops.replace_file`); what is not a regular
+    file (a FIFO, a device) is written in place."""
     t = c.target(c.req.path, c.req.expect)
     try:
         c.guard.check(t.real, write=True)
         try:
-            old: os.stat_result | None = os.stat(
-                t.name, dir_fd=t.dirfd, follow_symlinks=not c.strict
-            )
+            old: os.stat_result | None = os.stat(t.name, dir_fd=t.dirfd, follow_symlinks=False)
         except FileNotFoundError:
             old = None
         if old is not None and stat.S_ISLNK(old.st_mode):
             raise _os(errno.ELOOP)
         if old is not None and stat.S_ISDIR(old.st_mode):
             raise _os(errno.EISDIR)
-        if (old is not None and not stat.S_ISREG(old.st_mode)) or not c.strict:
-            fdops.write_in_place(t.dirfd, t.name, data, c.nofollow | os.O_NONBLOCK)
+        if old is not None and not stat.S_ISREG(old.st_mode):
+            fdops.write_in_place(t.dirfd, t.name, data, os.O_NOFOLLOW | os.O_NONBLOCK)
         else:
             if old is not None:
                 fdops.check_writable(t.dirfd, t.name)
@@ -456,18 +453,14 @@ def _make_dirs(c: _Ctx, path: str) -> tuple[int, str]:
     """``mkdir -p`` by directory fds (:func:`fdops.make_dirs`), each directory verified
     where it already exists and checked by the guard before it is made; returns an
     ``O_PATH`` fd of ``path`` and its real location."""
-    if c.strict:
-        # The check path is canonical in its existing prefix: every existing
-        # ancestor must resolve to itself.
-        return fdops.make_dirs(
-            path,
-            lambda p: c.open_dir(p, p),
-            real_of=lambda fd, _: _fd_path(fd),
-            check=lambda real: c.guard.check(real, write=True),
-            nofollow=c.nofollow,
-        )
+    # The check path is canonical in its existing prefix: every existing
+    # ancestor must resolve to itself.
     return fdops.make_dirs(
-        path, lambda p: c.open_dir(p, None), check=lambda real: c.guard.check(real, write=True)
+        path,
+        lambda p: c.open_dir(p, p),
+        real_of=lambda fd, _: _fd_path(fd),
+        check=lambda real: c.guard.check(real, write=True),
+        nofollow=os.O_NOFOLLOW,
     )
 
 
@@ -489,23 +482,12 @@ def _get_metadata(c: _Ctx) -> tuple[dict[str, object], bytes]:
     t = c.target(c.req.path, c.req.expect)
     try:
         c.guard.check(t.real, write=False)
-        lst = os.stat(t.name, dir_fd=t.dirfd, follow_symlinks=False)
-        if stat.S_ISLNK(lst.st_mode):
-            if c.strict:
-                raise _final_symlink(c, t)
-            st = os.stat(t.name, dir_fd=t.dirfd)
-        else:
-            st = lst
+        st = os.stat(t.name, dir_fd=t.dirfd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise _final_symlink(c, t)
     finally:
         t.close()
-    return {
-        "isDirectory": stat.S_ISDIR(st.st_mode),
-        "isFile": stat.S_ISREG(st.st_mode),
-        "isSymlink": stat.S_ISLNK(lst.st_mode),
-        "size": st.st_size,
-        "createdAtMs": 0,
-        "modifiedAtMs": st.st_mtime_ns // 1_000_000,
-    }, b""
+    return metadata_fields(st, is_symlink=False), b""
 
 
 def _read_directory(c: _Ctx) -> tuple[dict[str, object], bytes]:
@@ -570,11 +552,9 @@ def _copy(c: _Ctx) -> tuple[dict[str, object], bytes]:
         if stat.S_ISDIR(st.st_mode):
             if not c.req.recursive:
                 raise OpError(_INVALID, fdops.COPY_DIR_WITHOUT_RECURSIVE)
-            src_real = s.real if c.strict else os.path.realpath(c.req.path)
-            dst_real = dest if c.strict else os.path.realpath(dest)
-            if _within(dst_real, src_real):
+            if _within(dest, s.real):
                 raise OpError(_INVALID, fdops.COPY_INTO_SELF)
-            _copy_tree(c, s, src_real, dest)
+            _copy_tree(c, s, s.real, dest)
             return {}, b""
         if not (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode)):
             raise OpError(_INVALID, fdops.COPY_UNSUPPORTED_TYPE)
@@ -584,7 +564,7 @@ def _copy(c: _Ctx) -> tuple[dict[str, object], bytes]:
             if stat.S_ISLNK(st.st_mode):
                 os.symlink(os.readlink(s.name, dir_fd=s.dirfd), d.name, dir_fd=d.dirfd)
             else:
-                fdops.copy_file_at(s.dirfd, s.name, d.dirfd, d.name, dst_flags=c.nofollow)
+                fdops.copy_file_at(s.dirfd, s.name, d.dirfd, d.name, dst_flags=os.O_NOFOLLOW)
         finally:
             d.close()
     finally:
@@ -618,20 +598,17 @@ def _copy_tree(c: _Ctx, s: _Target, src_real: str, dest: str) -> None:
 
 
 def _canonicalize(c: _Ctx) -> tuple[dict[str, object], bytes]:
-    if c.strict:
-        t = c.target(c.req.path, c.req.expect)
+    t = c.target(c.req.path, c.req.expect)
+    try:
+        fd = os.open(t.name, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=t.dirfd)
         try:
-            fd = os.open(t.name, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=t.dirfd)
-            try:
-                if stat.S_ISLNK(os.fstat(fd).st_mode):
-                    raise _final_symlink(c, t)
-                real = _fd_path(fd)
-            finally:
-                os.close(fd)
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise _final_symlink(c, t)
+            real = _fd_path(fd)
         finally:
-            t.close()
-    else:
-        real = os.path.realpath(c.req.path, strict=True)
+            os.close(fd)
+    finally:
+        t.close()
     c.guard.check(real, write=False)
     return {"path": real}, b""
 
@@ -660,49 +637,64 @@ def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
     }, b""
 
 
-_NO_FOLLOW_WRITES = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
+def metadata_fields(st: os.stat_result, *, is_symlink: bool) -> dict[str, object]:
+    """getMetadata's answer (``createdAtMs`` is always 0, as upstream's)."""
+    return {
+        "isDirectory": stat.S_ISDIR(st.st_mode),
+        "isFile": stat.S_ISREG(st.st_mode),
+        "isSymlink": is_symlink,
+        "size": st.st_size,
+        "createdAtMs": 0,
+        "modifiedAtMs": st.st_mtime_ns // 1_000_000,
+    }
+
+
+WRITE_OPS = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
+
+
+def no_follow(
+    op: str, path: str, data: bytes | bytearray | memoryview, *, recursive: bool, force: bool
+) -> tuple[dict[str, object], bytes]:
+    """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`: no link anywhere
+    in ``path``, race-free), run by the server's worker and by the confined child alike.
+
+    Raises:
+        FsError, ExecServerError: as the direct path raises them.
+    """
+    if op == "fs/getMetadata":
+        return metadata_fields(nofollow.lstat(path), is_symlink=False), b""
+    if op == "fs/readFile":
+        fd, size = nofollow.open_regular(path)
+        try:
+            if size > MAX_READ_BYTES:
+                raise InvalidRequestError(fdops.too_large_message(MAX_READ_BYTES))
+            with translate_os_errors():
+                return {}, fdops.read_to_end(fd, size, MAX_READ_BYTES)
+        finally:
+            os.close(fd)
+    if op == "fs/writeFile":
+        nofollow.write_file(path, data)
+    elif op == "fs/createDirectory":
+        nofollow.create_directory(path, recursive=recursive)
+    elif op == "fs/remove":
+        nofollow.remove(path, recursive=recursive, force=force)
+    else:
+        raise InvalidRequestError(f"{op} does not take followSymlinks")
+    return {}, b""
 
 
 def _no_follow(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
-    """A ``followSymlinks: false`` call: the server's own no-follow code, run here under
-    Landlock and without capabilities; the path as spelled has no link in it, so the
-    guard (read-only holes, ``none`` carve-outs) judges the real location."""
+    """:func:`no_follow` under Landlock and without capabilities; the path as spelled
+    has no link in it, so the guard (read-only holes, ``none`` carve-outs) judges
+    the real location."""
     req = c.req
-    c.guard.check(req.path, write=req.op in _NO_FOLLOW_WRITES)
+    c.guard.check(req.path, write=req.op in WRITE_OPS)
     try:
-        if req.op == "fs/getMetadata":
-            st = nofollow.lstat(req.path)
-            return {
-                "isDirectory": stat.S_ISDIR(st.st_mode),
-                "isFile": stat.S_ISREG(st.st_mode),
-                "isSymlink": False,
-                "size": st.st_size,
-                "createdAtMs": 0,
-                "modifiedAtMs": st.st_mtime_ns // 1_000_000,
-            }, b""
-        if req.op == "fs/readFile":
-            fd, size = nofollow.open_regular(req.path)
-            try:
-                if size > MAX_READ_BYTES:
-                    raise OpError(
-                        _INVALID, f"file is too large to read: limit is {MAX_READ_BYTES} bytes"
-                    )
-                return {}, fdops.read_to_end(fd, size, MAX_READ_BYTES)
-            finally:
-                os.close(fd)
-        if req.op == "fs/writeFile":
-            nofollow.write_file(req.path, data)
-        elif req.op == "fs/createDirectory":
-            nofollow.create_directory(req.path, recursive=req.recursive)
-        elif req.op == "fs/remove":
-            nofollow.remove(req.path, recursive=req.recursive, force=req.force)
-        else:
-            raise OpError(_INVALID, f"{req.op} does not take followSymlinks")
+        return no_follow(req.op, req.path, data, recursive=req.recursive, force=req.force)
     except (ExecServerError, FsError) as exc:
         err = wire_error(exc)
         assert err is not None  # both kinds map
         raise OpError(err.code, err.message) from exc
-    return {}, b""
 
 
 def _open(c: _Ctx) -> tuple[dict[str, object], bytes]:
@@ -745,18 +737,16 @@ _OPS = {
 
 def prefault(req: OpRequest) -> None:
     """Exercise request set-up without touching the filesystem (pre-forked children)."""
-    _Ctx(req, strict=True)
+    _Ctx(req)
 
 
-def execute(
-    req: OpRequest, data: bytes | bytearray, *, strict: bool
-) -> tuple[dict[str, object], bytes]:
+def execute(req: OpRequest, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
     """Run one operation; returns (result fields, raw payload for readFile).
 
     Raises:
         OpError: every failure, already mapped to a JSON-RPC code and text.
     """
-    c = _Ctx(req, strict=strict)
+    c = _Ctx(req)
     try:
         if req.no_follow:
             return _no_follow(c, data)
