@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from exec_server.protocol import codec
-from exec_server.server import app
+from exec_server.server import connection
 from exec_server.server.handlers import fs as fs_handlers
 
 MIB = 1 << 20
@@ -66,7 +66,7 @@ async def test_a_big_write_is_decoded_while_the_loop_runs(
     turns_at_slices: list[int] = []
 
     def decode_message(item: Any) -> Any:
-        if len(item) >= app.DECODE_OFF_LOOP:
+        if len(item) >= connection.DECODE_OFF_LOOP:
             decoded_on.append(threading.get_ident())
         return codec.decode_message(item)
 
@@ -76,7 +76,7 @@ async def test_a_big_write_is_decoded_while_the_loop_runs(
             yield piece
 
     codec_slices = fs_handlers.decode_slices
-    monkeypatch.setattr(app, "decode_message", decode_message)
+    monkeypatch.setattr(connection, "decode_message", decode_message)
     monkeypatch.setattr(fs_handlers, "decode_slices", decode_slices)
     srv = inprocess_server()
     client = await srv.connect()
