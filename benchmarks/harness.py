@@ -168,6 +168,17 @@ class RunningServer:
                 await self._drain
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+# Servers run in sessions of their own, so a SIGTERM to a benchmark (``timeout``, a CI
+# job's end) would leave them running: turn it into the interrupt that unwinds
+# ``asyncio.run``, whose task cancellation runs ``start_server``'s clean-up.
+if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+
+
 @contextlib.asynccontextmanager
 async def start_server(
     target: ServerTarget, *, cwd: str | None = None, limit_s: float = 30.0

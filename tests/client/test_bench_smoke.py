@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -144,3 +145,46 @@ def test_a_target_is_met_when_the_interval_reaches_it() -> None:
     assert not target_met(0.75, (0.6, 0.79), 0.8, higher_is_better=True)
     assert target_met(0.5, None, 0.5, higher_is_better=False)  # no interval: the median decides
     assert not target_met(0.51, None, 0.5, higher_is_better=False)
+
+
+_HOLD_A_SERVER = """
+import asyncio, sys
+sys.path.insert(0, sys.argv[1])
+import harness
+
+async def main() -> None:
+    async with harness.start_server(harness.ours_target()) as server:
+        print(server.pid, flush=True)
+        await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_terminated_benchmark_stops_its_servers() -> None:
+    """Servers run in sessions of their own: a SIGTERM to the benchmark (``timeout``)
+    must still stop them, not leave them running for good."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLD_A_SERVER, str(BENCHMARKS),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    loop = asyncio.get_running_loop()
+    exited = asyncio.Event()
+    pidfd = -1
+    try:
+        assert proc.stdout is not None
+        server_pid = int(await asyncio.wait_for(proc.stdout.readline(), 60))
+        pidfd = os.pidfd_open(server_pid)  # readable once the server has exited
+        loop.add_reader(pidfd, exited.set)
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)
+        await asyncio.wait_for(exited.wait(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if pidfd >= 0:
+            loop.remove_reader(pidfd)
+            if not exited.is_set():
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.close(pidfd)
