@@ -53,19 +53,14 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _plan_request(ns: argparse.Namespace, cwd: str) -> Any:
-    from exec_server.sandbox.convert import cli_launch_request
-
-    return cli_launch_request(ns.sandbox, cwd=cwd, writable_roots=ns.writable_root,
-                              network=ns.network, tmpdir=os.environ.get("TMPDIR"))
-
-
 def _confine(ns: argparse.Namespace, spec: LaunchSpec) -> LaunchSpec:
     """Policy → plan → backend wrap, through the same manager the server uses."""
     from exec_server.config import ServerConfig
+    from exec_server.sandbox.convert import cli_launch_request
     from exec_server.sandbox.manager import SandboxManager
 
-    request = _plan_request(ns, spec.cwd)
+    request = cli_launch_request(ns.sandbox, cwd=spec.cwd, writable_roots=ns.writable_root,
+                                 network=ns.network, tmpdir=os.environ.get("TMPDIR"))
     manager = SandboxManager(ServerConfig(sandbox_backend=ns.backend))
     wrapped: LaunchSpec = manager.prepare_request(spec, request)
     return wrapped
