@@ -358,28 +358,23 @@ async def _pump_stdin(handle: ProcessHandle, *, eof: str | None) -> None:
             loop.remove_reader(fd)
         queue.put_nowait(data)
 
-    async def finish() -> None:
+    try:
+        loop.add_reader(fd, on_readable)
+        polled = True
+    except (PermissionError, ValueError, OSError):
+        polled = False  # regular files cannot be polled: read them in a thread
+    try:
+        while data := await (queue.get() if polled
+                             else asyncio.to_thread(os.read, fd, _STDIN_READ_SIZE)):
+            if await handle.write(data) is not WriteStatus.ACCEPTED:
+                return
         if eof == "close":
             await handle.close_stdin()
         else:
             await handle.write(_EOT)
-
-    try:
-        loop.add_reader(fd, on_readable)
-    except (PermissionError, ValueError, OSError):
-        # Regular files cannot be polled: read them in a thread.
-        while data := await asyncio.to_thread(os.read, fd, _STDIN_READ_SIZE):
-            if await handle.write(data) is not WriteStatus.ACCEPTED:
-                return
-        await finish()
-        return
-    try:
-        while data := await queue.get():
-            if await handle.write(data) is not WriteStatus.ACCEPTED:
-                return
-        await finish()
     finally:
-        loop.remove_reader(fd)
+        if polled:
+            loop.remove_reader(fd)
 
 
 async def _forward_interrupts(handle: ProcessHandle, interrupts: asyncio.Queue[None]) -> None:

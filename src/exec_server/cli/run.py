@@ -53,19 +53,14 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _plan_request(ns: argparse.Namespace, cwd: str) -> Any:
-    from exec_server.sandbox.convert import cli_launch_request
-
-    return cli_launch_request(ns.sandbox, cwd=cwd, writable_roots=ns.writable_root,
-                              network=ns.network, tmpdir=os.environ.get("TMPDIR"))
-
-
 def _confine(ns: argparse.Namespace, spec: LaunchSpec) -> LaunchSpec:
     """Policy → plan → backend wrap, through the same manager the server uses."""
     from exec_server.config import ServerConfig
+    from exec_server.sandbox.convert import cli_launch_request
     from exec_server.sandbox.manager import SandboxManager
 
-    request = _plan_request(ns, spec.cwd)
+    request = cli_launch_request(ns.sandbox, cwd=spec.cwd, writable_roots=ns.writable_root,
+                                 network=ns.network, tmpdir=os.environ.get("TMPDIR"))
     manager = SandboxManager(ServerConfig(sandbox_backend=ns.backend))
     wrapped: LaunchSpec = manager.prepare_request(spec, request)
     return wrapped
@@ -146,6 +141,11 @@ def _any_exec_bit(path: str) -> bool:
         return False
 
 
+def _fail(message: str, code: int) -> int:
+    sys.stderr.write(f"exec-server run: {message}\n")
+    return code
+
+
 def run(ns: argparse.Namespace) -> int:
     """Entry of ``exec-server run``; returns the exit status."""
     if ns.probe:
@@ -157,29 +157,23 @@ def run(ns: argparse.Namespace) -> int:
         return 0
     command = command_words(ns)
     if not command:
-        sys.stderr.write("exec-server run: missing command (usage: exec-server run [OPTIONS] "
-                         "-- CMD ARGS...)\n")
-        return 2
+        return _fail("missing command (usage: exec-server run [OPTIONS] -- CMD ARGS...)", 2)
     from exec_server.exceptions import ExecServerError
     from exec_server.sandbox.errors import SandboxError
 
     try:
         cwd = os.getcwd()
     except OSError as exc:
-        sys.stderr.write(f"exec-server run: the current directory is gone: {exc.strerror}\n")
-        return EXIT_SETUP
+        return _fail(f"the current directory is gone: {exc.strerror}", EXIT_SETUP)
     if not command[0]:
-        sys.stderr.write("exec-server run: empty command name\n")
-        return EXIT_NOT_FOUND
+        return _fail("empty command name", EXIT_NOT_FOUND)
     for root in ns.writable_root:
         if os.path.isabs(root) and not os.path.isdir(root):
-            sys.stderr.write(f"exec-server run: --writable-root {root}: no such directory\n")
-            return EXIT_SETUP
+            return _fail(f"--writable-root {root}: no such directory", EXIT_SETUP)
     unrunnable = _unrunnable(command[0], cwd, os.environ.get("PATH", os.defpath))
     if unrunnable is not None:
         code, message = unrunnable
-        sys.stderr.write(f"exec-server run: {message}\n")
-        return code
+        return _fail(message, code)
     # tty: the command stays in our session and process group (bwrap without
     # --new-session), so the terminal's ^C, job control and /dev/tty reach it;
     # our seccomp filter refuses TIOCSTI/TIOCLINUX, which --new-session guards against.
@@ -187,17 +181,12 @@ def run(ns: argparse.Namespace) -> int:
     try:
         wrapped = _confine(ns, spec)
     except (ExecServerError, SandboxError, ValueError) as exc:
-        message = str(exc) if isinstance(exc, ValueError) else exc.message
-        sys.stderr.write(f"exec-server run: {message}\n")
-        return EXIT_SETUP
+        return _fail(str(exc) if isinstance(exc, ValueError) else exc.message, EXIT_SETUP)
     if wrapped.sandbox_type is SandboxType.NONE and ns.sandbox != "danger-full-access":
-        sys.stderr.write("exec-server run: refusing to run unconfined\n")
-        return EXIT_SETUP
+        return _fail("refusing to run unconfined", EXIT_SETUP)
     try:
         return _spawn_and_wait(wrapped)
     except FileNotFoundError as exc:
-        sys.stderr.write(f"exec-server run: {command[0]}: {exc.strerror}\n")
-        return EXIT_NOT_FOUND
+        return _fail(f"{command[0]}: {exc.strerror}", EXIT_NOT_FOUND)
     except OSError as exc:
-        sys.stderr.write(f"exec-server run: {command[0]}: {exc.strerror}\n")
-        return EXIT_NOT_EXECUTABLE
+        return _fail(f"{command[0]}: {exc.strerror}", EXIT_NOT_EXECUTABLE)

@@ -88,28 +88,23 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
         help="require `Authorization: Bearer <token>` on the upgrade: "
         "capability-token or signed-bearer-token (HS256 JWT)",
     )
-    g.add_argument("--ws-token-file", metavar="PATH", help="capability token file (trimmed)")
-    g.add_argument(
-        "--ws-token-sha256", metavar="HEX", help="SHA-256 of the capability token (64 hex digits)"
-    )
-    g.add_argument(
-        "--ws-shared-secret-file",
-        metavar="PATH",
-        help="HS256 secret for signed bearer tokens (trimmed, at least 32 bytes)",
-    )
-    g.add_argument("--ws-issuer", metavar="ISSUER", help="required JWT `iss` (blank: not checked)")
-    g.add_argument(
-        "--ws-audience", metavar="AUDIENCE", help="required JWT `aud` (blank: not checked)"
-    )
+    for flag, metavar, help_text in (
+        ("--ws-token-file", "PATH", "capability token file (trimmed)"),
+        ("--ws-token-sha256", "HEX", "SHA-256 of the capability token (64 hex digits)"),
+        ("--ws-shared-secret-file", "PATH",
+         "HS256 secret for signed bearer tokens (trimmed, at least 32 bytes)"),
+        ("--ws-issuer", "ISSUER", "required JWT `iss` (blank: not checked)"),
+        ("--ws-audience", "AUDIENCE", "required JWT `aud` (blank: not checked)"),
+    ):
+        g.add_argument(flag, metavar=metavar, help=help_text)
     g.add_argument(
         "--ws-max-clock-skew-seconds",
         type=_skew,
         metavar="SECONDS",
         help=f"slack for JWT exp and nbf (default {DEFAULT_CLOCK_SKEW})",
     )
-    g.add_argument(
-        "--tls-cert-file", metavar="PATH", help="serve wss:// with this certificate chain"
-    )
+    g.add_argument("--tls-cert-file", metavar="PATH",
+                   help="serve wss:// with this certificate chain")
     g.add_argument("--tls-key-file", metavar="PATH", help="the TLS certificate's private key")
     g.add_argument(
         INSECURE_FLAG,
@@ -257,10 +252,7 @@ def run(ns: argparse.Namespace) -> int:
         return 1
     try:
         asyncio.run(run_server(config, announce=_announce))
-    except ValueError as exc:  # the auth / TLS / listener checks, before binding
-        print(f"Error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
+    except (ValueError, OSError) as exc:  # auth / TLS / listener checks, binding
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

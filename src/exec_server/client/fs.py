@@ -469,16 +469,13 @@ class LocalFileSystem:
         return Opening(lambda: self._open(path, mode, sandbox))
 
     async def _open(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
-        with _naming(None):
-            return await self._open_named(path, mode, sandbox)
-
-    async def _open_named(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
         handle_id = uuid.uuid4().hex
         handle = self._handles.reserve(handle_id)
         try:
-            route = await self._route(sandbox)
-            install = functools.partial(self._handles.install, handle)
-            await self._service.open_handle(_wire_path(path).path, mode, install, route)
+            with _naming(None):
+                route = await self._route(sandbox)
+                install = functools.partial(self._handles.install, handle)
+                await self._service.open_handle(_wire_path(path).path, mode, install, route)
         except BaseException:
             self._handles.release(handle_id, handle)
             raise
