@@ -32,7 +32,6 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 __all__ = [
-    "FS_METHODS",
     "METHOD_CANONICALIZE",
     "METHOD_CLOSE",
     "METHOD_COPY",
@@ -90,21 +89,6 @@ METHOD_READ_BLOCK = "fs/readBlock"
 METHOD_WRITE_BLOCK = "fs/writeBlock"
 METHOD_CLOSE = "fs/close"
 
-FS_METHODS = (
-    METHOD_READ_FILE,
-    METHOD_WRITE_FILE,
-    METHOD_CREATE_DIRECTORY,
-    METHOD_GET_METADATA,
-    METHOD_READ_DIRECTORY,
-    METHOD_REMOVE,
-    METHOD_COPY,
-    METHOD_CANONICALIZE,
-    METHOD_WALK,
-    METHOD_OPEN,
-    METHOD_READ_BLOCK,
-    METHOD_WRITE_BLOCK,
-    METHOD_CLOSE,
-)
 
 SandboxField = msgspec.Raw | UnsetType
 
