@@ -14,7 +14,6 @@ from __future__ import annotations
 import binascii
 import functools
 import re
-import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
@@ -40,7 +39,13 @@ from exec_server.protocol.base64_text import (
     stray_bits,
 )
 from exec_server.protocol.json_span import StringSpan
-from exec_server.protocol.paths import PathForm, WirePath, parse_wire_path, render_path
+from exec_server.protocol.paths import (
+    PathForm,
+    WirePath,
+    parse_wire_path,
+    render_path,
+    uri_quote,
+)
 from exec_server.protocol.types import fs as t
 from exec_server.protocol.types.sandbox import decode_fs_sandbox
 from exec_server.server.router import RequestContext, Router
@@ -319,7 +324,7 @@ def _walk_result(form: PathForm, outcome: WalkOutcome) -> t.WalkResult:
             rendered[directory] = prefix
         return prefix
 
-    quote = _uri_name if form is PathForm.URI else lossy_name
+    quote = uri_quote if form is PathForm.URI else lossy_name
     entries = [
         t.WalkEntry(path=under(d) + quote(n), kind="directory" if is_dir else "file")
         for d, n, is_dir in outcome.entries
@@ -329,20 +334,6 @@ def _walk_result(form: PathForm, outcome: WalkOutcome) -> t.WalkResult:
         for d, n, m in outcome.errors
     ]
     return t.WalkResult(entries=entries, errors=errors, truncated=outcome.truncated)
-
-
-_URI_PLAIN_NAME: Final = re.compile(r"[A-Za-z0-9._~:@=,;!$&'()*+\[\]^|-]*\Z")
-
-
-def _uri_name(name: str) -> str:
-    """One path component as it appears in a ``file://`` URI (percent-escapes as
-    :func:`exec_server.protocol.paths.render_path` writes them)."""
-    if _URI_PLAIN_NAME.match(name):
-        return name
-    return urllib.parse.quote(name, safe=_URI_NAME_SAFE, errors="surrogateescape")
-
-
-_URI_NAME_SAFE: Final = ":@=,;!$&'()*+[]^|~"
 
 
 def register(router: Router) -> None:
