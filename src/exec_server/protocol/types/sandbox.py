@@ -63,6 +63,7 @@ __all__ = [
     "ReadOnlyPolicy",
     "RestrictedFileSystem",
     "SandboxContext",
+    "SandboxField",
     "SandboxLaunchConfig",
     "SandboxPolicy",
     "SandboxTypeName",
@@ -81,6 +82,7 @@ __all__ = [
     "decode_launch_sandbox",
     "decode_sandbox",
     "encode_client_context",
+    "sandbox_raw",
 ]
 
 
@@ -365,6 +367,17 @@ _LAUNCH_KEYS = frozenset(
 
 
 # --- codec ---
+
+#: The ``sandbox`` member of a params struct, kept raw (``Raw | None`` would make
+#: msgspec accept only ``null``).
+SandboxField = msgspec.Raw | msgspec.UnsetType
+
+
+def sandbox_raw(raw: SandboxField) -> msgspec.Raw | None:
+    """The ``sandbox`` JSON of a params struct, or ``None`` when absent or ``null``."""
+    if raw is msgspec.UNSET or bytes(raw).strip() == b"null":
+        return None
+    return raw
 
 
 def _dec_hook(tp: type, obj: Any) -> Any:
