@@ -131,16 +131,7 @@ class _OutError(msgspec.Struct):
     error: _OutErrorObject
 
 
-class _PlainRequest(msgspec.Struct):
-    """The shape of almost every inbound message, decoded in one pass."""
-
-    id: RequestId
-    method: str
-    params: Raw = Raw()
-
-
 _envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
-_plain_request_decoder: Final = msgspec.json.Decoder(_PlainRequest)
 #: one decoder per params type (``decode(.., type=)`` re-derives it per call).
 _params_decoders: dict[object, msgspec.json.Decoder[Any]] = {}
 
@@ -236,12 +227,6 @@ def _decode_with_span(data: bytes | bytearray) -> Request | None:
 
 
 def _decode_message(data: bytes | bytearray | str) -> Message:
-    try:
-        plain = _plain_request_decoder.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        pass  # another shape, or an error to report: the member-by-member path
-    else:
-        return Request(plain.id, plain.method, plain.params if plain.params else None)
     try:
         env = _envelope_decoder.decode(data)
     except msgspec.DecodeError as exc:

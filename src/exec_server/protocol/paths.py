@@ -25,6 +25,7 @@ __all__ = [
     "normalize_lexical",
     "parse_wire_path",
     "render_path",
+    "uri_quote",
 ]
 
 _URI_SAFE = "/:@=,;!$&'()*+[]^|~"
@@ -87,10 +88,6 @@ def normalize_lexical(path: str) -> str:
             continue
         out.append(part)
     return "/" + "/".join(out)
-
-
-def is_uri(value: str) -> bool:
-    return value[:5].lower() == "file:"
 
 
 #: What the URL standard strips from both ends of a URL (C0 controls and space).
@@ -216,7 +213,7 @@ def parse_wire_path(value: str, *, normalize: bool = True) -> WirePath:
     if value.startswith("/"):
         path = value
         form = PathForm.PLAIN
-    elif is_uri(text := value.strip(_C0_OR_SPACE)):
+    elif (text := value.strip(_C0_OR_SPACE))[:5].lower() == "file:":
         path = _parse_uri(text)
         form = PathForm.URI
     elif scheme := _SCHEME.match(text):
@@ -239,4 +236,9 @@ def render_path(path: str, form: PathForm) -> str:
     """Render an absolute path as the client expects it."""
     if form is PathForm.PLAIN:
         return path
-    return "file://" + urllib.parse.quote(path, safe=_URI_SAFE, errors="surrogateescape")
+    return "file://" + uri_quote(path)
+
+
+def uri_quote(path: str) -> str:
+    """``path`` (or one name) percent-escaped as it stands in a ``file://`` URI."""
+    return urllib.parse.quote(path, safe=_URI_SAFE, errors="surrogateescape")

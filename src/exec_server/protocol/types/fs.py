@@ -31,8 +31,9 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from exec_server.protocol.types.sandbox import SandboxField, sandbox_raw
+
 __all__ = [
-    "FS_METHODS",
     "METHOD_CANONICALIZE",
     "METHOD_CLOSE",
     "METHOD_COPY",
@@ -65,6 +66,7 @@ __all__ = [
     "ReadFileResult",
     "ReadFileText",
     "RemoveParams",
+    "SandboxField",
     "WalkEntry",
     "WalkError",
     "WalkOptionsParams",
@@ -89,33 +91,6 @@ METHOD_OPEN = "fs/open"
 METHOD_READ_BLOCK = "fs/readBlock"
 METHOD_WRITE_BLOCK = "fs/writeBlock"
 METHOD_CLOSE = "fs/close"
-
-FS_METHODS = (
-    METHOD_READ_FILE,
-    METHOD_WRITE_FILE,
-    METHOD_CREATE_DIRECTORY,
-    METHOD_GET_METADATA,
-    METHOD_READ_DIRECTORY,
-    METHOD_REMOVE,
-    METHOD_COPY,
-    METHOD_CANONICALIZE,
-    METHOD_WALK,
-    METHOD_OPEN,
-    METHOD_READ_BLOCK,
-    METHOD_WRITE_BLOCK,
-    METHOD_CLOSE,
-)
-
-SandboxField = msgspec.Raw | UnsetType
-
-
-def sandbox_raw(raw: SandboxField) -> msgspec.Raw | None:
-    """The ``sandbox`` JSON of a params struct, or ``None`` when absent or ``null``."""
-    if raw is UNSET:
-        return None
-    if bytes(raw).strip() == b"null":
-        return None
-    return raw
 
 
 class EmptyResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

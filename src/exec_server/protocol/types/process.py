@@ -112,7 +112,7 @@ class StartParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
     ``sandbox`` stays raw JSON: the sandbox manager decodes it (legacy
     ``SandboxLaunchConfig`` or current permission context). Absent and ``null``
-    both mean "no sandbox"; use :meth:`sandbox_raw`.
+    both mean "no sandbox" (:func:`~exec_server.protocol.types.sandbox.sandbox_raw`).
     """
 
     process_id: str
@@ -130,13 +130,6 @@ class StartParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     managed_network: ManagedNetwork | UnsetType | None = UNSET
     network_proxy: msgspec.Raw | UnsetType = UNSET
     shell_snapshot: msgspec.Raw | UnsetType = UNSET
-
-    def sandbox_raw(self) -> msgspec.Raw | None:
-        """The sandbox JSON, or ``None`` when absent or ``null``."""
-        raw = self.sandbox
-        if raw is UNSET or bytes(raw).strip() == b"null":
-            return None
-        return raw
 
 
 class StartResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

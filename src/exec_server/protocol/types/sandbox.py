@@ -63,6 +63,7 @@ __all__ = [
     "ReadOnlyPolicy",
     "RestrictedFileSystem",
     "SandboxContext",
+    "SandboxField",
     "SandboxLaunchConfig",
     "SandboxPolicy",
     "SandboxTypeName",
@@ -81,6 +82,7 @@ __all__ = [
     "decode_launch_sandbox",
     "decode_sandbox",
     "encode_client_context",
+    "sandbox_raw",
 ]
 
 
@@ -366,6 +368,17 @@ _LAUNCH_KEYS = frozenset(
 
 # --- codec ---
 
+#: The ``sandbox`` member of a params struct, kept raw (``Raw | None`` would make
+#: msgspec accept only ``null``).
+SandboxField = msgspec.Raw | msgspec.UnsetType
+
+
+def sandbox_raw(raw: SandboxField) -> msgspec.Raw | None:
+    """The ``sandbox`` JSON of a params struct, or ``None`` when absent or ``null``."""
+    if raw is msgspec.UNSET or bytes(raw).strip() == b"null":
+        return None
+    return raw
+
 
 def _dec_hook(tp: type, obj: Any) -> Any:
     if tp is AbsPath:
@@ -460,12 +473,6 @@ def _locate(message: str, field: str) -> str:
     return f"{field}{where.rstrip('`')}: {text}"
 
 
-def _member_keys(raw: bytes | msgspec.Raw) -> dict[str, msgspec.Raw] | None:
-    """The member's keys (None for JSON ``null``); anything but an object is -32602."""
-    keys: dict[str, msgspec.Raw] | None = decode_sandbox(raw, dict[str, msgspec.Raw] | None)
-    return keys
-
-
 def decode_launch_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
     """Decode ``process/start.sandbox``; None when absent or ``null``.
 
@@ -497,7 +504,8 @@ def decode_fs_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
 def _decode_member(raw: bytes, *, launch: bool) -> SandboxContext | None:
     """Both decoders; memoised because Codex sends the identical context on every
     call (the result is immutable and depends on nothing but the bytes)."""
-    keys = _member_keys(raw)
+    # Anything but an object (or null) is -32602.
+    keys: dict[str, msgspec.Raw] | None = decode_sandbox(raw, dict[str, msgspec.Raw] | None)
     if keys is None:
         return None
     if "permissions" in keys:

@@ -14,8 +14,9 @@ from typing import Final
 
 from exec_server.exceptions import InvalidParamsError
 from exec_server.fs.handles import FileHandles
+from exec_server.protocol.paths import parse_wire_path
 from exec_server.protocol.types import fs as t
-from exec_server.server.handlers.fs import filesystem_service, parse_wire_path, sandbox_route
+from exec_server.server.handlers.fs import filesystem_service, sandbox_route
 from exec_server.server.router import RequestContext, Router
 
 __all__ = ["register"]

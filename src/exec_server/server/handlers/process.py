@@ -53,6 +53,7 @@ from exec_server.protocol.types.sandbox import (
     CurrentSandboxContext,
     SandboxContext,
     decode_launch_sandbox,
+    sandbox_raw,
 )
 from exec_server.server.notifications import denial
 from exec_server.server.router import RequestContext, Router
@@ -115,7 +116,7 @@ async def handle_start(ctx: RequestContext, params: StartParams) -> StartResult:
     if not params.argv:
         raise InvalidParamsError("argv must not be empty")
     cwd, form = _parse_cwd(params.cwd)
-    sandbox = decode_launch_sandbox(params.sandbox_raw())
+    sandbox = decode_launch_sandbox(sandbox_raw(params.sandbox))
     current = is_current_start(params, form, sandbox)
     if params.enforce_managed_network is True:
         raise InternalError(
