@@ -46,13 +46,6 @@ def split_file_lines(content: str) -> list[Line]:
     return lines
 
 
-def _preferred_ending(lines: Sequence[Line]) -> str:
-    for line in lines:
-        if line.ending:
-            return line.ending
-    return "\n"
-
-
 def _drop_trailing_empty(ops: list[tuple[str, str]], drop_new: bool) -> list[tuple[str, str]]:
     """Remove the last old line and, if ``drop_new``, the last new line from ``ops``.
 
@@ -125,7 +118,7 @@ def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_pa
     """
     lines = split_file_lines(original)
     texts = [line.text for line in lines]
-    preferred = _preferred_ending(lines)
+    preferred = next((line.ending for line in lines if line.ending), "\n")
     # (position, number of file lines replaced, replacement lines)
     replacements: list[tuple[int, int, list[Line]]] = []
     cursor = 0
