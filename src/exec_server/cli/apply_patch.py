@@ -46,23 +46,29 @@ def run_patch(patch: str, *, stdout: TextIO, stderr: TextIO) -> int:
     return 0
 
 
-def _read_stdin_and_run(stdout: TextIO, stderr: TextIO) -> int:
+def _argument_or_stdin(patch: str | None) -> int:
+    """The alias form's body: run the argument, or the patch read from stdin when None."""
+    if patch is not None:
+        if not is_utf8(patch):
+            sys.stderr.write("Error: apply_patch requires a UTF-8 PATCH argument.\n")
+            return 1
+        return run_patch(patch, stdout=sys.stdout, stderr=sys.stderr)
     try:
         data = sys.stdin.buffer.read()
     except KeyboardInterrupt:  # ^C while waiting for a patch on a terminal
-        stderr.write("\n")
+        sys.stderr.write("\n")
         return 130
     try:
         patch = data.decode("utf-8")
     except UnicodeDecodeError:
-        stderr.write(
+        sys.stderr.write(
             "Error: Failed to read PATCH from stdin.\nstream did not contain valid UTF-8\n"
         )
         return 1
     if not patch:
-        stderr.write(_USAGE)
+        sys.stderr.write(_USAGE)
         return 2
-    return run_patch(patch, stdout=stdout, stderr=stderr)
+    return run_patch(patch, stdout=sys.stdout, stderr=sys.stderr)
 
 
 def hidden_flag_main(args: Sequence[str]) -> int:
@@ -92,22 +98,11 @@ def console_main(argv: Sequence[str] | None = None) -> int:
     if len(args) > 1:
         sys.stderr.write("Error: apply_patch accepts exactly one argument.\n")
         return 2
-    if args:
-        if not is_utf8(args[0]):
-            sys.stderr.write("Error: apply_patch requires a UTF-8 PATCH argument.\n")
-            return 1
-        return run_patch(args[0], stdout=sys.stdout, stderr=sys.stderr)
-    return _read_stdin_and_run(sys.stdout, sys.stderr)
+    return _argument_or_stdin(args[0] if args else None)
 
 
 def _subcommand(ns: argparse.Namespace) -> int:
-    patch: str | None = ns.patch
-    if patch is None:
-        return _read_stdin_and_run(sys.stdout, sys.stderr)
-    if not is_utf8(patch):
-        sys.stderr.write("Error: apply_patch requires a UTF-8 PATCH argument.\n")
-        return 1
-    return run_patch(patch, stdout=sys.stdout, stderr=sys.stderr)
+    return _argument_or_stdin(ns.patch)
 
 
 def register(subparsers: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exec_server.patch.errors import InvalidHunkError, InvalidPatchError, ParseError
+from exec_server.patch.errors import InvalidHunkError, InvalidPatchError
 
 __all__ = [
     "BEGIN_PATCH",
@@ -19,9 +19,6 @@ __all__ = [
     "AddFile",
     "DeleteFile",
     "Hunk",
-    "InvalidHunkError",
-    "InvalidPatchError",
-    "ParseError",
     "ParsedPatch",
     "UpdateChunk",
     "UpdateFile",
