@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
 
 from exec_server.patch.errors import ApplyError
 from exec_server.patch.parse import UpdateChunk
@@ -83,25 +84,14 @@ def _runs(
     """
     runs: list[tuple[int, int, list[Line]]] = []
     position = found
-    run_start = -1
-    removed = 0
-    added: list[Line] = []
-    for kind, text in ops:
-        if kind == " ":
-            if run_start >= 0:
-                runs.append((run_start, removed, added))
-                run_start, removed, added = -1, 0, []
-            position += 1
+    for is_context, group in groupby(ops, key=lambda op: op[0] == " "):
+        run = list(group)
+        if is_context:
+            position += len(run)
             continue
-        if run_start < 0:
-            run_start = position
-        if kind == "-":
-            removed += 1
-            position += 1
-        else:
-            added.append(Line(text, preferred))
-    if run_start >= 0:
-        runs.append((run_start, removed, added))
+        removed = sum(kind == "-" for kind, _ in run)
+        runs.append((position, removed, [Line(t, preferred) for k, t in run if k == "+"]))
+        position += removed
     return runs
 
 
