@@ -153,14 +153,12 @@ async def _apply_update(
 ) -> None:
     source = resolve_path(cwd, hunk.path)
     _, new = await updated_contents(fs, source, hunk.chunks, sandbox)
-    data = new.encode("utf-8")
     dest = resolve_path(cwd, hunk.move_path) if hunk.move_path is not None else source
-    if dest == source:
-        # A move onto itself is an in-place update (later upstream; 0.163.0 lost the file).
-        await _write(fs, source, data, sandbox, create_parents=False)
-        return
-    await _write(fs, dest, data, sandbox, create_parents=True)
-    await _remove_file(fs, source, sandbox, f"Failed to remove original {source}")
+    # A move onto itself is an in-place update (later upstream; 0.163.0 lost the file).
+    moved = dest != source
+    await _write(fs, dest, new.encode("utf-8"), sandbox, create_parents=moved)
+    if moved:
+        await _remove_file(fs, source, sandbox, f"Failed to remove original {source}")
 
 
 async def apply_hunks(
