@@ -268,9 +268,7 @@ async def maybe_parse_apply_patch_verified(
                 return CorrectnessError("io", f"Failed to read {path}: {exc}", exc)
             changes[path] = DeleteChange(content)
         else:
-            move = None
-            if hunk.move_path is not None:
-                move = resolve_path(effective_cwd, hunk.move_path)
+            move = None if hunk.move_path is None else resolve_path(effective_cwd, hunk.move_path)
             try:
                 update = await unified_diff_from_chunks(path, hunk.chunks, fs, sandbox)
             except ApplyError as exc:
