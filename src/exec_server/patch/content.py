@@ -53,24 +53,16 @@ def _drop_trailing_empty(ops: list[tuple[str, str]], drop_new: bool) -> list[tup
     A context op has both roles; removing one role turns it into a ``+`` or ``-`` op.
     """
     ops = list(ops)
-
-    def remove_role(index: int, role: str) -> None:
+    # An op with kind ``keeper`` lacks the role being removed ("+" has no old line).
+    for keeper in ("+", "-") if drop_new else ("+",):
+        index = max((i for i, (k, _) in enumerate(ops) if k != keeper), default=None)
+        if index is None:
+            continue
         kind, text = ops[index]
         if kind == " ":
-            ops[index] = ("+" if role == "old" else "-", text)
+            ops[index] = (keeper, text)
         else:
             del ops[index]
-
-    last_old = max(i for i, (k, _) in enumerate(ops) if k != "+")
-    last_new = max((i for i, (k, _) in enumerate(ops) if k != "-"), default=None)
-    targets = [(last_old, "old")]
-    if drop_new and last_new is not None:
-        if last_new == last_old:
-            del ops[last_old]
-            return ops
-        targets.append((last_new, "new"))
-    for index, role in sorted(targets, reverse=True):
-        remove_role(index, role)
     return ops
 
 
