@@ -16,7 +16,14 @@ from exec_server.exceptions import ExecServerError
 from exec_server.patch.content import derive_new_contents
 from exec_server.patch.errors import ApplyError
 from exec_server.patch.fs import PatchFileSystem, SandboxT, describe_error, is_not_found
-from exec_server.patch.parse import AddFile, DeleteFile, Hunk, UpdateFile, parse_patch
+from exec_server.patch.parse import (
+    AddFile,
+    DeleteFile,
+    Hunk,
+    UpdateChunk,
+    UpdateFile,
+    parse_patch,
+)
 from exec_server.protocol.paths import normalize_lexical
 
 __all__ = [
@@ -26,6 +33,7 @@ __all__ = [
     "decode_utf8",
     "read_text",
     "resolve_path",
+    "updated_contents",
 ]
 
 #: errors a file-system call may raise; anything else is a bug and propagates.
@@ -87,24 +95,26 @@ async def read_text(fs: PatchFileSystem[SandboxT], path: Path, sandbox: SandboxT
     return decode_utf8(data)
 
 
-async def _write_with_parents(
-    fs: PatchFileSystem[SandboxT], path: Path, data: bytes, sandbox: SandboxT | None
+async def _write(
+    fs: PatchFileSystem[SandboxT],
+    path: Path,
+    data: bytes,
+    sandbox: SandboxT | None,
+    *,
+    create_parents: bool,
 ) -> None:
-    """Write, creating parents once on *not found* (§7.2)."""
+    """Write; with ``create_parents``, create parents once on *not found* and retry (§7.2)."""
     try:
         await fs.write_file(path, data, sandbox=sandbox)
         return
     except _FS_ERRORS as exc:
-        if not is_not_found(exc):
+        if not (create_parents and is_not_found(exc)):
             raise ApplyError(f"Failed to write file {path}") from exc
     try:
         await fs.create_directory(path.parent, recursive=True, sandbox=sandbox)
     except _FS_ERRORS as exc:
         raise ApplyError(f"Failed to create parent directories for {path}") from exc
-    try:
-        await fs.write_file(path, data, sandbox=sandbox)
-    except _FS_ERRORS as exc:
-        raise ApplyError(f"Failed to write file {path}") from exc
+    await _write(fs, path, data, sandbox, create_parents=False)
 
 
 async def _remove_file(
@@ -120,25 +130,35 @@ async def _remove_file(
         raise ApplyError(message) from exc
 
 
+async def updated_contents(
+    fs: PatchFileSystem[SandboxT],
+    path: Path,
+    chunks: Sequence[UpdateChunk],
+    sandbox: SandboxT | None,
+) -> tuple[str, str]:
+    """Read ``path`` and apply ``chunks`` in memory: ``(original, new)`` text.
+
+    Raises:
+        ApplyError: the read failed (§7.4) or a chunk did not match (§8.6).
+    """
+    try:
+        original = await read_text(fs, path, sandbox)
+    except ValueError as exc:
+        raise ApplyError(f"Failed to read file to update {path}: {exc}") from exc
+    return original, derive_new_contents(original, chunks, str(path))
+
+
 async def _apply_update(
     hunk: UpdateFile, cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None
 ) -> None:
     source = resolve_path(cwd, hunk.path)
-    try:
-        original = await read_text(fs, source, sandbox)
-    except ValueError as exc:
-        raise ApplyError(f"Failed to read file to update {source}: {exc}") from exc
-    data = derive_new_contents(original, hunk.chunks, str(source)).encode("utf-8")
+    _, new = await updated_contents(fs, source, hunk.chunks, sandbox)
     dest = resolve_path(cwd, hunk.move_path) if hunk.move_path is not None else source
-    if dest == source:
-        # A move onto itself is an in-place update (later upstream; 0.163.0 lost the file).
-        try:
-            await fs.write_file(source, data, sandbox=sandbox)
-        except _FS_ERRORS as exc:
-            raise ApplyError(f"Failed to write file {source}") from exc
-        return
-    await _write_with_parents(fs, dest, data, sandbox)
-    await _remove_file(fs, source, sandbox, f"Failed to remove original {source}")
+    # A move onto itself is an in-place update (later upstream; 0.163.0 lost the file).
+    moved = dest != source
+    await _write(fs, dest, new.encode("utf-8"), sandbox, create_parents=moved)
+    if moved:
+        await _remove_file(fs, source, sandbox, f"Failed to remove original {source}")
 
 
 async def apply_hunks(
@@ -158,7 +178,7 @@ async def apply_hunks(
     for hunk in hunks:
         if isinstance(hunk, AddFile):
             path = resolve_path(cwd, hunk.path)
-            await _write_with_parents(fs, path, hunk.contents.encode("utf-8"), sandbox)
+            await _write(fs, path, hunk.contents.encode("utf-8"), sandbox, create_parents=True)
             affected.added.append(hunk.path)
         elif isinstance(hunk, DeleteFile):
             path = resolve_path(cwd, hunk.path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
 
 from exec_server.patch.errors import ApplyError
 from exec_server.patch.parse import UpdateChunk
@@ -46,37 +47,22 @@ def split_file_lines(content: str) -> list[Line]:
     return lines
 
 
-def _preferred_ending(lines: Sequence[Line]) -> str:
-    for line in lines:
-        if line.ending:
-            return line.ending
-    return "\n"
-
-
 def _drop_trailing_empty(ops: list[tuple[str, str]], drop_new: bool) -> list[tuple[str, str]]:
     """Remove the last old line and, if ``drop_new``, the last new line from ``ops``.
 
     A context op has both roles; removing one role turns it into a ``+`` or ``-`` op.
     """
     ops = list(ops)
-
-    def remove_role(index: int, role: str) -> None:
+    # An op with kind ``keeper`` lacks the role being removed ("+" has no old line).
+    for keeper in ("+", "-") if drop_new else ("+",):
+        index = max((i for i, (k, _) in enumerate(ops) if k != keeper), default=None)
+        if index is None:
+            continue
         kind, text = ops[index]
         if kind == " ":
-            ops[index] = ("+" if role == "old" else "-", text)
+            ops[index] = (keeper, text)
         else:
             del ops[index]
-
-    last_old = max(i for i, (k, _) in enumerate(ops) if k != "+")
-    last_new = max((i for i, (k, _) in enumerate(ops) if k != "-"), default=None)
-    targets = [(last_old, "old")]
-    if drop_new and last_new is not None:
-        if last_new == last_old:
-            del ops[last_old]
-            return ops
-        targets.append((last_new, "new"))
-    for index, role in sorted(targets, reverse=True):
-        remove_role(index, role)
     return ops
 
 
@@ -90,25 +76,14 @@ def _runs(
     """
     runs: list[tuple[int, int, list[Line]]] = []
     position = found
-    run_start = -1
-    removed = 0
-    added: list[Line] = []
-    for kind, text in ops:
-        if kind == " ":
-            if run_start >= 0:
-                runs.append((run_start, removed, added))
-                run_start, removed, added = -1, 0, []
-            position += 1
+    for is_context, group in groupby(ops, key=lambda op: op[0] == " "):
+        run = list(group)
+        if is_context:
+            position += len(run)
             continue
-        if run_start < 0:
-            run_start = position
-        if kind == "-":
-            removed += 1
-            position += 1
-        else:
-            added.append(Line(text, preferred))
-    if run_start >= 0:
-        runs.append((run_start, removed, added))
+        removed = sum(kind == "-" for kind, _ in run)
+        runs.append((position, removed, [Line(t, preferred) for k, t in run if k == "+"]))
+        position += removed
     return runs
 
 
@@ -125,7 +100,7 @@ def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_pa
     """
     lines = split_file_lines(original)
     texts = [line.text for line in lines]
-    preferred = _preferred_ending(lines)
+    preferred = next((line.ending for line in lines if line.ending), "\n")
     # (position, number of file lines replaced, replacement lines)
     replacements: list[tuple[int, int, list[Line]]] = []
     cursor = 0

@@ -10,21 +10,18 @@ ordinary edits.
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from exec_server.patch.apply import read_text
-from exec_server.patch.content import derive_new_contents
-from exec_server.patch.errors import ApplyError
+from exec_server.patch.apply import updated_contents
+from exec_server.patch.content import split_file_lines
 from exec_server.patch.fs import PatchFileSystem, SandboxT
 from exec_server.patch.parse import UpdateChunk
 
 __all__ = ["FileUpdate", "unified_diff", "unified_diff_from_chunks"]
 
 _NO_NEWLINE = "\\ No newline at end of file\n"
-_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 
 
 @dataclass(frozen=True)
@@ -37,11 +34,8 @@ class FileUpdate:
 
 
 def _split_keep_ends(text: str) -> list[str]:
-    """Lines with their terminators, split at ``\\n``, ``\\r\\n`` or a lone ``\\r``.
-
-    This is how ``similar`` tokenises lines (and how the applier reads files).
-    """
-    return _LINE.findall(text)
+    """Lines with their terminators, split as the applier reads files (as ``similar`` does)."""
+    return [line.text + line.ending for line in split_file_lines(text)]
 
 
 def _range(start: int, stop: int) -> str:
@@ -94,9 +88,5 @@ async def unified_diff_from_chunks(
     Raises:
         ApplyError: the same messages as applying the hunk (§7.4, §8.6).
     """
-    try:
-        original = await read_text(fs, path, sandbox)
-    except ValueError as exc:
-        raise ApplyError(f"Failed to read file to update {path}: {exc}") from exc
-    content = derive_new_contents(original, chunks, str(path))
+    original, content = await updated_contents(fs, path, chunks, sandbox)
     return FileUpdate(unified_diff(original, content, context), original, content)

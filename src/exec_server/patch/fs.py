@@ -71,10 +71,6 @@ def is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno == errno.ENOENT
 
 
-def describe_error(exc: BaseException) -> str:
+def describe_error(exc: ExecServerError | OSError) -> str:
     """The error's text as upstream prints it (``<strerror> (os error N)`` for I/O)."""
-    if isinstance(exc, ExecServerError):
-        return exc.message
-    if isinstance(exc, OSError):
-        return os_error_message(exc)
-    return str(exc)
+    return exc.message if isinstance(exc, ExecServerError) else os_error_message(exc)

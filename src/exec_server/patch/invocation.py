@@ -36,7 +36,6 @@ __all__ = [
     "FileChange",
     "NotApplyPatch",
     "PatchParseFailure",
-    "ShellParseFailure",
     "UpdateChange",
     "Verified",
     "VerifiedBody",
@@ -72,18 +71,11 @@ class PatchParseFailure:
 
 
 @dataclass(frozen=True)
-class ShellParseFailure:
-    """The shell script could not be parsed (kept for parity; the scanner never fails)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
 class NotApplyPatch:
     """argv is something else: run it as a normal command."""
 
 
-MaybeApplyPatch = Body | PatchParseFailure | ShellParseFailure | NotApplyPatch
+MaybeApplyPatch = Body | PatchParseFailure | NotApplyPatch
 
 
 # -- stage 2 results ------------------------------------------------------------------
@@ -128,7 +120,7 @@ class VerifiedBody:
     action: ApplyPatchAction
 
 
-Verified = VerifiedBody | CorrectnessError | ShellParseFailure | NotApplyPatch
+Verified = VerifiedBody | CorrectnessError | NotApplyPatch
 
 
 # -- shell classification -------------------------------------------------------------
@@ -209,21 +201,17 @@ def extract_heredoc(script: str) -> tuple[str, str | None] | None:
 
 def maybe_parse_apply_patch(argv: Sequence[str]) -> MaybeApplyPatch:
     """Classify argv as an apply_patch call (§12.1)."""
+    workdir: str | None = None
     if len(argv) == 2 and argv[0] in APPLY_PATCH_COMMANDS:
-        try:
-            parsed = parse_patch(argv[1])
-        except ParseError as exc:
-            return PatchParseFailure(exc)
-        return Body(parsed.hunks, parsed.patch)
-    script = _shell_script(argv)
-    if script is None:
-        return NotApplyPatch()
-    extracted = extract_heredoc(script)
-    if extracted is None:
-        return NotApplyPatch()
-    body, workdir = extracted
+        text = argv[1]
+    else:
+        script = _shell_script(argv)
+        extracted = extract_heredoc(script) if script is not None else None
+        if extracted is None:
+            return NotApplyPatch()
+        text, workdir = extracted
     try:
-        parsed = parse_patch(body)
+        parsed = parse_patch(text)
     except ParseError as exc:
         return PatchParseFailure(exc)
     return Body(parsed.hunks, parsed.patch, workdir)
@@ -280,9 +268,7 @@ async def maybe_parse_apply_patch_verified(
                 return CorrectnessError("io", f"Failed to read {path}: {exc}", exc)
             changes[path] = DeleteChange(content)
         else:
-            move = None
-            if hunk.move_path is not None:
-                move = resolve_path(effective_cwd, hunk.move_path)
+            move = None if hunk.move_path is None else resolve_path(effective_cwd, hunk.move_path)
             try:
                 update = await unified_diff_from_chunks(path, hunk.chunks, fs, sandbox)
             except ApplyError as exc:

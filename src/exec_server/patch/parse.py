@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exec_server.patch.errors import InvalidHunkError, InvalidPatchError, ParseError
+from exec_server.patch.errors import InvalidHunkError, InvalidPatchError
 
 __all__ = [
     "BEGIN_PATCH",
@@ -19,9 +19,6 @@ __all__ = [
     "AddFile",
     "DeleteFile",
     "Hunk",
-    "InvalidHunkError",
-    "InvalidPatchError",
-    "ParseError",
     "ParsedPatch",
     "UpdateChunk",
     "UpdateFile",
@@ -156,6 +153,12 @@ def _unexpected_line(line: str, line_number: int) -> InvalidHunkError:
     )
 
 
+def _expected_marker(line: str, line_number: int) -> InvalidHunkError:
+    return InvalidHunkError(
+        f"Expected update hunk to start with a @@ context marker, got: '{line}'", line_number
+    )
+
+
 class _ChunkBuilder:
     def __init__(self, anchor: str | None) -> None:
         self.anchor = anchor
@@ -275,10 +278,7 @@ class _Parser:
             if not text:
                 return
             if not (text == "@@" or text.startswith("@@ ")):
-                raise InvalidHunkError(
-                    f"Expected update hunk to start with a @@ context marker, got: '{line}'",
-                    line_number,
-                )
+                raise _expected_marker(line, line_number)
         if last is None and update.move_path is None and text.startswith(_MOVE):
             update.move_path = text[len(_MOVE) :]
             return
@@ -301,10 +301,7 @@ class _Parser:
             last.ops.append((" ", "") if kind == "" else (kind, line[1:]))
             return
         if last is not None and last.ops:
-            raise InvalidHunkError(
-                f"Expected update hunk to start with a @@ context marker, got: '{line}'",
-                line_number,
-            )
+            raise _expected_marker(line, line_number)
         raise _unexpected_line(line, line_number)
 
     def finish(self, end_line: str, end_line_number: int) -> list[Hunk]:

@@ -31,11 +31,8 @@ def normalise_punctuation(text: str) -> str:
     return trim(text).translate(_PUNCTUATION)
 
 
-def _identity(text: str) -> str:
-    return text
-
-
-_PASSES: tuple[Callable[[str], str], ...] = (_identity, trim_end, trim, normalise_punctuation)
+#: exact, then trailing whitespace ignored, then both ends, then punctuation folded.
+_PASSES: tuple[Callable[[str], str], ...] = (str, trim_end, trim, normalise_punctuation)
 
 
 def seek_sequence(
@@ -44,7 +41,7 @@ def seek_sequence(
     start: int,
     *,
     end_of_file: bool,
-    cache: dict[int, list[str]] | None = None,
+    cache: dict[int, list[str]],
 ) -> int | None:
     """Return the first index >= ``start`` where ``pattern`` matches ``lines``, or None.
 
@@ -71,11 +68,9 @@ def seek_sequence(
         candidates = range(start, last + 1)
     for number, norm in enumerate(_PASSES):
         want = [norm(p) for p in pattern]
-        have = cache.get(number) if cache is not None else None
+        have = cache.get(number)
         if have is None:
-            have = [norm(line) for line in lines]
-            if cache is not None:
-                cache[number] = have
+            have = cache[number] = [norm(line) for line in lines]
         head = want[0]
         for i in candidates:
             if have[i] == head and have[i : i + k] == want:
