@@ -240,24 +240,18 @@ async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str, env: d
             return _fail(message, EXIT_CLIENT_FAILURE)
         except ClientError as exc:
             return _fail(f"{argv[0]}: {exc}", EXIT_CLIENT_FAILURE)
-        loop = asyncio.get_running_loop()
-        interrupts: asyncio.Queue[None] = asyncio.Queue()
-        resizes: asyncio.Queue[None] = asyncio.Queue()
-        if resizable:
-            resizes.put_nowait(None)  # the size at start
         try:
             with (
-                _on_signal(loop, signal.SIGINT, interrupts, enabled=not tty),
-                _on_signal(loop, signal.SIGWINCH, resizes, enabled=resizable),
+                _signal_queue(signal.SIGINT, enabled=not tty) as interrupts,
+                _signal_queue(signal.SIGWINCH, enabled=resizable) as resizes,
                 _raw_stdin(tty),
             ):
                 async with asyncio.TaskGroup() as tg:
                     helpers = [tg.create_task(_forward_interrupts(handle, interrupts))]
-                    if tty and sys.stdin is not None:
-                        helpers.append(tg.create_task(_pump_stdin(handle, eof=None)))
-                    elif forward_stdin:
-                        helpers.append(tg.create_task(_pump_stdin(handle, eof="close")))
+                    if forward_stdin or (tty and sys.stdin is not None):
+                        helpers.append(tg.create_task(_pump_stdin(handle, tty=tty)))
                     if resizable:
+                        resizes.put_nowait(None)  # the size at start
                         helpers.append(tg.create_task(_follow_size(handle, resizes)))
                     async for chunk in handle:
                         fd = 2 if chunk.stream is ProcessStream.STDERR else 1
@@ -292,9 +286,9 @@ def _write_all(fd: int, data: bytes) -> None:
         raise _OutputClosed from None
 
 
-async def _pump_stdin(handle: ProcessHandle, *, eof: str | None) -> None:
-    """Forward our stdin; at its end close the remote stdin (pipes, ``eof="close"``)
-    or send the terminal's EOF character (PTY)."""
+async def _pump_stdin(handle: ProcessHandle, *, tty: bool) -> None:
+    """Forward our stdin; at its end send the terminal's EOF character (PTY) or close
+    the remote stdin (pipes)."""
     loop = asyncio.get_running_loop()
     fd = sys.stdin.fileno()
     queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -320,10 +314,10 @@ async def _pump_stdin(handle: ProcessHandle, *, eof: str | None) -> None:
                              else asyncio.to_thread(os.read, fd, _STDIN_READ_SIZE)):
             if await handle.write(data) is not WriteStatus.ACCEPTED:
                 return
-        if eof == "close":
-            await handle.close_stdin()
-        else:
+        if tty:
             await handle.write(_EOT)
+        else:
+            await handle.close_stdin()
     finally:
         if polled:
             loop.remove_reader(fd)
@@ -359,12 +353,14 @@ async def _follow_size(handle: ProcessHandle, resizes: asyncio.Queue[None]) -> N
 
 
 @contextlib.contextmanager
-def _on_signal(loop: asyncio.AbstractEventLoop, sig: int, queue: asyncio.Queue[None], *,
-               enabled: bool) -> Iterator[None]:
+def _signal_queue(sig: int, *, enabled: bool) -> Iterator[asyncio.Queue[None]]:
+    """A queue that gets an item per ``sig`` while in the block (when ``enabled``)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[None] = asyncio.Queue()
     if enabled:
         loop.add_signal_handler(sig, queue.put_nowait, None)
     try:
-        yield
+        yield queue
     finally:
         if enabled:
             loop.remove_signal_handler(sig)

@@ -1,13 +1,11 @@
-"""``exec-server run``: run one local command confined, exit with its status.
-
-The plan comes from the policy layer, the launch from the Linux backend, as for the
-server. Exit status: the command's own, ``128+N`` for signal N, 126/127 not
-executable/not found, 125 not confined (never silently unconfined); docs/sandbox-linux.md.
-"""
+"""``exec-server run``: run one local command confined as the server would, exit with its
+status (``128+N`` for signal N; 126/127 not executable/found; 125 not confined, never
+silently unconfined). See docs/sandbox-linux.md."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -16,8 +14,14 @@ import sys
 from typing import Any
 
 from exec_server.cli.args import add_sandbox_flags, command_words
+from exec_server.config import ServerConfig
+from exec_server.exceptions import ExecServerError
 from exec_server.process.spec import LaunchSpec
+from exec_server.sandbox.convert import cli_launch_request
+from exec_server.sandbox.errors import SandboxError
+from exec_server.sandbox.manager import SandboxManager
 from exec_server.sandbox.plan import SandboxType
+from exec_server.sandbox.select import probe_report
 
 __all__ = ["EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "EXIT_SETUP", "register", "run"]
 
@@ -42,10 +46,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _confine(ns: argparse.Namespace, spec: LaunchSpec) -> LaunchSpec:
     """Policy → plan → backend wrap, through the same manager the server uses."""
-    from exec_server.config import ServerConfig
-    from exec_server.sandbox.convert import cli_launch_request
-    from exec_server.sandbox.manager import SandboxManager
-
     request = cli_launch_request(ns.sandbox, cwd=spec.cwd, writable_roots=ns.writable_root,
                                  network=ns.network, tmpdir=os.environ.get("TMPDIR"))
     manager = SandboxManager(ServerConfig(sandbox_backend=ns.backend))
@@ -112,17 +112,12 @@ def _unrunnable(program: str, cwd: str, path: str) -> tuple[int, str] | None:
         return EXIT_NOT_FOUND, f"{program}: No such file or directory"
     if os.path.isdir(target):
         return EXIT_NOT_EXECUTABLE, f"{program}: Is a directory"
-    if not os.access(target, os.X_OK) or not _any_exec_bit(target):
-        return EXIT_NOT_EXECUTABLE, f"{program}: Permission denied"
-    return None
-
-
-def _any_exec_bit(path: str) -> bool:
-    """root passes ``access(X_OK)`` for a file with any x bit; exec needs one."""
     try:
-        return bool(os.stat(path).st_mode & 0o111)
+        # root passes access(X_OK) for a file with any x bit; exec needs one.
+        runnable = os.access(target, os.X_OK) and bool(os.stat(target).st_mode & 0o111)
     except OSError:
-        return False
+        runnable = False
+    return None if runnable else (EXIT_NOT_EXECUTABLE, f"{program}: Permission denied")
 
 
 def _fail(message: str, code: int) -> int:
@@ -132,18 +127,11 @@ def _fail(message: str, code: int) -> int:
 
 def run(ns: argparse.Namespace) -> int:
     if ns.probe:
-        import json
-
-        from exec_server.sandbox.select import probe_report
-
         sys.stdout.write(json.dumps(probe_report(), indent=2) + "\n")
         return 0
     command = command_words(ns)
     if not command:
         return _fail("missing command (usage: exec-server run [OPTIONS] -- CMD ARGS...)", 2)
-    from exec_server.exceptions import ExecServerError
-    from exec_server.sandbox.errors import SandboxError
-
     try:
         cwd = os.getcwd()
     except OSError as exc:

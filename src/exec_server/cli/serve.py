@@ -34,13 +34,12 @@ _LOG_LEVELS = ("debug", "info", "warning", "error")
 
 def _size(text: str) -> int:
     """Bytes, with an optional K/M/G suffix (binary units)."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     text = text.strip().lower().removesuffix("ib").removesuffix("b")
-    factor = units.get(text[-1:], 1)
-    if factor != 1:
+    shift = {"k": 10, "m": 20, "g": 30}.get(text[-1:], 0)
+    if shift:
         text = text[:-1]
     try:
-        value = int(float(text) * factor)
+        value = int(float(text) * (1 << shift))
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid size {text!r}") from None
     if value <= 0:
