@@ -31,13 +31,9 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._main, name="exec-server-client",
+        self._thread = threading.Thread(target=self.loop.run_forever, name="exec-server-client",
                                         daemon=True)
         self._thread.start()
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the loop and wait; on ``timeout`` cancel it, raise ``TimeoutError``."""

@@ -24,7 +24,6 @@ from exec_server.config import (
 )
 from exec_server.server.app import run_server
 from exec_server.server.listener import INSECURE_FLAG
-from exec_server.transport.listen import ListenUrlError, parse_listen_url
 from exec_server.transport.ws_auth import DEFAULT_CLOCK_SKEW, WsAuthSettings
 
 __all__ = ["register", "run"]
@@ -166,15 +165,14 @@ def run(ns: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        parse_listen_url(ns.listen)
         ws_auth = WsAuthSettings(**_fields(WsAuthSettings, ns, "ws_"))
         config = ServerConfig(ws_auth=ws_auth, **_fields(ServerConfig, ns))
-    except (ListenUrlError, ValueError) as exc:
+    except ValueError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     try:
         asyncio.run(run_server(config, announce=_announce))
-    except (ValueError, OSError) as exc:  # auth / TLS / listener checks, binding
+    except (ValueError, OSError) as exc:  # --listen, auth, TLS and listener checks, binding
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
