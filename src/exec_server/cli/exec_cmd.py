@@ -103,10 +103,8 @@ def _run(ns: argparse.Namespace) -> int:
         token, context = _connection_options(ns)
     except ValueError as exc:
         return _fail(str(exc))
-    try:
-        return asyncio.run(_exec(ns, argv, cwd=cwd, env=env, token=token, tls=context))
-    except KeyboardInterrupt:  # ^C before the command started
-        return EXIT_INTERRUPTED
+    # ^C before the command started: main() returns 130 (EXIT_INTERRUPTED).
+    return asyncio.run(_exec(ns, argv, cwd=cwd, env=env, token=token, tls=context))
 
 
 def _checked_command(ns: argparse.Namespace, argv: Sequence[str]) -> dict[str, str]:
@@ -307,7 +305,7 @@ async def _pump_stdin(handle: ProcessHandle, *, tty: bool) -> None:
     try:
         loop.add_reader(fd, on_readable)
         polled = True
-    except (PermissionError, ValueError, OSError):
+    except (ValueError, OSError):
         polled = False  # regular files cannot be polled: read them in a thread
     try:
         while data := await (queue.get() if polled

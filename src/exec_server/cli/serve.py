@@ -175,6 +175,4 @@ def run(ns: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # --listen, auth, TLS and listener checks, binding
         print(f"Error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
     return 0
