@@ -1,13 +1,12 @@
 """Server configuration: one frozen value built by the CLI and passed down.
 
 The library never reads the environment or argv; ``cli/serve.py`` builds a
-:class:`ServerConfig` from flags. Every limit is a named default here
-(STYLE.md §2.12). Other areas may append fields, always with defaults.
+:class:`ServerConfig` from flags. Every limit is a named default (STYLE.md §2.12).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Final, Literal
 
 __all__ = [
@@ -18,7 +17,6 @@ __all__ = [
     "DEFAULT_LISTEN",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_OUTPUT_CAP",
-    "MIN_MAX_MESSAGE_SIZE",
     "SandboxBackendName",
     "ServerConfig",
     "WsAuthMode",
@@ -33,23 +31,17 @@ DEFAULT_DETACH_TTL: Final = 10.0
 DEFAULT_CLOSED_RETENTION: Final = 30.0
 #: PROTOCOL.md §8.3: retained output per process (bytes).
 DEFAULT_OUTPUT_CAP: Final = 1_048_576
-#: Largest inbound message (bytes). ``fs/writeFile`` may carry a 512 MiB file
-#: (the §14 read limit, mirrored for writes), which base64 inflates to 683 MiB
-#: plus envelope; 1 GiB accepts that with room and still bounds memory.
+#: Largest inbound message (bytes): a 512 MiB ``fs/writeFile`` (the §14 read limit,
+#: mirrored) is 683 MiB of base64 plus envelope; 1 GiB fits it and still bounds memory.
 DEFAULT_MAX_MESSAGE_SIZE: Final = 1 << 30
-#: The issue requires at least 64 MiB to be accepted.
-MIN_MAX_MESSAGE_SIZE: Final = 64 << 20
-#: Requests of one connection in progress at once (``--concurrent-requests``).
-#: Upstream's default is 1 (a ``process/read`` long poll holds every later
-#: request); ours lets long polls wait side by side, up to this many, so one
-#: connection cannot start unbounded work. Past it, later requests wait.
+#: Requests of one connection in progress at once. Upstream's is 1 (a ``process/read``
+#: long poll holds every later request); ours lets long polls wait side by side while
+#: bounding the work one connection can start.
 DEFAULT_CONCURRENT_REQUESTS: Final = 64
 #: Seconds a sandboxed filesystem helper may run before it is killed.
 DEFAULT_FS_HELPER_TIMEOUT: Final = 30.0
 
 SandboxBackendName = Literal["auto", "bwrap", "landlock"]
-
-
 WsAuthMode = Literal["capability-token", "signed-bearer-token"]
 
 
@@ -67,41 +59,24 @@ class WsAuthSettings:
 
     @property
     def any_flag(self) -> bool:
-        return any(
-            v is not None
-            for v in (
-                self.token_file,
-                self.token_sha256,
-                self.shared_secret_file,
-                self.issuer,
-                self.audience,
-                self.max_clock_skew,
-            )
-        )
+        """Whether any flag besides ``--ws-auth`` itself was given."""
+        return any(getattr(self, f.name) is not None for f in fields(self) if f.name != "mode")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerConfig:
-    """Everything the server needs to know, fixed at start-up.
+    """Everything the server needs to know, fixed at start-up (the ``serve`` flags).
 
     Attributes:
         listen: ``ws://IP:PORT`` or ``stdio``.
-        detach_ttl: seconds a detached session keeps its processes.
-        closed_retention: seconds a closed process stays addressable.
         output_cap: retained output bytes per process.
         lossless_output: a full output buffer pauses the child instead of
             dropping the oldest bytes.
-        max_message_size: largest inbound message; larger ones get an error.
         allow_unsandboxed: permit running without a working platform sandbox.
-        sandbox_backend: which Linux mechanism to use.
-        fs_helper_timeout: seconds before a sandboxed fs helper is killed.
         launch_zygote: start Landlock-backend launches through the warm spawn
             zygote instead of a fresh launcher interpreter each.
-        ws_auth: the ``--ws-auth`` flags (validated when the server starts).
-        tls_cert_file, tls_key_file: serve ``wss://`` with this certificate chain and key.
         allow_unauthenticated_network: listen on a non-loopback address without
             ``--ws-auth`` (refused otherwise).
-        concurrent_requests: requests of one connection in progress at once.
     """
 
     listen: str = DEFAULT_LISTEN
@@ -121,19 +96,17 @@ class ServerConfig:
     concurrent_requests: int = DEFAULT_CONCURRENT_REQUESTS
 
     def __post_init__(self) -> None:
-        if self.detach_ttl < 0:
-            raise ValueError("detach_ttl must be >= 0")
-        if self.closed_retention < 0:
-            raise ValueError("closed_retention must be >= 0")
-        if self.output_cap <= 0:
-            raise ValueError("output_cap must be > 0")
-        if self.max_message_size <= 0:
-            raise ValueError("max_message_size must be > 0")
+        for name, valid, rule in (
+            ("detach_ttl", self.detach_ttl >= 0, ">= 0"),
+            ("closed_retention", self.closed_retention >= 0, ">= 0"),
+            ("output_cap", self.output_cap > 0, "> 0"),
+            ("max_message_size", self.max_message_size > 0, "> 0"),
+            ("fs_helper_timeout", self.fs_helper_timeout > 0, "> 0"),
+            ("concurrent_requests", self.concurrent_requests >= 1, ">= 1"),
+        ):
+            if not valid:
+                raise ValueError(f"{name} must be {rule}")
         if self.sandbox_backend not in ("auto", "bwrap", "landlock"):
             raise ValueError(f"unknown sandbox backend {self.sandbox_backend!r}")
-        if self.fs_helper_timeout <= 0:
-            raise ValueError("fs_helper_timeout must be > 0")
-        if self.concurrent_requests < 1:
-            raise ValueError("concurrent_requests must be >= 1")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("`--tls-cert-file` and `--tls-key-file` must be given together")

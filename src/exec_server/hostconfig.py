@@ -1,12 +1,9 @@
 """The executor host's Codex config layers, cut down to the keys a client asks for
 (``environmentConfig/read``, PROTOCOL_CURRENT.md §10).
 
-Layers come lowest precedence first: the system file, then the user's
-``$CODEX_HOME/config.toml``. Requirements come from the managed
-requirements file. A project's ``.codex/config.toml`` is not read (upstream
-leaves untrusted projects out, and the executor cannot tell trust). Each
-layer's text holds only the selected key paths; a file without any of them
-(or no file) gives no layer, as upstream answers.
+Layers, lowest precedence first: the system file, then ``$CODEX_HOME/config.toml``;
+a project's ``.codex/config.toml`` is left out (upstream leaves untrusted projects out,
+and the executor cannot tell trust). A file without any selected key gives no layer.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ __all__ = [
     "ConfigLayer",
     "ConfigReadError",
     "HostConfig",
-    "codex_home",
     "read_host_config",
     "select_keys",
 ]
@@ -55,11 +51,6 @@ class HostConfig:
     requirements: list[ConfigLayer]
 
 
-def codex_home(environ: Mapping[str, str]) -> str:
-    """``$CODEX_HOME``, else ``~/.codex``."""
-    return environ.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex")
-
-
 def select_keys(document: Mapping[str, Any], key_paths: Sequence[Sequence[str]]) -> dict[str, Any]:
     """The parts of ``document`` under any of ``key_paths``, nested as in the document."""
     selected: dict[str, Any] = {}
@@ -77,33 +68,31 @@ def select_keys(document: Mapping[str, Any], key_paths: Sequence[Sequence[str]])
     return selected
 
 
-def _layer(label: str, path: str, key_paths: Sequence[Sequence[str]]) -> ConfigLayer | None:
-    # Imported here: this module's error class is imported by every server
-    # module (through exceptions.py), its readers only by environmentConfig/read.
-    import tomllib
-
-    import tomli_w
-
-    try:
-        with open(path, "rb") as file:
-            document = tomllib.load(file)
-    except FileNotFoundError:
-        return None
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigReadError(f"failed to read config file {path}: {exc}") from None
-    selected = select_keys(document, key_paths)
-    if not selected:
-        return None
-    return ConfigLayer(f"{label} ({path})", os.path.dirname(path), tomli_w.dumps(selected))
-
-
 def _layers(
     files: Sequence[tuple[str, str]], key_paths: Sequence[Sequence[str]]
 ) -> list[ConfigLayer]:
     if not key_paths:
         return []
-    layers = (_layer(label, path, key_paths) for label, path in files)
-    return [layer for layer in layers if layer is not None]
+    # Imported here: every server module imports this module's error class (through
+    # exceptions.py); only environmentConfig/read reads TOML.
+    import tomllib
+
+    import tomli_w
+
+    layers: list[ConfigLayer] = []
+    for label, path in files:
+        try:
+            with open(path, "rb") as file:
+                document = tomllib.load(file)
+        except FileNotFoundError:
+            continue
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigReadError(f"failed to read config file {path}: {exc}") from None
+        selected = select_keys(document, key_paths)
+        if selected:
+            layers.append(ConfigLayer(f"{label} ({path})", os.path.dirname(path),
+                                      tomli_w.dumps(selected)))
+    return layers
 
 
 def read_host_config(
@@ -119,7 +108,7 @@ def read_host_config(
     Raises:
         ConfigReadError: a config file exists but is unreadable or not TOML.
     """
-    home = codex_home(environ)
+    home = environ.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex")
     user_config = os.path.join(home, "config.toml")
     return HostConfig(
         codex_home=home,

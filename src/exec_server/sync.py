@@ -1,15 +1,7 @@
 """A blocking client for code that is not async (most agent harnesses).
 
-The same :class:`~exec_server.client.ExecServerClient` underneath, driven by
-an event loop in a background thread that this object owns: every method
-submits a coroutine to that loop and waits for its result. Safe to call from
-any thread; close it (``close()`` or ``with``) to stop the thread.
-
-    from exec_server.sync import ExecServerClient
-
-    with ExecServerClient.connect("ws://127.0.0.1:8765") as client:
-        result = client.run(["git", "status"], cwd="/repo", timeout=60)
-        print(result.exit_code, result.stdout.decode())
+The async :class:`~exec_server.client.ExecServerClient` driven by an event loop in a
+thread this object owns; safe to call from any thread; ``close()`` (or ``with``) stops it.
 """
 
 from __future__ import annotations
@@ -18,7 +10,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar, final
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, final
 
 from exec_server.client import ExecServerClient as AsyncClient
 from exec_server.client.fs import RemoteFileSystem
@@ -30,6 +22,7 @@ __all__ = ["ExecServerClient", "FileSystem", "Process"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
+W = TypeVar("W")
 
 
 @final
@@ -38,17 +31,12 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._main, name="exec-server-client",
+        self._thread = threading.Thread(target=self.loop.run_forever, name="exec-server-client",
                                         daemon=True)
         self._thread.start()
 
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait; on ``timeout`` it is cancelled and
-        the builtin ``TimeoutError`` raised."""
+        """Run ``coro`` on the loop and wait; on ``timeout`` cancel it, raise ``TimeoutError``."""
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("blocking call from the client's own loop thread")
@@ -70,11 +58,11 @@ class _LoopThread:
 
 def _blocking(
     method: Callable[Concatenate[Any, P], Coroutine[Any, Any, T]],
-) -> Callable[Concatenate[_Facade, P], T]:
+) -> Callable[Concatenate[_Facade[Any], P], T]:
     """The blocking twin of an async method of the wrapped object (same signature)."""
     name = method.__name__
 
-    def call(self: _Facade, /, *args: P.args, **kwargs: P.kwargs) -> T:
+    def call(self: _Facade[Any], /, *args: P.args, **kwargs: P.kwargs) -> T:
         coro: Coroutine[Any, Any, T] = getattr(self._target, name)(*args, **kwargs)
         return self._runner.call(coro)
 
@@ -83,42 +71,38 @@ def _blocking(
     return call
 
 
-class _Facade:
-    def __init__(self, target: object, runner: _LoopThread) -> None:
+class _Facade(Generic[W]):
+    def __init__(self, target: W, runner: _LoopThread) -> None:
         self._target = target
         self._runner = runner
 
 
 @final
-class Process(_Facade):
+class Process(_Facade[ProcessHandle]):
     """A process started by the blocking client (wraps a :class:`ProcessHandle`)."""
 
-    def __init__(self, handle: ProcessHandle, runner: _LoopThread) -> None:
-        super().__init__(handle, runner)
-        self._handle = handle
-
     def __repr__(self) -> str:
-        return repr(self._handle).replace("ProcessHandle", "Process", 1)
+        return repr(self._target).replace("ProcessHandle", "Process", 1)
 
     @property
     def process_id(self) -> str:
-        return self._handle.process_id
+        return self._target.process_id
 
     @property
     def argv(self) -> tuple[str, ...]:
-        return self._handle.argv
+        return self._target.argv
 
     @property
     def exit_code(self) -> int | None:
-        return self._handle.exit_code
+        return self._target.exit_code
 
     @property
     def closed(self) -> bool:
-        return self._handle.closed
+        return self._target.closed
 
     def read_chunk(self, timeout: float | None = None) -> OutputChunk | None:
         """The next output chunk, or None once the process is closed."""
-        return self._runner.call(self._handle.read_chunk(), timeout)
+        return self._runner.call(self._target.read_chunk(), timeout)
 
     def __iter__(self) -> Iterator[OutputChunk]:
         while (chunk := self.read_chunk()) is not None:
@@ -132,14 +116,14 @@ class Process(_Facade):
 
     def wait(self, timeout: float | None = None) -> ExitStatus:
         """Wait until closed; ``TimeoutError`` after ``timeout`` (the process keeps running)."""
-        return self._runner.call(self._handle.wait(), timeout)
+        return self._runner.call(self._target.wait(), timeout)
 
     def collect(self, timeout: float | None = None) -> CompletedProcess:
-        return self._runner.call(self._handle.collect(), timeout)
+        return self._runner.call(self._target.collect(), timeout)
 
 
 @final
-class FileSystem(_Facade):
+class FileSystem(_Facade[RemoteFileSystem]):
     """``fs/*`` calls, blocking (see :class:`~exec_server.client.fs.RemoteFileSystem`)."""
 
     read_file = _blocking(RemoteFileSystem.read_file)
@@ -154,13 +138,12 @@ class FileSystem(_Facade):
 
 
 @final
-class ExecServerClient(_Facade):
+class ExecServerClient(_Facade[AsyncClient]):
     """A blocking connection to one exec-server. Create with :meth:`connect` or
     :meth:`spawn_stdio`; close with :meth:`close` or ``with``."""
 
     def __init__(self, client: AsyncClient, runner: _LoopThread) -> None:
         super().__init__(client, runner)
-        self._client = client
         self.fs = FileSystem(RemoteFileSystem(client), runner)
 
     @classmethod
@@ -184,32 +167,32 @@ class ExecServerClient(_Facade):
         return cls(client, runner)
 
     def __repr__(self) -> str:
-        return repr(self._client).replace("<ExecServerClient", "<sync.ExecServerClient", 1)
+        return repr(self._target).replace("<ExecServerClient", "<sync.ExecServerClient", 1)
 
     @property
     def session_id(self) -> str:
-        return self._client.session_id
+        return self._target.session_id
 
     @property
     def url(self) -> str | None:
-        return self._client.url
+        return self._target.url
 
     run = _blocking(AsyncClient.run)
 
     def spawn(self, argv: Sequence[str], **options: Any) -> Process:
         """Start a process; ``options`` as for the async ``spawn``."""
-        return Process(self._runner.call(self._client.spawn(argv, **options)), self._runner)
+        return Process(self._runner.call(self._target.spawn(argv, **options)), self._runner)
 
     def list_processes(self) -> list[Process]:
         """Processes this client started that are not closed yet."""
-        return [Process(h, self._runner) for h in self._client.list_processes()]
+        return [Process(h, self._runner) for h in self._target.list_processes()]
 
     def close(self) -> None:
         """Close the connection and stop the loop thread."""
         if self._runner.loop.is_closed():
             return
         try:
-            self._runner.call(self._client.aclose())
+            self._runner.call(self._target.aclose())
         finally:
             self._runner.stop()
 

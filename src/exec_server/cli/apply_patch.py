@@ -1,9 +1,7 @@
 """The ``apply_patch`` program: alias form, hidden-flag form, ``exec-server apply-patch``.
 
-Behaviour follows APPLY_PATCH.md §10-§11: the patch comes from the single
-argument or, in the alias form only, from stdin; the summary goes to stdout,
-one error line to stderr; exit 0 success, 1 error, 2 usage. The standalone
-program always uses the local file system with no sandbox context (§14).
+Behaviour follows APPLY_PATCH.md §10-§11 (argument, or stdin in the alias form; exit
+0/1/2); the local file system with no sandbox context (§14).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from exec_server.cli.args import is_utf8
 from exec_server.cli.main import APPLY_PATCH_FLAG
@@ -47,7 +45,6 @@ def run_patch(patch: str, *, stdout: TextIO, stderr: TextIO) -> int:
 
 
 def _from_argument_or_stdin(patch: str | None) -> int:
-    """The alias form and ``exec-server apply-patch``: the argument, else stdin."""
     if patch is not None:
         if not is_utf8(patch):
             sys.stderr.write("Error: apply_patch requires a UTF-8 PATCH argument.\n")
@@ -72,10 +69,8 @@ def _from_argument_or_stdin(patch: str | None) -> int:
 
 
 def hidden_flag_main(args: Sequence[str]) -> int:
-    """``<exe> --codex-run-as-apply-patch PATCH``: args are what follows the flag.
-
-    stdin is never read and extra arguments are ignored (§11).
-    """
+    """``<exe> --codex-run-as-apply-patch PATCH``: stdin is never read, extra arguments
+    are ignored (§11)."""
     if not args or not is_utf8(args[0]):
         sys.stderr.write(f"Error: {APPLY_PATCH_FLAG} requires a UTF-8 PATCH argument.\n")
         return 1
@@ -83,11 +78,8 @@ def hidden_flag_main(args: Sequence[str]) -> int:
 
 
 def console_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``apply_patch`` / ``applypatch`` console scripts (alias form).
-
-    Args:
-        argv: the arguments after the program name; None means ``sys.argv[1:]``.
-    """
+    """Entry point of the ``apply_patch`` / ``applypatch`` console scripts (alias form);
+    ``argv`` defaults to ``sys.argv[1:]``."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args in (["--version"], ["-V"]):  # never a patch: one starts "*** Begin Patch"
         from exec_server import __version__
@@ -101,17 +93,10 @@ def console_main(argv: Sequence[str] | None = None) -> int:
     return _from_argument_or_stdin(args[0] if args else None)
 
 
-def _subcommand(ns: argparse.Namespace) -> int:
-    return _from_argument_or_stdin(ns.patch)
-
-
-def register(subparsers: Any) -> None:
-    """Add ``exec-server apply-patch [PATCH]`` (patch from the argument, else stdin)."""
-    parser = subparsers.add_parser(
-        "apply-patch",
-        help="apply a Codex-format patch in the current directory",
-        description="Apply a Codex-format patch (*** Begin Patch ... *** End Patch) to files "
-        "under the current directory. The patch is the argument, or stdin when omitted.",
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Apply a Codex-format patch (*** Begin Patch ... *** End Patch) to files under the "
+        "current directory. The patch is the argument, or stdin when omitted."
     )
     parser.add_argument("patch", nargs="?", metavar="PATCH", help="the patch text")
-    parser.set_defaults(func=_subcommand)
+    parser.set_defaults(func=lambda ns: _from_argument_or_stdin(ns.patch))

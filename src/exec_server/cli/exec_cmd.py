@@ -1,18 +1,7 @@
 """``exec-server exec``: run one command on a remote exec-server and mirror it locally.
 
-Streams the remote output to our stdout/stderr and exits with the remote exit
-code. Pipe mode forwards our stdin (``pipeStdin``; end of input through the
-``process/closeStdin`` extension, so only against servers that implement it)
-and ^C: the first sends ``process/signal`` (SIGINT to the remote group), a
-second terminates the group and returns at once (a background job holding the
-output open does not keep us waiting). ``--tty`` runs on a remote PTY with
-our terminal raw, sized like ours and resized on SIGWINCH (the
-``process/resizePty`` extension, again only where implemented). Our own
-failures (cannot connect, spawn refused, connection lost) print one line to
-stderr and exit 255, like ``ssh``; bad arguments exit 2.
-
-The remote child's environment is the *server's* environment (``envPolicy``
-inherit ``all`` with the default secret-name excludes) plus ``--env`` pairs.
+Streams the output, forwards stdin and ^C (pipe mode) or a raw terminal (``--tty``),
+exits with the remote code; behaviour and exit codes are described in docs/client.md.
 """
 
 from __future__ import annotations
@@ -23,22 +12,31 @@ import contextlib
 import errno
 import os
 import signal
+import ssl
 import sys
 import termios
 import tty as tty_mod
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final
+from urllib.parse import urlsplit
 
 from exec_server.cli.args import add_sandbox_flags, command_words, is_utf8
-
-if TYPE_CHECKING:
-    import ssl
-
-    from exec_server.client import ExecServerClient, ProcessHandle
+from exec_server.client import ClientError, ExecServerClient, NotSupportedError, ProcessHandle
+from exec_server.client.environment import TOKEN_ENV_VAR
+from exec_server.client.fs import RemoteFileSystem
+from exec_server.client.run import inherit_server_env
+from exec_server.client.sandbox_contexts import full_access, read_only, workspace_write
+from exec_server.exceptions import ExecServerError
+from exec_server.protocol.types.process import (
+    METHOD_CLOSE_STDIN,
+    METHOD_RESIZE_PTY,
+    ProcessStream,
+    WriteStatus,
+)
 
 __all__ = ["register"]
 
-#: Exit status for failures of ``exec`` itself rather than of the remote command.
+#: ``exec`` itself failed rather than the remote command (as ``ssh`` does).
 EXIT_CLIENT_FAILURE: Final = 255
 EXIT_USAGE: Final = 2
 #: After a second ^C we stop waiting (the shell's code for death by SIGINT).
@@ -58,36 +56,16 @@ class _OutputClosed(Exception):
     """Our stdout or stderr is a pipe whose reader is gone."""
 
 
-class ConnectionOptions(NamedTuple):
-    token: str | None
-    ssl: ssl.SSLContext | None
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``exec`` subcommand."""
-    p = subparsers.add_parser(
-        "exec",
-        help="run a command on a remote exec-server",
-        description="Run CMD on the exec-server at --url, stream its output, exit with its code.",
-    )
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = "Run CMD on the exec-server at --url, stream its output, exit with its code."
     p.add_argument("--url", required=True, help="ws://HOST:PORT (or wss://) of the exec-server")
-    p.add_argument(
-        "--token-file",
-        metavar="PATH",
-        help="file holding the server's --ws-auth token (default: $EXEC_SERVER_TOKEN)",
-    )
-    p.add_argument(
-        "--ca-file", metavar="PATH", help="CA certificate(s) for a wss:// server"
-    )
+    p.add_argument("--token-file", metavar="PATH",
+                   help="file holding the server's --ws-auth token (default: $EXEC_SERVER_TOKEN)")
+    p.add_argument("--ca-file", metavar="PATH", help="CA certificate(s) for a wss:// server")
     p.add_argument("--tty", action="store_true", help="run on a PTY and forward stdin")
     p.add_argument("--cwd", default=None, help="remote working directory (default: ours)")
-    p.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="set a variable in the remote environment (repeatable)",
-    )
+    p.add_argument("--env", action="append", default=[], metavar="K=V",
+                   help="set a variable in the remote environment (repeatable)")
     p.add_argument("-n", "--no-stdin", action="store_true",
                    help="do not forward stdin (pipe mode; the command reads /dev/null)")
     add_sandbox_flags(p, default=None,
@@ -105,83 +83,74 @@ def _shown(text: str) -> str:
     return ascii(os.fsencode(text))[1:]
 
 
-def _check_url(url: str) -> str | None:
-    from urllib.parse import urlsplit
-
+def _check_url(url: str) -> None:
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a bad port
     except ValueError as exc:
-        return f"--url {url}: {exc}"
+        raise ValueError(f"--url {url}: {exc}") from None
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        return f"--url {url}: expected ws://HOST:PORT"
-    return None
+        raise ValueError(f"--url {url}: expected ws://HOST:PORT")
 
 
 def _run(ns: argparse.Namespace) -> int:
     argv = command_words(ns)
+    try:
+        env = _checked_command(ns, argv)
+        _check_url(ns.url)
+        cwd = os.path.abspath(ns.cwd) if ns.cwd else _our_cwd()
+        _check_sandbox_flags(ns)
+        token, context = _connection_options(ns)
+    except ValueError as exc:
+        return _fail(str(exc))
+    # ^C before the command started: main() returns 130 (EXIT_INTERRUPTED).
+    return asyncio.run(_exec(ns, argv, cwd=cwd, env=env, token=token, tls=context))
+
+
+def _checked_command(ns: argparse.Namespace, argv: Sequence[str]) -> dict[str, str]:
+    """Check the command and ``--env`` pairs; return the environment to send."""
     if not argv:
-        return _fail("missing command (use: -- CMD ARGS...)")
+        raise ValueError("missing command (use: -- CMD ARGS...)")
     if not argv[0]:
-        return _fail("empty command name")
+        raise ValueError("empty command name")
     env: dict[str, str] = {}
     for item in ns.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            return _fail(f"--env expects K=V, got {item!r}")
+            raise ValueError(f"--env expects K=V, got {item!r}")
         env[key] = value
     for n, arg in enumerate(argv):
         if not is_utf8(arg):
-            return _fail(f"argument {n + 1} ({_shown(arg)}) is not valid UTF-8; the protocol "
-                         "carries arguments as text")
+            raise ValueError(f"argument {n + 1} ({_shown(arg)}) is not valid UTF-8; the "
+                             "protocol carries arguments as text")
     for key, value in env.items():
         if not (is_utf8(key) and is_utf8(value)):
-            return _fail(f"--env {_shown(key)}: not valid UTF-8; the protocol carries the "
-                         "environment as text")
-    bad_url = _check_url(ns.url)
-    if bad_url is not None:
-        return _fail(bad_url)
-    if ns.cwd:
-        cwd = os.path.abspath(ns.cwd)
-    else:
-        try:
-            cwd = os.getcwd()
-        except OSError as exc:
-            return _fail(f"the current directory is gone ({exc.strerror}); pass --cwd DIR")
-    sandbox_error = _sandbox_usage(ns)
-    if sandbox_error is not None:
-        return _fail(sandbox_error)
-    try:
-        connection = _connection_options(ns)
-    except ValueError as exc:
-        return _fail(str(exc))
-    try:
-        return asyncio.run(_exec(ns, argv, cwd=cwd, env=env, connection=connection))
-    except KeyboardInterrupt:  # ^C before the command started
-        return EXIT_INTERRUPTED
+            raise ValueError(f"--env {_shown(key)}: not valid UTF-8; the protocol carries the "
+                             "environment as text")
+    return env
 
 
-def _sandbox_usage(ns: argparse.Namespace) -> str | None:
+def _our_cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError as exc:
+        raise ValueError(
+            f"the current directory is gone ({exc.strerror}); pass --cwd DIR"
+        ) from None
+
+
+def _check_sandbox_flags(ns: argparse.Namespace) -> None:
     if ns.writable_root and ns.sandbox != "workspace-write":
-        return "--writable-root needs --sandbox workspace-write"
+        raise ValueError("--writable-root needs --sandbox workspace-write")
     if ns.network and ns.sandbox not in ("read-only", "workspace-write"):
-        return "--network needs --sandbox read-only or workspace-write"
+        raise ValueError("--network needs --sandbox read-only or workspace-write")
     for root in ns.writable_root:
         if not os.path.isabs(root):
-            return f"--writable-root {root}: must be an absolute path"
-    return None
+            raise ValueError(f"--writable-root {root}: must be an absolute path")
 
 
-def _connection_options(ns: argparse.Namespace) -> ConnectionOptions:
-    """The token (``--token-file``, else ``$EXEC_SERVER_TOKEN``) and TLS trust (``--ca-file``).
-
-    Raises:
-        ValueError: a file cannot be read, or the token file is empty.
-    """
-    import ssl
-
-    from exec_server.client.environment import TOKEN_ENV_VAR
-
+def _connection_options(ns: argparse.Namespace) -> tuple[str | None, ssl.SSLContext | None]:
+    """The token (``--token-file``, else ``$EXEC_SERVER_TOKEN``) and TLS trust (``--ca-file``)."""
     token: str | None
     if ns.token_file is not None:
         try:
@@ -199,40 +168,32 @@ def _connection_options(ns: argparse.Namespace) -> ConnectionOptions:
             context = ssl.create_default_context(cafile=ns.ca_file)
         except (OSError, ssl.SSLError) as exc:
             raise ValueError(f"cannot load --ca-file {ns.ca_file}: {exc}") from None
-    return ConnectionOptions(token=token, ssl=context)
+    return token, context
 
 
-async def _sandbox_context(client: ExecServerClient, ns: argparse.Namespace,
-                           cwd: str) -> tuple[Any, str | None]:
-    """(the context for ``--sandbox``, or None; an error message)."""
-    from exec_server.client.fs import RemoteFileSystem
-    from exec_server.client.sandbox_contexts import full_access, read_only, workspace_write
-    from exec_server.exceptions import ExecServerError
-
+async def _sandbox_context(client: ExecServerClient, ns: argparse.Namespace, cwd: str) -> Any:
+    """The context for ``--sandbox`` (None without it); ValueError for a bad writable root."""
     if ns.sandbox is None:
-        return None, None
+        return None
     fs = RemoteFileSystem(client)
     for root in ns.writable_root:
         try:
             meta = await fs.get_metadata(root)
         except ExecServerError as exc:
-            return None, f"--writable-root {root}: {exc.message} (on the server)"
+            raise ValueError(f"--writable-root {root}: {exc.message} (on the server)") from None
         if not meta.is_directory:
-            return None, f"--writable-root {root}: not a directory (on the server)"
+            raise ValueError(f"--writable-root {root}: not a directory (on the server)")
     if ns.sandbox == "read-only":
-        return read_only(cwd, network=ns.network), None
+        return read_only(cwd, network=ns.network)
     if ns.sandbox == "workspace-write":
-        return workspace_write(cwd, network=ns.network, writable_roots=ns.writable_root), None
-    return full_access(cwd), None
+        return workspace_write(cwd, network=ns.network, writable_roots=ns.writable_root)
+    return full_access(cwd)
 
 
 async def _diagnose_start(client: ExecServerClient, cwd: str, explicit: bool,
                           argv: Sequence[str], exc: Exception) -> str:
-    """Blame what really failed: a missing working directory fails the spawn with
-    ENOENT, which the server words like a missing program."""
-    from exec_server.client.fs import RemoteFileSystem
-    from exec_server.exceptions import ExecServerError
-
+    """A missing working directory fails the spawn with ENOENT, which the server
+    words like a missing program: blame what really failed."""
     try:
         meta = await RemoteFileSystem(client).get_metadata(cwd)
         problem = None if meta.is_directory else os.strerror(errno.ENOTDIR)
@@ -245,29 +206,18 @@ async def _diagnose_start(client: ExecServerClient, cwd: str, explicit: bool,
     return f"{argv[0]}: {exc}"
 
 
-async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str,
-                env: dict[str, str], connection: ConnectionOptions) -> int:
-    from exec_server.client import ClientError, ExecServerClient
-    from exec_server.client.run import inherit_server_env
-    from exec_server.exceptions import ExecServerError
-    from exec_server.protocol.types.process import (
-        METHOD_CLOSE_STDIN,
-        METHOD_RESIZE_PTY,
-        ProcessStream,
-    )
-
+async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str, env: dict[str, str],
+                token: str | None, tls: ssl.SSLContext | None) -> int:
     tty: bool = ns.tty
     try:
         client = await ExecServerClient.connect(
-            ns.url, client_name="exec-server-exec", token=connection.token, ssl=connection.ssl
+            ns.url, client_name="exec-server-exec", token=token, ssl=tls
         )
     except ClientError as exc:
         return _fail(str(exc), EXIT_CLIENT_FAILURE)
     async with client:
         try:
-            sandbox, problem = await _sandbox_context(client, ns, cwd)
-            if problem is not None:
-                return _fail(problem)
+            sandbox = await _sandbox_context(client, ns, cwd)
             has_stdin = sys.stdin is not None and not ns.no_stdin
             forward_stdin = (not tty and has_stdin
                              and await client.supports(METHOD_CLOSE_STDIN))
@@ -276,6 +226,8 @@ async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str,
                       "(no process/closeStdin): stdin is not forwarded", file=sys.stderr)
             resizable = (tty and sys.stdin is not None and sys.stdin.isatty()
                          and await client.supports(METHOD_RESIZE_PTY))
+        except ValueError as exc:
+            return _fail(str(exc))
         except (ExecServerError, ClientError) as exc:
             return _fail(str(exc), EXIT_CLIENT_FAILURE)
         try:
@@ -286,24 +238,18 @@ async def _exec(ns: argparse.Namespace, argv: Sequence[str], *, cwd: str,
             return _fail(message, EXIT_CLIENT_FAILURE)
         except ClientError as exc:
             return _fail(f"{argv[0]}: {exc}", EXIT_CLIENT_FAILURE)
-        loop = asyncio.get_running_loop()
-        interrupts: asyncio.Queue[None] = asyncio.Queue()
-        resizes: asyncio.Queue[None] = asyncio.Queue()
-        if resizable:
-            resizes.put_nowait(None)  # the size at start
         try:
             with (
-                _on_signal(loop, signal.SIGINT, interrupts, enabled=not tty),
-                _on_signal(loop, signal.SIGWINCH, resizes, enabled=resizable),
+                _signal_queue(signal.SIGINT, enabled=not tty) as interrupts,
+                _signal_queue(signal.SIGWINCH, enabled=resizable) as resizes,
                 _raw_stdin(tty),
             ):
                 async with asyncio.TaskGroup() as tg:
                     helpers = [tg.create_task(_forward_interrupts(handle, interrupts))]
-                    if tty and sys.stdin is not None:
-                        helpers.append(tg.create_task(_pump_stdin(handle, eof=None)))
-                    elif forward_stdin:
-                        helpers.append(tg.create_task(_pump_stdin(handle, eof="close")))
+                    if forward_stdin or (tty and sys.stdin is not None):
+                        helpers.append(tg.create_task(_pump_stdin(handle, tty=tty)))
                     if resizable:
+                        resizes.put_nowait(None)  # the size at start
                         helpers.append(tg.create_task(_follow_size(handle, resizes)))
                     async for chunk in handle:
                         fd = 2 if chunk.stream is ProcessStream.STDERR else 1
@@ -338,11 +284,9 @@ def _write_all(fd: int, data: bytes) -> None:
         raise _OutputClosed from None
 
 
-async def _pump_stdin(handle: ProcessHandle, *, eof: str | None) -> None:
-    """Forward our stdin; at its end close the remote stdin (pipes, ``eof="close"``)
-    or send the terminal's EOF character (PTY)."""
-    from exec_server.protocol.types.process import WriteStatus
-
+async def _pump_stdin(handle: ProcessHandle, *, tty: bool) -> None:
+    """Forward our stdin; at its end send the terminal's EOF character (PTY) or close
+    the remote stdin (pipes)."""
     loop = asyncio.get_running_loop()
     fd = sys.stdin.fileno()
     queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -361,17 +305,17 @@ async def _pump_stdin(handle: ProcessHandle, *, eof: str | None) -> None:
     try:
         loop.add_reader(fd, on_readable)
         polled = True
-    except (PermissionError, ValueError, OSError):
+    except (ValueError, OSError):
         polled = False  # regular files cannot be polled: read them in a thread
     try:
         while data := await (queue.get() if polled
                              else asyncio.to_thread(os.read, fd, _STDIN_READ_SIZE)):
             if await handle.write(data) is not WriteStatus.ACCEPTED:
                 return
-        if eof == "close":
-            await handle.close_stdin()
-        else:
+        if tty:
             await handle.write(_EOT)
+        else:
+            await handle.close_stdin()
     finally:
         if polled:
             loop.remove_reader(fd)
@@ -380,8 +324,6 @@ async def _pump_stdin(handle: ProcessHandle, *, eof: str | None) -> None:
 async def _forward_interrupts(handle: ProcessHandle, interrupts: asyncio.Queue[None]) -> None:
     """Pipe mode ^C: the first interrupts the remote group (terminates it where
     ``process/signal`` is unknown); the second terminates it and gives up waiting."""
-    from exec_server.exceptions import ExecServerError
-
     await interrupts.get()
     try:
         await handle.signal()
@@ -394,8 +336,6 @@ async def _forward_interrupts(handle: ProcessHandle, interrupts: asyncio.Queue[N
 
 async def _follow_size(handle: ProcessHandle, resizes: asyncio.Queue[None]) -> None:
     """Keep the remote PTY as big as our terminal (at start, then per SIGWINCH)."""
-    from exec_server.client import NotSupportedError
-
     while True:
         await resizes.get()
         try:
@@ -411,16 +351,17 @@ async def _follow_size(handle: ProcessHandle, resizes: asyncio.Queue[None]) -> N
 
 
 @contextlib.contextmanager
-def _on_signal(loop: asyncio.AbstractEventLoop, sig: int, queue: asyncio.Queue[None], *,
-               enabled: bool) -> Iterator[None]:
-    if not enabled:
-        yield
-        return
-    loop.add_signal_handler(sig, queue.put_nowait, None)
+def _signal_queue(sig: int, *, enabled: bool) -> Iterator[asyncio.Queue[None]]:
+    """A queue that gets an item per ``sig`` while in the block (when ``enabled``)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[None] = asyncio.Queue()
+    if enabled:
+        loop.add_signal_handler(sig, queue.put_nowait, None)
     try:
-        yield
+        yield queue
     finally:
-        loop.remove_signal_handler(sig)
+        if enabled:
+            loop.remove_signal_handler(sig)
 
 
 @contextlib.contextmanager

@@ -1,9 +1,8 @@
 """The ``exec-server`` command line: arg0 dispatch, hidden helper modes, subcommands.
 
-Each subcommand lives in its own module under ``exec_server.cli`` exposing
-``register(subparsers)``, which adds a parser whose ``func`` default is a
-``(argparse.Namespace) -> int`` callable. Start-up order follows PROTOCOL.md
-§12.2: hidden modes are recognised before argparse runs.
+Hidden modes are recognised before argparse runs (PROTOCOL.md §12.2). Each subcommand's
+module has ``register(parser)``, which adds its arguments and sets ``func`` to a
+``(argparse.Namespace) -> int`` callable.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from typing import cast
 __all__ = ["main"]
 
 #: ``(command, module, help)`` in ``--help`` order. Only the chosen command's
-#: module is imported (and registers its full parser): ``serve`` does not pay
-#: for the client, patch and sandbox-runner modules (~2 MB of RSS).
+#: module is imported: ``serve`` does not pay for the client, patch and
+#: sandbox-runner modules (~2 MB of RSS).
 _SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("serve", "serve", "serve the exec-server protocol over WebSocket or stdio"),
     ("exec", "exec_cmd", "run a command on a remote exec-server"),
@@ -33,11 +32,7 @@ APPLY_PATCH_FLAG = "--codex-run-as-apply-patch"
 
 
 def _build_parser(command: str | None) -> argparse.ArgumentParser:
-    """The top-level parser; only ``command``'s module is imported and registered.
-
-    The other subcommands get placeholder parsers carrying just their help
-    line, so ``exec-server --help`` still lists them all.
-    """
+    """The top-level parser; only ``command``'s subparser gets its arguments."""
     from exec_server import __version__
 
     parser = argparse.ArgumentParser(
@@ -48,20 +43,10 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
                         version=f"exec-server {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name, help_text in _SUBCOMMANDS:
+        subparser = subparsers.add_parser(name, help=help_text)
         if name == command:
-            module = importlib.import_module(f"exec_server.cli.{module_name}")
-            module.register(subparsers)
-        else:
-            subparsers.add_parser(name, help=help_text)
+            importlib.import_module(f"exec_server.cli.{module_name}").register(subparser)
     return parser
-
-
-def _chosen_command(args: Sequence[str]) -> str | None:
-    """The subcommand named by ``args`` (the first non-option word), if any."""
-    for arg in args:
-        if not arg.startswith("-"):
-            return arg
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from exec_server.cli.apply_patch import hidden_flag_main
 
         return hidden_flag_main(args[1:])
-    parser = _build_parser(_chosen_command(args))
+    # The subcommand is the first non-option word.
+    parser = _build_parser(next((a for a in args if not a.startswith("-")), None))
     ns = parser.parse_args(args)
     func = getattr(ns, "func", None)
     if func is None:

@@ -1,21 +1,11 @@
-"""``exec-server run``: run one local command confined, exit with its status.
-
-    exec-server run [--sandbox read-only|workspace-write|danger-full-access]
-                    [--writable-root DIR]... [--network]
-                    [--backend auto|bwrap|landlock] -- CMD ARGS...
-
-The everyday way to try a policy: the plan comes from the policy layer
-(the same conversion a legacy ``workspace-write`` request gets), the launch
-from the Linux backend. Exit status: the command's own; ``128+N`` when it was
-killed by signal N (130 after ^C); 126 when CMD is not executable, 127 when
-it is not found (one message, whichever backend); 125 when it could not be
-confined (never silently unconfined). The command shares our process group
-and terminal session, so ^C and job control reach it as they would without us.
-"""
+"""``exec-server run``: run one local command confined as the server would, exit with its
+status (``128+N`` for signal N; 126/127 not executable/found; 125 not confined, never
+silently unconfined). See docs/sandbox-linux.md."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -24,8 +14,14 @@ import sys
 from typing import Any
 
 from exec_server.cli.args import add_sandbox_flags, command_words
+from exec_server.config import ServerConfig
+from exec_server.exceptions import ExecServerError
 from exec_server.process.spec import LaunchSpec
+from exec_server.sandbox.convert import cli_launch_request
+from exec_server.sandbox.errors import SandboxError
+from exec_server.sandbox.manager import SandboxManager
 from exec_server.sandbox.plan import SandboxType
+from exec_server.sandbox.select import probe_report
 
 __all__ = ["EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "EXIT_SETUP", "register", "run"]
 
@@ -36,13 +32,8 @@ EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
 
 
-def register(subparsers: Any) -> None:
-    """Add the ``run`` subcommand to ``exec-server``'s parser."""
-    parser = subparsers.add_parser(
-        "run",
-        help="run a local command under the sandbox (try a policy)",
-        description="Run CMD confined by the kernel and exit with its status.",
-    )
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Run CMD confined by the kernel and exit with its status."
     add_sandbox_flags(parser, default="read-only", sandbox_help="policy (default: read-only)")
     parser.add_argument("--backend", choices=("auto", "bwrap", "landlock"), default="auto",
                         help="Linux mechanism (default: auto = bwrap if usable, else landlock)")
@@ -55,10 +46,6 @@ def register(subparsers: Any) -> None:
 
 def _confine(ns: argparse.Namespace, spec: LaunchSpec) -> LaunchSpec:
     """Policy → plan → backend wrap, through the same manager the server uses."""
-    from exec_server.config import ServerConfig
-    from exec_server.sandbox.convert import cli_launch_request
-    from exec_server.sandbox.manager import SandboxManager
-
     request = cli_launch_request(ns.sandbox, cwd=spec.cwd, writable_roots=ns.writable_root,
                                  network=ns.network, tmpdir=os.environ.get("TMPDIR"))
     manager = SandboxManager(ServerConfig(sandbox_backend=ns.backend))
@@ -67,13 +54,11 @@ def _confine(ns: argparse.Namespace, spec: LaunchSpec) -> LaunchSpec:
 
 
 def _ignore_while_waiting() -> dict[int, Any]:
-    """While we wait, a terminal's ^C/^\\ is for the command (it is in our process
-    group and gets it too): we outlive it and report how it ended.
+    """A terminal's ^C/^\\ reaches the command too (same process group): we outlive it
+    and report how it ended.
 
-    A handler, not ``SIG_IGN``: ``execve`` resets caught signals to the default
-    but keeps ignored ones ignored, and the command must stay interruptible.
-    Signals we were started with ignored (a background ``&`` job) stay ignored,
-    for us and the command, as with any program.
+    A handler, not ``SIG_IGN``, which ``execve`` would pass on to the command; signals
+    we were started with ignored (a background ``&`` job) stay ignored.
     """
     previous: dict[int, Any] = {}
     for sig in (signal.SIGINT, signal.SIGQUIT):
@@ -112,8 +97,7 @@ def _spawn_and_wait(spec: LaunchSpec) -> int:
 def _unrunnable(program: str, cwd: str, path: str) -> tuple[int, str] | None:
     """Why ``program`` cannot be executed, as a shell says it: (126|127, message).
 
-    Checked on the host before confining, so both backends (which fail inside
-    the sandbox in their own words) report the same line; every CLI policy
+    Checked on the host so both backends report the same line; every CLI policy
     reads the whole filesystem, so the host's answer is the sandbox's.
     """
     if "/" not in program:
@@ -128,17 +112,12 @@ def _unrunnable(program: str, cwd: str, path: str) -> tuple[int, str] | None:
         return EXIT_NOT_FOUND, f"{program}: No such file or directory"
     if os.path.isdir(target):
         return EXIT_NOT_EXECUTABLE, f"{program}: Is a directory"
-    if not os.access(target, os.X_OK) or not _any_exec_bit(target):
-        return EXIT_NOT_EXECUTABLE, f"{program}: Permission denied"
-    return None
-
-
-def _any_exec_bit(path: str) -> bool:
-    """root passes ``access(X_OK)`` for a file with any x bit; exec needs one."""
     try:
-        return bool(os.stat(path).st_mode & 0o111)
+        # root passes access(X_OK) for a file with any x bit; exec needs one.
+        runnable = os.access(target, os.X_OK) and bool(os.stat(target).st_mode & 0o111)
     except OSError:
-        return False
+        runnable = False
+    return None if runnable else (EXIT_NOT_EXECUTABLE, f"{program}: Permission denied")
 
 
 def _fail(message: str, code: int) -> int:
@@ -147,20 +126,12 @@ def _fail(message: str, code: int) -> int:
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Entry of ``exec-server run``; returns the exit status."""
     if ns.probe:
-        import json
-
-        from exec_server.sandbox.select import probe_report
-
         sys.stdout.write(json.dumps(probe_report(), indent=2) + "\n")
         return 0
     command = command_words(ns)
     if not command:
         return _fail("missing command (usage: exec-server run [OPTIONS] -- CMD ARGS...)", 2)
-    from exec_server.exceptions import ExecServerError
-    from exec_server.sandbox.errors import SandboxError
-
     try:
         cwd = os.getcwd()
     except OSError as exc:
@@ -181,7 +152,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         wrapped = _confine(ns, spec)
     except (ExecServerError, SandboxError, ValueError) as exc:
-        return _fail(str(exc) if isinstance(exc, ValueError) else exc.message, EXIT_SETUP)
+        return _fail(str(exc), EXIT_SETUP)
     if wrapped.sandbox_type is SandboxType.NONE and ns.sandbox != "danger-full-access":
         return _fail("refusing to run unconfined", EXIT_SETUP)
     try:

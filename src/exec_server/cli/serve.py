@@ -1,17 +1,18 @@
 """``exec-server serve``: flags -> :class:`ServerConfig`, logging to stderr, run.
 
-The bound ``ws://IP:PORT`` is the only line ever written to stdout (flushed at
-once, PROTOCOL.md §2.3); with ``--listen stdio`` stdout carries the protocol
-and nothing else.
+The bound ``ws://IP:PORT`` is the only line ever written to stdout (PROTOCOL.md §2.3);
+with ``--listen stdio`` stdout carries the protocol and nothing else.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
+from typing import Any
 
 from exec_server.config import (
     DEFAULT_CLOSED_RETENTION,
@@ -23,21 +24,21 @@ from exec_server.config import (
 )
 from exec_server.server.app import run_server
 from exec_server.server.listener import INSECURE_FLAG
-from exec_server.transport.listen import ListenUrlError, parse_listen_url
 from exec_server.transport.ws_auth import DEFAULT_CLOCK_SKEW, WsAuthSettings
 
 __all__ = ["register", "run"]
 
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
 
 def _size(text: str) -> int:
     """Bytes, with an optional K/M/G suffix (binary units)."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     text = text.strip().lower().removesuffix("ib").removesuffix("b")
-    factor = units.get(text[-1:], 1)
-    if factor != 1:
+    shift = {"k": 10, "m": 20, "g": 30}.get(text[-1:], 0)
+    if shift:
         text = text[:-1]
     try:
-        value = int(float(text) * factor)
+        value = int(float(text) * (1 << shift))
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid size {text!r}") from None
     if value <= 0:
@@ -56,11 +57,11 @@ def _seconds(text: str) -> float:
 
 
 def _count(text: str) -> int:
-    """``--concurrent-requests``: an integer >= 1 (upstream's wording for 0)."""
+    """An integer >= 1, refused in upstream's words."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid digit found in string {text!r}") from None
+        value = -1  # refused as a negative number is
     if value == 0:
         raise argparse.ArgumentTypeError("number would be zero for non-zero type")
     if value < 0:
@@ -69,25 +70,48 @@ def _count(text: str) -> int:
 
 
 def _skew(text: str) -> int:
-    """``--ws-max-clock-skew-seconds``: an unsigned integer."""
     if not text.isascii() or not text.isdigit():
         raise argparse.ArgumentTypeError(f"invalid unsigned integer {text!r}")
     return int(text)
 
 
-def _add_security_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Serve the exec-server JSON-RPC protocol. Prints the bound ws://IP:PORT (wss:// with "
+        "TLS) as the only line on stdout. A non-loopback address needs --ws-auth. SIGHUP "
+        "re-reads the token or secret file."
+    )
+    add = parser.add_argument
+    add("--listen", default=DEFAULT_LISTEN, metavar="URL",
+        help=f"ws://IP:PORT (port 0 = any) or stdio (default {DEFAULT_LISTEN})")
+    add("--detach-ttl", type=_seconds, default=DEFAULT_DETACH_TTL, metavar="SECONDS",
+        help="keep a disconnected session's processes this long for resume "
+        f"(default {DEFAULT_DETACH_TTL:g})")
+    add("--closed-retention", type=_seconds, default=DEFAULT_CLOSED_RETENTION, metavar="SECONDS",
+        help=f"keep closed processes readable this long (default {DEFAULT_CLOSED_RETENTION:g})")
+    add("--lossless-output", action="store_true",
+        help="pause a child's output instead of dropping the oldest bytes when its "
+        "1 MiB buffer is full")
+    add("--max-message-size", type=_size, default=DEFAULT_MAX_MESSAGE_SIZE, metavar="BYTES",
+        help="largest inbound message (K/M/G suffixes; default 1G); larger ones get an error")
+    add("--allow-unsandboxed", action="store_true",
+        help="allow running when no platform sandbox is available")
+    add("--sandbox-backend", choices=("auto", "bwrap", "landlock"), default="auto",
+        help="Linux sandbox mechanism (default auto)")
+    add("--no-launch-zygote", dest="launch_zygote", action="store_false",
+        help="start every Landlock-backend launch with a fresh launcher interpreter")
+    add("--log-level", default=None, choices=_LOG_LEVELS,
+        help="stderr log level (default: $EXEC_SERVER_LOG or warning); debug logs every request")
+    g = parser.add_argument_group(
         "WebSocket security",
         "Whoever can open a connection can run commands as this user. Browser "
         "requests (any Origin header) are always refused.",
     )
-    g.add_argument(
-        "--ws-auth",
-        choices=("capability-token", "signed-bearer-token"),
-        metavar="MODE",
-        help="require `Authorization: Bearer <token>` on the upgrade: "
-        "capability-token or signed-bearer-token (HS256 JWT)",
-    )
+    # dest ws_<field> feeds WsAuthSettings.<field> (see _config).
+    g.add_argument("--ws-auth", dest="ws_mode", metavar="MODE",
+                   choices=("capability-token", "signed-bearer-token"),
+                   help="require `Authorization: Bearer <token>` on the upgrade: "
+                   "capability-token or signed-bearer-token (HS256 JWT)")
     for flag, metavar, help_text in (
         ("--ws-token-file", "PATH", "capability token file (trimmed)"),
         ("--ws-token-sha256", "HEX", "SHA-256 of the capability token (64 hex digits)"),
@@ -97,104 +121,19 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
         ("--ws-audience", "AUDIENCE", "required JWT `aud` (blank: not checked)"),
     ):
         g.add_argument(flag, metavar=metavar, help=help_text)
-    g.add_argument(
-        "--ws-max-clock-skew-seconds",
-        type=_skew,
-        metavar="SECONDS",
-        help=f"slack for JWT exp and nbf (default {DEFAULT_CLOCK_SKEW})",
-    )
+    g.add_argument("--ws-max-clock-skew-seconds", dest="ws_max_clock_skew", type=_skew,
+                   metavar="SECONDS",
+                   help=f"slack for JWT exp and nbf (default {DEFAULT_CLOCK_SKEW})")
     g.add_argument("--tls-cert-file", metavar="PATH",
                    help="serve wss:// with this certificate chain")
     g.add_argument("--tls-key-file", metavar="PATH", help="the TLS certificate's private key")
-    g.add_argument(
-        INSECURE_FLAG,
-        dest="allow_unauthenticated_network",
-        action="store_true",
-        help="allow a non-loopback --listen address without --ws-auth (dangerous: anyone "
-        "who can reach the port runs commands as this user)",
-    )
-    p.add_argument(
-        "--concurrent-requests",
-        type=_count,
-        default=DEFAULT_CONCURRENT_REQUESTS,
-        metavar="COUNT",
-        help="requests of one connection in progress at once; later ones wait "
-        f"(default {DEFAULT_CONCURRENT_REQUESTS}; upstream's default is 1)",
-    )
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``serve`` subcommand."""
-    p = subparsers.add_parser(
-        "serve",
-        help="serve the exec-server protocol over WebSocket or stdio",
-        description="Serve the exec-server JSON-RPC protocol. Prints the bound "
-        "ws://IP:PORT (wss:// with TLS) as the only line on stdout. A non-loopback "
-        "address needs --ws-auth. SIGHUP re-reads the token or secret file.",
-    )
-    p.add_argument(
-        "--listen",
-        default=DEFAULT_LISTEN,
-        metavar="URL",
-        help=f"ws://IP:PORT (port 0 = any) or stdio (default {DEFAULT_LISTEN})",
-    )
-    p.add_argument(
-        "--detach-ttl",
-        type=_seconds,
-        default=DEFAULT_DETACH_TTL,
-        metavar="SECONDS",
-        help="keep a disconnected session's processes this long for resume "
-        f"(default {DEFAULT_DETACH_TTL:g})",
-    )
-    p.add_argument(
-        "--closed-retention",
-        type=_seconds,
-        default=DEFAULT_CLOSED_RETENTION,
-        metavar="SECONDS",
-        help=f"keep closed processes readable this long (default {DEFAULT_CLOSED_RETENTION:g})",
-    )
-    p.add_argument(
-        "--lossless-output",
-        action="store_true",
-        help="pause a child's output instead of dropping the oldest bytes when its "
-        "1 MiB buffer is full",
-    )
-    p.add_argument(
-        "--max-message-size",
-        type=_size,
-        default=DEFAULT_MAX_MESSAGE_SIZE,
-        metavar="BYTES",
-        help="largest inbound message (K/M/G suffixes; default 1G); larger ones get an error",
-    )
-    p.add_argument(
-        "--allow-unsandboxed",
-        action="store_true",
-        help="allow running when no platform sandbox is available",
-    )
-    p.add_argument(
-        "--sandbox-backend",
-        choices=("auto", "bwrap", "landlock"),
-        default="auto",
-        help="Linux sandbox mechanism (default auto)",
-    )
-    p.add_argument(
-        "--no-launch-zygote",
-        dest="launch_zygote",
-        action="store_false",
-        help="start every Landlock-backend launch with a fresh launcher interpreter",
-    )
-    p.add_argument(
-        "--log-level",
-        default=None,
-        choices=_LOG_LEVELS,
-        help="stderr log level (default: $EXEC_SERVER_LOG or warning); debug logs "
-        "every request",
-    )
-    _add_security_flags(p)
-    p.set_defaults(func=run)
-
-
-_LOG_LEVELS = ("debug", "info", "warning", "error")
+    g.add_argument(INSECURE_FLAG, dest="allow_unauthenticated_network", action="store_true",
+                   help="allow a non-loopback --listen address without --ws-auth (dangerous: "
+                   "anyone who can reach the port runs commands as this user)")
+    add("--concurrent-requests", type=_count, default=DEFAULT_CONCURRENT_REQUESTS,
+        metavar="COUNT", help="requests of one connection in progress at once; later ones wait "
+        f"(default {DEFAULT_CONCURRENT_REQUESTS}; upstream's default is 1)")
+    parser.set_defaults(func=run)
 
 
 def _log_level(ns: argparse.Namespace) -> str | None:
@@ -203,6 +142,12 @@ def _log_level(ns: argparse.Namespace) -> str | None:
         return str(ns.log_level)
     level = os.environ.get("EXEC_SERVER_LOG", "warning").strip().lower() or "warning"
     return level if level in _LOG_LEVELS else None
+
+
+def _fields(cls: Any, ns: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
+    """The flags whose dest is ``prefix`` + a field name of the dataclass ``cls``."""
+    names = (f.name for f in dataclasses.fields(cls))
+    return {n: getattr(ns, prefix + n) for n in names if hasattr(ns, prefix + n)}
 
 
 def _announce(url: str) -> None:
@@ -217,44 +162,17 @@ def run(ns: argparse.Namespace) -> int:
         print(f"Error: EXEC_SERVER_LOG={os.environ.get('EXEC_SERVER_LOG')!r} is not a log "
               f"level (choose from {', '.join(_LOG_LEVELS)})", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        parse_listen_url(ns.listen)
-        config = ServerConfig(
-            listen=ns.listen,
-            detach_ttl=ns.detach_ttl,
-            closed_retention=ns.closed_retention,
-            lossless_output=ns.lossless_output,
-            max_message_size=ns.max_message_size,
-            allow_unsandboxed=ns.allow_unsandboxed,
-            sandbox_backend=ns.sandbox_backend,
-            launch_zygote=ns.launch_zygote,
-            ws_auth=WsAuthSettings(
-                mode=ns.ws_auth,
-                token_file=ns.ws_token_file,
-                token_sha256=ns.ws_token_sha256,
-                shared_secret_file=ns.ws_shared_secret_file,
-                issuer=ns.ws_issuer,
-                audience=ns.ws_audience,
-                max_clock_skew=ns.ws_max_clock_skew_seconds,
-            ),
-            tls_cert_file=ns.tls_cert_file,
-            tls_key_file=ns.tls_key_file,
-            allow_unauthenticated_network=ns.allow_unauthenticated_network,
-            concurrent_requests=ns.concurrent_requests,
-        )
-    except (ListenUrlError, ValueError) as exc:
+        ws_auth = WsAuthSettings(**_fields(WsAuthSettings, ns, "ws_"))
+        config = ServerConfig(ws_auth=ws_auth, **_fields(ServerConfig, ns))
+    except ValueError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     try:
         asyncio.run(run_server(config, announce=_announce))
-    except (ValueError, OSError) as exc:  # auth / TLS / listener checks, binding
+    except (ValueError, OSError) as exc:  # --listen, auth, TLS and listener checks, binding
         print(f"Error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
     return 0
