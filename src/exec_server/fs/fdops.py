@@ -1,31 +1,8 @@
-"""The filesystem operations of PROTOCOL.md §9.3, relative to open directories.
+"""The filesystem operations of PROTOCOL.md §9.3 on open directories and ``*at`` calls.
 
-The one implementation of their semantics, used by both routes: the server's
-direct calls (:mod:`exec_server.fs.direct`, which opens a path's directory and
-hands over the descriptor and the final name) and the confined helper
-(:mod:`exec_server.fs.helper.ops`, which opens and verifies the directory
-itself). Every step works on descriptors and ``*at`` calls: what one step found
-is not looked up by path again in the next.
-
-Stdlib only (and the stdlib-only error modules): the helper imports this under
-``python -I -S``. Failures leave as ``OSError`` or, for our own validation,
-:class:`~exec_server.exceptions.InvalidRequestError`; callers map them.
-
-Choices beyond the spec:
-
-* :func:`replace_file` writes a new file and puts it in place of the old one in
-  one ``rename``, keeping the old file's mode, owner and extended attributes, so
-  a failed write never leaves half a file where a complete one stood. The new
-  file is unnamed (``O_TMPFILE``) while its data is written: a writer killed
-  then leaves nothing behind. Hard links to the old file keep the old contents.
-  Where the new file cannot be made like the old one, where the directory takes
-  no new entry, or where the name is a mount point, the file is written in
-  place, as upstream always does. No ``fsync``.
-* Reads never block on a FIFO and never read more than the limit, even from
-  files whose ``st_size`` is 0 (``/proc``, devices).
-* A copy of a file onto itself is refused instead of truncating it; a tree is
-  copied depth first in directory order (as upstream does), skipping FIFOs,
-  sockets and devices.
+The one implementation both routes run: :mod:`exec_server.fs.direct` and the confined
+helper, which imports it under ``python -I -S`` (so: stdlib and the stdlib-only error
+modules). Failures leave as ``OSError`` or ``InvalidRequestError``; callers map them.
 """
 
 from __future__ import annotations
@@ -40,6 +17,7 @@ from typing import Final
 
 from exec_server._os.linux import rename_exchange
 from exec_server.exceptions import InvalidRequestError
+from exec_server.fs.errors import os_error
 
 __all__ = [
     "COPY_DIR_WITHOUT_RECURSIVE",
@@ -92,40 +70,29 @@ def too_large_message(limit: int) -> str:
     return f"file is too large to read: limit is {limit} bytes"
 
 
-def _os_error(num: int) -> OSError:
-    return OSError(num, os.strerror(num))
-
-
-# --------------------------------------------------------------------- read
-
-
 def check_for_read(fd: int, limit: int = READ_LIMIT, not_a_file: str | None = None) -> int | None:
-    """Check a descriptor opened for reading; returns its ``st_size`` if it is a
-    regular file, else None (its size says nothing).
+    """``st_size`` of a regular file opened for reading, else None (it says nothing).
 
-    Args:
-        not_a_file: the path as the caller named it, for the current client's rule:
-            anything but a regular file is ``-32600 path `<it>` is not a file``.
+    ``not_a_file``: the path as named, for the current client's rule that anything but a
+    regular file is ``-32600 path `<it>` is not a file``.
     """
     st = os.fstat(fd)
     regular = stat.S_ISREG(st.st_mode)
     if not_a_file is not None and not regular:
         raise InvalidRequestError(f"path `{not_a_file}` is not a file")
     if stat.S_ISDIR(st.st_mode):
-        raise _os_error(errno.EISDIR)
+        raise os_error(errno.EISDIR)
     if st.st_size > limit:
         raise InvalidRequestError(too_large_message(limit))
     return st.st_size if regular else None
 
 
 def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
-    """Read ``fd`` to EOF (or to what a non-blocking FIFO has), refusing more than
-    ``limit`` bytes; ``size`` (``st_size``) makes the common case one allocation.
+    """Read ``fd`` to EOF (or what a non-blocking FIFO has), at most ``limit`` bytes.
 
-    Past its ``fstat`` size (or for a FIFO, a device) the rest grows one
-    buffer: chunks kept apart were each a block of glibc's heap, which keeps
-    them resident once freed (a ``/dev/zero`` read to the limit left ~500 MiB
-    held for good); one big buffer is a mapping, handed back whole.
+    ``size`` (``st_size``) makes the common case one allocation. The rest grows one
+    buffer: separate chunks stayed resident in glibc's heap once freed (~500 MiB after a
+    ``/dev/zero`` read to the limit); one big buffer is a mapping, handed back whole.
     """
     data = bytearray()
     if size:
@@ -148,9 +115,6 @@ def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
     return bytes(data)
 
 
-# -------------------------------------------------------------------- write
-
-
 def write_all(fd: int, data: Buffer | Iterable[Buffer]) -> None:
     """Write a buffer, or each buffer of an iterable in turn, completely."""
     pieces = (data,) if isinstance(data, bytes | bytearray | memoryview) else data
@@ -169,45 +133,35 @@ def write_in_place(
 ) -> None:
     """Create or truncate ``name`` and write ``data`` into that same file.
 
-    With ``O_NONBLOCK`` in ``flags`` the open does not wait for a FIFO's reader
-    (``ENXIO``), and the writes then do wait for it, as ``cp`` and upstream do,
-    inside ``wait()``.
+    ``O_NONBLOCK`` in ``flags``: the open fails at once (``ENXIO``) for a FIFO without
+    a reader; the writes then wait for it, as ``cp`` and upstream do, inside ``wait()``.
     """
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | flags, 0o666,
                  dir_fd=dir_fd)
     try:
         if flags & os.O_NONBLOCK:
             os.set_blocking(fd, True)
-            with wait():
-                write_all(fd, data)
-        else:
+        with wait():
             write_all(fd, data)
     finally:
         os.close(fd)
 
 
 def check_writable(dir_fd: int, name: str) -> None:
-    """Refuse to replace a file this process may not write, as writing it in place would.
-
-    The rename needs only the directory's permission, so without this a read-only
-    file (mode 0444, another user's file in a shared directory) was replaced where
-    upstream's ``O_TRUNC`` open fails (``EACCES``).
-    """
+    """Refuse to replace a file we may not write: the rename needs only the directory's
+    permission, where upstream's ``O_TRUNC`` open fails (``EACCES``)."""
     if os.access(name, os.W_OK, dir_fd=dir_fd, effective_ids=True, follow_symlinks=False):
         return
     try:
         read_only = bool(os.fstatvfs(dir_fd).f_flag & os.ST_RDONLY)
     except OSError:
         read_only = False
-    raise _os_error(errno.EROFS if read_only else errno.EACCES)
+    raise os_error(errno.EROFS if read_only else errno.EACCES)
 
 
 def temp_name(name: str, token: str) -> str:
-    """The name of the temp file that replaces ``name``: ``.<name>.<token>.tmp``.
-
-    The confined helper's server picks ``token`` so that it can remove what a
-    killed helper leaves at that name (``fs/helper/client.py``).
-    """
+    """``.<name>.<token>.tmp``: the helper's server picks ``token`` to remove what a
+    killed helper leaves there (``fs/helper/client.py``)."""
     return f".{os.fsencode(name)[:100].decode('utf-8', 'surrogateescape')}.{token}.tmp"
 
 
@@ -224,8 +178,14 @@ def replace_file(
 ) -> None:
     """Create ``name`` in ``dir_fd``, or replace the regular file ``old`` there, in one step.
 
+    A failed write never leaves half a file where a complete one stood, and a killed
+    writer leaves nothing (the new file is ``O_TMPFILE`` until complete). The old file's
+    owner, attributes and mode are kept; where they cannot be, where the directory takes
+    no new entry, or at a mount point, the file is written in place, as upstream always
+    does. No ``fsync``.
+
     Args:
-        fill: writes the contents into a new file's descriptor; what it raises
+        fill: writes the contents into the new file's descriptor; what it raises
             abandons the write (the new file is dropped, the old one untouched).
         whole: the contents at once, for a write in place.
         token: names the temp file (:func:`temp_name`), linked only once complete.
@@ -235,16 +195,12 @@ def replace_file(
     tmp = temp_name(name, token)
     try:
         fd, named = _create_new(dir_fd, tmp, unnamed)
-    except FileExistsError:
-        raise
-    except OSError:
-        if old is None:
+    except OSError as exc:
+        if old is None or isinstance(exc, FileExistsError):
             raise
-        # The directory takes no new entry (refused, no inode left, a /proc
-        # directory, which answers ENOENT) but the file itself may be writable:
-        # write it in place, as upstream does, and report the file's own error,
-        # never the directory's -32004 (the client reads it as "create the
-        # parent and retry").
+        # The directory takes no new entry (refused, no inode left, /proc's ENOENT) but
+        # the file may be writable: report its own error, never the directory's -32004
+        # (which the client reads as "create the parent and retry").
         write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
         return
     linked = named  # whether ``tmp`` names the new file (to remove on failure)
@@ -256,32 +212,28 @@ def replace_file(
                 if old is None and _link_unnamed(fd, dir_fd, name):
                     return  # a new file, named at once: no temp name ever existed
                 if not _link_unnamed(fd, dir_fd, tmp):
-                    raise _os_error(errno.EEXIST)
+                    raise os_error(errno.EEXIST)
                 linked = True
         finally:
             os.close(fd)
-        if not faithful:
-            # The new file cannot get the old one's owner or attributes: keep
-            # those (write in place), not atomicity.
-            if linked:
-                os.unlink(tmp, dir_fd=dir_fd)
+        if faithful:
+            if pause is not None:
+                pause("linked")
+            try:
+                if old is None or not _exchange(dir_fd, tmp, name):
+                    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
                 linked = False
-            write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
-            return
-        if pause is not None:
-            pause("linked")
-        try:
-            if old is None or not _exchange(dir_fd, tmp, name):
-                os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            linked = False
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or old is None:
-                raise
-            # A mount point (a bind-mounted file, like a container's /etc/hosts)
-            # cannot be replaced, only written.
+                return
+            except OSError as exc:
+                # A mount point (a bind-mounted file, like a container's /etc/hosts)
+                # cannot be replaced, only written.
+                if exc.errno != errno.EBUSY or old is None:
+                    raise
+        # Keep the old file's owner and attributes (or mount) rather than atomicity.
+        if linked:
             os.unlink(tmp, dir_fd=dir_fd)
             linked = False
-            write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
+        write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
     except BaseException:
         if linked:
             with contextlib.suppress(OSError):
@@ -297,14 +249,11 @@ _NO_EXCHANGE: Final = frozenset(
 
 
 def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
-    """Swap the complete temp file ``tmp`` with the existing file ``name``, then unlink
-    the old file (now at ``tmp``); False, having changed nothing, where the
-    filesystem or libc cannot (the caller renames).
+    """Swap the complete ``tmp`` with the existing ``name`` and unlink the old file; False,
+    having changed nothing, where the system cannot (the caller renames).
 
-    Why not a plain ``rename``: renaming over an existing file makes ext4 allocate
-    and start writing back the new data inside the call (``auto_da_alloc``),
-    which made a 1 KiB ``fs/writeFile`` ~3x upstream's; the exchange does not.
-    Readers still see the complete old or the complete new file.
+    Renaming over an existing file makes ext4 start writing back the new data inside the
+    call (``auto_da_alloc``): a 1 KiB ``fs/writeFile`` took ~3x upstream's time.
     """
     src, dst = os.fsencode(tmp), os.fsencode(name)
     try:
@@ -326,33 +275,22 @@ def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
 
 
 def _create_new(dir_fd: int, tmp: str, unnamed: bool) -> tuple[int, bool]:
-    """A new, empty file to write into: its descriptor, and whether it is named ``tmp``
-    (else it is unnamed)."""
-    fd = _open_unnamed(dir_fd) if unnamed else None
-    if fd is not None:
-        return fd, False
+    """A new empty file: its descriptor, and whether it is named ``tmp`` (else unnamed).
+
+    Where ``O_TMPFILE`` fails (unsupported, or not allowed here) the named temp file
+    says what is wrong.
+    """
+    if unnamed and _O_TMPFILE:
+        with contextlib.suppress(OSError):
+            flags = os.O_WRONLY | _O_TMPFILE | os.O_CLOEXEC
+            return os.open(".", flags, 0o666, dir_fd=dir_fd), False
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     return os.open(tmp, flags, 0o666, dir_fd=dir_fd), True
 
 
-def _open_unnamed(dir_fd: int) -> int | None:
-    """An unnamed file (``O_TMPFILE``) in ``dir_fd``, or None where there is none (a
-    filesystem without it, or one this process may not create in: the named temp
-    file then says what is wrong)."""
-    if not _O_TMPFILE:
-        return None
-    try:
-        return os.open(".", os.O_WRONLY | _O_TMPFILE | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
-    except OSError:
-        return None
-
-
 def _link_unnamed(fd: int, dir_fd: int, name: str) -> bool:
-    """Give the unnamed file ``fd`` the name ``name`` in ``dir_fd``; False if it is taken.
-
-    Through ``/proc/self/fd`` (``linkat(AT_SYMLINK_FOLLOW)``): ``AT_EMPTY_PATH``
-    would need ``CAP_DAC_READ_SEARCH``, which the confined helper never has.
-    """
+    """Name the unnamed file ``fd``; False if ``name`` is taken. Through ``/proc/self/fd``:
+    ``AT_EMPTY_PATH`` needs ``CAP_DAC_READ_SEARCH``, which the confined helper lacks."""
     try:
         os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd)
     except FileExistsError:
@@ -367,18 +305,13 @@ _CANNOT_MATCH: Final = frozenset(
 
 
 def match_old_file(fd: int, old: os.stat_result, old_path: str) -> bool:
-    """Give the new file at ``fd`` the owner, group, extended attributes (ACLs,
-    labels, user data) and permission bits of the file ``old_path``, ``old``.
+    """Give the new file ``fd`` the owner, group, extended attributes (ACLs, labels) and
+    mode of ``old`` at ``old_path``; False where it cannot (the caller writes in place,
+    so an edit never hands a file to another owner or drops its ACL).
 
-    Compared with the new file itself, not with the process: a set-group-ID
-    directory gives new files its own group, a default ACL an access ACL, the
-    umask strips bits. The owner goes first, because ``chown`` clears the
-    set-user-ID and set-group-ID bits and file capabilities; the mode last.
-
-    Returns ``False`` when the new file cannot be made the same (no
-    ``CAP_CHOWN``, an id not mapped in this user namespace, an attribute this
-    process may not set): the caller then writes the old file in place, so that
-    an edit never hands a file to another owner or drops its ACL.
+    Compared with the new file, not the process (a set-group-ID directory, a default
+    ACL, the umask). Owner first (``chown`` clears set-ID bits and capabilities), mode
+    last.
     """
     new = os.fstat(fd)
     try:
@@ -397,8 +330,7 @@ def match_old_file(fd: int, old: os.stat_result, old_path: str) -> bool:
 
 
 def _match_xattrs(fd: int, old_path: str) -> bool:
-    """Make the extended attributes of ``fd`` those of ``old_path`` (its last component
-    not followed); ``True`` if any was written or removed."""
+    """Copy ``old_path``'s extended attributes onto ``fd``; True if any changed."""
     try:
         want = set(os.listxattr(old_path, follow_symlinks=False))
         have = set(os.listxattr(fd))
@@ -418,15 +350,9 @@ def _match_xattrs(fd: int, old_path: str) -> bool:
     return changed
 
 
-# ------------------------------------------------------------ directories
-
-
 def mkdir_unless_directory(name: str, dir_fd: int) -> None:
-    """``mkdir`` ``name`` in ``dir_fd`` unless a directory, or a link to one, is there.
-
-    Anything else there is "File exists", as upstream's ``create_dir_all`` says:
-    a file, or a link leading nowhere or to itself.
-    """
+    """``mkdir`` unless a directory (or a link to one) is there; anything else is "File
+    exists", as upstream's ``create_dir_all`` says."""
     try:
         os.mkdir(name, 0o777, dir_fd=dir_fd)
     except FileExistsError:
@@ -446,8 +372,8 @@ def make_dirs(
     check: Callable[[str], None] | None = None,
     nofollow: int = 0,
 ) -> tuple[int, str]:
-    """Rust's ``create_dir_all`` on descriptors: open the deepest existing ancestor of
-    ``path`` and make the rest one ``mkdirat`` at a time.
+    """Rust's ``create_dir_all`` on descriptors: from the deepest existing ancestor
+    (opened by ``open_dir``), one ``mkdirat`` at a time.
 
     Args:
         open_dir: opens an existing directory by path (``O_PATH``), the caller's way.
@@ -471,14 +397,13 @@ def make_dirs(
             missing.append(name)
             current = parent
         except OSError as exc:
-            # A file, or a link looping to itself, where the directory goes: "File
-            # exists", as upstream's create_dir_all says.
+            # A file, or a link looping to itself, where the directory goes: "File exists".
             if (
                 exc.errno in (errno.ENOTDIR, errno.ELOOP)
                 and current == path
                 and os.path.lexists(path)
             ):
-                raise _os_error(errno.EEXIST) from None
+                raise os_error(errno.EEXIST) from None
             raise
     try:
         real = current if real_of is None else real_of(fd, current)
@@ -506,9 +431,8 @@ def lossy_name(name: str) -> str:
 def list_directory(
     fd: int, hidden: Callable[[str], bool] | None = None
 ) -> list[tuple[str, bool, bool]]:
-    """``(lossy name, is_directory, is_file)`` of each entry of the open directory ``fd``
-    (no ``.``/``..``); symlinks are followed, dangling ones skipped, as are the names
-    ``hidden(name)`` says."""
+    """``(lossy name, is_directory, is_file)`` of each entry, links followed; dangling
+    links and the names ``hidden`` says are skipped."""
     entries: list[tuple[str, bool, bool]] = []
     with os.scandir(fd) as it:
         for entry in it:
@@ -527,61 +451,47 @@ def list_directory(
     return entries
 
 
-# ------------------------------------------------------------------ remove
-
-
 def remove_tree_at(dir_fd: int, name: str) -> None:
-    """Delete the tree ``name`` in ``dir_fd`` through directory descriptors, never
-    following a link (a link in a directory's place is unlinked). Entries that
-    vanish meanwhile are fine; any other failure propagates. Iterative: a tree
-    of any depth goes, one descriptor open per level."""
-    top = _open_subdirectory(dir_fd, name)
-    if top is None:
-        return
+    """Delete the tree ``name`` through directory descriptors, never following a link.
+
+    Entries that vanish meanwhile are fine. Iterative: any depth, one descriptor a level.
+    """
     # (descriptor, its name in the level above, its subdirectories still to do)
     levels: list[tuple[int, str, list[str]]] = []
     try:
-        levels.append((top, name, _unlink_files(top)))
-    except BaseException:
-        os.close(top)
-        raise
-    try:
+        _descend(levels, dir_fd, name)
         while levels:
             fd, fd_name, dirs = levels[-1]
-            if not dirs:
-                levels.pop()
-                os.close(fd)
-                parent = levels[-1][0] if levels else dir_fd
-                with contextlib.suppress(FileNotFoundError):
-                    os.rmdir(fd_name, dir_fd=parent)
+            if dirs:
+                _descend(levels, fd, dirs.pop())
                 continue
-            sub = dirs.pop()
-            child = _open_subdirectory(fd, sub)
-            if child is None:
-                continue
-            try:
-                levels.append((child, sub, _unlink_files(child)))
-            except BaseException:
-                os.close(child)
-                raise
+            levels.pop()
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(fd_name, dir_fd=levels[-1][0] if levels else dir_fd)
     finally:
         for fd, _, _ in levels:
             os.close(fd)
 
 
-def _open_subdirectory(dir_fd: int, name: str) -> int | None:
-    """The directory ``name`` in ``dir_fd``, never through a link; None when it is gone,
-    or was replaced by a file or link (then unlinked)."""
+def _descend(levels: list[tuple[int, str, list[str]]], dir_fd: int, name: str) -> None:
+    """Open the directory ``name`` (a link or file there is unlinked, a gone one skipped),
+    unlink its files and push it onto ``levels``."""
     try:
-        return os.open(name, _SUBDIR, dir_fd=dir_fd)
+        fd = os.open(name, _SUBDIR, dir_fd=dir_fd)
     except FileNotFoundError:
-        return None
+        return
     except OSError as exc:
         if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
             raise
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dir_fd)
-        return None
+        return
+    try:
+        levels.append((fd, name, _unlink_files(fd)))
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _unlink_files(dir_fd: int) -> list[str]:
@@ -605,9 +515,6 @@ def _unlink_files(dir_fd: int) -> list[str]:
     return dirs
 
 
-# -------------------------------------------------------------------- copy
-
-
 def copy_file_at(
     src_dir: int,
     name: str,
@@ -620,11 +527,10 @@ def copy_file_at(
     """Copy one regular file like Rust's ``std::fs::copy``: overwrite, copy the
     permission bits, copy in the kernel where it can.
 
-    The destination is opened without ``O_TRUNC`` and compared with the source
-    first, so a copy onto the file itself (or a hard link of it) cannot truncate
-    it. ``O_NONBLOCK`` on the opens: a FIFO destination without a reader is
-    ``ENXIO`` at once; one with a reader is written like ``cp`` does, waiting for
-    it (inside ``wait()``).
+    The destination is opened without ``O_TRUNC`` and compared with the source first:
+    a copy onto the file itself (or a hard link of it) is refused, not truncated.
+    ``O_NONBLOCK``: a FIFO destination without a reader is ``ENXIO`` at once; one with
+    a reader is written as ``cp`` does, waiting for it inside ``wait()``.
     """
     src_fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
                      dir_fd=src_dir)
@@ -687,8 +593,9 @@ def copy_tree_at(
     check_write: Callable[[str], None] | None = None,
     wait: Wait = contextlib.nullcontext,
 ) -> None:
-    """Copy the contents of the open directory ``src_fd`` into ``dst_fd``, depth first
-    in directory order, merging into directories already there.
+    """Copy the contents of directory ``src_fd`` into ``dst_fd``, depth first in directory
+    order (as upstream), merging into directories there; FIFOs, sockets and devices are
+    skipped (§9.3).
 
     Args:
         dst_nofollow: ``O_NOFOLLOW`` to refuse a link in a destination directory's
@@ -724,7 +631,7 @@ def copy_tree_at(
             except FileNotFoundError:
                 continue
             if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-                continue  # FIFOs, sockets and devices are skipped (§9.3)
+                continue
             if check_write is not None:
                 check_write(d_real)
             if stat.S_ISREG(mode):
@@ -734,19 +641,15 @@ def copy_tree_at(
             else:
                 mkdir_unless_directory(name, d_fd)
                 sub_src = os.open(name, _SUBDIR, dir_fd=s_fd)
+                sub_dst = -1
                 try:
-                    sub_dst = os.open(
-                        name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | dst_nofollow,
-                        dir_fd=d_fd,
-                    )
-                except BaseException:
-                    os.close(sub_src)
-                    raise
-                try:
+                    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | dst_nofollow
+                    sub_dst = os.open(name, flags, dir_fd=d_fd)
                     listed = os.listdir(sub_src)[::-1]
                 except BaseException:
                     os.close(sub_src)
-                    os.close(sub_dst)
+                    if sub_dst != -1:
+                        os.close(sub_dst)
                     raise
                 levels.append((sub_src, sub_dst, s_real, d_real, listed))
     finally:
