@@ -192,19 +192,17 @@ def create_directory(path: str, *, recursive: bool = True) -> None:
     with translate_os_errors():
         try:
             os.mkdir(path)
+            return
         except FileNotFoundError:
             if not recursive:
                 raise
         except OSError:
-            # As Rust's create_dir_all (upstream's) checks: a directory (or a link
-            # to one) is fine, anything else there "File exists".
+            # As Rust's create_dir_all (upstream's): a directory (or a link to one) is
+            # fine, anything else there "File exists".
             if recursive and os.path.isdir(path):
                 return
             raise
-        else:
-            return
-        # A missing ancestor: made one directory at a time from the deepest that exists.
-        fd, _ = fdops.make_dirs(path, _open_dir)
+        fd, _ = fdops.make_dirs(path, _open_dir)  # a missing ancestor
         os.close(fd)
 
 
@@ -251,12 +249,8 @@ def remove(path: str, *, recursive: bool = True, force: bool = True) -> None:
 
 
 def resolve_existing_prefix(path: str, *, strict: bool = False) -> str:
-    """Canonicalise the deepest existing ancestor and re-append the rest (PROTOCOL.md §10.3).
-
-    Raises:
-        OSError: only with ``strict``, when the ancestor cannot be resolved after all
-            (it vanished meanwhile, a loop, no permission): see ``os.path.realpath``.
-    """
+    """Canonicalise the deepest existing ancestor and re-append the rest (PROTOCOL.md §10.3);
+    ``strict``: ``OSError`` where that ancestor cannot be resolved after all."""
     missing: list[str] = []
     current = path
     while not os.path.exists(current):

@@ -71,8 +71,11 @@ def os_error(code: int) -> OSError:
     return OSError(code, os.strerror(code))
 
 
-class _TranslateOsErrors:
-    """A plain context manager: it wraps every filesystem call, some answered in ~10 µs."""
+class translate_os_errors:
+    """Re-raise any ``OSError`` in the ``with`` block as its typed error, cause chained.
+
+    A plain class (as ``contextlib.suppress``): it wraps every call, some take ~10 µs.
+    """
 
     __slots__ = ()
 
@@ -84,11 +87,3 @@ class _TranslateOsErrors:
     ) -> None:
         if isinstance(exc, OSError):
             raise fs_error_from_os(exc) from exc
-
-
-_TRANSLATE: Final = _TranslateOsErrors()
-
-
-def translate_os_errors() -> _TranslateOsErrors:
-    """Re-raise any ``OSError`` in the ``with`` block as its typed error, cause chained."""
-    return _TRANSLATE

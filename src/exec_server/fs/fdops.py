@@ -71,11 +71,8 @@ def too_large_message(limit: int) -> str:
 
 
 def check_for_read(fd: int, limit: int = READ_LIMIT, not_a_file: str | None = None) -> int | None:
-    """``st_size`` of a regular file opened for reading, else None (it says nothing).
-
-    ``not_a_file``: the path as named, for the current client's rule that anything but a
-    regular file is ``-32600 path `<it>` is not a file``.
-    """
+    """``st_size`` of a regular file opened for reading, else None; ``not_a_file`` (the
+    path, for the current client's rule) refuses anything but a regular file."""
     st = os.fstat(fd)
     regular = stat.S_ISREG(st.st_mode)
     if not_a_file is not None and not regular:
@@ -90,9 +87,8 @@ def check_for_read(fd: int, limit: int = READ_LIMIT, not_a_file: str | None = No
 def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
     """Read ``fd`` to EOF (or what a non-blocking FIFO has), at most ``limit`` bytes.
 
-    ``size`` (``st_size``) makes the common case one allocation. The rest grows one
-    buffer: separate chunks stayed resident in glibc's heap once freed (~500 MiB after a
-    ``/dev/zero`` read to the limit); one big buffer is a mapping, handed back whole.
+    ``size`` (``st_size``) makes the common case one allocation; the rest grows one
+    buffer, a mapping handed back whole (separate chunks stayed in glibc's heap).
     """
     data = bytearray()
     if size:
@@ -131,11 +127,8 @@ def write_in_place(
     flags: int = 0,
     wait: Wait = contextlib.nullcontext,
 ) -> None:
-    """Create or truncate ``name`` and write ``data`` into that same file.
-
-    ``O_NONBLOCK`` in ``flags``: the open fails at once (``ENXIO``) for a FIFO without
-    a reader; the writes then wait for it, as ``cp`` and upstream do, inside ``wait()``.
-    """
+    """Create or truncate ``name`` and write ``data`` into it. With ``O_NONBLOCK`` a FIFO
+    without a reader is ``ENXIO`` at once; with one, the writes wait inside ``wait()``."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | flags, 0o666,
                  dir_fd=dir_fd)
     try:
@@ -176,21 +169,12 @@ def replace_file(
     unnamed: bool = True,
     pause: Callable[[str], None] | None = None,
 ) -> None:
-    """Create ``name`` in ``dir_fd``, or replace the regular file ``old`` there, in one step.
+    """Create ``name``, or replace the regular file ``old``, in one step: never half a file.
 
-    A failed write never leaves half a file where a complete one stood, and a killed
-    writer leaves nothing (the new file is ``O_TMPFILE`` until complete). The old file's
-    owner, attributes and mode are kept; where they cannot be, where the directory takes
-    no new entry, or at a mount point, the file is written in place, as upstream always
-    does. No ``fsync``.
-
-    Args:
-        fill: writes the contents into the new file's descriptor; what it raises
-            abandons the write (the new file is dropped, the old one untouched).
-        whole: the contents at once, for a write in place.
-        token: names the temp file (:func:`temp_name`), linked only once complete.
-        unnamed: make the new file with ``O_TMPFILE`` where it can.
-        pause: a test hook, called with ``"linked"`` once the temp name exists.
+    ``fill(fd)`` writes the new file (unnamed until complete, so a killed writer leaves
+    nothing; what it raises drops it); ``whole()`` gives the contents for a write in
+    place, as upstream always does, where the old owner, attributes or a mount point
+    cannot be kept otherwise. ``pause``: a test hook. No ``fsync``.
     """
     tmp = temp_name(name, token)
     try:
@@ -249,12 +233,9 @@ _NO_EXCHANGE: Final = frozenset(
 
 
 def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
-    """Swap the complete ``tmp`` with the existing ``name`` and unlink the old file; False,
-    having changed nothing, where the system cannot (the caller renames).
-
-    Renaming over an existing file makes ext4 start writing back the new data inside the
-    call (``auto_da_alloc``): a 1 KiB ``fs/writeFile`` took ~3x upstream's time.
-    """
+    """Swap ``tmp`` with ``name`` and unlink the old file; False, changing nothing, where
+    the system cannot. Not ``rename``: over an existing file, ext4 writes the new data
+    back inside the call (``auto_da_alloc``), making a 1 KiB write ~3x upstream's."""
     src, dst = os.fsencode(tmp), os.fsencode(name)
     try:
         rename_exchange(dir_fd, src, dst)
@@ -275,11 +256,8 @@ def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
 
 
 def _create_new(dir_fd: int, tmp: str, unnamed: bool) -> tuple[int, bool]:
-    """A new empty file: its descriptor, and whether it is named ``tmp`` (else unnamed).
-
-    Where ``O_TMPFILE`` fails (unsupported, or not allowed here) the named temp file
-    says what is wrong.
-    """
+    """A new empty file, and whether it is named ``tmp``; where ``O_TMPFILE`` fails, the
+    named temp file says what is wrong."""
     if unnamed and _O_TMPFILE:
         with contextlib.suppress(OSError):
             flags = os.O_WRONLY | _O_TMPFILE | os.O_CLOEXEC
@@ -305,13 +283,11 @@ _CANNOT_MATCH: Final = frozenset(
 
 
 def match_old_file(fd: int, old: os.stat_result, old_path: str) -> bool:
-    """Give the new file ``fd`` the owner, group, extended attributes (ACLs, labels) and
-    mode of ``old`` at ``old_path``; False where it cannot (the caller writes in place,
-    so an edit never hands a file to another owner or drops its ACL).
+    """Give ``fd`` the owner, group, extended attributes and mode of ``old`` at ``old_path``;
+    False where it cannot, so an edit never hands a file to another owner or drops an ACL.
 
-    Compared with the new file, not the process (a set-group-ID directory, a default
-    ACL, the umask). Owner first (``chown`` clears set-ID bits and capabilities), mode
-    last.
+    Compared with the new file, not the process (set-group-ID directory, default ACL,
+    umask). Owner first (``chown`` clears set-ID bits and capabilities), mode last.
     """
     new = os.fstat(fd)
     try:
@@ -372,18 +348,9 @@ def make_dirs(
     check: Callable[[str], None] | None = None,
     nofollow: int = 0,
 ) -> tuple[int, str]:
-    """Rust's ``create_dir_all`` on descriptors: from the deepest existing ancestor
-    (opened by ``open_dir``), one ``mkdirat`` at a time.
-
-    Args:
-        open_dir: opens an existing directory by path (``O_PATH``), the caller's way.
-        real_of: ``(fd, path)`` -> the directory's real location (default: ``path``).
-        check: called with each directory's real location before it is made.
-        nofollow: ``O_NOFOLLOW`` to refuse a link swapped in for a made directory.
-
-    Returns:
-        An ``O_PATH`` descriptor of ``path`` (the caller closes it) and its real location.
-    """
+    """Rust's ``create_dir_all`` on descriptors: ``open_dir`` the deepest existing ancestor,
+    then one ``mkdirat`` at a time, ``check``-ing each real location (``real_of(fd,
+    path)``) first. Returns ``path``'s ``O_PATH`` descriptor and real location."""
     missing: list[str] = []
     current = path
     while True:
@@ -452,10 +419,8 @@ def list_directory(
 
 
 def remove_tree_at(dir_fd: int, name: str) -> None:
-    """Delete the tree ``name`` through directory descriptors, never following a link.
-
-    Entries that vanish meanwhile are fine. Iterative: any depth, one descriptor a level.
-    """
+    """Delete the tree ``name`` by descriptors, never following a link; entries vanishing
+    meanwhile are fine. Iterative: any depth, one descriptor a level."""
     # (descriptor, its name in the level above, its subdirectories still to do)
     levels: list[tuple[int, str, list[str]]] = []
     try:
@@ -524,13 +489,11 @@ def copy_file_at(
     dst_flags: int = 0,
     wait: Wait = contextlib.nullcontext,
 ) -> None:
-    """Copy one regular file like Rust's ``std::fs::copy``: overwrite, copy the
-    permission bits, copy in the kernel where it can.
+    """Rust's ``std::fs::copy``: overwrite, copy the permission bits, in the kernel if it can.
 
-    The destination is opened without ``O_TRUNC`` and compared with the source first:
-    a copy onto the file itself (or a hard link of it) is refused, not truncated.
-    ``O_NONBLOCK``: a FIFO destination without a reader is ``ENXIO`` at once; one with
-    a reader is written as ``cp`` does, waiting for it inside ``wait()``.
+    No ``O_TRUNC`` before comparing: a copy onto the file itself is refused, not
+    truncated. A FIFO without a reader is ``ENXIO`` at once; one with a reader is
+    written as ``cp`` does, inside ``wait()``.
     """
     src_fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
                      dir_fd=src_dir)
@@ -593,17 +556,10 @@ def copy_tree_at(
     check_write: Callable[[str], None] | None = None,
     wait: Wait = contextlib.nullcontext,
 ) -> None:
-    """Copy the contents of directory ``src_fd`` into ``dst_fd``, depth first in directory
-    order (as upstream), merging into directories there; FIFOs, sockets and devices are
-    skipped (§9.3).
-
-    Args:
-        dst_nofollow: ``O_NOFOLLOW`` to refuse a link in a destination directory's
-            place (else a link to a directory is merged into, as upstream does).
-        src_real, dst_real: the two directories' real locations, for ``skip`` and
-            ``check_write`` (entries' locations are these plus their names).
-        skip: says which source entries (by real location) are never read.
-        check_write: raises for a destination entry (by real location) not to write.
+    """Copy directory ``src_fd`` into ``dst_fd`` depth first in directory order, as upstream,
+    merging into what is there (through links, without ``dst_nofollow``); FIFOs, sockets
+    and devices are skipped (§9.3). ``skip`` and ``check_write`` see real locations
+    (``src_real``/``dst_real`` plus names): entries never read, and entries not to write.
     """
     named = skip is not None or check_write is not None
     # (source fd, destination fd, their real locations, names still to copy)

@@ -244,11 +244,11 @@ class WorkerPool:
                 elif next_due is None or since + STUCK_AFTER < next_due:
                     next_due = since + STUCK_AFTER
             jobs = self._jobs_for_free_places()
-            again = bool(self._backlog) and next_due is not None
-            self._check_pending = again
+            if not self._backlog:
+                next_due = None
+            self._check_pending = next_due is not None
         self._start_jobs(jobs)
-        if again:
-            assert next_due is not None
+        if next_due is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed
                 loop.call_later(max(0.0, next_due - now), self._unstick, loop)
 
@@ -298,8 +298,7 @@ class WorkerPool:
             result = None
             with contextlib.suppress(RuntimeError):  # the loop is gone
                 loop.call_soon_threadsafe(_unbox, deliver, box, error)
-            del box
-            del loop, deliver, result, error
+            del box, loop, deliver, result, error
 
 
 _SHARED: WorkerPool | None = None

@@ -1,19 +1,10 @@
 """``fs/walk``: a bounded breadth-first listing of a directory tree (PROTOCOL_CURRENT §6).
 
-Stdlib only: the same code runs in the server's worker threads and, for a
-confining sandbox context, inside the kernel-confined helper child
-(``fs.helper.ops``), where ``visible`` hides what the policy does not let the
-caller read.
-
-The rules are upstream's (0.163): the root counts as the first directory; each
-directory is listed as ``fs/readDirectory`` lists it (dangling and looping
-symlinks are not names) and sorted by name in byte order; every listed name counts towards
-``max_entries`` (also the ones skipped: symlinks not followed, FIFOs, sockets);
-a directory is descended into when its depth is below ``max_depth``, it is not
-hidden while pruning, and its identity (the real location when following
-symlinks, else the path) was not visited yet; the queue holds at most
-``max_directories`` directories. Paths stay under the walked root as spelled
-(a followed link's children are named under the link).
+Stdlib only: the confined helper runs it too. Upstream's (0.163) rules: the root is the
+first directory; names are listed as ``fs/readDirectory`` lists them, in byte order, and
+each counts towards ``max_entries`` (skipped ones too); a directory is descended into
+below ``max_depth``, unless pruned as hidden or already visited (by real location when
+following links, else by path); at most ``max_directories`` are queued.
 """
 
 from __future__ import annotations
@@ -47,13 +38,11 @@ LIMITS_TOO_LARGE: Final = (
     f"directories={MAX_DIRECTORIES}, entries={MAX_ENTRIES}"
 )
 
-#: ``visible(real_path)``: whether the caller may see what lies at ``real_path``.
 Visible = Callable[[str], bool]
 
 
 @dataclass(frozen=True, slots=True)
 class WalkOptions:
-    """The five members of ``options`` (all required on the wire)."""
 
     max_depth: int
     max_directories: int
@@ -64,16 +53,9 @@ class WalkOptions:
 
 @dataclass(slots=True)
 class WalkOutcome:
-    """What a walk found.
-
-    Attributes:
-        entries: ``(directory, name, is_directory)``; the entry's path is the
-            directory's path joined with ``name`` (kept apart so a caller
-            renders each directory once, not each entry).
-        errors: ``(directory, name, message)`` for names that could not be
-            looked at (``message`` as upstream prints OS errors).
-        truncated: a limit stopped the walk or kept a directory from the queue.
-    """
+    """``entries``: ``(directory, name, is_directory)``, kept apart so that each directory is
+    rendered once; ``errors``: ``(directory, name, OS error text)``; ``truncated``: a
+    limit stopped the walk or kept a directory from the queue."""
 
     entries: list[tuple[str, str, bool]] = field(default_factory=list)
     errors: list[tuple[str, str, str]] = field(default_factory=list)
@@ -109,14 +91,9 @@ def _listing(path: str) -> list[tuple[str, os.DirEntry[str]]]:
 
 
 def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> WalkOutcome:
-    """Walk ``root`` (an absolute, lexically normal path) breadth first.
-
-    ``visible``: given a real (symlink-free) path, whether the caller may see
-    it; None sees everything. A root it hides is ``ENOENT``, a hidden name is
-    left out without an error (as the confined helper of upstream shows it).
-
-    Raises:
-        OSError: the root cannot be looked at (missing: ``ENOENT``).
+    """Walk ``root`` (absolute, lexically normal) breadth first; paths stay under it as
+    spelled. ``visible(real path)``: whether the caller may see it; a hidden root is
+    ``ENOENT``, a hidden name left out, as upstream's confined helper shows it.
     """
     outcome = WalkOutcome()
     follow = options.follow_directory_symlinks
@@ -149,18 +126,17 @@ def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> Wal
             if examined >= max_entries:
                 outcome.truncated = True
                 return outcome
+            st: os.stat_result | None = None
             try:
                 is_link = entry.is_symlink()
                 if is_link:
                     try:
-                        st: os.stat_result | None = entry.stat()
+                        st = entry.stat()
                     except OSError:
                         continue  # dangling or a loop: no name, as fs/readDirectory lists
-                    assert st is not None
                     is_dir = stat.S_ISDIR(st.st_mode)
                     is_file = False
                 else:
-                    st = None
                     # d_type, or one lstat where the directory gives none
                     is_dir = entry.is_dir(follow_symlinks=False)
                     is_file = not is_dir and entry.is_file(follow_symlinks=False)
@@ -173,7 +149,7 @@ def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> Wal
                 continue  # links to files are never listed; to directories when followed
             if not is_dir and not is_file:
                 continue  # FIFOs, sockets, devices
-            real: str | None = None
+            real = ""  # only ``visible`` needs real locations
             if visible is not None:
                 real = os.path.realpath(entry.path) if is_link else _join(real_dir, name)
                 if not visible(real):
@@ -198,8 +174,6 @@ def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> Wal
                 continue
             visited.add(identity)
             queued += 1
-            if real is None:
-                real = os.path.realpath(entry.path) if is_link else _join(real_dir, name)
             queue.append((entry.path, real, depth + 1))
     return outcome
 
