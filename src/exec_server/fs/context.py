@@ -12,8 +12,7 @@ __all__ = ["route", "route_for"]
 
 
 def route(ctx: SandboxContext | None) -> FsRoute:
-    """Direct for no context and full access, external and disabled contexts (§9.1);
-    confined otherwise. Raises ``InvalidParamsError`` for a bad sandbox value."""
+    """Direct for no context and for unrestricted ones (§9.1), else confined."""
     request = fs_context(ctx)
     if request is None:
         return DIRECT

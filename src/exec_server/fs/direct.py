@@ -1,8 +1,7 @@
 """The server's direct (unsandboxed) filesystem calls by absolute, normalised path (§9.3).
 
-Blocking (run in :mod:`exec_server.fs.pool`'s threads) around :mod:`exec_server.fs.fdops`.
-Only here does a write through a symlink replace its final target, and a recursive
-copy merge into a linked directory in the destination.
+Blocking: run in :mod:`exec_server.fs.pool`'s threads. A write through a symlink
+replaces its final target; a recursive copy merges into a linked directory.
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ __all__ = [
     "write_file",
 ]
 
-_O_PATH = getattr(os, "O_PATH", os.O_RDONLY)
-_DIR_FLAGS = _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class Metadata(msgspec.Struct, frozen=True, gc=False):
@@ -88,12 +86,10 @@ def read_file(path: str, *, limit: int = READ_LIMIT, regular_only: bool = False)
 def open_for_read(
     path: str, *, limit: int = READ_LIMIT, regular_only: bool = False
 ) -> tuple[int, int | None]:
-    """Open ``path`` for :func:`read_and_close`: ``(fd, st_size if regular else None)``.
+    """``(fd, st_size if regular else None)`` for :func:`read_and_close`.
 
-    Files over ``limit`` are ``-32600``. ``regular_only`` (the current client's rule,
-    CLIENT_COMPAT.md §6.4): anything but a regular file is ``-32600 path `/x` is not a
-    file``, a socket ``-32603 No such device or address``, as upstream answers; else a
-    directory is ``-32603 Is a directory`` and FIFOs and devices are read.
+    ``regular_only``: the current client's rule (CLIENT_COMPAT.md §6.4); without it FIFOs
+    and devices are read.
     """
     with translate_os_errors():
         if regular_only:
@@ -124,8 +120,7 @@ def read_and_close(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Pieces:
-    """``size`` bytes from ``produce()``, anew each call, each piece used before the next:
-    a big write (decoded base64) is never held whole. A raising piece abandons the write."""
+    """A payload made anew by each ``produce()``, so that a big write is never held whole."""
 
     size: int
     produce: Callable[[], Iterable[Buffer]]
@@ -146,8 +141,7 @@ def payload_bytes(payload: Payload) -> Buffer:
 
 
 def write_file(path: str, data: Payload) -> None:
-    """Create or replace ``path`` with ``data`` (:func:`fdops.replace_file`; devices and
-    FIFOs in place); parents are not created (``-32004``)."""
+    """Create or replace ``path`` (devices and FIFOs in place); parents are not created."""
     with translate_os_errors():
         target = path
         st: os.stat_result | None = None
@@ -249,8 +243,7 @@ def remove(path: str, *, recursive: bool = True, force: bool = True) -> None:
 
 
 def resolve_existing_prefix(path: str, *, strict: bool = False) -> str:
-    """Canonicalise the deepest existing ancestor and re-append the rest (PROTOCOL.md §10.3);
-    ``strict``: ``OSError`` where that ancestor cannot be resolved after all."""
+    """Canonicalise the deepest existing ancestor and re-append the rest (PROTOCOL.md §10.3)."""
     missing: list[str] = []
     current = path
     while not os.path.exists(current):

@@ -1,8 +1,7 @@
 """The errors the filesystem code raises: a kind and the client's text, no wire code.
 
-Not found (ENOENT) is ``FsNotFoundError`` (-32004), refused (EACCES, EPERM, EINVAL
-and our own validation) ``FsRefusedError`` (-32600), the rest ``FsFailedError``
-(-32603); the codes are assigned in :func:`exec_server.exceptions.from_domain_error`.
+:func:`exec_server.exceptions.from_domain_error` maps ``FsNotFoundError`` to -32004,
+``FsRefusedError`` to -32600 and ``FsFailedError`` to -32603.
 """
 
 from __future__ import annotations
@@ -72,10 +71,7 @@ def os_error(code: int) -> OSError:
 
 
 class translate_os_errors:
-    """Re-raise any ``OSError`` in the ``with`` block as its typed error, cause chained.
-
-    A plain class (as ``contextlib.suppress``): it wraps every call, some take ~10 µs.
-    """
+    """Re-raise ``OSError`` as its typed error; a plain class, as calls may take ~10 µs."""
 
     __slots__ = ()
 

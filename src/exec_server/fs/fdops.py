@@ -1,8 +1,7 @@
 """The filesystem operations of PROTOCOL.md §9.3 on open directories and ``*at`` calls.
 
-The one implementation both routes run: :mod:`exec_server.fs.direct` and the confined
-helper, which imports it under ``python -I -S`` (so: stdlib and the stdlib-only error
-modules). Failures leave as ``OSError`` or ``InvalidRequestError``; callers map them.
+The one implementation both routes run; stdlib only, since the confined helper imports
+it under ``python -I -S``. Failures leave as ``OSError`` or ``InvalidRequestError``.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from exec_server.fs.errors import os_error
 __all__ = [
     "COPY_DIR_WITHOUT_RECURSIVE",
     "COPY_INTO_SELF",
-    "COPY_SAME_FILE",
     "COPY_UNSUPPORTED_TYPE",
     "READ_LIMIT",
     "Buffer",
@@ -52,7 +50,6 @@ COPY_DIR_WITHOUT_RECURSIVE: Final = (
 )
 COPY_INTO_SELF: Final = "fs/copy cannot copy a directory to itself or one of its descendants"
 COPY_UNSUPPORTED_TYPE: Final = "fs/copy only supports regular files, directories, and symlinks"
-COPY_SAME_FILE: Final = "fs/copy source and destination are the same file"
 
 Buffer = bytes | bytearray | memoryview
 #: A context around a wait only another party can end (a FIFO's reader); the
@@ -71,8 +68,7 @@ def too_large_message(limit: int) -> str:
 
 
 def check_for_read(fd: int, limit: int = READ_LIMIT, not_a_file: str | None = None) -> int | None:
-    """``st_size`` of a regular file opened for reading, else None; ``not_a_file`` (the
-    path, for the current client's rule) refuses anything but a regular file."""
+    """``st_size`` of a regular file, else None; ``not_a_file``: the current client's rule."""
     st = os.fstat(fd)
     regular = stat.S_ISREG(st.st_mode)
     if not_a_file is not None and not regular:
@@ -87,8 +83,7 @@ def check_for_read(fd: int, limit: int = READ_LIMIT, not_a_file: str | None = No
 def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
     """Read ``fd`` to EOF (or what a non-blocking FIFO has), at most ``limit`` bytes.
 
-    ``size`` (``st_size``) makes the common case one allocation; the rest grows one
-    buffer, a mapping handed back whole (separate chunks stayed in glibc's heap).
+    Past ``size`` one buffer grows: separate chunks stayed resident in glibc's heap.
     """
     data = bytearray()
     if size:
@@ -127,8 +122,7 @@ def write_in_place(
     flags: int = 0,
     wait: Wait = contextlib.nullcontext,
 ) -> None:
-    """Create or truncate ``name`` and write ``data`` into it. With ``O_NONBLOCK`` a FIFO
-    without a reader is ``ENXIO`` at once; with one, the writes wait inside ``wait()``."""
+    """Write ``name`` in place; ``O_NONBLOCK``: a FIFO without a reader is ``ENXIO`` at once."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | flags, 0o666,
                  dir_fd=dir_fd)
     try:
@@ -141,8 +135,7 @@ def write_in_place(
 
 
 def check_writable(dir_fd: int, name: str) -> None:
-    """Refuse to replace a file we may not write: the rename needs only the directory's
-    permission, where upstream's ``O_TRUNC`` open fails (``EACCES``)."""
+    """The rename needs only the directory's permission; upstream's ``O_TRUNC`` would fail."""
     if os.access(name, os.W_OK, dir_fd=dir_fd, effective_ids=True, follow_symlinks=False):
         return
     try:
@@ -153,8 +146,7 @@ def check_writable(dir_fd: int, name: str) -> None:
 
 
 def temp_name(name: str, token: str) -> str:
-    """``.<name>.<token>.tmp``: the helper's server picks ``token`` to remove what a
-    killed helper leaves there (``fs/helper/client.py``)."""
+    """Known to the helper's server, which removes what a killed helper leaves there."""
     return f".{os.fsencode(name)[:100].decode('utf-8', 'surrogateescape')}.{token}.tmp"
 
 
@@ -171,10 +163,9 @@ def replace_file(
 ) -> None:
     """Create ``name``, or replace the regular file ``old``, in one step: never half a file.
 
-    ``fill(fd)`` writes the new file (unnamed until complete, so a killed writer leaves
-    nothing; what it raises drops it); ``whole()`` gives the contents for a write in
-    place, as upstream always does, where the old owner, attributes or a mount point
-    cannot be kept otherwise. ``pause``: a test hook. No ``fsync``.
+    ``fill(fd)`` writes the new file, unnamed until complete; ``whole()`` gives the data
+    for a write in place (upstream's way), where the old owner, attributes or a mount
+    point cannot be kept otherwise. No ``fsync``.
     """
     tmp = temp_name(name, token)
     try:
@@ -233,9 +224,11 @@ _NO_EXCHANGE: Final = frozenset(
 
 
 def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
-    """Swap ``tmp`` with ``name`` and unlink the old file; False, changing nothing, where
-    the system cannot. Not ``rename``: over an existing file, ext4 writes the new data
-    back inside the call (``auto_da_alloc``), making a 1 KiB write ~3x upstream's."""
+    """Swap ``tmp`` with ``name`` and unlink the old file; False where the system cannot.
+
+    Not ``rename``: over an existing file ext4 writes the data back inside the call
+    (``auto_da_alloc``), making a 1 KiB write ~3x upstream's.
+    """
     src, dst = os.fsencode(tmp), os.fsencode(name)
     try:
         rename_exchange(dir_fd, src, dst)
@@ -256,8 +249,7 @@ def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
 
 
 def _create_new(dir_fd: int, tmp: str, unnamed: bool) -> tuple[int, bool]:
-    """A new empty file, and whether it is named ``tmp``; where ``O_TMPFILE`` fails, the
-    named temp file says what is wrong."""
+    """A new empty file, and whether it is named ``tmp`` (where ``O_TMPFILE`` fails)."""
     if unnamed and _O_TMPFILE:
         with contextlib.suppress(OSError):
             flags = os.O_WRONLY | _O_TMPFILE | os.O_CLOEXEC
@@ -267,8 +259,7 @@ def _create_new(dir_fd: int, tmp: str, unnamed: bool) -> tuple[int, bool]:
 
 
 def _link_unnamed(fd: int, dir_fd: int, name: str) -> bool:
-    """Name the unnamed file ``fd``; False if ``name`` is taken. Through ``/proc/self/fd``:
-    ``AT_EMPTY_PATH`` needs ``CAP_DAC_READ_SEARCH``, which the confined helper lacks."""
+    """Via ``/proc``: ``AT_EMPTY_PATH`` needs ``CAP_DAC_READ_SEARCH``, which the helper lacks."""
     try:
         os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd)
     except FileExistsError:
@@ -283,12 +274,8 @@ _CANNOT_MATCH: Final = frozenset(
 
 
 def match_old_file(fd: int, old: os.stat_result, old_path: str) -> bool:
-    """Give ``fd`` the owner, group, extended attributes and mode of ``old`` at ``old_path``;
-    False where it cannot, so an edit never hands a file to another owner or drops an ACL.
-
-    Compared with the new file, not the process (set-group-ID directory, default ACL,
-    umask). Owner first (``chown`` clears set-ID bits and capabilities), mode last.
-    """
+    """Make ``fd`` like ``old``; False where it cannot, so an edit never hands a file to
+    another owner or drops an ACL. ``chown`` first: it clears set-ID bits."""
     new = os.fstat(fd)
     try:
         if new.st_gid != old.st_gid or new.st_uid != old.st_uid:
@@ -327,8 +314,7 @@ def _match_xattrs(fd: int, old_path: str) -> bool:
 
 
 def mkdir_unless_directory(name: str, dir_fd: int) -> None:
-    """``mkdir`` unless a directory (or a link to one) is there; anything else is "File
-    exists", as upstream's ``create_dir_all`` says."""
+    """Anything but a directory (or a link to one) is "File exists", as upstream's."""
     try:
         os.mkdir(name, 0o777, dir_fd=dir_fd)
     except FileExistsError:
@@ -348,9 +334,7 @@ def make_dirs(
     check: Callable[[str], None] | None = None,
     nofollow: int = 0,
 ) -> tuple[int, str]:
-    """Rust's ``create_dir_all`` on descriptors: ``open_dir`` the deepest existing ancestor,
-    then one ``mkdirat`` at a time, ``check``-ing each real location (``real_of(fd,
-    path)``) first. Returns ``path``'s ``O_PATH`` descriptor and real location."""
+    """Rust's ``create_dir_all`` by descriptors; ``path``'s ``O_PATH`` fd and real location."""
     missing: list[str] = []
     current = path
     while True:
@@ -398,8 +382,7 @@ def lossy_name(name: str) -> str:
 def list_directory(
     fd: int, hidden: Callable[[str], bool] | None = None
 ) -> list[tuple[str, bool, bool]]:
-    """``(lossy name, is_directory, is_file)`` of each entry, links followed; dangling
-    links and the names ``hidden`` says are skipped."""
+    """``(lossy name, is_directory, is_file)`` per entry, links followed, dangling skipped."""
     entries: list[tuple[str, bool, bool]] = []
     with os.scandir(fd) as it:
         for entry in it:
@@ -419,8 +402,7 @@ def list_directory(
 
 
 def remove_tree_at(dir_fd: int, name: str) -> None:
-    """Delete the tree ``name`` by descriptors, never following a link; entries vanishing
-    meanwhile are fine. Iterative: any depth, one descriptor a level."""
+    """Delete a tree of any depth by descriptors, never following a link."""
     # (descriptor, its name in the level above, its subdirectories still to do)
     levels: list[tuple[int, str, list[str]]] = []
     try:
@@ -440,8 +422,7 @@ def remove_tree_at(dir_fd: int, name: str) -> None:
 
 
 def _descend(levels: list[tuple[int, str, list[str]]], dir_fd: int, name: str) -> None:
-    """Open the directory ``name`` (a link or file there is unlinked, a gone one skipped),
-    unlink its files and push it onto ``levels``."""
+    """Push the directory ``name`` with its files unlinked (a non-directory is unlinked)."""
     try:
         fd = os.open(name, _SUBDIR, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -489,12 +470,7 @@ def copy_file_at(
     dst_flags: int = 0,
     wait: Wait = contextlib.nullcontext,
 ) -> None:
-    """Rust's ``std::fs::copy``: overwrite, copy the permission bits, in the kernel if it can.
-
-    No ``O_TRUNC`` before comparing: a copy onto the file itself is refused, not
-    truncated. A FIFO without a reader is ``ENXIO`` at once; one with a reader is
-    written as ``cp`` does, inside ``wait()``.
-    """
+    """Rust's ``std::fs::copy``, but a copy onto the file itself is refused, not truncated."""
     src_fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
                      dir_fd=src_dir)
     try:
@@ -509,7 +485,7 @@ def copy_file_at(
         try:
             dst_st = os.fstat(dst_fd)
             if os.path.samestat(src_st, dst_st):
-                raise InvalidRequestError(COPY_SAME_FILE)
+                raise InvalidRequestError("fs/copy source and destination are the same file")
             if dst_st.st_size:
                 os.ftruncate(dst_fd, 0)
             if stat.S_IMODE(dst_st.st_mode) != perm:
@@ -556,11 +532,8 @@ def copy_tree_at(
     check_write: Callable[[str], None] | None = None,
     wait: Wait = contextlib.nullcontext,
 ) -> None:
-    """Copy directory ``src_fd`` into ``dst_fd`` depth first in directory order, as upstream,
-    merging into what is there (through links, without ``dst_nofollow``); FIFOs, sockets
-    and devices are skipped (§9.3). ``skip`` and ``check_write`` see real locations
-    (``src_real``/``dst_real`` plus names): entries never read, and entries not to write.
-    """
+    """Merge ``src_fd`` into ``dst_fd`` depth first in directory order, as upstream (§9.3);
+    ``skip`` and ``check_write`` get entries' real locations under ``src_real``/``dst_real``."""
     named = skip is not None or check_write is not None
     # (source fd, destination fd, their real locations, names still to copy)
     levels: list[tuple[int, int, str, str, list[str]]] = [

@@ -1,8 +1,7 @@
-"""File handles: open descriptors a connection reads and writes by position.
+"""File handles: open descriptors a connection reads and writes by position (§4-§5).
 
-One :class:`FileHandles` table per connection (PROTOCOL_CURRENT §4-§5); its blocking
-calls run in the caller's worker threads. A descriptor in use is never closed under its
-worker (a reused number would be read late): the last user closes it.
+A descriptor in use is never closed under its worker (a reused number would be read
+late): the last user closes it.
 """
 
 from __future__ import annotations
@@ -43,9 +42,7 @@ _REPLACE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | o
 
 
 def open_descriptor(path: str, mode: Mode, *, no_follow: bool = False) -> int:
-    """Open a regular file to read (else ``-32600 path `x` is not a file``, a FIFO not
-    waited on), or create / truncate one to write, symlinks followed as upstream unless
-    ``no_follow`` (:func:`exec_server.fs.nofollow.open_at`)."""
+    """Open a regular file to read (a FIFO is not waited on), or create / truncate one."""
     flags = _READ_FLAGS if mode == "read" else _REPLACE_FLAGS
     with translate_os_errors():
         fd = nofollow.open_at(path, flags) if no_follow else os.open(path, flags, 0o644)
@@ -65,8 +62,7 @@ Install = Callable[[int], None]
 
 
 def open_into(install: Install, path: str, mode: Mode, *, no_follow: bool = False) -> None:
-    """:func:`open_descriptor` and ``install`` in one worker job, so a caller that stops
-    waiting cannot drop the descriptor."""
+    """One worker job, so that a caller that stops waiting cannot drop the descriptor."""
     install(open_descriptor(path, mode, no_follow=no_follow))
 
 
@@ -94,8 +90,7 @@ class FileHandles:
         return len(self._handles)
 
     def reserve(self, handle_id: str) -> _Handle:
-        """Check an ``fs/open`` before the path (upstream's order: id length, duplicate,
-        capacity) and hold the id; then :meth:`install` the descriptor or :meth:`release`."""
+        """Hold an id (checked in upstream's order) for :meth:`install` or :meth:`release`."""
         _check_id(handle_id)
         with self._lock:
             if handle_id in self._handles:
@@ -110,8 +105,7 @@ class FileHandles:
             return handle
 
     def install(self, handle: _Handle, fd: int) -> None:
-        """Give a reserved handle its descriptor, closed at once if the handle was given up
-        meanwhile (its request cancelled, the connection gone)."""
+        """Give a reserved handle its descriptor, closed at once if the handle was given up."""
         with self._lock:
             handle.fd = fd
             drop = handle.closing
@@ -134,15 +128,14 @@ class FileHandles:
             raise InvalidRequestError(f"file read block length must be between 1 and {MAX_BLOCK}")
         handle = self._acquire(handle_id)
         try:
-            try:
-                with translate_os_errors():
-                    if offset > _MAX_OFFSET:
-                        raise os_error(errno.EINVAL)
-                    chunk = os.pread(handle.fd, length, offset)
-            except BaseException:
-                with self._lock:
-                    self._forget(handle_id, handle)
-                raise
+            with translate_os_errors():
+                if offset > _MAX_OFFSET:
+                    raise os_error(errno.EINVAL)
+                chunk = os.pread(handle.fd, length, offset)
+        except BaseException:
+            with self._lock:
+                self._forget(handle_id, handle)
+            raise
         finally:
             self._release(handle)
         return chunk, len(chunk) < length

@@ -1,10 +1,7 @@
 """``followSymlinks: false``: filesystem calls that refuse a symlink anywhere in the path.
 
-Race-free: each component is opened ``O_PATH | O_DIRECTORY | O_NOFOLLOW`` relative to
-the one before, the last used by ``*at`` calls that never follow. Upstream's errors
-(PROTOCOL_CURRENT §8): a link mid-path is ``ENOTDIR``, a final one ``ELOOP`` (reads,
-writes), ``ENOTDIR`` (recursive ``createDirectory``) or ``-32600 path contains a symbolic
-link`` (``getMetadata``, ``remove``). Stdlib only: the confined helper runs it too.
+Race-free: each component is opened ``O_NOFOLLOW`` relative to the one before. The
+errors are upstream's (PROTOCOL_CURRENT §8). Stdlib only: the confined helper runs it.
 """
 
 from __future__ import annotations
@@ -21,9 +18,6 @@ from exec_server.fs.errors import os_error, translate_os_errors
 from exec_server.fs.fdops import write_all
 
 __all__ = [
-    "CONTAINS_SYMLINK",
-    "NOT_A_REGULAR_FILE",
-    "RECURSIVE_UNSUPPORTED",
     "create_directory",
     "lstat",
     "open_at",
@@ -32,9 +26,7 @@ __all__ = [
     "write_file",
 ]
 
-CONTAINS_SYMLINK: Final = "path contains a symbolic link"
-NOT_A_REGULAR_FILE: Final = "path is not a regular file"
-RECURSIVE_UNSUPPORTED: Final = "recursive no-follow removal is unsupported"
+_CONTAINS_SYMLINK: Final = "path contains a symbolic link"
 
 _DIR: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -47,8 +39,7 @@ def _components(path: str) -> list[str]:
 
 @contextlib.contextmanager
 def _parent(path: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
-    """``path``'s directory, reached without following a link, and the final name (``"."``
-    for ``/``); ``create`` makes missing directories."""
+    """``path``'s directory fd and final name (``"."`` for ``/``), never through a link."""
     parts = _components(path)
     fd = os.open("/", _DIR)
     try:
@@ -83,7 +74,7 @@ def lstat(path: str) -> os.stat_result:
     with translate_os_errors(), _parent(path) as (dir_fd, name):
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
-        raise InvalidRequestError(CONTAINS_SYMLINK)
+        raise InvalidRequestError(_CONTAINS_SYMLINK)
     return st
 
 
@@ -103,7 +94,7 @@ def _open_file(path: str, flags: int, not_regular: Exception) -> tuple[int, int]
 def open_regular(path: str) -> tuple[int, int]:
     """``fs/readFile``'s open: ``(fd, size)``; the caller reads and closes."""
     with translate_os_errors():
-        return _open_file(path, os.O_RDONLY, InvalidRequestError(NOT_A_REGULAR_FILE))
+        return _open_file(path, os.O_RDONLY, InvalidRequestError("path is not a regular file"))
 
 
 def write_file(path: str, data: bytes | bytearray | memoryview) -> None:
@@ -137,13 +128,13 @@ def create_directory(path: str, *, recursive: bool = True) -> None:
 def remove(path: str, *, recursive: bool = True, force: bool = True) -> None:
     """Remove a file or an empty directory; only ``recursive: false`` is supported."""
     if recursive:
-        raise InternalError(RECURSIVE_UNSUPPORTED)
+        raise InternalError("recursive no-follow removal is unsupported")
     with translate_os_errors():
         try:
             with _parent(path) as (dir_fd, name):
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISLNK(st.st_mode):
-                    raise InvalidRequestError(CONTAINS_SYMLINK)
+                    raise InvalidRequestError(_CONTAINS_SYMLINK)
                 if stat.S_ISDIR(st.st_mode):
                     os.rmdir(name, dir_fd=dir_fd)
                 else:

@@ -1,9 +1,8 @@
 """Worker threads for blocking filesystem calls: the event loop never touches the filesystem.
 
-Threads start on demand up to ``max_workers`` and exit after ``idle_timeout`` idle.
-The stuck-job rule: once a job waits for a thread, jobs running for :data:`STUCK_AFTER`
-seconds stop counting against ``max_workers`` (up to :data:`MAX_WAITING`), since a hung
-network or FUSE mount may never return (upstream's blocking pool has 512 threads).
+The stuck-job rule: while jobs wait for a thread, jobs running for :data:`STUCK_AFTER`
+seconds stop counting against ``max_workers``, since a hung network or FUSE mount may
+never return (upstream's blocking pool has 512 threads).
 """
 
 from __future__ import annotations
@@ -37,12 +36,9 @@ MAX_WAITING: Final = 256
 #: Seconds after which a running job gives its place to a job waiting for a thread.
 STUCK_AFTER: Final = 0.25
 
+_Deliver = Callable[[object, BaseException | None], None]
 #: (loop, deliver(result, error) run on that loop, the call)
-_Job = tuple[
-    asyncio.AbstractEventLoop,
-    Callable[[object, BaseException | None], None],
-    Callable[[], object],
-]
+_Job = tuple[asyncio.AbstractEventLoop, _Deliver, Callable[[], object]]
 
 
 class _JobLocal(threading.local):
@@ -56,9 +52,7 @@ _job_local: Final = _JobLocal()
 
 @contextlib.contextmanager
 def waiting_on_others() -> Iterator[None]:
-    """Around a wait only another party can end (a FIFO's reader): a pool's job gives its
-    thread's place back meanwhile (up to :data:`MAX_WAITING`), so that writes into
-    unread FIFOs cannot hold every thread. Outside a pool's job this does nothing."""
+    """Around a wait only another party ends (a FIFO's reader): the job's place is free."""
     pool = _job_local.pool
     worker = _job_local.worker
     released = pool is not None and worker is not None and pool._release_place(worker)
@@ -79,11 +73,7 @@ def _deliver(fut: asyncio.Future[list[object]], result: object, exc: BaseExcepti
         fut.set_result([result])  # boxed: see WorkerPool.run
 
 
-def _unbox(
-    deliver: Callable[[object, BaseException | None], None],
-    box: list[object],
-    error: BaseException | None,
-) -> None:
+def _unbox(deliver: _Deliver, box: list[object], error: BaseException | None) -> None:
     deliver(box.pop(), error)
 
 
@@ -97,12 +87,8 @@ class _Worker:
 
 
 class WorkerPool:
-    """Run blocking callables in threads and await them from any event loop.
-
-    Args:
-        max_workers: most threads alive at once; further jobs queue.
-        idle_timeout: seconds an idle thread waits for work before exiting.
-    """
+    """Run blocking callables in up to ``max_workers`` threads, each exiting after
+    ``idle_timeout`` idle seconds, and await them from any event loop."""
 
     def __init__(
         self,
@@ -128,10 +114,7 @@ class WorkerPool:
         return self._threads
 
     async def run(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> T:
-        """Run ``fn(*args, **kwargs)`` in a worker thread and return its result.
-
-        Cancelling the caller does not interrupt the running call; its result is dropped.
-        """
+        """Run ``fn(*args, **kwargs)`` in a worker thread (cancelling drops the result)."""
         fut: asyncio.Future[list[object]] = asyncio.get_running_loop().create_future()
         self.submit(functools.partial(_deliver, fut), fn, *args, **kwargs)
         try:
@@ -144,15 +127,9 @@ class WorkerPool:
             del fut
 
     def submit(
-        self,
-        deliver: Callable[[object, BaseException | None], None],
-        fn: Callable[..., object],
-        /,
-        *args: object,
-        **kwargs: object,
+        self, deliver: _Deliver, fn: Callable[..., object], /, *args: object, **kwargs: object
     ) -> None:
-        """Start ``fn(*args, **kwargs)`` in a worker; ``deliver(result, error)`` runs on the
-        calling thread's event loop when it ends (no task to resume: one loop iteration)."""
+        """For callbacks: ``deliver(result, error)`` runs on this thread's loop at the end."""
         call = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
         loop = asyncio.get_running_loop()
         job: _Job = (loop, deliver, call)
@@ -184,8 +161,7 @@ class WorkerPool:
         ).start()
 
     def _release_place(self, worker: _Worker) -> bool:
-        """Count ``worker`` out and start queued jobs; False if it cannot (see
-        :func:`waiting_on_others`)."""
+        """Count ``worker`` out and start queued jobs; False if it cannot."""
         with self._lock:
             if not self._count_out(worker):
                 return False
@@ -230,8 +206,7 @@ class WorkerPool:
             self._threads += 1
 
     def _unstick(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Jobs wait for a thread: count out those running for :data:`STUCK_AFTER` seconds,
-        and look again when the next one reaches that age while any still wait."""
+        """Count out stuck jobs; look again when the next gets stuck while any job waits."""
         now = time.monotonic()
         with self._lock:
             next_due: float | None = None

@@ -1,10 +1,7 @@
 """``fs/walk``: a bounded breadth-first listing of a directory tree (PROTOCOL_CURRENT §6).
 
-Stdlib only: the confined helper runs it too. Upstream's (0.163) rules: the root is the
-first directory; names are listed as ``fs/readDirectory`` lists them, in byte order, and
-each counts towards ``max_entries`` (skipped ones too); a directory is descended into
-below ``max_depth``, unless pruned as hidden or already visited (by real location when
-following links, else by path); at most ``max_directories`` are queued.
+Upstream's (0.163) rules: names in byte order, each counting towards ``max_entries``;
+directories (the root first) visited once each. Stdlib only: the confined helper runs it.
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ MAX_DEPTH: Final = 64
 MAX_DIRECTORIES: Final = 10_000
 MAX_ENTRIES: Final = 50_000
 
-LIMITS_NOT_POSITIVE: Final = "filesystem walk limits must be greater than zero"
 LIMITS_TOO_LARGE: Final = (
     f"filesystem walk limits exceed maximums: depth={MAX_DEPTH}, "
     f"directories={MAX_DIRECTORIES}, entries={MAX_ENTRIES}"
@@ -53,9 +49,7 @@ class WalkOptions:
 
 @dataclass(slots=True)
 class WalkOutcome:
-    """``entries``: ``(directory, name, is_directory)``, kept apart so that each directory is
-    rendered once; ``errors``: ``(directory, name, OS error text)``; ``truncated``: a
-    limit stopped the walk or kept a directory from the queue."""
+    """Entries and errors by ``(directory, name)``: each directory is rendered once."""
 
     entries: list[tuple[str, str, bool]] = field(default_factory=list)
     errors: list[tuple[str, str, str]] = field(default_factory=list)
@@ -65,7 +59,7 @@ class WalkOutcome:
 def limits_error(options: WalkOptions) -> str | None:
     """Upstream's ``-32600`` text for limits it refuses, or None (checked before the path)."""
     if options.max_directories == 0 or options.max_entries == 0:
-        return LIMITS_NOT_POSITIVE
+        return "filesystem walk limits must be greater than zero"
     if (
         options.max_depth > MAX_DEPTH
         or options.max_directories > MAX_DIRECTORIES
@@ -91,10 +85,7 @@ def _listing(path: str) -> list[tuple[str, os.DirEntry[str]]]:
 
 
 def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> WalkOutcome:
-    """Walk ``root`` (absolute, lexically normal) breadth first; paths stay under it as
-    spelled. ``visible(real path)``: whether the caller may see it; a hidden root is
-    ``ENOENT``, a hidden name left out, as upstream's confined helper shows it.
-    """
+    """Paths stay under ``root`` as spelled; what ``visible`` hides is absent, as upstream."""
     outcome = WalkOutcome()
     follow = options.follow_directory_symlinks
     root_stat = os.stat(root)
