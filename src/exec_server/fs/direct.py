@@ -1,8 +1,5 @@
-"""The server's direct (unsandboxed) filesystem calls by absolute, normalised path (§9.3).
-
-Blocking: run in :mod:`exec_server.fs.pool`'s threads. A write through a symlink
-replaces its final target; a recursive copy merges into a linked directory.
-"""
+"""The server's direct (unsandboxed) filesystem calls by path (§9.3), run in the pool's
+threads. A write through a symlink replaces its target; a copy merges into linked dirs."""
 
 from __future__ import annotations
 
@@ -110,7 +107,6 @@ def open_for_read(
 
 
 def read_and_close(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
-    """Read ``fd`` (from :func:`open_for_read`) to EOF, capped at ``limit``, and close it."""
     with translate_os_errors():
         try:
             return fdops.read_to_end(fd, size, limit)
@@ -131,7 +127,6 @@ Payload = Buffer | Pieces
 
 
 def payload_bytes(payload: Payload) -> Buffer:
-    """``payload`` as one buffer (for writers that need it whole)."""
     if not isinstance(payload, Pieces):
         return payload
     whole = bytearray()
@@ -288,7 +283,6 @@ def copy(source: str, destination: str, *, recursive: bool) -> None:
 
 
 def _copy_tree(source: str, destination: str) -> None:
-    """The directory ``source`` into ``destination``, made as needed or merged into."""
     with _opened(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC) as src_fd:
         dst_fd, _ = fdops.make_dirs(destination, _open_dir)
         try:

@@ -1,8 +1,5 @@
-"""The errors the filesystem code raises: a kind and the client's text, no wire code.
-
-:func:`exec_server.exceptions.from_domain_error` maps ``FsNotFoundError`` to -32004,
-``FsRefusedError`` to -32600 and ``FsFailedError`` to -32603.
-"""
+"""The filesystem code's errors: a kind and the client's text; the wire code is given by
+:func:`exec_server.exceptions.from_domain_error` (-32004, -32600, -32603)."""
 
 from __future__ import annotations
 
@@ -48,8 +45,7 @@ class FsFailedError(FsError):
 
 
 #: Rust's ``ErrorKind`` NotFound, PermissionDenied and InvalidInput. EROFS is not a
-#: refusal: upstream answers ``-32603 Read-only file system (os error 30)``
-#: (CLIENT_COMPAT.md §6.5); the client creates a missing parent on -32004.
+#: refusal: upstream answers -32603 (CLIENT_COMPAT.md §6.5).
 _KINDS: Final[dict[int, type[FsError]]] = {
     errno.ENOENT: FsNotFoundError,
     errno.EACCES: FsRefusedError,

@@ -1,8 +1,5 @@
-"""The filesystem operations of PROTOCOL.md §9.3 on open directories and ``*at`` calls.
-
-The one implementation both routes run; stdlib only, since the confined helper imports
-it under ``python -I -S``. Failures leave as ``OSError`` or ``InvalidRequestError``.
-"""
+"""Filesystem operations (PROTOCOL.md §9.3) on open directories, by ``*at`` calls. Stdlib
+only: the confined helper runs it under ``python -I -S``; callers map what it raises."""
 
 from __future__ import annotations
 
@@ -52,8 +49,7 @@ COPY_INTO_SELF: Final = "fs/copy cannot copy a directory to itself or one of its
 COPY_UNSUPPORTED_TYPE: Final = "fs/copy only supports regular files, directories, and symlinks"
 
 Buffer = bytes | bytearray | memoryview
-#: A context around a wait only another party can end (a FIFO's reader); the
-#: server's worker pool gives the thread's place back meanwhile.
+#: Around a wait only another party ends (a FIFO's reader): the pool frees the thread's place.
 Wait = Callable[[], AbstractContextManager[None]]
 
 _CHUNK: Final = 1024 * 1024
@@ -107,7 +103,6 @@ def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
 
 
 def write_all(fd: int, data: Buffer | Iterable[Buffer]) -> None:
-    """Write a buffer, or each buffer of an iterable in turn, completely."""
     pieces = (data,) if isinstance(data, bytes | bytearray | memoryview) else data
     for piece in pieces:
         view = memoryview(piece).cast("B")
@@ -173,9 +168,8 @@ def replace_file(
     except OSError as exc:
         if old is None or isinstance(exc, FileExistsError):
             raise
-        # The directory takes no new entry (refused, no inode left, /proc's ENOENT) but
-        # the file may be writable: report its own error, never the directory's -32004
-        # (which the client reads as "create the parent and retry").
+        # The directory takes no new entry (refused, no inode, /proc's ENOENT): report the
+        # file's own error, never -32004 (the client would create the parent and retry).
         write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
         return
     linked = named  # whether ``tmp`` names the new file (to remove on failure)
@@ -200,8 +194,7 @@ def replace_file(
                 linked = False
                 return
             except OSError as exc:
-                # A mount point (a bind-mounted file, like a container's /etc/hosts)
-                # cannot be replaced, only written.
+                # A mount point (a container's /etc/hosts) cannot be replaced, only written.
                 if exc.errno != errno.EBUSY or old is None:
                     raise
         # Keep the old file's owner and attributes (or mount) rather than atomicity.
@@ -216,8 +209,7 @@ def replace_file(
         raise
 
 
-#: ``rename_exchange`` errors meaning "cannot here" (old kernel or libc, a filesystem
-#: without it, the entry gone): the caller renames instead.
+#: ``rename_exchange`` cannot here (old kernel or libc, filesystem, the entry gone): rename.
 _NO_EXCHANGE: Final = frozenset(
     {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOENT}
 )
@@ -349,11 +341,8 @@ def make_dirs(
             current = parent
         except OSError as exc:
             # A file, or a link looping to itself, where the directory goes: "File exists".
-            if (
-                exc.errno in (errno.ENOTDIR, errno.ELOOP)
-                and current == path
-                and os.path.lexists(path)
-            ):
+            not_a_dir = exc.errno in (errno.ENOTDIR, errno.ELOOP)
+            if not_a_dir and current == path and os.path.lexists(path):
                 raise os_error(errno.EEXIST) from None
             raise
     try:

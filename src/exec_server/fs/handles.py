@@ -1,8 +1,5 @@
-"""File handles: open descriptors a connection reads and writes by position (§4-§5).
-
-A descriptor in use is never closed under its worker (a reused number would be read
-late): the last user closes it.
-"""
+"""File handles: descriptors a connection reads and writes by position (§4-§5). One in use
+is never closed under its worker (a reused number would be read late): its last user does."""
 
 from __future__ import annotations
 
@@ -167,8 +164,7 @@ class FileHandles:
             handle = self._handles.get(handle_id)
             if handle is None or handle.fd == -1:
                 return  # unknown, or an open still in progress (its own request ends it)
-            del self._handles[handle_id]
-            handle.closing = True
+            self._forget(handle_id, handle)
             idle = handle.users == 0
         if idle:
             os.close(handle.fd)
@@ -179,11 +175,9 @@ class FileHandles:
             self._closed = True
             handles = list(self._handles.values())
             self._handles.clear()
-            idle = []
             for handle in handles:
                 handle.closing = True
-                if handle.users == 0 and handle.fd != -1:
-                    idle.append(handle.fd)
+            idle = [handle.fd for handle in handles if handle.users == 0 and handle.fd != -1]
         for fd in idle:
             os.close(fd)
 

@@ -1,8 +1,5 @@
-"""``followSymlinks: false``: filesystem calls that refuse a symlink anywhere in the path.
-
-Race-free: each component is opened ``O_NOFOLLOW`` relative to the one before. The
-errors are upstream's (PROTOCOL_CURRENT §8). Stdlib only: the confined helper runs it.
-"""
+"""``followSymlinks: false``: each path component is opened ``O_NOFOLLOW`` relative to the
+one before, race-free, with upstream's errors (PROTOCOL_CURRENT §8). Stdlib only."""
 
 from __future__ import annotations
 
@@ -98,7 +95,6 @@ def open_regular(path: str) -> tuple[int, int]:
 
 
 def write_file(path: str, data: bytes | bytearray | memoryview) -> None:
-    """Create or truncate ``path`` in place and write ``data``."""
     with translate_os_errors():
         fd, _ = _open_file(path, os.O_WRONLY | os.O_CREAT, os_error(errno.EINVAL))
         try:

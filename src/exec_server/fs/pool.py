@@ -1,9 +1,6 @@
-"""Worker threads for blocking filesystem calls: the event loop never touches the filesystem.
-
-The stuck-job rule: while jobs wait for a thread, jobs running for :data:`STUCK_AFTER`
-seconds stop counting against ``max_workers``, since a hung network or FUSE mount may
-never return (upstream's blocking pool has 512 threads).
-"""
+"""Worker threads for blocking filesystem calls. The stuck-job rule: while jobs wait for a
+thread, jobs running for :data:`STUCK_AFTER` seconds stop counting against
+``max_workers``: a hung network or FUSE mount may never return (upstream has 512)."""
 
 from __future__ import annotations
 
@@ -118,12 +115,10 @@ class WorkerPool:
         fut: asyncio.Future[list[object]] = asyncio.get_running_loop().create_future()
         self.submit(functools.partial(_deliver, fut), fn, *args, **kwargs)
         try:
-            # Boxed and emptied here: the finished future lives on until the task next
-            # yields, and a big result (an 85 MiB reply) must not live through the send.
+            # Boxed: the done future outlives this, a big result must not (an 85 MiB reply).
             return (await fut).pop()  # type: ignore[return-value]
         finally:
-            # Else frame -> future -> error -> traceback -> frame: a cycle that keeps
-            # a failed call's frames (a 64 MiB write's data) until the collector runs.
+            # Break frame -> future -> error -> traceback -> frame (a 64 MiB write's data).
             del fut
 
     def submit(
@@ -193,8 +188,7 @@ class WorkerPool:
             self._start(worker)
 
     def _take_place_back(self, worker: _Worker) -> None:
-        # The pool may hold one thread over its maximum until one goes idle and
-        # exits; no new thread starts meanwhile.
+        # One thread over the maximum until one exits; no new thread starts meanwhile.
         with self._lock:
             self._count_in(worker)
 
@@ -258,8 +252,7 @@ class WorkerPool:
                 _job_local.pool = None
                 _job_local.worker = None
             del call  # and its arguments
-            # Idle again *before* answering, so the client's next request finds this
-            # thread free rather than starting another.
+            # Idle before answering: the client's next request then finds this thread free.
             with self._lock:
                 self._busy.discard(worker)
                 worker.busy_since = 0.0
@@ -267,8 +260,7 @@ class WorkerPool:
                 job = self._backlog.popleft() if self._backlog else None
                 if job is None:
                     self._idle.append(worker)
-            # Boxed, emptied on the loop: this thread may still be inside
-            # call_soon_threadsafe when the caller runs on, holding the result.
+            # Boxed: this thread may still be in call_soon_threadsafe when the caller runs on.
             box = [result]
             result = None
             with contextlib.suppress(RuntimeError):  # the loop is gone

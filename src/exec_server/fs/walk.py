@@ -1,8 +1,5 @@
-"""``fs/walk``: a bounded breadth-first listing of a directory tree (PROTOCOL_CURRENT §6).
-
-Upstream's (0.163) rules: names in byte order, each counting towards ``max_entries``;
-directories (the root first) visited once each. Stdlib only: the confined helper runs it.
-"""
+"""``fs/walk``: a bounded breadth-first listing of a directory tree (PROTOCOL_CURRENT §6),
+by upstream's (0.163) rules. Stdlib only: the confined helper runs it too."""
 
 from __future__ import annotations
 
@@ -39,7 +36,6 @@ Visible = Callable[[str], bool]
 
 @dataclass(frozen=True, slots=True)
 class WalkOptions:
-
     max_depth: int
     max_directories: int
     max_entries: int
@@ -67,10 +63,6 @@ def limits_error(options: WalkOptions) -> str | None:
     ):
         return LIMITS_TOO_LARGE
     return None
-
-
-def _join(directory: str, name: str) -> str:
-    return directory + name if directory.endswith("/") else directory + "/" + name
 
 
 def _listing(path: str) -> list[tuple[str, os.DirEntry[str]]]:
@@ -113,6 +105,7 @@ def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> Wal
             outcome.errors.append((directory, "", _message(exc)))
             continue
         descend = depth < options.max_depth
+        real_prefix = real_dir.rstrip("/") + "/"
         for name, entry in listing:
             if examined >= max_entries:
                 outcome.truncated = True
@@ -142,7 +135,7 @@ def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> Wal
                 continue  # FIFOs, sockets, devices
             real = ""  # only ``visible`` needs real locations
             if visible is not None:
-                real = os.path.realpath(entry.path) if is_link else _join(real_dir, name)
+                real = os.path.realpath(entry.path) if is_link else real_prefix + name
                 if not visible(real):
                     continue
             entries.append((directory, name, is_dir))
