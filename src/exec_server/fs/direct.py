@@ -83,11 +83,8 @@ def read_file(path: str, *, limit: int = READ_LIMIT, regular_only: bool = False)
 def open_for_read(
     path: str, *, limit: int = READ_LIMIT, regular_only: bool = False
 ) -> tuple[int, int | None]:
-    """``(fd, st_size if regular else None)`` for :func:`read_and_close`.
-
-    ``regular_only``: the current client's rule (CLIENT_COMPAT.md §6.4); without it FIFOs
-    and devices are read.
-    """
+    """``(fd, st_size if regular else None)`` for :func:`read_and_close`; ``regular_only``:
+    the current client's rule (CLIENT_COMPAT.md §6.4), else FIFOs and devices are read."""
     with translate_os_errors():
         if regular_only:
             # Stat first: opening a device may do something.

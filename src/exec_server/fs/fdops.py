@@ -77,10 +77,8 @@ def check_for_read(fd: int, limit: int = READ_LIMIT, not_a_file: str | None = No
 
 
 def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
-    """Read ``fd`` to EOF (or what a non-blocking FIFO has), at most ``limit`` bytes.
-
-    Past ``size`` one buffer grows: separate chunks stayed resident in glibc's heap.
-    """
+    """Read ``fd`` to EOF (or what a FIFO has), at most ``limit`` bytes. Past ``size`` one
+    buffer grows: separate chunks stayed resident in glibc's heap."""
     data = bytearray()
     if size:
         # A short read of size+1 means EOF: the bytes object is the only copy.
@@ -156,12 +154,8 @@ def replace_file(
     unnamed: bool = True,
     pause: Callable[[str], None] | None = None,
 ) -> None:
-    """Create ``name``, or replace the regular file ``old``, in one step: never half a file.
-
-    ``fill(fd)`` writes the new file, unnamed until complete; ``whole()`` gives the data
-    for a write in place (upstream's way), where the old owner, attributes or a mount
-    point cannot be kept otherwise. No ``fsync``.
-    """
+    """Create ``name`` or replace the file ``old`` in one step, never leaving half a file; in
+    place (upstream's way, with ``whole()``) where owner, attributes or a mount must stay."""
     tmp = temp_name(name, token)
     try:
         fd, named = _create_new(dir_fd, tmp, unnamed)
@@ -216,11 +210,8 @@ _NO_EXCHANGE: Final = frozenset(
 
 
 def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
-    """Swap ``tmp`` with ``name`` and unlink the old file; False where the system cannot.
-
-    Not ``rename``: over an existing file ext4 writes the data back inside the call
-    (``auto_da_alloc``), making a 1 KiB write ~3x upstream's.
-    """
+    """Swap and unlink the old file (False where we cannot): a ``rename`` over a file makes
+    ext4 write back inside the call (``auto_da_alloc``), a 1 KiB write ~3x upstream's."""
     src, dst = os.fsencode(tmp), os.fsencode(name)
     try:
         rename_exchange(dir_fd, src, dst)
@@ -521,8 +512,7 @@ def copy_tree_at(
     check_write: Callable[[str], None] | None = None,
     wait: Wait = contextlib.nullcontext,
 ) -> None:
-    """Merge ``src_fd`` into ``dst_fd`` depth first in directory order, as upstream (§9.3);
-    ``skip`` and ``check_write`` get entries' real locations under ``src_real``/``dst_real``."""
+    """Merge ``src_fd`` into ``dst_fd`` as upstream (§9.3); ``skip`` sees real locations."""
     named = skip is not None or check_write is not None
     # (source fd, destination fd, their real locations, names still to copy)
     levels: list[tuple[int, int, str, str, list[str]]] = [

@@ -118,8 +118,7 @@ class FileHandles:
             os.close(fd)
 
     def read_block(self, handle_id: str, offset: int, length: int) -> tuple[bytes, bool]:
-        """``length`` bytes (at most) from ``offset``; ``eof`` when fewer came back.
-        Any failure of the read itself closes the handle (as upstream)."""
+        """At most ``length`` bytes and whether fewer came; a failed read closes the handle."""
         _check_id(handle_id)
         if not 1 <= length <= MAX_BLOCK:
             raise InvalidRequestError(f"file read block length must be between 1 and {MAX_BLOCK}")

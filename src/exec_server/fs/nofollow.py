@@ -28,16 +28,12 @@ _CONTAINS_SYMLINK: Final = "path contains a symbolic link"
 _DIR: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _components(path: str) -> list[str]:
-    if not path.startswith("/"):
-        raise InvalidRequestError(f"path must be absolute: {path}")
-    return [part for part in path.split("/") if part]
-
-
 @contextlib.contextmanager
 def _parent(path: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
     """``path``'s directory fd and final name (``"."`` for ``/``), never through a link."""
-    parts = _components(path)
+    if not path.startswith("/"):
+        raise InvalidRequestError(f"path must be absolute: {path}")
+    parts = [part for part in path.split("/") if part]
     fd = os.open("/", _DIR)
     try:
         for part in parts[:-1]:

@@ -84,8 +84,7 @@ class _Worker:
 
 
 class WorkerPool:
-    """Run blocking callables in up to ``max_workers`` threads, each exiting after
-    ``idle_timeout`` idle seconds, and await them from any event loop."""
+    """Run blocking callables in threads started on demand and await them from any loop."""
 
     def __init__(
         self,
@@ -107,7 +106,6 @@ class WorkerPool:
 
     @property
     def threads(self) -> int:
-        """Threads currently alive (for tests and diagnostics)."""
         return self._threads
 
     async def run(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> T:

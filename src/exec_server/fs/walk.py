@@ -31,9 +31,6 @@ LIMITS_TOO_LARGE: Final = (
     f"directories={MAX_DIRECTORIES}, entries={MAX_ENTRIES}"
 )
 
-Visible = Callable[[str], bool]
-
-
 @dataclass(frozen=True, slots=True)
 class WalkOptions:
     max_depth: int
@@ -76,7 +73,9 @@ def _listing(path: str) -> list[tuple[str, os.DirEntry[str]]]:
     return found
 
 
-def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> WalkOutcome:
+def walk(
+    root: str, options: WalkOptions, visible: Callable[[str], bool] | None = None
+) -> WalkOutcome:
     """Paths stay under ``root`` as spelled; what ``visible`` hides is absent, as upstream."""
     outcome = WalkOutcome()
     follow = options.follow_directory_symlinks
