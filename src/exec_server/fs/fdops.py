@@ -128,7 +128,7 @@ def write_in_place(
 
 
 def check_writable(dir_fd: int, name: str) -> None:
-    """The rename needs only the directory's permission; upstream's ``O_TRUNC`` would fail."""
+    """Refuse what upstream's ``O_TRUNC`` open would: a rename needs only the directory."""
     if os.access(name, os.W_OK, dir_fd=dir_fd, effective_ids=True, follow_symlinks=False):
         return
     try:
@@ -139,7 +139,7 @@ def check_writable(dir_fd: int, name: str) -> None:
 
 
 def temp_name(name: str, token: str) -> str:
-    """Known to the helper's server, which removes what a killed helper leaves there."""
+    """``.<name>.<token>.tmp``: the helper's server removes what a killed helper leaves."""
     return f".{os.fsencode(name)[:100].decode('utf-8', 'surrogateescape')}.{token}.tmp"
 
 
@@ -232,7 +232,7 @@ def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
 
 
 def _create_new(dir_fd: int, tmp: str, unnamed: bool) -> tuple[int, bool]:
-    """A new empty file, and whether it is named ``tmp`` (where ``O_TMPFILE`` fails)."""
+    """A new empty file, unnamed (``O_TMPFILE``) where it can be, and whether it is named."""
     if unnamed and _O_TMPFILE:
         with contextlib.suppress(OSError):
             flags = os.O_WRONLY | _O_TMPFILE | os.O_CLOEXEC
@@ -242,7 +242,7 @@ def _create_new(dir_fd: int, tmp: str, unnamed: bool) -> tuple[int, bool]:
 
 
 def _link_unnamed(fd: int, dir_fd: int, name: str) -> bool:
-    """Via ``/proc``: ``AT_EMPTY_PATH`` needs ``CAP_DAC_READ_SEARCH``, which the helper lacks."""
+    """Name ``fd`` via ``/proc``: ``AT_EMPTY_PATH`` needs a capability the helper lacks."""
     try:
         os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd)
     except FileExistsError:
