@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from exec_server.errno_text import os_error_text
+from exec_server.fs.errors import fs_error_from_os
 
 __all__ = [
     "MAX_DEPTH",
@@ -101,7 +101,7 @@ def walk(
         except OSError as exc:
             if directory == root:
                 raise
-            outcome.errors.append((directory, "", _message(exc)))
+            outcome.errors.append((directory, "", fs_error_from_os(exc).message))
             continue
         descend = depth < options.max_depth
         real_prefix = real_dir.rstrip("/") + "/"
@@ -125,7 +125,7 @@ def walk(
                     is_file = not is_dir and entry.is_file(follow_symlinks=False)
             except OSError as exc:
                 examined += 1
-                outcome.errors.append((directory, name, _message(exc)))
+                outcome.errors.append((directory, name, fs_error_from_os(exc).message))
                 continue
             examined += 1
             if is_link and (not follow or not is_dir):
@@ -145,7 +145,7 @@ def walk(
                     try:
                         st = entry.stat()
                     except OSError as exc:  # gone since it was listed
-                        outcome.errors.append((directory, name, _message(exc)))
+                        outcome.errors.append((directory, name, fs_error_from_os(exc).message))
                         continue
                 identity: object = (st.st_dev, st.st_ino)
             else:
@@ -159,7 +159,3 @@ def walk(
             queued += 1
             queue.append((entry.path, real, depth + 1))
     return outcome
-
-
-def _message(exc: OSError) -> str:
-    return os_error_text(exc.errno) if exc.errno is not None else str(exc)
