@@ -1,9 +1,5 @@
-"""The route of an ``fs/*`` call (direct or confined) from its decoded ``sandbox`` member.
-
-The one seam both the server handlers and ``LocalFileSystem`` call, so the
-two route identically. The context is converted by
-:func:`exec_server.sandbox.convert.fs_context`.
-"""
+"""The route of an ``fs/*`` call (direct or confined) from its decoded ``sandbox`` member:
+the one seam the server handlers and ``LocalFileSystem`` both call."""
 
 from __future__ import annotations
 
@@ -16,12 +12,7 @@ __all__ = ["route", "route_for"]
 
 
 def route(ctx: SandboxContext | None) -> FsRoute:
-    """Direct for no context and for full access, external and disabled contexts
-    (PROTOCOL.md §9.1); confined otherwise, carrying the converted request.
-
-    Raises:
-        InvalidParamsError: a sandbox value the structs cannot refuse (-32602).
-    """
+    """Direct for no context and for unrestricted ones (§9.1), else confined."""
     request = fs_context(ctx)
     if request is None:
         return DIRECT
@@ -29,9 +20,7 @@ def route(ctx: SandboxContext | None) -> FsRoute:
 
 
 async def route_for(ctx: SandboxContext | None, pool: WorkerPool) -> FsRoute:
-    """:func:`route` for the event loop: the conversion runs in a worker of ``pool``,
-    since it looks at the filesystem (the server's cwd; legacy policies: root
-    aliases and protected subpaths)."""
+    """:func:`route` in a worker of ``pool``: the conversion looks at the filesystem."""
     if ctx is None:
         return DIRECT
     return await pool.run(route, ctx)

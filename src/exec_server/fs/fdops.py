@@ -1,32 +1,5 @@
-"""The filesystem operations of PROTOCOL.md §9.3, relative to open directories.
-
-The one implementation of their semantics, used by both routes: the server's
-direct calls (:mod:`exec_server.fs.direct`, which opens a path's directory and
-hands over the descriptor and the final name) and the confined helper
-(:mod:`exec_server.fs.helper.ops`, which opens and verifies the directory
-itself). Every step works on descriptors and ``*at`` calls: what one step found
-is not looked up by path again in the next.
-
-Stdlib only (and the stdlib-only error modules): the helper imports this under
-``python -I -S``. Failures leave as ``OSError`` or, for our own validation,
-:class:`~exec_server.exceptions.InvalidRequestError`; callers map them.
-
-Choices beyond the spec:
-
-* :func:`replace_file` writes a new file and puts it in place of the old one in
-  one ``rename``, keeping the old file's mode, owner and extended attributes, so
-  a failed write never leaves half a file where a complete one stood. The new
-  file is unnamed (``O_TMPFILE``) while its data is written: a writer killed
-  then leaves nothing behind. Hard links to the old file keep the old contents.
-  Where the new file cannot be made like the old one, where the directory takes
-  no new entry, or where the name is a mount point, the file is written in
-  place, as upstream always does. No ``fsync``.
-* Reads never block on a FIFO and never read more than the limit, even from
-  files whose ``st_size`` is 0 (``/proc``, devices).
-* A copy of a file onto itself is refused instead of truncating it; a tree is
-  copied depth first in directory order (as upstream does), skipping FIFOs,
-  sockets and devices.
-"""
+"""Filesystem operations (PROTOCOL.md §9.3) on open directories, by ``*at`` calls. Stdlib
+only: the confined helper runs it under ``python -I -S``; callers map what it raises."""
 
 from __future__ import annotations
 
@@ -40,11 +13,11 @@ from typing import Final
 
 from exec_server._os.linux import rename_exchange
 from exec_server.exceptions import InvalidRequestError
+from exec_server.fs.errors import os_error
 
 __all__ = [
     "COPY_DIR_WITHOUT_RECURSIVE",
     "COPY_INTO_SELF",
-    "COPY_SAME_FILE",
     "COPY_UNSUPPORTED_TYPE",
     "READ_LIMIT",
     "Buffer",
@@ -74,11 +47,9 @@ COPY_DIR_WITHOUT_RECURSIVE: Final = (
 )
 COPY_INTO_SELF: Final = "fs/copy cannot copy a directory to itself or one of its descendants"
 COPY_UNSUPPORTED_TYPE: Final = "fs/copy only supports regular files, directories, and symlinks"
-COPY_SAME_FILE: Final = "fs/copy source and destination are the same file"
 
 Buffer = bytes | bytearray | memoryview
-#: A context around a wait only another party can end (a FIFO's reader); the
-#: server's worker pool gives the thread's place back meanwhile.
+#: Around a wait only another party ends (a FIFO's reader): the pool frees the thread's place.
 Wait = Callable[[], AbstractContextManager[None]]
 
 _CHUNK: Final = 1024 * 1024
@@ -92,41 +63,22 @@ def too_large_message(limit: int) -> str:
     return f"file is too large to read: limit is {limit} bytes"
 
 
-def _os_error(num: int) -> OSError:
-    return OSError(num, os.strerror(num))
-
-
-# --------------------------------------------------------------------- read
-
-
 def check_for_read(fd: int, limit: int = READ_LIMIT, not_a_file: str | None = None) -> int | None:
-    """Check a descriptor opened for reading; returns its ``st_size`` if it is a
-    regular file, else None (its size says nothing).
-
-    Args:
-        not_a_file: the path as the caller named it, for the current client's rule:
-            anything but a regular file is ``-32600 path `<it>` is not a file``.
-    """
+    """``st_size`` of a regular file, else None; ``not_a_file``: the current client's rule."""
     st = os.fstat(fd)
     regular = stat.S_ISREG(st.st_mode)
     if not_a_file is not None and not regular:
         raise InvalidRequestError(f"path `{not_a_file}` is not a file")
     if stat.S_ISDIR(st.st_mode):
-        raise _os_error(errno.EISDIR)
+        raise os_error(errno.EISDIR)
     if st.st_size > limit:
         raise InvalidRequestError(too_large_message(limit))
     return st.st_size if regular else None
 
 
 def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
-    """Read ``fd`` to EOF (or to what a non-blocking FIFO has), refusing more than
-    ``limit`` bytes; ``size`` (``st_size``) makes the common case one allocation.
-
-    Past its ``fstat`` size (or for a FIFO, a device) the rest grows one
-    buffer: chunks kept apart were each a block of glibc's heap, which keeps
-    them resident once freed (a ``/dev/zero`` read to the limit left ~500 MiB
-    held for good); one big buffer is a mapping, handed back whole.
-    """
+    """Read ``fd`` to EOF (or what a FIFO has), at most ``limit`` bytes. Past ``size`` one
+    buffer grows: separate chunks stayed resident in glibc's heap."""
     data = bytearray()
     if size:
         # A short read of size+1 means EOF: the bytes object is the only copy.
@@ -148,11 +100,7 @@ def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
     return bytes(data)
 
 
-# -------------------------------------------------------------------- write
-
-
 def write_all(fd: int, data: Buffer | Iterable[Buffer]) -> None:
-    """Write a buffer, or each buffer of an iterable in turn, completely."""
     pieces = (data,) if isinstance(data, bytes | bytearray | memoryview) else data
     for piece in pieces:
         view = memoryview(piece).cast("B")
@@ -167,47 +115,31 @@ def write_in_place(
     flags: int = 0,
     wait: Wait = contextlib.nullcontext,
 ) -> None:
-    """Create or truncate ``name`` and write ``data`` into that same file.
-
-    With ``O_NONBLOCK`` in ``flags`` the open does not wait for a FIFO's reader
-    (``ENXIO``), and the writes then do wait for it, as ``cp`` and upstream do,
-    inside ``wait()``.
-    """
+    """Write ``name`` in place; ``O_NONBLOCK``: a FIFO without a reader is ``ENXIO`` at once."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | flags, 0o666,
                  dir_fd=dir_fd)
     try:
         if flags & os.O_NONBLOCK:
             os.set_blocking(fd, True)
-            with wait():
-                write_all(fd, data)
-        else:
+        with wait():
             write_all(fd, data)
     finally:
         os.close(fd)
 
 
 def check_writable(dir_fd: int, name: str) -> None:
-    """Refuse to replace a file this process may not write, as writing it in place would.
-
-    The rename needs only the directory's permission, so without this a read-only
-    file (mode 0444, another user's file in a shared directory) was replaced where
-    upstream's ``O_TRUNC`` open fails (``EACCES``).
-    """
+    """Refuse what upstream's ``O_TRUNC`` open would: a rename needs only the directory."""
     if os.access(name, os.W_OK, dir_fd=dir_fd, effective_ids=True, follow_symlinks=False):
         return
     try:
         read_only = bool(os.fstatvfs(dir_fd).f_flag & os.ST_RDONLY)
     except OSError:
         read_only = False
-    raise _os_error(errno.EROFS if read_only else errno.EACCES)
+    raise os_error(errno.EROFS if read_only else errno.EACCES)
 
 
 def temp_name(name: str, token: str) -> str:
-    """The name of the temp file that replaces ``name``: ``.<name>.<token>.tmp``.
-
-    The confined helper's server picks ``token`` so that it can remove what a
-    killed helper leaves at that name (``fs/helper/client.py``).
-    """
+    """``.<name>.<token>.tmp``: the helper's server removes what a killed helper leaves."""
     return f".{os.fsencode(name)[:100].decode('utf-8', 'surrogateescape')}.{token}.tmp"
 
 
@@ -222,29 +154,16 @@ def replace_file(
     unnamed: bool = True,
     pause: Callable[[str], None] | None = None,
 ) -> None:
-    """Create ``name`` in ``dir_fd``, or replace the regular file ``old`` there, in one step.
-
-    Args:
-        fill: writes the contents into a new file's descriptor; what it raises
-            abandons the write (the new file is dropped, the old one untouched).
-        whole: the contents at once, for a write in place.
-        token: names the temp file (:func:`temp_name`), linked only once complete.
-        unnamed: make the new file with ``O_TMPFILE`` where it can.
-        pause: a test hook, called with ``"linked"`` once the temp name exists.
-    """
+    """Create ``name`` or replace the file ``old`` in one step, never leaving half a file; in
+    place (upstream's way, with ``whole()``) where owner, attributes or a mount must stay."""
     tmp = temp_name(name, token)
     try:
         fd, named = _create_new(dir_fd, tmp, unnamed)
-    except FileExistsError:
-        raise
-    except OSError:
-        if old is None:
+    except OSError as exc:
+        if old is None or isinstance(exc, FileExistsError):
             raise
-        # The directory takes no new entry (refused, no inode left, a /proc
-        # directory, which answers ENOENT) but the file itself may be writable:
-        # write it in place, as upstream does, and report the file's own error,
-        # never the directory's -32004 (the client reads it as "create the
-        # parent and retry").
+        # The directory takes no new entry (refused, no inode, /proc's ENOENT): report the
+        # file's own error, never -32004 (the client would create the parent and retry).
         write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
         return
     linked = named  # whether ``tmp`` names the new file (to remove on failure)
@@ -256,32 +175,27 @@ def replace_file(
                 if old is None and _link_unnamed(fd, dir_fd, name):
                     return  # a new file, named at once: no temp name ever existed
                 if not _link_unnamed(fd, dir_fd, tmp):
-                    raise _os_error(errno.EEXIST)
+                    raise os_error(errno.EEXIST)
                 linked = True
         finally:
             os.close(fd)
-        if not faithful:
-            # The new file cannot get the old one's owner or attributes: keep
-            # those (write in place), not atomicity.
-            if linked:
-                os.unlink(tmp, dir_fd=dir_fd)
+        if faithful:
+            if pause is not None:
+                pause("linked")
+            try:
+                if old is None or not _exchange(dir_fd, tmp, name):
+                    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
                 linked = False
-            write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
-            return
-        if pause is not None:
-            pause("linked")
-        try:
-            if old is None or not _exchange(dir_fd, tmp, name):
-                os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            linked = False
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or old is None:
-                raise
-            # A mount point (a bind-mounted file, like a container's /etc/hosts)
-            # cannot be replaced, only written.
+                return
+            except OSError as exc:
+                # A mount point (a container's /etc/hosts) cannot be replaced, only written.
+                if exc.errno != errno.EBUSY or old is None:
+                    raise
+        # Keep the old file's owner and attributes (or mount) rather than atomicity.
+        if linked:
             os.unlink(tmp, dir_fd=dir_fd)
             linked = False
-            write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
+        write_in_place(dir_fd, name, whole(), os.O_NOFOLLOW)
     except BaseException:
         if linked:
             with contextlib.suppress(OSError):
@@ -289,23 +203,15 @@ def replace_file(
         raise
 
 
-#: ``rename_exchange`` errors meaning "cannot here" (old kernel or libc, a filesystem
-#: without it, the entry gone): the caller renames instead.
+#: ``rename_exchange`` cannot here (old kernel or libc, filesystem, the entry gone): rename.
 _NO_EXCHANGE: Final = frozenset(
     {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOENT}
 )
 
 
 def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
-    """Swap the complete temp file ``tmp`` with the existing file ``name``, then unlink
-    the old file (now at ``tmp``); False, having changed nothing, where the
-    filesystem or libc cannot (the caller renames).
-
-    Why not a plain ``rename``: renaming over an existing file makes ext4 allocate
-    and start writing back the new data inside the call (``auto_da_alloc``),
-    which made a 1 KiB ``fs/writeFile`` ~3x upstream's; the exchange does not.
-    Readers still see the complete old or the complete new file.
-    """
+    """Swap and unlink the old file (False where we cannot): a ``rename`` over a file makes
+    ext4 write back inside the call (``auto_da_alloc``), a 1 KiB write ~3x upstream's."""
     src, dst = os.fsencode(tmp), os.fsencode(name)
     try:
         rename_exchange(dir_fd, src, dst)
@@ -326,33 +232,17 @@ def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
 
 
 def _create_new(dir_fd: int, tmp: str, unnamed: bool) -> tuple[int, bool]:
-    """A new, empty file to write into: its descriptor, and whether it is named ``tmp``
-    (else it is unnamed)."""
-    fd = _open_unnamed(dir_fd) if unnamed else None
-    if fd is not None:
-        return fd, False
+    """A new empty file, unnamed (``O_TMPFILE``) where it can be, and whether it is named."""
+    if unnamed and _O_TMPFILE:
+        with contextlib.suppress(OSError):
+            flags = os.O_WRONLY | _O_TMPFILE | os.O_CLOEXEC
+            return os.open(".", flags, 0o666, dir_fd=dir_fd), False
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     return os.open(tmp, flags, 0o666, dir_fd=dir_fd), True
 
 
-def _open_unnamed(dir_fd: int) -> int | None:
-    """An unnamed file (``O_TMPFILE``) in ``dir_fd``, or None where there is none (a
-    filesystem without it, or one this process may not create in: the named temp
-    file then says what is wrong)."""
-    if not _O_TMPFILE:
-        return None
-    try:
-        return os.open(".", os.O_WRONLY | _O_TMPFILE | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
-    except OSError:
-        return None
-
-
 def _link_unnamed(fd: int, dir_fd: int, name: str) -> bool:
-    """Give the unnamed file ``fd`` the name ``name`` in ``dir_fd``; False if it is taken.
-
-    Through ``/proc/self/fd`` (``linkat(AT_SYMLINK_FOLLOW)``): ``AT_EMPTY_PATH``
-    would need ``CAP_DAC_READ_SEARCH``, which the confined helper never has.
-    """
+    """Name ``fd`` via ``/proc``: ``AT_EMPTY_PATH`` needs a capability the helper lacks."""
     try:
         os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd)
     except FileExistsError:
@@ -367,19 +257,8 @@ _CANNOT_MATCH: Final = frozenset(
 
 
 def match_old_file(fd: int, old: os.stat_result, old_path: str) -> bool:
-    """Give the new file at ``fd`` the owner, group, extended attributes (ACLs,
-    labels, user data) and permission bits of the file ``old_path``, ``old``.
-
-    Compared with the new file itself, not with the process: a set-group-ID
-    directory gives new files its own group, a default ACL an access ACL, the
-    umask strips bits. The owner goes first, because ``chown`` clears the
-    set-user-ID and set-group-ID bits and file capabilities; the mode last.
-
-    Returns ``False`` when the new file cannot be made the same (no
-    ``CAP_CHOWN``, an id not mapped in this user namespace, an attribute this
-    process may not set): the caller then writes the old file in place, so that
-    an edit never hands a file to another owner or drops its ACL.
-    """
+    """Make ``fd`` like ``old``; False where it cannot, so an edit never hands a file to
+    another owner or drops an ACL. ``chown`` first: it clears set-ID bits."""
     new = os.fstat(fd)
     try:
         if new.st_gid != old.st_gid or new.st_uid != old.st_uid:
@@ -397,8 +276,7 @@ def match_old_file(fd: int, old: os.stat_result, old_path: str) -> bool:
 
 
 def _match_xattrs(fd: int, old_path: str) -> bool:
-    """Make the extended attributes of ``fd`` those of ``old_path`` (its last component
-    not followed); ``True`` if any was written or removed."""
+    """Copy ``old_path``'s extended attributes onto ``fd``; True if any changed."""
     try:
         want = set(os.listxattr(old_path, follow_symlinks=False))
         have = set(os.listxattr(fd))
@@ -418,15 +296,8 @@ def _match_xattrs(fd: int, old_path: str) -> bool:
     return changed
 
 
-# ------------------------------------------------------------ directories
-
-
 def mkdir_unless_directory(name: str, dir_fd: int) -> None:
-    """``mkdir`` ``name`` in ``dir_fd`` unless a directory, or a link to one, is there.
-
-    Anything else there is "File exists", as upstream's ``create_dir_all`` says:
-    a file, or a link leading nowhere or to itself.
-    """
+    """Anything but a directory (or a link to one) is "File exists", as upstream's."""
     try:
         os.mkdir(name, 0o777, dir_fd=dir_fd)
     except FileExistsError:
@@ -446,18 +317,7 @@ def make_dirs(
     check: Callable[[str], None] | None = None,
     nofollow: int = 0,
 ) -> tuple[int, str]:
-    """Rust's ``create_dir_all`` on descriptors: open the deepest existing ancestor of
-    ``path`` and make the rest one ``mkdirat`` at a time.
-
-    Args:
-        open_dir: opens an existing directory by path (``O_PATH``), the caller's way.
-        real_of: ``(fd, path)`` -> the directory's real location (default: ``path``).
-        check: called with each directory's real location before it is made.
-        nofollow: ``O_NOFOLLOW`` to refuse a link swapped in for a made directory.
-
-    Returns:
-        An ``O_PATH`` descriptor of ``path`` (the caller closes it) and its real location.
-    """
+    """Rust's ``create_dir_all`` by descriptors; ``path``'s ``O_PATH`` fd and real location."""
     missing: list[str] = []
     current = path
     while True:
@@ -471,14 +331,10 @@ def make_dirs(
             missing.append(name)
             current = parent
         except OSError as exc:
-            # A file, or a link looping to itself, where the directory goes: "File
-            # exists", as upstream's create_dir_all says.
-            if (
-                exc.errno in (errno.ENOTDIR, errno.ELOOP)
-                and current == path
-                and os.path.lexists(path)
-            ):
-                raise _os_error(errno.EEXIST) from None
+            # A file, or a link looping to itself, where the directory goes: "File exists".
+            not_a_dir = exc.errno in (errno.ENOTDIR, errno.ELOOP)
+            if not_a_dir and current == path and os.path.lexists(path):
+                raise os_error(errno.EEXIST) from None
             raise
     try:
         real = current if real_of is None else real_of(fd, current)
@@ -506,9 +362,7 @@ def lossy_name(name: str) -> str:
 def list_directory(
     fd: int, hidden: Callable[[str], bool] | None = None
 ) -> list[tuple[str, bool, bool]]:
-    """``(lossy name, is_directory, is_file)`` of each entry of the open directory ``fd``
-    (no ``.``/``..``); symlinks are followed, dangling ones skipped, as are the names
-    ``hidden(name)`` says."""
+    """``(lossy name, is_directory, is_file)`` per entry, links followed, dangling skipped."""
     entries: list[tuple[str, bool, bool]] = []
     with os.scandir(fd) as it:
         for entry in it:
@@ -527,61 +381,43 @@ def list_directory(
     return entries
 
 
-# ------------------------------------------------------------------ remove
-
-
 def remove_tree_at(dir_fd: int, name: str) -> None:
-    """Delete the tree ``name`` in ``dir_fd`` through directory descriptors, never
-    following a link (a link in a directory's place is unlinked). Entries that
-    vanish meanwhile are fine; any other failure propagates. Iterative: a tree
-    of any depth goes, one descriptor open per level."""
-    top = _open_subdirectory(dir_fd, name)
-    if top is None:
-        return
+    """Delete a tree of any depth by descriptors, never following a link."""
     # (descriptor, its name in the level above, its subdirectories still to do)
     levels: list[tuple[int, str, list[str]]] = []
     try:
-        levels.append((top, name, _unlink_files(top)))
-    except BaseException:
-        os.close(top)
-        raise
-    try:
+        _descend(levels, dir_fd, name)
         while levels:
             fd, fd_name, dirs = levels[-1]
-            if not dirs:
-                levels.pop()
-                os.close(fd)
-                parent = levels[-1][0] if levels else dir_fd
-                with contextlib.suppress(FileNotFoundError):
-                    os.rmdir(fd_name, dir_fd=parent)
+            if dirs:
+                _descend(levels, fd, dirs.pop())
                 continue
-            sub = dirs.pop()
-            child = _open_subdirectory(fd, sub)
-            if child is None:
-                continue
-            try:
-                levels.append((child, sub, _unlink_files(child)))
-            except BaseException:
-                os.close(child)
-                raise
+            levels.pop()
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(fd_name, dir_fd=levels[-1][0] if levels else dir_fd)
     finally:
         for fd, _, _ in levels:
             os.close(fd)
 
 
-def _open_subdirectory(dir_fd: int, name: str) -> int | None:
-    """The directory ``name`` in ``dir_fd``, never through a link; None when it is gone,
-    or was replaced by a file or link (then unlinked)."""
+def _descend(levels: list[tuple[int, str, list[str]]], dir_fd: int, name: str) -> None:
+    """Push the directory ``name`` with its files unlinked (a non-directory is unlinked)."""
     try:
-        return os.open(name, _SUBDIR, dir_fd=dir_fd)
+        fd = os.open(name, _SUBDIR, dir_fd=dir_fd)
     except FileNotFoundError:
-        return None
+        return
     except OSError as exc:
         if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
             raise
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dir_fd)
-        return None
+        return
+    try:
+        levels.append((fd, name, _unlink_files(fd)))
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _unlink_files(dir_fd: int) -> list[str]:
@@ -605,9 +441,6 @@ def _unlink_files(dir_fd: int) -> list[str]:
     return dirs
 
 
-# -------------------------------------------------------------------- copy
-
-
 def copy_file_at(
     src_dir: int,
     name: str,
@@ -617,15 +450,7 @@ def copy_file_at(
     dst_flags: int = 0,
     wait: Wait = contextlib.nullcontext,
 ) -> None:
-    """Copy one regular file like Rust's ``std::fs::copy``: overwrite, copy the
-    permission bits, copy in the kernel where it can.
-
-    The destination is opened without ``O_TRUNC`` and compared with the source
-    first, so a copy onto the file itself (or a hard link of it) cannot truncate
-    it. ``O_NONBLOCK`` on the opens: a FIFO destination without a reader is
-    ``ENXIO`` at once; one with a reader is written like ``cp`` does, waiting for
-    it (inside ``wait()``).
-    """
+    """Rust's ``std::fs::copy``, but a copy onto the file itself is refused, not truncated."""
     src_fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
                      dir_fd=src_dir)
     try:
@@ -640,7 +465,7 @@ def copy_file_at(
         try:
             dst_st = os.fstat(dst_fd)
             if os.path.samestat(src_st, dst_st):
-                raise InvalidRequestError(COPY_SAME_FILE)
+                raise InvalidRequestError("fs/copy source and destination are the same file")
             if dst_st.st_size:
                 os.ftruncate(dst_fd, 0)
             if stat.S_IMODE(dst_st.st_mode) != perm:
@@ -687,17 +512,7 @@ def copy_tree_at(
     check_write: Callable[[str], None] | None = None,
     wait: Wait = contextlib.nullcontext,
 ) -> None:
-    """Copy the contents of the open directory ``src_fd`` into ``dst_fd``, depth first
-    in directory order, merging into directories already there.
-
-    Args:
-        dst_nofollow: ``O_NOFOLLOW`` to refuse a link in a destination directory's
-            place (else a link to a directory is merged into, as upstream does).
-        src_real, dst_real: the two directories' real locations, for ``skip`` and
-            ``check_write`` (entries' locations are these plus their names).
-        skip: says which source entries (by real location) are never read.
-        check_write: raises for a destination entry (by real location) not to write.
-    """
+    """Merge ``src_fd`` into ``dst_fd`` as upstream (§9.3); ``skip`` sees real locations."""
     named = skip is not None or check_write is not None
     # (source fd, destination fd, their real locations, names still to copy)
     levels: list[tuple[int, int, str, str, list[str]]] = [
@@ -724,7 +539,7 @@ def copy_tree_at(
             except FileNotFoundError:
                 continue
             if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-                continue  # FIFOs, sockets and devices are skipped (§9.3)
+                continue
             if check_write is not None:
                 check_write(d_real)
             if stat.S_ISREG(mode):
@@ -734,19 +549,15 @@ def copy_tree_at(
             else:
                 mkdir_unless_directory(name, d_fd)
                 sub_src = os.open(name, _SUBDIR, dir_fd=s_fd)
+                sub_dst = -1
                 try:
-                    sub_dst = os.open(
-                        name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | dst_nofollow,
-                        dir_fd=d_fd,
-                    )
-                except BaseException:
-                    os.close(sub_src)
-                    raise
-                try:
+                    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | dst_nofollow
+                    sub_dst = os.open(name, flags, dir_fd=d_fd)
                     listed = os.listdir(sub_src)[::-1]
                 except BaseException:
                     os.close(sub_src)
-                    os.close(sub_dst)
+                    if sub_dst != -1:
+                        os.close(sub_dst)
                     raise
                 levels.append((sub_src, sub_dst, s_real, d_real, listed))
     finally:

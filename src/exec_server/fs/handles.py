@@ -1,16 +1,5 @@
-"""File handles: open descriptors a connection reads and writes by position.
-
-One :class:`FileHandles` table per connection (PROTOCOL_CURRENT §4-§5): at
-most :data:`MAX_HANDLES` open, ids of at most :data:`MAX_ID_BYTES` UTF-8 bytes,
-blocks of 1 byte to :data:`MAX_BLOCK`. The table only holds descriptors; what
-opens them (directly, or after a sandbox check) is the caller's business, and
-the blocking calls (``open``, ``pread``, ``pwrite``, ``close``) run in the
-caller's worker threads, never on the event loop.
-
-A descriptor in use by a worker is never closed under it: :meth:`close` and
-:meth:`close_all` mark the handle, and the last user closes it (a closed and
-reused descriptor number would otherwise be read by the late worker).
-"""
+"""File handles: descriptors a connection reads and writes by position (§4-§5). One in use
+is never closed under its worker (a reused number would be read late): its last user does."""
 
 from __future__ import annotations
 
@@ -50,11 +39,7 @@ _REPLACE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | o
 
 
 def open_descriptor(path: str, mode: Mode, *, no_follow: bool = False) -> int:
-    """Open ``path`` for a handle: a regular file to read (``-32600 path `x` is not a
-    file`` otherwise; a FIFO is refused without waiting for a writer), or created /
-    truncated in place to write (symlinks followed, as upstream). ``no_follow``:
-    no component may be a symlink (:func:`exec_server.fs.nofollow.open_at`; a
-    sandboxed open of a path already resolved and checked)."""
+    """Open a regular file to read (a FIFO is not waited on), or create / truncate one."""
     flags = _READ_FLAGS if mode == "read" else _REPLACE_FLAGS
     with translate_os_errors():
         fd = nofollow.open_at(path, flags) if no_follow else os.open(path, flags, 0o644)
@@ -65,9 +50,7 @@ def open_descriptor(path: str, mode: Mode, *, no_follow: bool = False) -> int:
             except BaseException:
                 os.close(fd)
                 raise
-        # Positional reads and writes never wait on O_NONBLOCK for regular files;
-        # clear it anyway so the descriptor behaves like any other.
-        os.set_blocking(fd, True)
+        os.set_blocking(fd, True)  # O_NONBLOCK was only for the open
     return fd
 
 
@@ -76,9 +59,13 @@ Install = Callable[[int], None]
 
 
 def open_into(install: Install, path: str, mode: Mode, *, no_follow: bool = False) -> None:
-    """:func:`open_descriptor`, the descriptor handed to ``install`` in the same worker
-    job: a caller that stops waiting cannot drop it."""
+    """One worker job, so that a caller that stops waiting cannot drop the descriptor."""
     install(open_descriptor(path, mode, no_follow=no_follow))
+
+
+def _check_id(handle_id: str) -> None:
+    if len(handle_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        raise InvalidRequestError(f"file handle ID must not exceed {MAX_ID_BYTES} bytes")
 
 
 @dataclass(slots=True)
@@ -99,16 +86,9 @@ class FileHandles:
     def __len__(self) -> int:
         return len(self._handles)
 
-    @staticmethod
-    def check_id(handle_id: str) -> None:
-        if len(handle_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
-            raise InvalidRequestError(f"file handle ID must not exceed {MAX_ID_BYTES} bytes")
-
     def reserve(self, handle_id: str) -> _Handle:
-        """Check an ``fs/open`` before the path is looked at (upstream's order: id
-        length, duplicate, capacity) and hold the id: then :meth:`install` the
-        opened descriptor, or :meth:`release` the id if the open failed."""
-        self.check_id(handle_id)
+        """Hold an id (checked in upstream's order) for :meth:`install` or :meth:`release`."""
+        _check_id(handle_id)
         with self._lock:
             if handle_id in self._handles:
                 raise InvalidRequestError(f"file handle `{handle_id}` already exists")
@@ -122,9 +102,7 @@ class FileHandles:
             return handle
 
     def install(self, handle: _Handle, fd: int) -> None:
-        """Give a reserved handle its descriptor (in the worker that opened it). The
-        descriptor is closed at once if the handle was given up meanwhile (its
-        request cancelled, the connection gone): nothing leaks."""
+        """Give a reserved handle its descriptor, closed at once if the handle was given up."""
         with self._lock:
             handle.fd = fd
             drop = handle.closing
@@ -134,39 +112,33 @@ class FileHandles:
     def release(self, handle_id: str, handle: _Handle) -> None:
         """Give up a reserved id whose open failed or was cancelled."""
         with self._lock:
-            handle.closing = True
-            if self._handles.get(handle_id) is handle:
-                del self._handles[handle_id]
+            self._forget(handle_id, handle)
             fd, handle.fd = handle.fd, -1
         if fd != -1:
             os.close(fd)
 
     def read_block(self, handle_id: str, offset: int, length: int) -> tuple[bytes, bool]:
-        """``length`` bytes (at most) from ``offset``; ``eof`` when fewer came back.
-        Any failure of the read itself closes the handle (as upstream)."""
-        self.check_id(handle_id)
+        """At most ``length`` bytes and whether fewer came; a failed read closes the handle."""
+        _check_id(handle_id)
         if not 1 <= length <= MAX_BLOCK:
             raise InvalidRequestError(f"file read block length must be between 1 and {MAX_BLOCK}")
         handle = self._acquire(handle_id)
         try:
-            try:
-                with translate_os_errors():
-                    if offset > _MAX_OFFSET:
-                        raise os_error(errno.EINVAL)
-                    chunk = os.pread(handle.fd, length, offset)
-            except BaseException:
-                with self._lock:
-                    handle.closing = True
-                    if self._handles.get(handle_id) is handle:
-                        del self._handles[handle_id]
-                raise
+            with translate_os_errors():
+                if offset > _MAX_OFFSET:
+                    raise os_error(errno.EINVAL)
+                chunk = os.pread(handle.fd, length, offset)
+        except BaseException:
+            with self._lock:
+                self._forget(handle_id, handle)
+            raise
         finally:
             self._release(handle)
         return chunk, len(chunk) < length
 
     def write_block(self, handle_id: str, offset: int, data: bytes) -> None:
         """Write ``data`` at ``offset``; errors leave the handle open."""
-        self.check_id(handle_id)
+        _check_id(handle_id)
         if not 1 <= len(data) <= MAX_BLOCK:
             raise InvalidRequestError(f"file write block length must be between 1 and {MAX_BLOCK}")
         if offset + len(data) > _MAX_OFFSET:
@@ -186,13 +158,12 @@ class FileHandles:
 
     def close(self, handle_id: str) -> None:
         """Close one handle; an unknown or closed id is not an error."""
-        self.check_id(handle_id)
+        _check_id(handle_id)
         with self._lock:
             handle = self._handles.get(handle_id)
             if handle is None or handle.fd == -1:
                 return  # unknown, or an open still in progress (its own request ends it)
-            del self._handles[handle_id]
-            handle.closing = True
+            self._forget(handle_id, handle)
             idle = handle.users == 0
         if idle:
             os.close(handle.fd)
@@ -203,13 +174,17 @@ class FileHandles:
             self._closed = True
             handles = list(self._handles.values())
             self._handles.clear()
-            idle = []
             for handle in handles:
                 handle.closing = True
-                if handle.users == 0 and handle.fd != -1:
-                    idle.append(handle.fd)
+            idle = [handle.fd for handle in handles if handle.users == 0 and handle.fd != -1]
         for fd in idle:
             os.close(fd)
+
+    def _forget(self, handle_id: str, handle: _Handle) -> None:
+        # Lock held: the handle closes with its last user.
+        handle.closing = True
+        if self._handles.get(handle_id) is handle:
+            del self._handles[handle_id]
 
     def _acquire(self, handle_id: str) -> _Handle:
         with self._lock:

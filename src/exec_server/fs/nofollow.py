@@ -1,24 +1,5 @@
-"""``followSymlinks: false``: filesystem calls that refuse a symlink anywhere in the path.
-
-Race-free: the path is opened one component at a time from ``/``, each
-directory with ``O_PATH | O_DIRECTORY | O_NOFOLLOW`` relative to the one
-before, and the final component is used relative to its directory's
-descriptor (``O_NOFOLLOW`` opens, ``*at`` calls that never follow). A symlink
-swapped in after a check cannot redirect anything: there is no check, only
-descriptors. The errors are upstream's (PROTOCOL_CURRENT §8): a symlink as an
-intermediate component is ``ENOTDIR`` (what the kernel says for
-``O_DIRECTORY | O_NOFOLLOW`` on a link), a final one ``ELOOP`` for reads and
-writes, ``ENOTDIR`` for a recursive ``createDirectory`` (as for any
-non-directory there; ``EEXIST`` for a non-recursive one, as ``mkdirat`` says),
-and ``-32600 path contains a symbolic link`` for ``getMetadata`` and a
-non-recursive ``remove``.
-
-Paths are absolute and lexically normal (no ``.``/``..``): the handlers parse
-them so. Only the standard library and the stdlib-only error modules are used:
-the confined helper (``fs.helper.ops``) runs these same functions for a sandbox
-context that needs confinement, with its own privileges (no capabilities, so
-permission bits apply there as in any confined call).
-"""
+"""``followSymlinks: false``: each path component is opened ``O_NOFOLLOW`` relative to the
+one before, race-free, with upstream's errors (PROTOCOL_CURRENT §8). Stdlib only."""
 
 from __future__ import annotations
 
@@ -34,9 +15,6 @@ from exec_server.fs.errors import os_error, translate_os_errors
 from exec_server.fs.fdops import write_all
 
 __all__ = [
-    "CONTAINS_SYMLINK",
-    "NOT_A_REGULAR_FILE",
-    "RECURSIVE_UNSUPPORTED",
     "create_directory",
     "lstat",
     "open_at",
@@ -45,24 +23,17 @@ __all__ = [
     "write_file",
 ]
 
-CONTAINS_SYMLINK: Final = "path contains a symbolic link"
-NOT_A_REGULAR_FILE: Final = "path is not a regular file"
-RECURSIVE_UNSUPPORTED: Final = "recursive no-follow removal is unsupported"
+_CONTAINS_SYMLINK: Final = "path contains a symbolic link"
 
 _DIR: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _components(path: str) -> list[str]:
-    if not path.startswith("/"):
-        raise InvalidRequestError(f"path must be absolute: {path}")
-    return [part for part in path.split("/") if part]
-
-
 @contextlib.contextmanager
 def _parent(path: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
-    """The descriptor of ``path``'s directory, reached without following a link, and
-    the final name (``"."`` for ``/``). ``create``: make missing directories."""
-    parts = _components(path)
+    """``path``'s directory fd and final name (``"."`` for ``/``), never through a link."""
+    if not path.startswith("/"):
+        raise InvalidRequestError(f"path must be absolute: {path}")
+    parts = [part for part in path.split("/") if part]
     fd = os.open("/", _DIR)
     try:
         for part in parts[:-1]:
@@ -75,7 +46,6 @@ def _parent(path: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
 
 
 def _child(fd: int, name: str, create: bool) -> int:
-    """The directory ``name`` in ``fd``, opened without following a link."""
     try:
         return os.open(name, _DIR, dir_fd=fd)
     except FileNotFoundError:
@@ -97,33 +67,33 @@ def lstat(path: str) -> os.stat_result:
     with translate_os_errors(), _parent(path) as (dir_fd, name):
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
-        raise InvalidRequestError(CONTAINS_SYMLINK)
+        raise InvalidRequestError(_CONTAINS_SYMLINK)
     return st
 
 
-def open_regular(path: str) -> tuple[int, int]:
-    """``fs/readFile``'s open: ``(fd, size)`` of a regular file (``-32600 path is not a
-    regular file`` otherwise; a FIFO is not waited on). The caller reads and closes."""
-    with translate_os_errors():
-        fd = open_at(path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise InvalidRequestError(NOT_A_REGULAR_FILE)
-        except BaseException:
-            os.close(fd)
-            raise
+def _open_file(path: str, flags: int, not_regular: Exception) -> tuple[int, int]:
+    """``(fd, size)`` of a regular file (a FIFO is not waited on), else ``not_regular``."""
+    fd = open_at(path, flags | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular
+    except BaseException:
+        os.close(fd)
+        raise
     return fd, st.st_size
 
 
-def write_file(path: str, data: bytes | bytearray | memoryview) -> None:
-    """Create or truncate ``path`` in place and write ``data`` (a final link: ``ELOOP``,
-    its target untouched)."""
+def open_regular(path: str) -> tuple[int, int]:
+    """``fs/readFile``'s open: ``(fd, size)``; the caller reads and closes."""
     with translate_os_errors():
-        fd = open_at(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK)
+        return _open_file(path, os.O_RDONLY, InvalidRequestError("path is not a regular file"))
+
+
+def write_file(path: str, data: bytes | bytearray | memoryview) -> None:
+    with translate_os_errors():
+        fd, _ = _open_file(path, os.O_WRONLY | os.O_CREAT, os_error(errno.EINVAL))
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise os_error(errno.EINVAL)
             os.set_blocking(fd, True)
             os.ftruncate(fd, 0)
             write_all(fd, data)
@@ -150,13 +120,13 @@ def create_directory(path: str, *, recursive: bool = True) -> None:
 def remove(path: str, *, recursive: bool = True, force: bool = True) -> None:
     """Remove a file or an empty directory; only ``recursive: false`` is supported."""
     if recursive:
-        raise InternalError(RECURSIVE_UNSUPPORTED)
+        raise InternalError("recursive no-follow removal is unsupported")
     with translate_os_errors():
         try:
             with _parent(path) as (dir_fd, name):
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISLNK(st.st_mode):
-                    raise InvalidRequestError(CONTAINS_SYMLINK)
+                    raise InvalidRequestError(_CONTAINS_SYMLINK)
                 if stat.S_ISDIR(st.st_mode):
                     os.rmdir(name, dir_fd=dir_fd)
                 else:

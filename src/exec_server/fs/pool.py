@@ -1,20 +1,6 @@
-"""Worker threads for blocking filesystem calls: the event loop never touches the filesystem.
-
-Each job is handed to one idle thread through its own ``queue.SimpleQueue``
-and answered with one ``call_soon_threadsafe``. Threads start on demand up to
-``max_workers`` (so one long copy or remove never holds up other calls,
-PROTOCOL.md §9.3's "worker thread"), and an idle thread exits after
-``idle_timeout`` seconds, so an idle server keeps none.
-
-The stuck-job rule: a job that has run for :data:`STUCK_AFTER` seconds no
-longer counts against ``max_workers`` once a job waits for a thread (up to
-:data:`MAX_WAITING` such jobs). One on a hung network or FUSE mount may never
-return, and sixteen of them held every thread, so every connection's
-filesystem calls waited (upstream's blocking pool has 512 threads). A job that
-knows it is about to wait on another party (a FIFO's reader) gives its place
-back at once (:func:`waiting_on_others`). Threads are daemons: an interrupted
-``write_file`` leaves at most a temp file behind, never a half-written target.
-"""
+"""Worker threads for blocking filesystem calls. The stuck-job rule: while jobs wait for a
+thread, jobs running for :data:`STUCK_AFTER` seconds stop counting against
+``max_workers``: a hung network or FUSE mount may never return (upstream has 512)."""
 
 from __future__ import annotations
 
@@ -42,24 +28,19 @@ T = TypeVar("T")
 
 DEFAULT_MAX_WORKERS: Final = 16
 DEFAULT_IDLE_TIMEOUT: Final = 30.0
-#: Most jobs at once that gave their place back (:func:`waiting_on_others`, or
-#: running longer than :data:`STUCK_AFTER`).
+#: Most jobs at once that gave their place back (waiting on others, or stuck).
 MAX_WAITING: Final = 256
 #: Seconds after which a running job gives its place to a job waiting for a thread.
 STUCK_AFTER: Final = 0.25
 
+_Deliver = Callable[[object, BaseException | None], None]
 #: (loop, deliver(result, error) run on that loop, the call)
-_Job = tuple[
-    asyncio.AbstractEventLoop,
-    Callable[[object, BaseException | None], None],
-    Callable[[], object],
-]
+_Job = tuple[asyncio.AbstractEventLoop, _Deliver, Callable[[], object]]
 
 
 class _JobLocal(threading.local):
-    #: the pool whose job this thread runs (None outside a pool's job)
+    # The pool whose job this thread runs, and its record of the thread.
     pool: WorkerPool | None = None
-    #: the pool's record of this thread (None outside a pool's job)
     worker: _Worker | None = None
 
 
@@ -68,17 +49,7 @@ _job_local: Final = _JobLocal()
 
 @contextlib.contextmanager
 def waiting_on_others() -> Iterator[None]:
-    """Around a wait that only another party can end (a pipe's reader): from inside
-    a pool's job, the job gives its thread's place in the pool back meanwhile, so
-    other calls get a thread (a new one if none is idle).
-
-    Why: a write into a FIFO whose reader never reads blocks for good, as
-    ``cp`` and upstream's would, and twenty of them held every thread of the
-    pool: every connection's filesystem calls waited.
-    Upstream's blocking pool has 512 threads; here the places given back are
-    capped at :data:`MAX_WAITING`, past which a job keeps its place.
-    Outside a pool's job this does nothing.
-    """
+    """Around a wait only another party ends (a FIFO's reader): the job's place is free."""
     pool = _job_local.pool
     worker = _job_local.worker
     released = pool is not None and worker is not None and pool._release_place(worker)
@@ -99,34 +70,21 @@ def _deliver(fut: asyncio.Future[list[object]], result: object, exc: BaseExcepti
         fut.set_result([result])  # boxed: see WorkerPool.run
 
 
-def _unbox(
-    deliver: Callable[[object, BaseException | None], None],
-    box: list[object],
-    error: BaseException | None,
-) -> None:
+def _unbox(deliver: _Deliver, box: list[object], error: BaseException | None) -> None:
     deliver(box.pop(), error)
 
 
 class _Worker:
-    """One thread and its inbox."""
-
     __slots__ = ("busy_since", "inbox", "released")
 
     def __init__(self) -> None:
         self.inbox: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        #: ``time.monotonic()`` when its running job started; 0.0 while idle.
-        self.busy_since = 0.0
-        #: its job gave its place in the pool back (pool lock held to change it).
-        self.released = False
+        self.busy_since = 0.0  # time.monotonic() when its job started; 0.0 while idle
+        self.released = False  # its job gave its place back (changed under the pool lock)
 
 
 class WorkerPool:
-    """Run blocking callables in threads and await them from any event loop.
-
-    Args:
-        max_workers: most threads alive at once; further jobs queue.
-        idle_timeout: seconds an idle thread waits for work before exiting.
-    """
+    """Run blocking callables in threads started on demand and await them from any loop."""
 
     def __init__(
         self,
@@ -142,52 +100,29 @@ class WorkerPool:
         self._idle: list[_Worker] = []  # LIFO: the most recently used thread first
         self._busy: set[_Worker] = set()
         self._backlog: collections.deque[_Job] = collections.deque()
-        #: a check for stuck jobs is scheduled (see :meth:`_unstick`).
-        self._check_pending = False
+        self._check_pending = False  # an :meth:`_unstick` is scheduled
         self._threads = 0
-        #: jobs that gave their place back (:func:`waiting_on_others`)
-        self._waiting = 0
+        self._waiting = 0  # jobs that gave their place back
 
     @property
     def threads(self) -> int:
-        """Threads currently alive (for tests and diagnostics)."""
         return self._threads
 
     async def run(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> T:
-        """Run ``fn(*args, **kwargs)`` in a worker thread and return its result.
-
-        Cancelling the caller does not interrupt the call already running;
-        its result is dropped.
-        """
+        """Run ``fn(*args, **kwargs)`` in a worker thread (cancelling drops the result)."""
         fut: asyncio.Future[list[object]] = asyncio.get_running_loop().create_future()
         self.submit(functools.partial(_deliver, fut), fn, *args, **kwargs)
         try:
-            # The result comes in a box that is emptied here: the finished future
-            # lives on until the task next yields (the loop's handle that resumed
-            # it holds it), and a big result - an 85 MiB base64 reply body - must
-            # not be kept alive through the encoding and sending that follow.
+            # Boxed: the done future outlives this, a big result must not (an 85 MiB reply).
             return (await fut).pop()  # type: ignore[return-value]
         finally:
-            # A raised error's traceback holds this frame: without this, the frame
-            # holds the future that holds the error, a cycle only the collector
-            # frees, and with it the frames of the failed call (a failed 64 MiB
-            # write's data and message).
+            # Break frame -> future -> error -> traceback -> frame (a 64 MiB write's data).
             del fut
 
     def submit(
-        self,
-        deliver: Callable[[object, BaseException | None], None],
-        fn: Callable[..., object],
-        /,
-        *args: object,
-        **kwargs: object,
+        self, deliver: _Deliver, fn: Callable[..., object], /, *args: object, **kwargs: object
     ) -> None:
-        """Start ``fn(*args, **kwargs)`` in a worker; ``deliver(result, error)`` runs
-        on the calling thread's event loop when it ends.
-
-        For callers that answer from a callback (no task to resume): one loop
-        iteration from the end of the job to ``deliver``.
-        """
+        """For callbacks: ``deliver(result, error)`` runs on this thread's loop at the end."""
         call = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
         loop = asyncio.get_running_loop()
         job: _Job = (loop, deliver, call)
@@ -213,14 +148,13 @@ class WorkerPool:
             self._unstick(loop)
 
     def _start(self, worker: _Worker) -> None:
+        # Daemons: an interrupted write_file leaves at most a temp file behind.
         threading.Thread(
             target=self._work, args=(worker,), name="exec-server-fs", daemon=True
         ).start()
 
     def _release_place(self, worker: _Worker) -> bool:
-        """``worker``'s job is about to wait on others: count its thread out (see
-        :func:`waiting_on_others`) and give a queued job a thread. False if too
-        many already wait, or its place was given back already."""
+        """Count ``worker`` out and start queued jobs; False if it cannot."""
         with self._lock:
             if not self._count_out(worker):
                 return False
@@ -252,18 +186,19 @@ class WorkerPool:
             self._start(worker)
 
     def _take_place_back(self, worker: _Worker) -> None:
-        # The pool may hold one thread over its maximum until one goes idle and
-        # exits; no new thread starts meanwhile.
+        # One thread over the maximum until one exits; no new thread starts meanwhile.
         with self._lock:
-            if worker.released:
-                worker.released = False
-                self._waiting -= 1
-                self._threads += 1
+            self._count_in(worker)
+
+    def _count_in(self, worker: _Worker) -> None:
+        # Pool lock held.
+        if worker.released:
+            worker.released = False
+            self._waiting -= 1
+            self._threads += 1
 
     def _unstick(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Jobs wait for a thread: count out those running for :data:`STUCK_AFTER`
-        seconds (their places go to the waiting jobs), and look again when the
-        next running job reaches that age while any still wait."""
+        """Count out stuck jobs; look again when the next gets stuck while any job waits."""
         now = time.monotonic()
         with self._lock:
             next_due: float | None = None
@@ -276,11 +211,11 @@ class WorkerPool:
                 elif next_due is None or since + STUCK_AFTER < next_due:
                     next_due = since + STUCK_AFTER
             jobs = self._jobs_for_free_places()
-            again = bool(self._backlog) and next_due is not None
-            self._check_pending = again
+            if not self._backlog:
+                next_due = None
+            self._check_pending = next_due is not None
         self._start_jobs(jobs)
-        if again:
-            assert next_due is not None
+        if next_due is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed
                 loop.call_later(max(0.0, next_due - now), self._unstick, loop)
 
@@ -309,38 +244,26 @@ class WorkerPool:
                 result = call()
             except BaseException as exc:  # handed to the awaiting task
                 error = exc
-                # Its traceback's frames hold the call's locals (a failed 64 MiB
-                # write's data): let them go before the answer, not after it.
+                # Free the failed call's locals (a 64 MiB write's data) before answering.
                 traceback.clear_frames(exc.__traceback__)
             finally:
                 _job_local.pool = None
                 _job_local.worker = None
-            # So do the call's arguments: a client that reads the answer and
-            # looks at our memory must not find them still held.
-            del call
-            # Idle again *before* answering: the answer lets the client send its
-            # next request, which should find this thread free rather than start
-            # another one. A job handed over meanwhile waits in the inbox.
+            del call  # and its arguments
+            # Idle before answering: the client's next request then finds this thread free.
             with self._lock:
                 self._busy.discard(worker)
                 worker.busy_since = 0.0
-                if worker.released:  # counted out while it ran: counted in again
-                    worker.released = False
-                    self._waiting -= 1
-                    self._threads += 1
+                self._count_in(worker)
                 job = self._backlog.popleft() if self._backlog else None
                 if job is None:
                     self._idle.append(worker)
-            # Boxed, and emptied on the loop: this thread may still be inside
-            # call_soon_threadsafe (the GIL released while it wakes the loop)
-            # when the caller already runs on, and its handle must not keep
-            # a big result alive there.
+            # Boxed: this thread may still be in call_soon_threadsafe when the caller runs on.
             box = [result]
             result = None
             with contextlib.suppress(RuntimeError):  # the loop is gone
                 loop.call_soon_threadsafe(_unbox, deliver, box, error)
-            del box
-            del loop, deliver, result, error
+            del box, loop, deliver, result, error
 
 
 _SHARED: WorkerPool | None = None

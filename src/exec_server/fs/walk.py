@@ -1,20 +1,5 @@
-"""``fs/walk``: a bounded breadth-first listing of a directory tree (PROTOCOL_CURRENT §6).
-
-Stdlib only: the same code runs in the server's worker threads and, for a
-confining sandbox context, inside the kernel-confined helper child
-(``fs.helper.ops``), where ``visible`` hides what the policy does not let the
-caller read.
-
-The rules are upstream's (0.163): the root counts as the first directory; each
-directory is listed as ``fs/readDirectory`` lists it (dangling and looping
-symlinks are not names) and sorted by name in byte order; every listed name counts towards
-``max_entries`` (also the ones skipped: symlinks not followed, FIFOs, sockets);
-a directory is descended into when its depth is below ``max_depth``, it is not
-hidden while pruning, and its identity (the real location when following
-symlinks, else the path) was not visited yet; the queue holds at most
-``max_directories`` directories. Paths stay under the walked root as spelled
-(a followed link's children are named under the link).
-"""
+"""``fs/walk``: a bounded breadth-first listing of a directory tree (PROTOCOL_CURRENT §6),
+by upstream's (0.163) rules. Stdlib only: the confined helper runs it too."""
 
 from __future__ import annotations
 
@@ -25,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from exec_server.errno_text import os_error_text
+from exec_server.fs.errors import fs_error_from_os
 
 __all__ = [
     "MAX_DEPTH",
@@ -41,20 +26,13 @@ MAX_DEPTH: Final = 64
 MAX_DIRECTORIES: Final = 10_000
 MAX_ENTRIES: Final = 50_000
 
-LIMITS_NOT_POSITIVE: Final = "filesystem walk limits must be greater than zero"
 LIMITS_TOO_LARGE: Final = (
     f"filesystem walk limits exceed maximums: depth={MAX_DEPTH}, "
     f"directories={MAX_DIRECTORIES}, entries={MAX_ENTRIES}"
 )
 
-#: ``visible(real_path)``: whether the caller may see what lies at ``real_path``.
-Visible = Callable[[str], bool]
-
-
 @dataclass(frozen=True, slots=True)
 class WalkOptions:
-    """The five members of ``options`` (all required on the wire)."""
-
     max_depth: int
     max_directories: int
     max_entries: int
@@ -64,16 +42,7 @@ class WalkOptions:
 
 @dataclass(slots=True)
 class WalkOutcome:
-    """What a walk found.
-
-    Attributes:
-        entries: ``(directory, name, is_directory)``; the entry's path is the
-            directory's path joined with ``name`` (kept apart so a caller
-            renders each directory once, not each entry).
-        errors: ``(directory, name, message)`` for names that could not be
-            looked at (``message`` as upstream prints OS errors).
-        truncated: a limit stopped the walk or kept a directory from the queue.
-    """
+    """Entries and errors by ``(directory, name)``: each directory is rendered once."""
 
     entries: list[tuple[str, str, bool]] = field(default_factory=list)
     errors: list[tuple[str, str, str]] = field(default_factory=list)
@@ -83,7 +52,7 @@ class WalkOutcome:
 def limits_error(options: WalkOptions) -> str | None:
     """Upstream's ``-32600`` text for limits it refuses, or None (checked before the path)."""
     if options.max_directories == 0 or options.max_entries == 0:
-        return LIMITS_NOT_POSITIVE
+        return "filesystem walk limits must be greater than zero"
     if (
         options.max_depth > MAX_DEPTH
         or options.max_directories > MAX_DIRECTORIES
@@ -91,10 +60,6 @@ def limits_error(options: WalkOptions) -> str | None:
     ):
         return LIMITS_TOO_LARGE
     return None
-
-
-def _join(directory: str, name: str) -> str:
-    return directory + name if directory.endswith("/") else directory + "/" + name
 
 
 def _listing(path: str) -> list[tuple[str, os.DirEntry[str]]]:
@@ -108,16 +73,10 @@ def _listing(path: str) -> list[tuple[str, os.DirEntry[str]]]:
     return found
 
 
-def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> WalkOutcome:
-    """Walk ``root`` (an absolute, lexically normal path) breadth first.
-
-    ``visible``: given a real (symlink-free) path, whether the caller may see
-    it; None sees everything. A root it hides is ``ENOENT``, a hidden name is
-    left out without an error (as the confined helper of upstream shows it).
-
-    Raises:
-        OSError: the root cannot be looked at (missing: ``ENOENT``).
-    """
+def walk(
+    root: str, options: WalkOptions, visible: Callable[[str], bool] | None = None
+) -> WalkOutcome:
+    """Paths stay under ``root`` as spelled; what ``visible`` hides is absent, as upstream."""
     outcome = WalkOutcome()
     follow = options.follow_directory_symlinks
     root_stat = os.stat(root)
@@ -142,40 +101,40 @@ def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> Wal
         except OSError as exc:
             if directory == root:
                 raise
-            outcome.errors.append((directory, "", _message(exc)))
+            outcome.errors.append((directory, "", fs_error_from_os(exc).message))
             continue
         descend = depth < options.max_depth
+        real_prefix = real_dir.rstrip("/") + "/"
         for name, entry in listing:
             if examined >= max_entries:
                 outcome.truncated = True
                 return outcome
+            st: os.stat_result | None = None
             try:
                 is_link = entry.is_symlink()
                 if is_link:
                     try:
-                        st: os.stat_result | None = entry.stat()
+                        st = entry.stat()
                     except OSError:
                         continue  # dangling or a loop: no name, as fs/readDirectory lists
-                    assert st is not None
                     is_dir = stat.S_ISDIR(st.st_mode)
                     is_file = False
                 else:
-                    st = None
                     # d_type, or one lstat where the directory gives none
                     is_dir = entry.is_dir(follow_symlinks=False)
                     is_file = not is_dir and entry.is_file(follow_symlinks=False)
             except OSError as exc:
                 examined += 1
-                outcome.errors.append((directory, name, _message(exc)))
+                outcome.errors.append((directory, name, fs_error_from_os(exc).message))
                 continue
             examined += 1
             if is_link and (not follow or not is_dir):
                 continue  # links to files are never listed; to directories when followed
             if not is_dir and not is_file:
                 continue  # FIFOs, sockets, devices
-            real: str | None = None
+            real = ""  # only ``visible`` needs real locations
             if visible is not None:
-                real = os.path.realpath(entry.path) if is_link else _join(real_dir, name)
+                real = os.path.realpath(entry.path) if is_link else real_prefix + name
                 if not visible(real):
                     continue
             entries.append((directory, name, is_dir))
@@ -186,7 +145,7 @@ def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> Wal
                     try:
                         st = entry.stat()
                     except OSError as exc:  # gone since it was listed
-                        outcome.errors.append((directory, name, _message(exc)))
+                        outcome.errors.append((directory, name, fs_error_from_os(exc).message))
                         continue
                 identity: object = (st.st_dev, st.st_ino)
             else:
@@ -198,11 +157,5 @@ def walk(root: str, options: WalkOptions, visible: Visible | None = None) -> Wal
                 continue
             visited.add(identity)
             queued += 1
-            if real is None:
-                real = os.path.realpath(entry.path) if is_link else _join(real_dir, name)
             queue.append((entry.path, real, depth + 1))
     return outcome
-
-
-def _message(exc: OSError) -> str:
-    return os_error_text(exc.errno) if exc.errno is not None else str(exc)
