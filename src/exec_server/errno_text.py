@@ -1,16 +1,8 @@
 """OS error texts as upstream prints them: ``<text> (os error N)`` with musl's wording.
 
-Why not ``os.strerror``: upstream's Linux build is a static musl binary, and
-Rust's ``io::Error`` shows the C library's text. musl words several errors
-differently from glibc: ``I/O error`` (glibc ``Input/output error``),
-``Symbolic link loop`` (``Too many levels of symbolic links``), ``No file
-descriptors available`` (``Too many open files``), ``Filename too long``,
-``Resource busy``, ``Out of memory``, ``Not supported``... The table below is
-the one in codex 0.163.0's binary (musl 1.2), in musl's order; an errno musl
-does not know reads ``No error information``, as there.
-
-Stdlib only: the sandboxed-filesystem helper (``python -I -S``) formats its
-errors with it too.
+Not ``os.strerror``: upstream is a static musl binary, and musl words many errors
+unlike glibc (``I/O error``, ``Symbolic link loop``...). The table is codex 0.163.0's
+(musl 1.2), in musl's order. Stdlib only: the ``python -I -S`` fs helper uses it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Server-side handshake state of one connection, and the lifecycle error texts.
-
-Sans-I/O (STYLE.md §2.3): the rules of PROTOCOL.md §4.1-§4.3 as one small
-state machine. The server's connection driver owns one :class:`Handshake`
-per connection and asks it before dispatching; session attachment itself is
-tracked by ``server/session.py``, which feeds the result in.
+"""Server-side handshake state of one connection (PROTOCOL.md §4.1-§4.3), and the
+lifecycle error texts. Session attachment is tracked by ``server/session.py``.
 
 States::
 
@@ -54,7 +50,7 @@ def method_not_found_text(method: str) -> str:
 
 
 def malformed_message_text(kind: str, label: str, detail: str) -> str:
-    """The answer to a message that is not JSON-RPC (PROTOCOL.md §3.6)."""
+    """The answer to a message that is not JSON-RPC (§3.6)."""
     framing = "websocket JSON-RPC" if kind == "websocket" else "JSON-RPC"
     return f"failed to parse {framing} message from {label}: {detail}"
 
@@ -73,11 +69,7 @@ class Handshake:
         self.state = HandshakeState.NEW
 
     def begin_initialize(self) -> None:
-        """Mark ``initialize`` requested (§4.1 step 1-2).
-
-        Raises:
-            InvalidRequestError: ``initialize`` was already requested/accepted.
-        """
+        """Raises InvalidRequestError when ``initialize`` was already sent (§4.1)."""
         if self.state is not HandshakeState.NEW:
             raise InvalidRequestError(INITIALIZE_ONCE)
         self.state = HandshakeState.REQUESTED
@@ -92,11 +84,10 @@ class Handshake:
             self.state = HandshakeState.ACCEPTED
 
     def on_initialized(self, *, attached: bool) -> None:
-        """Handle the ``initialized`` notification (§4.2); idempotent.
+        """The ``initialized`` notification (§4.2); idempotent.
 
         Raises:
-            ProtocolClosedError: before ``initialize``, or after eviction;
-                the connection must be closed without a reply.
+            ProtocolClosedError: before ``initialize``, or after eviction.
         """
         if self.state in (HandshakeState.NEW, HandshakeState.REQUESTED):
             raise ProtocolClosedError(INITIALIZED_BEFORE_INITIALIZE)
@@ -105,11 +96,8 @@ class Handshake:
         self.state = HandshakeState.READY
 
     def gate(self, family: Family, *, has_session: bool, attached: bool) -> None:
-        """Run the §4.3 checks for a ``family`` method, in the spec's order.
-
-        Raises:
-            InvalidRequestError: with the exact upstream text.
-        """
+        """The §4.3 checks for a ``family`` method, in the spec's order; raises
+        InvalidRequestError with upstream's text."""
         if family is None:
             return
         if self.state in (HandshakeState.NEW, HandshakeState.REQUESTED):
