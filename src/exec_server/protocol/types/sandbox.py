@@ -1,24 +1,14 @@
-"""Wire structs of sandbox policies, both protocol generations.
+"""Wire structs of sandbox policies, both generations (PROTOCOL.md §6, CLIENT_COMPAT.md §1.4).
 
-Legacy clients (PROTOCOL.md §6) send ``SandboxLaunchConfig`` on
-``process/start`` and ``FileSystemSandboxContext`` on ``fs/*``; the current
-Codex client (CLIENT_COMPAT.md §1.4) sends a context carrying
-``permissions``. Casing differs per struct and is a classic source of bugs
-(PROTOCOL.md §6 table): legacy policies are snake_case with kebab-case tags,
-the two context structs are camelCase, the current ``permissions`` objects
-are snake_case again.
-
-Every path inside a policy is an :class:`AbsPath`: a plain absolute path or a
-``file://`` URI, lexically normalised at decode time. Decode with
-:func:`decode_sandbox` (it installs the hook that validates paths, so a bad
-path is reported with its location); encode with :func:`encode_client_context`.
-Unknown members are ignored; unknown tags and enum values are decode errors.
+Casing differs per struct (PROTOCOL.md §6 table): legacy policies are snake_case with
+kebab-case tags, the context structs camelCase, the current ``permissions`` snake_case.
+Paths are :class:`AbsPath`, checked by :func:`decode_sandbox`'s hook.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, Final, Literal, TypeVar, overload
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -51,7 +41,6 @@ __all__ = [
     "ManagedPermissions",
     "NetworkAccess",
     "NetworkPermissions",
-    "NetworkSandboxPolicy",
     "PermissionProfile",
     "Permissions",
     "PermissionsDisabled",
@@ -93,7 +82,6 @@ class AbsPath(str):
 
 
 NetworkAccess = Literal["restricted", "enabled"]
-NetworkSandboxPolicy = NetworkAccess
 WindowsSandboxLevel = Literal["disabled", "restricted-token", "elevated", "mxc"]
 SandboxablePreference = Literal["auto", "require", "forbid"]
 SandboxTypeName = Literal["none", "macos-seatbelt", "linux-seccomp", "windows-restricted-token"]
@@ -273,7 +261,7 @@ class SandboxLaunchConfig(msgspec.Struct, frozen=True, kw_only=True, rename="cam
 
     policy: SandboxPolicy
     file_system_policy: FileSystemSandboxPolicy
-    network_policy: NetworkSandboxPolicy
+    network_policy: NetworkAccess
     sandbox_policy_cwd: AbsPath
     enforce_managed_network: bool
     windows_sandbox_level: WindowsSandboxLevel
@@ -320,14 +308,14 @@ class PermissionsDisabled(msgspec.Struct, tag="disabled", **_PERM):
 class PermissionsExternal(msgspec.Struct, tag="external", **_PERM):
     """Already sandboxed externally; full disk; network per ``network``."""
 
-    network: NetworkSandboxPolicy
+    network: NetworkAccess
 
 
 class ManagedPermissions(msgspec.Struct, tag="managed", **_PERM):
     """Enforce ``file_system`` and ``network``."""
 
     file_system: ManagedFileSystem
-    network: NetworkSandboxPolicy
+    network: NetworkAccess
 
 
 Permissions = PermissionsDisabled | PermissionsExternal | ManagedPermissions
@@ -392,49 +380,31 @@ def _dec_hook(tp: type, obj: Any) -> Any:
     raise NotImplementedError(f"unsupported type {tp!r}")
 
 
-_T = TypeVar("_T")
-
-_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
-
-
-@overload
-def decode_sandbox(
-    data: bytes | str | msgspec.Raw, tp: type[_T], *, field: str = "sandbox"
-) -> _T: ...
+@functools.cache
+def _decoder(tp: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(tp, dec_hook=_dec_hook)
 
 
-@overload
-def decode_sandbox(
-    data: bytes | str | msgspec.Raw, tp: object, *, field: str = "sandbox"
-) -> Any: ...
-
-
-def decode_sandbox(data: bytes | str | msgspec.Raw, tp: object, *, field: str = "sandbox") -> Any:
-    """Decode one sandbox struct, reporting errors against ``field``.
+def decode_sandbox(data: bytes | str | msgspec.Raw, tp: Any) -> Any:
+    """Decode one sandbox struct (or union) ``tp``.
 
     Raises:
         InvalidParamsError: malformed input; the message names the offending
             member, e.g. ``sandbox.policy.writable_roots[0]: path must be absolute``.
         InvalidRequestError: a ``file://`` URI naming another host.
     """
-    decoder = _decoders.get(tp)
-    if decoder is None:
-        decoder = msgspec.json.Decoder(tp, dec_hook=_dec_hook)
-        _decoders[tp] = decoder
     try:
-        return decoder.decode(data)
+        return _decoder(tp).decode(data)
     except msgspec.ValidationError as exc:
-        raise InvalidParamsError(_locate(params_error_text(str(exc)), field)) from exc
+        raise InvalidParamsError(_locate(params_error_text(str(exc)))) from exc
     except msgspec.DecodeError as exc:
-        raise InvalidParamsError(f"{field}: {exc}") from exc
+        raise InvalidParamsError(f"sandbox: {exc}") from exc
 
 
 def encode_client_context(ctx: msgspec.Struct) -> bytes:
-    """A context as a client sends it: members at their default left out (upstream's
-    serde refuses ``null`` for several, e.g. ``sandboxOverride``), and paths as
-    ``file://`` URIs in the current shape (upstream 0.163 refuses plain ones
-    there), plain in the legacy one.
-    """
+    """A context as a client sends it: members at their default left out (upstream
+    refuses ``null`` for several), paths as ``file://`` URIs in the current shape
+    (upstream 0.163 refuses plain ones there), plain in the legacy one."""
     as_uri = isinstance(ctx, CurrentSandboxContext)
 
     def plain(value: object) -> object:
@@ -447,14 +417,10 @@ def encode_client_context(ctx: msgspec.Struct) -> bytes:
                 out[config.tag_field] = config.tag
             for field in msgspec.structs.fields(value):
                 member = getattr(value, field.name)
-                if field.default is not msgspec.NODEFAULT and member == field.default:
-                    continue
-                if (
-                    field.default_factory is not msgspec.NODEFAULT
-                    and member == field.default_factory()
-                ):
-                    continue
-                out[field.encode_name] = plain(member)
+                factory = field.default_factory
+                default = field.default if factory is msgspec.NODEFAULT else factory()
+                if member != default:
+                    out[field.encode_name] = plain(member)
             return out
         if isinstance(value, list | tuple):
             return [plain(item) for item in value]
@@ -465,57 +431,50 @@ def encode_client_context(ctx: msgspec.Struct) -> bytes:
     return msgspec.json.encode(plain(ctx))
 
 
-def _locate(message: str, field: str) -> str:
-    """Turn msgspec's ``<text> - at `$.a.b``` into ``<field>.a.b: <text>``."""
+def _locate(message: str) -> str:
+    """Turn msgspec's ``<text> - at `$.a.b``` into ``sandbox.a.b: <text>``."""
     text, sep, where = message.rpartition(" - at `$")
     if not sep:
-        return f"{field}: {message}"
-    return f"{field}{where.rstrip('`')}: {text}"
+        return f"sandbox: {message}"
+    return f"sandbox{where.rstrip('`')}: {text}"
 
 
 def decode_launch_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
     """Decode ``process/start.sandbox``; None when absent or ``null``.
 
-    The shape is told apart by its keys (CLIENT_COMPAT.md §1.2 rule 3):
-    ``permissions`` is the current context; ``sandboxPolicy`` without launch
-    members a filesystem context (its launch is derived from it); otherwise a
-    legacy ``SandboxLaunchConfig``, which needs ``sandboxPreference`` or the
-    older ``sandbox`` member.
-
-    Raises:
-        InvalidParamsError: malformed object; the message names the field.
+    Told apart by keys (CLIENT_COMPAT.md §1.2 rule 3): ``permissions``, the current
+    context; ``sandboxPolicy`` without launch members, a filesystem context; else a
+    legacy ``SandboxLaunchConfig`` (with ``sandboxPreference`` or older ``sandbox``).
+    InvalidParamsError names the field of a malformed object.
     """
     return None if raw is None else _decode_member(bytes(raw), launch=True)
 
 
 def decode_fs_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
-    """Decode ``fs/*.sandbox``; None when absent or ``null``.
-
-    ``permissions``: the current context; ``sandboxPolicy``: a legacy
-    filesystem context; launch members: a launch config (its policy is used).
-
-    Raises:
-        InvalidParamsError: malformed object; the message names the field.
-    """
+    """Decode ``fs/*.sandbox`` as :func:`decode_launch_sandbox` does, but ``sandboxPolicy``
+    always makes a filesystem context; None when absent or ``null``."""
     return None if raw is None else _decode_member(bytes(raw), launch=False)
 
 
 @functools.lru_cache(maxsize=64)
 def _decode_member(raw: bytes, *, launch: bool) -> SandboxContext | None:
-    """Both decoders; memoised because Codex sends the identical context on every
-    call (the result is immutable and depends on nothing but the bytes)."""
+    """Memoised: Codex sends the identical context on every call (the result is
+    immutable and depends on nothing but the bytes)."""
     # Anything but an object (or null) is -32602.
     keys: dict[str, msgspec.Raw] | None = decode_sandbox(raw, dict[str, msgspec.Raw] | None)
     if keys is None:
         return None
-    if "permissions" in keys:
-        return decode_sandbox(raw, CurrentSandboxContext)
     has_launch_keys = not _LAUNCH_KEYS.isdisjoint(keys)
-    if "sandboxPolicy" in keys and not (launch and has_launch_keys):
-        return decode_sandbox(raw, FileSystemSandboxContext)
-    if not has_launch_keys:
+    context: SandboxContext
+    if "permissions" in keys:
+        context = decode_sandbox(raw, CurrentSandboxContext)
+    elif "sandboxPolicy" in keys and not (launch and has_launch_keys):
+        context = decode_sandbox(raw, FileSystemSandboxContext)
+    elif not has_launch_keys:
         raise InvalidParamsError("sandbox: missing field `permissions`")
-    config = decode_sandbox(raw, SandboxLaunchConfig)
-    if launch and config.sandbox_preference is None and config.sandbox is None:
-        raise InvalidParamsError("sandbox: missing field `sandboxPreference`")
-    return config
+    else:
+        config: SandboxLaunchConfig = decode_sandbox(raw, SandboxLaunchConfig)
+        if launch and config.sandbox_preference is None and config.sandbox is None:
+            raise InvalidParamsError("sandbox: missing field `sandboxPreference`")
+        context = config
+    return context
