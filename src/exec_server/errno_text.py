@@ -1,8 +1,6 @@
-"""OS error texts as upstream prints them: ``<text> (os error N)`` with musl's wording.
-
-Not ``os.strerror``: upstream is a static musl binary, and musl words many errors
-unlike glibc (``I/O error``, ``Symbolic link loop``...). The table is codex 0.163.0's
-(musl 1.2), in musl's order. Stdlib only: the ``python -I -S`` fs helper uses it.
+"""OS error texts as upstream prints them: ``<text> (os error N)`` in musl's words, which
+differ from glibc's (``I/O error``...): upstream is a static musl binary. Stdlib only:
+the ``python -I -S`` fs helper uses it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Every foreign (libc or raw syscall) binding of the package, on ``_ctypes`` directly.
-
-The one module that loads a C library (``tests/test_os_bindings.py``). Stdlib-only:
-the Landlock launcher and the fs helper import it under ``python -I -S``, where the
-``ctypes`` package would cost ~2 ms of set-up (SANDBOX.md §3.6). Importable
-everywhere: a function this libc lacks fails with ``ENOSYS`` when called.
+"""Every libc or raw syscall binding of the package, on ``_ctypes`` directly: stdlib-only
+for the ``python -I -S`` helpers, where the ``ctypes`` package costs ~2 ms (SANDBOX.md
+§3.6). A function this libc lacks fails with ``ENOSYS`` when called.
 """
 
 import _ctypes

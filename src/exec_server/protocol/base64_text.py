@@ -1,9 +1,6 @@
-"""``dataBase64`` text <-> bytes a slice at a time, judged by upstream's rules.
-
-Slices (~1 MiB) because a codec call holds the GIL: from a worker thread the event
-loop runs between them. msgspec's base64 (1.5-3x ``binascii``'s speed) refuses what
-upstream's Rust ``base64`` 0.22 refuses but stray bits (:func:`stray_bits`);
-:func:`error_text` names a defect with upstream's words.
+"""``dataBase64`` text <-> bytes a ~1 MiB slice at a time (from a worker thread, the
+event loop runs between slices), judged by upstream's rules (Rust ``base64`` 0.22),
+with msgspec's base64 (1.5-3x ``binascii``'s speed).
 """
 
 from __future__ import annotations
@@ -63,9 +60,7 @@ def decoded_size(text: Text, start: int, end: int) -> int:
     return n // 4 * 3 - pad
 
 
-def decode_slices(
-    text: Text, start: int, end: int, piece: int | None = None
-) -> Iterator[bytes]:
+def decode_slices(text: Text, start: int, end: int, piece: int | None = None) -> Iterator[bytes]:
     """The bytes of ``text[start:end]`` (no JSON escapes), ``piece``
     (:data:`DECODE_SLICE`) characters at a time, each read as a JSON string by
     msgspec in one reused buffer; a slice it refuses is judged by strict ``binascii``.

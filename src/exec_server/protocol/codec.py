@@ -1,9 +1,7 @@
 """Bytes/text <-> envelope structs, with no I/O (PROTOCOL.md §3).
 
-Decoding follows upstream's untagged enum: the first shape that fits wins (Request,
-Notification, Response, Error); anything else raises :class:`ProtocolError`, which
-the transport answers with id ``-1`` (§3.6). Encoding keeps upstream's member order.
-"""
+As upstream's untagged enum, the first shape that fits wins; anything else raises
+:class:`ProtocolError`, answered with id ``-1`` (§3.6)."""
 
 from __future__ import annotations
 
@@ -103,14 +101,9 @@ class _OutResult(msgspec.Struct):
     result: object
 
 
-class _OutErrorObject(msgspec.Struct):
-    code: int
-    message: str
-
-
 class _OutError(msgspec.Struct):
     id: RequestId
-    error: _OutErrorObject
+    error: ErrorObject
 
 
 #: ``fs/writeFile`` messages from this size on have their ``params.dataBase64``
@@ -220,13 +213,11 @@ def decode_params(raw: Raw | None, decoder: msgspec.json.Decoder[T]) -> T:
     """
     data: Raw | bytes = raw if raw else _NULL  # no copy: params may be hundreds of MiB
     try:
-        result: T = decoder.decode(data)
-        return result
+        return decoder.decode(data)
     except msgspec.ValidationError:
         if len(data) <= 16 and b"".join(bytes(data).split()) == _EMPTY_OBJECT:
             try:
-                null_result: T = decoder.decode(_NULL)
-                return null_result
+                return decoder.decode(_NULL)
             except msgspec.ValidationError:
                 pass
         raise
@@ -261,9 +252,9 @@ def encode_error(request_id: RequestId, code: int, message: str) -> bytes:
     are sent as U+FFFD, as upstream shows them.
     """
     try:
-        return _encoder.encode(_OutError(request_id, _OutErrorObject(code, message)))
+        return _encoder.encode(_OutError(request_id, ErrorObject(code, message)))
     except UnicodeEncodeError:
-        return _encoder.encode(_OutError(request_id, _OutErrorObject(code, lossy_text(message))))
+        return _encoder.encode(_OutError(request_id, ErrorObject(code, lossy_text(message))))
 
 
 def lossy_text(text: str) -> str:

@@ -1,7 +1,4 @@
-"""Server-side handshake state of one connection (PROTOCOL.md §4.1-§4.3), and the
-lifecycle error texts. Session attachment is tracked by ``server/session.py``.
-
-States::
+"""Handshake state of one server connection (PROTOCOL.md §4.1-§4.3), and lifecycle texts::
 
     NEW --initialize--> REQUESTED --ok--> ACCEPTED --initialized--> READY
                              \\--failed--> NEW   (client may retry)
@@ -15,8 +12,6 @@ from typing import Final, Literal, TypeAlias
 from exec_server.exceptions import InvalidRequestError, ProtocolClosedError
 
 __all__ = [
-    "INITIALIZED_BEFORE_INITIALIZE",
-    "INITIALIZE_ONCE",
     "NO_SESSION",
     "SESSION_RESUMED",
     "Family",
@@ -31,8 +26,6 @@ __all__ = [
 #: Which gate a method passes through (§4.3); ``None`` means "no gating".
 Family: TypeAlias = Literal["exec", "filesystem", "http", "environment config"] | None
 
-INITIALIZE_ONCE: Final = "initialize may only be sent once per connection"
-INITIALIZED_BEFORE_INITIALIZE: Final = "received `initialized` notification before `initialize`"
 NO_SESSION: Final = "client must call initialize before using methods"
 SESSION_RESUMED: Final = "session has been resumed by another connection"
 
@@ -71,7 +64,7 @@ class Handshake:
     def begin_initialize(self) -> None:
         """Raises InvalidRequestError when ``initialize`` was already sent (§4.1)."""
         if self.state is not HandshakeState.NEW:
-            raise InvalidRequestError(INITIALIZE_ONCE)
+            raise InvalidRequestError("initialize may only be sent once per connection")
         self.state = HandshakeState.REQUESTED
 
     def initialize_failed(self) -> None:
@@ -90,7 +83,7 @@ class Handshake:
             ProtocolClosedError: before ``initialize``, or after eviction.
         """
         if self.state in (HandshakeState.NEW, HandshakeState.REQUESTED):
-            raise ProtocolClosedError(INITIALIZED_BEFORE_INITIALIZE)
+            raise ProtocolClosedError("received `initialized` notification before `initialize`")
         if not attached:
             raise ProtocolClosedError(SESSION_RESUMED)
         self.state = HandshakeState.READY

@@ -1,9 +1,6 @@
-"""Find where one string member of a JSON message lies, without decoding it.
-
-A big ``fs/writeFile`` is one huge base64 string: a JSON decoder walks it in one
-GIL-holding call (~2 s a GiB). This walks only the structure, skipping strings with
-``bytes.find`` a :data:`WINDOW` at a time; anything unusual gives None (the caller
-then uses the ordinary decoder, which also reports errors).
+"""Find where one string member of a JSON message lies, without decoding it: a JSON
+decoder walks a big ``fs/writeFile``'s base64 in one GIL-holding call (~2 s a GiB).
+Anything unusual gives None, and the caller uses the ordinary decoder.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ WINDOW: Final = 1 << 20
 _BACKSLASH: Final = 0x5C
 _QUOTE: Final = 0x22
 _OPEN: Final = frozenset(b"{[")
-_WHITESPACE: Final = frozenset(b" \t\r\n")
+_NOT_WHITESPACE: Final = re.compile(rb"[^ \t\r\n]")
 _STRUCTURAL: Final = re.compile(rb'["{}\[\]]')
 _SCALAR_END: Final = re.compile(rb"[,}\]\s]")
 
@@ -40,12 +37,10 @@ def _find(data: bytes | bytearray, byte: bytes, start: int, end: int) -> int:
 
 
 def _skip_ws(data: bytes | bytearray, i: int) -> int:
-    n = len(data)
-    while i < n and data[i] in _WHITESPACE:
-        i += 1
-    if i >= n:
+    m = _NOT_WHITESPACE.search(data, i)
+    if m is None:
         raise _Unusual
-    return i
+    return m.start()
 
 
 def _string_end(data: bytes | bytearray, i: int) -> int:

@@ -1,9 +1,7 @@
-"""Inbound JSON-RPC-lite envelopes as upstream sends them (PROTOCOL.md §3.1), and the
-``initialize`` payloads.
+"""Inbound JSON-RPC-lite envelopes (PROTOCOL.md §3.1) and the ``initialize`` payloads.
 
-No ``"jsonrpc"`` member. Payloads stay :class:`msgspec.Raw`: they are decoded where
-the method is known, so the envelope decoder never builds dicts.
-"""
+No ``"jsonrpc"`` member. Payloads stay :class:`msgspec.Raw` until the method is known,
+so the envelope decoder never builds dicts."""
 
 from __future__ import annotations
 
@@ -50,13 +48,11 @@ class Request(msgspec.Struct, frozen=True):
 
 
 class Notification(msgspec.Struct, frozen=True):
-
     method: str
     params: msgspec.Raw | None = None
 
 
 class Response(msgspec.Struct, frozen=True):
-
     id: RequestId
     result: msgspec.Raw
 
@@ -70,7 +66,6 @@ class ErrorObject(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class ErrorResponse(msgspec.Struct, frozen=True):
-
     id: RequestId
     error: ErrorObject
 

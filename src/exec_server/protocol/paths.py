@@ -1,7 +1,6 @@
-"""Path fields on the wire: plain absolute strings (legacy) or ``file://`` URIs (current).
-
-Both are accepted in every path field (CLIENT_COMPAT.md §1.2-§1.3) and answers use
-the request's form. Paths are normalised lexically, before symlinks (PROTOCOL.md §5.2).
+"""Path fields on the wire: plain absolute strings (legacy) or ``file://`` URIs (current),
+accepted in every path field, answered in the request's form (CLIENT_COMPAT.md §1.2-§1.3),
+normalised lexically, before symlinks (PROTOCOL.md §5.2).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ _URI_SAFE = "/:@=,;!$&'()*+[]^|~"
 
 
 class PathForm(enum.Enum):
-    """How a client spelled a path: decides how we answer."""
+    """How a client spelled a path, and so how we answer."""
 
     PLAIN = "plain"
     URI = "uri"
@@ -62,13 +61,11 @@ def normalize_lexical(path: str) -> str:
         return path  # already normal (the common case): no split and join
     out: list[str] = []
     for part in path.split("/"):
-        if part in ("", "."):
-            continue
         if part == "..":
             if out:
                 out.pop()
-            continue
-        out.append(part)
+        elif part not in ("", "."):
+            out.append(part)
     return "/" + "/".join(out)
 
 
@@ -109,11 +106,9 @@ def _parse_uri(value: str) -> str:
 
 _BAD_HOST = "invalid URI: invalid international domain name"
 #: What the URL standard forbids in a domain once it is decoded and mapped.
-_FORBIDDEN_IN_DOMAIN = frozenset(
-    "\x00\t\n\r #/:<>?@[\\]^|%\x7f" + "".join(map(chr, range(0x20)))
-)
-_SINGLE_DOT = frozenset((".", "%2e"))
+_FORBIDDEN_IN_DOMAIN = frozenset(_C0_OR_SPACE + "#/:<>?@[\\]^|%\x7f")
 _DOUBLE_DOT = frozenset(("..", ".%2e", "%2e.", "%2e%2e"))
+_DOTS = _DOUBLE_DOT | {".", "%2e"}
 
 
 def _domain(host: str) -> str:
@@ -156,16 +151,12 @@ def _resolve_dot_segments(raw: str) -> str:
     last = len(segments) - 1
     for i, segment in enumerate(segments):
         folded = segment.lower()
-        if folded in _DOUBLE_DOT:
-            if out:
-                out.pop()
-            if i == last:
-                out.append("")  # `a/..` is `a/`'s parent with a trailing slash
-        elif folded in _SINGLE_DOT:
-            if i == last:
-                out.append("")
-        else:
+        if folded in _DOUBLE_DOT and out:
+            out.pop()
+        if folded not in _DOTS:
             out.append(segment)
+        elif i == last:
+            out.append("")  # `a/..` and `a/.` end with a slash
     return "/" + "/".join(out)
 
 
@@ -176,17 +167,13 @@ def parse_wire_path(value: str, *, normalize: bool = True) -> WirePath:
         InvalidParamsError: not absolute, bad URI (-32602).
         InvalidRequestError: a ``file://`` URI naming another host (-32600).
     """
-    if value.startswith("/"):
-        path = value
-        form = PathForm.PLAIN
-    elif (text := value.strip(_C0_OR_SPACE))[:5].lower() == "file:":
-        path = _parse_uri(text)
-        form = PathForm.URI
-    elif scheme := _SCHEME.match(text):
-        raise InvalidParamsError(f"unsupported path URI scheme `{scheme[0][:-1].lower()}`")
-    else:
-        path = value
-        form = PathForm.PLAIN
+    path, form = value, PathForm.PLAIN
+    if not value.startswith("/"):
+        text = value.strip(_C0_OR_SPACE)
+        if text[:5].lower() == "file:":
+            path, form = _parse_uri(text), PathForm.URI
+        elif scheme := _SCHEME.match(text):
+            raise InvalidParamsError(f"unsupported path URI scheme `{scheme[0][:-1].lower()}`")
     if "\x00" in path:
         if form is PathForm.URI:  # upstream's words (a NUL cannot be a file path)
             raise InvalidParamsError(f"'{value}' is invalid on '{sys.platform}'")
@@ -197,9 +184,7 @@ def parse_wire_path(value: str, *, normalize: bool = True) -> WirePath:
 
 
 def render_path(path: str, form: PathForm) -> str:
-    if form is PathForm.PLAIN:
-        return path
-    return "file://" + uri_quote(path)
+    return path if form is PathForm.PLAIN else "file://" + uri_quote(path)
 
 
 def uri_quote(path: str) -> str:

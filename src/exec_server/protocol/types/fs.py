@@ -1,10 +1,7 @@
 """Wire structs of the ``fs/*`` methods, both generations (PROTOCOL.md §9.2, CLIENT_COMPAT.md §6).
 
-``sandbox`` stays raw JSON for the sandbox layer (:func:`sandbox_raw`). Path members
-are plain ``str``, parsed by :func:`exec_server.protocol.paths.parse_wire_path` (plain
-or ``file://``; answers use the request's form). ``fs/getMetadata``'s ``isSymlink`` and
-``size`` are current-only: UNSET (omitted) for legacy requests (CLIENT_COMPAT §6.1).
-"""
+Paths are plain ``str`` for :func:`~exec_server.protocol.paths.parse_wire_path`;
+``sandbox`` stays raw JSON (:func:`sandbox_raw`)."""
 
 from __future__ import annotations
 
@@ -133,7 +130,7 @@ class GetMetadataParams(msgspec.Struct, **_FS):
 
 
 class GetMetadataResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Members in upstream's order (kw_only lets required ones follow optional ones)."""
+    """Members in upstream's order; ``isSymlink`` and ``size`` are current-only."""
 
     is_directory: bool
     is_file: bool

@@ -1,8 +1,6 @@
-"""Wire structs of the ``process/*`` methods and notifications, both generations.
-
-Legacy (PROTOCOL.md §8) and current (CLIENT_COMPAT.md §4-§5) clients share these:
-current-only members default to ``UNSET`` (omitted unless set), and their presence
-tells the generations apart (CLIENT_COMPAT §1.2 rule 4). Bytes travel as base64.
+"""Wire structs of the ``process/*`` methods, both generations (PROTOCOL.md §8,
+CLIENT_COMPAT.md §4-§5): current-only members default to ``UNSET`` (omitted), and
+their presence tells the generations apart (CLIENT_COMPAT §1.2 rule 4).
 """
 
 from __future__ import annotations

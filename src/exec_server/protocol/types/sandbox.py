@@ -1,8 +1,7 @@
 """Wire structs of sandbox policies, both generations (PROTOCOL.md §6, CLIENT_COMPAT.md §1.4).
 
-Casing differs per struct (PROTOCOL.md §6 table): legacy policies are snake_case with
-kebab-case tags, the context structs camelCase, the current ``permissions`` snake_case.
-Paths are :class:`AbsPath`, checked by :func:`decode_sandbox`'s hook.
+Casing differs per struct (PROTOCOL.md §6 table): legacy policies snake_case with kebab
+tags, contexts camelCase, ``permissions`` snake_case. Paths are checked :class:`AbsPath`.
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ import msgspec
 from exec_server.exceptions import InvalidParamsError, params_error_text
 from exec_server.protocol.paths import PathForm, parse_wire_path, render_path
 
-#: Most paths (entries, roots) one list of a sandbox object may hold. A plan
-#: costs about 20 µs of CPU per entry (3,000: ~70 ms); Codex sends under 20.
-#: Past it the request gets -32602 naming the list, before any work is done.
+#: Most paths one list of a sandbox object may hold (-32602 past it): a plan costs
+#: ~20 µs per entry; Codex sends under 20.
 MAX_SANDBOX_ENTRIES: Final = 4096
 
 
@@ -114,8 +112,6 @@ class DangerFullAccessPolicy(msgspec.Struct, tag="danger-full-access", **_LEGACY
 
 
 class ReadOnlyPolicy(msgspec.Struct, tag="read-only", **_LEGACY):
-    """Reads per ``access``; no writes."""
-
     access: ReadOnlyAccess = _FULL_ACCESS
     network_access: bool = False
 
@@ -191,20 +187,16 @@ FileSystemSpecialPath = (
 
 
 class FileSystemPathEntry(msgspec.Struct, tag="path", **_LEGACY):
-    """A concrete absolute path."""
-
     path: AbsPath
 
 
 class FileSystemGlobPath(msgspec.Struct, tag="glob_pattern", **_LEGACY):
-    """A glob (current client only), e.g. ``**/*.env``."""
+    """Current client only, e.g. ``**/*.env``."""
 
     pattern: str
 
 
 class FileSystemSpecialPathEntry(msgspec.Struct, tag="special", **_LEGACY):
-    """A special path resolved against the policy scope."""
-
     value: FileSystemSpecialPath
 
 
@@ -212,14 +204,11 @@ FileSystemPath = FileSystemPathEntry | FileSystemGlobPath | FileSystemSpecialPat
 
 
 class FileSystemSandboxEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One entry: a path and its access."""
-
     path: FileSystemPath
     access: FileSystemAccess
     missing_path_behavior: Literal["skip"] | None = None
 
 
-#: a bounded list of sandbox entries / paths (:data:`MAX_SANDBOX_ENTRIES`).
 _Entries = Annotated[list[FileSystemSandboxEntry], msgspec.Meta(max_length=MAX_SANDBOX_ENTRIES)]
 _Paths = Annotated[list[AbsPath], msgspec.Meta(max_length=MAX_SANDBOX_ENTRIES)]
 
@@ -252,12 +241,8 @@ class PermissionProfile(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SandboxLaunchConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/start.sandbox`` of a legacy client (PROTOCOL.md §6.7).
-
-    ``sandbox_preference`` is required unless the older ``sandbox`` member
-    (a pre-selected type, PROTOCOL.md §6.7 variant) is sent instead;
-    :mod:`exec_server.sandbox.convert` enforces that.
-    """
+    """``process/start.sandbox`` of a legacy client (PROTOCOL.md §6.7); needs
+    ``sandbox_preference`` or the older ``sandbox`` (:func:`decode_launch_sandbox`)."""
 
     policy: SandboxPolicy
     file_system_policy: FileSystemSandboxPolicy
@@ -292,8 +277,6 @@ class UnrestrictedFileSystem(msgspec.Struct, tag="unrestricted", **_PERM):
 
 
 class RestrictedFileSystem(msgspec.Struct, tag="restricted", **_PERM):
-    """Filesystem confined to ``entries``."""
-
     entries: _Entries
     glob_scan_max_depth: int | None = None
 
@@ -306,14 +289,12 @@ class PermissionsDisabled(msgspec.Struct, tag="disabled", **_PERM):
 
 
 class PermissionsExternal(msgspec.Struct, tag="external", **_PERM):
-    """Already sandboxed externally; full disk; network per ``network``."""
+    """Already sandboxed externally: full disk, network per ``network``."""
 
     network: NetworkAccess
 
 
 class ManagedPermissions(msgspec.Struct, tag="managed", **_PERM):
-    """Enforce ``file_system`` and ``network``."""
-
     file_system: ManagedFileSystem
     network: NetworkAccess
 
@@ -348,13 +329,9 @@ class CurrentSandboxContext(msgspec.Struct, frozen=True, kw_only=True, rename="c
 #: A decoded ``sandbox`` member, any generation.
 SandboxContext = CurrentSandboxContext | FileSystemSandboxContext | SandboxLaunchConfig
 
-#: Members that mark a legacy ``SandboxLaunchConfig``.
 _LAUNCH_KEYS = frozenset(
     {"sandboxPreference", "policy", "fileSystemPolicy", "networkPolicy", "sandboxPolicyCwd"}
 )
-
-
-# --- codec ---
 
 #: The ``sandbox`` member of a params struct, kept raw (``Raw | None`` would make
 #: msgspec accept only ``null``).
@@ -389,8 +366,7 @@ def decode_sandbox(data: bytes | str | msgspec.Raw, tp: Any) -> Any:
     """Decode one sandbox struct (or union) ``tp``.
 
     Raises:
-        InvalidParamsError: malformed input; the message names the offending
-            member, e.g. ``sandbox.policy.writable_roots[0]: path must be absolute``.
+        InvalidParamsError: the message names the member (``sandbox.policy.x[0]: ..``).
         InvalidRequestError: a ``file://`` URI naming another host.
     """
     try:
