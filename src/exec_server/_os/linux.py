@@ -189,9 +189,7 @@ def rename_exchange(dir_fd: int, old: bytes, new: bytes) -> None:
     (``renameat2(RENAME_EXCHANGE)``); ``ENOSYS`` where libc has none."""
     if _renameat2 is None:
         raise OSError(errno.ENOSYS, "renameat2: not available here")
-    if _renameat2(dir_fd, old, dir_fd, new, RENAME_EXCHANGE) != 0:
-        err = _ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    _checked(_renameat2(dir_fd, old, dir_fd, new, RENAME_EXCHANGE), "renameat2")
 
 
 #: ``open_tree`` flags: a detached copy of the mount tree at the path (with its submounts).

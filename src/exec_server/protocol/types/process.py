@@ -6,7 +6,7 @@ their presence tells the generations apart (CLIENT_COMPAT §1.2 rule 4).
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeAlias
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -179,9 +179,12 @@ class SignalParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     signal: Literal["interrupt"]
 
 
-class SignalResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Empty object."""
+class SignalResult(msgspec.Struct, frozen=True):
+    """``{}``, the result of ``process/signal``, ``resizePty`` and ``closeStdin``."""
 
+
+ResizePtyResult: TypeAlias = SignalResult
+CloseStdinResult: TypeAlias = SignalResult
 
 #: A terminal dimension: ``struct winsize`` holds unsigned shorts.
 WinSize = Annotated[int, msgspec.Meta(ge=1, le=65535)]
@@ -193,16 +196,8 @@ class ResizePtyParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel")
     cols: WinSize
 
 
-class ResizePtyResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Empty object."""
-
-
 class CloseStdinParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     process_id: str
-
-
-class CloseStdinResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Empty object."""
 
 
 class OutputNotification(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
