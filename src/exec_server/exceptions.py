@@ -54,11 +54,8 @@ class ErrorCode(enum.IntEnum):
 
 
 class ExecServerError(Exception):
-    """Base of every error that becomes a JSON-RPC error object.
-
-    ``message`` is the wire text; the client's filesystem API sets ``path`` to the
-    path it asked about, and ``str()`` then names it.
-    """
+    """Base of every error that becomes a JSON-RPC error object; ``message`` is the wire
+    text, ``path`` (set by the client's filesystem API) is named by ``str()``."""
 
     code: int = ErrorCode.INTERNAL_ERROR
 
@@ -132,7 +129,6 @@ def from_domain_error(exc: BaseException) -> ExecServerError | None:
 
 
 def wire_error(exc: BaseException) -> ExecServerError | None:
-    """``exc`` itself if it is a wire error, else :func:`from_domain_error`."""
     if isinstance(exc, ExecServerError):
         return exc
     return from_domain_error(exc)

@@ -8,7 +8,6 @@ import errno
 import os
 
 __all__ = [
-    "NR",
     "Structure",
     "addressof",
     "byref",
@@ -139,7 +138,7 @@ _NR_TABLE = {
     "mount_setattr": (442, 442),
 }
 #: empty on an unknown architecture
-NR: dict[str, int] = (
+_NR: dict[str, int] = (
     {name: nrs[_ARCHES.index(machine)] for name, nrs in _NR_TABLE.items()}
     if machine in _ARCHES
     else {}
@@ -147,12 +146,9 @@ NR: dict[str, int] = (
 
 
 def call_syscall(name: str, *args: object) -> int:
-    """Call a raw syscall; raise ``OSError`` with the kernel's errno on failure.
-
-    Pass every argument as an explicit C type (``c_int(...)``, ``byref(...)``,
-    ``bytes``/``None`` for pointers): bare Python ints would be truncated to ``int``.
-    """
-    nr = NR.get(name)
+    """A raw syscall, OSError on failure. Pass every argument as a C type (``c_int(..)``,
+    ``byref(..)``, ``bytes``/``None`` for pointers): bare ints are truncated to ``int``."""
+    nr = _NR.get(name)
     if nr is None or _syscall is None:
         raise OSError(errno.ENOSYS, f"{name}: unsupported architecture {machine}")
     _ctypes.set_errno(0)
@@ -160,7 +156,6 @@ def call_syscall(name: str, *args: object) -> int:
 
 
 def call_prctl(option: int, arg2: int = 0, arg3: object = 0, arg4: int = 0, arg5: int = 0) -> int:
-    """``prctl(2)``; raise ``OSError`` on failure."""
     if _prctl is None:
         raise OSError(errno.ENOSYS, f"prctl({option}): not available here")
     a3 = c_ulong(arg3) if isinstance(arg3, int) else arg3

@@ -61,12 +61,9 @@ def decoded_size(text: Text, start: int, end: int) -> int:
 
 
 def decode_slices(text: Text, start: int, end: int, piece: int | None = None) -> Iterator[bytes]:
-    """The bytes of ``text[start:end]`` (no JSON escapes), ``piece``
-    (:data:`DECODE_SLICE`) characters at a time, each read as a JSON string by
-    msgspec in one reused buffer; a slice it refuses is judged by strict ``binascii``.
-
-    Raises (from the iterator, after the slices before the bad one):
-        Undecodable: not padded base64, or not JSON string text (stray bits pass).
+    """The bytes of ``text[start:end]`` (no JSON escapes), ``piece`` (:data:`DECODE_SLICE`)
+    characters at a time, each read as a JSON string by msgspec (strict ``binascii`` judges
+    a slice it refuses). The iterator raises Undecodable at a bad slice (stray bits pass).
     """
     if piece is None:
         piece = DECODE_SLICE
@@ -106,16 +103,11 @@ def encode_quoted(data: Text) -> bytes | bytearray | mmap.mmap:
 
 
 def encode_pieces_quoted(pieces: Iterable[Text], size: int) -> bytearray | mmap.mmap:
-    """The ``size`` bytes of ``pieces`` (each a multiple of 3 bytes but the last) as a
-    JSON string of padded base64, quotes included, encoded a piece at a time.
+    """The ``size`` bytes of ``pieces`` (multiples of 3 bytes but the last) as a JSON string
+    of padded base64, quotes included; ValueError if they do not add up.
 
-    A text of :data:`MAPPED_MIN` bytes or more is built in an anonymous mapping,
-    which goes back to the system whole when freed: glibc keeps heap blocks up
-    to 32 MiB resident after they are freed (~95 MiB held after a few
-    concurrent 24 MiB transfers).
-
-    Raises:
-        ValueError: the pieces were not ``size`` bytes, or not whole groups.
+    From :data:`MAPPED_MIN` on, built in an anonymous mapping, which goes back to the
+    system when freed: glibc keeps freed heap blocks up to 32 MiB resident.
     """
     length = (size + 2) // 3 * 4 + 2
     out = mmap.mmap(-1, length) if length >= MAPPED_MIN else bytearray(length)
@@ -158,11 +150,8 @@ def _first_non_symbol(data: Text, end: int) -> int:
 
 
 def error_text(data: Text) -> str | None:
-    """Upstream's error for base64 text ``data``, or None if it is valid.
-
-    Checked in upstream's order, so the same defect is named: a lone last symbol;
-    every group but the last (``=`` is bad there); then the last group.
-    """
+    """Upstream's error for base64 text ``data``, or None if it is valid; checked in
+    upstream's order (a lone last symbol, the groups before the last, the last)."""
     values = _VALUES
     n = len(data)
     rem = n % 4

@@ -119,8 +119,7 @@ _encoder: Final = msgspec.json.Encoder()
 
 
 def _member(raw: Raw, decoder: msgspec.json.Decoder[T]) -> T | UnsetType:
-    """One raw member, or UNSET when it is absent or does not fit; ProtocolError
-    when it is no JSON text (e.g. bad UTF-8)."""
+    """UNSET when absent or not fitting; ProtocolError when no JSON text (bad UTF-8)."""
     if not raw:
         return UNSET
     try:
@@ -147,14 +146,9 @@ def _bad_id(raw: Raw) -> ProtocolError:
 def decode_message(data: bytes | bytearray | str) -> Message:
     """Decode one inbound frame or line.
 
-    An ``fs/writeFile`` of :data:`SPAN_MIN` bytes or more has its plain
-    ``params.dataBase64`` text left in place (``""`` in ``params``, the
-    Request's ``span`` says where): decoding a GiB in one GIL-holding call is
-    what this avoids; the handler decodes it a slice at a time.
-
-    Raises:
-        ProtocolError: not JSON, not an object, no shape fits, or nested deeper
-            than Python's recursion limit.
+    An ``fs/writeFile`` of :data:`SPAN_MIN` bytes or more keeps its plain ``dataBase64``
+    text in place (``""`` in ``params``, ``span`` says where) for the handler to decode a
+    slice at a time. ProtocolError: no JSON-RPC message, or nested past the recursion limit.
     """
     try:
         if len(data) >= SPAN_MIN and not isinstance(data, str):
@@ -205,11 +199,8 @@ def _decode_message(data: bytes | bytearray | str) -> Message:
 
 
 def decode_params(raw: Raw | None, decoder: msgspec.json.Decoder[T]) -> T:
-    """Decode request params the upstream way (§3.2): missing params are ``null``,
-    and ``{}`` that does not fit is tried as ``null`` (parameterless methods).
-
-    Raises:
-        msgspec.ValidationError: the params do not fit (message is msgspec's).
+    """Decode request params the upstream way (§3.2): missing params are ``null``, and
+    ``{}`` that does not fit is tried as ``null``; msgspec.ValidationError if they do not fit.
     """
     data: Raw | bytes = raw if raw else _NULL  # no copy: params may be hundreds of MiB
     try:
@@ -241,7 +232,6 @@ def encode_notification(method: str, params: msgspec.Struct | Raw | None = None)
 
 
 def encode_result(request_id: RequestId, result: msgspec.Struct | Raw) -> bytes:
-    """``{"id":..,"result":..}``."""
     return _encoder.encode(_OutResult(request_id, result))
 
 

@@ -77,11 +77,8 @@ class Handshake:
             self.state = HandshakeState.ACCEPTED
 
     def on_initialized(self, *, attached: bool) -> None:
-        """The ``initialized`` notification (§4.2); idempotent.
-
-        Raises:
-            ProtocolClosedError: before ``initialize``, or after eviction.
-        """
+        """The ``initialized`` notification (§4.2), idempotent; ProtocolClosedError
+        before ``initialize`` or after eviction."""
         if self.state in (HandshakeState.NEW, HandshakeState.REQUESTED):
             raise ProtocolClosedError("received `initialized` notification before `initialize`")
         if not attached:

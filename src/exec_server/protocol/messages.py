@@ -35,11 +35,8 @@ MALFORMED_ID: Final[int] = -1
 
 
 class Request(msgspec.Struct, frozen=True):
-    """A call that expects an answer with the same ``id``.
-
-    ``params`` is ``None`` when absent (``null`` is ``Raw(b"null")``). ``span`` is
-    a big ``fs/writeFile``'s ``dataBase64`` left in place (``codec.decode_message``).
-    """
+    """``params`` is None when absent (``null`` is ``Raw(b"null")``); ``span``, a big
+    ``fs/writeFile``'s ``dataBase64`` left in place (``codec.decode_message``)."""
 
     id: RequestId
     method: str

@@ -42,16 +42,12 @@ class WirePath(msgspec.Struct, frozen=True, gc=False):
     form: PathForm
 
     def render(self, path: str | None = None) -> str:
-        """Render ``path`` (default: this path) in this path's form."""
         return render_path(self.path if path is None else path, self.form)
 
 
 def normalize_lexical(path: str) -> str:
-    """Drop ``.`` and empty segments, let ``..`` pop the previous one (none at the root).
-
-    The project's one lexical normaliser (PROTOCOL.md §5.2, sandbox policies,
-    APPLY_PATCH.md §6); a relative path is read as if it started at ``/``.
-    """
+    """Drop ``.`` and empty segments, let ``..`` pop the previous one: the project's one
+    lexical normaliser (PROTOCOL.md §5.2, APPLY_PATCH.md §6); the result is rooted."""
     if (
         path.startswith("/")
         and "//" not in path

@@ -363,12 +363,8 @@ def _decoder(tp: Any) -> msgspec.json.Decoder[Any]:
 
 
 def decode_sandbox(data: bytes | str | msgspec.Raw, tp: Any) -> Any:
-    """Decode one sandbox struct (or union) ``tp``.
-
-    Raises:
-        InvalidParamsError: the message names the member (``sandbox.policy.x[0]: ..``).
-        InvalidRequestError: a ``file://`` URI naming another host.
-    """
+    """Decode one sandbox struct (or union) ``tp``; InvalidParamsError names the member
+    (``sandbox.policy.x[0]: ..``), InvalidRequestError a URI naming another host."""
     try:
         return _decoder(tp).decode(data)
     except msgspec.ValidationError as exc:
@@ -416,12 +412,9 @@ def _locate(message: str) -> str:
 
 
 def decode_launch_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
-    """Decode ``process/start.sandbox``; None when absent or ``null``.
-
-    Told apart by keys (CLIENT_COMPAT.md §1.2 rule 3): ``permissions``, the current
-    context; ``sandboxPolicy`` without launch members, a filesystem context; else a
-    legacy ``SandboxLaunchConfig`` (with ``sandboxPreference`` or older ``sandbox``).
-    InvalidParamsError names the field of a malformed object.
+    """Decode ``process/start.sandbox`` (None when absent or ``null``), told apart by keys
+    (CLIENT_COMPAT.md §1.2 rule 3): ``permissions``, the current context; ``sandboxPolicy``
+    without launch members, a filesystem context; else a legacy ``SandboxLaunchConfig``.
     """
     return None if raw is None else _decode_member(bytes(raw), launch=True)
 
