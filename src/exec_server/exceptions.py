@@ -94,9 +94,7 @@ class ProtocolClosedError(Exception):
     """The peer broke the protocol in a way that closes the connection unanswered."""
 
 
-_BY_CODE: dict[int, type[ExecServerError]] = {
-    cls.code: cls for cls in ExecServerError.__subclasses__()
-}
+_BY_CODE: dict[int, type[ExecServerError]] = {c.code: c for c in ExecServerError.__subclasses__()}
 
 
 def error_for_code(code: int, message: str) -> ExecServerError:

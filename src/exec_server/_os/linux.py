@@ -121,8 +121,7 @@ _renameat2 = _load(_IntFunction, "renameat2")
 
 machine = os.uname().machine
 
-#: Syscall numbers we call directly (SANDBOX.md §2.2), per architecture.
-_ARCHES = ("x86_64", "aarch64")
+#: Syscall numbers we call directly (SANDBOX.md §2.2): x86_64, aarch64.
 _NR_TABLE = {
     "unshare": (272, 97),
     "capset": (126, 91),
@@ -137,12 +136,8 @@ _NR_TABLE = {
     "move_mount": (429, 429),
     "mount_setattr": (442, 442),
 }
-#: empty on an unknown architecture
-_NR: dict[str, int] = (
-    {name: nrs[_ARCHES.index(machine)] for name, nrs in _NR_TABLE.items()}
-    if machine in _ARCHES
-    else {}
-)
+_COLUMN = {"x86_64": 0, "aarch64": 1}.get(machine)
+_NR: dict[str, int] = {} if _COLUMN is None else {k: v[_COLUMN] for k, v in _NR_TABLE.items()}
 
 
 def call_syscall(name: str, *args: object) -> int:

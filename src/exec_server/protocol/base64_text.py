@@ -60,15 +60,12 @@ def decoded_size(text: Text, start: int, end: int) -> int:
     return n // 4 * 3 - pad
 
 
-def decode_slices(text: Text, start: int, end: int, piece: int | None = None) -> Iterator[bytes]:
-    """The bytes of ``text[start:end]`` (no JSON escapes), ``piece`` (:data:`DECODE_SLICE`)
-    characters at a time, each read as a JSON string by msgspec (strict ``binascii`` judges
-    a slice it refuses). The iterator raises Undecodable at a bad slice (stray bits pass).
+def decode_slices(text: Text, start: int, end: int) -> Iterator[bytes]:
+    """The bytes of ``text[start:end]`` (no JSON escapes), :data:`DECODE_SLICE` characters
+    at a time, each read as a JSON string by msgspec (strict ``binascii`` judges a slice it
+    refuses). The iterator raises Undecodable at a bad slice (stray bits pass).
     """
-    if piece is None:
-        piece = DECODE_SLICE
-    if piece <= 0 or piece % 4:
-        raise ValueError("piece must be a positive multiple of 4")
+    piece = DECODE_SLICE
     view = memoryview(text)
     token = bytearray(min(piece, end - start) + 2)
     token[0] = _QUOTE

@@ -181,18 +181,16 @@ class CanonicalizeResult(msgspec.Struct, **_FS):
 
 # -- fs/walk (PROTOCOL_CURRENT §6)
 
-#: A non-negative count (upstream: ``usize``).
-Count = Annotated[int, msgspec.Meta(ge=0)]
-#: A file offset (upstream: ``u64``).
-U64 = Annotated[int, msgspec.Meta(ge=0)]
+#: A count or a file offset (upstream: ``usize``, ``u64``).
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class WalkOptionsParams(msgspec.Struct, **_FS):
     """All five members are required, as upstream's deserializer wants them."""
 
-    max_depth: Count
-    max_directories: Count
-    max_entries: Count
+    max_depth: NonNegative
+    max_directories: NonNegative
+    max_entries: NonNegative
     follow_directory_symlinks: bool
     prune_hidden_directories: bool
 
@@ -237,8 +235,8 @@ class OpenResult(msgspec.Struct, **_FS):
 
 class ReadBlockParams(msgspec.Struct, **_FS):
     handle_id: str
-    offset: U64
-    length: Count = msgspec.field(name="len")
+    offset: NonNegative
+    length: NonNegative = msgspec.field(name="len")
 
 
 class ReadBlockResult(msgspec.Struct, **_FS):
@@ -248,7 +246,7 @@ class ReadBlockResult(msgspec.Struct, **_FS):
 
 class WriteBlockParams(msgspec.Struct, **_FS):
     handle_id: str
-    offset: U64
+    offset: NonNegative
     chunk: bytes
 
 
