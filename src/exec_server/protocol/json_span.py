@@ -140,6 +140,3 @@ class StringSpan:
     data: bytes | bytearray
     start: int
     end: int
-
-    def __len__(self) -> int:
-        return self.end - self.start
