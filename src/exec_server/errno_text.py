@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 from typing import Final
 
-__all__ = ["errno_text", "os_error_text"]
+__all__ = ["os_error_text"]
 
 
 def _table() -> dict[int, str]:
@@ -117,11 +117,6 @@ def _table() -> dict[int, str]:
 _TEXTS: Final = _table()
 
 
-def errno_text(number: int) -> str:
-    """musl's ``strerror(number)``."""
-    return _TEXTS.get(number, "No error information")
-
-
 def os_error_text(number: int) -> str:
-    """Rust's display of an OS error: ``<text> (os error N)``."""
-    return f"{errno_text(number)} (os error {number})"
+    """Rust's display of an OS error: musl's ``strerror(number)`` and ``(os error N)``."""
+    return f"{_TEXTS.get(number, 'No error information')} (os error {number})"

@@ -118,11 +118,8 @@ def find_string_member(
     """Span (without quotes) of the string ``message[outer][inner]`` if it has no
     escapes; walked member by member, so a key in a string or deeper never matches."""
     try:
-        top = _members(data, _skip_ws(data, 0))
-        outer_span = top.get(outer)
-        if outer_span is None:
-            return None
-        value = _members(data, outer_span[0]).get(inner)
+        outer_span = _members(data, _skip_ws(data, 0)).get(outer)
+        value = None if outer_span is None else _members(data, outer_span[0]).get(inner)
     except (_Unusual, IndexError):
         return None
     if value is None or data[value[0]] != _QUOTE:
