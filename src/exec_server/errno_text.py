@@ -1,16 +1,6 @@
-"""OS error texts as upstream prints them: ``<text> (os error N)`` with musl's wording.
-
-Why not ``os.strerror``: upstream's Linux build is a static musl binary, and
-Rust's ``io::Error`` shows the C library's text. musl words several errors
-differently from glibc: ``I/O error`` (glibc ``Input/output error``),
-``Symbolic link loop`` (``Too many levels of symbolic links``), ``No file
-descriptors available`` (``Too many open files``), ``Filename too long``,
-``Resource busy``, ``Out of memory``, ``Not supported``... The table below is
-the one in codex 0.163.0's binary (musl 1.2), in musl's order; an errno musl
-does not know reads ``No error information``, as there.
-
-Stdlib only: the sandboxed-filesystem helper (``python -I -S``) formats its
-errors with it too.
+"""OS error texts as upstream prints them: ``<text> (os error N)`` in musl's words, which
+differ from glibc's (``I/O error``...): upstream is a static musl binary. Stdlib only:
+the ``python -I -S`` fs helper uses it.
 """
 
 from __future__ import annotations
@@ -18,7 +8,7 @@ from __future__ import annotations
 import errno
 from typing import Final
 
-__all__ = ["errno_text", "os_error_text"]
+__all__ = ["os_error_text"]
 
 
 def _table() -> dict[int, str]:
@@ -127,11 +117,6 @@ def _table() -> dict[int, str]:
 _TEXTS: Final = _table()
 
 
-def errno_text(number: int) -> str:
-    """musl's ``strerror(number)``."""
-    return _TEXTS.get(number, "No error information")
-
-
 def os_error_text(number: int) -> str:
-    """Rust's display of an OS error: ``<text> (os error N)``."""
-    return f"{errno_text(number)} (os error {number})"
+    """Rust's display of an OS error: musl's ``strerror(number)`` and ``(os error N)``."""
+    return f"{_TEXTS.get(number, 'No error information')} (os error {number})"

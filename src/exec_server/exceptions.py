@@ -1,29 +1,18 @@
-"""Every error the exec-server raises, and the JSON-RPC code each one maps to.
-
-Handlers raise these typed exceptions; the RPC layer turns them into JSON-RPC
-error objects in exactly one place (``ExecServerError.code`` / ``.message``).
-Codes and texts are fixed by spec/PROTOCOL.md §3.3 and CLIENT_COMPAT.md §6.5.
+"""Every error the exec-server answers with, and its JSON-RPC code (PROTOCOL.md §3.3).
 
 Tree::
 
     ExecServerError                      base, never raised directly
     ├── InvalidRequestError     -32600   protocol-state violations, permission
-    │   │                                problems, sandbox denials
-    │   └── AlreadyAttachedError -32010  resume of an attached session (current client)
+    │                                    problems, sandbox denials
     ├── MethodNotFoundError     -32601
     ├── InvalidParamsError      -32602   params that do not decode / validate
     ├── InternalError           -32603   spawn failures, other OS errors
     └── NotFoundError           -32004   filesystem "not found"
 
-Domain packages raise their own errors, free of codes; :func:`from_domain_error`
-is where those become the classes above: ``fs`` (not found -32004, refused
--32600, failed -32603, PROTOCOL.md §9.1), ``sandbox`` (a bad policy value
--32602, a launch that cannot be confined -32603), ``http`` (an invalid request
-is -32602, a failed one -32603) and an unreadable host config file (-32603).
-:func:`wire_error` is the same for any exception a boundary catches.
-
-``ProtocolClosedError`` is not a wire error: it tells the transport to close
-the connection without replying (spec §3.5).
+Domain packages raise their own errors, free of codes: :func:`from_domain_error`
+is the one place they become the classes above. ``ProtocolClosedError`` is no wire
+error: the transport closes the connection without replying (§3.5).
 """
 
 from __future__ import annotations
@@ -38,7 +27,6 @@ from exec_server.http.errors import HttpError, HttpRequestInvalid
 from exec_server.sandbox.errors import SandboxError, SandboxPolicyError
 
 __all__ = [
-    "AlreadyAttachedError",
     "ErrorCode",
     "ExecServerError",
     "InternalError",
@@ -63,16 +51,11 @@ class ErrorCode(enum.IntEnum):
     INVALID_PARAMS = -32602
     INTERNAL_ERROR = -32603
     NOT_FOUND = -32004
-    ALREADY_ATTACHED = -32010
 
 
 class ExecServerError(Exception):
-    """Base of every error that becomes a JSON-RPC error object.
-
-    ``message`` is the wire text (upstream's words, often without the path);
-    the client's filesystem API sets ``path`` to the path it asked about, and
-    ``str()`` then names it.
-    """
+    """Base of every error that becomes a JSON-RPC error object; ``message`` is the wire
+    text, ``path`` (set by the client's filesystem API) is named by ``str()``."""
 
     code: int = ErrorCode.INTERNAL_ERROR
 
@@ -89,10 +72,6 @@ class ExecServerError(Exception):
 
 class InvalidRequestError(ExecServerError):
     code = ErrorCode.INVALID_REQUEST
-
-
-class AlreadyAttachedError(InvalidRequestError):
-    code = ErrorCode.ALREADY_ATTACHED
 
 
 class MethodNotFoundError(ExecServerError):
@@ -115,17 +94,7 @@ class ProtocolClosedError(Exception):
     """The peer broke the protocol in a way that closes the connection unanswered."""
 
 
-_BY_CODE: dict[int, type[ExecServerError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidRequestError,
-        AlreadyAttachedError,
-        MethodNotFoundError,
-        InvalidParamsError,
-        InternalError,
-        NotFoundError,
-    )
-}
+_BY_CODE: dict[int, type[ExecServerError]] = {c.code: c for c in ExecServerError.__subclasses__()}
 
 
 def error_for_code(code: int, message: str) -> ExecServerError:
@@ -139,7 +108,11 @@ def error_for_code(code: int, message: str) -> ExecServerError:
 
 
 def from_domain_error(exc: BaseException) -> ExecServerError | None:
-    """The wire error for a domain package's error, or None if ``exc`` is not one."""
+    """The wire error for a domain package's error, or None if ``exc`` is not one.
+
+    ``fs``: not found -32004, refused -32600, failed -32603 (PROTOCOL.md §9.1);
+    ``sandbox``/``http``: bad input -32602, failure -32603; a host config -32603.
+    """
     if isinstance(exc, FsError):
         if isinstance(exc, FsNotFoundError):
             return NotFoundError(exc.message, path=exc.path)
@@ -154,28 +127,22 @@ def from_domain_error(exc: BaseException) -> ExecServerError | None:
 
 
 def wire_error(exc: BaseException) -> ExecServerError | None:
-    """``exc`` itself if it is a wire error, else :func:`from_domain_error`."""
     if isinstance(exc, ExecServerError):
         return exc
     return from_domain_error(exc)
 
 
 def os_error_message(exc: OSError) -> str:
-    """Format an OSError the way upstream (Rust std on musl) does: ``<text> (os error N)``
-    (:mod:`exec_server.errno_text`)."""
+    """An OSError as upstream (Rust std on musl) shows it: ``<text> (os error N)``."""
     if exc.errno is None:
         return str(exc)
     return os_error_text(exc.errno)
-
 
 
 _MISSING_FIELD = re.compile(r"\bObject missing required field (`[^`]*`)")
 
 
 def params_error_text(message: str) -> str:
-    """A params decoder's message (msgspec's) with a missing member in upstream's
-    (serde's) words, ``missing field `x```: CLIENT_COMPAT.md quotes that wording
-    for the fields clients omit, so a client or a log search may match on it.
-    Other texts (wrong types) pass unchanged: their wording is not part of the
-    contract (PROTOCOL.md §3.2)."""
+    """msgspec's params error with a missing member in serde's words, ``missing field
+    `x```, which CLIENT_COMPAT.md quotes; other texts are no contract (PROTOCOL.md §3.2)."""
     return _MISSING_FIELD.sub(r"missing field \1", message)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exec_server.errno_text import errno_text
+from exec_server.errno_text import os_error_text
 from exec_server.exceptions import (
     InternalError,
     InvalidRequestError,
@@ -56,7 +56,7 @@ def test_error_mapping(code: int, cls: type[Exception], wire: int) -> None:
     assert type(err) is _DOMAIN[cls]
     mapped = from_domain_error(err)
     assert type(mapped) is cls and mapped.code == wire and mapped.message == err.message
-    assert err.message == f"{errno_text(code)} (os error {code})"
+    assert err.message == os_error_text(code)
     if code == errno.EIO:
         assert err.message == "I/O error (os error 5)"  # musl's text, as CLIENT_COMPAT §6.5
 

@@ -178,28 +178,32 @@ def test_invalid_utf8_is_malformed() -> None:
         decode_message(b'{"id":1,"method":"\xff"}')
 
 
+_PID = msgspec.json.Decoder(PidParams)
+
+
 def test_params_missing_decodes_as_null() -> None:
-    assert decode_params(None, Empty | None) is None
+    assert decode_params(None, msgspec.json.Decoder(Empty | None)) is None
     with pytest.raises(msgspec.ValidationError, match="got `null`"):
-        decode_params(None, PidParams)
+        decode_params(None, _PID)
 
 
 def test_empty_object_params_retry_as_null() -> None:
-    assert decode_params(msgspec.Raw(b"{}"), None) is None  # type: ignore[arg-type]
-    assert decode_params(msgspec.Raw(b" { } "), None) is None  # type: ignore[arg-type]
+    null = msgspec.json.Decoder(None)
+    assert decode_params(msgspec.Raw(b"{}"), null) is None
+    assert decode_params(msgspec.Raw(b" { } "), null) is None
 
 
 def test_params_errors_carry_msgspec_text() -> None:
     with pytest.raises(msgspec.ValidationError, match="missing required field `processId`"):
-        decode_params(msgspec.Raw(b"{}"), PidParams)
+        decode_params(msgspec.Raw(b"{}"), _PID)
     with pytest.raises(
         msgspec.ValidationError, match=r"Expected `str`, got `int` - at `\$.processId`"
     ):
-        decode_params(msgspec.Raw(b'{"processId":1}'), PidParams)
+        decode_params(msgspec.Raw(b'{"processId":1}'), _PID)
 
 
 def test_params_unknown_members_ignored() -> None:
-    got = decode_params(msgspec.Raw(b'{"processId":"p","extra":1}'), PidParams)
+    got = decode_params(msgspec.Raw(b'{"processId":"p","extra":1}'), _PID)
     assert got.process_id == "p"
 
 

@@ -400,7 +400,6 @@ class _UnresolvableParams(msgspec.Struct):
 def test_router_makes_each_params_decoder_when_the_method_is_registered() -> None:
     """A params decoder is made when its method is added, not on the first request
     (making one costs ~0.2 ms); so a type it cannot decode fails at once."""
-    from exec_server.protocol.codec import params_decoder
     from exec_server.server.router import Router
 
     async def handler(ctx: RequestContext, params: object) -> None:
@@ -415,4 +414,4 @@ def test_router_makes_each_params_decoder_when_the_method_is_registered() -> Non
         value: int
 
     router.add("test/fine", Fine, handler, None)
-    assert params_decoder(Fine).decode(b'{"value": 3}') == Fine(3)
+    assert "test/fine" in router

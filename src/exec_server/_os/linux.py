@@ -1,13 +1,6 @@
-"""Every foreign (libc or raw syscall) binding of the package, on ``_ctypes`` directly.
-
-The one module that loads a C library: the rest of ``exec_server`` calls the
-functions below with plain Python values (``tests/test_os_bindings.py``
-enforces this). Stdlib-only on purpose: the Landlock launcher and the fs
-helper import it under ``python -I -S``, where interpreter start-up is the
-cost floor (SANDBOX.md §3.6); the ``ctypes`` package would cost ~2 ms of
-Python-level set-up there, so the few C types come straight from its C core.
-Importable everywhere: a function this libc lacks (not Linux, an old libc)
-fails with ``ENOSYS`` when called.
+"""Every libc or raw syscall binding of the package, on ``_ctypes`` directly: stdlib-only
+for the ``python -I -S`` helpers, where the ``ctypes`` package costs ~2 ms (SANDBOX.md
+§3.6). A function this libc lacks fails with ``ENOSYS`` when called.
 """
 
 import _ctypes
@@ -15,7 +8,6 @@ import errno
 import os
 
 __all__ = [
-    "NR",
     "Structure",
     "addressof",
     "byref",
@@ -59,10 +51,6 @@ class c_int(_Int):
     _type_ = "i"
 
 
-class c_int32(_Int):
-    _type_ = "i"
-
-
 class c_uint32(_Int):
     _type_ = "I"
 
@@ -91,19 +79,19 @@ class c_char(_Bytes):
     _type_ = "c"
 
 
+c_int32 = c_int
 c_size_t = c_ulong
 
 
 class _Function(_ctypes.CFuncPtr):
-    """A C function of libc returning ``long``, saving ``errno`` like ``use_errno=True``."""
+    """A libc function returning ``long``, saving ``errno`` like ``use_errno=True``."""
 
     _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
     _restype_ = c_long
 
 
 class _IntFunction(_ctypes.CFuncPtr):
-    """A C function of libc returning ``int`` (read as ``long``, a failed call's -1
-    would come back as 4294967295)."""
+    """A libc function returning ``int`` (read as ``long``, -1 would be 4294967295)."""
 
     _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
     _restype_ = c_int
@@ -133,47 +121,29 @@ _renameat2 = _load(_IntFunction, "renameat2")
 
 machine = os.uname().machine
 
-#: Syscall numbers we call directly (SANDBOX.md §2.2); empty when unknown.
+#: Syscall numbers we call directly (SANDBOX.md §2.2): x86_64, aarch64.
 _NR_TABLE = {
-    "x86_64": {
-        "unshare": 272,
-        "capset": 126,
-        "capget": 125,
-        "mount": 165,
-        "umount2": 166,
-        "landlock_create_ruleset": 444,
-        "landlock_add_rule": 445,
-        "landlock_restrict_self": 446,
-        "seccomp": 317,
-        "open_tree": 428,
-        "move_mount": 429,
-        "mount_setattr": 442,
-    },
-    "aarch64": {
-        "unshare": 97,
-        "capset": 91,
-        "capget": 90,
-        "mount": 40,
-        "umount2": 39,
-        "landlock_create_ruleset": 444,
-        "landlock_add_rule": 445,
-        "landlock_restrict_self": 446,
-        "seccomp": 277,
-        "open_tree": 428,
-        "move_mount": 429,
-        "mount_setattr": 442,
-    },
+    "unshare": (272, 97),
+    "capset": (126, 91),
+    "capget": (125, 90),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "landlock_create_ruleset": (444, 444),
+    "landlock_add_rule": (445, 445),
+    "landlock_restrict_self": (446, 446),
+    "seccomp": (317, 277),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "mount_setattr": (442, 442),
 }
-NR: dict[str, int] = _NR_TABLE.get(machine, {})
+_COLUMN = {"x86_64": 0, "aarch64": 1}.get(machine)
+_NR: dict[str, int] = {} if _COLUMN is None else {k: v[_COLUMN] for k, v in _NR_TABLE.items()}
 
 
 def call_syscall(name: str, *args: object) -> int:
-    """Call a raw syscall; raise ``OSError`` with the kernel's errno on failure.
-
-    Pass every argument as an explicit C type (``c_int(...)``, ``byref(...)``,
-    ``bytes``/``None`` for pointers): bare Python ints would be truncated to ``int``.
-    """
-    nr = NR.get(name)
+    """A raw syscall, OSError on failure. Pass every argument as a C type (``c_int(..)``,
+    ``byref(..)``, ``bytes``/``None`` for pointers): bare ints are truncated to ``int``."""
+    nr = _NR.get(name)
     if nr is None or _syscall is None:
         raise OSError(errno.ENOSYS, f"{name}: unsupported architecture {machine}")
     _ctypes.set_errno(0)
@@ -181,7 +151,6 @@ def call_syscall(name: str, *args: object) -> int:
 
 
 def call_prctl(option: int, arg2: int = 0, arg3: object = 0, arg4: int = 0, arg5: int = 0) -> int:
-    """``prctl(2)``; raise ``OSError`` on failure."""
     if _prctl is None:
         raise OSError(errno.ENOSYS, f"prctl({option}): not available here")
     a3 = c_ulong(arg3) if isinstance(arg3, int) else arg3
@@ -195,32 +164,27 @@ RENAME_EXCHANGE = 2
 
 
 def set_parent_death_signal(signal: int) -> None:
-    """``PR_SET_PDEATHSIG``: the calling thread's process gets ``signal`` when the
-    thread that created it exits. Safe in a forked child before exec (one call, no locks)."""
+    """The caller gets ``signal`` when the thread that created it exits; safe in a
+    forked child before exec (one call, no locks)."""
     call_prctl(PR_SET_PDEATHSIG, signal)
 
 
 def set_child_subreaper() -> None:
-    """``PR_SET_CHILD_SUBREAPER`` (kept across ``execve``): orphaned descendants are
-    re-parented to this process instead of init."""
+    """Orphaned descendants are re-parented to this process, not init (kept across exec)."""
     call_prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def rename_exchange(dir_fd: int, old: bytes, new: bytes) -> None:
-    """Swap the entries ``old`` and ``new`` of directory ``dir_fd`` in one step
-    (``renameat2(RENAME_EXCHANGE)``); ``OSError`` on failure, ``ENOSYS`` where libc
-    has no ``renameat2``."""
+    """Swap the entries ``old`` and ``new`` of ``dir_fd`` atomically
+    (``renameat2(RENAME_EXCHANGE)``); ``ENOSYS`` where libc has none."""
     if _renameat2 is None:
         raise OSError(errno.ENOSYS, "renameat2: not available here")
-    if _renameat2(dir_fd, old, dir_fd, new, RENAME_EXCHANGE) != 0:
-        err = _ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    _checked(_renameat2(dir_fd, old, dir_fd, new, RENAME_EXCHANGE), "renameat2")
 
 
 #: ``open_tree`` flags: a detached copy of the mount tree at the path (with its submounts).
 OPEN_TREE_CLONE = 1
 AT_RECURSIVE = 0x8000
-AT_EMPTY_PATH = 0x1000
 #: ``move_mount``: the source is the fd itself.
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 MOUNT_ATTR_RDONLY = 0x1
@@ -232,11 +196,8 @@ class _MountAttr(Structure):
 
 
 def open_tree(path: str) -> int:
-    """A close-on-exec fd holding a detached recursive copy of the mounts at ``path``.
-
-    The copy keeps each mount's flags as they are now, so it can be attached
-    again (``move_mount``) after the original was made read-only.
-    """
+    """A close-on-exec fd holding a detached recursive copy of the mounts at ``path``,
+    with their flags as now: attached again after the original was made read-only."""
     flags = OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC
     return call_syscall("open_tree", c_int(-100), os.fsencode(path), c_uint32(flags))
 
@@ -247,18 +208,17 @@ def move_mount(fd: int, target: str) -> None:
                  c_uint32(MOVE_MOUNT_F_EMPTY_PATH))
 
 
-def mount_setattr(path: str, *, read_only: bool, recursive: bool = True) -> None:
-    """Set (or clear) ``MOUNT_ATTR_RDONLY`` on the mount at ``path`` and, if ``recursive``,
-    on every mount below it, in one call (Linux >= 5.12)."""
+def mount_setattr(path: str, *, read_only: bool) -> None:
+    """Set (or clear) ``MOUNT_ATTR_RDONLY`` on the mount at ``path`` and every mount
+    below it, in one call (Linux >= 5.12)."""
     attr = _MountAttr(MOUNT_ATTR_RDONLY if read_only else 0,
                       0 if read_only else MOUNT_ATTR_RDONLY, 0, 0)
     call_syscall("mount_setattr", c_int(-100), os.fsencode(path),
-                 c_uint32(AT_RECURSIVE if recursive else 0), byref(attr),
+                 c_uint32(AT_RECURSIVE), byref(attr),
                  c_size_t(sizeof(attr)))
 
 
 def _checked(ret: int, what: str) -> int:
-    """``ret``, or ``OSError`` with the saved ``errno`` when the C call returned < 0."""
     if ret < 0:
         err = _ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")

@@ -1,15 +1,6 @@
-"""``dataBase64`` text <-> bytes a slice at a time, judged by upstream's rules.
-
-Why slices: ``binascii`` and msgspec hold the GIL for a whole call, and a GiB
-of text takes seconds; called on ~1 MiB at a time from a worker thread, the
-GIL goes back to the event loop between calls, so other connections are
-answered while a big transfer is decoded or encoded. msgspec's base64 is
-used both ways: it is 1.5-3 times as fast as ``binascii``'s here.
-
-Upstream decodes with Rust ``base64`` 0.22 (standard alphabet, canonical
-padding, no stray bits in the last symbol). msgspec refuses what upstream
-refuses except stray bits, which are checked first; :func:`error_text` names
-a defect with upstream's words.
+"""``dataBase64`` text <-> bytes a ~1 MiB slice at a time (from a worker thread, the
+event loop runs between slices), judged by upstream's rules (Rust ``base64`` 0.22),
+with msgspec's base64 (1.5-3x ``binascii``'s speed).
 """
 
 from __future__ import annotations
@@ -56,11 +47,12 @@ _QUOTE: Final = 0x22
 class Undecodable(ValueError):
     """A slice of the text is not base64 (:func:`decode_slices`)."""
 
+
 Text = bytes | bytearray | memoryview
 
 
 def decoded_size(text: Text, start: int, end: int) -> int:
-    """Bytes that padded ``text[start:end]`` decodes to, if it is valid."""
+    """Bytes that valid padded ``text[start:end]`` decodes to."""
     n = end - start
     if n < 4:
         return 0
@@ -68,24 +60,12 @@ def decoded_size(text: Text, start: int, end: int) -> int:
     return n // 4 * 3 - pad
 
 
-def decode_slices(
-    text: Text, start: int, end: int, piece: int | None = None
-) -> Iterator[bytes]:
-    """The bytes of ``text[start:end]`` (text without JSON escapes), ``piece``
-    (:data:`DECODE_SLICE`) characters at a time.
-
-    Each slice is decoded as a JSON string by msgspec (~1 ms per MiB; binascii
-    takes ~3), in one reused buffer between quotes; a slice msgspec refuses is
-    judged by ``binascii.a2b_base64`` in strict mode.
-
-    Raises (from the iterator, after the slices before the bad one):
-        Undecodable: the text is not padded base64 (``=`` only at its end) or not
-            JSON string text. Stray bits are not checked here (:func:`stray_bits`).
+def decode_slices(text: Text, start: int, end: int) -> Iterator[bytes]:
+    """The bytes of ``text[start:end]`` (no JSON escapes), :data:`DECODE_SLICE` characters
+    at a time, each read as a JSON string by msgspec (strict ``binascii`` judges a slice it
+    refuses). The iterator raises Undecodable at a bad slice (stray bits pass).
     """
-    if piece is None:
-        piece = DECODE_SLICE
-    if piece <= 0 or piece % 4:
-        raise ValueError("piece must be a positive multiple of 4")
+    piece = DECODE_SLICE
     view = memoryview(text)
     token = bytearray(min(piece, end - start) + 2)
     token[0] = _QUOTE
@@ -109,9 +89,8 @@ def decode_slices(
 
 
 def encode_quoted(data: Text) -> bytes | bytearray | mmap.mmap:
-    """``data`` as a JSON string of padded base64, quotes included: under
-    :data:`MAPPED_MIN` of text in one call (msgspec's encoder, straight into the
-    result), else as :func:`encode_pieces_quoted` does."""
+    """``data`` as a JSON string of padded base64, quotes included: in one call
+    under :data:`MAPPED_MIN` of text, else as :func:`encode_pieces_quoted` does."""
     view = memoryview(data)
     size = len(view)
     if (size + 2) // 3 * 4 + 2 < MAPPED_MIN:
@@ -121,17 +100,11 @@ def encode_quoted(data: Text) -> bytes | bytearray | mmap.mmap:
 
 
 def encode_pieces_quoted(pieces: Iterable[Text], size: int) -> bytearray | mmap.mmap:
-    """The ``size`` bytes of ``pieces`` (each a multiple of 3 bytes but the last) as a
-    JSON string of padded base64, quotes included, encoded a piece at a time.
+    """The ``size`` bytes of ``pieces`` (multiples of 3 bytes but the last) as a JSON string
+    of padded base64, quotes included; ValueError if they do not add up.
 
-    A text of :data:`MAPPED_MIN` bytes or more is built in an anonymous mapping,
-    which goes back to the system whole when freed: glibc serves blocks up to
-    32 MiB from its heaps once its mmap threshold has risen, and keeps them
-    resident after they are freed (measured: ~95 MiB held, used by nothing,
-    after a few concurrent 24 MiB transfers). Smaller ones reuse heap memory.
-
-    Raises:
-        ValueError: the pieces were not ``size`` bytes, or not whole groups.
+    From :data:`MAPPED_MIN` on, built in an anonymous mapping, which goes back to the
+    system when freed: glibc keeps freed heap blocks up to 32 MiB resident.
     """
     length = (size + 2) // 3 * 4 + 2
     out = mmap.mmap(-1, length) if length >= MAPPED_MIN else bytearray(length)
@@ -142,8 +115,6 @@ def encode_pieces_quoted(pieces: Iterable[Text], size: int) -> bytearray | mmap.
         if padded:
             raise ValueError("a piece before the last was not a multiple of 3 bytes")
         padded = len(piece) % 3 != 0
-        # msgspec's base64 (~0.9 ms per MiB) beats binascii's (~1.5): the JSON
-        # string of the piece, quotes dropped.
         chunk = memoryview(_json_encode(piece))[1:-1]
         if at + len(chunk) > len(out) - 1:
             raise ValueError(f"pieces were more than {size} bytes")
@@ -155,9 +126,8 @@ def encode_pieces_quoted(pieces: Iterable[Text], size: int) -> bytearray | mmap.
 
 
 def stray_bits(text: Text, start: int, end: int) -> bool:
-    """Whether padded base64 ``text[start:end]``, otherwise valid, sets bits its last
-    symbol does not carry (``aR==`` for ``aQ==``): upstream refuses it; msgspec
-    and ``binascii`` decode it."""
+    """Whether otherwise valid ``text[start:end]`` sets bits its last symbol does not
+    carry (``aR==`` for ``aQ==``), which upstream refuses and msgspec decodes."""
     if end - start < 4 or text[end - 1] != _PAD:
         return False
     if text[end - 2] == _PAD:
@@ -166,8 +136,7 @@ def stray_bits(text: Text, start: int, end: int) -> bool:
 
 
 def _first_non_symbol(data: Text, end: int) -> int:
-    """Offset of the first byte before ``end`` that is no base64 symbol, or -1
-    (a chunk at a time in C: ``translate`` then ``find``)."""
+    """Offset of the first byte before ``end`` that is no base64 symbol, or -1."""
     view = memoryview(data)
     for start in range(0, end, _SCAN_CHUNK):
         stop = min(start + _SCAN_CHUNK, end)
@@ -178,13 +147,8 @@ def _first_non_symbol(data: Text, end: int) -> int:
 
 
 def error_text(data: Text) -> str | None:
-    """Upstream's error for base64 text ``data``, or None if it is valid.
-
-    Checked in upstream's order, so the same defect is named: a bad last byte
-    when the length leaves one symbol over; then every group but the last, in
-    order (``=`` counts as bad there); then the last group (padding place,
-    length, padding count, unused bits).
-    """
+    """Upstream's error for base64 text ``data``, or None if it is valid; checked in
+    upstream's order (a lone last symbol, the groups before the last, the last)."""
     values = _VALUES
     n = len(data)
     rem = n % 4

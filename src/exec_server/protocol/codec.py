@@ -1,21 +1,12 @@
 """Bytes/text <-> envelope structs, with no I/O (PROTOCOL.md §3).
 
-Decoding follows upstream's untagged enum: the first shape that fits wins, in
-the order Request (``id`` + ``method``), Notification (``method``), Response
-(``id`` + ``result``), Error (``id`` + ``error``). Anything else - invalid
-JSON, a JSON array (batch), a scalar, an ``id`` member that is no id (not an
-i64 or a string) - raises :class:`ProtocolError` whose ``message`` is the
-parser's text; the transport turns it into an error with id ``-1`` (§3.6).
-
-Encoding builds compact JSON with members in upstream's order and omits
-``params`` when absent. Payload structs are encoded as they are (they carry
-their own camelCase renames).
-"""
+As upstream's untagged enum, the first shape that fits wins; anything else raises
+:class:`ProtocolError`, answered with id ``-1`` (§3.6)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -43,7 +34,6 @@ __all__ = [
     "encode_request",
     "encode_result",
     "lossy_text",
-    "params_decoder",
 ]
 
 T = TypeVar("T")
@@ -51,12 +41,9 @@ T = TypeVar("T")
 _NULL: Final = b"null"
 _EMPTY_OBJECT: Final = b"{}"
 _NO_SHAPE: Final = "data did not match any variant of untagged enum JSONRPCMessage"
-#: upstream's words for an ``id`` member that is neither an i64 nor a string.
 _BAD_ID: Final = "data did not match any variant of untagged enum RequestId"
-#: the text of an integer that may be past i64/u64 yet fit an i128/u128 (``_bad_id``).
 _WIDE_INT: Final = re.compile(rb"-?[0-9]{19,39}")
-#: msgspec's words for a lone leading surrogate escape (``"\\ud800x"``): as for text
-#: that really ends early, which misleads (the message was whole).
+#: msgspec's (misleading) words for a lone leading surrogate escape.
 _TRUNCATED: Final = "Input data was truncated"
 #: ``\uD800``-``\uDBFF`` not followed by a trailing one, after an even run of backslashes.
 _LONE_LEADING: Final = re.compile(
@@ -65,12 +52,8 @@ _LONE_LEADING: Final = re.compile(
 
 
 def decode_error_text(exc: msgspec.DecodeError, data: bytes | bytearray | str) -> str:
-    """What is wrong with ``data``, from msgspec's error for it.
-
-    The one case reworded: a lone leading surrogate escape, which msgspec
-    reports as truncated input; upstream's serde says "unexpected end of hex
-    escape". Found only once an error is raised, so valid messages pay nothing.
-    """
+    """msgspec's error text, but a lone leading surrogate escape is named, not
+    called truncated input (looked for only once decoding failed)."""
     text = str(exc)
     if text != _TRUNCATED:
         return text
@@ -84,11 +67,8 @@ def decode_error_text(exc: msgspec.DecodeError, data: bytes | bytearray | str) -
 
 
 class ProtocolError(Exception):
-    """The peer sent bytes that are not a JSON-RPC message.
-
-    ``message`` is the parser's explanation, without any connection label;
-    the transport prefixes it (§3.6).
-    """
+    """The peer sent bytes that are not a JSON-RPC message; ``message`` is the
+    parser's text, which the transport prefixes with the connection (§3.6)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -121,27 +101,17 @@ class _OutResult(msgspec.Struct):
     result: object
 
 
-class _OutErrorObject(msgspec.Struct):
-    code: int
-    message: str
-
-
 class _OutError(msgspec.Struct):
     id: RequestId
-    error: _OutErrorObject
+    error: ErrorObject
 
-
-_envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
-#: one decoder per params type (``decode(.., type=)`` re-derives it per call).
-_params_decoders: dict[object, msgspec.json.Decoder[Any]] = {}
 
 #: ``fs/writeFile`` messages from this size on have their ``params.dataBase64``
 #: left in place (:func:`decode_message`).
 SPAN_MIN: Final = 1 << 20
-#: the one method whose big string member is left in place.
 _SPAN_METHOD: Final = "fs/writeFile"
 
-
+_envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
 _id_decoder: Final = msgspec.json.Decoder(RequestId)
 _str_decoder: Final = msgspec.json.Decoder(str)
 _error_decoder: Final = msgspec.json.Decoder(ErrorObject)
@@ -149,11 +119,7 @@ _encoder: Final = msgspec.json.Encoder()
 
 
 def _member(raw: Raw, decoder: msgspec.json.Decoder[T]) -> T | UnsetType:
-    """Decode one raw member, or UNSET when it is absent or does not fit.
-
-    Raises:
-        ProtocolError: the member is not valid JSON text (e.g. bad UTF-8).
-    """
+    """UNSET when absent or not fitting; ProtocolError when no JSON text (bad UTF-8)."""
     if not raw:
         return UNSET
     try:
@@ -165,14 +131,8 @@ def _member(raw: Raw, decoder: msgspec.json.Decoder[T]) -> T | UnsetType:
 
 
 def _bad_id(raw: Raw) -> ProtocolError:
-    """The error for an ``id`` member that is present but no RequestId.
-
-    Upstream refuses such a message whatever else it holds (a method, a
-    result, nothing): a float, ``null``, a bool, an object, an array, or an
-    integer outside i64 is "no variant of RequestId", except an integer that
-    fits a u128 (past u64) or an i128 (below i64), which its buffering refuses
-    first with the words mirrored here.
-    """
+    """Upstream's error for an ``id`` that is no RequestId: its buffering refuses an
+    integer that fits a u128/i128 first, with these words."""
     text = bytes(raw)
     if _WIDE_INT.fullmatch(text):
         value = int(text)
@@ -186,19 +146,9 @@ def _bad_id(raw: Raw) -> ProtocolError:
 def decode_message(data: bytes | bytearray | str) -> Message:
     """Decode one inbound frame or line.
 
-    An ``fs/writeFile`` of :data:`SPAN_MIN` bytes or more whose
-    ``params.dataBase64`` is a string without escapes is decoded with that
-    string's text cut out (``""`` in ``params``): the text stays where it is
-    and the Request's ``span`` says where (:class:`StringSpan`), for the
-    handler to decode a slice at a time. Walking a GiB of text here, in one
-    call that holds the GIL, is what this avoids; the search for it is bounded
-    to slices (:mod:`json_span`), so a caller in a worker thread lets the event
-    loop run meanwhile.
-
-    Raises:
-        ProtocolError: not JSON, not an object, no shape fits, or nested deeper
-            than the decoder goes (msgspec stops at Python's recursion limit,
-            ~1000 levels; upstream's serde at 128).
+    An ``fs/writeFile`` of :data:`SPAN_MIN` bytes or more keeps its plain ``dataBase64``
+    text in place (``""`` in ``params``, ``span`` says where) for the handler to decode a
+    slice at a time. ProtocolError: no JSON-RPC message, or nested past the recursion limit.
     """
     try:
         if len(data) >= SPAN_MIN and not isinstance(data, str):
@@ -211,8 +161,6 @@ def decode_message(data: bytes | bytearray | str) -> Message:
 
 
 def _decode_with_span(data: bytes | bytearray) -> Request | None:
-    """``data`` decoded with ``params.dataBase64`` cut out, if it is an
-    ``fs/writeFile`` request holding that member as a plain string; else None."""
     span = find_string_member(data, b"params", b"dataBase64")
     if span is None:
         return None
@@ -233,8 +181,7 @@ def _decode_message(data: bytes | bytearray | str) -> Message:
         raise ProtocolError(decode_error_text(exc, data)) from None
     msg_id = _member(env.id, _id_decoder)
     if env.id and isinstance(msg_id, UnsetType):
-        # An id member that is no id is not a notification (that has no id at
-        # all) nor a response: the message is malformed, as upstream says (§3.6).
+        # neither a notification (no id at all) nor a response: malformed (§3.6)
         raise _bad_id(env.id)
     method = _member(env.method, _str_decoder)
     params = env.params if env.params else None
@@ -251,50 +198,24 @@ def _decode_message(data: bytes | bytearray | str) -> Message:
     raise ProtocolError(_NO_SHAPE)
 
 
-def params_decoder(params_type: type[T]) -> msgspec.json.Decoder[T]:
-    """The decoder for ``params_type``, made once and kept.
-
-    Making one resolves the type's annotations: ~0.2 ms for a params struct,
-    which a server pays on each method's first request unless it calls this
-    when it registers the method (the router does).
-    """
-    decoder = _params_decoders.get(params_type)
-    if decoder is None:
-        decoder = _params_decoders[params_type] = msgspec.json.Decoder(params_type)
-    return decoder
-
-
-def decode_params(raw: Raw | None, params_type: type[T]) -> T:
-    """Decode request params the upstream way (§3.2).
-
-    Missing params decode as ``null``; if ``{}`` does not fit, ``null`` is
-    tried instead (so ``{}`` works for parameterless methods).
-
-    Raises:
-        msgspec.ValidationError: the params do not fit (message is msgspec's).
+def decode_params(raw: Raw | None, decoder: msgspec.json.Decoder[T]) -> T:
+    """Decode request params the upstream way (§3.2): missing params are ``null``, and
+    ``{}`` that does not fit is tried as ``null``; msgspec.ValidationError if they do not fit.
     """
     data: Raw | bytes = raw if raw else _NULL  # no copy: params may be hundreds of MiB
-    # params_decoder's cache hit inline: no call on the hot path.
-    decoder = _params_decoders.get(params_type) or params_decoder(params_type)
     try:
-        result: T = decoder.decode(data)
-        return result
+        return decoder.decode(data)
     except msgspec.ValidationError:
         if len(data) <= 16 and b"".join(bytes(data).split()) == _EMPTY_OBJECT:
             try:
-                null_result: T = decoder.decode(_NULL)
-                return null_result
+                return decoder.decode(_NULL)
             except msgspec.ValidationError:
                 pass
         raise
 
 
 def decode_result(raw: Raw, result_type: type[T]) -> T:
-    """Decode a Response's ``result`` (client side).
-
-    Raises:
-        msgspec.ValidationError: the result does not fit ``result_type``.
-    """
+    """Decode a Response's ``result`` (client side); ValidationError if it does not fit."""
     return msgspec.json.decode(raw, type=result_type)
 
 
@@ -311,22 +232,19 @@ def encode_notification(method: str, params: msgspec.Struct | Raw | None = None)
 
 
 def encode_result(request_id: RequestId, result: msgspec.Struct | Raw) -> bytes:
-    """``{"id":..,"result":..}``."""
     return _encoder.encode(_OutResult(request_id, result))
 
 
 def encode_error(request_id: RequestId, code: int, message: str) -> bytes:
     """``{"id":..,"error":{"code":..,"message":..}}`` (``data`` never sent).
 
-    A message naming a file whose name is not UTF-8 holds its bytes as
-    surrogate escapes, which JSON cannot carry: they are sent as U+FFFD, as
-    upstream shows them. (msgspec refused the text, and the connection was
-    dropped: an audit of the client library found it.)
+    A file name's non-UTF-8 bytes (surrogate escapes, which JSON cannot carry)
+    are sent as U+FFFD, as upstream shows them.
     """
     try:
-        return _encoder.encode(_OutError(request_id, _OutErrorObject(code, message)))
+        return _encoder.encode(_OutError(request_id, ErrorObject(code, message)))
     except UnicodeEncodeError:
-        return _encoder.encode(_OutError(request_id, _OutErrorObject(code, lossy_text(message))))
+        return _encoder.encode(_OutError(request_id, ErrorObject(code, lossy_text(message))))
 
 
 def lossy_text(text: str) -> str:

@@ -1,11 +1,4 @@
-"""Server-side handshake state of one connection, and the lifecycle error texts.
-
-Sans-I/O (STYLE.md §2.3): the rules of PROTOCOL.md §4.1-§4.3 as one small
-state machine. The server's connection driver owns one :class:`Handshake`
-per connection and asks it before dispatching; session attachment itself is
-tracked by ``server/session.py``, which feeds the result in.
-
-States::
+"""Handshake state of one server connection (PROTOCOL.md §4.1-§4.3), and lifecycle texts::
 
     NEW --initialize--> REQUESTED --ok--> ACCEPTED --initialized--> READY
                              \\--failed--> NEW   (client may retry)
@@ -19,8 +12,6 @@ from typing import Final, Literal, TypeAlias
 from exec_server.exceptions import InvalidRequestError, ProtocolClosedError
 
 __all__ = [
-    "INITIALIZED_BEFORE_INITIALIZE",
-    "INITIALIZE_ONCE",
     "NO_SESSION",
     "SESSION_RESUMED",
     "Family",
@@ -35,8 +26,6 @@ __all__ = [
 #: Which gate a method passes through (§4.3); ``None`` means "no gating".
 Family: TypeAlias = Literal["exec", "filesystem", "http", "environment config"] | None
 
-INITIALIZE_ONCE: Final = "initialize may only be sent once per connection"
-INITIALIZED_BEFORE_INITIALIZE: Final = "received `initialized` notification before `initialize`"
 NO_SESSION: Final = "client must call initialize before using methods"
 SESSION_RESUMED: Final = "session has been resumed by another connection"
 
@@ -54,7 +43,7 @@ def method_not_found_text(method: str) -> str:
 
 
 def malformed_message_text(kind: str, label: str, detail: str) -> str:
-    """The answer to a message that is not JSON-RPC (PROTOCOL.md §3.6)."""
+    """The answer to a message that is not JSON-RPC (§3.6)."""
     framing = "websocket JSON-RPC" if kind == "websocket" else "JSON-RPC"
     return f"failed to parse {framing} message from {label}: {detail}"
 
@@ -73,13 +62,9 @@ class Handshake:
         self.state = HandshakeState.NEW
 
     def begin_initialize(self) -> None:
-        """Mark ``initialize`` requested (§4.1 step 1-2).
-
-        Raises:
-            InvalidRequestError: ``initialize`` was already requested/accepted.
-        """
+        """Raises InvalidRequestError when ``initialize`` was already sent (§4.1)."""
         if self.state is not HandshakeState.NEW:
-            raise InvalidRequestError(INITIALIZE_ONCE)
+            raise InvalidRequestError("initialize may only be sent once per connection")
         self.state = HandshakeState.REQUESTED
 
     def initialize_failed(self) -> None:
@@ -92,24 +77,17 @@ class Handshake:
             self.state = HandshakeState.ACCEPTED
 
     def on_initialized(self, *, attached: bool) -> None:
-        """Handle the ``initialized`` notification (§4.2); idempotent.
-
-        Raises:
-            ProtocolClosedError: before ``initialize``, or after eviction;
-                the connection must be closed without a reply.
-        """
+        """The ``initialized`` notification (§4.2), idempotent; ProtocolClosedError
+        before ``initialize`` or after eviction."""
         if self.state in (HandshakeState.NEW, HandshakeState.REQUESTED):
-            raise ProtocolClosedError(INITIALIZED_BEFORE_INITIALIZE)
+            raise ProtocolClosedError("received `initialized` notification before `initialize`")
         if not attached:
             raise ProtocolClosedError(SESSION_RESUMED)
         self.state = HandshakeState.READY
 
     def gate(self, family: Family, *, has_session: bool, attached: bool) -> None:
-        """Run the §4.3 checks for a ``family`` method, in the spec's order.
-
-        Raises:
-            InvalidRequestError: with the exact upstream text.
-        """
+        """The §4.3 checks for a ``family`` method, in the spec's order; raises
+        InvalidRequestError with upstream's text."""
         if family is None:
             return
         if self.state in (HandshakeState.NEW, HandshakeState.REQUESTED):

@@ -1,29 +1,23 @@
-"""Find where one string member of a JSON message lies, without decoding it.
-
-Why: a big ``fs/writeFile`` is one huge base64 string inside a small JSON
-object. A JSON decoder walks that string in one call that holds the GIL (~2 s
-for a GiB), so nothing else in the process runs meanwhile. This walks only
-the structure; strings are skipped with ``bytes.find`` (memchr speed) over
-windows of :data:`WINDOW` bytes, so a caller in a worker thread gives the GIL
-back between them. Anything unusual (escaped keys, duplicate members, escapes
-inside the wanted string, malformed text) gives None, and the caller uses the
-ordinary decoder, which also reports errors.
+"""Find where one string member of a JSON message lies, without decoding it: a JSON
+decoder walks a big ``fs/writeFile``'s base64 in one GIL-holding call (~2 s a GiB).
+Anything unusual gives None, and the caller uses the ordinary decoder.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Final
 
 __all__ = ["WINDOW", "StringSpan", "find_string_member"]
 
-#: Bytes one ``bytes.find`` call looks at (~0.1 ms), at most.
+#: Bytes one ``bytes.find`` call looks at (~0.1 ms): the GIL goes back between them.
 WINDOW: Final = 1 << 20
 
 _BACKSLASH: Final = 0x5C
 _QUOTE: Final = 0x22
 _OPEN: Final = frozenset(b"{[")
-_WHITESPACE: Final = frozenset(b" \t\r\n")
+_NOT_WHITESPACE: Final = re.compile(rb"[^ \t\r\n]")
 _STRUCTURAL: Final = re.compile(rb'["{}\[\]]')
 _SCALAR_END: Final = re.compile(rb"[,}\]\s]")
 
@@ -33,7 +27,6 @@ class _Unusual(Exception):
 
 
 def _find(data: bytes | bytearray, byte: bytes, start: int, end: int) -> int:
-    """``data.find(byte, start, end)``, one :data:`WINDOW` at a time."""
     while start < end:
         stop = min(start + WINDOW, end)
         found = data.find(byte, start, stop)
@@ -44,16 +37,13 @@ def _find(data: bytes | bytearray, byte: bytes, start: int, end: int) -> int:
 
 
 def _skip_ws(data: bytes | bytearray, i: int) -> int:
-    n = len(data)
-    while i < n and data[i] in _WHITESPACE:
-        i += 1
-    if i >= n:
+    m = _NOT_WHITESPACE.search(data, i)
+    if m is None:
         raise _Unusual
-    return i
+    return m.start()
 
 
 def _string_end(data: bytes | bytearray, i: int) -> int:
-    """Index just past the string that opens at ``data[i]``."""
     j = i + 1
     n = len(data)
     while True:
@@ -69,7 +59,6 @@ def _string_end(data: bytes | bytearray, i: int) -> int:
 
 
 def _value_end(data: bytes | bytearray, i: int) -> int:
-    """Index just past the value that starts at ``data[i]``."""
     c = data[i]
     if c == _QUOTE:
         return _string_end(data, i)
@@ -95,7 +84,7 @@ def _value_end(data: bytes | bytearray, i: int) -> int:
 
 
 def _members(data: bytes | bytearray, i: int) -> dict[bytes, tuple[int, int]]:
-    """The members of the object opening at ``data[i]``: raw key -> value span."""
+    """Raw key -> value span of the members of the object opening at ``data[i]``."""
     if data[i] != ord("{"):
         raise _Unusual
     found: dict[bytes, tuple[int, int]] = {}
@@ -126,17 +115,11 @@ def _members(data: bytes | bytearray, i: int) -> dict[bytes, tuple[int, int]]:
 def find_string_member(
     data: bytes | bytearray, outer: bytes, inner: bytes
 ) -> tuple[int, int] | None:
-    """Span (without quotes) of the string ``message[outer][inner]`` if it has no escapes.
-
-    The top-level object and ``outer`` are walked member by member, so a key
-    inside another string or a nested object never matches.
-    """
+    """Span (without quotes) of the string ``message[outer][inner]`` if it has no
+    escapes; walked member by member, so a key in a string or deeper never matches."""
     try:
-        top = _members(data, _skip_ws(data, 0))
-        outer_span = top.get(outer)
-        if outer_span is None:
-            return None
-        value = _members(data, outer_span[0]).get(inner)
+        outer_span = _members(data, _skip_ws(data, 0)).get(outer)
+        value = None if outer_span is None else _members(data, outer_span[0]).get(inner)
     except (_Unusual, IndexError):
         return None
     if value is None or data[value[0]] != _QUOTE:
@@ -147,16 +130,10 @@ def find_string_member(
     return start, end
 
 
+@dataclass(slots=True, eq=False)
 class StringSpan:
-    """A JSON string member left undecoded: its text is ``data[start:end]``,
-    which holds no escapes (see :func:`find_string_member`)."""
+    """A JSON string member left undecoded: its text (no escapes) is ``data[start:end]``."""
 
-    __slots__ = ("data", "end", "start")
-
-    def __init__(self, data: bytes | bytearray, start: int, end: int) -> None:
-        self.data = data
-        self.start = start
-        self.end = end
-
-    def __len__(self) -> int:
-        return self.end - self.start
+    data: bytes | bytearray
+    start: int
+    end: int

@@ -1,14 +1,7 @@
-"""JSON-RPC-lite envelopes exactly as upstream sends them (PROTOCOL.md §3.1).
+"""Inbound JSON-RPC-lite envelopes (PROTOCOL.md §3.1) and the ``initialize`` payloads.
 
-No ``"jsonrpc"`` member is required or sent. ``id`` is an integer or a string
-and is echoed with its JSON type. Payloads (``params``, ``result``,
-``error.data``) stay :class:`msgspec.Raw` here: typed decoding happens where
-the method is known (the server router, the client's typed calls), so the
-envelope decoder never builds dicts.
-
-These are the decoded (inbound) shapes. Outbound messages are built by the
-``encode_*`` helpers of :mod:`exec_server.protocol.codec`.
-"""
+No ``"jsonrpc"`` member. Payloads stay :class:`msgspec.Raw` until the method is known,
+so the envelope decoder never builds dicts."""
 
 from __future__ import annotations
 
@@ -34,9 +27,7 @@ __all__ = [
     "ShellInfo",
 ]
 
-#: An id is a JSON integer (64-bit signed) or a JSON string, echoed unchanged. An
-#: integer out of that range is no id (upstream's is an ``i64``): the message then
-#: fits no request shape, as a float id does not.
+#: An i64 or a string, echoed unchanged; any other id makes the message malformed.
 RequestId: TypeAlias = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | str
 
 #: The id used when answering a message that could not be parsed (§3.5).
@@ -44,13 +35,8 @@ MALFORMED_ID: Final[int] = -1
 
 
 class Request(msgspec.Struct, frozen=True):
-    """A call that expects a Response or ErrorResponse with the same ``id``.
-
-    ``params`` is ``None`` when the member was absent; an explicit JSON
-    ``null`` arrives as ``Raw(b"null")``. ``span`` is a big ``fs/writeFile``'s
-    ``dataBase64`` text left in the message (``params`` then holds ``""`` for
-    it; see ``codec.decode_message``).
-    """
+    """``params`` is None when absent (``null`` is ``Raw(b"null")``); ``span``, a big
+    ``fs/writeFile``'s ``dataBase64`` left in place (``codec.decode_message``)."""
 
     id: RequestId
     method: str
@@ -59,15 +45,11 @@ class Request(msgspec.Struct, frozen=True):
 
 
 class Notification(msgspec.Struct, frozen=True):
-    """A one-way message (no ``id``)."""
-
     method: str
     params: msgspec.Raw | None = None
 
 
 class Response(msgspec.Struct, frozen=True):
-    """A successful answer; ``result`` is any JSON (kept raw)."""
-
     id: RequestId
     result: msgspec.Raw
 
@@ -81,8 +63,6 @@ class ErrorObject(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class ErrorResponse(msgspec.Struct, frozen=True):
-    """A failed answer carrying an :class:`ErrorObject`."""
-
     id: RequestId
     error: ErrorObject
 
@@ -90,10 +70,7 @@ class ErrorResponse(msgspec.Struct, frozen=True):
 #: Every inbound message shape, in decoding order (§3.1 "first shape that fits").
 Message: TypeAlias = Request | Notification | Response | ErrorResponse
 
-
-# ---------------------------------------------------------------------------
-# Lifecycle and environment payloads (PROTOCOL.md §4.1, CLIENT_COMPAT.md §2-§3)
-# ---------------------------------------------------------------------------
+# --- lifecycle and environment payloads (PROTOCOL.md §4.1, CLIENT_COMPAT.md §2-§3)
 
 
 class InitializeParams(msgspec.Struct, frozen=True, rename="camel"):
@@ -104,7 +81,7 @@ class InitializeParams(msgspec.Struct, frozen=True, rename="camel"):
 
 
 class ShellInfo(msgspec.Struct, frozen=True):
-    """The login shell the current client wraps commands in (plain path, not a URI)."""
+    """The login shell the current client wraps commands in (a plain path)."""
 
     name: str
     path: str
@@ -127,8 +104,8 @@ class EnvironmentCapabilities(msgspec.Struct, frozen=True, rename="camel", omit_
 
 
 class EnvironmentInfo(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
-    """``environmentInfo`` / ``environment/info`` result (CLIENT_COMPAT.md §2,
-    PROTOCOL_CURRENT.md §3); paths are URIs. ``prependPathDirs`` is always sent."""
+    """``environmentInfo`` / ``environment/info`` result (CLIENT_COMPAT.md §2); paths
+    are URIs."""
 
     shell: ShellInfo
     executor_version: str = "0.0.0"
@@ -143,7 +120,7 @@ class EnvironmentInfo(msgspec.Struct, frozen=True, rename="camel", omit_defaults
 
 
 class InitializeResult(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
-    """``initialize`` result; ``environmentInfo`` is for the current client generation."""
+    """``environmentInfo`` is for the current client generation only."""
 
     session_id: str
     environment_info: EnvironmentInfo | None = None

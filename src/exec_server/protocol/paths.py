@@ -1,9 +1,6 @@
-"""Path fields on the wire: plain absolute strings (legacy) or ``file://`` URIs (current).
-
-Both generations are accepted in every path field (CLIENT_COMPAT.md §1.2-§1.3);
-answers use the form the request used. Absolute paths are normalised
-lexically: ``.`` dropped, ``..`` pops the previous component without looking at
-the filesystem (PROTOCOL.md §5.2).
+"""Path fields on the wire: plain absolute strings (legacy) or ``file://`` URIs (current),
+accepted in every path field, answered in the request's form (CLIENT_COMPAT.md §1.2-§1.3),
+normalised lexically, before symlinks (PROTOCOL.md §5.2).
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 __all__ = [
     "PathForm",
     "WirePath",
-    "normalize_absolute",
     "normalize_lexical",
     "parse_wire_path",
     "render_path",
@@ -32,45 +28,26 @@ _URI_SAFE = "/:@=,;!$&'()*+[]^|~"
 
 
 class PathForm(enum.Enum):
-    """How a client spelled a path: decides how we answer."""
+    """How a client spelled a path, and so how we answer."""
 
     PLAIN = "plain"
     URI = "uri"
 
 
 class WirePath(msgspec.Struct, frozen=True, gc=False):
-    """A decoded, lexically normalised absolute path and the form it arrived in.
-
-    A frozen ``msgspec.Struct``: one is made per request, cheaper than a frozen dataclass.
-    """
+    """A decoded, normalised absolute path and the form it arrived in (a Struct: one
+    is made per request, cheaper than a frozen dataclass)."""
 
     path: str
     form: PathForm
 
     def render(self, path: str | None = None) -> str:
-        """Render ``path`` (default: this path) in this path's form."""
         return render_path(self.path if path is None else path, self.form)
 
 
-def normalize_absolute(path: str) -> str:
-    """Lexically normalise an absolute POSIX path (``..`` applied before symlinks).
-
-    Raises:
-        InvalidParamsError: ``path`` is relative.
-    """
-    if not path.startswith("/"):
-        raise InvalidParamsError("path must be absolute")
-    return normalize_lexical(path)
-
-
 def normalize_lexical(path: str) -> str:
-    """Drop ``.`` and empty segments, let ``..`` pop the previous one (none at the root).
-
-    The one lexical normaliser of the project (PROTOCOL.md §5.2, SANDBOX policy
-    paths, APPLY_PATCH.md §6): no filesystem access, symlinks untouched. The
-    result is always rooted; callers pass absolute paths (a relative one is
-    read as if it started at ``/``), :func:`normalize_absolute` checks that.
-    """
+    """Drop ``.`` and empty segments, let ``..`` pop the previous one: the project's one
+    lexical normaliser (PROTOCOL.md §5.2, APPLY_PATCH.md §6); the result is rooted."""
     if (
         path.startswith("/")
         and "//" not in path
@@ -80,13 +57,11 @@ def normalize_lexical(path: str) -> str:
         return path  # already normal (the common case): no split and join
     out: list[str] = []
     for part in path.split("/"):
-        if part in ("", "."):
-            continue
         if part == "..":
             if out:
                 out.pop()
-            continue
-        out.append(part)
+        elif part not in ("", "."):
+            out.append(part)
     return "/" + "/".join(out)
 
 
@@ -96,15 +71,8 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 def _parse_uri(value: str) -> str:
-    """The path of a ``file:`` URL, read as upstream's parser (the URL standard) does.
-
-    Tabs and newlines anywhere are dropped and ``\\`` is a ``/`` (what
-    ``file:`` URLs get in browsers and in Rust's ``url`` crate); a URL
-    without slashes or without a path (``file:a``, ``file://``) is rooted
-    (``/a``, ``/``); the host is read as a domain (:func:`_domain`) before it is
-    compared with ``localhost``; ``.`` and ``..`` segments count empty ones
-    (:func:`_resolve_dot_segments`).
-    """
+    """The path of a ``file:`` URL, read as upstream's parser (the URL standard) does:
+    tabs and newlines dropped, ``\\`` a ``/``, ``file:a`` and ``file://`` rooted."""
     value = value.replace("\t", "").replace("\n", "").replace("\r", "").replace("\\", "/")
     try:
         parsed = urllib.parse.urlsplit(value)
@@ -134,23 +102,15 @@ def _parse_uri(value: str) -> str:
 
 _BAD_HOST = "invalid URI: invalid international domain name"
 #: What the URL standard forbids in a domain once it is decoded and mapped.
-_FORBIDDEN_IN_DOMAIN = frozenset(
-    "\x00\t\n\r #/:<>?@[\\]^|%\x7f" + "".join(map(chr, range(0x20)))
-)
-_SINGLE_DOT = frozenset((".", "%2e"))
+_FORBIDDEN_IN_DOMAIN = frozenset(_C0_OR_SPACE + "#/:<>?@[\\]^|%\x7f")
 _DOUBLE_DOT = frozenset(("..", ".%2e", "%2e.", "%2e%2e"))
+_DOTS = _DOUBLE_DOT | {".", "%2e"}
 
 
 def _domain(host: str) -> str:
-    """A file URL's host as the URL standard reads it (upstream's url crate): percent-
-    decoded, then each label mapped to its ASCII form (case folded, full-width letters
-    and soft hyphens mapped, others punycoded, as IDNA does), so ``LOCAL%48OST`` and
-    its full-width spelling are ``localhost``. Empty labels (``a..b``) are kept, as
-    the standard's lenient mapping keeps them. An IPv6 literal is returned as written.
-
-    Raises:
-        InvalidParamsError: no valid domain (upstream's -32602 wording).
-    """
+    """A file URL's host as the URL standard reads it: percent-decoded, each label
+    mapped to ASCII as IDNA does (so ``LOCAL%48OST`` is ``localhost``), empty labels
+    kept; an IPv6 literal as written. InvalidParamsError when it is no domain."""
     if host.startswith("["):
         return host
     try:
@@ -166,8 +126,7 @@ def _domain(host: str) -> str:
 
 def _ascii_label(label: str) -> str:
     if label.isascii():
-        # As the standard's mapping: lower case, no length limit (IDNA 2003's
-        # ToASCII refuses labels over 63 characters).
+        # no length limit, unlike IDNA 2003's ToASCII
         ascii_label = label.lower()
     else:
         ascii_label = encodings.idna.ToASCII(label).decode("ascii").lower()
@@ -180,63 +139,48 @@ def _ascii_label(label: str) -> str:
 
 
 def _resolve_dot_segments(raw: str) -> str:
-    """Apply a URL path's ``.`` and ``..`` segments (also spelled ``%2e``) as the URL
-    standard does, before anything else: an empty segment counts, so ``/d//../f`` is
-    ``/d/f`` (the ``..`` removes the empty segment), where a file path's lexical
-    normalisation, which drops empty segments first, would give ``/f``.
-    Only called for paths with an empty segment: elsewhere both agree."""
+    """A URL path's ``.``/``..`` segments (also ``%2e``) applied as the URL standard
+    does, where an empty segment counts: ``/d//../f`` is ``/d/f``, not ``/f`` (so it is
+    called only for paths with an empty segment)."""
     segments = raw.split("/")[1:] if raw.startswith("/") else raw.split("/")
     out: list[str] = []
     last = len(segments) - 1
     for i, segment in enumerate(segments):
         folded = segment.lower()
-        if folded in _DOUBLE_DOT:
-            if out:
-                out.pop()
-            if i == last:
-                out.append("")  # `a/..` is `a/`'s parent with a trailing slash
-        elif folded in _SINGLE_DOT:
-            if i == last:
-                out.append("")
-        else:
+        if folded in _DOUBLE_DOT and out:
+            out.pop()
+        if folded not in _DOTS:
             out.append(segment)
+        elif i == last:
+            out.append("")  # `a/..` and `a/.` end with a slash
     return "/" + "/".join(out)
 
 
 def parse_wire_path(value: str, *, normalize: bool = True) -> WirePath:
-    """Decode one path field.
+    """Decode one path field (``normalize=False``: keep ``..``, still absolute).
 
     Raises:
         InvalidParamsError: not absolute, bad URI (-32602).
         InvalidRequestError: a ``file://`` URI naming another host (-32600).
     """
-    if value.startswith("/"):
-        path = value
-        form = PathForm.PLAIN
-    elif (text := value.strip(_C0_OR_SPACE))[:5].lower() == "file:":
-        path = _parse_uri(text)
-        form = PathForm.URI
-    elif scheme := _SCHEME.match(text):
-        raise InvalidParamsError(f"unsupported path URI scheme `{scheme[0][:-1].lower()}`")
-    else:
-        path = value
-        form = PathForm.PLAIN
+    path, form = value, PathForm.PLAIN
+    if not value.startswith("/"):
+        text = value.strip(_C0_OR_SPACE)
+        if text[:5].lower() == "file:":
+            path, form = _parse_uri(text), PathForm.URI
+        elif scheme := _SCHEME.match(text):
+            raise InvalidParamsError(f"unsupported path URI scheme `{scheme[0][:-1].lower()}`")
     if "\x00" in path:
         if form is PathForm.URI:  # upstream's words (a NUL cannot be a file path)
             raise InvalidParamsError(f"'{value}' is invalid on '{sys.platform}'")
         raise InvalidParamsError("path must not contain NUL bytes")
-    if normalize:
-        path = normalize_absolute(path)
-    elif not path.startswith("/"):
+    if not path.startswith("/"):
         raise InvalidParamsError("path must be absolute")
-    return WirePath(path, form)
+    return WirePath(normalize_lexical(path) if normalize else path, form)
 
 
 def render_path(path: str, form: PathForm) -> str:
-    """Render an absolute path as the client expects it."""
-    if form is PathForm.PLAIN:
-        return path
-    return "file://" + uri_quote(path)
+    return path if form is PathForm.PLAIN else "file://" + uri_quote(path)
 
 
 def uri_quote(path: str) -> str:

@@ -31,7 +31,6 @@ from exec_server.protocol.codec import (
     decode_params,
     encode_error,
     encode_result,
-    params_decoder,
 )
 from exec_server.protocol.handshake import (
     NO_SESSION,
@@ -192,7 +191,7 @@ class RequestContext:
 @dataclass(frozen=True, slots=True)
 class Route:
     method: str
-    params_type: Any
+    decoder: msgspec.json.Decoder[Any]
     handler: Callable[[RequestContext, Any], Awaitable[msgspec.Struct]]
     family: Family
     may_block: bool = False
@@ -224,8 +223,9 @@ class Router:
         """
         if method in self._routes:
             raise ValueError(f"method {method!r} registered twice")
-        params_decoder(params_type)  # now, not on the method's first request
-        self._routes[method] = Route(method, params_type, handler, family, may_block)
+        # made now (~0.2 ms each), not on the method's first request
+        decoder = msgspec.json.Decoder(params_type)
+        self._routes[method] = Route(method, decoder, handler, family, may_block)
 
     def may_block(self, method: str) -> bool:
         route = self._routes.get(method)
@@ -270,7 +270,7 @@ class Router:
     def _params(ctx: RequestContext, route: Route, request: Request) -> Any:
         """Decode and gate; raises what :meth:`_error` answers."""
         try:
-            params = decode_params(request.params, route.params_type)
+            params = decode_params(request.params, route.decoder)
         except msgspec.ValidationError:
             raise  # a ValidationError is a DecodeError too: -32602, as it says
         except (msgspec.DecodeError, RecursionError) as exc:

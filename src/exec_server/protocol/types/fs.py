@@ -1,28 +1,7 @@
 """Wire structs of the ``fs/*`` methods, both generations (PROTOCOL.md §9.2, CLIENT_COMPAT.md §6).
 
-Every params struct carries ``sandbox`` as raw JSON: the sandbox-policy layer
-decodes it (legacy ``FileSystemSandboxContext`` or the current permission
-context); absent and ``null`` both mean "no sandbox" (use :func:`sandbox_raw`).
-``msgspec.Raw | None`` cannot be used for that member: msgspec then accepts
-only ``null``, so the member is ``Raw | UNSET`` like ``process/start``'s.
-
-Path members are plain ``str``: the handler parses them with
-:func:`exec_server.protocol.paths.parse_wire_path`, which accepts a plain
-absolute path (legacy) or a ``file://`` URI (current) and remembers the form so
-answers use the request's form.
-
-``fs/writeFile``'s ``dataBase64`` is decoded from a ``msgspec.Raw`` slice of the
-inbound message (no intermediate ``str``) so that invalid base64 can be
-reported with upstream's ``-32600`` text instead of a generic decode error;
-a big request's ``dataBase64`` is not decoded at all by the codec (see
-``codec.decode_message``). The client side encodes from ``bytes``
-(:class:`WriteFileRequest`); ``fs/readFile`` results are ``bytes`` fields that
-msgspec turns into base64 in C, or for big files :class:`ReadFileText`.
-
-``fs/getMetadata``'s ``isSymlink``/``size`` exist only in the current
-generation; they are ``UNSET`` (omitted) for legacy requests (CLIENT_COMPAT
-§1.2 rule 6 and §6.1): the server fills them when the request path was a URI.
-"""
+Paths are plain ``str`` for :func:`~exec_server.protocol.paths.parse_wire_path`;
+``sandbox`` stays raw JSON (:func:`sandbox_raw`)."""
 
 from __future__ import annotations
 
@@ -93,33 +72,34 @@ METHOD_WRITE_BLOCK = "fs/writeBlock"
 METHOD_CLOSE = "fs/close"
 
 
-class EmptyResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+#: The config every fs struct shares (camelCase leaves one-word names as they are).
+_FS = {"frozen": True, "kw_only": True, "rename": "camel", "omit_defaults": True}
+
+
+class EmptyResult(msgspec.Struct, **_FS):
     """``{}``: the result of writeFile, createDirectory, remove and copy."""
 
 
-class ReadFileParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+class ReadFileParams(msgspec.Struct, **_FS):
     path: str
     sandbox: SandboxField = UNSET
     follow_symlinks: bool | None = None
 
 
-class ReadFileResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class ReadFileResult(msgspec.Struct, **_FS):
     data_base64: bytes
 
 
-class ReadFileText(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Server-side encode shape of a big ``fs/readFile`` result: ``data_base64`` is
-    the JSON string (quotes included), made in a worker a slice at a time and
-    copied into the reply as it is (msgspec would encode the bytes in one
-    GIL-holding call)."""
+class ReadFileText(msgspec.Struct, **_FS):
+    """A big ``fs/readFile`` result: ``data_base64`` is the JSON string (quotes
+    included), encoded in a worker a slice at a time, not in one GIL-holding call."""
 
     data_base64: msgspec.Raw
 
 
-class WriteFileParams(
-    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
-):
-    """Server-side decode shape; ``data_base64`` is the raw JSON token (see module doc)."""
+class WriteFileParams(msgspec.Struct, **_FS):
+    """Server-side decode shape: ``data_base64`` is the raw JSON token, so bad base64 gets
+    upstream's -32600 text (a big one is not decoded here: ``codec.decode_message``)."""
 
     path: str
     data_base64: msgspec.Raw
@@ -127,9 +107,7 @@ class WriteFileParams(
     follow_symlinks: bool | None = None
 
 
-class WriteFileRequest(
-    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
-):
+class WriteFileRequest(msgspec.Struct, **_FS):
     """Client-side encode shape of ``fs/writeFile``: bytes become base64 in C."""
 
     path: str
@@ -138,25 +116,21 @@ class WriteFileRequest(
     follow_symlinks: bool | None = None
 
 
-class CreateDirectoryParams(
-    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
-):
+class CreateDirectoryParams(msgspec.Struct, **_FS):
     path: str
     recursive: bool | None = None
     sandbox: SandboxField = UNSET
     follow_symlinks: bool | None = None
 
 
-class GetMetadataParams(
-    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
-):
+class GetMetadataParams(msgspec.Struct, **_FS):
     path: str
     sandbox: SandboxField = UNSET
     follow_symlinks: bool | None = None
 
 
 class GetMetadataResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Field order as upstream sends it; the two current-only members omitted when unset."""
+    """Members in upstream's order; ``isSymlink`` and ``size`` are current-only."""
 
     is_directory: bool
     is_file: bool
@@ -166,24 +140,22 @@ class GetMetadataResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel
     modified_at_ms: int
 
 
-class ReadDirectoryParams(
-    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
-):
+class ReadDirectoryParams(msgspec.Struct, **_FS):
     path: str
     sandbox: SandboxField = UNSET
 
 
-class DirectoryEntry(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class DirectoryEntry(msgspec.Struct, **_FS):
     file_name: str
     is_directory: bool
     is_file: bool
 
 
-class ReadDirectoryResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class ReadDirectoryResult(msgspec.Struct, **_FS):
     entries: list[DirectoryEntry]
 
 
-class RemoveParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+class RemoveParams(msgspec.Struct, **_FS):
     path: str
     recursive: bool | None = None
     force: bool | None = None
@@ -191,59 +163,55 @@ class RemoveParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", om
     follow_symlinks: bool | None = None
 
 
-class CopyParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+class CopyParams(msgspec.Struct, **_FS):
     source_path: str
     destination_path: str
     recursive: bool
     sandbox: SandboxField = UNSET
 
 
-class CanonicalizeParams(
-    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
-):
+class CanonicalizeParams(msgspec.Struct, **_FS):
     path: str
     sandbox: SandboxField = UNSET
 
 
-class CanonicalizeResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class CanonicalizeResult(msgspec.Struct, **_FS):
     path: str
 
 
 # -- fs/walk (PROTOCOL_CURRENT §6)
 
-#: A non-negative count (upstream: ``usize``).
-Count = Annotated[int, msgspec.Meta(ge=0)]
-#: A file offset (upstream: ``u64``).
-U64 = Annotated[int, msgspec.Meta(ge=0)]
+#: A count or a file offset (upstream: ``usize``, ``u64``).
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class WalkOptionsParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class WalkOptionsParams(msgspec.Struct, **_FS):
     """All five members are required, as upstream's deserializer wants them."""
 
-    max_depth: Count
-    max_directories: Count
-    max_entries: Count
+    max_depth: NonNegative
+    max_directories: NonNegative
+    max_entries: NonNegative
     follow_directory_symlinks: bool
     prune_hidden_directories: bool
 
 
-class WalkParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+class WalkParams(msgspec.Struct, **_FS):
     path: str
     options: WalkOptionsParams
     sandbox: SandboxField = UNSET
 
 
-class WalkEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class WalkEntry(msgspec.Struct, gc=False, **_FS):
     path: str
     kind: Literal["file", "directory"]
 
 
-class WalkError(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class WalkError(msgspec.Struct, gc=False, **_FS):
     path: str
     message: str
 
 
-class WalkResult(msgspec.Struct, frozen=True, kw_only=True):
+class WalkResult(msgspec.Struct, **_FS):
     entries: list[WalkEntry]
     errors: list[WalkError]
     truncated: bool
@@ -252,7 +220,7 @@ class WalkResult(msgspec.Struct, frozen=True, kw_only=True):
 # -- file handles (PROTOCOL_CURRENT §4, §5)
 
 
-class OpenParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+class OpenParams(msgspec.Struct, **_FS):
     """``mode`` may be omitted (``read``), not ``null`` (upstream refuses that too)."""
 
     handle_id: str
@@ -261,26 +229,26 @@ class OpenParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit
     sandbox: SandboxField = UNSET
 
 
-class OpenResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class OpenResult(msgspec.Struct, **_FS):
     handle_id: str
 
 
-class ReadBlockParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class ReadBlockParams(msgspec.Struct, **_FS):
     handle_id: str
-    offset: U64
-    length: Count = msgspec.field(name="len")
+    offset: NonNegative
+    length: NonNegative = msgspec.field(name="len")
 
 
-class ReadBlockResult(msgspec.Struct, frozen=True, kw_only=True):
+class ReadBlockResult(msgspec.Struct, **_FS):
     chunk: bytes
     eof: bool
 
 
-class WriteBlockParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class WriteBlockParams(msgspec.Struct, **_FS):
     handle_id: str
-    offset: U64
+    offset: NonNegative
     chunk: bytes
 
 
-class CloseParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class CloseParams(msgspec.Struct, **_FS):
     handle_id: str

@@ -1,8 +1,6 @@
 """Wire structs of ``http/request`` and ``http/request/bodyDelta`` (PROTOCOL_CURRENT.md §9).
 
-Bodies are ``bytes`` fields: msgspec decodes and encodes them as padded
-base64. ``error`` of a body delta is always present (``null`` when clean),
-as upstream sends it.
+Bodies travel as base64; a body delta's ``error`` is always sent (``null`` when clean).
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ NOTIFY_BODY_DELTA: Final = "http/request/bodyDelta"
 #: the id the 0.163 client gives every buffered request (they reserve none).
 BUFFERED_REQUEST_ID: Final = "buffered-request"
 
-#: a JSON number >= 0 (the u64 upper bound is checked by the handler: msgspec's
-#: bounds stop at int64).
+#: >= 0; the handler checks the u64 bound (msgspec's bounds stop at int64).
 U64 = Annotated[int, msgspec.Meta(ge=0)]
 U64_MAX: Final = 2**64 - 1
 

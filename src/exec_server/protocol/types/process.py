@@ -1,17 +1,12 @@
-"""Wire structs of the ``process/*`` methods and notifications, both generations.
-
-Legacy clients (PROTOCOL.md §8) and the current Codex client (CLIENT_COMPAT.md
-§4-§5) share one set of structs: members only the current client sends or
-receives default to ``UNSET`` so they are omitted on the wire unless set, and
-their presence is how the server tells the generations apart (CLIENT_COMPAT
-§1.2 rule 4). Byte payloads are ``bytes`` fields: msgspec encodes and decodes
-them as standard padded base64 in C, which keeps output notifications cheap.
+"""Wire structs of the ``process/*`` methods, both generations (PROTOCOL.md §8,
+CLIENT_COMPAT.md §4-§5): current-only members default to ``UNSET`` (omitted), and
+their presence tells the generations apart (CLIENT_COMPAT §1.2 rule 4).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeAlias
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -57,8 +52,7 @@ METHOD_READ = "process/read"
 METHOD_WRITE = "process/write"
 METHOD_TERMINATE = "process/terminate"
 METHOD_SIGNAL = "process/signal"
-#: extensions of this server (upstream reserves ``process/resizePty`` and answers
-#: "not implemented yet"; it has no ``process/closeStdin``): -32601 from others.
+#: extensions of this server (upstream answers -32601).
 METHOD_RESIZE_PTY = "process/resizePty"
 METHOD_CLOSE_STDIN = "process/closeStdin"
 NOTIFY_OUTPUT = "process/output"
@@ -84,7 +78,7 @@ class WriteStatus(enum.Enum):
 
 
 class EnvPolicy(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Current client's shell-environment policy (CLIENT_COMPAT.md §4.1); all members required."""
+    """Current client's shell-environment policy (CLIENT_COMPAT.md §4.1)."""
 
     inherit: Literal["all", "core", "none"]
     ignore_default_excludes: bool
@@ -101,19 +95,14 @@ class ProcessMetadata(msgspec.Struct, frozen=True, kw_only=True, rename="camel")
 
 
 class ManagedNetwork(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Managed-network details of the current client (not implemented by this server)."""
+    """Managed-network details of the current client (not implemented here)."""
 
     loopback_ports: list[int] | None = None
     allow_local_binding: bool | None = None
 
 
 class StartParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/start`` params.
-
-    ``sandbox`` stays raw JSON: the sandbox manager decodes it (legacy
-    ``SandboxLaunchConfig`` or current permission context). Absent and ``null``
-    both mean "no sandbox" (:func:`~exec_server.protocol.types.sandbox.sandbox_raw`).
-    """
+    """``sandbox`` stays raw JSON for the sandbox layer (``sandbox_raw``)."""
 
     process_id: str
     argv: list[str]
@@ -122,7 +111,7 @@ class StartParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     tty: bool
     arg0: str | None = None
     sandbox: msgspec.Raw | UnsetType = UNSET
-    # Current-client members (their presence marks the current generation).
+    # current-client members
     env_policy: EnvPolicy | UnsetType | None = UNSET
     metadata: ProcessMetadata | UnsetType | None = UNSET
     pipe_stdin: bool | UnsetType | None = UNSET
@@ -133,11 +122,7 @@ class StartParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 class StartResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/start`` result.
-
-    Legacy: ``{processId, sandbox}`` with a kebab-case type; current:
-    ``{processId, sandboxType}`` camelCase. Exactly one of the two is set.
-    """
+    """Legacy sets ``sandbox`` (kebab-case type), current ``sandboxType``."""
 
     process_id: str
     sandbox: str | UnsetType = UNSET
@@ -145,8 +130,6 @@ class StartResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 class ReadParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/read`` params (PROTOCOL.md §8.4)."""
-
     process_id: str
     after_seq: int | None = None
     max_bytes: int | None = None
@@ -154,15 +137,13 @@ class ReadParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 class OutputChunk(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """One retained chunk in a read result; ``chunk`` travels as base64."""
-
     seq: int
     stream: ProcessStream
     chunk: bytes
 
 
 class ReadResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/read`` result; ``sandboxDenied`` only for current-generation processes."""
+    """``sandboxDenied`` only for current-generation processes."""
 
     chunks: list[OutputChunk]
     next_seq: int
@@ -174,8 +155,6 @@ class ReadResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 class WriteParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/write`` params; ``writeId`` present marks the current generation."""
-
     process_id: str
     chunk: bytes
     write_id: str | UnsetType = UNSET
@@ -194,45 +173,34 @@ class TerminateResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel")
 
 
 class SignalParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/signal`` (current client): only ``interrupt`` (SIGINT to the group) exists."""
+    """Current client only; ``interrupt`` is SIGINT to the group."""
 
     process_id: str
     signal: Literal["interrupt"]
 
 
-class SignalResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Empty object."""
+class SignalResult(msgspec.Struct, frozen=True):
+    """``{}``, the result of ``process/signal``, ``resizePty`` and ``closeStdin``."""
 
+
+ResizePtyResult: TypeAlias = SignalResult
+CloseStdinResult: TypeAlias = SignalResult
 
 #: A terminal dimension: ``struct winsize`` holds unsigned shorts.
 WinSize = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 
 
 class ResizePtyParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/resizePty`` (extension): the new window size of a PTY process."""
-
     process_id: str
     rows: WinSize
     cols: WinSize
 
 
-class ResizePtyResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Empty object."""
-
-
 class CloseStdinParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/closeStdin`` (extension): end of input for a ``pipeStdin`` process."""
-
     process_id: str
 
 
-class CloseStdinResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Empty object."""
-
-
 class OutputNotification(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/output``."""
-
     process_id: str
     seq: int
     stream: ProcessStream
@@ -240,7 +208,7 @@ class OutputNotification(msgspec.Struct, frozen=True, kw_only=True, rename="came
 
 
 class ExitedNotification(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/exited``; ``sandboxDenied`` only for current-generation processes."""
+    """``sandboxDenied`` only for current-generation processes."""
 
     process_id: str
     seq: int
@@ -249,7 +217,5 @@ class ExitedNotification(msgspec.Struct, frozen=True, kw_only=True, rename="came
 
 
 class ClosedNotification(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/closed``."""
-
     process_id: str
     seq: int

@@ -1,33 +1,21 @@
-"""Wire structs of sandbox policies, both protocol generations.
+"""Wire structs of sandbox policies, both generations (PROTOCOL.md §6, CLIENT_COMPAT.md §1.4).
 
-Legacy clients (PROTOCOL.md §6) send ``SandboxLaunchConfig`` on
-``process/start`` and ``FileSystemSandboxContext`` on ``fs/*``; the current
-Codex client (CLIENT_COMPAT.md §1.4) sends a context carrying
-``permissions``. Casing differs per struct and is a classic source of bugs
-(PROTOCOL.md §6 table): legacy policies are snake_case with kebab-case tags,
-the two context structs are camelCase, the current ``permissions`` objects
-are snake_case again.
-
-Every path inside a policy is an :class:`AbsPath`: a plain absolute path or a
-``file://`` URI, lexically normalised at decode time. Decode with
-:func:`decode_sandbox` (it installs the hook that validates paths, so a bad
-path is reported with its location); encode with :func:`encode_client_context`.
-Unknown members are ignored; unknown tags and enum values are decode errors.
+Casing differs per struct (PROTOCOL.md §6 table): legacy policies snake_case with kebab
+tags, contexts camelCase, ``permissions`` snake_case. Paths are checked :class:`AbsPath`.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, Final, Literal, TypeVar, overload
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
 from exec_server.exceptions import InvalidParamsError, params_error_text
 from exec_server.protocol.paths import PathForm, parse_wire_path, render_path
 
-#: Most paths (entries, roots) one list of a sandbox object may hold. A plan
-#: costs about 20 µs of CPU per entry (3,000: ~70 ms); Codex sends under 20.
-#: Past it the request gets -32602 naming the list, before any work is done.
+#: Most paths one list of a sandbox object may hold (-32602 past it): a plan costs
+#: ~20 µs per entry; Codex sends under 20.
 MAX_SANDBOX_ENTRIES: Final = 4096
 
 
@@ -51,7 +39,6 @@ __all__ = [
     "ManagedPermissions",
     "NetworkAccess",
     "NetworkPermissions",
-    "NetworkSandboxPolicy",
     "PermissionProfile",
     "Permissions",
     "PermissionsDisabled",
@@ -93,7 +80,6 @@ class AbsPath(str):
 
 
 NetworkAccess = Literal["restricted", "enabled"]
-NetworkSandboxPolicy = NetworkAccess
 WindowsSandboxLevel = Literal["disabled", "restricted-token", "elevated", "mxc"]
 SandboxablePreference = Literal["auto", "require", "forbid"]
 SandboxTypeName = Literal["none", "macos-seatbelt", "linux-seccomp", "windows-restricted-token"]
@@ -126,8 +112,6 @@ class DangerFullAccessPolicy(msgspec.Struct, tag="danger-full-access", **_LEGACY
 
 
 class ReadOnlyPolicy(msgspec.Struct, tag="read-only", **_LEGACY):
-    """Reads per ``access``; no writes."""
-
     access: ReadOnlyAccess = _FULL_ACCESS
     network_access: bool = False
 
@@ -203,20 +187,16 @@ FileSystemSpecialPath = (
 
 
 class FileSystemPathEntry(msgspec.Struct, tag="path", **_LEGACY):
-    """A concrete absolute path."""
-
     path: AbsPath
 
 
 class FileSystemGlobPath(msgspec.Struct, tag="glob_pattern", **_LEGACY):
-    """A glob (current client only), e.g. ``**/*.env``."""
+    """Current client only, e.g. ``**/*.env``."""
 
     pattern: str
 
 
 class FileSystemSpecialPathEntry(msgspec.Struct, tag="special", **_LEGACY):
-    """A special path resolved against the policy scope."""
-
     value: FileSystemSpecialPath
 
 
@@ -224,14 +204,11 @@ FileSystemPath = FileSystemPathEntry | FileSystemGlobPath | FileSystemSpecialPat
 
 
 class FileSystemSandboxEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One entry: a path and its access."""
-
     path: FileSystemPath
     access: FileSystemAccess
     missing_path_behavior: Literal["skip"] | None = None
 
 
-#: a bounded list of sandbox entries / paths (:data:`MAX_SANDBOX_ENTRIES`).
 _Entries = Annotated[list[FileSystemSandboxEntry], msgspec.Meta(max_length=MAX_SANDBOX_ENTRIES)]
 _Paths = Annotated[list[AbsPath], msgspec.Meta(max_length=MAX_SANDBOX_ENTRIES)]
 
@@ -264,16 +241,12 @@ class PermissionProfile(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SandboxLaunchConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``process/start.sandbox`` of a legacy client (PROTOCOL.md §6.7).
-
-    ``sandbox_preference`` is required unless the older ``sandbox`` member
-    (a pre-selected type, PROTOCOL.md §6.7 variant) is sent instead;
-    :mod:`exec_server.sandbox.convert` enforces that.
-    """
+    """``process/start.sandbox`` of a legacy client (PROTOCOL.md §6.7); needs
+    ``sandbox_preference`` or the older ``sandbox`` (:func:`decode_launch_sandbox`)."""
 
     policy: SandboxPolicy
     file_system_policy: FileSystemSandboxPolicy
-    network_policy: NetworkSandboxPolicy
+    network_policy: NetworkAccess
     sandbox_policy_cwd: AbsPath
     enforce_managed_network: bool
     windows_sandbox_level: WindowsSandboxLevel
@@ -304,8 +277,6 @@ class UnrestrictedFileSystem(msgspec.Struct, tag="unrestricted", **_PERM):
 
 
 class RestrictedFileSystem(msgspec.Struct, tag="restricted", **_PERM):
-    """Filesystem confined to ``entries``."""
-
     entries: _Entries
     glob_scan_max_depth: int | None = None
 
@@ -318,16 +289,14 @@ class PermissionsDisabled(msgspec.Struct, tag="disabled", **_PERM):
 
 
 class PermissionsExternal(msgspec.Struct, tag="external", **_PERM):
-    """Already sandboxed externally; full disk; network per ``network``."""
+    """Already sandboxed externally: full disk, network per ``network``."""
 
-    network: NetworkSandboxPolicy
+    network: NetworkAccess
 
 
 class ManagedPermissions(msgspec.Struct, tag="managed", **_PERM):
-    """Enforce ``file_system`` and ``network``."""
-
     file_system: ManagedFileSystem
-    network: NetworkSandboxPolicy
+    network: NetworkAccess
 
 
 Permissions = PermissionsDisabled | PermissionsExternal | ManagedPermissions
@@ -360,13 +329,9 @@ class CurrentSandboxContext(msgspec.Struct, frozen=True, kw_only=True, rename="c
 #: A decoded ``sandbox`` member, any generation.
 SandboxContext = CurrentSandboxContext | FileSystemSandboxContext | SandboxLaunchConfig
 
-#: Members that mark a legacy ``SandboxLaunchConfig``.
 _LAUNCH_KEYS = frozenset(
     {"sandboxPreference", "policy", "fileSystemPolicy", "networkPolicy", "sandboxPolicyCwd"}
 )
-
-
-# --- codec ---
 
 #: The ``sandbox`` member of a params struct, kept raw (``Raw | None`` would make
 #: msgspec accept only ``null``).
@@ -392,49 +357,26 @@ def _dec_hook(tp: type, obj: Any) -> Any:
     raise NotImplementedError(f"unsupported type {tp!r}")
 
 
-_T = TypeVar("_T")
-
-_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
-
-
-@overload
-def decode_sandbox(
-    data: bytes | str | msgspec.Raw, tp: type[_T], *, field: str = "sandbox"
-) -> _T: ...
+@functools.cache
+def _decoder(tp: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(tp, dec_hook=_dec_hook)
 
 
-@overload
-def decode_sandbox(
-    data: bytes | str | msgspec.Raw, tp: object, *, field: str = "sandbox"
-) -> Any: ...
-
-
-def decode_sandbox(data: bytes | str | msgspec.Raw, tp: object, *, field: str = "sandbox") -> Any:
-    """Decode one sandbox struct, reporting errors against ``field``.
-
-    Raises:
-        InvalidParamsError: malformed input; the message names the offending
-            member, e.g. ``sandbox.policy.writable_roots[0]: path must be absolute``.
-        InvalidRequestError: a ``file://`` URI naming another host.
-    """
-    decoder = _decoders.get(tp)
-    if decoder is None:
-        decoder = msgspec.json.Decoder(tp, dec_hook=_dec_hook)
-        _decoders[tp] = decoder
+def decode_sandbox(data: bytes | str | msgspec.Raw, tp: Any) -> Any:
+    """Decode one sandbox struct (or union) ``tp``; InvalidParamsError names the member
+    (``sandbox.policy.x[0]: ..``), InvalidRequestError a URI naming another host."""
     try:
-        return decoder.decode(data)
+        return _decoder(tp).decode(data)
     except msgspec.ValidationError as exc:
-        raise InvalidParamsError(_locate(params_error_text(str(exc)), field)) from exc
+        raise InvalidParamsError(_locate(params_error_text(str(exc)))) from exc
     except msgspec.DecodeError as exc:
-        raise InvalidParamsError(f"{field}: {exc}") from exc
+        raise InvalidParamsError(f"sandbox: {exc}") from exc
 
 
 def encode_client_context(ctx: msgspec.Struct) -> bytes:
-    """A context as a client sends it: members at their default left out (upstream's
-    serde refuses ``null`` for several, e.g. ``sandboxOverride``), and paths as
-    ``file://`` URIs in the current shape (upstream 0.163 refuses plain ones
-    there), plain in the legacy one.
-    """
+    """A context as a client sends it: members at their default left out (upstream
+    refuses ``null`` for several), paths as ``file://`` URIs in the current shape
+    (upstream 0.163 refuses plain ones there), plain in the legacy one."""
     as_uri = isinstance(ctx, CurrentSandboxContext)
 
     def plain(value: object) -> object:
@@ -447,14 +389,10 @@ def encode_client_context(ctx: msgspec.Struct) -> bytes:
                 out[config.tag_field] = config.tag
             for field in msgspec.structs.fields(value):
                 member = getattr(value, field.name)
-                if field.default is not msgspec.NODEFAULT and member == field.default:
-                    continue
-                if (
-                    field.default_factory is not msgspec.NODEFAULT
-                    and member == field.default_factory()
-                ):
-                    continue
-                out[field.encode_name] = plain(member)
+                factory = field.default_factory
+                default = field.default if factory is msgspec.NODEFAULT else factory()
+                if member != default:
+                    out[field.encode_name] = plain(member)
             return out
         if isinstance(value, list | tuple):
             return [plain(item) for item in value]
@@ -465,57 +403,47 @@ def encode_client_context(ctx: msgspec.Struct) -> bytes:
     return msgspec.json.encode(plain(ctx))
 
 
-def _locate(message: str, field: str) -> str:
-    """Turn msgspec's ``<text> - at `$.a.b``` into ``<field>.a.b: <text>``."""
+def _locate(message: str) -> str:
+    """Turn msgspec's ``<text> - at `$.a.b``` into ``sandbox.a.b: <text>``."""
     text, sep, where = message.rpartition(" - at `$")
     if not sep:
-        return f"{field}: {message}"
-    return f"{field}{where.rstrip('`')}: {text}"
+        return f"sandbox: {message}"
+    return f"sandbox{where.rstrip('`')}: {text}"
 
 
 def decode_launch_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
-    """Decode ``process/start.sandbox``; None when absent or ``null``.
-
-    The shape is told apart by its keys (CLIENT_COMPAT.md §1.2 rule 3):
-    ``permissions`` is the current context; ``sandboxPolicy`` without launch
-    members a filesystem context (its launch is derived from it); otherwise a
-    legacy ``SandboxLaunchConfig``, which needs ``sandboxPreference`` or the
-    older ``sandbox`` member.
-
-    Raises:
-        InvalidParamsError: malformed object; the message names the field.
+    """Decode ``process/start.sandbox`` (None when absent or ``null``), told apart by keys
+    (CLIENT_COMPAT.md §1.2 rule 3): ``permissions``, the current context; ``sandboxPolicy``
+    without launch members, a filesystem context; else a legacy ``SandboxLaunchConfig``.
     """
     return None if raw is None else _decode_member(bytes(raw), launch=True)
 
 
 def decode_fs_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
-    """Decode ``fs/*.sandbox``; None when absent or ``null``.
-
-    ``permissions``: the current context; ``sandboxPolicy``: a legacy
-    filesystem context; launch members: a launch config (its policy is used).
-
-    Raises:
-        InvalidParamsError: malformed object; the message names the field.
-    """
+    """Decode ``fs/*.sandbox`` as :func:`decode_launch_sandbox` does, but ``sandboxPolicy``
+    always makes a filesystem context; None when absent or ``null``."""
     return None if raw is None else _decode_member(bytes(raw), launch=False)
 
 
 @functools.lru_cache(maxsize=64)
 def _decode_member(raw: bytes, *, launch: bool) -> SandboxContext | None:
-    """Both decoders; memoised because Codex sends the identical context on every
-    call (the result is immutable and depends on nothing but the bytes)."""
+    """Memoised: Codex sends the identical context on every call (the result is
+    immutable and depends on nothing but the bytes)."""
     # Anything but an object (or null) is -32602.
     keys: dict[str, msgspec.Raw] | None = decode_sandbox(raw, dict[str, msgspec.Raw] | None)
     if keys is None:
         return None
-    if "permissions" in keys:
-        return decode_sandbox(raw, CurrentSandboxContext)
     has_launch_keys = not _LAUNCH_KEYS.isdisjoint(keys)
-    if "sandboxPolicy" in keys and not (launch and has_launch_keys):
-        return decode_sandbox(raw, FileSystemSandboxContext)
-    if not has_launch_keys:
+    context: SandboxContext
+    if "permissions" in keys:
+        context = decode_sandbox(raw, CurrentSandboxContext)
+    elif "sandboxPolicy" in keys and not (launch and has_launch_keys):
+        context = decode_sandbox(raw, FileSystemSandboxContext)
+    elif not has_launch_keys:
         raise InvalidParamsError("sandbox: missing field `permissions`")
-    config = decode_sandbox(raw, SandboxLaunchConfig)
-    if launch and config.sandbox_preference is None and config.sandbox is None:
-        raise InvalidParamsError("sandbox: missing field `sandboxPreference`")
-    return config
+    else:
+        config: SandboxLaunchConfig = decode_sandbox(raw, SandboxLaunchConfig)
+        if launch and config.sandbox_preference is None and config.sandbox is None:
+            raise InvalidParamsError("sandbox: missing field `sandboxPreference`")
+        context = config
+    return context
