@@ -4,7 +4,8 @@ Tree::
 
     ExecServerError                      base, never raised directly
     ├── InvalidRequestError     -32600   protocol-state violations, permission
-    │                                    problems, sandbox denials
+    │   │                                problems, sandbox denials
+    │   └── AlreadyAttachedError -32010  resume of an attached session (0.163 servers)
     ├── MethodNotFoundError     -32601
     ├── InvalidParamsError      -32602   params that do not decode / validate
     ├── InternalError           -32603   spawn failures, other OS errors
@@ -27,6 +28,7 @@ from exec_server.http.errors import HttpError, HttpRequestInvalid
 from exec_server.sandbox.errors import SandboxError, SandboxPolicyError
 
 __all__ = [
+    "AlreadyAttachedError",
     "ErrorCode",
     "ExecServerError",
     "InternalError",
@@ -51,6 +53,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_PARAMS = -32602
     INTERNAL_ERROR = -32603
     NOT_FOUND = -32004
+    ALREADY_ATTACHED = -32010
 
 
 class ExecServerError(Exception):
@@ -74,6 +77,10 @@ class InvalidRequestError(ExecServerError):
     code = ErrorCode.INVALID_REQUEST
 
 
+class AlreadyAttachedError(InvalidRequestError):
+    code = ErrorCode.ALREADY_ATTACHED
+
+
 class MethodNotFoundError(ExecServerError):
     code = ErrorCode.METHOD_NOT_FOUND
 
@@ -94,7 +101,17 @@ class ProtocolClosedError(Exception):
     """The peer broke the protocol in a way that closes the connection unanswered."""
 
 
-_BY_CODE: dict[int, type[ExecServerError]] = {c.code: c for c in ExecServerError.__subclasses__()}
+_BY_CODE: dict[int, type[ExecServerError]] = {
+    c.code: c
+    for c in (
+        InvalidRequestError,
+        AlreadyAttachedError,
+        MethodNotFoundError,
+        InvalidParamsError,
+        InternalError,
+        NotFoundError,
+    )
+}
 
 
 def error_for_code(code: int, message: str) -> ExecServerError:

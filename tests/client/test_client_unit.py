@@ -10,6 +10,7 @@ import pytest
 
 from exec_server.client import ClientClosedError, ConnectionLostError, ExecServerClient
 from exec_server.exceptions import (
+    AlreadyAttachedError,
     ExecServerError,
     InternalError,
     InvalidParamsError,
@@ -64,6 +65,7 @@ async def test_out_of_order_responses_are_matched_by_id(fake: Fake) -> None:
         (-32602, InvalidParamsError),
         (-32603, InternalError),
         (-32004, NotFoundError),
+        (-32010, AlreadyAttachedError),
         (-31999, ExecServerError),
     ],
 )
@@ -80,6 +82,18 @@ async def test_error_codes_map_to_exception_classes(
         await call
     assert type(info.value) is cls
     assert info.value.code == code
+
+
+async def test_an_attached_session_is_an_invalid_request_to_callers(fake: Fake) -> None:
+    """0.163 servers answer a resume of an attached session with -32010."""
+    client, t = fake
+    call = asyncio.create_task(
+        client.call("process/terminate", TerminateParams(process_id="a"), TerminateResult)
+    )
+    req = await t.next_request()
+    t.error(req["id"], -32010, "session is already attached")
+    with pytest.raises(InvalidRequestError):
+        await call
 
 
 async def test_transport_loss_fails_pending_calls_and_handles(fake: Fake) -> None:
