@@ -23,7 +23,7 @@ from exec_server.sandbox.linux.knobs import first_missing_component, is_inside
 from exec_server.sandbox.linux.spawn_zygote_main import STATUS_FD
 from exec_server.sandbox.plan import SandboxPlan
 
-__all__ = ["LAUNCHER_PATH", "LandlockBackend", "launcher_argv", "launcher_flags"]
+__all__ = ["LAUNCHER_PATH", "LandlockBackend", "launcher_flags"]
 
 logger = logging.getLogger("exec_server.sandbox")
 
@@ -31,19 +31,9 @@ logger = logging.getLogger("exec_server.sandbox")
 LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 
 
-def launcher_argv(plan: SandboxPlan, command: list[str], *, cwd: str | None,
-                  arg0: str | None = None, status_fd: int | None = None,
-                  strict_mounts: bool = False,
-                  python: str | None = None, env_fd: int | None = None) -> list[str]:
-    """The launcher command line for ``plan`` (flags documented in _launch.py)."""
-    return [python or sys.executable, "-I", "-S", LAUNCHER_PATH,
-            *launcher_flags(plan, command, cwd=cwd, arg0=arg0, status_fd=status_fd,
-                            strict_mounts=strict_mounts, env_fd=env_fd)]
-
-
 def launcher_flags(plan: SandboxPlan, command: list[str], *, cwd: str | None,
                    arg0: str | None = None, status_fd: int | None = None,
-                   strict_mounts: bool = False, env_fd: int | None = None) -> list[str]:
+                   env_fd: int | None = None) -> list[str]:
     """``_launch.main``'s arguments: the launcher script's and a helper zygote launch's."""
     argv: list[str] = []
     if env_fd is not None:
@@ -58,45 +48,27 @@ def launcher_flags(plan: SandboxPlan, command: list[str], *, cwd: str | None,
     if plan.full_write:
         argv.append("--full-write")
     else:
-        for w in plan.writable_roots:
-            argv += ["--write", w]
-        for p in plan.read_only_subpaths:
-            argv += ["--ro", p]
-        for p in plan.denied_paths:
-            argv += ["--deny", p]
+        for flag, paths in (("--write", plan.writable_roots), ("--ro", plan.read_only_subpaths),
+                            ("--deny", plan.denied_paths)):
+            for p in paths:
+                argv += [flag, p]
     if plan.network:
         argv.append("--network")
-    if plan.cwd:
-        argv += ["--sandbox-policy-cwd", plan.cwd]
     if cwd:
         argv += ["--command-cwd", cwd]
     if arg0 is not None:
         argv += ["--arg0", arg0]
-    if strict_mounts:
-        argv.append("--strict-mounts")
-    argv.append("--")
-    argv += command
-    return argv
+    return [*argv, "--", *command]
 
 
 def _status_reader(fd: int) -> Callable[[], None]:
     """Cleanup step: log what the launcher reported on its status pipe, then close it."""
 
     def read() -> None:
-        try:
+        with open(fd, "rb") as pipe:
             os.set_blocking(fd, False)
-            chunks = []
-            while True:
-                try:
-                    data = os.read(fd, 65536)
-                except BlockingIOError:
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-        finally:
-            os.close(fd)
-        for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
+            data = pipe.read() or b""  # None: nothing written
+        for line in data.decode("utf-8", "replace").splitlines():
             try:
                 report = json.loads(line)
             except ValueError:
@@ -114,22 +86,18 @@ def _status_reader(fd: int) -> Callable[[], None]:
 class LandlockBackend(LinuxBackend):
     """Landlock + mount-namespace rebinds + capability drop + seccomp, in a launcher.
 
-    ``zygote``: wrapped launches also carry a ``ZygoteLaunch`` for the
-    process's helper zygote (``fs/helper/client.py``), which a process manager may
-    use instead of running the launcher script (same confinement, no
-    interpreter start-up per launch).
+    ``zygote``: wrapped launches also carry a ``ZygoteLaunch`` for the helper zygote
+    (``fs/helper/client.py``): same confinement, no interpreter start-up per launch.
     """
 
     name = "landlock"
 
-    def __init__(self, abi: int, *, mount_ns: bool = True, strict_mounts: bool = False,
-                 python: str | None = None, zygote: bool = True) -> None:
+    def __init__(self, abi: int, *, mount_ns: bool = True, python: str | None = None,
+                 zygote: bool = True) -> None:
         self.abi = abi
         self.mount_ns = mount_ns
-        self.strict_mounts = strict_mounts
         self.python = python or sys.executable
         self._placeholders = PlaceholderRegistry()
-        #: the helper zygote starting this backend's launches (None: disabled).
         self.spawn_zygote: Zygote | None = None
         if zygote:
             self.spawn_zygote = (shared_zygote() if python in (None, sys.executable)
@@ -147,9 +115,9 @@ class LandlockBackend(LinuxBackend):
         env_fd = memfd_holding("exec-server-env", b"".join(
             name + b"=" + value + b"\0" for name, value in env_entries(env)))
         r, w = os.pipe()
-        argv = launcher_argv(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0, status_fd=w,
-                             strict_mounts=self.strict_mounts, python=self.python,
-                             env_fd=env_fd)
+        argv = [self.python, "-I", "-S", LAUNCHER_PATH,
+                *launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0, status_fd=w,
+                                env_fd=env_fd)]
         placeholders: list[str] = []
         if self.mount_ns and not plan.full_write:
             for sub in plan.read_only_subpaths:
@@ -164,7 +132,7 @@ class LandlockBackend(LinuxBackend):
                               cleanup=chain_cleanup(_status_reader(r), release))
         if self.spawn_zygote is not None:
             flags = launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0,
-                                   status_fd=STATUS_FD, strict_mounts=self.strict_mounts)
+                                   status_fd=STATUS_FD)
             request = SpawnRequest(args=tuple(flags), env=env, cwd=spec.cwd, status_fd=w)
             wrapped.zygote = ZygoteLaunch(self.spawn_zygote, request)
         return wrapped
