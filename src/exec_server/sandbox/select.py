@@ -1,9 +1,7 @@
 """Pick the Linux sandbox backend once per process (SANDBOX.md §0, §8).
 
-``select_backend("auto")`` prefers bubblewrap when a usable system ``bwrap``
-exists, else the Landlock launcher; when neither works it refuses (raises)
-unless the operator explicitly allows unsandboxed execution. Probes run in
-child processes and their results are cached for the life of the process.
+``auto`` prefers a usable system ``bwrap``, else the Landlock launcher, else refuses
+unless the operator allows unsandboxed execution. Probe results are cached per process.
 """
 
 from __future__ import annotations
@@ -31,51 +29,29 @@ _found: dict[str, tuple[LinuxBackend | None, str]] = {}
 _lock = threading.RLock()
 
 
-def _probe_landlock() -> tuple[LinuxBackend | None, str]:
-    from exec_server.sandbox.linux.landlock_backend import LandlockBackend
-    from exec_server.sandbox.linux.probe import probe_landlock
-
-    result = probe_landlock()
-    if not result.usable:
-        return None, result.reason
-    return LandlockBackend(result.abi, mount_ns=result.mount_ns), ""
-
-
-def _probe_bwrap() -> tuple[LinuxBackend | None, str]:
-    from exec_server.sandbox.linux.bwrap import BwrapBackend
-    from exec_server.sandbox.linux.probe import probe_bwrap
-
-    landlock, _ = _probed("landlock")
-    result = probe_bwrap()
-    if not result.usable or result.info is None:
-        return None, result.reason
-    return BwrapBackend(result.info, fallback=landlock), ""
-
-
 def _probed(name: str) -> tuple[LinuxBackend | None, str]:
     """Backend ``name`` (``bwrap`` or ``landlock``), probed on first use, cached per process."""
     with _lock:
         if name not in _found:
             if not sys.platform.startswith("linux"):
                 _found[name] = None, f"{name} is Linux-only (platform {sys.platform})"
+            elif name == "bwrap":
+                from exec_server.sandbox.linux.probe import probe_bwrap
+
+                _found[name] = probe_bwrap(fallback=_probed("landlock")[0])
             else:
-                _found[name] = _probe_bwrap() if name == "bwrap" else _probe_landlock()
+                from exec_server.sandbox.linux.probe import probe_landlock
+
+                _found[name] = probe_landlock()
         return _found[name]
 
 
 def select_backend(backend: str = "auto", *,
                    allow_unsandboxed: bool = False) -> LinuxBackend | None:
-    """Return the Linux backend to confine launches with.
+    """The Linux backend to confine launches with (``auto``, ``bwrap`` or ``landlock``).
 
-    Args:
-        backend: ``"auto"`` (bwrap if usable, else landlock), ``"bwrap"`` or ``"landlock"``.
-        allow_unsandboxed: with ``"auto"``, return None instead of raising when
-            nothing is usable (the caller then runs commands unconfined).
-
-    Raises:
-        SandboxUnavailableError: the requested backend (or, for ``auto``, every
-            backend) is unusable; the message carries the probe's reason.
-        ValueError: unknown backend name.
+    ``allow_unsandboxed``: with ``auto``, None instead of SandboxUnavailableError when
+    nothing is usable. ValueError: unknown backend name.
     """
     if backend in ("bwrap", "landlock"):
         found, reason = _probed(backend)

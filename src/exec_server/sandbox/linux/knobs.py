@@ -1,16 +1,9 @@
 """Global kernel knobs a sandboxed command must never write, whatever its plan.
 
-``/proc/sys`` (sysctls such as ``kernel/core_pattern``), ``/proc/sysrq-trigger``
-and the other ``/proc`` and ``/sys`` trees Docker also keeps read-only change
-the *host*, not the sandbox. Their permission check is the file mode against
-the global root uid, not a capability: a command running as (mapped) root
-with every capability dropped still writes them. Each backend therefore
-mounts them read-only over whatever its plan would leave writable (a fresh
-``/proc``, a writable root that holds them, or a full-write plan).
-
-Stdlib only: the Landlock launcher (``python -I -S``) imports it too, and
-takes the path helpers it shares with the backends (``is_inside``,
-``first_missing_component``) from here.
+``/proc/sys``, ``/proc/sysrq-trigger`` and the other trees Docker keeps read-only change
+the host. Their check is the file mode against the global root uid, not a capability:
+(mapped) root with every capability dropped still writes them, so each backend mounts
+them read-only. Stdlib only: the Landlock launcher imports it (and its path helpers).
 """
 
 import os
@@ -23,7 +16,6 @@ KERNEL_KNOBS = (*PROC_KNOBS, "/sys")
 
 
 def is_inside(path: str, root: str) -> bool:
-    """Component-wise prefix test on normalised absolute paths (``/ab`` is not in ``/a``)."""
     return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
 
 
@@ -43,11 +35,8 @@ def read_only_knobs(*, full_write: bool, writable_roots: "list[str] | tuple[str,
                     fresh_proc: bool = False) -> "list[str]":
     """Existing paths to bind read-only over themselves, shallowest first.
 
-    A knob under a writable root (or any knob, for a full-write plan) is
-    protected whole; a writable root inside a knob is protected itself (the
-    rest of the knob stays as the plan has it, e.g. unreadable). With
-    ``fresh_proc`` every ``/proc`` knob is protected: the new ``/proc`` is
-    writable whatever the plan says.
+    A knob under a writable root is protected whole, a writable root inside a knob itself;
+    ``fresh_proc``: every ``/proc`` knob (a new ``/proc`` is writable whatever the plan).
     """
     roots = ["/"] if full_write else list(writable_roots)
     found: list[str] = []
