@@ -1,13 +1,8 @@
 """The decoded ``sandbox`` member → the internal policy model (both generations).
 
-The handlers decode the member (:mod:`exec_server.protocol.types.sandbox`);
-this module validates what the structs cannot say and converts them:
-:func:`launch_request` for ``process/start`` (a :class:`LaunchSandboxRequest`:
-what to confine, how strongly the client insists, which generation asked),
-:func:`fs_context` for ``fs/*`` (an :class:`FsSandboxRequest`), and
-:func:`cli_launch_request` for ``exec-server run``.
-
-Errors: :class:`SandboxPolicyError` naming the offending field (-32602).
+:func:`launch_request` for ``process/start``, :func:`fs_context` for ``fs/*``,
+:func:`cli_launch_request` for ``exec-server run``. What the wire structs cannot refuse
+raises :class:`SandboxPolicyError` naming the field (-32602).
 """
 
 from __future__ import annotations
@@ -58,14 +53,8 @@ from exec_server.sandbox.policy import (
 )
 
 __all__ = [
-    "FsSandboxRequest",
-    "Generation",
-    "LaunchSandboxRequest",
-    "Preference",
-    "cli_launch_request",
-    "fs_context",
-    "launch_request",
-    "root_alias_normalize",
+    "FsSandboxRequest", "Generation", "LaunchSandboxRequest", "Preference", "cli_launch_request",
+    "fs_context", "launch_request", "root_alias_normalize",
 ]
 
 Preference = Literal["auto", "require", "forbid"]
@@ -75,17 +64,9 @@ Preference = Literal["auto", "require", "forbid"]
 
 @dataclass(frozen=True, slots=True)
 class LaunchSandboxRequest:
-    """How one ``process/start`` asks to be confined, generation-independent.
-
-    Attributes:
-        generation: who asked; None when the request had no sandbox (run directly).
-        preference: ``auto``/``require``/``forbid`` (§6.6); current clients mean ``auto``.
-        forced_type: a pre-selected type (older ``sandbox`` member, §6.7 variant).
-        fs_policy: effective filesystem policy (additional permissions merged).
-        network: effective network policy.
-        cwd: the policy cwd; ``roots``: workspace roots special paths expand to.
-        enforce_managed_network: the client requires managed networking.
-    """
+    """How one ``process/start`` asks to be confined (effective policies), for either
+    generation; ``generation`` None: no sandbox member. ``forced_type``: an older
+    member's pre-selected type (§6.7)."""
 
     generation: Generation | None
     fs_policy: FileSystemPolicy
@@ -96,21 +77,16 @@ class LaunchSandboxRequest:
     forced_type: SandboxType | None = None
     enforce_managed_network: bool = False
     home: str | None = None
-    #: Protected-subpath probing and ``/tmp`` checks (tests inject fakes).
     probe: FsProbe = field(default_factory=OsProbe, compare=False, repr=False)
 
     @classmethod
     def unsandboxed(cls, cwd: str) -> LaunchSandboxRequest:
-        """No sandbox object at all."""
         return cls(None, FileSystemPolicy.unrestricted(), Network.ENABLED, cwd, (cwd,))
 
     @property
     def needs_platform_sandbox(self) -> bool:
-        """Whether ``auto`` selects the platform sandbox.
-
-        Legacy: PROTOCOL.md §7.2. Current: CLIENT_COMPAT.md §1.6 (a restricted
-        network needs confinement for every kind, external included).
-        """
+        """Whether ``auto`` selects the platform sandbox (PROTOCOL.md §7.2; current clients,
+        CLIENT_COMPAT.md §1.6: a restricted network needs it for every kind)."""
         if self.generation is None:
             return False
         if self.enforce_managed_network:
@@ -136,11 +112,10 @@ class LaunchSandboxRequest:
         network = Network.RESTRICTED if self.network_restricted else Network.ENABLED
         scope = PolicyScope(cwd=self.cwd, roots=self.roots, tmpdir=tmpdir, home=self.home)
         resolved = ResolvedPolicy(self.fs_policy, scope, probe=self.probe)
-        return resolved.plan(network, platform_defaults=defaults, probe=self.probe)
+        return resolved.plan(network, platform_defaults=defaults)
 
     @property
     def include_platform_defaults(self) -> bool:
-        """The policy asks for platform-default reads (Seatbelt adds its own rules)."""
         return includes_platform_defaults(self.fs_policy)
 
 
@@ -157,16 +132,8 @@ def launch_request(
 ) -> LaunchSandboxRequest:
     """The confinement ``process/start`` asks for.
 
-    Args:
-        ctx: the decoded ``sandbox`` member; None: no sandbox.
-        command_cwd: the process cwd (default policy cwd for current contexts).
-        enforce_managed_network: the current client's top-level
-            ``enforceManagedNetwork`` (legacy configs carry their own).
-        tmpdir: the child's ``$TMPDIR`` (for legacy ``sandboxPolicy`` objects).
-        probe: filesystem probe (tests).
-
-    Raises:
-        SandboxPolicyError: a value the structs cannot refuse; the message names the field.
+    ``command_cwd`` is the default policy cwd; ``enforce_managed_network`` the current
+    client's top-level flag; ``tmpdir`` the child's ``$TMPDIR``.
     """
     probe = probe or OsProbe()
     if ctx is None:
@@ -222,7 +189,6 @@ def _opt_str(path: wire.AbsPath | None) -> str | None:
 
 
 def _server_cwd() -> str:
-    """The server's canonical cwd (PROTOCOL.md §10.1 step 1)."""
     try:
         return os.path.realpath(os.getcwd())
     except OSError as exc:
@@ -239,17 +205,8 @@ def fs_context(
 ) -> FsSandboxRequest | None:
     """The confinement an ``fs/*`` call asks for; None when it has no sandbox (direct).
 
-    Looks at the filesystem (the server's cwd; legacy policies: root aliases,
-    protected subpaths), so the event loop calls it in a worker.
-
-    Args:
-        ctx: the decoded ``sandbox`` member.
-        server_cwd: the server's canonical cwd (default: ``realpath(getcwd())``).
-        tmpdir: ``$TMPDIR`` that ``tmpdir`` entries mean (default: the server's).
-        probe: filesystem probe (tests).
-
-    Raises:
-        SandboxPolicyError: a value the structs cannot refuse; the message names the field.
+    Looks at the filesystem, so the event loop calls it in a worker. Defaults: the
+    server's canonical cwd (§10.1 step 1) and ``$TMPDIR``.
     """
     if ctx is None:
         return None
@@ -434,8 +391,6 @@ def current_scope(
 
 # --- CLI ---
 
-CliSandbox = Literal["read-only", "workspace-write", "danger-full-access"]
-
 
 def cli_launch_request(
     sandbox: str,
@@ -446,15 +401,7 @@ def cli_launch_request(
     tmpdir: str | None = None,
     probe: FsProbe | None = None,
 ) -> LaunchSandboxRequest:
-    """Policy for ``exec-server run --sandbox MODE [--writable-root DIR]... [--network]``.
-
-    Preference is ``auto``: ``danger-full-access`` runs directly, the others
-    need the platform sandbox.
-
-    Raises:
-        SandboxPolicyError: unknown mode, relative ``cwd`` or writable root, or
-            ``--writable-root`` with a mode that cannot write.
-    """
+    """Policy for ``exec-server run --sandbox MODE [--writable-root DIR]... [--network]``."""
     probe = probe or OsProbe()
     if not cwd.startswith("/"):
         raise SandboxPolicyError(f"cwd must be absolute: {cwd}")
@@ -464,22 +411,19 @@ def cli_launch_request(
         if not root.startswith("/"):
             raise SandboxPolicyError(f"--writable-root must be an absolute path: {root}")
         roots.append(wire.AbsPath(normalize(root)))
-    policy: LegacyPolicy
-    if sandbox == "danger-full-access":
-        if roots:
-            raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
-        policy = wire.DangerFullAccessPolicy()
-    elif sandbox == "read-only":
-        if roots:
-            raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
-        policy = wire.ReadOnlyPolicy(network_access=network)
-    elif sandbox == "workspace-write":
-        policy = wire.WorkspaceWritePolicy(writable_roots=roots, network_access=network)
-    else:
+    policies: dict[str, LegacyPolicy] = {
+        "read-only": wire.ReadOnlyPolicy(network_access=network),
+        "workspace-write": wire.WorkspaceWritePolicy(writable_roots=roots, network_access=network),
+        "danger-full-access": wire.DangerFullAccessPolicy(),
+    }
+    if sandbox not in policies:
         raise SandboxPolicyError(
             f"--sandbox: unknown mode {sandbox!r} "
             "(expected read-only, workspace-write or danger-full-access)"
         )
+    if roots and sandbox != "workspace-write":
+        raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
+    policy = policies[sandbox]
     scope = PolicyScope.legacy(cwd, tmpdir)
     return LaunchSandboxRequest(
         Generation.LEGACY,

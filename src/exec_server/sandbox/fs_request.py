@@ -208,5 +208,4 @@ class FsSandboxRequest:
             Network.RESTRICTED,
             platform_defaults=defaults,
             extra_read_roots=runtime_read_roots,
-            probe=self.probe,
         )
