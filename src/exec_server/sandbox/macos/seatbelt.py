@@ -1,15 +1,9 @@
 """macOS Seatbelt: a :class:`SandboxPlan` → profile text + ``sandbox-exec`` argv.
 
-Layout follows SANDBOX.md §4 (upstream ``seatbelt.rs``): the profile is
-sections joined with ``"\\n"`` — base policy, read policy, write policy,
-denials, network policy, platform-default reads — and every path travels as a
-``-D<KEY>=<value>`` parameter, never inside the profile text (except the
-per-root regex guards that keep ``.git``/``.agents``/``.codex`` read-only even
-when they do not exist yet). Parameter values are canonicalised because
-Seatbelt matches real paths (``/tmp`` is ``/private/tmp``).
-
-Pure text generation: runs (and is golden-tested) on any OS; only executing
-the result needs macOS.
+Layout of SANDBOX.md §4 (upstream ``seatbelt.rs``). Paths travel as canonicalised
+``-D<KEY>=<value>`` parameters (Seatbelt matches real paths), never in the profile text,
+except the per-root regex guards that keep ``.git`` & co. read-only even before they
+exist. Pure text generation: runs anywhere; only executing it needs macOS.
 """
 
 from __future__ import annotations
@@ -23,14 +17,8 @@ from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.policy import PROTECTED_NAMES, is_within
 
 __all__ = [
-    "BASE_POLICY",
-    "NETWORK_POLICY",
-    "PLATFORM_DEFAULTS_POLICY",
-    "SANDBOX_EXEC",
-    "SeatbeltCommand",
-    "build",
-    "darwin_user_cache_dir",
-    "wrap",
+    "BASE_POLICY", "NETWORK_POLICY", "PLATFORM_DEFAULTS_POLICY", "SANDBOX_EXEC", "SeatbeltCommand",
+    "build", "darwin_user_cache_dir", "wrap",
 ]
 
 #: Absolute path, never a PATH lookup: a planted binary would defeat the sandbox.
@@ -202,18 +190,12 @@ PLATFORM_DEFAULTS_POLICY = """\
 
 @dataclass(frozen=True, slots=True)
 class SeatbeltCommand:
-    """The pieces of a Seatbelt launch.
-
-    Attributes:
-        profile: SBPL text passed with ``-p``.
-        params: ``(KEY, value)`` pairs passed as ``-DKEY=value``, in order.
-    """
+    """SBPL ``profile`` text and ``(KEY, value)`` parameters, in order."""
 
     profile: str
     params: tuple[tuple[str, str], ...]
 
     def argv(self, command: Sequence[str]) -> list[str]:
-        """``[/usr/bin/sandbox-exec, -p, profile, -D..., --, command...]``."""
         return [
             SANDBOX_EXEC,
             "-p",
@@ -222,11 +204,6 @@ class SeatbeltCommand:
             "--",
             *command,
         ]
-
-
-def sbpl_string(value: str) -> str:
-    """An SBPL string literal: backslash and double quote escaped."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 _REGEX_SPECIAL = frozenset(".^$*+?()[]{}|\\")
@@ -243,7 +220,6 @@ def _regex_literal(pattern: str) -> str:
 
 
 def darwin_user_cache_dir() -> str | None:
-    """``confstr(_CS_DARWIN_USER_CACHE_DIR)`` where the platform has it."""
     try:
         value = os.confstr("CS_DARWIN_USER_CACHE_DIR")
     except (ValueError, OSError):
@@ -256,7 +232,6 @@ def _dedup(items: Sequence[str]) -> list[str]:
 
 
 def _subpaths(prefix: str, paths: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
-    """``PREFIX_<i>`` parameters for ``paths`` and their ``(subpath (param ...))`` components."""
     params = [(f"{prefix}_{i}", path) for i, path in enumerate(paths)]
     return params, [f'(subpath (param "{key}"))' for key, _ in params]
 
@@ -297,15 +272,8 @@ def build(
     realpath: Callable[[str], str] = os.path.realpath,
     user_cache_dir: str | None = None,
 ) -> SeatbeltCommand:
-    """Profile and parameters for ``plan``.
-
-    Args:
-        plan: what the command may do.
-        include_platform_defaults: add the platform-default read rules (when
-            reads are restricted).
-        realpath: canonicalises parameter values (injectable for tests).
-        user_cache_dir: value of ``DARWIN_USER_CACHE_DIR`` (None: omitted).
-    """
+    """Profile and parameters for ``plan``; ``include_platform_defaults`` adds the
+    platform-default read rules when reads are restricted."""
     writable = [] if plan.full_write else _dedup([realpath(p) for p in plan.writable_roots])
     read_only = _dedup([realpath(p) for p in plan.read_only_subpaths])
     denied = _dedup([realpath(p) for p in plan.denied_paths])
@@ -363,12 +331,7 @@ def wrap(
     realpath: Callable[[str], str] = os.path.realpath,
     user_cache_dir: str | None = None,
 ) -> LaunchSpec:
-    """Run ``spec`` under ``sandbox-exec`` (PROTOCOL.md §7.4, §7.5).
-
-    No argv0 override is possible through ``sandbox-exec``; ``arg0`` is dropped.
-    Adds ``CODEX_SANDBOX=seatbelt`` and, with the network off,
-    ``CODEX_SANDBOX_NETWORK_DISABLED=1``.
-    """
+    """Run ``spec`` under ``sandbox-exec`` (PROTOCOL.md §7.4, §7.5); it cannot set argv0."""
     command = build(
         plan,
         include_platform_defaults=include_platform_defaults,
