@@ -168,32 +168,14 @@ class ResolvedPolicy:
     """
 
     __slots__ = (
-        "_canonicalize",
-        "_combined",
-        "_defaults",
-        "_index",
-        "_index_with_defaults",
-        "_probe",
-        "full_read",
-        "full_write",
-        "platform_defaults",
-        "policy",
-        "protected",
-        "rules",
-        "scope",
+        "_canonicalize", "_combined", "_defaults", "_index", "_index_with_defaults", "_probe",
+        "full_read", "full_write", "platform_defaults", "policy", "protected", "rules", "scope",
     )
 
-    def __init__(
-        self,
-        policy: FileSystemPolicy,
-        scope: PolicyScope,
-        *,
-        probe: FsProbe | None = None,
-        protect: bool = True,
-        canonicalize: Callable[[str], str] | None = None,
-        protect_names: Sequence[str] = (),
-        default_read_roots: Sequence[str] = (),
-    ) -> None:
+    def __init__(self, policy: FileSystemPolicy, scope: PolicyScope, *,
+                 probe: FsProbe | None = None, protect: bool = True,
+                 canonicalize: Callable[[str], str] | None = None,
+                 protect_names: Sequence[str] = (), default_read_roots: Sequence[str] = ()) -> None:
         self._probe = probe = probe or OsProbe()
         self.policy = policy
         self.scope = scope
@@ -276,13 +258,8 @@ class ResolvedPolicy:
         parent, name = os.path.split(path)
         return join_normalized(self._canonicalize(parent), name)
 
-    def plan(
-        self,
-        network: Network,
-        *,
-        platform_defaults: Sequence[str] = (),
-        extra_read_roots: Sequence[str] = (),
-    ) -> SandboxPlan:
+    def plan(self, network: Network, *, platform_defaults: Sequence[str] = (),
+             extra_read_roots: Sequence[str] = ()) -> SandboxPlan:
         """The :class:`SandboxPlan` mechanisms enforce; ``platform_defaults`` are added (those
         that exist) when a readable ``minimal`` entry asks for them."""
         net = network is Network.ENABLED
@@ -332,9 +309,8 @@ def _forms(path: str, access: Access, canonicalize: Callable[[str], str] | None)
     return (path, canonical)
 
 
-def _glob(
-    target: GlobTarget, access: Access, policy: FileSystemPolicy, scope: PolicyScope
-) -> Sequence[str]:
+def _glob(target: GlobTarget, access: Access, policy: FileSystemPolicy,
+          scope: PolicyScope) -> Sequence[str]:
     """Deny globs become the paths they match now; read/write globs grant nothing."""
     if access is not Access.NONE:
         logger.debug("glob grant %r ignored (grants nothing)", target.pattern)

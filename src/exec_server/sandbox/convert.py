@@ -101,12 +101,8 @@ class LaunchSandboxRequest:
     def network_restricted(self) -> bool:
         return self.network is Network.RESTRICTED or self.enforce_managed_network
 
-    def plan(
-        self,
-        *,
-        tmpdir: str | None,
-        platform_defaults: Sequence[str] | None = None,
-    ) -> SandboxPlan:
+    def plan(self, *, tmpdir: str | None,
+             platform_defaults: Sequence[str] | None = None) -> SandboxPlan:
         """The plan mechanisms enforce; ``tmpdir`` is the child's final ``$TMPDIR``."""
         defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults
         network = Network.RESTRICTED if self.network_restricted else Network.ENABLED
@@ -122,14 +118,9 @@ class LaunchSandboxRequest:
 _SANDBOX_TYPES = {t.value: t for t in SandboxType}
 
 
-def launch_request(
-    ctx: wire.SandboxContext | None,
-    *,
-    command_cwd: str,
-    enforce_managed_network: bool = False,
-    tmpdir: str | None = None,
-    probe: FsProbe | None = None,
-) -> LaunchSandboxRequest:
+def launch_request(ctx: wire.SandboxContext | None, *, command_cwd: str,
+                   enforce_managed_network: bool = False, tmpdir: str | None = None,
+                   probe: FsProbe | None = None) -> LaunchSandboxRequest:
     """The confinement ``process/start`` asks for.
 
     ``command_cwd`` is the default policy cwd; ``enforce_managed_network`` the current
@@ -141,48 +132,33 @@ def launch_request(
     if isinstance(ctx, wire.CurrentSandboxContext):
         fs, network = permissions_policy(ctx.permissions)
         cwd, roots = current_scope(ctx, command_cwd)
+        home = None if ctx.user_home_dir is None else str(ctx.user_home_dir)
         return LaunchSandboxRequest(
-            Generation.CURRENT,
-            fs,
-            network,
-            cwd,
-            roots,
-            enforce_managed_network=enforce_managed_network,
-            home=_opt_str(ctx.user_home_dir),
-            probe=probe,
+            Generation.CURRENT, fs, network, cwd, roots,
+            enforce_managed_network=enforce_managed_network, home=home, probe=probe,
         )
+    preference: Preference = "auto"
+    forced: SandboxType | None = None
+    enforce = False
     if isinstance(ctx, wire.FileSystemSandboxContext):
         # A filesystem context on process/start: derive what the client would have sent.
-        extra = ctx.additional_permissions
-        base = ctx.sandbox_policy
-        scope = PolicyScope.legacy(command_cwd, tmpdir)
-        return LaunchSandboxRequest(
-            Generation.LEGACY,
-            effective_fs_policy(fs_policy_from_legacy(base, scope, probe), extra),
-            effective_network(legacy_network(base), extra),
-            command_cwd,
-            (command_cwd,),
-            probe=probe,
-        )
-    forced = None if ctx.sandbox_preference is not None else _SANDBOX_TYPES[ctx.sandbox or "none"]
-    cwd = str(ctx.sandbox_policy_cwd)
+        cwd = command_cwd
+        fs = fs_policy_from_legacy(ctx.sandbox_policy, PolicyScope.legacy(cwd, tmpdir), probe)
+        network = legacy_network(ctx.sandbox_policy)
+    else:
+        cwd = str(ctx.sandbox_policy_cwd)
+        fs = legacy_fs_policy(ctx.file_system_policy, "sandbox.fileSystemPolicy")
+        network = Network(ctx.network_policy)
+        preference = ctx.sandbox_preference or "auto"
+        if ctx.sandbox_preference is None:
+            forced = _SANDBOX_TYPES[ctx.sandbox or "none"]
+        enforce = ctx.enforce_managed_network
     extra = ctx.additional_permissions
-    fs = legacy_fs_policy(ctx.file_system_policy, "sandbox.fileSystemPolicy")
     return LaunchSandboxRequest(
-        Generation.LEGACY,
-        effective_fs_policy(fs, extra),
-        effective_network(Network(ctx.network_policy), extra),
-        cwd,
-        (cwd,),
-        preference=ctx.sandbox_preference or "auto",
-        forced_type=forced,
-        enforce_managed_network=ctx.enforce_managed_network,
-        probe=probe,
+        Generation.LEGACY, effective_fs_policy(fs, extra), effective_network(network, extra),
+        cwd, (cwd,), preference=preference, forced_type=forced,
+        enforce_managed_network=enforce, probe=probe,
     )
-
-
-def _opt_str(path: wire.AbsPath | None) -> str | None:
-    return None if path is None else str(path)
 
 
 # --- fs/* ---
@@ -196,13 +172,8 @@ def _server_cwd() -> str:
         raise SandboxError(f"failed to read current dir: {text}") from exc
 
 
-def fs_context(
-    ctx: wire.SandboxContext | None,
-    *,
-    server_cwd: str | None = None,
-    tmpdir: str | None = None,
-    probe: FsProbe | None = None,
-) -> FsSandboxRequest | None:
+def fs_context(ctx: wire.SandboxContext | None, *, server_cwd: str | None = None,
+               tmpdir: str | None = None, probe: FsProbe | None = None) -> FsSandboxRequest | None:
     """The confinement an ``fs/*`` call asks for; None when it has no sandbox (direct).
 
     Looks at the filesystem, so the event loop calls it in a worker. Defaults: the
@@ -219,13 +190,8 @@ def fs_context(
     return _legacy_fs_request(policy, ctx.additional_permissions, cwd, tmp, probe)
 
 
-def _legacy_fs_request(
-    base: LegacyPolicy,
-    extra: ExtraPermissions | None,
-    cwd: str,
-    tmpdir: str | None,
-    probe: FsProbe,
-) -> FsSandboxRequest:
+def _legacy_fs_request(base: LegacyPolicy, extra: ExtraPermissions | None, cwd: str,
+                       tmpdir: str | None, probe: FsProbe) -> FsSandboxRequest:
     """PROTOCOL.md §10.1 for a legacy ``sandboxPolicy``."""
     direct = not isinstance(base, wire.ReadOnlyPolicy | wire.WorkspaceWritePolicy)
     request = _alias_policy(base)
@@ -236,15 +202,8 @@ def _legacy_fs_request(
     helper_extra = msgspec.structs.replace(extra, network=None) if extra is not None else None
     helper_fs = effective_fs_policy(fs_policy_from_legacy(helper, scope, probe), helper_extra)
     return FsSandboxRequest(
-        Generation.LEGACY,
-        direct,
-        cwd,
-        (cwd,),
-        request_fs,
-        legacy_network(request),
-        helper_fs,
-        tmpdir=tmpdir,
-        probe=probe,
+        Generation.LEGACY, direct, cwd, (cwd,), request_fs, legacy_network(request), helper_fs,
+        tmpdir=tmpdir, probe=probe,
     )
 
 
@@ -254,17 +213,10 @@ def _current_fs_request(
     fs, network = permissions_policy(ctx.permissions)
     cwd, roots = current_scope(ctx, server_cwd)
     direct = fs.kind is not FsKind.RESTRICTED or has_full_disk_write(fs)
+    home = None if ctx.user_home_dir is None else str(ctx.user_home_dir)
     return FsSandboxRequest(
-        Generation.CURRENT,
-        direct,
-        cwd,
-        roots,
-        fs,
-        network,
-        _with_minimal(fs),
-        tmpdir=tmpdir,
-        home=_opt_str(ctx.user_home_dir),
-        probe=probe,
+        Generation.CURRENT, direct, cwd, roots, fs, network, _with_minimal(fs),
+        tmpdir=tmpdir, home=home, probe=probe,
     )
 
 
@@ -392,15 +344,9 @@ def current_scope(
 # --- CLI ---
 
 
-def cli_launch_request(
-    sandbox: str,
-    *,
-    cwd: str,
-    writable_roots: Sequence[str] = (),
-    network: bool = False,
-    tmpdir: str | None = None,
-    probe: FsProbe | None = None,
-) -> LaunchSandboxRequest:
+def cli_launch_request(sandbox: str, *, cwd: str, writable_roots: Sequence[str] = (),
+                       network: bool = False, tmpdir: str | None = None,
+                       probe: FsProbe | None = None) -> LaunchSandboxRequest:
     """Policy for ``exec-server run --sandbox MODE [--writable-root DIR]... [--network]``."""
     probe = probe or OsProbe()
     if not cwd.startswith("/"):
@@ -426,10 +372,6 @@ def cli_launch_request(
     policy = policies[sandbox]
     scope = PolicyScope.legacy(cwd, tmpdir)
     return LaunchSandboxRequest(
-        Generation.LEGACY,
-        fs_policy_from_legacy(policy, scope, probe),
-        legacy_network(policy),
-        cwd,
-        (cwd,),
-        probe=probe,
+        Generation.LEGACY, fs_policy_from_legacy(policy, scope, probe), legacy_network(policy),
+        cwd, (cwd,), probe=probe,
     )

@@ -157,12 +157,8 @@ class FsSandboxRequest:
                 return hole
         return None
 
-    def helper_plan(
-        self,
-        *,
-        runtime_read_roots: Sequence[str] = (),
-        platform_defaults: Sequence[str] | None = None,
-    ) -> SandboxPlan:
+    def helper_plan(self, *, runtime_read_roots: Sequence[str] = (),
+                    platform_defaults: Sequence[str] | None = None) -> SandboxPlan:
         """The helper's :class:`SandboxPlan` (§10.4), network off; ``runtime_read_roots``: what
         its interpreter must read (``sys.prefix``, the package directory…)."""
         defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults

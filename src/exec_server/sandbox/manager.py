@@ -60,13 +60,8 @@ class SandboxManager:
     """Selects and applies the platform sandbox for launches (``platform`` and ``selector``:
     tests pretend to be another OS or inject fake backends)."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        *,
-        platform: SandboxType = PLATFORM_SANDBOX,
-        selector: _Selector = select_backend,
-    ) -> None:
+    def __init__(self, config: ServerConfig, *, platform: SandboxType = PLATFORM_SANDBOX,
+                 selector: _Selector = select_backend) -> None:
         self._config = config
         self._platform = platform
         self._selector = selector
@@ -89,42 +84,26 @@ class SandboxManager:
         with contextlib.suppress(ExecServerError, SandboxError, ImportError, ValueError, OSError):
             self._select_backend(required=False)
 
-    async def aprepare(
-        self,
-        spec: LaunchSpec,
-        sandbox: SandboxContext | None,
-        *,
-        enforce_managed_network: bool = False,
-    ) -> LaunchSpec:
+    async def aprepare(self, spec: LaunchSpec, sandbox: SandboxContext | None, *,
+                       enforce_managed_network: bool = False) -> LaunchSpec:
         """:meth:`prepare` for coroutines: probes still to do run in a thread."""
         await self.warm()
         return self.prepare(spec, sandbox, enforce_managed_network=enforce_managed_network)
 
-    def prepare(
-        self,
-        spec: LaunchSpec,
-        sandbox: SandboxContext | None,
-        *,
-        enforce_managed_network: bool = False,
-    ) -> LaunchSpec:
+    def prepare(self, spec: LaunchSpec, sandbox: SandboxContext | None, *,
+                enforce_managed_network: bool = False) -> LaunchSpec:
         """A copy of ``spec`` confined per ``process/start.sandbox``; its ``sandbox_type`` says
         what was applied. SandboxPolicyError (-32602), SandboxLaunchError (-32603)."""
-        request = launch_request(
-            sandbox,
-            command_cwd=spec.cwd,
-            enforce_managed_network=enforce_managed_network,
-            tmpdir=spec.env.get("TMPDIR"),
-        )
+        request = launch_request(sandbox, command_cwd=spec.cwd, tmpdir=spec.env.get("TMPDIR"),
+                                 enforce_managed_network=enforce_managed_network)
         return self.prepare_request(spec, request)
 
     def prepare_request(self, spec: LaunchSpec, request: LaunchSandboxRequest) -> LaunchSpec:
         selected = select_sandbox_type(request, self._platform)
-        env = dict(spec.env)
         # §7.5: legacy servers mark a restricted network; the current client sets
         # the variable itself and upstream 0.163.0 adds nothing (CLIENT_COMPAT §4).
-        if request.generation is Generation.LEGACY and request.network_restricted:
-            env[NETWORK_DISABLED_ENV] = "1"
-        out = replace(spec, env=env, sandbox_type=SandboxType.NONE)
+        legacy_off = request.generation is Generation.LEGACY and request.network_restricted
+        out = _unconfined(spec, network_off=legacy_off)
         if selected is SandboxType.NONE:
             if request.generation is not None and request.preference == "require":
                 raise SandboxLaunchError(
@@ -134,44 +113,22 @@ class SandboxManager:
         if selected is not self._platform:
             raise SandboxLaunchError(_unavailable_message(selected))
         with _as_launch_error():
-            plan = request.plan(
-                tmpdir=out.env.get("TMPDIR"),
-                platform_defaults=platform_default_read_roots(self._platform),
-            )
+            plan = request.plan(tmpdir=out.env.get("TMPDIR"),
+                                platform_defaults=platform_default_read_roots(self._platform))
         required = request.preference == "require" or request.forced_type is not None
-        return self._wrap(
-            out,
-            plan,
-            required=required,
-            include_platform_defaults=request.include_platform_defaults,
-        )
+        return self._wrap(out, plan, required=required,
+                          include_platform_defaults=request.include_platform_defaults)
 
-    def wrap_plan(
-        self,
-        spec: LaunchSpec,
-        plan: SandboxPlan,
-        *,
-        include_platform_defaults: bool = True,
-    ) -> LaunchSpec:
+    def wrap_plan(self, spec: LaunchSpec, plan: SandboxPlan, *,
+                  include_platform_defaults: bool = True) -> LaunchSpec:
         """Confine the sandboxed fs helper, which must never run unconfined (§10.4)."""
-        env = dict(spec.env)
-        if not plan.network:
-            env[NETWORK_DISABLED_ENV] = "1"
-        out = replace(spec, env=env, sandbox_type=SandboxType.NONE)
         if self._platform is SandboxType.NONE:
             raise SandboxLaunchError("this platform has no sandbox")
-        return self._wrap(
-            out, plan, required=True, include_platform_defaults=include_platform_defaults
-        )
+        return self._wrap(_unconfined(spec, network_off=not plan.network), plan, required=True,
+                          include_platform_defaults=include_platform_defaults)
 
-    def _wrap(
-        self,
-        spec: LaunchSpec,
-        plan: SandboxPlan,
-        *,
-        required: bool,
-        include_platform_defaults: bool,
-    ) -> LaunchSpec:
+    def _wrap(self, spec: LaunchSpec, plan: SandboxPlan, *, required: bool,
+              include_platform_defaults: bool) -> LaunchSpec:
         if self._platform is SandboxType.MACOS_SEATBELT:
             return seatbelt.wrap(spec, plan, include_platform_defaults=include_platform_defaults)
         if self._platform is not SandboxType.LINUX_SECCOMP:
@@ -207,9 +164,20 @@ def _as_launch_error() -> Iterator[None]:
         raise SandboxLaunchError(str(exc)) from exc
 
 
+def _unconfined(spec: LaunchSpec, *, network_off: bool) -> LaunchSpec:
+    """A copy of ``spec`` marked unconfined, with ``CODEX_SANDBOX_NETWORK_DISABLED=1`` when
+    ``network_off`` (PROTOCOL.md §7.5)."""
+    env = dict(spec.env)
+    if network_off:
+        env[NETWORK_DISABLED_ENV] = "1"
+    return replace(spec, env=env, sandbox_type=SandboxType.NONE)
+
+
+_UNAVAILABLE = {
+    SandboxType.MACOS_SEATBELT: "seatbelt sandbox is only available on macOS",
+    SandboxType.LINUX_SECCOMP: "linux-seccomp sandbox is only available on Linux",
+}
+
+
 def _unavailable_message(kind: SandboxType) -> str:
-    if kind is SandboxType.MACOS_SEATBELT:
-        return "seatbelt sandbox is only available on macOS"
-    if kind is SandboxType.LINUX_SECCOMP:
-        return "linux-seccomp sandbox is only available on Linux"
-    return f"{kind.value} sandbox is not supported by this server"
+    return _UNAVAILABLE.get(kind, f"{kind.value} sandbox is not supported by this server")

@@ -13,11 +13,7 @@ from exec_server.sandbox.errors import SandboxUnavailableError
 from exec_server.sandbox.linux.base import LinuxBackend
 
 __all__ = [
-    "BACKEND_NAMES",
-    "LinuxBackend",
-    "SandboxUnavailableError",
-    "probe_report",
-    "select_backend",
+    "BACKEND_NAMES", "LinuxBackend", "SandboxUnavailableError", "probe_report", "select_backend",
 ]
 
 BACKEND_NAMES = ("auto", "bwrap", "landlock")

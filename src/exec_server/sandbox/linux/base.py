@@ -14,11 +14,7 @@ from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 
 __all__ = [
-    "WRAPPER_ENV",
-    "LinuxBackend",
-    "PlaceholderRegistry",
-    "chain_cleanup",
-    "env_entries",
+    "WRAPPER_ENV", "LinuxBackend", "PlaceholderRegistry", "chain_cleanup", "env_entries",
     "memfd_holding",
 ]
 

@@ -26,17 +26,8 @@ if TYPE_CHECKING:
     from exec_server.sandbox.plan import SandboxPlan
 
 __all__ = [
-    "FILE_RIGHTS",
-    "READ_RIGHTS",
-    "LandlockError",
-    "LandlockStatus",
-    "abi_version",
-    "add_rule_fd",
-    "create_ruleset",
-    "fs_mask",
-    "prefault",
-    "restrict",
-    "restrict_self",
+    "FILE_RIGHTS", "READ_RIGHTS", "LandlockError", "LandlockStatus", "abi_version", "add_rule_fd",
+    "create_ruleset", "fs_mask", "prefault", "restrict", "restrict_self",
 ]
 
 _CREATE_RULESET_VERSION = 1 << 0

@@ -18,13 +18,8 @@ from exec_server._os.linux import (
 )
 
 __all__ = [
-    "MODE_RESTRICTED",
-    "MODE_VSOCK",
-    "SeccompError",
-    "build_filter",
-    "install_network_filter",
-    "set_no_new_privs",
-    "supported",
+    "MODE_RESTRICTED", "MODE_VSOCK", "SeccompError", "build_filter", "install_network_filter",
+    "set_no_new_privs", "supported",
 ]
 
 #: network restricted: everything but AF_UNIX sockets blocked (upstream "Restricted").

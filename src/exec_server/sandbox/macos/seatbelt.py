@@ -265,13 +265,9 @@ def _guards(root: str) -> list[str]:
     ]
 
 
-def build(
-    plan: SandboxPlan,
-    *,
-    include_platform_defaults: bool = False,
-    realpath: Callable[[str], str] = os.path.realpath,
-    user_cache_dir: str | None = None,
-) -> SeatbeltCommand:
+def build(plan: SandboxPlan, *, include_platform_defaults: bool = False,
+          realpath: Callable[[str], str] = os.path.realpath,
+          user_cache_dir: str | None = None) -> SeatbeltCommand:
     """Profile and parameters for ``plan``; ``include_platform_defaults`` adds the
     platform-default read rules when reads are restricted."""
     writable = [] if plan.full_write else _dedup([realpath(p) for p in plan.writable_roots])
@@ -323,14 +319,9 @@ def build(
     return SeatbeltCommand(profile, tuple(params))
 
 
-def wrap(
-    spec: LaunchSpec,
-    plan: SandboxPlan,
-    *,
-    include_platform_defaults: bool = False,
-    realpath: Callable[[str], str] = os.path.realpath,
-    user_cache_dir: str | None = None,
-) -> LaunchSpec:
+def wrap(spec: LaunchSpec, plan: SandboxPlan, *, include_platform_defaults: bool = False,
+         realpath: Callable[[str], str] = os.path.realpath,
+         user_cache_dir: str | None = None) -> LaunchSpec:
     """Run ``spec`` under ``sandbox-exec`` (PROTOCOL.md §7.4, §7.5); it cannot set argv0."""
     command = build(
         plan,
