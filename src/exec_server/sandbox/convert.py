@@ -288,24 +288,17 @@ def _target(path: wire.FileSystemPath, where: str) -> Target:
 _ACCESS = {"read": Access.READ, "write": Access.WRITE, "none": Access.NONE, "deny": Access.NONE}
 
 
-def convert_entries(
-    entries: Sequence[wire.FileSystemSandboxEntry], where: str
-) -> tuple[FsEntry, ...]:
-    return tuple(
-        FsEntry(
-            _target(entry.path, f"{where}[{i}].path"),
-            _ACCESS[entry.access],
-            skip_if_missing=entry.missing_path_behavior == "skip",
-        )
-        for i, entry in enumerate(entries)
-    )
+def convert_entries(entries: Sequence[wire.FileSystemSandboxEntry],
+                    where: str) -> tuple[FsEntry, ...]:
+    return tuple(FsEntry(_target(entry.path, f"{where}[{i}].path"), _ACCESS[entry.access],
+                         skip_if_missing=entry.missing_path_behavior == "skip")
+                 for i, entry in enumerate(entries))
 
 
 def legacy_fs_policy(policy: wire.FileSystemSandboxPolicy, where: str) -> FileSystemPolicy:
-    if policy.kind == "unrestricted":
-        return FileSystemPolicy.unrestricted()
-    if policy.kind == "external-sandbox":
-        return FileSystemPolicy.external()
+    kind = FsKind(policy.kind)  # the same spellings
+    if kind is not FsKind.RESTRICTED:
+        return FileSystemPolicy(kind)
     return FileSystemPolicy.restricted(convert_entries(policy.entries, f"{where}.entries"))
 
 

@@ -111,6 +111,9 @@ class FsSandboxRequest:
     tmpdir: str | None = None
     home: str | None = None
     probe: FsProbe = field(default_factory=OsProbe, compare=False, repr=False)
+    #: one canonicaliser for the pre-check and the helper plan (shared memo).
+    _canonical: Callable[[str], str] = field(default_factory=_Canonical, init=False,
+                                             compare=False, repr=False)
 
     @property
     def scope(self) -> PolicyScope:
@@ -122,23 +125,13 @@ class FsSandboxRequest:
         (docs/sandbox-policy.md, "Pre-check for current contexts")."""
         return self._resolve(self.policy, default_read_roots=platform_default_read_roots())
 
-    def _resolve(
-        self, policy: FileSystemPolicy, *, default_read_roots: Sequence[str] = ()
-    ) -> ResolvedPolicy:
-        if self.generation is Generation.CURRENT:
-            return ResolvedPolicy(
-                policy,
-                self.scope,
-                probe=self.probe,
-                canonicalize=self._canonical,
-                protect_names=PROTECTED_NAMES_ALWAYS,
-                default_read_roots=default_read_roots,
-            )
-        return ResolvedPolicy(policy, self.scope, probe=self.probe)
-
-    @cached_property
-    def _canonical(self) -> Callable[[str], str]:
-        return _Canonical()
+    def _resolve(self, policy: FileSystemPolicy, *,
+                 default_read_roots: Sequence[str] = ()) -> ResolvedPolicy:
+        if self.generation is not Generation.CURRENT:
+            return ResolvedPolicy(policy, self.scope, probe=self.probe)
+        return ResolvedPolicy(policy, self.scope, probe=self.probe, canonicalize=self._canonical,
+                              protect_names=PROTECTED_NAMES_ALWAYS,
+                              default_read_roots=default_read_roots)
 
     def resolve_access(self, path: str) -> Access:
         return self.resolved.resolve_access(path)
@@ -165,7 +158,4 @@ class FsSandboxRequest:
         # Same resolution as the pre-check: the confined child then also refuses creating
         # a missing `.git` & co. under a writable root.
         return self._resolve(self.helper_policy).plan(
-            Network.RESTRICTED,
-            platform_defaults=defaults,
-            extra_read_roots=runtime_read_roots,
-        )
+            Network.RESTRICTED, platform_defaults=defaults, extra_read_roots=runtime_read_roots)

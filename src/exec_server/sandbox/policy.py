@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import msgspec
@@ -249,25 +249,20 @@ def base_fs_policy_from_legacy(policy: LegacyPolicy) -> FileSystemPolicy:
     return FileSystemPolicy.restricted(entries)
 
 
-def fs_policy_from_legacy(
-    policy: LegacyPolicy, scope: PolicyScope, probe: FsProbe
-) -> FileSystemPolicy:
+def fs_policy_from_legacy(policy: LegacyPolicy, scope: PolicyScope,
+                          probe: FsProbe) -> FileSystemPolicy:
     """``from_legacy_sandbox_policy`` (PROTOCOL.md §6.9): for workspace-write, readable
     roots already writable under a legacy writable root are dropped."""
     base = base_fs_policy_from_legacy(policy)
     if not isinstance(policy, wire.WorkspaceWritePolicy):
         return base
     roots = legacy_writable_roots(policy, scope, probe)
-    kept = tuple(
-        entry
-        for entry in base.entries
-        if not (
-            isinstance(entry.target, PathTarget)
-            and entry.access is Access.READ
-            and any(root.allows_write(entry.target.path) for root in roots)
-        )
-    )
-    return replace(base, entries=kept)
+    def redundant(entry: FsEntry) -> bool:
+        target = entry.target
+        return (isinstance(target, PathTarget) and entry.access is Access.READ
+                and any(root.allows_write(target.path) for root in roots))
+
+    return replace(base, entries=tuple(e for e in base.entries if not redundant(e)))
 
 
 # --- §6.10: writable roots and protected subpaths ---
@@ -278,7 +273,7 @@ class WritableRoot:
     """A writable root and the subpaths inside it that stay read-only."""
 
     root: str
-    read_only_subpaths: tuple[str, ...] = field(default=())
+    read_only_subpaths: tuple[str, ...] = ()
 
     def allows_write(self, path: str) -> bool:
         return is_within(path, self.root) and not any(

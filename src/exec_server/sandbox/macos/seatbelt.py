@@ -196,14 +196,8 @@ class SeatbeltCommand:
     params: tuple[tuple[str, str], ...]
 
     def argv(self, command: Sequence[str]) -> list[str]:
-        return [
-            SANDBOX_EXEC,
-            "-p",
-            self.profile,
-            *(f"-D{key}={value}" for key, value in self.params),
-            "--",
-            *command,
-        ]
+        params = (f"-D{key}={value}" for key, value in self.params)
+        return [SANDBOX_EXEC, "-p", self.profile, *params, "--", *command]
 
 
 _REGEX_SPECIAL = frozenset(".^$*+?()[]{}|\\")
@@ -227,10 +221,6 @@ def darwin_user_cache_dir() -> str | None:
     return value or None
 
 
-def _dedup(items: Sequence[str]) -> list[str]:
-    return list(dict.fromkeys(items))
-
-
 def _subpaths(prefix: str, paths: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
     params = [(f"{prefix}_{i}", path) for i, path in enumerate(paths)]
     return params, [f'(subpath (param "{key}"))' for key, _ in params]
@@ -240,12 +230,9 @@ def _access_block(action: str, components: Sequence[str]) -> str:
     return f"(allow {action}\n" + " ".join(components) + "\n)"
 
 
-def _root_component(
-    key: str, excluded: Sequence[str], guards: Sequence[str]
-) -> tuple[str, list[tuple[str, str]]]:
+def _root_component(key: str, excluded: Sequence[str],
+                    guards: Sequence[str]) -> tuple[str, list[tuple[str, str]]]:
     params: list[tuple[str, str]] = []
-    if not excluded and not guards:
-        return f'(subpath (param "{key}"))', params
     parts = [f'(require-all (subpath (param "{key}"))']
     for j, path in enumerate(excluded):
         ekey = f"{key}_EXCLUDED_{j}"
@@ -270,16 +257,19 @@ def build(plan: SandboxPlan, *, include_platform_defaults: bool = False,
           user_cache_dir: str | None = None) -> SeatbeltCommand:
     """Profile and parameters for ``plan``; ``include_platform_defaults`` adds the
     platform-default read rules when reads are restricted."""
-    writable = [] if plan.full_write else _dedup([realpath(p) for p in plan.writable_roots])
-    read_only = _dedup([realpath(p) for p in plan.read_only_subpaths])
-    denied = _dedup([realpath(p) for p in plan.denied_paths])
+    def canonical(paths: Sequence[str]) -> list[str]:
+        return list(dict.fromkeys(map(realpath, paths)))
+
+    writable = [] if plan.full_write else canonical(plan.writable_roots)
+    read_only = canonical(plan.read_only_subpaths)
+    denied = canonical(plan.denied_paths)
 
     # read policy
     read_params: list[tuple[str, str]] = []
     if plan.full_read:
         read_section = "; allow read-only file operations\n(allow file-read*)"
     else:
-        readable = _dedup([realpath(p) for p in plan.readable_roots] + writable)
+        readable = list(dict.fromkeys(canonical(plan.readable_roots) + writable))
         read_params, components = _subpaths("READABLE_ROOT", readable)
         read_section = "; allow read-only file operations\n"
         if components:
@@ -323,20 +313,13 @@ def wrap(spec: LaunchSpec, plan: SandboxPlan, *, include_platform_defaults: bool
          realpath: Callable[[str], str] = os.path.realpath,
          user_cache_dir: str | None = None) -> LaunchSpec:
     """Run ``spec`` under ``sandbox-exec`` (PROTOCOL.md §7.4, §7.5); it cannot set argv0."""
-    command = build(
-        plan,
-        include_platform_defaults=include_platform_defaults,
-        realpath=realpath,
-        user_cache_dir=user_cache_dir if user_cache_dir is not None else darwin_user_cache_dir(),
-    )
+    if user_cache_dir is None:
+        user_cache_dir = darwin_user_cache_dir()
+    command = build(plan, include_platform_defaults=include_platform_defaults, realpath=realpath,
+                    user_cache_dir=user_cache_dir)
     env = dict(spec.env)
     env["CODEX_SANDBOX"] = "seatbelt"
     if not plan.network:
         env["CODEX_SANDBOX_NETWORK_DISABLED"] = "1"
-    return replace(
-        spec,
-        argv=command.argv(spec.argv),
-        env=env,
-        arg0=None,
-        sandbox_type=SandboxType.MACOS_SEATBELT,
-    )
+    return replace(spec, argv=command.argv(spec.argv), env=env, arg0=None,
+                   sandbox_type=SandboxType.MACOS_SEATBELT)
