@@ -107,20 +107,18 @@ class _RuleIndex:
 def has_full_disk_read(policy: FileSystemPolicy) -> bool:
     if policy.kind is not FsKind.RESTRICTED:
         return True
-    root_reads = any(
-        _is_special(e.target, SpecialKind.ROOT) and e.access is not Access.NONE
-        for e in policy.entries
-    )
-    return root_reads and not any(e.access is Access.NONE for e in policy.entries)
+    entries = policy.entries
+    root_reads = any(_is_special(e.target, SpecialKind.ROOT) and e.access is not Access.NONE
+                     for e in entries)
+    return root_reads and not any(e.access is Access.NONE for e in entries)
 
 
 def has_full_disk_write(policy: FileSystemPolicy) -> bool:
     if policy.kind is not FsKind.RESTRICTED:
         return True
     entries = policy.entries
-    if not any(
-        _is_special(e.target, SpecialKind.ROOT) and e.access is Access.WRITE for e in entries
-    ):
+    if not any(_is_special(e.target, SpecialKind.ROOT) and e.access is Access.WRITE
+               for e in entries):
         return False
     writes = {e.target for e in entries if e.access is Access.WRITE}
     for entry in entries:
@@ -138,14 +136,9 @@ def has_full_disk_write(policy: FileSystemPolicy) -> bool:
 
 
 def includes_platform_defaults(policy: FileSystemPolicy) -> bool:
-    return (
-        policy.kind is FsKind.RESTRICTED
-        and not has_full_disk_read(policy)
-        and any(
-            _is_special(e.target, SpecialKind.MINIMAL) and e.access is not Access.NONE
-            for e in policy.entries
-        )
-    )
+    asks = any(_is_special(e.target, SpecialKind.MINIMAL) and e.access is not Access.NONE
+               for e in policy.entries)
+    return asks and policy.kind is FsKind.RESTRICTED and not has_full_disk_read(policy)
 
 
 def _is_special(target: Target, kind: SpecialKind) -> bool:
@@ -197,16 +190,12 @@ class ResolvedPolicy:
         self.full_write = has_full_disk_write(policy)
         self.platform_defaults = includes_platform_defaults(policy)
         protected: list[str] = []
-        if protect and not self.full_write:
-            for path, access in self.rules:
-                if access is Access.WRITE:
-                    base = path.rstrip("/")  # normalised: a plain join stays normalised
-                    subs = [
-                        *protected_subpaths(path, probe),
-                        *(f"{base}/{name}" for name in protect_names),
-                    ]
-                    for sub in subs:
-                        protected.extend(_forms(sub, Access.READ, canonicalize))
+        writable = [path for path, access in self.rules if access is Access.WRITE]
+        for path in writable if protect and not self.full_write else ():
+            base = path.rstrip("/")  # normalised: a plain join stays normalised
+            subs = [*protected_subpaths(path, probe), *(f"{base}/{n}" for n in protect_names)]
+            for sub in subs:
+                protected.extend(_forms(sub, Access.READ, canonicalize))
         self.protected: tuple[str, ...] = tuple(dict.fromkeys(protected))
         # Protected subpaths rank as read entries at their path: an explicit
         # `write` or `none` at the same path still wins (none > write > read).

@@ -139,11 +139,8 @@ def _unshare(flags: int) -> None:
     if uid != 0:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                            ("gid_map", f"{gid} {gid} 1")):
-            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
 
 
 def _umount(target: str) -> None:
@@ -163,13 +160,11 @@ def _bind_read_only(src: str, target: str) -> None:
 
 
 def _placeholder_for(path: str, writable: list[str]) -> str | None:
-    """First missing component of ``path``, made an empty dir to mount over (only inside a
-    writable root: elsewhere nothing can create it anyway)."""
-    from exec_server.sandbox.linux.knobs import first_missing_component, is_inside
+    """``knobs.placeholder_for``, made an empty dir to mount over."""
+    from exec_server.sandbox.linux.knobs import placeholder_for
 
-    missing = first_missing_component(path)
-    if missing is None or not any(is_inside(missing, root) and missing != root
-                                  for root in writable):
+    missing = placeholder_for(path, writable)
+    if missing is None:
         return None
     try:  # noqa: SIM105 - contextlib costs start-up time here
         os.mkdir(missing, 0o555)

@@ -8,7 +8,8 @@ them read-only. Stdlib only: the Landlock launcher imports it (and its path help
 
 import os
 
-__all__ = ["KERNEL_KNOBS", "PROC_KNOBS", "first_missing_component", "is_inside", "read_only_knobs"]
+__all__ = ["KERNEL_KNOBS", "PROC_KNOBS", "first_missing_component", "is_inside", "placeholder_for",
+           "read_only_knobs"]
 
 #: knobs inside ``/proc`` (a freshly mounted ``/proc`` has them writable).
 PROC_KNOBS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
@@ -29,6 +30,15 @@ def first_missing_component(path: str) -> "str | None":
         missing = parent
         parent = os.path.dirname(parent)
     return missing
+
+
+def placeholder_for(path: str, writable_roots: "list[str] | tuple[str, ...]") -> "str | None":
+    """Where a missing protected ``path`` gets its read-only placeholder mount: its first
+    missing component, if strictly inside a writable root (elsewhere nothing can create it)."""
+    missing = first_missing_component(path)
+    if missing is not None and any(is_inside(missing, r) and missing != r for r in writable_roots):
+        return missing
+    return None
 
 
 def read_only_knobs(*, full_write: bool, writable_roots: "list[str] | tuple[str, ...]",

@@ -19,7 +19,7 @@ from exec_server.sandbox.linux.base import (
     finish_spec,
     memfd_holding,
 )
-from exec_server.sandbox.linux.knobs import first_missing_component, is_inside
+from exec_server.sandbox.linux.knobs import placeholder_for
 from exec_server.sandbox.linux.spawn_zygote_main import STATUS_FD
 from exec_server.sandbox.plan import SandboxPlan
 
@@ -118,14 +118,11 @@ class LandlockBackend(LinuxBackend):
         argv = [self.python, "-I", "-S", LAUNCHER_PATH,
                 *launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0, status_fd=w,
                                 env_fd=env_fd)]
-        placeholders: list[str] = []
+        placeholders: list[str | None] = []
         if self.mount_ns and not plan.full_write:
-            for sub in plan.read_only_subpaths:
-                missing = first_missing_component(sub)
-                if missing is not None and any(is_inside(missing, root) and missing != root
-                                               for root in plan.writable_roots):
-                    placeholders.append(missing)
-        release = self._placeholders.acquire(placeholders)
+            placeholders = [placeholder_for(p, plan.writable_roots)
+                            for p in plan.read_only_subpaths]
+        release = self._placeholders.acquire(p for p in placeholders if p is not None)
         # the write end is closed by the spawner after the spawn (pass_fds contract)
         wrapped = finish_spec(spec, argv=argv, env=dict(WRAPPER_ENV), arg0=None,
                               pass_fds=(w, env_fd),
