@@ -22,15 +22,11 @@ DEFAULT_GLOB_SCAN_DEPTH = 8
 #: Directory entries examined per glob before the launch is refused.
 MAX_GLOB_VISITS = 100_000
 
-_MAGIC = frozenset("*?[")
+_MAGIC = frozenset("*?[")  # "**" included
 
 
 class GlobScanError(InternalError):
     """A glob could not be expanded within the scan budget."""
-
-
-def _is_magic(component: str) -> bool:
-    return any(ch in _MAGIC for ch in component)
 
 
 def _match(parts: Sequence[str], pats: Sequence[str]) -> bool:
@@ -59,7 +55,7 @@ def _anchors(pattern: str, scope: PolicyScope) -> list[tuple[str, list[str]]]:
     for base in bases:
         anchor = base
         pats = list(comps)
-        while pats and not _is_magic(pats[0]) and pats[0] != "**":
+        while pats and not _MAGIC.intersection(pats[0]):
             anchor = join_normalized(anchor, pats.pop(0))
         out.append((anchor, pats))
     return out

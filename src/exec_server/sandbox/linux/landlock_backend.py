@@ -86,26 +86,21 @@ def _status_reader(fd: int) -> Callable[[], None]:
 class LandlockBackend(LinuxBackend):
     """Landlock + mount-namespace rebinds + capability drop + seccomp, in a launcher.
 
-    ``zygote``: wrapped launches also carry a ``ZygoteLaunch`` for the helper zygote
+    Wrapped launches also carry a ``ZygoteLaunch`` for the helper zygote
     (``fs/helper/client.py``): same confinement, no interpreter start-up per launch.
     """
 
     name = "landlock"
 
-    def __init__(self, abi: int, *, mount_ns: bool = True, python: str | None = None,
-                 zygote: bool = True) -> None:
+    def __init__(self, abi: int, *, mount_ns: bool = True) -> None:
         self.abi = abi
         self.mount_ns = mount_ns
-        self.python = python or sys.executable
+        self.python = sys.executable
         self._placeholders = PlaceholderRegistry()
-        self.spawn_zygote: Zygote | None = None
-        if zygote:
-            self.spawn_zygote = (shared_zygote() if python in (None, sys.executable)
-                                 else Zygote(python=self.python))
+        self.spawn_zygote: Zygote = shared_zygote()
 
     def describe(self) -> dict[str, object]:
-        return {"name": self.name, "abi": self.abi, "mount_ns": self.mount_ns,
-                "zygote": self.spawn_zygote is not None}
+        return {"name": self.name, "abi": self.abi, "mount_ns": self.mount_ns, "zygote": True}
 
     def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
         arg0 = spec.arg0 if spec.arg0 is not None and spec.arg0 != spec.argv[0] else None
@@ -127,9 +122,7 @@ class LandlockBackend(LinuxBackend):
         wrapped = finish_spec(spec, argv=argv, env=dict(WRAPPER_ENV), arg0=None,
                               pass_fds=(w, env_fd),
                               cleanup=chain_cleanup(_status_reader(r), release))
-        if self.spawn_zygote is not None:
-            flags = launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0,
-                                   status_fd=STATUS_FD)
-            request = SpawnRequest(args=tuple(flags), env=env, cwd=spec.cwd, status_fd=w)
-            wrapped.zygote = ZygoteLaunch(self.spawn_zygote, request)
+        flags = launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0, status_fd=STATUS_FD)
+        request = SpawnRequest(args=tuple(flags), env=env, cwd=spec.cwd, status_fd=w)
+        wrapped.zygote = ZygoteLaunch(self.spawn_zygote, request)
         return wrapped
