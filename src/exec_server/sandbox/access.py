@@ -101,9 +101,6 @@ class _RuleIndex:
             current = current.rsplit("/", 1)[0] or "/"
 
 
-# --- predicates (§6.11 "Other predicates") ---
-
-
 def has_full_disk_read(policy: FileSystemPolicy) -> bool:
     if policy.kind is not FsKind.RESTRICTED:
         return True
@@ -143,9 +140,6 @@ def includes_platform_defaults(policy: FileSystemPolicy) -> bool:
 
 def _is_special(target: Target, kind: SpecialKind) -> bool:
     return isinstance(target, SpecialTarget) and target.kind is kind
-
-
-# --- resolved view ---
 
 
 class ResolvedPolicy:

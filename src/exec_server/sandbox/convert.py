@@ -59,8 +59,6 @@ __all__ = [
 
 Preference = Literal["auto", "require", "forbid"]
 
-# --- process/start ---
-
 
 @dataclass(frozen=True, slots=True)
 class LaunchSandboxRequest:
@@ -161,9 +159,6 @@ def launch_request(ctx: wire.SandboxContext | None, *, command_cwd: str,
     )
 
 
-# --- fs/* ---
-
-
 def _server_cwd() -> str:
     try:
         return os.path.realpath(os.getcwd())
@@ -252,9 +247,6 @@ def _with_minimal(policy: FileSystemPolicy) -> FileSystemPolicy:
     return replace(policy, entries=(*policy.entries, minimal))
 
 
-# --- wire struct → model pieces ---
-
-
 def _subpath(value: str | None, where: str) -> str | None:
     if value is None or value == "":
         return None
@@ -332,9 +324,6 @@ def current_scope(
         cwd = ctx.cwd
         roots = ctx.workspace_roots
     return str(cwd) if cwd is not None else fallback_cwd, tuple(dict.fromkeys(map(str, roots)))
-
-
-# --- CLI ---
 
 
 def cli_launch_request(sandbox: str, *, cwd: str, writable_roots: Sequence[str] = (),

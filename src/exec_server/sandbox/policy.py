@@ -203,9 +203,6 @@ def _dedup(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-# --- §6.3 / §6.9: legacy → FileSystemSandboxPolicy ---
-
-
 def legacy_network(policy: LegacyPolicy) -> Network:
     """``enabled`` iff the legacy policy has full network access (PROTOCOL.md §6.3)."""
     if isinstance(policy, wire.DangerFullAccessPolicy):
@@ -257,15 +254,13 @@ def fs_policy_from_legacy(policy: LegacyPolicy, scope: PolicyScope,
     if not isinstance(policy, wire.WorkspaceWritePolicy):
         return base
     roots = legacy_writable_roots(policy, scope, probe)
+
     def redundant(entry: FsEntry) -> bool:
         target = entry.target
         return (isinstance(target, PathTarget) and entry.access is Access.READ
                 and any(root.allows_write(target.path) for root in roots))
 
     return replace(base, entries=tuple(e for e in base.entries if not redundant(e)))
-
-
-# --- §6.10: writable roots and protected subpaths ---
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,9 +315,6 @@ def legacy_writable_roots(
     if not policy.exclude_tmpdir_env_var and tmpdir is not None:
         paths.append(tmpdir)
     return [WritableRoot(root, protected_subpaths(root, probe)) for root in _dedup(paths)]
-
-
-# --- §6.12: effective policies with additional permissions ---
 
 
 def effective_fs_policy(

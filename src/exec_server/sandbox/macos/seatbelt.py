@@ -264,7 +264,6 @@ def build(plan: SandboxPlan, *, include_platform_defaults: bool = False,
     read_only = canonical(plan.read_only_subpaths)
     denied = canonical(plan.denied_paths)
 
-    # read policy
     read_params: list[tuple[str, str]] = []
     if plan.full_read:
         read_section = "; allow read-only file operations\n(allow file-read*)"
@@ -275,7 +274,6 @@ def build(plan: SandboxPlan, *, include_platform_defaults: bool = False,
         if components:
             read_section += _access_block("file-read*", components)
 
-    # write policy
     write_params: list[tuple[str, str]] = []
     if plan.full_write:
         write_section = '(allow file-write* (regex #"^/"))'
