@@ -271,9 +271,8 @@ class WritableRoot:
     read_only_subpaths: tuple[str, ...] = ()
 
     def allows_write(self, path: str) -> bool:
-        return is_within(path, self.root) and not any(
-            is_within(path, sub) for sub in self.read_only_subpaths
-        )
+        protected = any(is_within(path, sub) for sub in self.read_only_subpaths)
+        return is_within(path, self.root) and not protected
 
 
 #: Metadata directories kept read-only inside writable roots (PROTOCOL.md §6.10).
@@ -301,9 +300,8 @@ def protected_subpaths(root: str, probe: FsProbe) -> tuple[str, ...]:
     return tuple(out)
 
 
-def legacy_writable_roots(
-    policy: LegacyPolicy, scope: PolicyScope, probe: FsProbe
-) -> list[WritableRoot]:
+def legacy_writable_roots(policy: LegacyPolicy, scope: PolicyScope,
+                          probe: FsProbe) -> list[WritableRoot]:
     """Writable roots of a workspace-write policy, in §6.10 order, with protections."""
     if not isinstance(policy, wire.WorkspaceWritePolicy):
         return []
@@ -317,9 +315,8 @@ def legacy_writable_roots(
     return [WritableRoot(root, protected_subpaths(root, probe)) for root in _dedup(paths)]
 
 
-def effective_fs_policy(
-    policy: FileSystemPolicy, extra: ExtraPermissions | None
-) -> FileSystemPolicy:
+def effective_fs_policy(policy: FileSystemPolicy,
+                        extra: ExtraPermissions | None) -> FileSystemPolicy:
     """Append extra read/write grants to a restricted policy, skipping exact duplicates."""
     if extra is None or extra.file_system is None or policy.kind is not FsKind.RESTRICTED:
         return policy
@@ -337,27 +334,19 @@ def effective_fs_policy(
 
 def effective_network(network: Network, extra: ExtraPermissions | None) -> Network:
     """Network after additional permissions (PROTOCOL.md §6.12)."""
-    if extra is None:
-        return network
-    if network is Network.ENABLED or (extra.network is not None and extra.network.enabled):
-        return Network.ENABLED
-    return Network.RESTRICTED
+    granted = extra is not None and extra.network is not None and extra.network.enabled
+    return Network.ENABLED if network is Network.ENABLED or granted else Network.RESTRICTED
 
 
 def helper_legacy_policy(policy: LegacyPolicy) -> LegacyPolicy:
     """Force platform-default reads on for the fs helper (PROTOCOL.md §10.1 step 3)."""
     set_defaults = msgspec.structs.replace
-    if isinstance(policy, wire.ReadOnlyPolicy) and isinstance(
-        policy.access, wire.ReadOnlyAccessRestricted
-    ):
-        return set_defaults(
-            policy, access=set_defaults(policy.access, include_platform_defaults=True)
-        )
-    if isinstance(policy, wire.WorkspaceWritePolicy) and isinstance(
-        policy.read_only_access, wire.ReadOnlyAccessRestricted
-    ):
-        return set_defaults(
-            policy,
-            read_only_access=set_defaults(policy.read_only_access, include_platform_defaults=True),
-        )
+    restricted = wire.ReadOnlyAccessRestricted
+    if isinstance(policy, wire.ReadOnlyPolicy) and isinstance(policy.access, restricted):
+        access = set_defaults(policy.access, include_platform_defaults=True)
+        return set_defaults(policy, access=access)
+    if isinstance(policy, wire.WorkspaceWritePolicy) and isinstance(policy.read_only_access,
+                                                                    restricted):
+        access = set_defaults(policy.read_only_access, include_platform_defaults=True)
+        return set_defaults(policy, read_only_access=access)
     return policy

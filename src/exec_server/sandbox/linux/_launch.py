@@ -40,19 +40,16 @@ _PR_CAP_AMBIENT_CLEAR_ALL = 4
 class _Args:
     """The parsed flags: the plan's fields ``landlock.restrict_self`` reads, and options."""
 
+    full_read = full_write = network = probe = False
+    status_fd = env_fd = -1
+    command_cwd: str | None = None
+    arg0: str | None = None
+
     def __init__(self) -> None:
-        self.full_read = False
-        self.full_write = False
-        self.network = False
-        self.probe = False
         self.readable_roots: list[str] = []
         self.writable_roots: list[str] = []
         self.read_only_subpaths: list[str] = []
         self.denied_paths: list[str] = []
-        self.status_fd = -1
-        self.env_fd = -1
-        self.command_cwd: str | None = None
-        self.arg0: str | None = None
         self.command: list[str] = []
 
 
