@@ -21,7 +21,6 @@ class SandboxLaunchError(SandboxError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"failed to build sandbox launch: {reason}")
-        self.reason = reason
 
 
 class SandboxUnavailableError(SandboxError):

@@ -9,20 +9,12 @@ from typing import Final
 from exec_server.sandbox.access import LINUX_PLATFORM_DEFAULTS
 from exec_server.sandbox.plan import SandboxType
 
-__all__ = ["PLATFORM_SANDBOX", "platform_default_read_roots", "platform_sandbox_type"]
+__all__ = ["PLATFORM_SANDBOX", "platform_default_read_roots"]
 
-
-def platform_sandbox_type(platform: str = sys.platform) -> SandboxType:
-    """PROTOCOL.md §7.1; Windows gets ``none`` (no restricted tokens here; upstream spawns
-    the command unchanged there anyway, §7.4)."""
-    if platform == "darwin":
-        return SandboxType.MACOS_SEATBELT
-    if platform.startswith("linux"):
-        return SandboxType.LINUX_SECCOMP
-    return SandboxType.NONE
-
-
-PLATFORM_SANDBOX: Final = platform_sandbox_type()
+#: PROTOCOL.md §7.1. Windows gets ``none``: no restricted tokens here, and upstream spawns
+#: the command unchanged there anyway (§7.4).
+PLATFORM_SANDBOX: Final = {"darwin": SandboxType.MACOS_SEATBELT,
+                           "linux": SandboxType.LINUX_SECCOMP}.get(sys.platform, SandboxType.NONE)
 
 
 def platform_default_read_roots(sandbox: SandboxType = PLATFORM_SANDBOX) -> tuple[str, ...]:

@@ -54,8 +54,7 @@ def select_backend(backend: str = "auto", *,
     elif backend == "auto":
         found, reason = _probed("bwrap")
         if found is None:
-            landlock, ll_reason = _probed("landlock")
-            found = landlock
+            found, ll_reason = _probed("landlock")
             reason = f"bwrap: {reason}; landlock: {ll_reason}"
         if found is None and allow_unsandboxed:
             return None
@@ -69,9 +68,8 @@ def select_backend(backend: str = "auto", *,
 
 def probe_report() -> dict[str, object]:
     """Every backend's probe outcome, for diagnostics (``exec-server run --probe``)."""
-    bw, bw_reason = _probed("bwrap")
-    ll, ll_reason = _probed("landlock")
-    return {
-        "bwrap": bw.describe() if bw is not None else {"usable": False, "reason": bw_reason},
-        "landlock": ll.describe() if ll is not None else {"usable": False, "reason": ll_reason},
-    }
+    report: dict[str, object] = {}
+    for name in ("bwrap", "landlock"):
+        found, reason = _probed(name)
+        report[name] = found.describe() if found else {"usable": False, "reason": reason}
+    return report
