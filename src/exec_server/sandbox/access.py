@@ -229,10 +229,8 @@ class ResolvedPolicy:
             return ()
         base = self._candidate(join_normalized(self.scope.cwd, path))
         skip = 1 if base == "/" else len(base) + 1
-        holes = sorted(
-            (p for p, access in self._combined if access is not Access.WRITE),
-            key=lambda p: (depth(p), p),
-        )
+        holes = sorted((p for p, access in self._combined if access is not Access.WRITE),
+                       key=lambda p: (depth(p), p))
         return tuple((p, p[skip:]) for p in holes if p != base and is_within(p, base))
 
     def _candidate(self, path: str) -> str:

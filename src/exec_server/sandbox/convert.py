@@ -202,9 +202,8 @@ def _legacy_fs_request(base: LegacyPolicy, extra: ExtraPermissions | None, cwd: 
     )
 
 
-def _current_fs_request(
-    ctx: wire.CurrentSandboxContext, server_cwd: str, tmpdir: str | None, probe: FsProbe
-) -> FsSandboxRequest:
+def _current_fs_request(ctx: wire.CurrentSandboxContext, server_cwd: str, tmpdir: str | None,
+                        probe: FsProbe) -> FsSandboxRequest:
     fs, network = permissions_policy(ctx.permissions)
     cwd, roots = current_scope(ctx, server_cwd)
     direct = fs.kind is not FsKind.RESTRICTED or has_full_disk_write(fs)
@@ -229,11 +228,8 @@ def _alias_policy(policy: LegacyPolicy) -> LegacyPolicy:
     if isinstance(policy, wire.ReadOnlyPolicy):
         return msgspec.structs.replace(policy, access=_alias_access(policy.access))
     if isinstance(policy, wire.WorkspaceWritePolicy):
-        return msgspec.structs.replace(
-            policy,
-            writable_roots=_aliased(policy.writable_roots),
-            read_only_access=_alias_access(policy.read_only_access),
-        )
+        return msgspec.structs.replace(policy, writable_roots=_aliased(policy.writable_roots),
+                                       read_only_access=_alias_access(policy.read_only_access))
     return policy
 
 
