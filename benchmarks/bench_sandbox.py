@@ -177,7 +177,7 @@ async def bench_all(targets: list[ServerTarget], n: int) -> list[_Leg]:
 
 
 def wrap_cost(n: int) -> dict[str, Summary]:
-    """``backend.wrap()`` alone (argv build, seccomp pipe), per backend, in µs."""
+    """``backend.wrap()`` alone (argv build, seccomp memfd), per backend, in µs."""
     from exec_server.process.spec import LaunchSpec
     from exec_server.sandbox.plan import SandboxPlan
     from exec_server.sandbox.select import SandboxUnavailableError, select_backend

@@ -227,11 +227,10 @@ def test_protected_subpaths_on_real_disk(tmp_path: Path) -> None:
     view = ResolvedPolicy(
         FileSystemPolicy.restricted([sp(ROOT, R), sp(CWD, W)]), scope, probe=OsProbe()
     )
-    assert view.can_write(str(ws / "a.txt"))
-    assert not view.can_write(str(ws / ".git" / "HEAD"))
-    assert view.can_read(str(ws / ".git" / "HEAD"))
+    assert view.resolve_access(str(ws / "a.txt")) is Access.WRITE
+    assert view.resolve_access(str(ws / ".git" / "HEAD")) is Access.READ
     # §6.10 protects .codex/.agents only when they exist as directories
-    assert view.can_write(str(ws / ".codex" / "config.toml"))
+    assert view.resolve_access(str(ws / ".codex" / "config.toml")) is Access.WRITE
 
 
 def test_explicit_deeper_write_beats_protection() -> None:
@@ -262,7 +261,7 @@ def plan_of(
 ) -> SandboxPlan:
     probe = probe or FakeProbe(dirs={"/tmp", "/usr", "/bin"})
     view = ResolvedPolicy(FileSystemPolicy.restricted(entries), scope, probe=probe)
-    return view.plan(network, platform_defaults=defaults, probe=probe)
+    return view.plan(network, platform_defaults=defaults)
 
 
 def test_plan_workspace_write_default() -> None:
@@ -375,5 +374,5 @@ def test_explicit_write_on_protected_path_is_honoured_by_plan() -> None:
         FileSystemPolicy.restricted([sp(CWD, W), p("/ws/.git", W)]), SCOPE, probe=probe
     )
     assert view.resolve_access("/ws/.git/config") is W
-    plan = view.plan(Network.RESTRICTED, probe=probe)
+    plan = view.plan(Network.RESTRICTED)
     assert "/ws/.git" not in plan.read_only_subpaths

@@ -80,7 +80,7 @@ def plan_access(plan: SandboxPlan, path: str) -> Access:
 def test_plan_agrees_with_access_resolution(entries: list[FsEntry]) -> None:
     scope = PolicyScope(cwd="/a", roots=("/a",))
     view = ResolvedPolicy(FileSystemPolicy.restricted(entries), scope, probe=PROBE)
-    plan = view.plan(Network.RESTRICTED, probe=PROBE)
+    plan = view.plan(Network.RESTRICTED)
     for path in UNIVERSE:
         assert plan_access(plan, path) is view.resolve_access(path), (path, plan)
 

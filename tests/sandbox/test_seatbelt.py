@@ -13,7 +13,6 @@ from exec_server.sandbox.macos.seatbelt import (
     SANDBOX_EXEC,
     build,
     regex_escape,
-    sbpl_string,
     wrap,
 )
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
@@ -172,7 +171,6 @@ def test_paths_never_appear_in_profile_except_guards() -> None:
 
 
 def test_escaping() -> None:
-    assert sbpl_string('a"b\\c') == '"a\\"b\\\\c"'
     assert regex_escape("/a.b/c+d(x)[y]{z}|^$*?\\") == (
         "/a\\.b/c\\+d\\(x\\)\\[y\\]\\{z\\}\\|\\^\\$\\*\\?\\\\"
     )

@@ -1,22 +1,9 @@
 """Access resolution (PROTOCOL.md §6.11) and policy → :class:`SandboxPlan`.
 
-A :class:`FileSystemPolicy` names paths indirectly (``current_working_directory``,
-``tmpdir``, …). :class:`ResolvedPolicy` pins every entry to concrete absolute
-paths for one :class:`PolicyScope`, adds the protected subpaths of each
-writable root (§6.10), and answers two questions:
-
-* ``resolve_access(path)``: the server-side check for sandboxed fs calls
-  (without ``protect``, exactly ``resolve_access_with_cwd`` of §6.11);
-* ``plan(...)``: the fully resolved description mechanisms enforce.
-
-Both use the same rule: the most specific matching path wins, ties broken
-``none`` > ``write`` > ``read``, no match means ``none``.
-
-Current-client fs contexts resolve a little further (docs/sandbox-policy.md,
-"Pre-check for current contexts"): entry paths are canonicalised like check
-paths, ``.git``/``.codex``/``.agents``/``.aws`` under every writable root are
-read-only whether or not they exist, and a readable ``minimal`` entry makes
-the platform-default read roots readable in ``resolve_access``.
+:class:`ResolvedPolicy` pins a policy's entries to absolute paths for one scope, adds
+each writable root's protected subpaths (§6.10), and answers ``resolve_access(path)``
+(the fs pre-check) and ``plan()`` (what mechanisms enforce) by one rule: the most
+specific path wins, ties ``none`` > ``write`` > ``read``, no match ``none``.
 """
 
 from __future__ import annotations
@@ -47,27 +34,15 @@ from exec_server.sandbox.policy import (
 )
 
 __all__ = [
-    "LINUX_PLATFORM_DEFAULTS",
-    "PROTECTED_NAMES_ALWAYS",
-    "ResolvedPolicy",
-    "has_full_disk_read",
-    "has_full_disk_write",
-    "includes_platform_defaults",
-    "resolve_target",
+    "LINUX_PLATFORM_DEFAULTS", "PROTECTED_NAMES_ALWAYS", "ResolvedPolicy", "has_full_disk_read",
+    "has_full_disk_write", "includes_platform_defaults", "resolve_target",
 ]
 
 logger = logging.getLogger("exec_server.sandbox")
 
 #: Upstream's Linux platform-default read roots (SANDBOX.md §1.7); missing ones are dropped.
 LINUX_PLATFORM_DEFAULTS = (
-    "/bin",
-    "/sbin",
-    "/usr",
-    "/etc",
-    "/lib",
-    "/lib64",
-    "/nix/store",
-    "/run/current-system/sw",
+    "/bin", "/sbin", "/usr", "/etc", "/lib", "/lib64", "/nix/store", "/run/current-system/sw",
 )
 
 #: Names kept read-only directly under every writable root of a current-client
@@ -77,10 +52,7 @@ PROTECTED_NAMES_ALWAYS = (".git", ".codex", ".agents", ".aws")
 
 
 def resolve_target(target: Target, scope: PolicyScope, probe: FsProbe) -> tuple[str, ...]:
-    """Concrete absolute paths an entry target names (§6.11 step 3, CLIENT_COMPAT §1.6).
-
-    ``minimal``, ``unknown`` and globs name no concrete path.
-    """
+    """Absolute paths a target names (§6.11 step 3); ``minimal``, ``unknown``, globs: none."""
     if isinstance(target, PathTarget):
         return (target.path,)
     if isinstance(target, GlobTarget):
@@ -99,14 +71,8 @@ def resolve_target(target: Target, scope: PolicyScope, probe: FsProbe) -> tuple[
 
 
 class _RuleIndex:
-    """Rules by path, for look-ups that cost the depth of the path, not the rule count.
-
-    The rule that decides a path is the deepest rule path containing it
-    (component-wise), the highest precedence among rules at that same path:
-    only one ancestor of a path exists at each depth, so walking the
-    ancestors upwards and stopping at the first one with a rule finds it. (A
-    scan of every rule per path made a plan of 3,000 entries cost 2 s.)
-    """
+    """Rules by path: the deciding rule is the nearest ancestor with one, so a look-up costs
+    the path's depth, not the rule count (a scan made 3,000 entries cost 2 s)."""
 
     def __init__(self, rules: Iterable[tuple[str, Access]]) -> None:
         by_path: dict[str, Access] = {}
@@ -117,8 +83,7 @@ class _RuleIndex:
         self._by_path = by_path
 
     def best(self, path: str, *, above: bool = False) -> Access | None:
-        """The access the rules give ``path`` (absolute, normalised); with
-        ``above``, ignoring rules at ``path`` itself (what its parents grant)."""
+        """Access for ``path``; ``above``: what its parents grant, ignoring its own rules."""
         if not path.startswith("/"):
             return None
         by_path = self._by_path
@@ -136,26 +101,21 @@ class _RuleIndex:
             current = current.rsplit("/", 1)[0] or "/"
 
 
-# --- predicates (§6.11 "Other predicates") ---
-
-
 def has_full_disk_read(policy: FileSystemPolicy) -> bool:
     if policy.kind is not FsKind.RESTRICTED:
         return True
-    root_reads = any(
-        _is_special(e.target, SpecialKind.ROOT) and e.access is not Access.NONE
-        for e in policy.entries
-    )
-    return root_reads and not any(e.access is Access.NONE for e in policy.entries)
+    entries = policy.entries
+    root_reads = any(_is_special(e.target, SpecialKind.ROOT) and e.access is not Access.NONE
+                     for e in entries)
+    return root_reads and not any(e.access is Access.NONE for e in entries)
 
 
 def has_full_disk_write(policy: FileSystemPolicy) -> bool:
     if policy.kind is not FsKind.RESTRICTED:
         return True
     entries = policy.entries
-    if not any(
-        _is_special(e.target, SpecialKind.ROOT) and e.access is Access.WRITE for e in entries
-    ):
+    if not any(_is_special(e.target, SpecialKind.ROOT) and e.access is Access.WRITE
+               for e in entries):
         return False
     writes = {e.target for e in entries if e.access is Access.WRITE}
     for entry in entries:
@@ -173,74 +133,37 @@ def has_full_disk_write(policy: FileSystemPolicy) -> bool:
 
 
 def includes_platform_defaults(policy: FileSystemPolicy) -> bool:
-    return (
-        policy.kind is FsKind.RESTRICTED
-        and not has_full_disk_read(policy)
-        and any(
-            _is_special(e.target, SpecialKind.MINIMAL) and e.access is not Access.NONE
-            for e in policy.entries
-        )
-    )
+    asks = any(_is_special(e.target, SpecialKind.MINIMAL) and e.access is not Access.NONE
+               for e in policy.entries)
+    return asks and policy.kind is FsKind.RESTRICTED and not has_full_disk_read(policy)
 
 
 def _is_special(target: Target, kind: SpecialKind) -> bool:
     return isinstance(target, SpecialTarget) and target.kind is kind
 
 
-# --- resolved view ---
-
-
 class ResolvedPolicy:
     """A filesystem policy pinned to concrete paths for one scope.
 
-    Args:
-        policy: the effective filesystem policy.
-        scope: cwd, workspace roots, ``$TMPDIR``.
-        probe: filesystem probe (protected subpaths and ``/tmp`` existence).
-        protect: add the §6.10 protected subpaths of every writable root as
-            read-only rules.
-        canonicalize: resolve every entry path with this (the check-path rule,
-            "resolve existing prefix", PROTOCOL.md §10.3) and, in
-            :meth:`resolve_access`, the directory holding the candidate: a root
-            or entry given through a symlink then grants what it names. ``write``
-            rules keep only the canonical form (the link itself lives elsewhere);
-            ``read`` and ``none`` rules keep the lexical form too (fail closed).
-            None: paths are taken lexically, as §6.11 says.
-        protect_names: names kept read-only directly under every writable root
-            whether or not they exist (with ``protect``).
-        default_read_roots: the platform's default read roots; readable in
-            :meth:`resolve_access` (never writable, never in :meth:`plan`, which
-            takes them separately) when the policy has a readable ``minimal``
-            entry and reads are restricted. Missing ones are dropped.
+    ``protect``: the §6.10 protected subpaths of every writable root become read-only.
+    ``canonicalize`` (current-client fs contexts, docs/sandbox-policy.md): entry paths
+    and the candidate's directory resolve like check paths (§10.3); ``write`` rules keep
+    only the canonical form, ``read``/``none`` the lexical one too (fail closed).
+    ``protect_names``: kept read-only under every writable root even when missing.
+    ``default_read_roots``: readable in :meth:`resolve_access` when a readable ``minimal``
+    entry asks for them (:meth:`plan` takes them separately).
     """
 
     __slots__ = (
-        "_canonicalize",
-        "_combined",
-        "_defaults",
-        "_index",
-        "_index_with_defaults",
-        "full_read",
-        "full_write",
-        "platform_defaults",
-        "policy",
-        "protected",
-        "rules",
-        "scope",
+        "_canonicalize", "_combined", "_defaults", "_index", "_index_with_defaults", "_probe",
+        "full_read", "full_write", "platform_defaults", "policy", "protected", "rules", "scope",
     )
 
-    def __init__(
-        self,
-        policy: FileSystemPolicy,
-        scope: PolicyScope,
-        *,
-        probe: FsProbe | None = None,
-        protect: bool = True,
-        canonicalize: Callable[[str], str] | None = None,
-        protect_names: Sequence[str] = (),
-        default_read_roots: Sequence[str] = (),
-    ) -> None:
-        probe = probe or OsProbe()
+    def __init__(self, policy: FileSystemPolicy, scope: PolicyScope, *,
+                 probe: FsProbe | None = None, protect: bool = True,
+                 canonicalize: Callable[[str], str] | None = None,
+                 protect_names: Sequence[str] = (), default_read_roots: Sequence[str] = ()) -> None:
+        self._probe = probe = probe or OsProbe()
         self.policy = policy
         self.scope = scope
         self._canonicalize = canonicalize
@@ -261,16 +184,12 @@ class ResolvedPolicy:
         self.full_write = has_full_disk_write(policy)
         self.platform_defaults = includes_platform_defaults(policy)
         protected: list[str] = []
-        if protect and not self.full_write:
-            for path, access in self.rules:
-                if access is Access.WRITE:
-                    base = path.rstrip("/")  # normalised: a plain join stays normalised
-                    subs = [
-                        *protected_subpaths(path, probe),
-                        *(f"{base}/{name}" for name in protect_names),
-                    ]
-                    for sub in subs:
-                        protected.extend(_forms(sub, Access.READ, canonicalize))
+        writable = [path for path, access in self.rules if access is Access.WRITE]
+        for path in writable if protect and not self.full_write else ():
+            base = path.rstrip("/")  # normalised: a plain join stays normalised
+            subs = [*protected_subpaths(path, probe), *(f"{base}/{n}" for n in protect_names)]
+            for sub in subs:
+                protected.extend(_forms(sub, Access.READ, canonicalize))
         self.protected: tuple[str, ...] = tuple(dict.fromkeys(protected))
         # Protected subpaths rank as read entries at their path: an explicit
         # `write` or `none` at the same path still wins (none > write > read).
@@ -290,13 +209,10 @@ class ResolvedPolicy:
         )
 
     def resolve_access(self, path: str) -> Access:
-        """Access for ``path`` (relative paths join the policy cwd), §6.11 + protected subpaths.
+        """Access for ``path`` (relative: joins the policy cwd), protected subpaths included.
 
-        With ``canonicalize``, the directory holding ``path`` is canonicalised
-        first (its final component is kept: a preserved symlink is judged where
-        it really lives). Platform-default read roots (see the class) can turn
-        ``none`` into ``read``, never ``write`` into ``read``; a deeper or
-        equally deep ``none`` rule still wins over them.
+        Platform-default read roots turn ``none`` into ``read``, never ``write`` into
+        ``read``; a deeper or equally deep ``none`` rule still wins over them.
         """
         if self.policy.kind is not FsKind.RESTRICTED:
             return Access.WRITE
@@ -307,20 +223,14 @@ class ResolvedPolicy:
         return access or Access.NONE
 
     def holes_below(self, path: str) -> tuple[tuple[str, str], ...]:
-        """Rule paths strictly inside ``path`` that are not writable, shallow first.
-
-        Read-only holes (protected subpaths, ``read`` carve-outs) and ``none``
-        entries: what writing a whole tree at ``path`` could run into. Each as
-        ``(absolute path, path relative to path)``.
-        """
+        """Non-writable rule paths strictly inside ``path``, shallow first, as (absolute,
+        relative): what writing a whole tree at ``path`` could run into."""
         if self.policy.kind is not FsKind.RESTRICTED:
             return ()
         base = self._candidate(join_normalized(self.scope.cwd, path))
         skip = 1 if base == "/" else len(base) + 1
-        holes = sorted(
-            (p for p, access in self._combined if access is not Access.WRITE),
-            key=lambda p: (depth(p), p),
-        )
+        holes = sorted((p for p, access in self._combined if access is not Access.WRITE),
+                       key=lambda p: (depth(p), p))
         return tuple((p, p[skip:]) for p in holes if p != base and is_within(p, base))
 
     def _candidate(self, path: str) -> str:
@@ -329,44 +239,20 @@ class ResolvedPolicy:
         parent, name = os.path.split(path)
         return join_normalized(self._canonicalize(parent), name)
 
-    def can_read(self, path: str) -> bool:
-        return self.resolve_access(path) is not Access.NONE
-
-    def can_write(self, path: str) -> bool:
-        return self.resolve_access(path) is Access.WRITE
-
-    def _context_access(self, path: str) -> Access:
-        """Access ``path`` would have without its own rules (what its parents grant)."""
-        return self._index.best(path, above=True) or Access.NONE
-
-    def plan(
-        self,
-        network: Network,
-        *,
-        platform_defaults: Sequence[str] = (),
-        extra_read_roots: Sequence[str] = (),
-        probe: FsProbe | None = None,
-    ) -> SandboxPlan:
-        """The :class:`SandboxPlan` mechanisms enforce.
-
-        Args:
-            network: effective network policy.
-            platform_defaults: the platform's default read roots, added when the
-                policy has a readable ``minimal`` entry and reads are restricted.
-            extra_read_roots: additional read roots (e.g. the fs helper's runtime).
-            probe: used to drop platform defaults that do not exist.
-        """
+    def plan(self, network: Network, *, platform_defaults: Sequence[str] = (),
+             extra_read_roots: Sequence[str] = ()) -> SandboxPlan:
+        """The :class:`SandboxPlan` mechanisms enforce; ``platform_defaults`` are added (those
+        that exist) when a readable ``minimal`` entry asks for them."""
         net = network is Network.ENABLED
         cwd = self.scope.cwd
         if self.policy.kind is not FsKind.RESTRICTED:
             return SandboxPlan(full_read=True, full_write=True, network=net, cwd=cwd)
-        probe = probe or OsProbe()
         writable: list[str] = []
         read_only: list[str] = []
         readable: list[str] = []
         denied: list[str] = []
         for path, access in sorted(self._combined, key=lambda r: (depth(r[0]), r[0])):
-            context = self._context_access(path)
+            context = self._index.best(path, above=True) or Access.NONE
             if access is Access.WRITE:
                 if context is not Access.WRITE:
                     writable.append(path)
@@ -381,7 +267,7 @@ class ResolvedPolicy:
             writable = []
         if not self.full_read:
             if self.platform_defaults:
-                readable.extend(p for p in platform_defaults if probe.is_dir(p))
+                readable.extend(p for p in platform_defaults if self._probe.is_dir(p))
             readable.extend(extra_read_roots)
         return SandboxPlan(
             full_read=self.full_read,
@@ -396,7 +282,6 @@ class ResolvedPolicy:
 
 
 def _forms(path: str, access: Access, canonicalize: Callable[[str], str] | None) -> tuple[str, ...]:
-    """The rule paths one resolved entry path contributes (see ``ResolvedPolicy``)."""
     if canonicalize is None:
         return (path,)
     canonical = canonicalize(path)
@@ -405,9 +290,8 @@ def _forms(path: str, access: Access, canonicalize: Callable[[str], str] | None)
     return (path, canonical)
 
 
-def _glob(
-    target: GlobTarget, access: Access, policy: FileSystemPolicy, scope: PolicyScope
-) -> Sequence[str]:
+def _glob(target: GlobTarget, access: Access, policy: FileSystemPolicy,
+          scope: PolicyScope) -> Sequence[str]:
     """Deny globs become the paths they match now; read/write globs grant nothing."""
     if access is not Access.NONE:
         logger.debug("glob grant %r ignored (grants nothing)", target.pattern)

@@ -1,13 +1,8 @@
 """The decoded ``sandbox`` member → the internal policy model (both generations).
 
-The handlers decode the member (:mod:`exec_server.protocol.types.sandbox`);
-this module validates what the structs cannot say and converts them:
-:func:`launch_request` for ``process/start`` (a :class:`LaunchSandboxRequest`:
-what to confine, how strongly the client insists, which generation asked),
-:func:`fs_context` for ``fs/*`` (an :class:`FsSandboxRequest`), and
-:func:`cli_launch_request` for ``exec-server run``.
-
-Errors: :class:`SandboxPolicyError` naming the offending field (-32602).
+:func:`launch_request` for ``process/start``, :func:`fs_context` for ``fs/*``,
+:func:`cli_launch_request` for ``exec-server run``. What the wire structs cannot refuse
+raises :class:`SandboxPolicyError` naming the field (-32602).
 """
 
 from __future__ import annotations
@@ -58,34 +53,18 @@ from exec_server.sandbox.policy import (
 )
 
 __all__ = [
-    "FsSandboxRequest",
-    "Generation",
-    "LaunchSandboxRequest",
-    "Preference",
-    "cli_launch_request",
-    "fs_context",
-    "launch_request",
-    "root_alias_normalize",
+    "FsSandboxRequest", "Generation", "LaunchSandboxRequest", "Preference", "cli_launch_request",
+    "fs_context", "launch_request", "root_alias_normalize",
 ]
 
 Preference = Literal["auto", "require", "forbid"]
 
-# --- process/start ---
-
 
 @dataclass(frozen=True, slots=True)
 class LaunchSandboxRequest:
-    """How one ``process/start`` asks to be confined, generation-independent.
-
-    Attributes:
-        generation: who asked; None when the request had no sandbox (run directly).
-        preference: ``auto``/``require``/``forbid`` (§6.6); current clients mean ``auto``.
-        forced_type: a pre-selected type (older ``sandbox`` member, §6.7 variant).
-        fs_policy: effective filesystem policy (additional permissions merged).
-        network: effective network policy.
-        cwd: the policy cwd; ``roots``: workspace roots special paths expand to.
-        enforce_managed_network: the client requires managed networking.
-    """
+    """How one ``process/start`` asks to be confined (effective policies), for either
+    generation; ``generation`` None: no sandbox member. ``forced_type``: an older
+    member's pre-selected type (§6.7)."""
 
     generation: Generation | None
     fs_policy: FileSystemPolicy
@@ -96,21 +75,16 @@ class LaunchSandboxRequest:
     forced_type: SandboxType | None = None
     enforce_managed_network: bool = False
     home: str | None = None
-    #: Protected-subpath probing and ``/tmp`` checks (tests inject fakes).
     probe: FsProbe = field(default_factory=OsProbe, compare=False, repr=False)
 
     @classmethod
     def unsandboxed(cls, cwd: str) -> LaunchSandboxRequest:
-        """No sandbox object at all."""
         return cls(None, FileSystemPolicy.unrestricted(), Network.ENABLED, cwd, (cwd,))
 
     @property
     def needs_platform_sandbox(self) -> bool:
-        """Whether ``auto`` selects the platform sandbox.
-
-        Legacy: PROTOCOL.md §7.2. Current: CLIENT_COMPAT.md §1.6 (a restricted
-        network needs confinement for every kind, external included).
-        """
+        """Whether ``auto`` selects the platform sandbox (PROTOCOL.md §7.2; current clients,
+        CLIENT_COMPAT.md §1.6: a restricted network needs it for every kind)."""
         if self.generation is None:
             return False
         if self.enforce_managed_network:
@@ -125,48 +99,30 @@ class LaunchSandboxRequest:
     def network_restricted(self) -> bool:
         return self.network is Network.RESTRICTED or self.enforce_managed_network
 
-    def plan(
-        self,
-        *,
-        tmpdir: str | None,
-        platform_defaults: Sequence[str] | None = None,
-    ) -> SandboxPlan:
+    def plan(self, *, tmpdir: str | None,
+             platform_defaults: Sequence[str] | None = None) -> SandboxPlan:
         """The plan mechanisms enforce; ``tmpdir`` is the child's final ``$TMPDIR``."""
         defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults
         network = Network.RESTRICTED if self.network_restricted else Network.ENABLED
         scope = PolicyScope(cwd=self.cwd, roots=self.roots, tmpdir=tmpdir, home=self.home)
         resolved = ResolvedPolicy(self.fs_policy, scope, probe=self.probe)
-        return resolved.plan(network, platform_defaults=defaults, probe=self.probe)
+        return resolved.plan(network, platform_defaults=defaults)
 
     @property
     def include_platform_defaults(self) -> bool:
-        """The policy asks for platform-default reads (Seatbelt adds its own rules)."""
         return includes_platform_defaults(self.fs_policy)
 
 
 _SANDBOX_TYPES = {t.value: t for t in SandboxType}
 
 
-def launch_request(
-    ctx: wire.SandboxContext | None,
-    *,
-    command_cwd: str,
-    enforce_managed_network: bool = False,
-    tmpdir: str | None = None,
-    probe: FsProbe | None = None,
-) -> LaunchSandboxRequest:
+def launch_request(ctx: wire.SandboxContext | None, *, command_cwd: str,
+                   enforce_managed_network: bool = False, tmpdir: str | None = None,
+                   probe: FsProbe | None = None) -> LaunchSandboxRequest:
     """The confinement ``process/start`` asks for.
 
-    Args:
-        ctx: the decoded ``sandbox`` member; None: no sandbox.
-        command_cwd: the process cwd (default policy cwd for current contexts).
-        enforce_managed_network: the current client's top-level
-            ``enforceManagedNetwork`` (legacy configs carry their own).
-        tmpdir: the child's ``$TMPDIR`` (for legacy ``sandboxPolicy`` objects).
-        probe: filesystem probe (tests).
-
-    Raises:
-        SandboxPolicyError: a value the structs cannot refuse; the message names the field.
+    ``command_cwd`` is the default policy cwd; ``enforce_managed_network`` the current
+    client's top-level flag; ``tmpdir`` the child's ``$TMPDIR``.
     """
     probe = probe or OsProbe()
     if ctx is None:
@@ -174,55 +130,36 @@ def launch_request(
     if isinstance(ctx, wire.CurrentSandboxContext):
         fs, network = permissions_policy(ctx.permissions)
         cwd, roots = current_scope(ctx, command_cwd)
+        home = None if ctx.user_home_dir is None else str(ctx.user_home_dir)
         return LaunchSandboxRequest(
-            Generation.CURRENT,
-            fs,
-            network,
-            cwd,
-            roots,
-            enforce_managed_network=enforce_managed_network,
-            home=_opt_str(ctx.user_home_dir),
-            probe=probe,
+            Generation.CURRENT, fs, network, cwd, roots,
+            enforce_managed_network=enforce_managed_network, home=home, probe=probe,
         )
+    preference: Preference = "auto"
+    forced: SandboxType | None = None
+    enforce = False
     if isinstance(ctx, wire.FileSystemSandboxContext):
         # A filesystem context on process/start: derive what the client would have sent.
-        extra = ctx.additional_permissions
-        base = ctx.sandbox_policy
-        scope = PolicyScope.legacy(command_cwd, tmpdir)
-        return LaunchSandboxRequest(
-            Generation.LEGACY,
-            effective_fs_policy(fs_policy_from_legacy(base, scope, probe), extra),
-            effective_network(legacy_network(base), extra),
-            command_cwd,
-            (command_cwd,),
-            probe=probe,
-        )
-    forced = None if ctx.sandbox_preference is not None else _SANDBOX_TYPES[ctx.sandbox or "none"]
-    cwd = str(ctx.sandbox_policy_cwd)
+        cwd = command_cwd
+        fs = fs_policy_from_legacy(ctx.sandbox_policy, PolicyScope.legacy(cwd, tmpdir), probe)
+        network = legacy_network(ctx.sandbox_policy)
+    else:
+        cwd = str(ctx.sandbox_policy_cwd)
+        fs = legacy_fs_policy(ctx.file_system_policy, "sandbox.fileSystemPolicy")
+        network = Network(ctx.network_policy)
+        preference = ctx.sandbox_preference or "auto"
+        if ctx.sandbox_preference is None:
+            forced = _SANDBOX_TYPES[ctx.sandbox or "none"]
+        enforce = ctx.enforce_managed_network
     extra = ctx.additional_permissions
-    fs = legacy_fs_policy(ctx.file_system_policy, "sandbox.fileSystemPolicy")
     return LaunchSandboxRequest(
-        Generation.LEGACY,
-        effective_fs_policy(fs, extra),
-        effective_network(Network(ctx.network_policy), extra),
-        cwd,
-        (cwd,),
-        preference=ctx.sandbox_preference or "auto",
-        forced_type=forced,
-        enforce_managed_network=ctx.enforce_managed_network,
-        probe=probe,
+        Generation.LEGACY, effective_fs_policy(fs, extra), effective_network(network, extra),
+        cwd, (cwd,), preference=preference, forced_type=forced,
+        enforce_managed_network=enforce, probe=probe,
     )
 
 
-def _opt_str(path: wire.AbsPath | None) -> str | None:
-    return None if path is None else str(path)
-
-
-# --- fs/* ---
-
-
 def _server_cwd() -> str:
-    """The server's canonical cwd (PROTOCOL.md §10.1 step 1)."""
     try:
         return os.path.realpath(os.getcwd())
     except OSError as exc:
@@ -230,26 +167,12 @@ def _server_cwd() -> str:
         raise SandboxError(f"failed to read current dir: {text}") from exc
 
 
-def fs_context(
-    ctx: wire.SandboxContext | None,
-    *,
-    server_cwd: str | None = None,
-    tmpdir: str | None = None,
-    probe: FsProbe | None = None,
-) -> FsSandboxRequest | None:
+def fs_context(ctx: wire.SandboxContext | None, *, server_cwd: str | None = None,
+               tmpdir: str | None = None, probe: FsProbe | None = None) -> FsSandboxRequest | None:
     """The confinement an ``fs/*`` call asks for; None when it has no sandbox (direct).
 
-    Looks at the filesystem (the server's cwd; legacy policies: root aliases,
-    protected subpaths), so the event loop calls it in a worker.
-
-    Args:
-        ctx: the decoded ``sandbox`` member.
-        server_cwd: the server's canonical cwd (default: ``realpath(getcwd())``).
-        tmpdir: ``$TMPDIR`` that ``tmpdir`` entries mean (default: the server's).
-        probe: filesystem probe (tests).
-
-    Raises:
-        SandboxPolicyError: a value the structs cannot refuse; the message names the field.
+    Looks at the filesystem, so the event loop calls it in a worker. Defaults: the
+    server's canonical cwd (§10.1 step 1) and ``$TMPDIR``.
     """
     if ctx is None:
         return None
@@ -262,13 +185,8 @@ def fs_context(
     return _legacy_fs_request(policy, ctx.additional_permissions, cwd, tmp, probe)
 
 
-def _legacy_fs_request(
-    base: LegacyPolicy,
-    extra: ExtraPermissions | None,
-    cwd: str,
-    tmpdir: str | None,
-    probe: FsProbe,
-) -> FsSandboxRequest:
+def _legacy_fs_request(base: LegacyPolicy, extra: ExtraPermissions | None, cwd: str,
+                       tmpdir: str | None, probe: FsProbe) -> FsSandboxRequest:
     """PROTOCOL.md §10.1 for a legacy ``sandboxPolicy``."""
     direct = not isinstance(base, wire.ReadOnlyPolicy | wire.WorkspaceWritePolicy)
     request = _alias_policy(base)
@@ -279,35 +197,20 @@ def _legacy_fs_request(
     helper_extra = msgspec.structs.replace(extra, network=None) if extra is not None else None
     helper_fs = effective_fs_policy(fs_policy_from_legacy(helper, scope, probe), helper_extra)
     return FsSandboxRequest(
-        Generation.LEGACY,
-        direct,
-        cwd,
-        (cwd,),
-        request_fs,
-        legacy_network(request),
-        helper_fs,
-        tmpdir=tmpdir,
-        probe=probe,
+        Generation.LEGACY, direct, cwd, (cwd,), request_fs, legacy_network(request), helper_fs,
+        tmpdir=tmpdir, probe=probe,
     )
 
 
-def _current_fs_request(
-    ctx: wire.CurrentSandboxContext, server_cwd: str, tmpdir: str | None, probe: FsProbe
-) -> FsSandboxRequest:
+def _current_fs_request(ctx: wire.CurrentSandboxContext, server_cwd: str, tmpdir: str | None,
+                        probe: FsProbe) -> FsSandboxRequest:
     fs, network = permissions_policy(ctx.permissions)
     cwd, roots = current_scope(ctx, server_cwd)
     direct = fs.kind is not FsKind.RESTRICTED or has_full_disk_write(fs)
+    home = None if ctx.user_home_dir is None else str(ctx.user_home_dir)
     return FsSandboxRequest(
-        Generation.CURRENT,
-        direct,
-        cwd,
-        roots,
-        fs,
-        network,
-        _with_minimal(fs),
-        tmpdir=tmpdir,
-        home=_opt_str(ctx.user_home_dir),
-        probe=probe,
+        Generation.CURRENT, direct, cwd, roots, fs, network, _with_minimal(fs),
+        tmpdir=tmpdir, home=home, probe=probe,
     )
 
 
@@ -325,11 +228,8 @@ def _alias_policy(policy: LegacyPolicy) -> LegacyPolicy:
     if isinstance(policy, wire.ReadOnlyPolicy):
         return msgspec.structs.replace(policy, access=_alias_access(policy.access))
     if isinstance(policy, wire.WorkspaceWritePolicy):
-        return msgspec.structs.replace(
-            policy,
-            writable_roots=_aliased(policy.writable_roots),
-            read_only_access=_alias_access(policy.read_only_access),
-        )
+        return msgspec.structs.replace(policy, writable_roots=_aliased(policy.writable_roots),
+                                       read_only_access=_alias_access(policy.read_only_access))
     return policy
 
 
@@ -341,9 +241,6 @@ def _with_minimal(policy: FileSystemPolicy) -> FileSystemPolicy:
     if minimal in policy.entries:
         return policy
     return replace(policy, entries=(*policy.entries, minimal))
-
-
-# --- wire struct → model pieces ---
 
 
 def _subpath(value: str | None, where: str) -> str | None:
@@ -379,24 +276,17 @@ def _target(path: wire.FileSystemPath, where: str) -> Target:
 _ACCESS = {"read": Access.READ, "write": Access.WRITE, "none": Access.NONE, "deny": Access.NONE}
 
 
-def convert_entries(
-    entries: Sequence[wire.FileSystemSandboxEntry], where: str
-) -> tuple[FsEntry, ...]:
-    return tuple(
-        FsEntry(
-            _target(entry.path, f"{where}[{i}].path"),
-            _ACCESS[entry.access],
-            skip_if_missing=entry.missing_path_behavior == "skip",
-        )
-        for i, entry in enumerate(entries)
-    )
+def convert_entries(entries: Sequence[wire.FileSystemSandboxEntry],
+                    where: str) -> tuple[FsEntry, ...]:
+    return tuple(FsEntry(_target(entry.path, f"{where}[{i}].path"), _ACCESS[entry.access],
+                         skip_if_missing=entry.missing_path_behavior == "skip")
+                 for i, entry in enumerate(entries))
 
 
 def legacy_fs_policy(policy: wire.FileSystemSandboxPolicy, where: str) -> FileSystemPolicy:
-    if policy.kind == "unrestricted":
-        return FileSystemPolicy.unrestricted()
-    if policy.kind == "external-sandbox":
-        return FileSystemPolicy.external()
+    kind = FsKind(policy.kind)  # the same spellings
+    if kind is not FsKind.RESTRICTED:
+        return FileSystemPolicy(kind)
     return FileSystemPolicy.restricted(convert_entries(policy.entries, f"{where}.entries"))
 
 
@@ -432,29 +322,10 @@ def current_scope(
     return str(cwd) if cwd is not None else fallback_cwd, tuple(dict.fromkeys(map(str, roots)))
 
 
-# --- CLI ---
-
-CliSandbox = Literal["read-only", "workspace-write", "danger-full-access"]
-
-
-def cli_launch_request(
-    sandbox: str,
-    *,
-    cwd: str,
-    writable_roots: Sequence[str] = (),
-    network: bool = False,
-    tmpdir: str | None = None,
-    probe: FsProbe | None = None,
-) -> LaunchSandboxRequest:
-    """Policy for ``exec-server run --sandbox MODE [--writable-root DIR]... [--network]``.
-
-    Preference is ``auto``: ``danger-full-access`` runs directly, the others
-    need the platform sandbox.
-
-    Raises:
-        SandboxPolicyError: unknown mode, relative ``cwd`` or writable root, or
-            ``--writable-root`` with a mode that cannot write.
-    """
+def cli_launch_request(sandbox: str, *, cwd: str, writable_roots: Sequence[str] = (),
+                       network: bool = False, tmpdir: str | None = None,
+                       probe: FsProbe | None = None) -> LaunchSandboxRequest:
+    """Policy for ``exec-server run --sandbox MODE [--writable-root DIR]... [--network]``."""
     probe = probe or OsProbe()
     if not cwd.startswith("/"):
         raise SandboxPolicyError(f"cwd must be absolute: {cwd}")
@@ -464,28 +335,21 @@ def cli_launch_request(
         if not root.startswith("/"):
             raise SandboxPolicyError(f"--writable-root must be an absolute path: {root}")
         roots.append(wire.AbsPath(normalize(root)))
-    policy: LegacyPolicy
-    if sandbox == "danger-full-access":
-        if roots:
-            raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
-        policy = wire.DangerFullAccessPolicy()
-    elif sandbox == "read-only":
-        if roots:
-            raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
-        policy = wire.ReadOnlyPolicy(network_access=network)
-    elif sandbox == "workspace-write":
-        policy = wire.WorkspaceWritePolicy(writable_roots=roots, network_access=network)
-    else:
+    policies: dict[str, LegacyPolicy] = {
+        "read-only": wire.ReadOnlyPolicy(network_access=network),
+        "workspace-write": wire.WorkspaceWritePolicy(writable_roots=roots, network_access=network),
+        "danger-full-access": wire.DangerFullAccessPolicy(),
+    }
+    if sandbox not in policies:
         raise SandboxPolicyError(
             f"--sandbox: unknown mode {sandbox!r} "
             "(expected read-only, workspace-write or danger-full-access)"
         )
+    if roots and sandbox != "workspace-write":
+        raise SandboxPolicyError("--writable-root needs --sandbox workspace-write")
+    policy = policies[sandbox]
     scope = PolicyScope.legacy(cwd, tmpdir)
     return LaunchSandboxRequest(
-        Generation.LEGACY,
-        fs_policy_from_legacy(policy, scope, probe),
-        legacy_network(policy),
-        cwd,
-        (cwd,),
-        probe=probe,
+        Generation.LEGACY, fs_policy_from_legacy(policy, scope, probe), legacy_network(policy),
+        cwd, (cwd,), probe=probe,
     )

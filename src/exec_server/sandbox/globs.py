@@ -1,17 +1,9 @@
-"""Materialise glob deny entries (``{"type":"glob_pattern","pattern":"**/*.env"}``).
+"""Expand glob deny entries (CLIENT_COMPAT.md §1.4/§1.6) into the paths they match now.
 
-The current client may deny paths by glob (CLIENT_COMPAT.md §1.4/§1.6).
-Mechanisms only understand concrete paths, so a deny glob is expanded once,
-when the launch is prepared, into the paths that match it then. A bounded
-scan (``glob_scan_max_depth`` levels, :data:`MAX_GLOB_VISITS` entries); going
-over the budget fails the launch rather than silently denying less.
-Read/write globs grant nothing (upstream observed the same).
-
-Pattern language: ``/``-separated components; ``**`` matches zero or more
-directories; other components use ``fnmatch`` (``*``, ``?``, ``[...]``).
-Relative patterns are anchored at every workspace root (the policy cwd when
-there are none), ``~/`` at the user's home, absolute ones at their longest
-literal prefix.
+Mechanisms only understand concrete paths. The scan is bounded; going over the budget
+fails the launch rather than silently denying less. ``**`` matches zero or more
+directories, other components use ``fnmatch``. Relative patterns are anchored at every
+workspace root (else the policy cwd), ``~/`` at home, absolute ones at their literal prefix.
 """
 
 from __future__ import annotations
@@ -30,15 +22,11 @@ DEFAULT_GLOB_SCAN_DEPTH = 8
 #: Directory entries examined per glob before the launch is refused.
 MAX_GLOB_VISITS = 100_000
 
-_MAGIC = frozenset("*?[")
+_MAGIC = frozenset("*?[")  # "**" included
 
 
 class GlobScanError(InternalError):
     """A glob could not be expanded within the scan budget."""
-
-
-def _is_magic(component: str) -> bool:
-    return any(ch in _MAGIC for ch in component)
 
 
 def _match(parts: Sequence[str], pats: Sequence[str]) -> bool:
@@ -67,18 +55,14 @@ def _anchors(pattern: str, scope: PolicyScope) -> list[tuple[str, list[str]]]:
     for base in bases:
         anchor = base
         pats = list(comps)
-        while pats and not _is_magic(pats[0]) and pats[0] != "**":
+        while pats and not _MAGIC.intersection(pats[0]):
             anchor = join_normalized(anchor, pats.pop(0))
         out.append((anchor, pats))
     return out
 
 
 def expand_glob(pattern: str, scope: PolicyScope, *, max_depth: int | None = None) -> list[str]:
-    """Existing paths matching ``pattern`` now (symlinks are matched, not followed).
-
-    Raises:
-        GlobScanError: more than :data:`MAX_GLOB_VISITS` entries would be examined.
-    """
+    """Existing paths matching ``pattern`` now (symlinks are matched, not followed)."""
     depth_limit = max_depth if max_depth is not None else DEFAULT_GLOB_SCAN_DEPTH
     matches: list[str] = []
     visits = 0

@@ -1,13 +1,7 @@
-"""Sandbox manager: select a sandbox and turn a launch into a confined launch.
+"""Sandbox manager: select a sandbox (PROTOCOL.md §7.3) and turn a launch into a confined one.
 
-``process/start`` calls :meth:`SandboxManager.prepare` (or, from a coroutine,
-:meth:`SandboxManager.aprepare`) with the request's ``LaunchSpec`` and its
-decoded ``sandbox`` member. The manager converts the policy,
-selects the sandbox type (PROTOCOL.md §7.3, on the *effective* policies),
-resolves a :class:`SandboxPlan` and hands it to the platform mechanism
-(Linux backend from :mod:`exec_server.sandbox.select`, or Seatbelt). It never
-falls back to running unconfined unless the operator allowed it
-(``ServerConfig.allow_unsandboxed``) and the client did not ``require`` it.
+Never runs a launch unconfined unless the operator allowed it
+(``ServerConfig.allow_unsandboxed``) and the client did not ``require`` confinement.
 """
 
 from __future__ import annotations
@@ -15,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Protocol
 
@@ -29,19 +24,12 @@ from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.platform import PLATFORM_SANDBOX, platform_default_read_roots
 from exec_server.sandbox.select import select_backend
 
-__all__ = [
-    "NETWORK_DISABLED_ENV",
-    "SANDBOX_ENV",
-    "SandboxLaunchError",
-    "SandboxManager",
-    "select_sandbox_type",
-]
+__all__ = ["NETWORK_DISABLED_ENV", "SandboxLaunchError", "SandboxManager", "select_sandbox_type"]
 
 logger = logging.getLogger("exec_server.sandbox")
 
 #: PROTOCOL.md §7.5.
 NETWORK_DISABLED_ENV = "CODEX_SANDBOX_NETWORK_DISABLED"
-SANDBOX_ENV = "CODEX_SANDBOX"
 
 
 class _Backend(Protocol):
@@ -55,11 +43,8 @@ class _Selector(Protocol):
 
 
 def select_sandbox_type(request: LaunchSandboxRequest, platform: SandboxType) -> SandboxType:
-    """``select_initial`` (PROTOCOL.md §7.3) on the effective policies.
-
-    ``require`` on a platform without a sandbox returns ``none`` here; the
-    manager turns that into an error (never silently unconfined).
-    """
+    """``select_initial`` (PROTOCOL.md §7.3) on the effective policies (``require`` without a
+    platform sandbox gives ``none``: the manager refuses it)."""
     if request.generation is None:
         return SandboxType.NONE
     if request.forced_type is not None:
@@ -72,21 +57,11 @@ def select_sandbox_type(request: LaunchSandboxRequest, platform: SandboxType) ->
 
 
 class SandboxManager:
-    """Selects and applies the platform sandbox for launches.
+    """Selects and applies the platform sandbox for launches (``platform`` and ``selector``:
+    tests pretend to be another OS or inject fake backends)."""
 
-    Args:
-        config: server config (``sandbox_backend``, ``allow_unsandboxed``).
-        platform: the platform sandbox (tests pretend to be another OS).
-        selector: ``select_backend``-compatible callable (tests inject fakes).
-    """
-
-    def __init__(
-        self,
-        config: ServerConfig,
-        *,
-        platform: SandboxType = PLATFORM_SANDBOX,
-        selector: _Selector = select_backend,
-    ) -> None:
+    def __init__(self, config: ServerConfig, *, platform: SandboxType = PLATFORM_SANDBOX,
+                 selector: _Selector = select_backend) -> None:
         self._config = config
         self._platform = platform
         self._selector = selector
@@ -94,17 +69,11 @@ class SandboxManager:
 
     @property
     def warmed(self) -> bool:
-        """:meth:`warm` has run: selecting a backend no longer probes."""
         return self._warmed
 
     async def warm(self) -> None:
-        """Run the backend probes now, in a thread, so no launch pays for them on the loop.
-
-        The first backend selection probes the kernel and ``bwrap`` in child
-        processes (50-100 ms, blocking) and caches the answer for the process.
-        Call this once at server start; calling it again is free. A failing
-        probe is not an error here: :meth:`prepare` reports it per launch.
-        """
+        """Run the backend probes (50-100 ms, blocking) in a thread now, so no launch pays for
+        them on the loop; a failing probe is reported per launch by :meth:`prepare`."""
         if self._warmed:
             return
         if self._platform is SandboxType.LINUX_SECCOMP:
@@ -115,60 +84,26 @@ class SandboxManager:
         with contextlib.suppress(ExecServerError, SandboxError, ImportError, ValueError, OSError):
             self._select_backend(required=False)
 
-    async def aprepare(
-        self,
-        spec: LaunchSpec,
-        sandbox: SandboxContext | None,
-        *,
-        enforce_managed_network: bool = False,
-    ) -> LaunchSpec:
-        """:meth:`prepare` for coroutines: the probes (if still to do) run in a thread."""
+    async def aprepare(self, spec: LaunchSpec, sandbox: SandboxContext | None, *,
+                       enforce_managed_network: bool = False) -> LaunchSpec:
+        """:meth:`prepare` for coroutines: probes still to do run in a thread."""
         await self.warm()
         return self.prepare(spec, sandbox, enforce_managed_network=enforce_managed_network)
 
-    def prepare(
-        self,
-        spec: LaunchSpec,
-        sandbox: SandboxContext | None,
-        *,
-        enforce_managed_network: bool = False,
-    ) -> LaunchSpec:
-        """Convert ``process/start.sandbox`` and return the launch to spawn.
-
-        Cheap once :meth:`warm` has run; before that, the first sandboxed
-        launch runs the backend probes here, blocking (use :meth:`aprepare`).
-
-        Args:
-            spec: the launch as requested (argv, cwd, final env, tty...).
-            sandbox: the decoded ``sandbox`` member; None: no sandbox.
-            enforce_managed_network: the current client's top-level flag.
-
-        Returns:
-            A new ``LaunchSpec`` (``spec`` is not modified) whose
-            ``sandbox_type`` says what was applied; answer with
-            ``.value`` (legacy ``sandbox``) or ``.camel`` (current ``sandboxType``).
-
-        Raises:
-            SandboxPolicyError: a sandbox value the structs cannot refuse (-32602).
-            SandboxLaunchError: no way to confine it (-32603).
-        """
-        request = launch_request(
-            sandbox,
-            command_cwd=spec.cwd,
-            enforce_managed_network=enforce_managed_network,
-            tmpdir=spec.env.get("TMPDIR"),
-        )
+    def prepare(self, spec: LaunchSpec, sandbox: SandboxContext | None, *,
+                enforce_managed_network: bool = False) -> LaunchSpec:
+        """A copy of ``spec`` confined per ``process/start.sandbox``; its ``sandbox_type`` says
+        what was applied. SandboxPolicyError (-32602), SandboxLaunchError (-32603)."""
+        request = launch_request(sandbox, command_cwd=spec.cwd, tmpdir=spec.env.get("TMPDIR"),
+                                 enforce_managed_network=enforce_managed_network)
         return self.prepare_request(spec, request)
 
     def prepare_request(self, spec: LaunchSpec, request: LaunchSandboxRequest) -> LaunchSpec:
-        """Confine ``spec`` per an already decoded request (also used by ``exec-server run``)."""
         selected = select_sandbox_type(request, self._platform)
-        env = dict(spec.env)
         # §7.5: legacy servers mark a restricted network; the current client sets
         # the variable itself and upstream 0.163.0 adds nothing (CLIENT_COMPAT §4).
-        if request.generation is Generation.LEGACY and request.network_restricted:
-            env[NETWORK_DISABLED_ENV] = "1"
-        out = replace(spec, env=env, sandbox_type=SandboxType.NONE)
+        legacy_off = request.generation is Generation.LEGACY and request.network_restricted
+        out = _unconfined(spec, network_off=legacy_off)
         if selected is SandboxType.NONE:
             if request.generation is not None and request.preference == "require":
                 raise SandboxLaunchError(
@@ -177,90 +112,72 @@ class SandboxManager:
             return out
         if selected is not self._platform:
             raise SandboxLaunchError(_unavailable_message(selected))
-        try:
-            plan = request.plan(
-                tmpdir=out.env.get("TMPDIR"),
-                platform_defaults=platform_default_read_roots(self._platform),
-            )
-        except (ExecServerError, SandboxError) as exc:
-            raise SandboxLaunchError(exc.message) from exc
+        with _as_launch_error():
+            plan = request.plan(tmpdir=out.env.get("TMPDIR"),
+                                platform_defaults=platform_default_read_roots(self._platform))
         required = request.preference == "require" or request.forced_type is not None
-        return self._wrap(
-            out,
-            plan,
-            required=required,
-            include_platform_defaults=request.include_platform_defaults,
-        )
+        return self._wrap(out, plan, required=required,
+                          include_platform_defaults=request.include_platform_defaults)
 
-    def wrap_plan(
-        self,
-        spec: LaunchSpec,
-        plan: SandboxPlan,
-        *,
-        include_platform_defaults: bool = True,
-    ) -> LaunchSpec:
-        """Confine ``spec`` under an explicit plan (the sandboxed fs helper).
-
-        Always requires a working platform sandbox: the helper must never run
-        unconfined. Adds ``CODEX_SANDBOX_NETWORK_DISABLED=1`` when the plan has
-        no network (PROTOCOL.md §10.4 step 3).
-        """
-        env = dict(spec.env)
-        if not plan.network:
-            env[NETWORK_DISABLED_ENV] = "1"
-        out = replace(spec, env=env, sandbox_type=SandboxType.NONE)
+    def wrap_plan(self, spec: LaunchSpec, plan: SandboxPlan, *,
+                  include_platform_defaults: bool = True) -> LaunchSpec:
+        """Confine the sandboxed fs helper, which must never run unconfined (§10.4)."""
         if self._platform is SandboxType.NONE:
             raise SandboxLaunchError("this platform has no sandbox")
-        return self._wrap(
-            out, plan, required=True, include_platform_defaults=include_platform_defaults
-        )
+        return self._wrap(_unconfined(spec, network_off=not plan.network), plan, required=True,
+                          include_platform_defaults=include_platform_defaults)
 
-    def _wrap(
-        self,
-        spec: LaunchSpec,
-        plan: SandboxPlan,
-        *,
-        required: bool,
-        include_platform_defaults: bool,
-    ) -> LaunchSpec:
+    def _wrap(self, spec: LaunchSpec, plan: SandboxPlan, *, required: bool,
+              include_platform_defaults: bool) -> LaunchSpec:
         if self._platform is SandboxType.MACOS_SEATBELT:
             return seatbelt.wrap(spec, plan, include_platform_defaults=include_platform_defaults)
         if self._platform is not SandboxType.LINUX_SECCOMP:
             raise SandboxLaunchError(_unavailable_message(self._platform))
-        allow = self._config.allow_unsandboxed and not required
-        try:
+        with _as_launch_error():
             backend = self._select_backend(required=required)
-        except (ExecServerError, SandboxError) as exc:
-            raise SandboxLaunchError(exc.message) from exc
-        except (ImportError, ValueError, OSError) as exc:
-            raise SandboxLaunchError(str(exc)) from exc
         if backend is None:
-            if not allow:
+            if not (self._config.allow_unsandboxed and not required):
                 raise SandboxLaunchError("no usable Linux sandbox backend")
             logger.warning(
                 "no usable Linux sandbox; running %r unconfined (allow_unsandboxed)", spec.argv[:1]
             )
             return spec
-        try:
+        with _as_launch_error():
             wrapped = backend.wrap(spec, plan)
-        except (ExecServerError, SandboxError) as exc:
-            raise SandboxLaunchError(exc.message) from exc
-        except (OSError, ValueError) as exc:  # ValueError: an env execve cannot carry
-            raise SandboxLaunchError(str(exc)) from exc
         return replace(wrapped, sandbox_type=SandboxType.LINUX_SECCOMP)
 
     def _select_backend(self, *, required: bool) -> _Backend | None:
-        """The configured Linux backend (probing on first use, cached per process)."""
         allow = self._config.allow_unsandboxed and not required
         return self._selector(self._config.sandbox_backend, allow_unsandboxed=allow)
 
     async def aclose(self) -> None:
-        """Nothing to release yet: probes are cached per process by the backends."""
+        """Nothing to release: probes are cached per process."""
+
+
+@contextlib.contextmanager
+def _as_launch_error() -> Iterator[None]:
+    try:
+        yield
+    except (ExecServerError, SandboxError) as exc:
+        raise SandboxLaunchError(exc.message) from exc
+    except (ImportError, ValueError, OSError) as exc:  # ValueError: an env execve cannot carry
+        raise SandboxLaunchError(str(exc)) from exc
+
+
+def _unconfined(spec: LaunchSpec, *, network_off: bool) -> LaunchSpec:
+    """A copy of ``spec`` marked unconfined, with ``CODEX_SANDBOX_NETWORK_DISABLED=1`` when
+    ``network_off`` (PROTOCOL.md §7.5)."""
+    env = dict(spec.env)
+    if network_off:
+        env[NETWORK_DISABLED_ENV] = "1"
+    return replace(spec, env=env, sandbox_type=SandboxType.NONE)
+
+
+_UNAVAILABLE = {
+    SandboxType.MACOS_SEATBELT: "seatbelt sandbox is only available on macOS",
+    SandboxType.LINUX_SECCOMP: "linux-seccomp sandbox is only available on Linux",
+}
 
 
 def _unavailable_message(kind: SandboxType) -> str:
-    if kind is SandboxType.MACOS_SEATBELT:
-        return "seatbelt sandbox is only available on macOS"
-    if kind is SandboxType.LINUX_SECCOMP:
-        return "linux-seccomp sandbox is only available on Linux"
-    return f"{kind.value} sandbox is not supported by this server"
+    return _UNAVAILABLE.get(kind, f"{kind.value} sandbox is not supported by this server")

@@ -1,16 +1,9 @@
 """One internal sandbox policy model for both wire generations (pure data).
 
-Legacy clients describe a sandbox with a ``SandboxPolicy`` (PROTOCOL.md §6.1)
-plus a derived ``FileSystemSandboxPolicy``; the current client sends
-permission entries (CLIENT_COMPAT.md §1.4). Both end up here as a
-:class:`FileSystemPolicy` (entries x access) and a :class:`Network` value,
-resolved against a :class:`PolicyScope` (cwd, workspace roots, ``$TMPDIR``).
-§6.9 / §6.10 / §6.12 are defined on the legacy policy and the additional
-permissions, which are used as decoded (:data:`LegacyPolicy`, the frozen wire
-structs of :mod:`exec_server.protocol.types.sandbox`).
-
-Nothing here touches the OS; conversions that need to know whether a path
-exists (protected subpaths, ``/tmp``) take an :class:`FsProbe`.
+Legacy ``SandboxPolicy`` objects (PROTOCOL.md §6.1, used as decoded) and the current
+client's permission entries (CLIENT_COMPAT.md §1.4) both become a :class:`FileSystemPolicy`
+and a :class:`Network`, resolved against a :class:`PolicyScope`. Only an :class:`FsProbe`
+looks at the filesystem.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import msgspec
@@ -27,32 +20,11 @@ from exec_server.protocol.paths import normalize_lexical
 from exec_server.protocol.types import sandbox as wire
 
 __all__ = [
-    "Access",
-    "FileSystemPolicy",
-    "FsEntry",
-    "FsKind",
-    "FsProbe",
-    "Generation",
-    "GlobTarget",
-    "LegacyPolicy",
-    "Network",
-    "OsProbe",
-    "PathTarget",
-    "PolicyScope",
-    "SpecialKind",
-    "SpecialTarget",
-    "Target",
-    "WritableRoot",
-    "base_fs_policy_from_legacy",
-    "effective_fs_policy",
-    "effective_network",
-    "fs_policy_from_legacy",
-    "helper_legacy_policy",
-    "is_within",
-    "join_normalized",
-    "legacy_network",
-    "legacy_writable_roots",
-    "protected_subpaths",
+    "Access", "FileSystemPolicy", "FsEntry", "FsKind", "FsProbe", "Generation", "GlobTarget",
+    "LegacyPolicy", "Network", "OsProbe", "PathTarget", "PolicyScope", "SpecialKind",
+    "SpecialTarget", "Target", "WritableRoot", "base_fs_policy_from_legacy", "effective_fs_policy",
+    "effective_network", "fs_policy_from_legacy", "helper_legacy_policy", "is_within",
+    "join_normalized", "legacy_network", "legacy_writable_roots", "protected_subpaths",
 ]
 
 
@@ -138,7 +110,6 @@ class FileSystemPolicy:
 
     kind: FsKind
     entries: tuple[FsEntry, ...] = ()
-    #: Deepest match (components below the anchor) to materialise glob entries (None: default).
     glob_scan_max_depth: int | None = None
 
     @classmethod
@@ -156,17 +127,8 @@ class FileSystemPolicy:
 
 @dataclass(frozen=True, slots=True)
 class PolicyScope:
-    """What special paths resolve against.
-
-    Attributes:
-        cwd: the policy cwd (``sandboxPolicyCwd``, server cwd for legacy fs calls).
-        roots: workspace roots; ``current_working_directory`` and
-            ``project_roots`` expand to each of them (CLIENT_COMPAT §1.5).
-            Legacy policies use ``(cwd,)``.
-        tmpdir: the ``$TMPDIR`` that ``tmpdir`` means (child env for processes,
-            server env for fs calls), or None.
-        home: the user's home (current client), for ``~`` in globs.
-    """
+    """What special paths resolve against: ``roots`` are what ``current_working_directory``
+    and ``project_roots`` expand to (CLIENT_COMPAT §1.5), ``home`` is ``~`` in globs."""
 
     cwd: str
     roots: tuple[str, ...]
@@ -191,12 +153,7 @@ LegacyPolicy = wire.SandboxPolicy
 ExtraPermissions = wire.PermissionProfile
 
 
-# --- filesystem probing (the one impure seam) ---
-
-
 class FsProbe(Protocol):
-    """What policy conversion needs to know about the filesystem."""
-
     def is_dir(self, path: str) -> bool: ...
 
     def is_file(self, path: str) -> bool: ...
@@ -205,8 +162,6 @@ class FsProbe(Protocol):
 
 
 class OsProbe:
-    """:class:`FsProbe` on the real filesystem."""
-
     def is_dir(self, path: str) -> bool:
         return os.path.isdir(path)
 
@@ -221,15 +176,11 @@ class OsProbe:
             return None
 
 
-# --- path helpers ---
-
-
 #: Lexically normalise an absolute path (``..`` pops, PROTOCOL.md §5.2).
 normalize = normalize_lexical
 
 
 def join_normalized(base: str, rel: str | None) -> str:
-    """``base`` joined with ``rel`` (absolute ``rel`` replaces it), lexically normalised."""
     if not rel:
         return normalize(base)
     if rel.startswith("/"):
@@ -250,9 +201,6 @@ def depth(path: str) -> int:
 
 def _dedup(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
-
-
-# --- §6.3 / §6.9: legacy → FileSystemSandboxPolicy ---
 
 
 def legacy_network(policy: LegacyPolicy) -> Network:
@@ -298,31 +246,21 @@ def base_fs_policy_from_legacy(policy: LegacyPolicy) -> FileSystemPolicy:
     return FileSystemPolicy.restricted(entries)
 
 
-def fs_policy_from_legacy(
-    policy: LegacyPolicy, scope: PolicyScope, probe: FsProbe
-) -> FileSystemPolicy:
-    """``from_legacy_sandbox_policy`` (PROTOCOL.md §6.9).
-
-    For workspace-write, readable roots already writable under a legacy
-    writable root are dropped (unless they sit in a protected subpath).
-    """
+def fs_policy_from_legacy(policy: LegacyPolicy, scope: PolicyScope,
+                          probe: FsProbe) -> FileSystemPolicy:
+    """``from_legacy_sandbox_policy`` (PROTOCOL.md §6.9): for workspace-write, readable
+    roots already writable under a legacy writable root are dropped."""
     base = base_fs_policy_from_legacy(policy)
     if not isinstance(policy, wire.WorkspaceWritePolicy):
         return base
     roots = legacy_writable_roots(policy, scope, probe)
-    kept = tuple(
-        entry
-        for entry in base.entries
-        if not (
-            isinstance(entry.target, PathTarget)
-            and entry.access is Access.READ
-            and any(root.allows_write(entry.target.path) for root in roots)
-        )
-    )
-    return replace(base, entries=kept)
 
+    def redundant(entry: FsEntry) -> bool:
+        target = entry.target
+        return (isinstance(target, PathTarget) and entry.access is Access.READ
+                and any(root.allows_write(target.path) for root in roots))
 
-# --- §6.10: writable roots and protected subpaths ---
+    return replace(base, entries=tuple(e for e in base.entries if not redundant(e)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,12 +268,11 @@ class WritableRoot:
     """A writable root and the subpaths inside it that stay read-only."""
 
     root: str
-    read_only_subpaths: tuple[str, ...] = field(default=())
+    read_only_subpaths: tuple[str, ...] = ()
 
     def allows_write(self, path: str) -> bool:
-        return is_within(path, self.root) and not any(
-            is_within(path, sub) for sub in self.read_only_subpaths
-        )
+        protected = any(is_within(path, sub) for sub in self.read_only_subpaths)
+        return is_within(path, self.root) and not protected
 
 
 #: Metadata directories kept read-only inside writable roots (PROTOCOL.md §6.10).
@@ -343,27 +280,19 @@ PROTECTED_NAMES = (".git", ".agents", ".codex")
 
 
 def protected_subpaths(root: str, probe: FsProbe) -> tuple[str, ...]:
-    """Read-only subpaths of one writable root (PROTOCOL.md §6.10).
-
-    ``.git`` when it exists as a directory or file, plus the target of a
-    ``gitdir: <path>`` pointer file when that exists; ``.agents`` and
-    ``.codex`` when they are directories.
-    """
+    """Read-only subpaths of one writable root (PROTOCOL.md §6.10): ``.git`` (and the target
+    of a ``gitdir:`` pointer file) when it exists, ``.agents`` and ``.codex`` directories."""
     out: list[str] = []
     git = join_normalized(root, ".git")
     if probe.is_dir(git):
         out.append(git)
     elif probe.is_file(git):
         out.append(git)
-        text = probe.read_text(git)
-        if text is not None:
-            first = text.strip().splitlines()[0] if text.strip() else ""
-            if first.startswith("gitdir:"):
-                target = first[len("gitdir:") :].strip()
-                if target:
-                    gitdir = join_normalized(root, target)
-                    if probe.is_dir(gitdir) or probe.is_file(gitdir):
-                        out.append(gitdir)
+        first = ((probe.read_text(git) or "").strip().splitlines() or [""])[0]
+        target = first[len("gitdir:") :].strip() if first.startswith("gitdir:") else ""
+        gitdir = join_normalized(root, target)
+        if target and (probe.is_dir(gitdir) or probe.is_file(gitdir)):
+            out.append(gitdir)
     for name in PROTECTED_NAMES[1:]:
         path = join_normalized(root, name)
         if probe.is_dir(path):
@@ -371,9 +300,8 @@ def protected_subpaths(root: str, probe: FsProbe) -> tuple[str, ...]:
     return tuple(out)
 
 
-def legacy_writable_roots(
-    policy: LegacyPolicy, scope: PolicyScope, probe: FsProbe
-) -> list[WritableRoot]:
+def legacy_writable_roots(policy: LegacyPolicy, scope: PolicyScope,
+                          probe: FsProbe) -> list[WritableRoot]:
     """Writable roots of a workspace-write policy, in §6.10 order, with protections."""
     if not isinstance(policy, wire.WorkspaceWritePolicy):
         return []
@@ -387,12 +315,8 @@ def legacy_writable_roots(
     return [WritableRoot(root, protected_subpaths(root, probe)) for root in _dedup(paths)]
 
 
-# --- §6.12: effective policies with additional permissions ---
-
-
-def effective_fs_policy(
-    policy: FileSystemPolicy, extra: ExtraPermissions | None
-) -> FileSystemPolicy:
+def effective_fs_policy(policy: FileSystemPolicy,
+                        extra: ExtraPermissions | None) -> FileSystemPolicy:
     """Append extra read/write grants to a restricted policy, skipping exact duplicates."""
     if extra is None or extra.file_system is None or policy.kind is not FsKind.RESTRICTED:
         return policy
@@ -410,27 +334,19 @@ def effective_fs_policy(
 
 def effective_network(network: Network, extra: ExtraPermissions | None) -> Network:
     """Network after additional permissions (PROTOCOL.md §6.12)."""
-    if extra is None:
-        return network
-    if network is Network.ENABLED or (extra.network is not None and extra.network.enabled):
-        return Network.ENABLED
-    return Network.RESTRICTED
+    granted = extra is not None and extra.network is not None and extra.network.enabled
+    return Network.ENABLED if network is Network.ENABLED or granted else Network.RESTRICTED
 
 
 def helper_legacy_policy(policy: LegacyPolicy) -> LegacyPolicy:
     """Force platform-default reads on for the fs helper (PROTOCOL.md §10.1 step 3)."""
     set_defaults = msgspec.structs.replace
-    if isinstance(policy, wire.ReadOnlyPolicy) and isinstance(
-        policy.access, wire.ReadOnlyAccessRestricted
-    ):
-        return set_defaults(
-            policy, access=set_defaults(policy.access, include_platform_defaults=True)
-        )
-    if isinstance(policy, wire.WorkspaceWritePolicy) and isinstance(
-        policy.read_only_access, wire.ReadOnlyAccessRestricted
-    ):
-        return set_defaults(
-            policy,
-            read_only_access=set_defaults(policy.read_only_access, include_platform_defaults=True),
-        )
+    restricted = wire.ReadOnlyAccessRestricted
+    if isinstance(policy, wire.ReadOnlyPolicy) and isinstance(policy.access, restricted):
+        access = set_defaults(policy.access, include_platform_defaults=True)
+        return set_defaults(policy, access=access)
+    if isinstance(policy, wire.WorkspaceWritePolicy) and isinstance(policy.read_only_access,
+                                                                    restricted):
+        access = set_defaults(policy.read_only_access, include_platform_defaults=True)
+        return set_defaults(policy, read_only_access=access)
     return policy

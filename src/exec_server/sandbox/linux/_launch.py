@@ -1,36 +1,14 @@
 """Landlock-backend launcher body: confine this fresh process, then exec the command.
 
-Run through ``launcher.py`` as
-``[sys.executable, "-I", "-S", <launcher.py>, <flags>, "--", program, args...]``
-(SANDBOX.md §8), or called by a forked child of the helper zygote (an ``S``
-request, ``spawn_zygote_main.py``) with the very same flags: one copy of the
-confinement code for both paths. Stdlib only and few imports (``os``, ``sys``, ``_ctypes``,
-``struct``, ``stat``, ``resource``): interpreter start-up is the cost floor.
+Run as ``python -I -S launcher.py FLAGS -- CMD...`` or, with the same flags, by a forked
+child of the helper zygote (``spawn_zygote_main.py``). Stdlib only, few imports:
+interpreter start-up is the cost floor. The steps are in docs/sandbox-linux.md; flags
+are those ``landlock_backend.launcher_flags`` writes. Setup failures write one JSON line
+to the status fd and exit 125; exec failures exit 127 (not found) or 126.
 
-Steps, in order: status pipe, parent-death signal, ``RLIMIT_CORE=0``, then
-three processes. This one unshares a PID + mount namespace (+ a user namespace
-when not root) and stays outside as the *monitor* (``_split_monitor``); its
-child is pid 1 of the new PID namespace, which makes every mount read-only
-except the writable roots, rebinds protected subpaths read-only (and masks
-denied paths), builds a private ``/dev`` and ``/proc`` (``_apply_mounts``),
-then forks the *command's process* and reaps until it exits
-(``_split_init``). The command's process applies Landlock, drops
-capabilities when root, installs the seccomp filter, chdirs and ``execvp``s
-with arg0. When pid 1 exits the kernel kills whatever is left in the
-namespace; the monitor exits as the command did. Setup failures write one
-JSON line to the status fd and exit 125; exec failures exit 127 (not found)
-or 126 (not executable).
-
-Flags: ``--status-fd N``, ``--full-read``, ``--read P``, ``--full-write``,
-``--write P``, ``--ro P``, ``--deny P``, ``--network``, ``--command-cwd D``,
-``--sandbox-policy-cwd D``, ``--arg0 NAME``, ``--env-fd N`` (the command's
-environment, ``NAME=VALUE`` entries each ending in NUL, read to EOF from fd N),
-``--strict-mounts``, ``--probe``.
-
-Environment: the launcher runs outside the sandbox until ``_confine`` returns,
-so the server starts it with an empty environment (``base.WRAPPER_ENV``) and
-hands the command's through ``--env-fd`` (or, in the helper zygote's child,
-as ``main``'s ``env``): it is used only by the final ``execve``.
+The launcher runs unconfined until ``_confine`` returns, so it starts with an empty
+environment; the command's arrives through ``--env-fd`` (``NAME=VALUE\\0`` entries) or,
+in the zygote's child, as ``main``'s ``env``, and reaches only the final ``execve``.
 """
 
 
@@ -59,18 +37,28 @@ _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 
-class _Plan:
-    """The subset of ``SandboxPlan`` the launcher needs (no dataclasses import)."""
+class _Args:
+    """The parsed flags: the plan's fields ``landlock.restrict_self`` reads, and options."""
+
+    full_read = full_write = network = probe = False
+    status_fd = env_fd = -1
+    command_cwd: str | None = None
+    arg0: str | None = None
 
     def __init__(self) -> None:
-        self.full_read = False
-        self.full_write = False
-        self.network = False
-        self.cwd = ""
         self.readable_roots: list[str] = []
         self.writable_roots: list[str] = []
         self.read_only_subpaths: list[str] = []
         self.denied_paths: list[str] = []
+        self.command: list[str] = []
+
+
+_SWITCHES = {"--full-read": "full_read", "--full-write": "full_write", "--network": "network",
+             "--probe": "probe"}
+_LISTS = {"--read": "readable_roots", "--write": "writable_roots", "--ro": "read_only_subpaths",
+          "--deny": "denied_paths"}
+_VALUES = {"--status-fd": ("status_fd", int), "--env-fd": ("env_fd", int),
+           "--command-cwd": ("command_cwd", str), "--arg0": ("arg0", str)}
 
 
 class _Setup(Exception):
@@ -105,50 +93,27 @@ def _report(status_fd: int, kind: str, stage: str, message: str) -> None:
         pass
 
 
-def _parse(args: list[str]) -> tuple[_Plan, dict[str, object], list[str]]:
-    plan = _Plan()
-    opts: dict[str, object] = {"status_fd": -1, "cwd": None, "arg0": None,
-                               "strict_mounts": False, "probe": False, "env_fd": -1}
+def _parse(argv: list[str]) -> _Args:
+    args = _Args()
     i = 0
-    multi = {"--read": plan.readable_roots, "--write": plan.writable_roots,
-             "--ro": plan.read_only_subpaths, "--deny": plan.denied_paths}
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            return plan, opts, args[i + 1:]
-        if arg in multi:
-            multi[arg].append(args[i + 1])
-            i += 2
-            continue
-        if arg == "--full-read":
-            plan.full_read = True
-        elif arg == "--full-write":
-            plan.full_write = True
-        elif arg == "--network":
-            plan.network = True
-        elif arg == "--strict-mounts":
-            opts["strict_mounts"] = True
-        elif arg == "--probe":
-            opts["probe"] = True
-        elif arg == "--status-fd":
-            opts["status_fd"] = int(args[i + 1])
+    while i < len(argv):
+        flag = argv[i]
+        if flag == "--":
+            args.command = argv[i + 1:]
+            break
+        if flag in _SWITCHES:
+            setattr(args, _SWITCHES[flag], True)
+        elif flag in _LISTS:
+            getattr(args, _LISTS[flag]).append(argv[i + 1])
             i += 1
-        elif arg == "--command-cwd":
-            opts["cwd"] = args[i + 1]
-            i += 1
-        elif arg == "--sandbox-policy-cwd":
-            plan.cwd = args[i + 1]
-            i += 1
-        elif arg == "--arg0":
-            opts["arg0"] = args[i + 1]
-            i += 1
-        elif arg == "--env-fd":
-            opts["env_fd"] = int(args[i + 1])
+        elif flag in _VALUES:
+            name, kind = _VALUES[flag]
+            setattr(args, name, kind(argv[i + 1]))
             i += 1
         else:
-            raise _Setup("args", f"unknown launcher flag {arg!r}")
+            raise _Setup("args", f"unknown launcher flag {flag!r}")
         i += 1
-    return plan, opts, []
+    return args
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int,
@@ -171,11 +136,8 @@ def _unshare(flags: int) -> None:
     if uid != 0:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                            ("gid_map", f"{gid} {gid} 1")):
-            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
 
 
 def _umount(target: str) -> None:
@@ -185,15 +147,8 @@ def _umount(target: str) -> None:
 
 
 def _locked_flags(path: str) -> int:
-    f = os.statvfs(path).f_flag
-    keep = 0
-    if f & os.ST_NOSUID:
-        keep |= _MS_NOSUID
-    if f & os.ST_NODEV:
-        keep |= _MS_NODEV
-    if f & os.ST_NOEXEC:
-        keep |= _MS_NOEXEC
-    return keep
+    """Flags a remount must repeat or fail (EPERM); their ST_* bits equal the MS_* ones."""
+    return os.statvfs(path).f_flag & (os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC)
 
 
 def _bind_read_only(src: str, target: str) -> None:
@@ -202,15 +157,11 @@ def _bind_read_only(src: str, target: str) -> None:
 
 
 def _placeholder_for(path: str, writable: list[str]) -> str | None:
-    """First missing component of ``path``, created as an empty dir to mount over.
+    """``knobs.placeholder_for``, made an empty dir to mount over."""
+    from exec_server.sandbox.linux.knobs import placeholder_for
 
-    Only inside a writable root: elsewhere nothing can create it anyway.
-    """
-    from exec_server.sandbox.linux.knobs import first_missing_component, is_inside
-
-    missing = first_missing_component(path)
-    if missing is None or not any(is_inside(missing, root) and missing != root
-                                  for root in writable):
+    missing = placeholder_for(path, writable)
+    if missing is None:
         return None
     try:  # noqa: SIM105 - contextlib costs start-up time here
         os.mkdir(missing, 0o555)
@@ -237,14 +188,9 @@ def _bind_read_only_tree(path: str) -> None:
     """``path`` and every mount below it read-only (``/sys/fs/cgroup``, ``binfmt_misc``...)."""
     _bind_read_only(path, path)
     prefix = path.rstrip("/") + "/"
-    fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while data := os.read(fd, 1 << 16):
-            chunks.append(data)
-    finally:
-        os.close(fd)
-    for line in b"".join(chunks).splitlines():
+    with open("/proc/self/mountinfo", "rb") as f:
+        mountinfo = f.read()
+    for line in mountinfo.splitlines():
         fields = line.split(b" ")
         if len(fields) > 4:
             point = _mountinfo_path(fields[4])
@@ -256,12 +202,8 @@ def _bind_read_only_tree(path: str) -> None:
 def _read_only_tree(writable: list[str]) -> None:
     """Every mount read-only except the writable roots, which get their own mounts back.
 
-    Landlock has no right for metadata: chmod, chown, utime and xattr changes
-    pass it. A read-only mount refuses them (EROFS) like any write. Each
-    writable root is cloned (``open_tree``, flags as they are now) before
-    ``/`` and everything below it is made read-only in one ``mount_setattr``,
-    then the clone is attached over the root again, shallowest first. The
-    roots thereby also become mountpoints: a writable parent cannot rename a
+    Landlock has no right for metadata (chmod, chown, utime, xattr); a read-only mount
+    refuses them. The roots also become mountpoints: a writable parent cannot rename a
     workspace (and its protected ``.git``) away and plant another (EBUSY).
     """
     from exec_server._os.linux import mount_setattr, move_mount, open_tree
@@ -286,12 +228,8 @@ _DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
 
 
 def _own_pty() -> int | None:
-    """The launch's PTY (stdin) as a detached mount, to show as ``/dev/console`` as bwrap
-    does: ``ttyname`` finds it there (it is the same terminal as the stdio fds).
-
-    Cloned by its name in this namespace's copy of the host's devpts (the fd's own
-    mount belongs to the old namespace); None when stdin is no PTY or it cannot be.
-    """
+    """The launch's PTY (stdin) as a detached mount for ``/dev/console``, so ``ttyname``
+    finds it (as under bwrap); cloned by name from this namespace's copy of devpts."""
     from exec_server._os.linux import open_tree
 
     try:
@@ -306,12 +244,8 @@ def _own_pty() -> int | None:
 
 
 def _private_dev() -> None:
-    """A fresh ``/dev``: the nodes in ``_DEV_NODES``, a private ``shm`` and PTY instance
-    (and, on a PTY launch, that PTY as ``console``).
-
-    Nothing else of the host's ``/dev`` (disks, ``kmsg``, its ``/dev/shm``, other
-    terminals' ``/dev/pts/N``) is visible; ``/dev`` itself is read-only.
-    """
+    """A fresh read-only ``/dev``: ``_DEV_NODES``, a private ``shm`` and PTY instance; no
+    host disk, ``kmsg``, ``/dev/shm`` or other terminal is visible."""
     from exec_server._os.linux import mount_setattr, move_mount, open_tree
 
     nodes: list[tuple[str, int]] = []
@@ -342,20 +276,20 @@ def _private_dev() -> None:
            "newinstance,ptmxmode=0666,mode=620")
 
 
-def _apply_mounts(plan: _Plan, status_fd: int) -> None:
+def _apply_mounts(args: _Args) -> None:
     """Pid 1's mount work in the launch's fresh mount namespace (SANDBOX.md §1.10)."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    if not plan.full_write:
-        if "/" not in plan.writable_roots:  # else nothing lies outside the writable roots
-            _read_only_tree(plan.writable_roots)
-        for path in plan.read_only_subpaths:
+    if not args.full_write:
+        if "/" not in args.writable_roots:  # else nothing lies outside the writable roots
+            _read_only_tree(args.writable_roots)
+        for path in args.read_only_subpaths:
             if os.path.lexists(path):
                 _bind_read_only(path, path)
             else:
-                made = _placeholder_for(path, plan.writable_roots)
+                made = _placeholder_for(path, args.writable_roots)
                 if made is not None:
                     _bind_read_only(made, made)
-    for path in plan.denied_paths:
+    for path in args.denied_paths:
         if os.path.isdir(path):
             _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
                    "mode=000,size=4k")
@@ -368,19 +302,18 @@ def _apply_mounts(plan: _Plan, status_fd: int) -> None:
         # this process is pid 1 of the new PID namespace: its /proc lists only the launch
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY)
     except OSError as exc:
-        _report(status_fd, "warning", "proc", f"private /proc unavailable: {exc}")
+        _report(args.status_fd, "warning", "proc", f"private /proc unavailable: {exc}")
     if os.getuid() == 0:
-        # Kernel knobs a writable root would leave writable (a full-write plan's /sys):
-        # only root passes their permission check (see knobs.py).
+        # only root passes the permission check of these host-wide knobs (knobs.py)
         from exec_server.sandbox.linux.knobs import read_only_knobs
 
-        for path in read_only_knobs(full_write=plan.full_write, writable_roots=plan.writable_roots):
+        for path in read_only_knobs(full_write=args.full_write,
+                                    writable_roots=args.writable_roots):
             _bind_read_only_tree(path)
 
 
 # Signals a monitor ignores: they reach the command through the process group. Job-control
-# stops (SIGTSTP/TTIN/TTOU) keep their default, so ^Z stops the monitor with the command
-# and a shell running ``exec-server run`` sees its job stop.
+# stops keep their default, so ^Z stops the monitor with the command (a shell sees its job stop).
 _MONITOR_IGNORES = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2",
                     "SIGALRM", "SIGPIPE", "SIGXFSZ")
 
@@ -413,20 +346,17 @@ def _wait_for(pid: int) -> int:
 
 
 def _split_monitor() -> int:
-    """Fork pid 1 of the new PID namespace; this process stays outside as its monitor.
+    """Fork pid 1 of the new PID namespace and stay outside as its monitor.
 
-    The monitor is what the server (or the helper zygote) spawned and waits
-    for: it ignores the signals that the process group delivers to the command
-    anyway, waits for pid 1, and ends as the command ended (its relayed wait
-    status). It never returns; pid 1 returns the relay pipe's write end.
-    Killing the monitor (SIGKILL) kills pid 1 (PDEATHSIG), and with pid 1 the
-    kernel kills everything left in the namespace: daemons included.
+    The monitor ends as the command did (status relayed by pid 1); it never returns.
+    Killing it kills pid 1 (PDEATHSIG), and with pid 1 the kernel kills everything left
+    in the namespace, daemons included. Pid 1 gets the relay pipe's write end.
     """
     relay_r, relay_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
-        # No handler on pid 1 (the launcher script's interpreter installed one for
-        # SIGINT): the kernel then drops what the group receives from outside.
+        # No handler on pid 1 (the launcher's interpreter installed one for SIGINT):
+        # the kernel then drops what the group receives from outside.
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         os.close(relay_r)
         from exec_server._os.linux import call_prctl
@@ -448,12 +378,7 @@ def _split_monitor() -> int:
 
 
 def _split_init(relay_w: int) -> None:
-    """Pid 1: fork the command's process and stay as the namespace's reaper.
-
-    Returns in the child (which goes on to confine itself and exec). Pid 1
-    reaps orphans until the command exits, hands its status to the monitor
-    and exits: the kernel then kills whatever the command left behind.
-    """
+    """Pid 1: fork the command's process (which returns) and reap until it exits."""
     pid = os.fork()
     if pid == 0:
         os.close(relay_w)
@@ -466,36 +391,30 @@ def _split_init(relay_w: int) -> None:
     os._exit(0)
 
 
-def _isolate(plan: _Plan, opts: dict[str, object], status_fd: int) -> None:
-    """Enter a PID + mount namespace as the command's process under pid 1, when possible.
+def _isolate(args: _Args) -> None:
+    """Become the command's process under pid 1 of new PID + mount namespaces, when possible.
 
-    Without namespaces (unprivileged user namespaces disabled) the launch goes
-    on with Landlock and seccomp only and says so on the status pipe;
-    ``--strict-mounts`` refuses instead.
+    Without namespaces (unprivileged user namespaces disabled) the launch goes on with
+    Landlock and seccomp only and says so on the status pipe.
     """
     try:
         _unshare(_CLONE_NEWNS | _CLONE_NEWPID)
     except OSError as exc:
-        if opts["strict_mounts"]:
-            raise _Setup("namespaces", f"new namespaces: {exc}") from exc
-        _report(status_fd, "warning", "namespaces", f"namespaces unavailable: {exc}")
+        _report(args.status_fd, "warning", "namespaces", f"namespaces unavailable: {exc}")
         return
     relay_w = _split_monitor()
     try:
-        _apply_mounts(plan, status_fd)
+        _apply_mounts(args)
     except OSError as exc:
-        if opts["strict_mounts"]:
-            raise _Setup("mounts", f"read-only mounts: {exc}") from exc
-        _report(status_fd, "warning", "mounts", f"read-only mounts unavailable: {exc}")
+        _report(args.status_fd, "warning", "mounts", f"read-only mounts unavailable: {exc}")
     _split_init(relay_w)
 
 
 def drop_capabilities(*, now: bool = False) -> None:
     """Root: empty the bounding, ambient and inheritable sets (SANDBOX.md §1.11).
 
-    ``execve`` then leaves the new program none. With ``now`` the effective and
-    permitted sets are emptied too, for a process that will not ``execve``
-    (the helper zygote, whose children run the confined operations themselves).
+    With ``now`` the effective and permitted sets too, for a process that will not
+    ``execve`` (the helper zygote).
     """
     from exec_server._os.linux import byref, c_uint32, call_prctl, call_syscall
 
@@ -514,19 +433,17 @@ def drop_capabilities(*, now: bool = False) -> None:
     header = (c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
     data = (c_uint32 * 6)()  # {effective, permitted, inheritable} x 2 words
     call_syscall("capget", byref(header), byref(data))
-    cleared = range(6) if now else (2, 5)
-    for word in cleared:
+    for word in range(6) if now else (2, 5):
         data[word] = 0
     call_syscall("capset", byref(header), byref(data))
 
 
-def _confine(plan: _Plan, opts: dict[str, object]) -> None:
+def _confine(args: _Args) -> None:
     """The command's process: Landlock, capability drop, seccomp (after ``_isolate``)."""
     from exec_server.sandbox.linux import landlock, seccomp
 
-    confine_fs = not plan.full_write
     try:
-        landlock.restrict_self(plan, required=not (plan.full_read and plan.full_write))  # type: ignore[arg-type]
+        landlock.restrict_self(args, required=not (args.full_read and args.full_write))  # type: ignore[arg-type]
     except OSError as exc:
         raise _Setup("landlock", str(exc)) from exc
     if os.getuid() == 0:
@@ -535,9 +452,9 @@ def _confine(plan: _Plan, opts: dict[str, object]) -> None:
         except OSError as exc:
             raise _Setup("capabilities", f"dropping capabilities: {exc}") from exc
     try:
-        if not plan.network:
+        if not args.network:
             seccomp.install_network_filter(seccomp.MODE_RESTRICTED)
-        elif confine_fs or not plan.full_read:
+        elif not (args.full_write and args.full_read):
             seccomp.install_network_filter(seccomp.MODE_VSOCK)
     except OSError as exc:
         raise _Setup("seccomp", str(exc)) from exc
@@ -569,7 +486,7 @@ def _probe() -> int:
                 result["mount_ns_error"] = str(exc)
     except OSError:
         pass
-    plan = _Plan()
+    plan = _Args()
     plan.full_read = True
     plan.writable_roots = ["/tmp"]
     try:
@@ -588,63 +505,36 @@ def _probe() -> int:
     return 0
 
 
-def _execvp(program: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-    """``execvp`` without ``os.get_exec_path`` (it imports ``warnings``, unreadable under
-    restricted reads once Landlock is on). Same search rules as ``os.execvp``; ``env``
-    (the helper zygote's launch child) replaces the inherited environment."""
-    if env is None:
-        def execute(path: str) -> None:
-            os.execv(path, argv)
-        search = os.environ.get("PATH")
-    else:
-        def execute(path: str) -> None:
-            os.execve(path, argv, env)
-        search = env.get("PATH")
+def _execvp(program: str, argv: list[str], env: "dict[str, str] | os._Environ[str]") -> None:
+    """``os.execvpe`` without ``os.get_exec_path``: it imports ``warnings``, which
+    restricted reads under Landlock may not let us load."""
     if "/" in program:
-        execute(program)
-    path = search or os.defpath
+        os.execve(program, argv, env)
     saved: OSError | None = None
     last: OSError | None = None
-    for directory in path.split(os.pathsep):
+    for directory in (env.get("PATH") or os.defpath).split(os.pathsep):
         try:
-            execute(os.path.join(directory or ".", program))
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            last = exc
+            os.execve(os.path.join(directory or ".", program), argv, env)
         except OSError as exc:
             last = exc
-            if saved is None:
+            if saved is None and not isinstance(exc, FileNotFoundError | NotADirectoryError):
                 saved = exc
     raise saved or last or FileNotFoundError(2, "No such file or directory", program)
 
 
 def _read_env(fd: int) -> dict[str, str]:
-    """The command's environment from ``--env-fd`` (``NAME=VALUE\\0``...); closes ``fd``."""
-    chunks = []
+    """The command's environment from ``--env-fd``; closes ``fd``."""
     try:
-        while True:
-            data = os.read(fd, 1 << 16)
-            if not data:
-                break
-            chunks.append(data)
+        with open(fd, "rb") as f:
+            data = f.read()
     except OSError as exc:
         raise _Setup("env", f"reading the command environment: {exc.strerror}") from exc
-    finally:
-        try:  # noqa: SIM105 - contextlib costs start-up time here
-            os.close(fd)
-        except OSError:
-            pass
     env = {}
-    for item in b"".join(chunks).split(b"\0"):
+    for item in data.split(b"\0"):
         if item:
             name, _, value = item.partition(b"=")
             env[os.fsdecode(name)] = os.fsdecode(value)
     return env
-
-
-def _restore_signals() -> None:
-    """Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec."""
-    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
-        _signal.signal(sig, _signal.SIG_DFL)
 
 
 def _pdeathsig() -> None:
@@ -659,38 +549,33 @@ def _pdeathsig() -> None:
 def main(argv: list[str], env: dict[str, str] | None = None) -> int:
     """Confine this process and exec the command; returns only on failure (an exit code).
 
-    The launcher script calls it with its command line (the command's
-    environment in ``--env-fd``); the helper zygote's forked launch child
-    (``spawn_zygote_main``) with the same flags and the command's ``env``.
-    Neither: the command inherits the launcher's own environment.
+    ``env``: the command's environment (the helper zygote's child); otherwise read from
+    ``--env-fd``, or without it the launcher's own.
     """
     status_fd = -1
     try:
-        plan, opts, command = _parse(argv)
-        status_fd = int(str(opts["status_fd"]))
+        args = _parse(argv)
+        status_fd = args.status_fd
         if status_fd >= 0:
             os.set_inheritable(status_fd, False)
-        if opts["probe"]:
+        if args.probe:
             return _probe()
-        if not command:
+        if not args.command:
             raise _Setup("args", "no command given after --")
-        env_fd = int(str(opts["env_fd"]))
-        if env_fd >= 0:
-            env = _read_env(env_fd)
+        if args.env_fd >= 0:
+            env = _read_env(args.env_fd)
         _pdeathsig()
-        cwd = opts["cwd"]
-        if not isinstance(cwd, str):
-            # re-resolve the inherited cwd after the mounts: the old reference would
-            # still point below the read-only rebinds (SANDBOX.md §1.10)
-            cwd = os.getcwd()
+        # without --command-cwd, re-resolve the inherited cwd after the mounts: the old
+        # reference would still point below the read-only rebinds (SANDBOX.md §1.10)
+        cwd = args.command_cwd or os.getcwd()
         import resource
 
         try:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         except (OSError, ValueError) as exc:
             raise _Setup("rlimit", f"setting RLIMIT_CORE: {exc}") from exc
-        _isolate(plan, opts, status_fd)
-        _confine(plan, opts)
+        _isolate(args)
+        _confine(args)
         try:
             os.chdir(cwd)
         except OSError as exc:
@@ -703,14 +588,14 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
         _report(status_fd, "error", "args", f"bad launcher arguments: {exc}")
         sys.stderr.write(f"exec-server sandbox: bad launcher arguments: {exc}\n")
         return EXIT_SETUP
-    _restore_signals()
-    arg0 = opts["arg0"]
-    program = command[0]
-    visible = [arg0 if isinstance(arg0, str) else program, *command[1:]]
+    # Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec.
+    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
+        _signal.signal(sig, _signal.SIG_DFL)
+    program = args.command[0]
+    visible = [args.arg0 if args.arg0 is not None else program, *args.command[1:]]
     try:
-        _execvp(program, visible, env)
+        _execvp(program, visible, os.environ if env is None else env)
     except OSError as exc:
         sys.stderr.write(f"exec-server sandbox: {program}: {exc.strerror}\n")
         return EXIT_NOTFOUND if isinstance(exc, FileNotFoundError) else EXIT_NOEXEC
     return EXIT_NOEXEC  # pragma: no cover - execvp does not return
-

@@ -14,55 +14,37 @@ from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 
 __all__ = [
-    "WRAPPER_ENV",
-    "LinuxBackend",
-    "PlaceholderRegistry",
-    "chain_cleanup",
-    "env_entries",
+    "WRAPPER_ENV", "LinuxBackend", "PlaceholderRegistry", "chain_cleanup", "env_entries",
     "memfd_holding",
 ]
 
-#: The environment every wrapper (bwrap, the Landlock launcher) is started with.
-#: Empty on purpose: a wrapper runs outside the sandbox, so nothing the client
-#: chose (``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``LOCPATH``, ``GCONV_PATH``,
-#: ``PYTHON*``, ``PATH``...) may reach its dynamic loader, libc or interpreter.
-#: The command's own environment travels in an fd and applies only at the
-#: final, confined ``execve`` (docs/sandbox-linux.md).
+#: The environment every wrapper (bwrap, the Landlock launcher) starts with. Empty: a
+#: wrapper runs outside the sandbox, so nothing the client chose (``LD_PRELOAD``,
+#: ``PYTHON*``...) may reach its loader, libc or interpreter; the command's environment
+#: travels in an fd and applies only at the final, confined ``execve``.
 WRAPPER_ENV: dict[str, str] = {}
 
 
 class LinuxBackend(ABC):
     """Turns a plain ``LaunchSpec`` into one that runs confined per a ``SandboxPlan``."""
 
-    #: ``"bwrap"`` or ``"landlock"``.
     name: str
 
     @abstractmethod
     def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
-        """Return the launch to spawn instead of ``spec``.
+        """The launch to spawn instead of ``spec``; starts and confines nothing itself.
 
-        The result carries the rewritten argv/env/arg0, fds the child must
-        inherit (``pass_fds``, closed by the spawner after the spawn) and a
-        ``cleanup`` the spawner must call once the child is reaped.
-        ``sandbox_type`` is ``LINUX_SECCOMP``. Pure preparation: no process is
-        started and nothing is confined here.
+        The spawner closes its ``pass_fds`` after the spawn and calls its ``cleanup``
+        once the child is reaped.
         """
 
     def describe(self) -> dict[str, object]:
-        """What the probe found, for logs and ``--help`` style reports."""
+        """What the probe found (``exec-server run --probe``)."""
         return {"name": self.name}
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.describe()}>"
 
 
 def env_entries(env: dict[str, str]) -> list[tuple[bytes, bytes]]:
-    """``env`` as (name, value) bytes, refusing what ``execve`` cannot carry.
-
-    Raises:
-        ValueError: an empty name, ``=`` in a name, or a NUL anywhere (the
-            same refusals as ``subprocess`` for an unconfined launch).
-    """
+    """``env`` as bytes; ValueError for what ``execve`` cannot carry (as ``subprocess``)."""
     entries = []
     for name, value in env.items():
         key, val = os.fsencode(name), os.fsencode(value)
@@ -75,10 +57,8 @@ def env_entries(env: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 def memfd_holding(name: str, data: bytes) -> int:
-    """A close-on-exec memfd holding ``data``, its offset back at 0 (readers read to EOF).
-
-    A memfd rather than a pipe: any size fits without a reader running yet.
-    """
+    """A close-on-exec memfd holding ``data`` at offset 0: unlike a pipe, any size fits
+    before a reader runs."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
         view = memoryview(data)
@@ -110,11 +90,8 @@ def chain_cleanup(*steps: Callable[[], None] | None) -> Callable[[], None] | Non
 
 
 class PlaceholderRegistry:
-    """Counts live launches per placeholder mountpoint and removes it after the last one.
-
-    Binding over a missing protected path makes an empty directory appear on
-    the host (SANDBOX.md §3.3/§9.4). We only ever remove an *empty* directory
-    or empty file, and only once no launch of this process still uses it.
+    """Counts live launches per placeholder mountpoint; removes it (if still empty) after
+    the last. Binding over a missing protected path creates it on the host (SANDBOX.md §9.4).
     """
 
     def __init__(self) -> None:
@@ -122,7 +99,6 @@ class PlaceholderRegistry:
         self._live: dict[str, int] = {}
 
     def acquire(self, paths: Iterable[str]) -> Callable[[], None] | None:
-        """Register ``paths`` for one launch; return its release callback."""
         held = tuple(dict.fromkeys(paths))
         if not held:
             return None
@@ -162,7 +138,6 @@ def _remove_if_empty(path: str) -> None:
 
 def finish_spec(spec: LaunchSpec, *, argv: list[str], env: dict[str, str], arg0: str | None,
                 pass_fds: tuple[int, ...], cleanup: Callable[[], None] | None) -> LaunchSpec:
-    """Copy ``spec`` with the wrapped launch fields; chains any existing cleanup."""
     return replace(spec, argv=argv, env=env, arg0=arg0,
                    pass_fds=tuple(spec.pass_fds) + pass_fds,
                    cleanup=chain_cleanup(cleanup, spec.cleanup),

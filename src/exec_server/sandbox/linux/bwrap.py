@@ -1,14 +1,9 @@
 """bubblewrap backend: plan → ``bwrap`` argv (SANDBOX.md §3.3, §3.4, §8).
 
-Upstream-equivalent filesystem arguments plus ``--cap-drop ALL`` (root
-callers keep capabilities otherwise, §3.2), user/pid/ipc namespaces, a fresh
-``/proc`` with the global kernel knobs bound read-only (``knobs.py``),
-``--unshare-net`` when the network is restricted, and our seccomp BPF handed
-over through ``--seccomp FD`` (no second interpreter inside).
-
-bwrap runs outside the sandbox, so it starts with ``WRAPPER_ENV``; the
-command's env reaches it as ``--setenv`` options in an ``--args`` memfd, used
-only by its final exec (docs/sandbox-linux.md).
+Upstream's filesystem arguments plus ``--cap-drop ALL`` (§3.2), a fresh ``/proc`` with
+the kernel knobs read-only, and our seccomp BPF through ``--seccomp FD``. bwrap runs
+outside the sandbox: it starts with ``WRAPPER_ENV`` and gets the command's env as
+``--setenv`` options in an ``--args`` memfd.
 """
 
 from __future__ import annotations
@@ -37,7 +32,6 @@ __all__ = ["BwrapBackend", "BwrapInfo", "build_args"]
 
 @dataclass(frozen=True, slots=True)
 class BwrapInfo:
-    """What the probe learnt about the bwrap binary."""
 
     path: str
     proc: bool = True
@@ -54,16 +48,11 @@ _OWN_ARGS_ALLOWANCE = 1000
 def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
                seccomp_fd: int | None = None,
                new_session: bool = True) -> tuple[list[str], list[str]]:
-    """bwrap options (without the binary and ``--``) for ``plan``.
+    """bwrap options for ``plan``, and the placeholder mountpoints bwrap will create on the
+    host for missing protected paths (remove them after the run).
 
-    ``new_session=False`` (PTY launches) keeps the command in the PTY's session
-    so it has a controlling terminal (``/dev/tty``, ^C, job control); the only
+    ``new_session=False`` (PTY launches) keeps the PTY as controlling terminal; the only
     TIOCSTI target is then its own PTY, whose input no one outside reads back.
-
-    Returns:
-        (args, placeholders): placeholders are host paths bwrap will create as
-        empty mountpoints for protected paths that do not exist yet; remove
-        them after the run.
     """
     args = ["--new-session", "--die-with-parent"] if new_session else ["--die-with-parent"]
     placeholders: list[str] = []
@@ -114,24 +103,12 @@ def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
 
 
 def _resolvable(program: str, search_path: str, cwd: str) -> bool:
-    """Whether ``program`` resolves to an executable on the host (cheap pre-check)."""
     if "/" in program:
         return os.access(os.path.join(cwd, program), os.X_OK)
     return shutil.which(program, path=search_path) is not None
 
 
-def _seccomp_pipe(program: bytes) -> int:
-    """A pipe's read end holding ``program``; the writer is closed (bwrap reads to EOF)."""
-    r, w = os.pipe()
-    try:
-        os.write(w, program)
-    finally:
-        os.close(w)
-    return r
-
-
 class BwrapBackend(LinuxBackend):
-    """Launches through a system bubblewrap found outside any workspace."""
 
     name = "bwrap"
 
@@ -159,7 +136,7 @@ class BwrapBackend(LinuxBackend):
         env_args = b"".join(b"--setenv\0" + name + b"\0" + value + b"\0"
                             for name, value in entries)
         mode = seccomp.MODE_RESTRICTED if not plan.network else seccomp.MODE_VSOCK
-        fd = _seccomp_pipe(seccomp.build_filter(mode))
+        fd = memfd_holding("exec-server-seccomp", seccomp.build_filter(mode))
         fds = [fd]
         try:
             args, placeholders = build_args(plan, spec.cwd, proc=self.info.proc, seccomp_fd=fd,

@@ -1,21 +1,15 @@
 """Global kernel knobs a sandboxed command must never write, whatever its plan.
 
-``/proc/sys`` (sysctls such as ``kernel/core_pattern``), ``/proc/sysrq-trigger``
-and the other ``/proc`` and ``/sys`` trees Docker also keeps read-only change
-the *host*, not the sandbox. Their permission check is the file mode against
-the global root uid, not a capability: a command running as (mapped) root
-with every capability dropped still writes them. Each backend therefore
-mounts them read-only over whatever its plan would leave writable (a fresh
-``/proc``, a writable root that holds them, or a full-write plan).
-
-Stdlib only: the Landlock launcher (``python -I -S``) imports it too, and
-takes the path helpers it shares with the backends (``is_inside``,
-``first_missing_component``) from here.
+``/proc/sys``, ``/proc/sysrq-trigger`` and the other trees Docker keeps read-only change
+the host. Their check is the file mode against the global root uid, not a capability:
+(mapped) root with every capability dropped still writes them, so each backend mounts
+them read-only. Stdlib only: the Landlock launcher imports it (and its path helpers).
 """
 
 import os
 
-__all__ = ["KERNEL_KNOBS", "PROC_KNOBS", "first_missing_component", "is_inside", "read_only_knobs"]
+__all__ = ["KERNEL_KNOBS", "PROC_KNOBS", "first_missing_component", "is_inside", "placeholder_for",
+           "read_only_knobs"]
 
 #: knobs inside ``/proc`` (a freshly mounted ``/proc`` has them writable).
 PROC_KNOBS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
@@ -23,7 +17,6 @@ KERNEL_KNOBS = (*PROC_KNOBS, "/sys")
 
 
 def is_inside(path: str, root: str) -> bool:
-    """Component-wise prefix test on normalised absolute paths (``/ab`` is not in ``/a``)."""
     return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
 
 
@@ -39,15 +32,21 @@ def first_missing_component(path: str) -> "str | None":
     return missing
 
 
+def placeholder_for(path: str, writable_roots: "list[str] | tuple[str, ...]") -> "str | None":
+    """Where a missing protected ``path`` gets its read-only placeholder mount: its first
+    missing component, if strictly inside a writable root (elsewhere nothing can create it)."""
+    missing = first_missing_component(path)
+    if missing is not None and any(is_inside(missing, r) and missing != r for r in writable_roots):
+        return missing
+    return None
+
+
 def read_only_knobs(*, full_write: bool, writable_roots: "list[str] | tuple[str, ...]",
                     fresh_proc: bool = False) -> "list[str]":
     """Existing paths to bind read-only over themselves, shallowest first.
 
-    A knob under a writable root (or any knob, for a full-write plan) is
-    protected whole; a writable root inside a knob is protected itself (the
-    rest of the knob stays as the plan has it, e.g. unreadable). With
-    ``fresh_proc`` every ``/proc`` knob is protected: the new ``/proc`` is
-    writable whatever the plan says.
+    A knob under a writable root is protected whole, a writable root inside a knob itself;
+    ``fresh_proc``: every ``/proc`` knob (a new ``/proc`` is writable whatever the plan).
     """
     roots = ["/"] if full_write else list(writable_roots)
     found: list[str] = []

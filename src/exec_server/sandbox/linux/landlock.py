@@ -1,14 +1,8 @@
 """Landlock rulesets from a ``SandboxPlan`` (SANDBOX.md §1), stdlib only.
 
-``restrict_self`` confines the *calling thread* and everything it later
-executes. Call it only in a fresh single-threaded child (the landlock
-launcher, or a zygote's per-request fork) — never in the server, which is
-multi-threaded (Landlock is per-thread, SANDBOX.md §9.1).
-
-Best effort per ABI (§1.4): rights the running kernel does not know are
-dropped; what ends up enforced is reported in the returned
-``LandlockStatus``. Landlock cannot subtract (§1.7): read-only subpaths and
-denied paths inside granted roots need a mount namespace on top.
+Landlock is per thread (§9.1): restrict only a fresh single-threaded child, never the
+server. Best effort per ABI (§1.4). Landlock cannot subtract (§1.7): read-only subpaths
+and denied paths inside granted roots need a mount namespace on top.
 """
 
 
@@ -32,17 +26,8 @@ if TYPE_CHECKING:
     from exec_server.sandbox.plan import SandboxPlan
 
 __all__ = [
-    "FILE_RIGHTS",
-    "READ_RIGHTS",
-    "LandlockError",
-    "LandlockStatus",
-    "abi_version",
-    "add_rule_fd",
-    "create_ruleset",
-    "fs_mask",
-    "prefault",
-    "restrict",
-    "restrict_self",
+    "FILE_RIGHTS", "READ_RIGHTS", "LandlockError", "LandlockStatus", "abi_version", "add_rule_fd",
+    "create_ruleset", "fs_mask", "prefault", "restrict", "restrict_self",
 ]
 
 _CREATE_RULESET_VERSION = 1 << 0
@@ -52,16 +37,7 @@ EXECUTE = 1 << 0
 WRITE_FILE = 1 << 1
 READ_FILE = 1 << 2
 READ_DIR = 1 << 3
-REMOVE_DIR = 1 << 4
-REMOVE_FILE = 1 << 5
-MAKE_CHAR = 1 << 6
-MAKE_DIR = 1 << 7
-MAKE_REG = 1 << 8
-MAKE_SOCK = 1 << 9
-MAKE_FIFO = 1 << 10
-MAKE_BLOCK = 1 << 11
-MAKE_SYM = 1 << 12
-REFER = 1 << 13
+# bits 4-12: remove and make rights; 13: REFER (only ever granted through fs_mask)
 TRUNCATE = 1 << 14
 IOCTL_DEV = 1 << 15
 
@@ -77,17 +53,12 @@ READ_RIGHTS = EXECUTE | READ_FILE | READ_DIR
 _KNOWN_ABI = 7
 
 
+#: every filesystem right each ABI knows: REFER came in 2, TRUNCATE in 3, IOCTL_DEV in 5.
+_FS_MASKS = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 4: 0x7FFF}
+
+
 def fs_mask(abi: int) -> int:
-    """Every filesystem right Landlock ABI ``abi`` knows (0 when unavailable)."""
-    if abi <= 0:
-        return 0
-    if abi == 1:
-        return 0x1FFF
-    if abi == 2:
-        return 0x3FFF
-    if abi <= 4:
-        return 0x7FFF
-    return 0xFFFF
+    return 0 if abi <= 0 else _FS_MASKS.get(abi, 0xFFFF)
 
 
 #: device nodes everyday tools need (SANDBOX.md §1.9); granted when writes are confined.
@@ -111,15 +82,7 @@ class LandlockError(OSError):
 
 
 class LandlockStatus:
-    """What ``restrict_self`` actually enforced.
-
-    Attributes:
-        abi: Landlock ABI of the kernel (0 = unavailable).
-        fs: filesystem access was restricted.
-        net: TCP bind/connect were restricted (ABI >= 4, network off).
-        scopes: bitmask of scopes applied (ABI >= 6).
-        skipped: rule paths that did not exist and were skipped.
-    """
+    """What ``restrict_self`` enforced (``abi`` 0: unavailable; ``skipped``: missing paths)."""
 
     __slots__ = ("abi", "fs", "net", "scopes", "skipped")
 
@@ -139,10 +102,6 @@ class LandlockStatus:
         return {"abi": self.abi, "fs": self.fs, "net": self.net, "scopes": self.scopes,
                 "skipped": list(self.skipped)}
 
-    def __repr__(self) -> str:
-        return (f"LandlockStatus(abi={self.abi}, fs={self.fs}, net={self.net}, "
-                f"scopes={self.scopes:#x})")
-
 
 def abi_version() -> int:
     """The kernel's Landlock ABI; 0 when not compiled in or disabled at boot."""
@@ -153,8 +112,7 @@ def abi_version() -> int:
         return 0
 
 
-# --- low level: the syscalls and their structs (also used by the helper zygote's
-# smaller per-request ruleset, fs/helper/confine.py)
+# The syscalls, also used by the helper zygote's per-request ruleset (fs/helper/confine.py).
 
 
 class _RulesetAttr(Structure):
@@ -169,28 +127,15 @@ class _PathBeneathAttr(Structure):
 
 
 def create_ruleset(handled_fs: int, handled_net: int = 0, scoped: int = 0) -> int:
-    """``landlock_create_ruleset(2)``: a ruleset fd the caller must close.
-
-    The attr is always passed at its full size: kernels of older ABIs accept
-    it as long as the fields they do not know are zero.
-
-    Raises:
-        OSError: the kernel refused (ENOSYS/EOPNOTSUPP: no Landlock).
-    """
+    """A ruleset fd the caller must close. Older kernels accept the full-size attr as long
+    as the fields they do not know are zero."""
     attr = _RulesetAttr(handled_fs, handled_net, scoped)
     return call_syscall("landlock_create_ruleset", byref(attr), c_size_t(sizeof(attr)),
                         c_uint32(0))
 
 
 def add_rule_fd(ruleset_fd: int, fd: int, rights: int) -> bool:
-    """Allow ``rights`` beneath the ``O_PATH`` descriptor ``fd``.
-
-    A non-directory keeps only :data:`FILE_RIGHTS`; returns False (no rule
-    added) when no right is left.
-
-    Raises:
-        OSError: ``landlock_add_rule`` failed.
-    """
+    """Allow ``rights`` beneath ``O_PATH`` ``fd``; False when none applies to a non-directory."""
     if not stat.S_ISDIR(os.fstat(fd).st_mode):
         rights &= FILE_RIGHTS
     if not rights:
@@ -202,21 +147,12 @@ def add_rule_fd(ruleset_fd: int, fd: int, rights: int) -> bool:
 
 
 def restrict(ruleset_fd: int) -> None:
-    """``landlock_restrict_self(2)``: enforce ``ruleset_fd`` on the calling thread.
-
-    The thread must have ``PR_SET_NO_NEW_PRIVS`` set (``seccomp.set_no_new_privs``).
-
-    Raises:
-        OSError: the kernel refused.
-    """
+    """Enforce ``ruleset_fd`` on the calling thread (``PR_SET_NO_NEW_PRIVS`` set before)."""
     call_syscall("landlock_restrict_self", c_int(ruleset_fd), c_uint32(0))
 
 
 def prefault() -> None:
-    """Build (and drop) the structures a ruleset needs: no syscalls, no paths.
-
-    For a zygote about to fork: its children then start with these warm.
-    """
+    """Build the structures a ruleset needs, so a zygote's children start warm."""
     _RulesetAttr(0, 0, 0)
     _PathBeneathAttr(0, -1)
     fs_mask(_KNOWN_ABI)
@@ -245,19 +181,9 @@ def restrict_self(plan: "SandboxPlan", *, required: bool = True,
                   abi: int | None = None) -> LandlockStatus:
     """Confine the calling (single-threaded) process per ``plan``, best effort per ABI.
 
-    Sets ``PR_SET_NO_NEW_PRIVS``. Writes are allowed only under
-    ``plan.writable_roots`` (and device nodes), reads only
-    under readable roots unless ``plan.full_read``; TCP bind/connect are
-    handled with no rules when ``plan.network`` is false (ABI >= 4); signal
-    scoping (and abstract-unix scoping when the network is off) on ABI >= 6.
-
-    Args:
-        plan: the resolved plan (only its attributes are read).
-        required: raise instead of returning an unenforced status.
-        abi: override the probed ABI (tests; must not exceed the kernel's).
-
-    Raises:
-        LandlockError: Landlock unusable or a syscall failed while ``required``.
+    TCP bind/connect are handled with no rules when the network is off (ABI >= 4); signal
+    scoping, and abstract-unix scoping with the network off, on ABI >= 6. ``required``:
+    raise LandlockError instead of returning an unenforced status. ``abi``: tests.
     """
     if abi is None:
         abi = abi_version()

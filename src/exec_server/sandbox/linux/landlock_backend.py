@@ -19,11 +19,11 @@ from exec_server.sandbox.linux.base import (
     finish_spec,
     memfd_holding,
 )
-from exec_server.sandbox.linux.knobs import first_missing_component, is_inside
+from exec_server.sandbox.linux.knobs import placeholder_for
 from exec_server.sandbox.linux.spawn_zygote_main import STATUS_FD
 from exec_server.sandbox.plan import SandboxPlan
 
-__all__ = ["LAUNCHER_PATH", "LandlockBackend", "launcher_argv", "launcher_flags"]
+__all__ = ["LAUNCHER_PATH", "LandlockBackend", "launcher_flags"]
 
 logger = logging.getLogger("exec_server.sandbox")
 
@@ -31,19 +31,9 @@ logger = logging.getLogger("exec_server.sandbox")
 LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 
 
-def launcher_argv(plan: SandboxPlan, command: list[str], *, cwd: str | None,
-                  arg0: str | None = None, status_fd: int | None = None,
-                  strict_mounts: bool = False,
-                  python: str | None = None, env_fd: int | None = None) -> list[str]:
-    """The launcher command line for ``plan`` (flags documented in _launch.py)."""
-    return [python or sys.executable, "-I", "-S", LAUNCHER_PATH,
-            *launcher_flags(plan, command, cwd=cwd, arg0=arg0, status_fd=status_fd,
-                            strict_mounts=strict_mounts, env_fd=env_fd)]
-
-
 def launcher_flags(plan: SandboxPlan, command: list[str], *, cwd: str | None,
                    arg0: str | None = None, status_fd: int | None = None,
-                   strict_mounts: bool = False, env_fd: int | None = None) -> list[str]:
+                   env_fd: int | None = None) -> list[str]:
     """``_launch.main``'s arguments: the launcher script's and a helper zygote launch's."""
     argv: list[str] = []
     if env_fd is not None:
@@ -58,45 +48,27 @@ def launcher_flags(plan: SandboxPlan, command: list[str], *, cwd: str | None,
     if plan.full_write:
         argv.append("--full-write")
     else:
-        for w in plan.writable_roots:
-            argv += ["--write", w]
-        for p in plan.read_only_subpaths:
-            argv += ["--ro", p]
-        for p in plan.denied_paths:
-            argv += ["--deny", p]
+        for flag, paths in (("--write", plan.writable_roots), ("--ro", plan.read_only_subpaths),
+                            ("--deny", plan.denied_paths)):
+            for p in paths:
+                argv += [flag, p]
     if plan.network:
         argv.append("--network")
-    if plan.cwd:
-        argv += ["--sandbox-policy-cwd", plan.cwd]
     if cwd:
         argv += ["--command-cwd", cwd]
     if arg0 is not None:
         argv += ["--arg0", arg0]
-    if strict_mounts:
-        argv.append("--strict-mounts")
-    argv.append("--")
-    argv += command
-    return argv
+    return [*argv, "--", *command]
 
 
 def _status_reader(fd: int) -> Callable[[], None]:
     """Cleanup step: log what the launcher reported on its status pipe, then close it."""
 
     def read() -> None:
-        try:
+        with open(fd, "rb") as pipe:
             os.set_blocking(fd, False)
-            chunks = []
-            while True:
-                try:
-                    data = os.read(fd, 65536)
-                except BlockingIOError:
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-        finally:
-            os.close(fd)
-        for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
+            data = pipe.read() or b""  # None: nothing written
+        for line in data.decode("utf-8", "replace").splitlines():
             try:
                 report = json.loads(line)
             except ValueError:
@@ -114,30 +86,21 @@ def _status_reader(fd: int) -> Callable[[], None]:
 class LandlockBackend(LinuxBackend):
     """Landlock + mount-namespace rebinds + capability drop + seccomp, in a launcher.
 
-    ``zygote``: wrapped launches also carry a ``ZygoteLaunch`` for the
-    process's helper zygote (``fs/helper/client.py``), which a process manager may
-    use instead of running the launcher script (same confinement, no
-    interpreter start-up per launch).
+    Wrapped launches also carry a ``ZygoteLaunch`` for the helper zygote
+    (``fs/helper/client.py``): same confinement, no interpreter start-up per launch.
     """
 
     name = "landlock"
 
-    def __init__(self, abi: int, *, mount_ns: bool = True, strict_mounts: bool = False,
-                 python: str | None = None, zygote: bool = True) -> None:
+    def __init__(self, abi: int, *, mount_ns: bool = True) -> None:
         self.abi = abi
         self.mount_ns = mount_ns
-        self.strict_mounts = strict_mounts
-        self.python = python or sys.executable
+        self.python = sys.executable
         self._placeholders = PlaceholderRegistry()
-        #: the helper zygote starting this backend's launches (None: disabled).
-        self.spawn_zygote: Zygote | None = None
-        if zygote:
-            self.spawn_zygote = (shared_zygote() if python in (None, sys.executable)
-                                 else Zygote(python=self.python))
+        self.spawn_zygote: Zygote = shared_zygote()
 
     def describe(self) -> dict[str, object]:
-        return {"name": self.name, "abi": self.abi, "mount_ns": self.mount_ns,
-                "zygote": self.spawn_zygote is not None}
+        return {"name": self.name, "abi": self.abi, "mount_ns": self.mount_ns, "zygote": True}
 
     def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
         arg0 = spec.arg0 if spec.arg0 is not None and spec.arg0 != spec.argv[0] else None
@@ -147,24 +110,19 @@ class LandlockBackend(LinuxBackend):
         env_fd = memfd_holding("exec-server-env", b"".join(
             name + b"=" + value + b"\0" for name, value in env_entries(env)))
         r, w = os.pipe()
-        argv = launcher_argv(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0, status_fd=w,
-                             strict_mounts=self.strict_mounts, python=self.python,
-                             env_fd=env_fd)
-        placeholders: list[str] = []
+        argv = [self.python, "-I", "-S", LAUNCHER_PATH,
+                *launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0, status_fd=w,
+                                env_fd=env_fd)]
+        placeholders: list[str | None] = []
         if self.mount_ns and not plan.full_write:
-            for sub in plan.read_only_subpaths:
-                missing = first_missing_component(sub)
-                if missing is not None and any(is_inside(missing, root) and missing != root
-                                               for root in plan.writable_roots):
-                    placeholders.append(missing)
-        release = self._placeholders.acquire(placeholders)
+            placeholders = [placeholder_for(p, plan.writable_roots)
+                            for p in plan.read_only_subpaths]
+        release = self._placeholders.acquire(p for p in placeholders if p is not None)
         # the write end is closed by the spawner after the spawn (pass_fds contract)
         wrapped = finish_spec(spec, argv=argv, env=dict(WRAPPER_ENV), arg0=None,
                               pass_fds=(w, env_fd),
                               cleanup=chain_cleanup(_status_reader(r), release))
-        if self.spawn_zygote is not None:
-            flags = launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0,
-                                   status_fd=STATUS_FD, strict_mounts=self.strict_mounts)
-            request = SpawnRequest(args=tuple(flags), env=env, cwd=spec.cwd, status_fd=w)
-            wrapped.zygote = ZygoteLaunch(self.spawn_zygote, request)
+        flags = launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0, status_fd=STATUS_FD)
+        request = SpawnRequest(args=tuple(flags), env=env, cwd=spec.cwd, status_fd=w)
+        wrapped.zygote = ZygoteLaunch(self.spawn_zygote, request)
         return wrapped

@@ -1,10 +1,7 @@
 """Entry script of the Landlock launcher (``python -I -S launcher.py FLAGS -- CMD...``).
 
-Deliberately tiny: a script is compiled on every run while imported modules
-come from the bytecode cache, so the body lives in ``_launch.py``. ``-I``
-keeps this directory off ``sys.path``; registering bare package modules makes
-``exec_server.sandbox.linux.*`` importable without running package
-``__init__``s (SANDBOX.md §3.6: start-up is the cost floor).
+Tiny because a script is compiled on every run (the body, ``_launch.py``, comes from the
+bytecode cache); bare package modules skip the package ``__init__``s (SANDBOX.md §3.6).
 """
 
 import os

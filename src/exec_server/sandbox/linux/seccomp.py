@@ -1,9 +1,7 @@
 """Hand-built seccomp BPF network filter (SANDBOX.md §2.3), stdlib only.
 
-The same program bytes are used by both Linux backends: the landlock
-launcher installs them on itself right before ``execve``; the bwrap backend
-hands them to bubblewrap through ``--seccomp FD``. Building needs no OS call;
-installing must happen in a single-threaded child, never in the server.
+The Landlock launcher installs it on itself before ``execve``; bwrap gets the same bytes
+through ``--seccomp FD``. Install only in a single-threaded child, never in the server.
 """
 
 import sys
@@ -20,14 +18,8 @@ from exec_server._os.linux import (
 )
 
 __all__ = [
-    "MODE_RESTRICTED",
-    "MODE_VSOCK",
-    "SeccompError",
-    "build_filter",
-    "install_filter",
-    "install_network_filter",
-    "set_no_new_privs",
-    "supported",
+    "MODE_RESTRICTED", "MODE_VSOCK", "SeccompError", "build_filter", "install_network_filter",
+    "set_no_new_privs", "supported",
 ]
 
 #: network restricted: everything but AF_UNIX sockets blocked (upstream "Restricted").
@@ -55,85 +47,23 @@ _X32_BIT = 0x40000000
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 
+_SYSCALLS = ("socket", "socketpair", "connect", "accept", "accept4", "bind", "listen",
+             "getsockname", "getpeername", "shutdown", "sendto", "sendmmsg", "recvmmsg",
+             "setsockopt", "getsockopt", "ptrace", "process_vm_readv", "process_vm_writev",
+             "io_uring_setup", "io_uring_enter", "io_uring_register", "ioctl")
+#: audit arch and the numbers of ``_SYSCALLS``, in order.
 _ARCH = {
-    "x86_64": (
-        0xC000003E,
-        {
-            "socket": 41,
-            "socketpair": 53,
-            "connect": 42,
-            "accept": 43,
-            "accept4": 288,
-            "bind": 49,
-            "listen": 50,
-            "getsockname": 51,
-            "getpeername": 52,
-            "shutdown": 48,
-            "sendto": 44,
-            "sendmmsg": 307,
-            "recvmmsg": 299,
-            "setsockopt": 54,
-            "getsockopt": 55,
-            "ptrace": 101,
-            "process_vm_readv": 310,
-            "process_vm_writev": 311,
-            "io_uring_setup": 425,
-            "io_uring_enter": 426,
-            "io_uring_register": 427,
-            "ioctl": 16,
-        },
-    ),
-    "aarch64": (
-        0xC00000B7,
-        {
-            "socket": 198,
-            "socketpair": 199,
-            "connect": 203,
-            "accept": 202,
-            "accept4": 242,
-            "bind": 200,
-            "listen": 201,
-            "getsockname": 204,
-            "getpeername": 205,
-            "shutdown": 210,
-            "sendto": 206,
-            "sendmmsg": 269,
-            "recvmmsg": 243,
-            "setsockopt": 208,
-            "getsockopt": 209,
-            "ptrace": 117,
-            "process_vm_readv": 270,
-            "process_vm_writev": 271,
-            "io_uring_setup": 425,
-            "io_uring_enter": 426,
-            "io_uring_register": 427,
-            "ioctl": 29,
-        },
-    ),
+    "x86_64": (0xC000003E, dict(zip(_SYSCALLS, (
+        41, 53, 42, 43, 288, 49, 50, 51, 52, 48, 44, 307, 299, 54, 55, 101, 310, 311,
+        425, 426, 427, 16), strict=True))),
+    "aarch64": (0xC00000B7, dict(zip(_SYSCALLS, (
+        198, 199, 203, 202, 242, 200, 201, 204, 205, 210, 206, 269, 243, 208, 209, 117, 270,
+        271, 425, 426, 427, 29), strict=True))),
 }
 
-#: denied outright when the network is restricted (upstream Restricted mode).
-_DENY_RESTRICTED = (
-    "connect",
-    "accept",
-    "accept4",
-    "bind",
-    "listen",
-    "getpeername",
-    "getsockname",
-    "shutdown",
-    "sendto",
-    "sendmmsg",
-    "recvmmsg",
-    "getsockopt",
-    "setsockopt",
-    "ptrace",
-    "process_vm_readv",
-    "process_vm_writev",
-    "io_uring_setup",
-    "io_uring_enter",
-    "io_uring_register",
-)
+#: denied outright when the network is restricted (upstream Restricted mode): all but
+#: socket/socketpair (checked by domain) and ioctl (checked by command).
+_DENY_RESTRICTED = _SYSCALLS[2:-1]
 #: io_uring can create sockets without socket(): deny it in every mode.
 _DENY_VSOCK = ("io_uring_setup", "io_uring_enter", "io_uring_register")
 
@@ -145,23 +75,17 @@ class SeccompError(OSError):
 
 
 def supported(arch: str | None = None) -> bool:
-    """Whether we can build a filter for ``arch`` (default: this machine)."""
     return (arch or machine) in _ARCH
 
 
 def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
     """One ``struct sock_filter`` (u16 code, u8 jt, u8 jf, u32 k), native byte order."""
     order = sys.byteorder
-    return (code.to_bytes(2, order) + jt.to_bytes(1, order) + jf.to_bytes(1, order)
-            + k.to_bytes(4, order))
+    return code.to_bytes(2, order) + bytes((jt, jf)) + k.to_bytes(4, order)
 
 
 def build_filter(mode: str = MODE_RESTRICTED, arch: str | None = None) -> bytes:
-    """Return the BPF program (concatenated ``struct sock_filter``) for ``mode``.
-
-    Raises:
-        SeccompError: unsupported architecture or unknown mode.
-    """
+    """The BPF program for ``mode``; SeccompError for an unknown arch or mode."""
     arch = arch or machine
     key = (mode, arch)
     cached = _cache.get(key)
@@ -213,7 +137,7 @@ def build_filter(mode: str = MODE_RESTRICTED, arch: str | None = None) -> bytes:
 
 
 def set_no_new_privs() -> None:
-    """``PR_SET_NO_NEW_PRIVS``: required before an unprivileged filter; irreversible."""
+    """Required before an unprivileged filter or Landlock ruleset; irreversible."""
     call_prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
@@ -221,12 +145,13 @@ class _SockFprog(Structure):
     _fields_ = [("len", c_ushort), ("filter", c_void_p)]
 
 
-def install_filter(program: bytes) -> None:
-    """Set NNP and install ``program`` on the calling thread (single-threaded child only).
+def install_network_filter(mode: str = MODE_RESTRICTED) -> None:
+    """Block network access for this (single-threaded) process and its descendants.
 
-    Raises:
-        SeccompError: the kernel refused the filter.
+    TCP/UDP/raw/netlink sockets and io_uring are refused with EPERM; AF_UNIX keeps working.
+    SeccompError: unsupported architecture or the kernel refused the filter.
     """
+    program = build_filter(mode)
     buf = (c_char * len(program)).from_buffer_copy(program)
     fprog = _SockFprog(len(program) // 8, addressof(buf))
     try:
@@ -235,15 +160,3 @@ def install_filter(program: bytes) -> None:
     except OSError as exc:
         raise SeccompError(exc.errno or 1, f"installing seccomp filter: {exc.strerror}") from exc
 
-
-def install_network_filter(mode: str = MODE_RESTRICTED) -> None:
-    """Block network access for this process and its descendants (SANDBOX.md §2.3).
-
-    TCP/UDP/raw/netlink sockets and io_uring are refused with EPERM; AF_UNIX
-    socketpairs keep working. Call only in an already-forked single-threaded
-    child: seccomp is per-thread and cannot be removed.
-
-    Raises:
-        SeccompError: unsupported architecture or the kernel refused the filter.
-    """
-    install_filter(build_filter(mode))

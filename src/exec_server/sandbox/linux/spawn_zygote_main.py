@@ -1,20 +1,11 @@
 """Landlock launches in the helper zygote: the ``S`` requests of ``fs/helper/main.py``.
 
-The Landlock launcher script (``launcher.py``) costs one ``python -I -S``
-start-up per launch. The helper zygote instead preloads the launcher body
-(``_launch``: Landlock, seccomp, mount namespace, capability drop) once; each
-forked child runs ``_launch.main`` with the same flags the launcher script
-would get, then execs the command. Stdlib and this directory only.
-
-Request (after the kind byte ``S``): id, tty, stdin (``!QBB``) + JSON
-``{"args", "env"}``, with fds ``[stdin,] stdout, stderr, status`` (pipes; no
-stdin = ``/dev/null``) or ``slave, status`` (PTY). ``args`` are launcher flags
-ending in ``-- CMD...`` with ``--status-fd 3``. The zygote reports ``P`` only
-once the child leads its own process group (pipes: both set it) or session
-(PTY: the child says so on its hand-off socket), so a ``killpg`` from the
-server can never miss it. A child becomes the launch's monitor
-(``_launch._split_monitor``): the command runs two forks below it, in its own
-PID namespace, and the child exits as the command did.
+The zygote preloads the launcher body (``_launch``) once; each forked child runs
+``_launch.main`` with the launcher script's flags, saving an interpreter start-up.
+Request after ``S``: id, tty, stdin (``!QBB``) + JSON ``{"args", "env"}``, with fds
+``[stdin,] stdout, stderr, status`` (pipes) or ``slave, status`` (PTY). The zygote
+reports ``P`` only once the child leads its process group or session, so a ``killpg``
+from the server can never miss it.
 """
 
 import contextlib
@@ -29,9 +20,7 @@ from exec_server.sandbox.linux import _launch, knobs, landlock, seccomp
 __all__ = ["REQUEST_HEADER", "STATUS_FD", "accepts", "handed_off", "prefault", "serve",
            "warm_up"]
 
-#: request header after ``S``: id, tty, stdin.
 REQUEST_HEADER = struct.Struct("!QBB")
-#: the child's status pipe fd (``--status-fd``).
 STATUS_FD = 3
 
 
@@ -73,23 +62,20 @@ def warm_up() -> None:
 
 
 def prefault() -> None:
-    """Write what a launch writes, before it arrives: pure computation, no path touched."""
+    """Touch what a launch touches, before it arrives: pure computation, no path."""
     raw = json.dumps({"args": ["--status-fd", "3", "--full-read", "--write", "/x/y", "--ro",
                                "/x/y/.git", "--command-cwd", "/x/y", "--", "true"],
                       "env": {"PATH": "/usr/bin:/bin", "HOME": "/x"}}).encode()
     req = json.loads(raw)
     _launch._parse(req["args"])
-    landlock._RulesetAttr(0, 0, 0)
-    landlock._PathBeneathAttr(0, -1)
+    landlock.prefault()
     for mode in (seccomp.MODE_RESTRICTED, seccomp.MODE_VSOCK):
         seccomp.build_filter(mode)
 
 
 def serve(raw: bytes, fds: list[int], handoff: socket.socket) -> int:
-    """Become the launch: own group/session, stdio, then the launcher body.
-
-    Returns only the exit code of a launch that failed before its exec.
-    """
+    """Become the launch (own group/session, stdio, launcher body); returns only the exit
+    code of a launch that failed before its exec."""
     code = _launch.EXIT_SETUP
     try:
         _req_id, tty, stdin = REQUEST_HEADER.unpack_from(raw, 1)

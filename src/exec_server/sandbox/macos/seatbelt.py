@@ -1,15 +1,9 @@
 """macOS Seatbelt: a :class:`SandboxPlan` → profile text + ``sandbox-exec`` argv.
 
-Layout follows SANDBOX.md §4 (upstream ``seatbelt.rs``): the profile is
-sections joined with ``"\\n"`` — base policy, read policy, write policy,
-denials, network policy, platform-default reads — and every path travels as a
-``-D<KEY>=<value>`` parameter, never inside the profile text (except the
-per-root regex guards that keep ``.git``/``.agents``/``.codex`` read-only even
-when they do not exist yet). Parameter values are canonicalised because
-Seatbelt matches real paths (``/tmp`` is ``/private/tmp``).
-
-Pure text generation: runs (and is golden-tested) on any OS; only executing
-the result needs macOS.
+Layout of SANDBOX.md §4 (upstream ``seatbelt.rs``). Paths travel as canonicalised
+``-D<KEY>=<value>`` parameters (Seatbelt matches real paths), never in the profile text,
+except the per-root regex guards that keep ``.git`` & co. read-only even before they
+exist. Pure text generation: runs anywhere; only executing it needs macOS.
 """
 
 from __future__ import annotations
@@ -23,14 +17,8 @@ from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.policy import PROTECTED_NAMES, is_within
 
 __all__ = [
-    "BASE_POLICY",
-    "NETWORK_POLICY",
-    "PLATFORM_DEFAULTS_POLICY",
-    "SANDBOX_EXEC",
-    "SeatbeltCommand",
-    "build",
-    "darwin_user_cache_dir",
-    "wrap",
+    "BASE_POLICY", "NETWORK_POLICY", "PLATFORM_DEFAULTS_POLICY", "SANDBOX_EXEC", "SeatbeltCommand",
+    "build", "darwin_user_cache_dir", "wrap",
 ]
 
 #: Absolute path, never a PATH lookup: a planted binary would defeat the sandbox.
@@ -202,31 +190,14 @@ PLATFORM_DEFAULTS_POLICY = """\
 
 @dataclass(frozen=True, slots=True)
 class SeatbeltCommand:
-    """The pieces of a Seatbelt launch.
-
-    Attributes:
-        profile: SBPL text passed with ``-p``.
-        params: ``(KEY, value)`` pairs passed as ``-DKEY=value``, in order.
-    """
+    """SBPL ``profile`` text and ``(KEY, value)`` parameters, in order."""
 
     profile: str
     params: tuple[tuple[str, str], ...]
 
     def argv(self, command: Sequence[str]) -> list[str]:
-        """``[/usr/bin/sandbox-exec, -p, profile, -D..., --, command...]``."""
-        return [
-            SANDBOX_EXEC,
-            "-p",
-            self.profile,
-            *(f"-D{key}={value}" for key, value in self.params),
-            "--",
-            *command,
-        ]
-
-
-def sbpl_string(value: str) -> str:
-    """An SBPL string literal: backslash and double quote escaped."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        params = (f"-D{key}={value}" for key, value in self.params)
+        return [SANDBOX_EXEC, "-p", self.profile, *params, "--", *command]
 
 
 _REGEX_SPECIAL = frozenset(".^$*+?()[]{}|\\")
@@ -243,7 +214,6 @@ def _regex_literal(pattern: str) -> str:
 
 
 def darwin_user_cache_dir() -> str | None:
-    """``confstr(_CS_DARWIN_USER_CACHE_DIR)`` where the platform has it."""
     try:
         value = os.confstr("CS_DARWIN_USER_CACHE_DIR")
     except (ValueError, OSError):
@@ -251,12 +221,7 @@ def darwin_user_cache_dir() -> str | None:
     return value or None
 
 
-def _dedup(items: Sequence[str]) -> list[str]:
-    return list(dict.fromkeys(items))
-
-
 def _subpaths(prefix: str, paths: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
-    """``PREFIX_<i>`` parameters for ``paths`` and their ``(subpath (param ...))`` components."""
     params = [(f"{prefix}_{i}", path) for i, path in enumerate(paths)]
     return params, [f'(subpath (param "{key}"))' for key, _ in params]
 
@@ -265,12 +230,9 @@ def _access_block(action: str, components: Sequence[str]) -> str:
     return f"(allow {action}\n" + " ".join(components) + "\n)"
 
 
-def _root_component(
-    key: str, excluded: Sequence[str], guards: Sequence[str]
-) -> tuple[str, list[tuple[str, str]]]:
+def _root_component(key: str, excluded: Sequence[str],
+                    guards: Sequence[str]) -> tuple[str, list[tuple[str, str]]]:
     params: list[tuple[str, str]] = []
-    if not excluded and not guards:
-        return f'(subpath (param "{key}"))', params
     parts = [f'(require-all (subpath (param "{key}"))']
     for j, path in enumerate(excluded):
         ekey = f"{key}_EXCLUDED_{j}"
@@ -290,38 +252,28 @@ def _guards(root: str) -> list[str]:
     ]
 
 
-def build(
-    plan: SandboxPlan,
-    *,
-    include_platform_defaults: bool = False,
-    realpath: Callable[[str], str] = os.path.realpath,
-    user_cache_dir: str | None = None,
-) -> SeatbeltCommand:
-    """Profile and parameters for ``plan``.
+def build(plan: SandboxPlan, *, include_platform_defaults: bool = False,
+          realpath: Callable[[str], str] = os.path.realpath,
+          user_cache_dir: str | None = None) -> SeatbeltCommand:
+    """Profile and parameters for ``plan``; ``include_platform_defaults`` adds the
+    platform-default read rules when reads are restricted."""
+    def canonical(paths: Sequence[str]) -> list[str]:
+        return list(dict.fromkeys(map(realpath, paths)))
 
-    Args:
-        plan: what the command may do.
-        include_platform_defaults: add the platform-default read rules (when
-            reads are restricted).
-        realpath: canonicalises parameter values (injectable for tests).
-        user_cache_dir: value of ``DARWIN_USER_CACHE_DIR`` (None: omitted).
-    """
-    writable = [] if plan.full_write else _dedup([realpath(p) for p in plan.writable_roots])
-    read_only = _dedup([realpath(p) for p in plan.read_only_subpaths])
-    denied = _dedup([realpath(p) for p in plan.denied_paths])
+    writable = [] if plan.full_write else canonical(plan.writable_roots)
+    read_only = canonical(plan.read_only_subpaths)
+    denied = canonical(plan.denied_paths)
 
-    # read policy
     read_params: list[tuple[str, str]] = []
     if plan.full_read:
         read_section = "; allow read-only file operations\n(allow file-read*)"
     else:
-        readable = _dedup([realpath(p) for p in plan.readable_roots] + writable)
+        readable = list(dict.fromkeys(canonical(plan.readable_roots) + writable))
         read_params, components = _subpaths("READABLE_ROOT", readable)
         read_section = "; allow read-only file operations\n"
         if components:
             read_section += _access_block("file-read*", components)
 
-    # write policy
     write_params: list[tuple[str, str]] = []
     if plan.full_write:
         write_section = '(allow file-write* (regex #"^/"))'
@@ -355,34 +307,17 @@ def build(
     return SeatbeltCommand(profile, tuple(params))
 
 
-def wrap(
-    spec: LaunchSpec,
-    plan: SandboxPlan,
-    *,
-    include_platform_defaults: bool = False,
-    realpath: Callable[[str], str] = os.path.realpath,
-    user_cache_dir: str | None = None,
-) -> LaunchSpec:
-    """Run ``spec`` under ``sandbox-exec`` (PROTOCOL.md §7.4, §7.5).
-
-    No argv0 override is possible through ``sandbox-exec``; ``arg0`` is dropped.
-    Adds ``CODEX_SANDBOX=seatbelt`` and, with the network off,
-    ``CODEX_SANDBOX_NETWORK_DISABLED=1``.
-    """
-    command = build(
-        plan,
-        include_platform_defaults=include_platform_defaults,
-        realpath=realpath,
-        user_cache_dir=user_cache_dir if user_cache_dir is not None else darwin_user_cache_dir(),
-    )
+def wrap(spec: LaunchSpec, plan: SandboxPlan, *, include_platform_defaults: bool = False,
+         realpath: Callable[[str], str] = os.path.realpath,
+         user_cache_dir: str | None = None) -> LaunchSpec:
+    """Run ``spec`` under ``sandbox-exec`` (PROTOCOL.md §7.4, §7.5); it cannot set argv0."""
+    if user_cache_dir is None:
+        user_cache_dir = darwin_user_cache_dir()
+    command = build(plan, include_platform_defaults=include_platform_defaults, realpath=realpath,
+                    user_cache_dir=user_cache_dir)
     env = dict(spec.env)
     env["CODEX_SANDBOX"] = "seatbelt"
     if not plan.network:
         env["CODEX_SANDBOX_NETWORK_DISABLED"] = "1"
-    return replace(
-        spec,
-        argv=command.argv(spec.argv),
-        env=env,
-        arg0=None,
-        sandbox_type=SandboxType.MACOS_SEATBELT,
-    )
+    return replace(spec, argv=command.argv(spec.argv), env=env, arg0=None,
+                   sandbox_type=SandboxType.MACOS_SEATBELT)
