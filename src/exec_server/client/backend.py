@@ -1,10 +1,7 @@
-"""``ExecBackend``: one interface to start processes, remotely or in this process.
+"""``ExecBackend``: one interface to start processes, over a client or in this process.
 
-:class:`RemoteExecBackend` goes through an :class:`ExecServerClient`;
-:class:`LocalExecBackend` drives the server's own
-:class:`~exec_server.process.manager.ProcessManager` in-process, feeding its
-notifications to the same :class:`ProcessHandle` class, so callers (and tests)
-cannot tell them apart (SWE-ReX's one-interface / many-runtimes split).
+The local backend drives the server's own ``ProcessManager`` and feeds the same
+:class:`ProcessHandle` class, so callers cannot tell the two apart.
 """
 
 from __future__ import annotations
@@ -56,7 +53,6 @@ __all__ = ["ExecBackend", "LocalExecBackend", "RemoteExecBackend"]
 def _notification(
     event: ProcessEvent,
 ) -> OutputNotification | ExitedNotification | ClosedNotification:
-    """The notification a remote handle would get for ``event`` (no server in between)."""
     if isinstance(event, Output):
         return OutputNotification(
             process_id=event.process_id, seq=event.seq, stream=event.stream, chunk=event.data
@@ -75,25 +71,20 @@ class ExecBackend(Protocol):
     @property
     def is_remote(self) -> bool: ...
 
-    async def start(
-        self,
-        argv: Sequence[str],
-        **options: Unpack[SpawnOptions],
-    ) -> ProcessHandle:
-        """Start ``argv``; see :meth:`ExecServerClient.spawn` for the arguments."""
+    async def start(self, argv: Sequence[str], **options: Unpack[SpawnOptions]) -> ProcessHandle:
+        """Start ``argv``; the arguments are :meth:`ExecServerClient.spawn`'s."""
         ...
 
     async def http_request(
         self, method: str, url: str, **options: Unpack[HttpOptions]
     ) -> HttpResponse:
-        """Send an HTTP request from the environment's host; see
-        :meth:`ExecServerClient.http_request` for the arguments and errors."""
+        """Send an HTTP request from the environment's host (as the client's)."""
         ...
 
     async def run(
         self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
     ) -> CompletedProcess:
-        """Run to completion; see :meth:`ExecServerClient.run` for the arguments."""
+        """Run to completion; the arguments are :meth:`ExecServerClient.run`'s."""
         ...
 
     def list_processes(self) -> list[ProcessHandle]:
@@ -101,7 +92,7 @@ class ExecBackend(Protocol):
         ...
 
     async def aclose(self) -> None:
-        """Release the backend (remote: close the connection; local: kill children)."""
+        """Remote: close the connection; local: kill the children."""
         ...
 
 
@@ -117,11 +108,7 @@ class RemoteExecBackend:
     def is_remote(self) -> bool:
         return True
 
-    async def start(
-        self,
-        argv: Sequence[str],
-        **options: Unpack[SpawnOptions],
-    ) -> ProcessHandle:
+    async def start(self, argv: Sequence[str], **options: Unpack[SpawnOptions]) -> ProcessHandle:
         return await self.client.spawn(argv, **options)
 
     async def http_request(
@@ -215,9 +202,13 @@ class LocalExecBackend:
             pipe_stdin=pipe_stdin,
         )
         if sandbox is not None:
+            from exec_server.sandbox.manager import SandboxManager
+
             ctx = decode_launch_sandbox(encode_client_context(sandbox))
+            if self._sandbox_manager is None:
+                self._sandbox_manager = SandboxManager(self._config)
             try:
-                spec = await self._sandbox().aprepare(spec, ctx)
+                spec = await self._sandbox_manager.aprepare(spec, ctx)
             except SandboxError as exc:
                 raise _wire(exc) from exc
         handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval,
@@ -229,8 +220,7 @@ class LocalExecBackend:
     async def http_request(
         self, method: str, url: str, **options: Unpack[HttpOptions]
     ) -> HttpResponse:
-        """Send the request from this process, validated as the server validates
-        ``http/request`` (``valueEnvVar`` reads this process's environment)."""
+        """Send from this process, validated as the server validates ``http/request``."""
         headers = options.get("headers", ())
         body = options.get("body")
         timeout_ms = options.get("timeout_ms")
@@ -264,20 +254,11 @@ class LocalExecBackend:
     async def run(
         self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
     ) -> CompletedProcess:
-        """Run to completion; see :meth:`ExecServerClient.run` (the environment
-        policy's "server" is this process)."""
+        """As :meth:`ExecServerClient.run`; the policy's "server" is this process."""
         return await run_command(self.start, cmd, **options)
 
     def list_processes(self) -> list[ProcessHandle]:
         return list(self._handles.values())
-
-    def _sandbox(self) -> SandboxManager:
-        """The server's sandbox layer, in-process (created on first use)."""
-        if self._sandbox_manager is None:
-            from exec_server.sandbox.manager import SandboxManager
-
-            self._sandbox_manager = SandboxManager(self._config)
-        return self._sandbox_manager
 
     async def aclose(self) -> None:
         """Kill every process this backend started (PROTOCOL.md §8.11)."""
@@ -296,7 +277,6 @@ class LocalExecBackend:
 
 
 def _wire(exc: HttpError | SandboxError) -> Exception:
-    """The error the server would answer with (both backends raise the same)."""
     return from_domain_error(exc) or exc
 
 

@@ -1,10 +1,7 @@
 """Where an agent's commands run: a remote exec-server or this machine (PROTOCOL.md §13).
 
-:class:`EnvironmentManager` holds the normalised server URL and lazily creates
-one shared :class:`Environment`. The URL comes from the caller, or - only in
-:meth:`EnvironmentManager.from_env` - from ``EXEC_SERVER_URL`` /
-``CODEX_EXEC_SERVER_URL``. Normalisation (§13.1): unset/blank means local,
-``none`` (any case) disables execution, anything else is a WebSocket URL.
+:class:`EnvironmentManager` normalises the URL (§13.1) and lazily creates one shared
+:class:`Environment`; only :meth:`EnvironmentManager.from_env` reads the environment.
 """
 
 from __future__ import annotations
@@ -38,23 +35,18 @@ __all__ = [
     "normalize_exec_server_url",
 ]
 
-#: Checked in this order by :meth:`EnvironmentManager.from_env`; the first one set wins.
+#: The first one set wins.
 URL_ENV_VARS: Final = ("EXEC_SERVER_URL", "CODEX_EXEC_SERVER_URL")
-#: the remote server's ``--ws-auth`` token (Codex 0.163 has no such variable:
-#: it reads ``auth_bearer_token`` from ``environments.toml``).
+#: the remote server's ``--ws-auth`` token (Codex 0.163 reads it from environments.toml).
 TOKEN_ENV_VAR: Final = "EXEC_SERVER_TOKEN"
-#: The value that disables execution altogether (case-insensitive).
+#: disables execution (case-insensitive).
 DISABLED_VALUE: Final = "none"
 #: PROTOCOL.md §13.2: the client name a remote environment announces.
 ENVIRONMENT_CLIENT_NAME: Final = "codex-environment"
 
 
 def normalize_exec_server_url(value: str | None) -> tuple[str | None, bool]:
-    """Apply §13.1: returns ``(url, disabled)``.
-
-    ``None``/blank -> ``(None, False)`` (local); ``none`` -> ``(None, True)``;
-    anything else -> ``(trimmed, False)`` (remote).
-    """
+    """§13.1 as ``(url, disabled)``: blank is local, ``none`` disabled, else remote."""
     if value is None:
         return None, False
     trimmed = value.strip()
@@ -80,12 +72,8 @@ class RuntimePaths:
 
 @final
 class Environment:
-    """One execution environment: an :class:`ExecBackend` plus its filesystem.
-
-    Build with :meth:`create`; the manager shares one instance. A local
-    environment owns its filesystem (and the sandboxed-filesystem helpers
-    behind it): :meth:`aclose` releases both.
-    """
+    """One execution environment: an :class:`ExecBackend` plus its filesystem, which
+    :meth:`aclose` closes. Build with :meth:`create`."""
 
     def __init__(
         self,
@@ -113,16 +101,8 @@ class Environment:
         initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
         token: str | None = None,
     ) -> Environment:
-        """Create a remote environment for ``url`` or a local one for None/blank.
-
-        Remote: connects as ``codex-environment`` (5 s connect / initialize
-        timeouts, no resume), presenting ``token`` if given. Local: never
-        opens a connection.
-
-        Raises:
-            ValueError: ``url`` is ``none`` (``disabled mode does not create an Environment``).
-            HandshakeError: the remote server is unreachable.
-        """
+        """A remote environment for ``url`` (connects as ``codex-environment``), or a
+        local one for None/blank; ``ValueError`` for ``none``."""
         normalized, disabled = normalize_exec_server_url(url)
         if disabled:
             raise ValueError("disabled mode does not create an Environment")
@@ -144,7 +124,6 @@ class Environment:
 
     @property
     def url(self) -> str | None:
-        """The exec-server URL, or None for a local environment."""
         return self._url
 
     @property
@@ -157,26 +136,17 @@ class Environment:
 
     @property
     def exec_backend(self) -> ExecBackend:
-        """Where ``start()`` runs processes."""
         return self._backend
 
     @property
     def remote_client(self) -> ExecServerClient | None:
-        """The connection of a remote environment (None when local)."""
         if isinstance(self._backend, RemoteExecBackend):
             return self._backend.client
         return None
 
     def get_filesystem(self) -> LocalFileSystem | RemoteFileSystem:
-        """The filesystem of this environment (local calls, or ``fs/*`` over the client).
-
-        Local: one :meth:`LocalFileSystem.with_sandbox` instance, created on first
-        use, so sandboxed contexts are confined as the server would confine them;
-        the environment closes it.
-
-        Raises:
-            ClientClosedError: a local environment after :meth:`aclose`.
-        """
+        """``fs/*`` over the client, or locally one :meth:`LocalFileSystem.with_sandbox`
+        the environment owns."""
         client = self.remote_client
         if client is None:
             from exec_server.client.fs import LocalFileSystem
@@ -191,7 +161,6 @@ class Environment:
         return RemoteFileSystem(client)
 
     async def aclose(self) -> None:
-        """Close the filesystem (local) and the backend (local children killed / connection)."""
         self._closed = True
         local_fs, self._local_fs = self._local_fs, None
         try:
@@ -212,7 +181,7 @@ class Environment:
 
 @final
 class EnvironmentManager:
-    """Chooses local vs remote once, and lazily creates one shared :class:`Environment`."""
+    """Chooses local, remote or disabled once; creates one shared :class:`Environment`."""
 
     def __init__(
         self,
@@ -236,12 +205,8 @@ class EnvironmentManager:
         *,
         runtime_paths: RuntimePaths | None = None,
     ) -> EnvironmentManager:
-        """Build from ``EXEC_SERVER_URL``, else ``CODEX_EXEC_SERVER_URL``, and the
-        server's token from ``EXEC_SERVER_TOKEN`` (the only variables read).
-
-        Args:
-            environ: the mapping to read (default ``os.environ``).
-        """
+        """From ``EXEC_SERVER_URL``, else ``CODEX_EXEC_SERVER_URL``, and the token from
+        ``EXEC_SERVER_TOKEN``, in ``environ`` (default ``os.environ``)."""
         env = os.environ if environ is None else environ
         value = next((env[name] for name in URL_ENV_VARS if name in env), None)
         token = env.get(TOKEN_ENV_VAR, "").strip() or None
@@ -256,7 +221,6 @@ class EnvironmentManager:
 
     @property
     def url(self) -> str | None:
-        """The normalised remote URL (None when local or disabled)."""
         return self._url
 
     @property
@@ -287,7 +251,6 @@ class EnvironmentManager:
         return self._current
 
     async def aclose(self) -> None:
-        """Close the shared environment, if one was created."""
         if self._current is not None:
             env, self._current = self._current, None
             await env.aclose()
