@@ -33,7 +33,6 @@ SEND_FRAGMENT: Final = 1 << 20
 
 
 class Transport(Protocol):
-
     async def send(self, data: bytes) -> None: ...
 
     async def recv(self) -> bytes | bytearray | str | None: ...

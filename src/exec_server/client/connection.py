@@ -48,7 +48,12 @@ from exec_server.protocol.codec import (
     encode_notification,
     encode_request,
 )
-from exec_server.protocol.messages import ErrorResponse, Notification, Response
+from exec_server.protocol.messages import (
+    ErrorResponse,
+    InitializeParams,
+    Notification,
+    Response,
+)
 from exec_server.protocol.paths import PathForm, render_path
 from exec_server.protocol.types.http import (
     BUFFERED_REQUEST_ID,
@@ -96,7 +101,6 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_INITIALIZE_TIMEOUT",
     "ExecServerClient",
-    "InitializeParams",
     "InitializeResult",
     "Opening",
 ]
@@ -118,12 +122,6 @@ _PROBES: Final[dict[str, msgspec.Struct]] = {
     METHOD_RESIZE_PTY: ResizePtyParams(process_id=_PROBE_ID, rows=1, cols=1),
     METHOD_CLOSE_STDIN: CloseStdinParams(process_id=_PROBE_ID),
 }
-
-
-class InitializeParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-
-    client_name: str
-    resume_session_id: str | None = None
 
 
 class InitializeResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -634,7 +632,6 @@ def _pairs(result: HttpRequestResult) -> list[tuple[str, str]]:
 
 @final
 class _RemoteOps:
-
     def __init__(self, client: ExecServerClient) -> None:
         self._client = client
 

@@ -78,7 +78,6 @@ class WalkResult(msgspec.Struct, frozen=True):
 
 
 class _Blocks(Protocol):
-
     async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]: ...
 
     async def write_block(self, offset: int, data: bytes) -> None: ...
@@ -295,15 +294,16 @@ class LocalFileSystem:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _route(self, sandbox: FsSandbox) -> Route:
-        return await route_for(decode_fs_sandbox(_sandbox_json(sandbox)), self._service.pool)
+    async def _prepare(self, path: PathArg, sandbox: FsSandbox) -> tuple[str, Route]:
+        """The native path and the sandbox context's route, checked as the server checks."""
+        route = await route_for(decode_fs_sandbox(_sandbox_json(sandbox)), self._service.pool)
+        return _wire_path(path).path, route
 
     async def read_file(
         self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
     ) -> bytes:
         with _naming(path):
-            route = await self._route(sandbox)
-            native = _wire_path(path).path
+            native, route = await self._prepare(path, sandbox)
             if not follow_symlinks:
                 return await self._service.read_file_no_follow(native, route)
             return await self._service.read_file(native, route, regular_only=True)
@@ -317,13 +317,12 @@ class LocalFileSystem:
         follow_symlinks: bool = True,
     ) -> None:
         with _naming(path):
-            route = await self._route(sandbox)
-            native = _wire_path(path).path
-            if not follow_symlinks:
+            native, route = await self._prepare(path, sandbox)
+            if follow_symlinks:
+                await self._service.write_file(native, data, route)
+            else:
                 call = NoFollowCall("fs/writeFile", native, produce=lambda: data)
                 await self._service.no_follow(call, route)
-                return
-            await self._service.write_file(native, data, route)
 
     async def create_directory(
         self,
@@ -334,28 +333,25 @@ class LocalFileSystem:
         follow_symlinks: bool = True,
     ) -> None:
         with _naming(path):
-            route = await self._route(sandbox)
-            native = _wire_path(path).path
-            if not follow_symlinks:
+            native, route = await self._prepare(path, sandbox)
+            if follow_symlinks:
+                await self._service.create_directory(native, route, recursive=recursive)
+            else:
                 call = NoFollowCall("fs/createDirectory", native, recursive=recursive)
                 await self._service.no_follow(call, route)
-                return
-            await self._service.create_directory(native, route, recursive=recursive)
 
     async def get_metadata(
         self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
     ) -> Metadata:
         with _naming(path):
-            route = await self._route(sandbox)
-            native = _wire_path(path).path
+            native, route = await self._prepare(path, sandbox)
             if not follow_symlinks:
                 return await self._service.get_metadata_no_follow(native, route)
             return await self._service.get_metadata(native, route)
 
     async def read_directory(self, path: PathArg, sandbox: FsSandbox = None) -> list[DirEntry]:
         with _naming(path):
-            route = await self._route(sandbox)
-            return await self._service.read_directory(_wire_path(path).path, route)
+            return await self._service.read_directory(*await self._prepare(path, sandbox))
 
     async def remove(
         self,
@@ -367,13 +363,12 @@ class LocalFileSystem:
         follow_symlinks: bool = True,
     ) -> None:
         with _naming(path):
-            route = await self._route(sandbox)
-            native = _wire_path(path).path
-            if not follow_symlinks:
+            native, route = await self._prepare(path, sandbox)
+            if follow_symlinks:
+                await self._service.remove(native, route, recursive=recursive, force=force)
+            else:
                 call = NoFollowCall("fs/remove", native, recursive=recursive, force=force)
                 await self._service.no_follow(call, route)
-                return
-            await self._service.remove(native, route, recursive=recursive, force=force)
 
     async def copy(
         self,
@@ -384,15 +379,13 @@ class LocalFileSystem:
         sandbox: FsSandbox = None,
     ) -> None:
         with _naming(source):
-            route = await self._route(sandbox)
-            await self._service.copy(
-                _wire_path(source).path, _wire_path(destination).path, route, recursive=recursive
-            )
+            native, route = await self._prepare(source, sandbox)
+            target = _wire_path(destination).path
+            await self._service.copy(native, target, route, recursive=recursive)
 
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str:
         with _naming(path):
-            route = await self._route(sandbox)
-            return await self._service.canonicalize(_wire_path(path).path, route)
+            return await self._service.canonicalize(*await self._prepare(path, sandbox))
 
     async def walk(
         self,
@@ -405,21 +398,21 @@ class LocalFileSystem:
         prune_hidden_directories: bool = False,
         sandbox: FsSandbox = None,
     ) -> WalkResult:
+        options = WalkOptions(
+            max_depth,
+            max_directories,
+            max_entries,
+            follow_directory_symlinks,
+            prune_hidden_directories,
+        )
         with _naming(path):
-            route = await self._route(sandbox)
-            options = WalkOptions(
-                max_depth,
-                max_directories,
-                max_entries,
-                follow_directory_symlinks,
-                prune_hidden_directories,
-            )
-            outcome = await self._service.walk(_wire_path(path).path, options, route)
-            return WalkResult(
-                entries=[WalkEntry(os.path.join(d, n), is_dir) for d, n, is_dir in outcome.entries],
-                errors=[WalkError(os.path.join(d, n) if n else d, m) for d, n, m in outcome.errors],
-                truncated=outcome.truncated,
-            )
+            native, route = await self._prepare(path, sandbox)
+            outcome = await self._service.walk(native, options, route)
+        return WalkResult(
+            entries=[WalkEntry(os.path.join(d, n), is_dir) for d, n, is_dir in outcome.entries],
+            errors=[WalkError(os.path.join(d, n) if n else d, m) for d, n, m in outcome.errors],
+            truncated=outcome.truncated,
+        )
 
     def open(
         self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
@@ -432,9 +425,9 @@ class LocalFileSystem:
         handle = self._handles.reserve(handle_id)
         try:
             with _naming(None):
-                route = await self._route(sandbox)
+                native, route = await self._prepare(path, sandbox)
                 install = functools.partial(self._handles.install, handle)
-                await self._service.open_handle(_wire_path(path).path, mode, install, route)
+                await self._service.open_handle(native, mode, install, route)
         except BaseException:
             self._handles.release(handle_id, handle)
             raise
@@ -442,7 +435,6 @@ class LocalFileSystem:
 
 
 class _LocalBlocks:
-
     def __init__(self, service: FileSystemService, handles: FileHandles, handle_id: str) -> None:
         self._service = service
         self._handles = handles
@@ -464,7 +456,6 @@ class _LocalBlocks:
 
 
 class RpcCaller(Protocol):
-
     async def call(self, method: str, params: msgspec.Struct | None, result_type: type[T]) -> T: ...
 
 
@@ -642,7 +633,6 @@ def _sandbox_field(sandbox: FsSandbox) -> t.SandboxField:
 
 
 class _RemoteBlocks:
-
     def __init__(self, client: RpcCaller, handle_id: str) -> None:
         self._client = client
         self._id = handle_id
