@@ -100,13 +100,11 @@ class ExecBackend(Protocol):
 class RemoteExecBackend:
     """Processes on an exec-server, through ``client``."""
 
+    is_remote = True
+
     def __init__(self, client: ExecServerClient, *, owns_client: bool = True) -> None:
         self.client = client
         self._owns_client = owns_client
-
-    @property
-    def is_remote(self) -> bool:
-        return True
 
     async def start(self, argv: Sequence[str], **options: Unpack[SpawnOptions]) -> ProcessHandle:
         return await self.client.spawn(argv, **options)
@@ -133,6 +131,8 @@ class RemoteExecBackend:
 class LocalExecBackend:
     """Processes run by an in-process :class:`ProcessManager` (no server, no socket)."""
 
+    is_remote = False
+
     def __init__(
         self,
         config: ServerConfig | None = None,
@@ -149,10 +149,6 @@ class LocalExecBackend:
         self._poll_interval = poll_interval
         self._http: HttpClient | None = None
         self._closed = False
-
-    @property
-    def is_remote(self) -> bool:
-        return False
 
     async def _on_event(self, event: ProcessEvent) -> None:
         handle = self._handles.get(event.process_id)

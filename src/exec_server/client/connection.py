@@ -164,7 +164,8 @@ class ExecServerClient:
     ) -> None:
         self._transport = transport
         self._client_name = client_name
-        self._url = url
+        #: the WebSocket URL, or None for a stdio server
+        self.url = url
         self._reopen = reopen
         self._poll_interval = poll_interval
         self._next_id = 0
@@ -263,10 +264,6 @@ class ExecServerClient:
     def session_id(self) -> str:
         assert self._session_id is not None
         return self._session_id
-
-    @property
-    def url(self) -> str | None:
-        return self._url
 
     @property
     def connected(self) -> bool:

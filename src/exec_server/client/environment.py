@@ -83,9 +83,9 @@ class Environment:
         runtime_paths: RuntimePaths | None = None,
         local_config: ServerConfig | None = None,
     ) -> None:
-        self._backend = backend
-        self._url = url
-        self._runtime_paths = runtime_paths
+        self.exec_backend = backend
+        self.url = url
+        self.runtime_paths = runtime_paths
         self._local_config = local_config
         self._local_fs: LocalFileSystem | None = None
         self._closed = False
@@ -123,26 +123,13 @@ class Environment:
         return cls(RemoteExecBackend(client), url=normalized, runtime_paths=runtime_paths)
 
     @property
-    def url(self) -> str | None:
-        return self._url
-
-    @property
     def is_remote(self) -> bool:
-        return self._url is not None
-
-    @property
-    def runtime_paths(self) -> RuntimePaths | None:
-        return self._runtime_paths
-
-    @property
-    def exec_backend(self) -> ExecBackend:
-        return self._backend
+        return self.url is not None
 
     @property
     def remote_client(self) -> ExecServerClient | None:
-        if isinstance(self._backend, RemoteExecBackend):
-            return self._backend.client
-        return None
+        backend = self.exec_backend
+        return backend.client if isinstance(backend, RemoteExecBackend) else None
 
     def get_filesystem(self) -> LocalFileSystem | RemoteFileSystem:
         """``fs/*`` over the client, or locally one :meth:`LocalFileSystem.with_sandbox`
@@ -167,7 +154,7 @@ class Environment:
             if local_fs is not None:
                 await local_fs.aclose()
         finally:
-            await self._backend.aclose()
+            await self.exec_backend.aclose()
 
     async def __aenter__(self) -> Environment:
         return self
@@ -176,7 +163,7 @@ class Environment:
         await self.aclose()
 
     def __repr__(self) -> str:
-        return f"<Environment {'remote ' + self._url if self._url else 'local'}>"
+        return f"<Environment {'remote ' + self.url if self.url else 'local'}>"
 
 
 @final
@@ -191,9 +178,10 @@ class EnvironmentManager:
         local_config: ServerConfig | None = None,
         token: str | None = None,
     ) -> None:
-        self._url, self._disabled = normalize_exec_server_url(exec_server_url)
+        #: the normalised remote URL (None when local or disabled)
+        self.url, self.disabled = normalize_exec_server_url(exec_server_url)
         self._token = token
-        self._runtime_paths = runtime_paths
+        self.runtime_paths = runtime_paths
         self._local_config = local_config
         self._current: Environment | None = None
         self._lock = asyncio.Lock()
@@ -220,31 +208,19 @@ class EnvironmentManager:
         return cls(environment.url, runtime_paths=environment.runtime_paths)
 
     @property
-    def url(self) -> str | None:
-        return self._url
-
-    @property
-    def disabled(self) -> bool:
-        return self._disabled
-
-    @property
     def is_remote(self) -> bool:
-        return self._url is not None
-
-    @property
-    def runtime_paths(self) -> RuntimePaths | None:
-        return self._runtime_paths
+        return self.url is not None
 
     async def current(self) -> Environment | None:
         """The shared environment (created on first call), or None when disabled."""
-        if self._disabled:
+        if self.disabled:
             return None
         if self._current is None:
             async with self._lock:
                 if self._current is None:
                     self._current = await Environment.create(
-                        self._url,
-                        runtime_paths=self._runtime_paths,
+                        self.url,
+                        runtime_paths=self.runtime_paths,
                         local_config=self._local_config,
                         token=self._token,
                     )
@@ -256,5 +232,5 @@ class EnvironmentManager:
             await env.aclose()
 
     def __repr__(self) -> str:
-        mode = "disabled" if self._disabled else f"remote {self._url}" if self._url else "local"
+        mode = "disabled" if self.disabled else f"remote {self.url}" if self.url else "local"
         return f"<EnvironmentManager {mode}>"
