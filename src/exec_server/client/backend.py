@@ -20,7 +20,6 @@ from exec_server.client.process import (
     DEFAULT_POLL_INTERVAL,
     CompletedProcess,
     ProcessHandle,
-    Signal,
     SpawnOptions,
     registered,
     resolve_start,
@@ -35,8 +34,14 @@ from exec_server.protocol.types.process import (
     EnvPolicy,
     ExitedNotification,
     OutputNotification,
+    ReadParams,
     ReadResult,
-    WriteStatus,
+    SignalParams,
+    SignalResult,
+    TerminateParams,
+    TerminateResult,
+    WriteParams,
+    WriteResult,
 )
 from exec_server.protocol.types.sandbox import decode_launch_sandbox, encode_client_context
 from exec_server.sandbox.errors import SandboxError
@@ -207,7 +212,7 @@ class LocalExecBackend:
                 spec = await self._sandbox_manager.aprepare(spec, ctx)
             except SandboxError as exc:
                 raise _wire(exc) from exc
-        handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval,
+        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval,
                                argv=argv)
         with registered(self._handles, handle):
             await self._manager.start(pid, spec, report_denial=True)
@@ -268,6 +273,37 @@ class LocalExecBackend:
             handle._on_failure(ClientClosedError("backend closed"))
         self._handles.clear()
 
+    # The client's typed process calls, which the handles use.
+
+    async def read_process(self, params: ReadParams) -> ReadResult:
+        snap = await self._manager.read(
+            params.process_id, after_seq=params.after_seq or 0, max_bytes=params.max_bytes
+        )
+        denied = msgspec.UNSET if snap.sandbox_denied is None else snap.sandbox_denied
+        return ReadResult(chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
+                          exit_code=snap.exit_code, closed=snap.closed, sandbox_denied=denied)
+
+    async def write_process(self, params: WriteParams) -> WriteResult:
+        write_id = params.write_id or None
+        status = await self._manager.write(params.process_id, params.chunk, write_id)
+        return WriteResult(status=status)
+
+    async def terminate_process(self, params: TerminateParams) -> TerminateResult:
+        return TerminateResult(running=self._manager.terminate(params.process_id))
+
+    async def signal_process(self, params: SignalParams) -> SignalResult:
+        # Only ``interrupt`` exists (CLIENT_COMPAT.md §5.4).
+        self._manager.signal(params.process_id, _signal.SIGINT)
+        return SignalResult()
+
+    async def resize_pty(self, process_id: str, rows: int, cols: int) -> None:
+        if not (1 <= rows <= 65535 and 1 <= cols <= 65535):
+            raise InvalidParamsError("rows and cols must be within 1..65535")
+        self._manager.resize(process_id, rows, cols)
+
+    async def close_stdin(self, process_id: str) -> None:
+        self._manager.close_stdin(process_id)
+
     def _release(self, process_id: str) -> None:
         self._handles.pop(process_id, None)
 
@@ -284,38 +320,3 @@ async def _local_body(raw: RawHttpResponse) -> AsyncIterator[bytes]:
         raise body_failed(exc.cause) from None
     finally:
         await raw.aclose()
-
-
-@final
-class _LocalOps:
-    def __init__(self, backend: LocalExecBackend) -> None:
-        self._backend = backend
-
-    async def read(self, process_id: str, after_seq: int, max_bytes: int) -> ReadResult:
-        snap = await self._backend._manager.read(
-            process_id, after_seq=after_seq, max_bytes=max_bytes, wait_ms=0
-        )
-        denied = msgspec.UNSET if snap.sandbox_denied is None else snap.sandbox_denied
-        return ReadResult(chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
-                          exit_code=snap.exit_code, closed=snap.closed, sandbox_denied=denied)
-
-    async def write(self, process_id: str, data: bytes, write_id: str) -> WriteStatus:
-        return await self._backend._manager.write(process_id, data, write_id)
-
-    async def terminate(self, process_id: str) -> bool:
-        return self._backend._manager.terminate(process_id)
-
-    async def signal(self, process_id: str, signal: Signal) -> None:
-        # Only ``interrupt`` exists (CLIENT_COMPAT.md §5.4).
-        self._backend._manager.signal(process_id, _signal.SIGINT)
-
-    async def resize(self, process_id: str, rows: int, cols: int) -> None:
-        if not (1 <= rows <= 65535 and 1 <= cols <= 65535):
-            raise InvalidParamsError("rows and cols must be within 1..65535")
-        self._backend._manager.resize(process_id, rows, cols)
-
-    async def close_stdin(self, process_id: str) -> None:
-        self._backend._manager.close_stdin(process_id)
-
-    def release(self, process_id: str) -> None:
-        self._backend._release(process_id)

@@ -35,7 +35,6 @@ from exec_server.client.process import (
     DEFAULT_POLL_INTERVAL,
     CompletedProcess,
     ProcessHandle,
-    Signal,
     registered,
     resolve_start,
 )
@@ -92,7 +91,6 @@ from exec_server.protocol.types.process import (
     TerminateResult,
     WriteParams,
     WriteResult,
-    WriteStatus,
 )
 from exec_server.protocol.types.sandbox import encode_client_context
 
@@ -571,7 +569,7 @@ class ExecServerClient:
             sandbox: a context from :mod:`exec_server.client.sandbox_contexts`.
         """
         work_dir, pid = resolve_start(cwd, process_id, self._handles)
-        handle = ProcessHandle(_RemoteOps(self), pid, tty=tty, poll_interval=self._poll_interval,
+        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval,
                                argv=argv)
         params = StartParams(
             process_id=pid,
@@ -609,7 +607,7 @@ class ExecServerClient:
         if process_id in self._handles:
             raise ValueError(f"process {process_id} already has a handle")
         handle = ProcessHandle(
-            _RemoteOps(self),
+            self,
             process_id,
             tty=tty,
             after_seq=after_seq,
@@ -625,38 +623,3 @@ class ExecServerClient:
 
 def _pairs(result: HttpRequestResult) -> list[tuple[str, str]]:
     return [(h.name, h.value) for h in result.headers]
-
-
-@final
-class _RemoteOps:
-    def __init__(self, client: ExecServerClient) -> None:
-        self._client = client
-
-    async def read(self, process_id: str, after_seq: int, max_bytes: int) -> ReadResult:
-        return await self._client.read_process(
-            ReadParams(process_id=process_id, after_seq=after_seq, max_bytes=max_bytes, wait_ms=0)
-        )
-
-    async def write(self, process_id: str, data: bytes, write_id: str) -> WriteStatus:
-        result = await self._client.write_process(
-            WriteParams(process_id=process_id, chunk=data, write_id=write_id)
-        )
-        return result.status
-
-    async def terminate(self, process_id: str) -> bool:
-        result = await self._client.terminate_process(TerminateParams(process_id=process_id))
-        return result.running
-
-    async def signal(self, process_id: str, signal: Signal) -> None:
-        await self._client.signal_process(
-            SignalParams(process_id=process_id, signal=signal.value)
-        )
-
-    async def resize(self, process_id: str, rows: int, cols: int) -> None:
-        await self._client.resize_pty(process_id, rows, cols)
-
-    async def close_stdin(self, process_id: str) -> None:
-        await self._client.close_stdin(process_id)
-
-    def release(self, process_id: str) -> None:
-        self._client._release(process_id)

@@ -29,7 +29,14 @@ from exec_server.protocol.types.process import (
     OutputChunk,
     OutputNotification,
     ProcessStream,
+    ReadParams,
     ReadResult,
+    SignalParams,
+    SignalResult,
+    TerminateParams,
+    TerminateResult,
+    WriteParams,
+    WriteResult,
     WriteStatus,
 )
 
@@ -93,21 +100,21 @@ def registered(handles: dict[str, ProcessHandle], handle: ProcessHandle) -> Iter
 
 
 class ProcessOps(Protocol):
-    """What a handle needs from its backend."""
+    """What a handle needs from its backend: the client's typed process calls."""
 
-    async def read(self, process_id: str, after_seq: int, max_bytes: int) -> ReadResult: ...
+    async def read_process(self, params: ReadParams) -> ReadResult: ...
 
-    async def write(self, process_id: str, data: bytes, write_id: str) -> WriteStatus: ...
+    async def write_process(self, params: WriteParams) -> WriteResult: ...
 
-    async def terminate(self, process_id: str) -> bool: ...
+    async def terminate_process(self, params: TerminateParams) -> TerminateResult: ...
 
-    async def signal(self, process_id: str, signal: Signal) -> None: ...
+    async def signal_process(self, params: SignalParams) -> SignalResult: ...
 
-    async def resize(self, process_id: str, rows: int, cols: int) -> None: ...
+    async def resize_pty(self, process_id: str, rows: int, cols: int) -> None: ...
 
     async def close_stdin(self, process_id: str) -> None: ...
 
-    def release(self, process_id: str) -> None: ...
+    def _release(self, process_id: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +224,7 @@ class ProcessHandle:
     def _mark_closed(self) -> None:
         # Nothing follows ``closed`` (§8.2): stop routing, so finished handles don't pile up.
         self._closed = True
-        self._ops.release(self.process_id)
+        self._ops._release(self.process_id)
 
     def _drain_pending(self) -> None:
         pending = self._pending
@@ -240,7 +247,9 @@ class ProcessHandle:
 
     async def _catch_up(self) -> None:
         async with self._read_lock:
-            result = await self._ops.read(self.process_id, self._seq, _READ_MAX_BYTES)
+            params = ReadParams(process_id=self.process_id, after_seq=self._seq,
+                                max_bytes=_READ_MAX_BYTES, wait_ms=0)
+            result = await self._ops.read_process(params)
             for chunk in result.chunks:
                 if chunk.seq > self._seq:
                     self._ready.append(chunk)
@@ -314,19 +323,22 @@ class ProcessHandle:
     async def write(self, data: bytes) -> WriteStatus:
         """Send bytes to stdin (the PTY in tty mode); ``accepted`` or why not."""
         self._write_ids += 1
-        return await self._ops.write(self.process_id, data, str(self._write_ids))
+        params = WriteParams(process_id=self.process_id, chunk=data, write_id=str(self._write_ids))
+        return (await self._ops.write_process(params)).status
 
     async def terminate(self) -> bool:
         """Kill the process group; returns whether it was still running."""
-        return await self._ops.terminate(self.process_id)
+        result = await self._ops.terminate_process(TerminateParams(process_id=self.process_id))
+        return result.running
 
     async def signal(self, signal: Signal = Signal.INTERRUPT) -> None:
         """Deliver ``signal`` to the process group (only ``interrupt`` exists)."""
-        await self._ops.signal(self.process_id, signal)
+        params = SignalParams(process_id=self.process_id, signal=signal.value)
+        await self._ops.signal_process(params)
 
     async def resize(self, rows: int, cols: int) -> None:
         """Set a PTY's size (extension ``process/resizePty``: ``NotSupportedError`` upstream)."""
-        await self._ops.resize(self.process_id, rows, cols)
+        await self._ops.resize_pty(self.process_id, rows, cols)
 
     async def close_stdin(self) -> None:
         """End a ``pipe_stdin`` process's input (extension ``process/closeStdin``)."""
@@ -334,7 +346,7 @@ class ProcessHandle:
 
     def release(self) -> None:
         """Stop routing this process's notifications to the handle."""
-        self._ops.release(self.process_id)
+        self._ops._release(self.process_id)
 
     async def __aenter__(self) -> ProcessHandle:
         return self
