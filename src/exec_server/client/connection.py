@@ -15,7 +15,6 @@ from typing import Final, TypeVar, Unpack, final
 
 import msgspec
 
-from exec_server.client._opening import Opening as Opening
 from exec_server.client._opening import opening
 from exec_server.client._transport import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -100,7 +99,6 @@ __all__ = [
     "DEFAULT_INITIALIZE_TIMEOUT",
     "ExecServerClient",
     "InitializeResult",
-    "Opening",
 ]
 
 logger = logging.getLogger("exec_server.client")
@@ -569,8 +567,7 @@ class ExecServerClient:
             sandbox: a context from :mod:`exec_server.client.sandbox_contexts`.
         """
         work_dir, pid = resolve_start(cwd, process_id, self._handles)
-        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval,
-                               argv=argv)
+        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval, argv=argv)
         params = StartParams(
             process_id=pid,
             argv=list(argv),
@@ -607,11 +604,7 @@ class ExecServerClient:
         if process_id in self._handles:
             raise ValueError(f"process {process_id} already has a handle")
         handle = ProcessHandle(
-            self,
-            process_id,
-            tty=tty,
-            after_seq=after_seq,
-            poll_interval=self._poll_interval,
+            self, process_id, tty=tty, after_seq=after_seq, poll_interval=self._poll_interval
         )
         handle._need_read = True
         self._handles[process_id] = handle

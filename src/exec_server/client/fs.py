@@ -398,13 +398,8 @@ class LocalFileSystem:
         prune_hidden_directories: bool = False,
         sandbox: FsSandbox = None,
     ) -> WalkResult:
-        options = WalkOptions(
-            max_depth,
-            max_directories,
-            max_entries,
-            follow_directory_symlinks,
-            prune_hidden_directories,
-        )
+        options = WalkOptions(max_depth, max_directories, max_entries,
+                              follow_directory_symlinks, prune_hidden_directories)
         with _naming(path):
             native, route = await self._prepare(path, sandbox)
             outcome = await self._service.walk(native, options, route)
