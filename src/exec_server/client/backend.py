@@ -212,8 +212,7 @@ class LocalExecBackend:
                 spec = await self._sandbox_manager.aprepare(spec, ctx)
             except SandboxError as exc:
                 raise _wire(exc) from exc
-        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval,
-                               argv=argv)
+        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval, argv=argv)
         with registered(self._handles, handle):
             await self._manager.start(pid, spec, report_denial=True)
         return handle
@@ -276,9 +275,8 @@ class LocalExecBackend:
     # The client's typed process calls, which the handles use.
 
     async def read_process(self, params: ReadParams) -> ReadResult:
-        snap = await self._manager.read(
-            params.process_id, after_seq=params.after_seq or 0, max_bytes=params.max_bytes
-        )
+        snap = await self._manager.read(params.process_id, after_seq=params.after_seq or 0,
+                                        max_bytes=params.max_bytes, wait_ms=params.wait_ms or 0)
         denied = msgspec.UNSET if snap.sandbox_denied is None else snap.sandbox_denied
         return ReadResult(chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
                           exit_code=snap.exit_code, closed=snap.closed, sandbox_denied=denied)
