@@ -1,10 +1,5 @@
-"""Async client library: talk to an exec-server, or run the same API locally.
-
-Entry points: :class:`ExecServerClient` (one connection), :class:`ProcessHandle`
-(one process), :class:`ExecBackend` with remote and local implementations, and
-:class:`EnvironmentManager` (choose remote/local from a URL). The filesystem
-half lives in :mod:`exec_server.client.fs`.
-"""
+"""Async client library: talk to an exec-server, or run the same API locally
+(docs/client.md); the filesystem half is :mod:`exec_server.client.fs`."""
 
 from exec_server.client.backend import ExecBackend as ExecBackend
 from exec_server.client.backend import LocalExecBackend as LocalExecBackend

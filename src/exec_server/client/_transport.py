@@ -1,8 +1,6 @@
-"""Message transports for the client: WebSocket and a spawned stdio server.
+"""Client transports of whole messages: WebSocket, or a spawned stdio server.
 
-A transport moves whole JSON-RPC messages (one WebSocket text frame or one line
-each, PROTOCOL.md §2.5-§2.6). ``recv()`` returns ``None`` at a clean end of
-stream and raises :class:`ConnectionLostError` when the peer breaks it.
+``recv()`` gives None at a clean end and raises :class:`ConnectionLostError` on a broken one.
 """
 
 from __future__ import annotations
@@ -28,17 +26,13 @@ __all__ = [
     "WebSocketTransport",
 ]
 
-#: Largest inbound message the client accepts (a 512 MiB ``fs/readFile`` reply in base64).
+#: a 512 MiB ``fs/readFile`` reply in base64
 DEFAULT_MAX_MESSAGE_SIZE: Final = 1 << 30
-#: Seconds a spawned stdio server gets to exit after its stdin is closed.
 _STDIO_EXIT_GRACE: Final = 5.0
-#: Messages longer than this go out as a fragmented WebSocket message of pieces this long.
 SEND_FRAGMENT: Final = 1 << 20
 
 
 class Transport(Protocol):
-    """A bidirectional message pipe."""
-
     async def send(self, data: bytes) -> None: ...
 
     async def recv(self) -> bytes | bytearray | str | None: ...
@@ -65,13 +59,6 @@ class WebSocketTransport:
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> WebSocketTransport:
-        """Connect to ``url`` (``ws://HOST:PORT`` or ``wss://``).
-
-        Raises:
-            HandshakeError: bad URL, refused (``status`` set: 401 for a missing or
-                wrong token, 403 for a browser Origin), TLS failure, or the
-                WebSocket upgrade failed.
-        """
         headers = {"Authorization": f"Bearer {token}"} if token is not None else None
         try:
             if ssl_context is not None and not url.startswith("wss://"):
@@ -144,20 +131,19 @@ class WebSocketTransport:
 
 
 def _seen(task: asyncio.Future[None]) -> None:
-    """A shielded send's outcome is its caller's, if it still waits: no "never retrieved"."""
+    """A shielded send's outcome is its caller's: no "exception never retrieved"."""
     if not task.cancelled():
         task.exception()
 
 
 def _closed_text(exc: ConnectionClosed) -> str:
-    """Why the connection ended, for :class:`ConnectionLostError`."""
     if exc.rcvd is None and exc.sent is None:
         return "connection closed without a close frame"
     return str(exc)
 
 
 def _failure_text(url: str, exc: BaseException) -> str:
-    """``str(exc)``, or what happened when it is empty (a reset has no text)."""
+    """``str(exc)``, or what happened when it is empty (a reset has none)."""
     text = str(exc)
     if not text:
         if isinstance(exc, ConnectionResetError):
@@ -198,7 +184,7 @@ class StdioTransport:
         *,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> StdioTransport:
-        """Start the server child; its stderr is inherited so its logs stay visible."""
+        """Its stderr is inherited, so its logs stay visible."""
         if argv is None:
             argv = [sys.executable, "-m", "exec_server", "serve", "--listen", "stdio"]
         proc = await asyncio.create_subprocess_exec(
@@ -227,7 +213,7 @@ class StdioTransport:
         return line
 
     async def aclose(self) -> None:
-        """Close stdin (the server exits at EOF), then reap it; kill if it lingers."""
+        """Close stdin (the server exits at EOF) and reap it; kill it if it lingers."""
         if not self._stdin.is_closing():
             self._stdin.close()
         with contextlib.suppress(ConnectionError):

@@ -1,10 +1,7 @@
-"""``ExecBackend``: one interface to start processes, remotely or in this process.
+"""``ExecBackend``: one interface to start processes, over a client or in this process.
 
-:class:`RemoteExecBackend` goes through an :class:`ExecServerClient`;
-:class:`LocalExecBackend` drives the server's own
-:class:`~exec_server.process.manager.ProcessManager` in-process, feeding its
-notifications to the same :class:`ProcessHandle` class, so callers (and tests)
-cannot tell them apart (SWE-ReX's one-interface / many-runtimes split).
+The local backend drives the server's own ``ProcessManager`` and feeds the same
+:class:`ProcessHandle` class, so callers cannot tell the two apart.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from exec_server.client.process import (
     DEFAULT_POLL_INTERVAL,
     CompletedProcess,
     ProcessHandle,
-    Signal,
     SpawnOptions,
     registered,
     resolve_start,
@@ -38,8 +34,14 @@ from exec_server.protocol.types.process import (
     EnvPolicy,
     ExitedNotification,
     OutputNotification,
+    ReadParams,
     ReadResult,
-    WriteStatus,
+    SignalParams,
+    SignalResult,
+    TerminateParams,
+    TerminateResult,
+    WriteParams,
+    WriteResult,
 )
 from exec_server.protocol.types.sandbox import decode_launch_sandbox, encode_client_context
 from exec_server.sandbox.errors import SandboxError
@@ -56,7 +58,6 @@ __all__ = ["ExecBackend", "LocalExecBackend", "RemoteExecBackend"]
 def _notification(
     event: ProcessEvent,
 ) -> OutputNotification | ExitedNotification | ClosedNotification:
-    """The notification a remote handle would get for ``event`` (no server in between)."""
     if isinstance(event, Output):
         return OutputNotification(
             process_id=event.process_id, seq=event.seq, stream=event.stream, chunk=event.data
@@ -75,25 +76,20 @@ class ExecBackend(Protocol):
     @property
     def is_remote(self) -> bool: ...
 
-    async def start(
-        self,
-        argv: Sequence[str],
-        **options: Unpack[SpawnOptions],
-    ) -> ProcessHandle:
-        """Start ``argv``; see :meth:`ExecServerClient.spawn` for the arguments."""
+    async def start(self, argv: Sequence[str], **options: Unpack[SpawnOptions]) -> ProcessHandle:
+        """Start ``argv``; the arguments are :meth:`ExecServerClient.spawn`'s."""
         ...
 
     async def http_request(
         self, method: str, url: str, **options: Unpack[HttpOptions]
     ) -> HttpResponse:
-        """Send an HTTP request from the environment's host; see
-        :meth:`ExecServerClient.http_request` for the arguments and errors."""
+        """Send an HTTP request from the environment's host (as the client's)."""
         ...
 
     async def run(
         self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
     ) -> CompletedProcess:
-        """Run to completion; see :meth:`ExecServerClient.run` for the arguments."""
+        """Run to completion; the arguments are :meth:`ExecServerClient.run`'s."""
         ...
 
     def list_processes(self) -> list[ProcessHandle]:
@@ -101,7 +97,7 @@ class ExecBackend(Protocol):
         ...
 
     async def aclose(self) -> None:
-        """Release the backend (remote: close the connection; local: kill children)."""
+        """Remote: close the connection; local: kill the children."""
         ...
 
 
@@ -109,19 +105,13 @@ class ExecBackend(Protocol):
 class RemoteExecBackend:
     """Processes on an exec-server, through ``client``."""
 
+    is_remote = True
+
     def __init__(self, client: ExecServerClient, *, owns_client: bool = True) -> None:
         self.client = client
         self._owns_client = owns_client
 
-    @property
-    def is_remote(self) -> bool:
-        return True
-
-    async def start(
-        self,
-        argv: Sequence[str],
-        **options: Unpack[SpawnOptions],
-    ) -> ProcessHandle:
+    async def start(self, argv: Sequence[str], **options: Unpack[SpawnOptions]) -> ProcessHandle:
         return await self.client.spawn(argv, **options)
 
     async def http_request(
@@ -146,6 +136,8 @@ class RemoteExecBackend:
 class LocalExecBackend:
     """Processes run by an in-process :class:`ProcessManager` (no server, no socket)."""
 
+    is_remote = False
+
     def __init__(
         self,
         config: ServerConfig | None = None,
@@ -162,10 +154,6 @@ class LocalExecBackend:
         self._poll_interval = poll_interval
         self._http: HttpClient | None = None
         self._closed = False
-
-    @property
-    def is_remote(self) -> bool:
-        return False
 
     async def _on_event(self, event: ProcessEvent) -> None:
         handle = self._handles.get(event.process_id)
@@ -215,13 +203,16 @@ class LocalExecBackend:
             pipe_stdin=pipe_stdin,
         )
         if sandbox is not None:
+            from exec_server.sandbox.manager import SandboxManager
+
             ctx = decode_launch_sandbox(encode_client_context(sandbox))
+            if self._sandbox_manager is None:
+                self._sandbox_manager = SandboxManager(self._config)
             try:
-                spec = await self._sandbox().aprepare(spec, ctx)
+                spec = await self._sandbox_manager.aprepare(spec, ctx)
             except SandboxError as exc:
                 raise _wire(exc) from exc
-        handle = ProcessHandle(_LocalOps(self), pid, tty=tty, poll_interval=self._poll_interval,
-                               argv=argv)
+        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval, argv=argv)
         with registered(self._handles, handle):
             await self._manager.start(pid, spec, report_denial=True)
         return handle
@@ -229,8 +220,7 @@ class LocalExecBackend:
     async def http_request(
         self, method: str, url: str, **options: Unpack[HttpOptions]
     ) -> HttpResponse:
-        """Send the request from this process, validated as the server validates
-        ``http/request`` (``valueEnvVar`` reads this process's environment)."""
+        """Send from this process, validated as the server validates ``http/request``."""
         headers = options.get("headers", ())
         body = options.get("body")
         timeout_ms = options.get("timeout_ms")
@@ -264,20 +254,11 @@ class LocalExecBackend:
     async def run(
         self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
     ) -> CompletedProcess:
-        """Run to completion; see :meth:`ExecServerClient.run` (the environment
-        policy's "server" is this process)."""
+        """As :meth:`ExecServerClient.run`; the policy's "server" is this process."""
         return await run_command(self.start, cmd, **options)
 
     def list_processes(self) -> list[ProcessHandle]:
         return list(self._handles.values())
-
-    def _sandbox(self) -> SandboxManager:
-        """The server's sandbox layer, in-process (created on first use)."""
-        if self._sandbox_manager is None:
-            from exec_server.sandbox.manager import SandboxManager
-
-            self._sandbox_manager = SandboxManager(self._config)
-        return self._sandbox_manager
 
     async def aclose(self) -> None:
         """Kill every process this backend started (PROTOCOL.md §8.11)."""
@@ -291,12 +272,41 @@ class LocalExecBackend:
             handle._on_failure(ClientClosedError("backend closed"))
         self._handles.clear()
 
+    # The client's typed process calls, which the handles use.
+
+    async def read_process(self, params: ReadParams) -> ReadResult:
+        snap = await self._manager.read(params.process_id, after_seq=params.after_seq or 0,
+                                        max_bytes=params.max_bytes, wait_ms=params.wait_ms or 0)
+        denied = msgspec.UNSET if snap.sandbox_denied is None else snap.sandbox_denied
+        return ReadResult(chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
+                          exit_code=snap.exit_code, closed=snap.closed, sandbox_denied=denied)
+
+    async def write_process(self, params: WriteParams) -> WriteResult:
+        write_id = params.write_id or None
+        status = await self._manager.write(params.process_id, params.chunk, write_id)
+        return WriteResult(status=status)
+
+    async def terminate_process(self, params: TerminateParams) -> TerminateResult:
+        return TerminateResult(running=self._manager.terminate(params.process_id))
+
+    async def signal_process(self, params: SignalParams) -> SignalResult:
+        # Only ``interrupt`` exists (CLIENT_COMPAT.md §5.4).
+        self._manager.signal(params.process_id, _signal.SIGINT)
+        return SignalResult()
+
+    async def resize_pty(self, process_id: str, rows: int, cols: int) -> None:
+        if not (1 <= rows <= 65535 and 1 <= cols <= 65535):
+            raise InvalidParamsError("rows and cols must be within 1..65535")
+        self._manager.resize(process_id, rows, cols)
+
+    async def close_stdin(self, process_id: str) -> None:
+        self._manager.close_stdin(process_id)
+
     def _release(self, process_id: str) -> None:
         self._handles.pop(process_id, None)
 
 
 def _wire(exc: HttpError | SandboxError) -> Exception:
-    """The error the server would answer with (both backends raise the same)."""
     return from_domain_error(exc) or exc
 
 
@@ -308,38 +318,3 @@ async def _local_body(raw: RawHttpResponse) -> AsyncIterator[bytes]:
         raise body_failed(exc.cause) from None
     finally:
         await raw.aclose()
-
-
-@final
-class _LocalOps:
-    def __init__(self, backend: LocalExecBackend) -> None:
-        self._backend = backend
-
-    async def read(self, process_id: str, after_seq: int, max_bytes: int) -> ReadResult:
-        snap = await self._backend._manager.read(
-            process_id, after_seq=after_seq, max_bytes=max_bytes, wait_ms=0
-        )
-        denied = msgspec.UNSET if snap.sandbox_denied is None else snap.sandbox_denied
-        return ReadResult(chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
-                          exit_code=snap.exit_code, closed=snap.closed, sandbox_denied=denied)
-
-    async def write(self, process_id: str, data: bytes, write_id: str) -> WriteStatus:
-        return await self._backend._manager.write(process_id, data, write_id)
-
-    async def terminate(self, process_id: str) -> bool:
-        return self._backend._manager.terminate(process_id)
-
-    async def signal(self, process_id: str, signal: Signal) -> None:
-        # Only ``interrupt`` exists (CLIENT_COMPAT.md §5.4).
-        self._backend._manager.signal(process_id, _signal.SIGINT)
-
-    async def resize(self, process_id: str, rows: int, cols: int) -> None:
-        if not (1 <= rows <= 65535 and 1 <= cols <= 65535):
-            raise InvalidParamsError("rows and cols must be within 1..65535")
-        self._backend._manager.resize(process_id, rows, cols)
-
-    async def close_stdin(self, process_id: str) -> None:
-        self._backend._manager.close_stdin(process_id)
-
-    def release(self, process_id: str) -> None:
-        self._backend._release(process_id)

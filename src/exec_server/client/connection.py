@@ -1,15 +1,7 @@
 """``ExecServerClient``: an asyncio JSON-RPC client for an exec-server.
 
-One reader task owns the transport's inbound side: it resolves pending calls by
-id (out-of-order replies are fine, PROTOCOL.md §13.3) and routes
-``process/*`` notifications to the :class:`ProcessHandle` registered for the
-``processId``. Request ids are integers from 1. When the transport drops, every
-pending call and every handle fails with :class:`ConnectionLostError`;
-``reconnect()`` resumes the session (``resumeSessionId``) on a new connection
-and the handles catch up with ``process/read``.
-
-The client speaks the current Codex generation (``file://`` cwd, ``writeId``,
-``sandbox: null``), which both this project's server and upstream accept.
+One reader task resolves pending calls by id (replies may come in any order) and
+routes notifications to the handle of their ``processId`` or ``requestId``.
 """
 
 from __future__ import annotations
@@ -23,7 +15,6 @@ from typing import Final, TypeVar, Unpack, final
 
 import msgspec
 
-from exec_server.client._opening import Opening as Opening
 from exec_server.client._opening import opening
 from exec_server.client._transport import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -43,7 +34,6 @@ from exec_server.client.process import (
     DEFAULT_POLL_INTERVAL,
     CompletedProcess,
     ProcessHandle,
-    Signal,
     registered,
     resolve_start,
 )
@@ -56,7 +46,12 @@ from exec_server.protocol.codec import (
     encode_notification,
     encode_request,
 )
-from exec_server.protocol.messages import ErrorResponse, Notification, Response
+from exec_server.protocol.messages import (
+    ErrorResponse,
+    InitializeParams,
+    Notification,
+    Response,
+)
 from exec_server.protocol.paths import PathForm, render_path
 from exec_server.protocol.types.http import (
     BUFFERED_REQUEST_ID,
@@ -95,7 +90,6 @@ from exec_server.protocol.types.process import (
     TerminateResult,
     WriteParams,
     WriteResult,
-    WriteStatus,
 )
 from exec_server.protocol.types.sandbox import encode_client_context
 
@@ -104,9 +98,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_INITIALIZE_TIMEOUT",
     "ExecServerClient",
-    "InitializeParams",
     "InitializeResult",
-    "Opening",
 ]
 
 logger = logging.getLogger("exec_server.client")
@@ -120,7 +112,7 @@ DEFAULT_INITIALIZE_TIMEOUT: Final = 5.0
 
 _METHOD_INITIALIZE: Final = "initialize"
 _NOTIFY_INITIALIZED: Final = "initialized"
-#: no server knows this process; asking about it tells whether an extension exists.
+#: no server knows this process: any answer but -32601 means the extension exists.
 _PROBE_ID: Final = "exec-server-client-probe"
 _PROBES: Final[dict[str, msgspec.Struct]] = {
     METHOD_RESIZE_PTY: ResizePtyParams(process_id=_PROBE_ID, rows=1, cols=1),
@@ -128,23 +120,15 @@ _PROBES: Final[dict[str, msgspec.Struct]] = {
 }
 
 
-class InitializeParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``initialize`` params (PROTOCOL.md §4.1)."""
-
-    client_name: str
-    resume_session_id: str | None = None
-
-
 class InitializeResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """``initialize`` result; ``environmentInfo`` (raw JSON) only from current-generation
-    servers, else empty."""
+    """``environmentInfo`` (raw JSON) comes only from current-generation servers."""
 
     session_id: str
     environment_info: msgspec.Raw = msgspec.Raw()
 
 
 class _Empty(msgspec.Struct, frozen=True):
-    """``{}``: the params of ``initialized``, the result of a probe."""
+    pass
 
 
 _Event = OutputNotification | ExitedNotification | ClosedNotification
@@ -162,11 +146,8 @@ _Reopen = Callable[[float], Awaitable[Transport]]
 
 @final
 class ExecServerClient:
-    """A connection (plus session) to one exec-server.
-
-    Create with :meth:`connect` (WebSocket URL) or :meth:`spawn_stdio` (child server
-    on stdio); close with :meth:`aclose` or ``async with``.
-    """
+    """A connection (plus session) to one exec-server: :meth:`connect` or
+    :meth:`spawn_stdio`, then :meth:`aclose` or ``async with``."""
 
     def __init__(
         self,
@@ -179,13 +160,13 @@ class ExecServerClient:
     ) -> None:
         self._transport = transport
         self._client_name = client_name
-        self._url = url
+        #: the WebSocket URL, or None for a stdio server
+        self.url = url
         self._reopen = reopen
         self._poll_interval = poll_interval
         self._next_id = 0
         self._pending: dict[int | str, asyncio.Future[Response | ErrorResponse]] = {}
         self._handles: dict[str, ProcessHandle] = {}
-        #: streamed ``http/request`` bodies being received, by ``requestId``.
         self._http_bodies: dict[str, asyncio.Queue[BodyDelta | Exception]] = {}
         self._next_http_id = 0
         self._lost: ConnectionLostError | None = None
@@ -193,11 +174,9 @@ class ExecServerClient:
         self._session_id: str | None = None
         self._disconnecting = False
         self.initialize_result: InitializeResult | None = None
-        #: extension method -> implemented (learnt from the first answer).
+        #: extension method -> implemented (learnt from the first answer)
         self._extensions: dict[str, bool] = {}
         self._reader = asyncio.create_task(self._read_loop(transport))
-
-    # ------------------------------------------------------------------ construction
 
     @classmethod
     @opening
@@ -214,21 +193,16 @@ class ExecServerClient:
         token: str | None = None,
         ssl: SSLContext | None = None,
     ) -> ExecServerClient:
-        """Connect to ``ws://HOST:PORT`` (or ``wss://``) and run the initialize handshake.
+        """Connect to ``ws://HOST:PORT`` (or ``wss://``) and run ``initialize``.
 
         Args:
-            resume_session_id: reattach to a detached session (its processes keep
-                their ids); the server rejects ids it does not know.
-            token: the server's ``--ws-auth`` token (a capability token or a
-                signed JWT), sent as ``Authorization: Bearer``; kept for
-                :meth:`reconnect`.
-            ssl: verifies a ``wss://`` server, e.g.
-                ``ssl.create_default_context(cafile=...)`` (default: system CAs).
+            resume_session_id: reattach to a detached session.
+            token: the server's ``--ws-auth`` token, sent as ``Authorization: Bearer``.
+            ssl: verifies a ``wss://`` server (default: the system's CAs).
 
         Raises:
-            HandshakeError: connect or initialize timed out, the connection
-                failed, or the server refused it (``status`` 401: token).
-            InvalidRequestError: the server refused the resume (unknown/attached id).
+            HandshakeError: connecting or ``initialize`` failed, timed out or was refused.
+            InvalidRequestError: the server refused the resume.
         """
 
         async def reopen(limit: float) -> Transport:
@@ -255,16 +229,13 @@ class ExecServerClient:
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> ExecServerClient:
-        """Start ``python -m exec_server serve --listen stdio`` (or ``argv``) and connect.
-
-        The child server lives as long as the client; ``aclose()`` ends it.
-        """
+        """Start ``python -m exec_server serve --listen stdio`` (or ``argv``) and connect;
+        ``aclose()`` ends the child."""
         transport = await StdioTransport.spawn(argv, max_message_size=max_message_size)
         client = cls(transport, client_name=client_name, poll_interval=poll_interval)
         return await client._start(None, initialize_timeout)
 
     async def _start(self, resume_session_id: str | None, limit: float) -> ExecServerClient:
-        """Run the handshake on the new connection; the client is closed if it fails."""
         try:
             await self._handshake(resume_session_id, limit)
         except BaseException:
@@ -285,18 +256,10 @@ class ExecServerClient:
         self._session_id = result.session_id
         await self.notify(_NOTIFY_INITIALIZED, _Empty())
 
-    # ------------------------------------------------------------------ state
-
     @property
     def session_id(self) -> str:
-        """The server-side session (for ``resume_session_id``)."""
         assert self._session_id is not None
         return self._session_id
-
-    @property
-    def url(self) -> str | None:
-        """The WebSocket URL, or None for a stdio server."""
-        return self._url
 
     @property
     def connected(self) -> bool:
@@ -309,14 +272,8 @@ class ExecServerClient:
             f"session={self._session_id} processes={len(self._handles)}>"
         )
 
-    # ------------------------------------------------------------------ lifecycle
-
     async def aclose(self) -> None:
-        """Close the connection; pending calls fail with :class:`ClientClosedError`.
-
-        The server keeps the session's processes for its detach TTL (PROTOCOL.md
-        §4.6); terminate them first if they should not outlive the client.
-        """
+        """Close; the server keeps the session's processes for its detach TTL (§4.6)."""
         if self._closed:
             return
         self._closed = True
@@ -334,11 +291,8 @@ class ExecServerClient:
         await self.aclose()
 
     async def disconnect(self) -> None:
-        """Drop the transport without closing the client (e.g. to test resume).
-
-        Pending calls and handles fail with :class:`ConnectionLostError`; call
-        :meth:`reconnect` to continue.
-        """
+        """Drop the transport (calls fail with :class:`ConnectionLostError`) but keep
+        the client for :meth:`reconnect`."""
         self._disconnecting = True
         try:
             with contextlib.suppress(Exception):
@@ -354,16 +308,9 @@ class ExecServerClient:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
     ) -> None:
-        """Open a new connection and resume this client's session on it.
+        """Resume this session on a new connection; handles catch up from their cursors.
 
-        Process handles keep working: each catches up from its cursor with
-        ``process/read``, so output produced while disconnected is not lost
-        (within the server's retention).
-
-        Raises:
-            ClientClosedError: the client was closed.
-            HandshakeError / InvalidRequestError: as for :meth:`connect`; the
-                session may have expired (detach TTL).
+        Raises as :meth:`connect` (the session may have expired), or ``ClientClosedError``.
         """
         if self._closed:
             raise ClientClosedError("client closed")
@@ -382,17 +329,9 @@ class ExecServerClient:
         for handle in list(self._handles.values()):
             handle._on_resumed()
 
-    # ------------------------------------------------------------------ RPC core
-
     async def call(self, method: str, params: msgspec.Struct | None, result_type: type[T]) -> T:
-        """Send one request and decode its result as ``result_type``.
-
-        Raises:
-            ExecServerError subclass: the server answered with an error (class
-                chosen by code via ``error_for_code``).
-            ConnectionLostError: the transport dropped before the answer.
-            ClientClosedError: the client is closed.
-        """
+        """Send one request and decode its result as ``result_type``; an error answer
+        raises its :mod:`exec_server.exceptions` class."""
         if self._closed:
             raise ClientClosedError("client closed")
         if self._lost is not None:
@@ -414,7 +353,6 @@ class ExecServerClient:
             raise ServerProtocolError(f"unexpected {method} result: {exc}") from exc
 
     async def notify(self, method: str, params: msgspec.Struct | None = None) -> None:
-        """Send a notification (the protocol only has ``initialized``)."""
         if self._closed:
             raise ClientClosedError("client closed")
         await self._transport.send(encode_notification(method, params))
@@ -442,7 +380,6 @@ class ExecServerClient:
                     fut = self._pending.get(msg.id)
                     if fut is not None and not fut.done():
                         fut.set_result(msg)
-                # The server sends no requests; anything else is ignored.
         except ConnectionLostError as exc:
             reason = exc.reason
         finally:
@@ -478,8 +415,6 @@ class ExecServerClient:
         if handle is not None:
             handle._on_event(event)
 
-    # ------------------------------------------------------------------ http/request
-
     async def http_request(
         self,
         method: str,
@@ -493,15 +428,8 @@ class ExecServerClient:
     ) -> HttpResponse:
         """Have the server send an HTTP request (``http/request``, PROTOCOL_CURRENT.md §9).
 
-        ``stream=True`` returns once the response head arrived; iterate the
-        response (``async for chunk in response``) for the body, which the
-        server sends as ``http/request/bodyDelta`` notifications. Pieces that
-        arrive before they are read wait in memory here.
-
-        Raises:
-            InvalidParamsError: a refused method, URL, header or variable.
-            InternalError: no response (``http/request failed: …``) or, buffered,
-                a body that broke off.
+        ``stream=True`` returns at the response head; iterate the response for the body.
+        Raises ``InvalidParamsError`` (refused) or ``InternalError`` (failed).
         """
         if stream:
             self._next_http_id += 1
@@ -564,42 +492,32 @@ class ExecServerClient:
         finally:
             self._http_bodies.pop(request_id, None)
 
-    # ------------------------------------------------------------------ typed process RPCs
-
     async def start_process(self, params: StartParams) -> StartResult:
-        """``process/start`` as is; prefer :meth:`spawn`, which also returns a handle."""
+        """Prefer :meth:`spawn`, which also returns a handle."""
         return await self.call(METHOD_START, params, StartResult)
 
     async def read_process(self, params: ReadParams) -> ReadResult:
-        """``process/read``."""
         return await self.call(METHOD_READ, params, ReadResult)
 
     async def write_process(self, params: WriteParams) -> WriteResult:
-        """``process/write``."""
         return await self.call(METHOD_WRITE, params, WriteResult)
 
     async def terminate_process(self, params: TerminateParams) -> TerminateResult:
-        """``process/terminate``."""
         return await self.call(METHOD_TERMINATE, params, TerminateResult)
 
     async def signal_process(self, params: SignalParams) -> SignalResult:
-        """``process/signal`` (current-generation servers)."""
         return await self.call(METHOD_SIGNAL, params, SignalResult)
 
     async def resize_pty(self, process_id: str, rows: int, cols: int) -> None:
-        """``process/resizePty`` (extension; see :meth:`ProcessHandle.resize`)."""
         params = ResizePtyParams(process_id=process_id, rows=rows, cols=cols)
         await self._extension(METHOD_RESIZE_PTY, params, ResizePtyResult)
 
     async def close_stdin(self, process_id: str) -> None:
-        """``process/closeStdin`` (extension; see :meth:`ProcessHandle.close_stdin`)."""
         params = CloseStdinParams(process_id=process_id)
         await self._extension(METHOD_CLOSE_STDIN, params, CloseStdinResult)
 
     async def supports(self, method: str) -> bool:
-        """Whether the server implements extension ``method`` (``process/resizePty``,
-        ``process/closeStdin``); asked once per connection with an unknown process
-        id, which a server implementing it refuses with any error but -32601."""
+        """Whether the server implements extension ``method`` (asked once per connection)."""
         known = self._extensions.get(method)
         if known is not None:
             return known
@@ -625,8 +543,6 @@ class ExecServerClient:
         self._extensions[method] = True
         return reply
 
-    # ------------------------------------------------------------------ handles
-
     async def spawn(
         self,
         argv: Sequence[str],
@@ -643,22 +559,15 @@ class ExecServerClient:
         """Start a process and return its handle.
 
         Args:
-            argv: program and arguments; a bare name is looked up in ``env``'s PATH.
             cwd: absolute remote working directory (default: this process's cwd).
-            env: the child's environment on top of ``env_policy`` (default: empty;
-                with no ``env_policy`` it is the complete environment).
-            env_policy: inherit/filter the *server's* environment first
-                (CLIENT_COMPAT.md §4.1).
-            tty: run on a PTY (output stream ``pty``, writable).
-            pipe_stdin: non-tty processes get a writable stdin pipe.
+            env: the complete environment, or with ``env_policy`` (which filters the
+                *server's*, CLIENT_COMPAT.md §4.1) the variables set on top.
+            pipe_stdin: give a non-tty process a writable stdin pipe.
             process_id: the wire id (default: a random UUID).
-            sandbox: confine the process: a context from
-                :mod:`exec_server.client.sandbox_contexts` (``read_only(ws)``,
-                ``workspace_write(ws)``...); None runs it unconfined.
+            sandbox: a context from :mod:`exec_server.client.sandbox_contexts`.
         """
         work_dir, pid = resolve_start(cwd, process_id, self._handles)
-        handle = ProcessHandle(_RemoteOps(self), pid, tty=tty, poll_interval=self._poll_interval,
-                               argv=argv)
+        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval, argv=argv)
         params = StartParams(
             process_id=pid,
             argv=list(argv),
@@ -677,46 +586,25 @@ class ExecServerClient:
     async def run(
         self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
     ) -> CompletedProcess:
-        """Run a command to completion and return its exit code and output.
+        """Run ``cmd`` (a list, or one string with ``shell=True``) to completion.
 
-        Args:
-            cmd: a list of arguments, or with ``shell=True`` one string for
-                ``/bin/sh -c``.
-            options: :class:`~exec_server.client.run.RunOptions` (``shell``,
-                ``timeout``, ``check``, ``input``, ``env``, ``env_policy``,
-                ``cwd``, ``tty``, ``sandbox``).
-
-        Returns:
-            ``CompletedProcess`` (``exit_code``, ``stdout``, ``stderr``).
-
-        Raises:
-            ProcessTimeoutError: ``timeout`` ran out (the group was terminated).
-            ProcessError: ``check`` and a non-zero exit code; both carry
-                ``exit_code``, ``stdout`` and ``stderr``.
+        ``options`` are :class:`~exec_server.client.run.RunOptions`. Raises
+        ``ProcessTimeoutError`` when ``timeout`` runs out (the group is terminated)
+        and, with ``check``, ``ProcessError`` for a non-zero exit.
         """
         return await run_command(self.spawn, cmd, **options)
 
     def list_processes(self) -> list[ProcessHandle]:
-        """The processes this client started (or adopted) that are not closed yet.
-
-        The protocol has no listing method: this is the client's own table,
-        for this connection's session.
-        """
+        """This client's processes (started or adopted) that are not closed yet."""
         return list(self._handles.values())
 
     def adopt(self, process_id: str, *, tty: bool = False, after_seq: int = 0) -> ProcessHandle:
-        """A handle for a process started earlier in this session (e.g. before a resume).
-
-        The handle reads from ``after_seq`` (0: from the oldest retained output).
-        """
+        """A handle for a process started earlier in this session, reading from
+        ``after_seq`` (0: the oldest retained output)."""
         if process_id in self._handles:
             raise ValueError(f"process {process_id} already has a handle")
         handle = ProcessHandle(
-            _RemoteOps(self),
-            process_id,
-            tty=tty,
-            after_seq=after_seq,
-            poll_interval=self._poll_interval,
+            self, process_id, tty=tty, after_seq=after_seq, poll_interval=self._poll_interval
         )
         handle._need_read = True
         self._handles[process_id] = handle
@@ -728,40 +616,3 @@ class ExecServerClient:
 
 def _pairs(result: HttpRequestResult) -> list[tuple[str, str]]:
     return [(h.name, h.value) for h in result.headers]
-
-
-@final
-class _RemoteOps:
-    """:class:`ProcessOps` over an :class:`ExecServerClient`."""
-
-    def __init__(self, client: ExecServerClient) -> None:
-        self._client = client
-
-    async def read(self, process_id: str, after_seq: int, max_bytes: int) -> ReadResult:
-        return await self._client.read_process(
-            ReadParams(process_id=process_id, after_seq=after_seq, max_bytes=max_bytes, wait_ms=0)
-        )
-
-    async def write(self, process_id: str, data: bytes, write_id: str) -> WriteStatus:
-        result = await self._client.write_process(
-            WriteParams(process_id=process_id, chunk=data, write_id=write_id)
-        )
-        return result.status
-
-    async def terminate(self, process_id: str) -> bool:
-        result = await self._client.terminate_process(TerminateParams(process_id=process_id))
-        return result.running
-
-    async def signal(self, process_id: str, signal: Signal) -> None:
-        await self._client.signal_process(
-            SignalParams(process_id=process_id, signal=signal.value)
-        )
-
-    async def resize(self, process_id: str, rows: int, cols: int) -> None:
-        await self._client.resize_pty(process_id, rows, cols)
-
-    async def close_stdin(self, process_id: str) -> None:
-        await self._client.close_stdin(process_id)
-
-    def release(self, process_id: str) -> None:
-        self._client._release(process_id)

@@ -1,10 +1,7 @@
 """Where an agent's commands run: a remote exec-server or this machine (PROTOCOL.md §13).
 
-:class:`EnvironmentManager` holds the normalised server URL and lazily creates
-one shared :class:`Environment`. The URL comes from the caller, or - only in
-:meth:`EnvironmentManager.from_env` - from ``EXEC_SERVER_URL`` /
-``CODEX_EXEC_SERVER_URL``. Normalisation (§13.1): unset/blank means local,
-``none`` (any case) disables execution, anything else is a WebSocket URL.
+:class:`EnvironmentManager` normalises the URL (§13.1) and lazily creates one shared
+:class:`Environment`; only :meth:`EnvironmentManager.from_env` reads the environment.
 """
 
 from __future__ import annotations
@@ -38,23 +35,18 @@ __all__ = [
     "normalize_exec_server_url",
 ]
 
-#: Checked in this order by :meth:`EnvironmentManager.from_env`; the first one set wins.
+#: The first one set wins.
 URL_ENV_VARS: Final = ("EXEC_SERVER_URL", "CODEX_EXEC_SERVER_URL")
-#: the remote server's ``--ws-auth`` token (Codex 0.163 has no such variable:
-#: it reads ``auth_bearer_token`` from ``environments.toml``).
+#: the remote server's ``--ws-auth`` token (Codex 0.163 reads it from environments.toml).
 TOKEN_ENV_VAR: Final = "EXEC_SERVER_TOKEN"
-#: The value that disables execution altogether (case-insensitive).
+#: disables execution (case-insensitive).
 DISABLED_VALUE: Final = "none"
 #: PROTOCOL.md §13.2: the client name a remote environment announces.
 ENVIRONMENT_CLIENT_NAME: Final = "codex-environment"
 
 
 def normalize_exec_server_url(value: str | None) -> tuple[str | None, bool]:
-    """Apply §13.1: returns ``(url, disabled)``.
-
-    ``None``/blank -> ``(None, False)`` (local); ``none`` -> ``(None, True)``;
-    anything else -> ``(trimmed, False)`` (remote).
-    """
+    """§13.1 as ``(url, disabled)``: blank is local, ``none`` disabled, else remote."""
     if value is None:
         return None, False
     trimmed = value.strip()
@@ -80,12 +72,8 @@ class RuntimePaths:
 
 @final
 class Environment:
-    """One execution environment: an :class:`ExecBackend` plus its filesystem.
-
-    Build with :meth:`create`; the manager shares one instance. A local
-    environment owns its filesystem (and the sandboxed-filesystem helpers
-    behind it): :meth:`aclose` releases both.
-    """
+    """One execution environment: an :class:`ExecBackend` plus its filesystem, which
+    :meth:`aclose` closes. Build with :meth:`create`."""
 
     def __init__(
         self,
@@ -95,9 +83,9 @@ class Environment:
         runtime_paths: RuntimePaths | None = None,
         local_config: ServerConfig | None = None,
     ) -> None:
-        self._backend = backend
-        self._url = url
-        self._runtime_paths = runtime_paths
+        self.exec_backend = backend
+        self.url = url
+        self.runtime_paths = runtime_paths
         self._local_config = local_config
         self._local_fs: LocalFileSystem | None = None
         self._closed = False
@@ -113,16 +101,8 @@ class Environment:
         initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
         token: str | None = None,
     ) -> Environment:
-        """Create a remote environment for ``url`` or a local one for None/blank.
-
-        Remote: connects as ``codex-environment`` (5 s connect / initialize
-        timeouts, no resume), presenting ``token`` if given. Local: never
-        opens a connection.
-
-        Raises:
-            ValueError: ``url`` is ``none`` (``disabled mode does not create an Environment``).
-            HandshakeError: the remote server is unreachable.
-        """
+        """A remote environment for ``url`` (connects as ``codex-environment``), or a
+        local one for None/blank; ``ValueError`` for ``none``."""
         normalized, disabled = normalize_exec_server_url(url)
         if disabled:
             raise ValueError("disabled mode does not create an Environment")
@@ -143,40 +123,17 @@ class Environment:
         return cls(RemoteExecBackend(client), url=normalized, runtime_paths=runtime_paths)
 
     @property
-    def url(self) -> str | None:
-        """The exec-server URL, or None for a local environment."""
-        return self._url
-
-    @property
     def is_remote(self) -> bool:
-        return self._url is not None
-
-    @property
-    def runtime_paths(self) -> RuntimePaths | None:
-        return self._runtime_paths
-
-    @property
-    def exec_backend(self) -> ExecBackend:
-        """Where ``start()`` runs processes."""
-        return self._backend
+        return self.url is not None
 
     @property
     def remote_client(self) -> ExecServerClient | None:
-        """The connection of a remote environment (None when local)."""
-        if isinstance(self._backend, RemoteExecBackend):
-            return self._backend.client
-        return None
+        backend = self.exec_backend
+        return backend.client if isinstance(backend, RemoteExecBackend) else None
 
     def get_filesystem(self) -> LocalFileSystem | RemoteFileSystem:
-        """The filesystem of this environment (local calls, or ``fs/*`` over the client).
-
-        Local: one :meth:`LocalFileSystem.with_sandbox` instance, created on first
-        use, so sandboxed contexts are confined as the server would confine them;
-        the environment closes it.
-
-        Raises:
-            ClientClosedError: a local environment after :meth:`aclose`.
-        """
+        """``fs/*`` over the client, or locally one :meth:`LocalFileSystem.with_sandbox`
+        the environment owns."""
         client = self.remote_client
         if client is None:
             from exec_server.client.fs import LocalFileSystem
@@ -191,14 +148,13 @@ class Environment:
         return RemoteFileSystem(client)
 
     async def aclose(self) -> None:
-        """Close the filesystem (local) and the backend (local children killed / connection)."""
         self._closed = True
         local_fs, self._local_fs = self._local_fs, None
         try:
             if local_fs is not None:
                 await local_fs.aclose()
         finally:
-            await self._backend.aclose()
+            await self.exec_backend.aclose()
 
     async def __aenter__(self) -> Environment:
         return self
@@ -207,12 +163,12 @@ class Environment:
         await self.aclose()
 
     def __repr__(self) -> str:
-        return f"<Environment {'remote ' + self._url if self._url else 'local'}>"
+        return f"<Environment {'remote ' + self.url if self.url else 'local'}>"
 
 
 @final
 class EnvironmentManager:
-    """Chooses local vs remote once, and lazily creates one shared :class:`Environment`."""
+    """Chooses local, remote or disabled once; creates one shared :class:`Environment`."""
 
     def __init__(
         self,
@@ -222,9 +178,10 @@ class EnvironmentManager:
         local_config: ServerConfig | None = None,
         token: str | None = None,
     ) -> None:
-        self._url, self._disabled = normalize_exec_server_url(exec_server_url)
+        #: the normalised remote URL (None when local or disabled)
+        self.url, self.disabled = normalize_exec_server_url(exec_server_url)
         self._token = token
-        self._runtime_paths = runtime_paths
+        self.runtime_paths = runtime_paths
         self._local_config = local_config
         self._current: Environment | None = None
         self._lock = asyncio.Lock()
@@ -236,12 +193,8 @@ class EnvironmentManager:
         *,
         runtime_paths: RuntimePaths | None = None,
     ) -> EnvironmentManager:
-        """Build from ``EXEC_SERVER_URL``, else ``CODEX_EXEC_SERVER_URL``, and the
-        server's token from ``EXEC_SERVER_TOKEN`` (the only variables read).
-
-        Args:
-            environ: the mapping to read (default ``os.environ``).
-        """
+        """From ``EXEC_SERVER_URL``, else ``CODEX_EXEC_SERVER_URL``, and the token from
+        ``EXEC_SERVER_TOKEN``, in ``environ`` (default ``os.environ``)."""
         env = os.environ if environ is None else environ
         value = next((env[name] for name in URL_ENV_VARS if name in env), None)
         token = env.get(TOKEN_ENV_VAR, "").strip() or None
@@ -255,43 +208,29 @@ class EnvironmentManager:
         return cls(environment.url, runtime_paths=environment.runtime_paths)
 
     @property
-    def url(self) -> str | None:
-        """The normalised remote URL (None when local or disabled)."""
-        return self._url
-
-    @property
-    def disabled(self) -> bool:
-        return self._disabled
-
-    @property
     def is_remote(self) -> bool:
-        return self._url is not None
-
-    @property
-    def runtime_paths(self) -> RuntimePaths | None:
-        return self._runtime_paths
+        return self.url is not None
 
     async def current(self) -> Environment | None:
         """The shared environment (created on first call), or None when disabled."""
-        if self._disabled:
+        if self.disabled:
             return None
         if self._current is None:
             async with self._lock:
                 if self._current is None:
                     self._current = await Environment.create(
-                        self._url,
-                        runtime_paths=self._runtime_paths,
+                        self.url,
+                        runtime_paths=self.runtime_paths,
                         local_config=self._local_config,
                         token=self._token,
                     )
         return self._current
 
     async def aclose(self) -> None:
-        """Close the shared environment, if one was created."""
         if self._current is not None:
             env, self._current = self._current, None
             await env.aclose()
 
     def __repr__(self) -> str:
-        mode = "disabled" if self._disabled else f"remote {self._url}" if self._url else "local"
+        mode = "disabled" if self.disabled else f"remote {self.url}" if self.url else "local"
         return f"<EnvironmentManager {mode}>"

@@ -1,10 +1,5 @@
-"""Client-side errors that are not wire errors.
-
-Wire errors come back as the :mod:`exec_server.exceptions` classes (rebuilt from
-their code by ``error_for_code``). These classes describe the client's own
-connection state: closed by us (:class:`ClientClosedError`) versus broken by the
-peer or the network (:class:`ConnectionLostError`), after trio's Closed/Broken
-split.
+"""Client-side errors that are not wire errors (those come back as the
+:mod:`exec_server.exceptions` classes). Closed by us vs broken by the peer follows trio.
 
 Tree::
 
@@ -43,15 +38,11 @@ class ClientError(Exception):
 
 
 class ClientClosedError(ClientError):
-    """The client was closed with ``aclose()``; no further calls are possible."""
+    """The client was closed with ``aclose()``."""
 
 
 class ConnectionLostError(ClientError, ConnectionError):
-    """The transport dropped; pending calls fail with this.
-
-    Message: ``exec-server transport disconnected`` optionally followed by
-    ``: <reason>`` (PROTOCOL.md §13.3).
-    """
+    """The transport dropped: ``exec-server transport disconnected[: <reason>]``."""
 
     def __init__(self, reason: str | None = None) -> None:
         msg = TRANSPORT_DISCONNECTED if not reason else f"{TRANSPORT_DISCONNECTED}: {reason}"
@@ -60,11 +51,7 @@ class ConnectionLostError(ClientError, ConnectionError):
 
 
 class HandshakeError(ClientError):
-    """Connecting or the ``initialize`` handshake failed (or timed out).
-
-    ``status`` is the HTTP status of a refused upgrade (401: the token was
-    missing or wrong, the message says which), else None.
-    """
+    """Connecting or ``initialize`` failed; ``status`` is a refused upgrade's HTTP status."""
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
@@ -72,23 +59,16 @@ class HandshakeError(ClientError):
 
 
 class ServerProtocolError(ClientError):
-    """The server answered with a result that does not fit the method's result type."""
+    """The server's result does not fit the method's result type."""
 
 
 class NotSupportedError(ClientError):
-    """The server answered an extension method (``process/resizePty``,
-    ``process/closeStdin``) with "method not found" (upstream does); the
-    client does not send it to that connection again."""
+    """The server answered an extension method with -32601; it is not sent again."""
 
 
 class ProcessError(ClientError):
-    """A command run by ``run(check=True)`` failed; carries what it produced.
-
-    Attributes:
-        argv: the command as started.
-        exit_code: its exit code (``128+N`` after signal N; -1 if unobservable).
-        stdout, stderr: everything it wrote (PTY output is in ``stdout``).
-    """
+    """``run(check=True)`` saw a non-zero exit; carries ``argv``, ``exit_code``
+    (``128+N`` after signal N, -1 if unobservable), ``stdout`` and ``stderr``."""
 
     def __init__(self, argv: Sequence[str], exit_code: int, stdout: bytes, stderr: bytes,
                  message: str | None = None) -> None:
@@ -100,8 +80,4 @@ class ProcessError(ClientError):
 
 
 class ProcessTimeoutError(ProcessError, TimeoutError):
-    """``run(timeout=...)`` ran out: the process group was terminated.
-
-    ``stdout``/``stderr`` hold the output up to then; ``exit_code`` is the
-    status after the termination (-1 if it was not observed in time).
-    """
+    """``run(timeout=...)`` ran out and the group was terminated; output up to then."""

@@ -1,23 +1,8 @@
-"""The client-side filesystem interface: one protocol, a local and a remote implementation.
+"""The client-side filesystem: one protocol (:class:`ExecutorFileSystem`), a local
+implementation with the server's exact semantics and a remote one over ``fs/*``.
 
-:class:`ExecutorFileSystem` is what tools (apply_patch, view_image) program
-against; :class:`LocalFileSystem` runs the operations in this process with the
-server's exact semantics (same :mod:`exec_server.fs.direct`, same routing of
-sandbox contexts), :class:`RemoteFileSystem` sends ``fs/*`` requests over an
-``ExecServerClient``. Both raise the same typed errors
-(:mod:`exec_server.exceptions`): ``NotFoundError`` (-32004),
-``InvalidRequestError`` (-32600), ``InvalidParamsError`` (-32602),
-``InternalError`` (-32603).
-
-Both follow the current generation's rules: the remote one sends ``file://``
-URIs (so it works against upstream 0.163 servers too and gets ``isSymlink``/
-``size``), and reading a directory is ``-32600 path `/x` is not a file``.
-
-Every method takes an optional ``sandbox`` context: a legacy
-``FileSystemSandboxContext`` or a current permission context, as a
-``msgspec.Struct``, a mapping, or pre-encoded ``msgspec.Raw`` JSON. Contexts
-that need confinement are never run unconfined: locally they go to the
-sandboxed-filesystem service passed in, or fail closed.
+Both raise the same wire errors and take the same optional ``sandbox`` context;
+contexts that need confinement are never run unconfined (locally they fail closed).
 """
 
 from __future__ import annotations
@@ -93,8 +78,6 @@ class WalkResult(msgspec.Struct, frozen=True):
 
 
 class _Blocks(Protocol):
-    """What a :class:`FileStream` needs from its backend (one open handle)."""
-
     async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]: ...
 
     async def write_block(self, offset: int, data: bytes) -> None: ...
@@ -103,12 +86,8 @@ class _Blocks(Protocol):
 
 
 class FileStream:
-    """An open file handle (``fs/open``): positional block reads or writes.
-
-    Use ``async with fs.open(path) as f`` (closed on exit) or ``f = await
-    fs.open(path)`` and :meth:`aclose`. Reads return at most ``length`` bytes
-    (1 to 1 MiB) and ``eof`` when fewer came back.
-    """
+    """An open file (``fs/open``): ``async with fs.open(path) as f``, or await and
+    :meth:`aclose`. Reads return at most ``length`` bytes (1 B to 1 MiB) and ``eof``."""
 
     def __init__(self, blocks: _Blocks, mode: OpenMode) -> None:
         self._blocks = blocks
@@ -116,15 +95,12 @@ class FileStream:
         self._closed = False
 
     async def read_block(self, offset: int, length: int = MAX_BLOCK) -> tuple[bytes, bool]:
-        """``(chunk, eof)`` for up to ``length`` bytes at ``offset``."""
         return await self._blocks.read_block(offset, length)
 
     async def write_block(self, offset: int, data: bytes) -> None:
-        """Write ``data`` (1 byte to 1 MiB) at ``offset`` (``replace`` handles)."""
         await self._blocks.write_block(offset, data)
 
     async def chunks(self, block: int = MAX_BLOCK) -> AsyncIterator[bytes]:
-        """The file from its start, a block at a time, as the Codex client streams it."""
         offset = 0
         while True:
             chunk, eof = await self.read_block(offset, block)
@@ -138,7 +114,6 @@ class FileStream:
         return b"".join([chunk async for chunk in self.chunks(block)])
 
     async def write_all(self, data: bytes, block: int = MAX_BLOCK) -> None:
-        """Write ``data`` from offset 0 in blocks (nothing is sent for empty data)."""
         view = memoryview(data)
         for offset in range(0, len(view), block):
             await self.write_block(offset, bytes(view[offset : offset + block]))
@@ -157,8 +132,7 @@ class FileStream:
 
 @contextlib.contextmanager
 def _naming(path: PathArg | None) -> Iterator[None]:
-    """Errors about ``path`` name it (``NotFoundError``'s wire text does not); the fs
-    package's errors become the wire errors the server would answer with."""
+    """Errors name ``path`` (the wire texts do not); fs errors become the server's."""
     try:
         yield
     except Exception as exc:
@@ -173,11 +147,8 @@ def _naming(path: PathArg | None) -> Iterator[None]:
 
 
 class ExecutorFileSystem(Protocol):
-    """Async filesystem of an execution environment (paths must be absolute).
-
-    ``follow_symlinks=False`` (read_file, write_file, create_directory,
-    get_metadata, remove) refuses a symlink anywhere in the path.
-    """
+    """Async filesystem of an execution environment (paths must be absolute);
+    ``follow_symlinks=False`` refuses a symlink anywhere in the path."""
 
     async def read_file(
         self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
@@ -258,12 +229,10 @@ async def read_text(
 
 
 def _sandbox_json(sandbox: FsSandbox) -> bytes | None:
-    """The context as JSON text, None when absent (``None``, or empty or ``null`` text).
+    """The context as JSON text, None when absent.
 
-    Raises:
-        InvalidParamsError: ``Raw`` text that is not JSON (-32602, as the server says);
-            sent as it is, it would make the whole request unreadable, and the call
-            would wait for an answer that never comes.
+    ``Raw`` text that is not JSON is refused here (-32602): sent, it would make the
+    whole request unreadable and the call would wait forever.
     """
     if sandbox is None:
         return None
@@ -282,22 +251,16 @@ def _sandbox_json(sandbox: FsSandbox) -> bytes | None:
 
 
 def _wire_path(path: PathArg) -> WirePath:
-    """Validate like the server does (-32602 for relative paths), normalise lexically.
-
-    Bytes are decoded as ``os`` decodes names (surrogate escapes), which the
-    remote side sends as ``%XX`` in its URI: a name that is not UTF-8 reaches
-    the same file on both backends.
-    """
+    """Validated like the server does; bytes decode with surrogate escapes (sent as
+    ``%XX``), so a name that is not UTF-8 reaches the same file on both backends."""
     return parse_wire_path(os.fsdecode(path))
 
 
 class LocalFileSystem:
     """In-process filesystem with the server's semantics.
 
-    Args:
-        confined: the sandboxed-filesystem service for contexts that need
-            confinement; without one such calls fail closed (-32600). Use
-            :meth:`with_sandbox` to get one this object owns.
+    ``confined`` serves contexts that need confinement; without it they fail closed
+    (-32600). :meth:`with_sandbox` makes one this object owns.
     """
 
     def __init__(self, *, confined: ConfinedFileSystem | None = None) -> None:
@@ -307,11 +270,7 @@ class LocalFileSystem:
 
     @classmethod
     def with_sandbox(cls, config: ServerConfig | None = None) -> LocalFileSystem:
-        """A filesystem that confines sandboxed contexts like the server does.
-
-        It owns a ``SandboxedFileSystem`` (helper zygote, one-shot helpers):
-        close it with :meth:`aclose` or ``async with``.
-        """
+        """A filesystem that confines sandboxed contexts like the server (close it)."""
         from exec_server.fs.confined import SandboxedFileSystem
         from exec_server.sandbox.manager import SandboxManager
 
@@ -322,8 +281,7 @@ class LocalFileSystem:
         return fs
 
     async def aclose(self) -> None:
-        """Close the open file handles; release the sandboxed-filesystem service if
-        this object created it."""
+        """Close open files, and the sandboxed-filesystem service if this object made it."""
         await self._service.pool.run(self._handles.close_all)
         self._handles = FileHandles()
         owned, self._owned = self._owned, None
@@ -336,15 +294,16 @@ class LocalFileSystem:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _route(self, sandbox: FsSandbox) -> Route:
-        return await route_for(decode_fs_sandbox(_sandbox_json(sandbox)), self._service.pool)
+    async def _prepare(self, path: PathArg, sandbox: FsSandbox) -> tuple[str, Route]:
+        """The native path and the sandbox context's route, checked as the server checks."""
+        route = await route_for(decode_fs_sandbox(_sandbox_json(sandbox)), self._service.pool)
+        return _wire_path(path).path, route
 
     async def read_file(
         self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
     ) -> bytes:
         with _naming(path):
-            route = await self._route(sandbox)
-            native = _wire_path(path).path
+            native, route = await self._prepare(path, sandbox)
             if not follow_symlinks:
                 return await self._service.read_file_no_follow(native, route)
             return await self._service.read_file(native, route, regular_only=True)
@@ -358,13 +317,12 @@ class LocalFileSystem:
         follow_symlinks: bool = True,
     ) -> None:
         with _naming(path):
-            route = await self._route(sandbox)
-            native = _wire_path(path).path
-            if not follow_symlinks:
+            native, route = await self._prepare(path, sandbox)
+            if follow_symlinks:
+                await self._service.write_file(native, data, route)
+            else:
                 call = NoFollowCall("fs/writeFile", native, produce=lambda: data)
                 await self._service.no_follow(call, route)
-                return
-            await self._service.write_file(native, data, route)
 
     async def create_directory(
         self,
@@ -375,28 +333,25 @@ class LocalFileSystem:
         follow_symlinks: bool = True,
     ) -> None:
         with _naming(path):
-            route = await self._route(sandbox)
-            native = _wire_path(path).path
-            if not follow_symlinks:
+            native, route = await self._prepare(path, sandbox)
+            if follow_symlinks:
+                await self._service.create_directory(native, route, recursive=recursive)
+            else:
                 call = NoFollowCall("fs/createDirectory", native, recursive=recursive)
                 await self._service.no_follow(call, route)
-                return
-            await self._service.create_directory(native, route, recursive=recursive)
 
     async def get_metadata(
         self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
     ) -> Metadata:
         with _naming(path):
-            route = await self._route(sandbox)
-            native = _wire_path(path).path
+            native, route = await self._prepare(path, sandbox)
             if not follow_symlinks:
                 return await self._service.get_metadata_no_follow(native, route)
             return await self._service.get_metadata(native, route)
 
     async def read_directory(self, path: PathArg, sandbox: FsSandbox = None) -> list[DirEntry]:
         with _naming(path):
-            route = await self._route(sandbox)
-            return await self._service.read_directory(_wire_path(path).path, route)
+            return await self._service.read_directory(*await self._prepare(path, sandbox))
 
     async def remove(
         self,
@@ -408,13 +363,12 @@ class LocalFileSystem:
         follow_symlinks: bool = True,
     ) -> None:
         with _naming(path):
-            route = await self._route(sandbox)
-            native = _wire_path(path).path
-            if not follow_symlinks:
+            native, route = await self._prepare(path, sandbox)
+            if follow_symlinks:
+                await self._service.remove(native, route, recursive=recursive, force=force)
+            else:
                 call = NoFollowCall("fs/remove", native, recursive=recursive, force=force)
                 await self._service.no_follow(call, route)
-                return
-            await self._service.remove(native, route, recursive=recursive, force=force)
 
     async def copy(
         self,
@@ -425,15 +379,13 @@ class LocalFileSystem:
         sandbox: FsSandbox = None,
     ) -> None:
         with _naming(source):
-            route = await self._route(sandbox)
-            await self._service.copy(
-                _wire_path(source).path, _wire_path(destination).path, route, recursive=recursive
-            )
+            native, route = await self._prepare(source, sandbox)
+            target = _wire_path(destination).path
+            await self._service.copy(native, target, route, recursive=recursive)
 
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str:
         with _naming(path):
-            route = await self._route(sandbox)
-            return await self._service.canonicalize(_wire_path(path).path, route)
+            return await self._service.canonicalize(*await self._prepare(path, sandbox))
 
     async def walk(
         self,
@@ -446,21 +398,16 @@ class LocalFileSystem:
         prune_hidden_directories: bool = False,
         sandbox: FsSandbox = None,
     ) -> WalkResult:
+        options = WalkOptions(max_depth, max_directories, max_entries,
+                              follow_directory_symlinks, prune_hidden_directories)
         with _naming(path):
-            route = await self._route(sandbox)
-            options = WalkOptions(
-                max_depth,
-                max_directories,
-                max_entries,
-                follow_directory_symlinks,
-                prune_hidden_directories,
-            )
-            outcome = await self._service.walk(_wire_path(path).path, options, route)
-            return WalkResult(
-                entries=[WalkEntry(os.path.join(d, n), is_dir) for d, n, is_dir in outcome.entries],
-                errors=[WalkError(os.path.join(d, n) if n else d, m) for d, n, m in outcome.errors],
-                truncated=outcome.truncated,
-            )
+            native, route = await self._prepare(path, sandbox)
+            outcome = await self._service.walk(native, options, route)
+        return WalkResult(
+            entries=[WalkEntry(os.path.join(d, n), is_dir) for d, n, is_dir in outcome.entries],
+            errors=[WalkError(os.path.join(d, n) if n else d, m) for d, n, m in outcome.errors],
+            truncated=outcome.truncated,
+        )
 
     def open(
         self, path: PathArg, mode: OpenMode = "read", *, sandbox: FsSandbox = None
@@ -473,9 +420,9 @@ class LocalFileSystem:
         handle = self._handles.reserve(handle_id)
         try:
             with _naming(None):
-                route = await self._route(sandbox)
+                native, route = await self._prepare(path, sandbox)
                 install = functools.partial(self._handles.install, handle)
-                await self._service.open_handle(_wire_path(path).path, mode, install, route)
+                await self._service.open_handle(native, mode, install, route)
         except BaseException:
             self._handles.release(handle_id, handle)
             raise
@@ -483,8 +430,6 @@ class LocalFileSystem:
 
 
 class _LocalBlocks:
-    """One handle of a :class:`LocalFileSystem`'s table, used from worker threads."""
-
     def __init__(self, service: FileSystemService, handles: FileHandles, handle_id: str) -> None:
         self._service = service
         self._handles = handles
@@ -506,8 +451,6 @@ class _LocalBlocks:
 
 
 class RpcCaller(Protocol):
-    """The one method of ``ExecServerClient`` this module needs."""
-
     async def call(self, method: str, params: msgspec.Struct | None, result_type: type[T]) -> T: ...
 
 
@@ -517,22 +460,13 @@ class RemoteFileSystem:
     def __init__(self, client: RpcCaller) -> None:
         self._client = client
 
-    @staticmethod
-    def _uri(path: PathArg) -> str:
-        return render_path(_wire_path(path).path, PathForm.URI)
-
-    @staticmethod
-    def _sandbox(sandbox: FsSandbox) -> t.SandboxField:
-        raw = _sandbox_json(sandbox)
-        return msgspec.UNSET if raw is None else msgspec.Raw(raw)
-
     async def read_file(
         self, path: PathArg, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
     ) -> bytes:
         with _naming(path):
             params = t.ReadFileParams(
-                path=self._uri(path),
-                sandbox=self._sandbox(sandbox),
+                path=_uri(path),
+                sandbox=_sandbox_field(sandbox),
                 follow_symlinks=_no_follow(follow_symlinks),
             )
             result = await self._client.call(t.METHOD_READ_FILE, params, t.ReadFileResult)
@@ -548,9 +482,9 @@ class RemoteFileSystem:
     ) -> None:
         with _naming(path):
             params = t.WriteFileRequest(
-                path=self._uri(path),
+                path=_uri(path),
                 data_base64=data,
-                sandbox=self._sandbox(sandbox),
+                sandbox=_sandbox_field(sandbox),
                 follow_symlinks=_no_follow(follow_symlinks),
             )
             await self._client.call(t.METHOD_WRITE_FILE, params, t.EmptyResult)
@@ -565,9 +499,9 @@ class RemoteFileSystem:
     ) -> None:
         with _naming(path):
             params = t.CreateDirectoryParams(
-                path=self._uri(path),
+                path=_uri(path),
                 recursive=recursive,
-                sandbox=self._sandbox(sandbox),
+                sandbox=_sandbox_field(sandbox),
                 follow_symlinks=_no_follow(follow_symlinks),
             )
             await self._client.call(t.METHOD_CREATE_DIRECTORY, params, t.EmptyResult)
@@ -577,25 +511,25 @@ class RemoteFileSystem:
     ) -> Metadata:
         with _naming(path):
             params = t.GetMetadataParams(
-                path=self._uri(path),
-                sandbox=self._sandbox(sandbox),
+                path=_uri(path),
+                sandbox=_sandbox_field(sandbox),
                 follow_symlinks=_no_follow(follow_symlinks),
             )
             r = await self._client.call(t.METHOD_GET_METADATA, params, t.GetMetadataResult)
-            return Metadata(
-                is_directory=r.is_directory,
-                is_file=r.is_file,
-                created_at_ms=r.created_at_ms,
-                modified_at_ms=r.modified_at_ms,
-                is_symlink=None if r.is_symlink is msgspec.UNSET else r.is_symlink,
-                size=None if r.size is msgspec.UNSET else r.size,
-            )
+        return Metadata(
+            is_directory=r.is_directory,
+            is_file=r.is_file,
+            created_at_ms=r.created_at_ms,
+            modified_at_ms=r.modified_at_ms,
+            is_symlink=None if r.is_symlink is msgspec.UNSET else r.is_symlink,
+            size=None if r.size is msgspec.UNSET else r.size,
+        )
 
     async def read_directory(self, path: PathArg, sandbox: FsSandbox = None) -> list[DirEntry]:
         with _naming(path):
-            params = t.ReadDirectoryParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
+            params = t.ReadDirectoryParams(path=_uri(path), sandbox=_sandbox_field(sandbox))
             r = await self._client.call(t.METHOD_READ_DIRECTORY, params, t.ReadDirectoryResult)
-            return [DirEntry(e.file_name, e.is_directory, e.is_file) for e in r.entries]
+        return [DirEntry(e.file_name, e.is_directory, e.is_file) for e in r.entries]
 
     async def remove(
         self,
@@ -608,10 +542,10 @@ class RemoteFileSystem:
     ) -> None:
         with _naming(path):
             params = t.RemoveParams(
-                path=self._uri(path),
+                path=_uri(path),
                 recursive=recursive,
                 force=force,
-                sandbox=self._sandbox(sandbox),
+                sandbox=_sandbox_field(sandbox),
                 follow_symlinks=_no_follow(follow_symlinks),
             )
             await self._client.call(t.METHOD_REMOVE, params, t.EmptyResult)
@@ -626,16 +560,16 @@ class RemoteFileSystem:
     ) -> None:
         with _naming(source):
             params = t.CopyParams(
-                source_path=self._uri(source),
-                destination_path=self._uri(destination),
+                source_path=_uri(source),
+                destination_path=_uri(destination),
                 recursive=recursive,
-                sandbox=self._sandbox(sandbox),
+                sandbox=_sandbox_field(sandbox),
             )
             await self._client.call(t.METHOD_COPY, params, t.EmptyResult)
 
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str:
         with _naming(path):
-            params = t.CanonicalizeParams(path=self._uri(path), sandbox=self._sandbox(sandbox))
+            params = t.CanonicalizeParams(path=_uri(path), sandbox=_sandbox_field(sandbox))
             r = await self._client.call(t.METHOD_CANONICALIZE, params, t.CanonicalizeResult)
             return parse_wire_path(r.path).path
 
@@ -650,18 +584,15 @@ class RemoteFileSystem:
         prune_hidden_directories: bool = False,
         sandbox: FsSandbox = None,
     ) -> WalkResult:
+        options = t.WalkOptionsParams(
+            max_depth=max_depth,
+            max_directories=max_directories,
+            max_entries=max_entries,
+            follow_directory_symlinks=follow_directory_symlinks,
+            prune_hidden_directories=prune_hidden_directories,
+        )
         with _naming(path):
-            params = t.WalkParams(
-                path=self._uri(path),
-                options=t.WalkOptionsParams(
-                    max_depth=max_depth,
-                    max_directories=max_directories,
-                    max_entries=max_entries,
-                    follow_directory_symlinks=follow_directory_symlinks,
-                    prune_hidden_directories=prune_hidden_directories,
-                ),
-                sandbox=self._sandbox(sandbox),
-            )
+            params = t.WalkParams(path=_uri(path), options=options, sandbox=_sandbox_field(sandbox))
             r = await self._client.call(t.METHOD_WALK, params, t.WalkResult)
             return WalkResult(
                 entries=[
@@ -681,15 +612,22 @@ class RemoteFileSystem:
     async def _open(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
         handle_id = uuid.uuid4().hex  # as the Codex client: 32 hex digits
         params = t.OpenParams(
-            handle_id=handle_id, path=self._uri(path), mode=mode, sandbox=self._sandbox(sandbox)
+            handle_id=handle_id, path=_uri(path), mode=mode, sandbox=_sandbox_field(sandbox)
         )
         await self._client.call(t.METHOD_OPEN, params, t.OpenResult)
         return FileStream(_RemoteBlocks(self._client, handle_id), mode)
 
 
-class _RemoteBlocks:
-    """One handle on the server: ``fs/readBlock``, ``fs/writeBlock``, ``fs/close``."""
+def _uri(path: PathArg) -> str:
+    return render_path(_wire_path(path).path, PathForm.URI)
 
+
+def _sandbox_field(sandbox: FsSandbox) -> t.SandboxField:
+    raw = _sandbox_json(sandbox)
+    return msgspec.UNSET if raw is None else msgspec.Raw(raw)
+
+
+class _RemoteBlocks:
     def __init__(self, client: RpcCaller, handle_id: str) -> None:
         self._client = client
         self._id = handle_id

@@ -1,13 +1,5 @@
-"""``http_request`` for both backends: one response type, local or remote.
-
-:class:`HttpResponse` is what :meth:`ExecServerClient.http_request` (remote:
-``http/request`` and its ``bodyDelta`` notifications) and
-:meth:`LocalExecBackend.http_request` (this process, through
-:mod:`exec_server.http`) return. Errors are the same on both: a refused
-request is :class:`~exec_server.exceptions.InvalidParamsError`, a failed one
-or a body that broke off :class:`~exec_server.exceptions.InternalError`,
-with upstream's texts.
-"""
+"""``http_request``'s response type and error texts, shared by the local and remote
+backends so both answer alike (upstream's texts)."""
 
 from __future__ import annotations
 
@@ -27,7 +19,6 @@ _BODY_FAILED: Final = "failed to read http/request response body: "
 
 
 def body_failed(cause: str) -> InternalError:
-    """The error a body that broke off raises (as a buffered request's answer says it)."""
     return InternalError(_BODY_FAILED + cause)
 
 
@@ -36,8 +27,7 @@ def request_headers(headers: Sequence[HeaderArg]) -> list[RequestHeader]:
 
 
 class HttpOptions(TypedDict, total=False):
-    """``http_request``'s keyword options (see :meth:`ExecServerClient.http_request`);
-    what the backends pass through."""
+    """``http_request``'s keyword options, as the backends pass them through."""
 
     headers: Sequence[HeaderArg]
     body: bytes | None
@@ -47,13 +37,8 @@ class HttpOptions(TypedDict, total=False):
 
 
 class HttpResponse:
-    """A response: status and headers at once; the body buffered, or streamed.
-
-    Attributes:
-        status: the HTTP status.
-        headers: ``(name, value)`` pairs in the order received, names lower case.
-        body: the whole body of a buffered request (``b""`` for a streamed one).
-    """
+    """A response: ``status``; ``headers``, ``(name, value)`` pairs in order, names in
+    lower case; ``body`` when buffered (``b""`` when streamed: iterate or :meth:`read`)."""
 
     def __init__(
         self,
@@ -67,7 +52,6 @@ class HttpResponse:
         self.status = status
         self.headers = headers
         self.body = body
-        self.streamed = chunks is not None
         self._chunks = chunks
         self._close = close
 
@@ -77,11 +61,7 @@ class HttpResponse:
         return [value for key, value in self.headers if key == lower]
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        """A streamed body's pieces as they arrive (a buffered body: its one piece).
-
-        Raises:
-            InternalError: the body broke off (``failed to read http/request response body: …``).
-        """
+        """The body's pieces as they arrive; ``InternalError`` if it broke off."""
         return self._buffered() if self._chunks is None else self._chunks
 
     async def _buffered(self) -> AsyncIterator[bytes]:
@@ -89,13 +69,12 @@ class HttpResponse:
             yield self.body
 
     async def read(self) -> bytes:
-        """The whole body (a streamed one is read to its end)."""
         if self._chunks is None:
             return self.body
         return b"".join([chunk async for chunk in self._chunks])
 
     async def aclose(self) -> None:
-        """Stop reading a streamed body (what is not read yet is dropped)."""
+        """Stop reading a streamed body (the rest is dropped)."""
         if self._close is not None:
             await self._close()
 

@@ -1,17 +1,8 @@
 """A handle on one process started through an exec backend (remote or local).
 
-Output arrives two ways and the handle merges them by sequence number
-(PROTOCOL.md §8.2): ``process/output|exited|closed`` notifications are applied
-while they are contiguous with the cursor, and whenever a gap shows up (missed
-notifications, a resumed session, a handle adopted after the fact) the handle
-calls ``process/read`` with the §8.4 cursor convention (``afterSeq`` = last seq
-consumed, then ``nextSeq - 1``) until it has caught up. Nothing the server
-still retains is lost, and bytes cross the wire once in the common case.
-
-A handle never sends a long-poll read: the legacy server answers requests of a
-connection sequentially (§17.14), so a waiting read would stall every other
-call. When notifications stop unexpectedly, a short ``waitMs: 0`` read every
-``poll_interval`` seconds is the safety net.
+Notifications are applied while their seq follows the cursor (PROTOCOL.md §8.2); a gap
+is filled with ``process/read`` (§8.4 cursor). Never a long-poll read: legacy servers
+answer a connection's requests in order (§17.14), so it would stall every other call.
 """
 
 from __future__ import annotations
@@ -23,7 +14,7 @@ import enum
 import os
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Protocol, TypedDict, final
 
 import msgspec
@@ -38,7 +29,14 @@ from exec_server.protocol.types.process import (
     OutputChunk,
     OutputNotification,
     ProcessStream,
+    ReadParams,
     ReadResult,
+    SignalParams,
+    SignalResult,
+    TerminateParams,
+    TerminateResult,
+    WriteParams,
+    WriteResult,
     WriteStatus,
 )
 
@@ -52,9 +50,8 @@ __all__ = [
     "SpawnOptions",
 ]
 
-#: Seconds without any event before the handle checks with a non-blocking read.
+#: seconds without any event before the handle checks with a non-blocking read
 DEFAULT_POLL_INTERVAL: Final = 5.0
-#: Bytes per catch-up ``process/read``.
 _READ_MAX_BYTES: Final = 1 << 20
 
 
@@ -65,11 +62,7 @@ class Signal(enum.Enum):
 
 
 class SpawnOptions(TypedDict, total=False):
-    """The keyword arguments of ``spawn()`` / ``start()`` after ``argv``.
-
-    Lets forwarding layers (``RemoteExecBackend``) pass them on without
-    restating the list; see :meth:`ExecServerClient.spawn` for their meaning.
-    """
+    """``spawn()``'s keyword arguments, for layers that pass them on."""
 
     cwd: str | None
     env: Mapping[str, str] | None
@@ -84,17 +77,8 @@ class SpawnOptions(TypedDict, total=False):
 def resolve_start(
     cwd: str | None, process_id: str | None, handles: Mapping[str, ProcessHandle]
 ) -> tuple[str, str]:
-    """Check a start's cwd and id the way the server would; returns ``(cwd, process_id)``.
-
-    Shared by the remote client and the local backend so both fail alike:
-    ``cwd`` defaults to this process's cwd and must be absolute (a relative
-    path has no URI form, PROTOCOL.md §8.1); ``process_id`` defaults to a
-    random UUID and must not already have a handle.
-
-    Raises:
-        InvalidParamsError: ``cwd`` is relative.
-        ValueError: ``process_id`` already has a handle.
-    """
+    """``(cwd, process_id)`` checked as the server would, so both backends fail alike
+    (a relative cwd has no URI form, PROTOCOL.md §8.1)."""
     work_dir = os.getcwd() if cwd is None else cwd
     if not os.path.isabs(work_dir):
         raise InvalidParamsError("cwd must be absolute: path must be absolute")
@@ -106,10 +90,7 @@ def resolve_start(
 
 @contextlib.contextmanager
 def registered(handles: dict[str, ProcessHandle], handle: ProcessHandle) -> Iterator[None]:
-    """Route ``handle``'s notifications for the body; unregister it if the body fails.
-
-    Registration comes before the start: notifications may beat its reply.
-    """
+    """Registered before the start (notifications may beat its reply); dropped on failure."""
     handles[handle.process_id] = handle
     try:
         yield
@@ -119,21 +100,21 @@ def registered(handles: dict[str, ProcessHandle], handle: ProcessHandle) -> Iter
 
 
 class ProcessOps(Protocol):
-    """What a handle needs from its backend; one implementation per backend."""
+    """What a handle needs from its backend: the client's typed process calls."""
 
-    async def read(self, process_id: str, after_seq: int, max_bytes: int) -> ReadResult: ...
+    async def read_process(self, params: ReadParams) -> ReadResult: ...
 
-    async def write(self, process_id: str, data: bytes, write_id: str) -> WriteStatus: ...
+    async def write_process(self, params: WriteParams) -> WriteResult: ...
 
-    async def terminate(self, process_id: str) -> bool: ...
+    async def terminate_process(self, params: TerminateParams) -> TerminateResult: ...
 
-    async def signal(self, process_id: str, signal: Signal) -> None: ...
+    async def signal_process(self, params: SignalParams) -> SignalResult: ...
 
-    async def resize(self, process_id: str, rows: int, cols: int) -> None: ...
+    async def resize_pty(self, process_id: str, rows: int, cols: int) -> None: ...
 
     async def close_stdin(self, process_id: str) -> None: ...
 
-    def release(self, process_id: str) -> None: ...
+    def _release(self, process_id: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,25 +133,12 @@ class CompletedProcess:
 _Event = OutputNotification | ExitedNotification | ClosedNotification
 
 
-@dataclass(slots=True)
-class _Cursor:
-    """Merge state: last consumed seq, out-of-order events, chunks ready for the reader."""
-
-    seq: int = 0
-    pending: dict[int, _Event] = field(default_factory=dict)
-    ready: collections.deque[OutputChunk] = field(default_factory=collections.deque)
-
-
 @final
 class ProcessHandle:
-    """A running (or finished) process: iterate its output, write, terminate, wait.
+    """A running (or finished) process; ``start()``, ``spawn()`` or ``adopt()`` make one.
 
-    Don't construct it yourself; ``ExecBackend.start()`` (or
-    ``ExecServerClient.spawn()`` / ``.adopt()``) returns one.
-
-    Iterating yields :class:`OutputChunk` (``seq``, ``stream``, ``chunk`` bytes) until
-    the process is closed (exited *and* its output drained). Only one coroutine
-    may iterate at a time.
+    Iterating yields :class:`OutputChunk` until the process is closed (exited and
+    drained); one reader at a time.
     """
 
     def __init__(
@@ -186,9 +154,12 @@ class ProcessHandle:
         self._ops = ops
         self.process_id = process_id
         self.tty = tty
-        #: the command as started (empty for an adopted handle).
+        #: empty for an adopted handle
         self.argv: tuple[str, ...] = tuple(argv)
-        self._cur = _Cursor(seq=after_seq)
+        #: last consumed seq; out-of-order events; chunks ready for the reader
+        self._seq = after_seq
+        self._pending: dict[int, _Event] = {}
+        self._ready: collections.deque[OutputChunk] = collections.deque()
         # A handle adopted mid-stream has not seen anything yet: catch up by reading.
         self._need_read = after_seq > 0
         self._exit_code: int | None = None
@@ -206,44 +177,34 @@ class ProcessHandle:
         )
         return (
             f"<ProcessHandle {self.process_id!r} {state} exit_code={self._exit_code} "
-            f"seq={self._cur.seq}>"
+            f"seq={self._seq}>"
         )
-
-    # ------------------------------------------------------------------ state
 
     @property
     def exit_code(self) -> int | None:
-        """Exit code once the exit is known (``128+signal`` for signal deaths), else None."""
+        """``128+N`` for a death by signal N; None until the exit is known."""
         return self._exit_code
 
     @property
     def closed(self) -> bool:
-        """True once the process exited and all its output was received."""
+        """Exited and all its output received."""
         return self._closed
 
     @property
     def failure(self) -> str | None:
-        """Why reading stopped early (``exec-server transport disconnected: …``), else None.
-
-        PROTOCOL.md §13.3 reports this as a synthesised ``closed`` read with a
-        ``failure`` text; here reads raise instead and this keeps the text.
-        """
+        """Why reading stopped early (reads raise; §13.3 reports it as ``closed``)."""
         return None if self._failure is None else str(self._failure)
 
     @property
     def last_seq(self) -> int:
-        """The last sequence number consumed (the ``afterSeq`` of the next read)."""
-        return self._cur.seq
-
-    # ------------------------------------------------------------------ events (backend side)
+        """The last sequence number consumed."""
+        return self._seq
 
     def _on_event(self, event: _Event) -> None:
-        """Apply a notification; out-of-order ones wait for the gap to be filled."""
-        cur = self._cur
-        if event.seq <= cur.seq:
+        if event.seq <= self._seq:
             return
-        if event.seq != cur.seq + 1:
-            cur.pending[event.seq] = event
+        if event.seq != self._seq + 1:
+            self._pending[event.seq] = event
             self._need_read = True
             self._wake.set()
             return
@@ -252,10 +213,9 @@ class ProcessHandle:
         self._wake.set()
 
     def _apply(self, event: _Event) -> None:
-        cur = self._cur
-        cur.seq = event.seq
+        self._seq = event.seq
         if isinstance(event, OutputNotification):
-            cur.ready.append(OutputChunk(seq=event.seq, stream=event.stream, chunk=event.chunk))
+            self._ready.append(OutputChunk(seq=event.seq, stream=event.stream, chunk=event.chunk))
         elif isinstance(event, ExitedNotification):
             self._exit_code = event.exit_code
         else:
@@ -264,42 +224,38 @@ class ProcessHandle:
     def _mark_closed(self) -> None:
         # Nothing follows ``closed`` (§8.2): stop routing, so finished handles don't pile up.
         self._closed = True
-        self._ops.release(self.process_id)
+        self._ops._release(self.process_id)
 
     def _drain_pending(self) -> None:
-        cur = self._cur
-        for seq in [s for s in cur.pending if s <= cur.seq]:
-            del cur.pending[seq]
-        while (nxt := cur.pending.pop(cur.seq + 1, None)) is not None:
+        pending = self._pending
+        for seq in [s for s in pending if s <= self._seq]:
+            del pending[seq]
+        while (nxt := pending.pop(self._seq + 1, None)) is not None:
             self._apply(nxt)
-        if not cur.pending:
+        if not pending:
             self._need_read = False
 
     def _on_failure(self, exc: BaseException) -> None:
-        """The backend lost its transport: wake readers so they see ``exc``."""
         if not self._closed:
             self._failure = exc
         self._wake.set()
 
     def _on_resumed(self) -> None:
-        """The session was resumed on a new connection: catch up by reading."""
         self._failure = None
         self._need_read = True
         self._wake.set()
 
-    # ------------------------------------------------------------------ driving
-
     async def _catch_up(self) -> None:
-        """One ``process/read`` from the cursor; merges chunks and exit/close state."""
         async with self._read_lock:
-            cur = self._cur
-            result = await self._ops.read(self.process_id, cur.seq, _READ_MAX_BYTES)
+            params = ReadParams(process_id=self.process_id, after_seq=self._seq,
+                                max_bytes=_READ_MAX_BYTES, wait_ms=0)
+            result = await self._ops.read_process(params)
             for chunk in result.chunks:
-                if chunk.seq > cur.seq:
-                    cur.ready.append(chunk)
-                    cur.seq = chunk.seq
+                if chunk.seq > self._seq:
+                    self._ready.append(chunk)
+                    self._seq = chunk.seq
             # §8.4 cursor convention: nextSeq - 1 also covers exit/close events.
-            cur.seq = max(cur.seq, result.next_seq - 1)
+            self._seq = max(self._seq, result.next_seq - 1)
             if result.exited and result.exit_code is not None:
                 self._exit_code = result.exit_code
             # A read that returned chunks may have stopped at maxBytes: read again.
@@ -307,10 +263,9 @@ class ProcessHandle:
             if result.closed and not result.chunks:
                 self._mark_closed()
             self._drain_pending()
-            self._need_read = (bool(result.chunks) and not self._closed) or bool(cur.pending)
+            self._need_read = (bool(result.chunks) and not self._closed) or bool(self._pending)
 
     async def _step(self) -> None:
-        """Make progress: read if behind, else wait for the next event (or poll)."""
         if self._failure is not None:
             # A fresh exception per raise: re-raising one object grows its traceback.
             failure = self._failure
@@ -336,20 +291,15 @@ class ProcessHandle:
         return chunk
 
     async def read_chunk(self) -> OutputChunk | None:
-        """Next output chunk, or None once the process is closed.
-
-        Raises:
-            ConnectionLostError: the transport dropped (after ``reconnect()`` reading
-                continues where it stopped).
-            RuntimeError: another coroutine is already reading this handle.
-        """
+        """Next output chunk, or None once closed; ``ConnectionLostError`` if the
+        transport dropped (reading continues after ``reconnect()``)."""
         if self._iterating:
             raise RuntimeError(f"process {self.process_id} is already being read")
         self._iterating = True
         try:
             while True:
-                if self._cur.ready:
-                    return self._cur.ready.popleft()
+                if self._ready:
+                    return self._ready.popleft()
                 if self._closed:
                     return None
                 await self._step()
@@ -357,77 +307,56 @@ class ProcessHandle:
             self._iterating = False
 
     async def wait(self) -> ExitStatus:
-        """Wait until the process is closed; its unread output stays readable.
-
-        Returns:
-            The exit status (``-1`` if the server could not observe it).
-        """
+        """Wait until closed (unread output stays readable); ``-1`` if unobservable."""
         while not self._closed:
             await self._step()
         assert self._exit_code is not None or self._closed
         return ExitStatus(-1 if self._exit_code is None else self._exit_code)
 
     async def collect(self) -> CompletedProcess:
-        """Read everything until closed; ``pty`` output counts as stdout."""
+        """Read everything until closed (``pty`` output counts as stdout)."""
         out, err = bytearray(), bytearray()
         async for chunk in self:
             (err if chunk.stream is ProcessStream.STDERR else out).extend(chunk.chunk)
         return CompletedProcess(bytes(out), bytes(err), await self.wait())
 
-    # ------------------------------------------------------------------ actions
-
     async def write(self, data: bytes) -> WriteStatus:
-        """Send bytes to the process's stdin (PTY in tty mode).
-
-        Returns:
-            ``accepted``, or why not (``stdinClosed`` for a pipe process started
-            without ``pipe_stdin``, ``unknownProcess`` after removal).
-        """
+        """Send bytes to stdin (the PTY in tty mode); ``accepted`` or why not."""
         self._write_ids += 1
-        return await self._ops.write(self.process_id, data, str(self._write_ids))
+        params = WriteParams(process_id=self.process_id, chunk=data, write_id=str(self._write_ids))
+        return (await self._ops.write_process(params)).status
 
     async def terminate(self) -> bool:
         """Kill the process group; returns whether it was still running."""
-        return await self._ops.terminate(self.process_id)
+        result = await self._ops.terminate_process(TerminateParams(process_id=self.process_id))
+        return result.running
 
     async def signal(self, signal: Signal = Signal.INTERRUPT) -> None:
         """Deliver ``signal`` to the process group (only ``interrupt`` exists)."""
-        await self._ops.signal(self.process_id, signal)
+        params = SignalParams(process_id=self.process_id, signal=signal.value)
+        await self._ops.signal_process(params)
 
     async def resize(self, rows: int, cols: int) -> None:
-        """Set a ``tty`` process's terminal size (``process/resizePty``, an
-        extension of this project's server).
-
-        Raises:
-            NotSupportedError: the server does not implement it (upstream).
-            InvalidParamsError: the process is not on a PTY, or a size is
-                outside 1..65535.
-        """
-        await self._ops.resize(self.process_id, rows, cols)
+        """Set a PTY's size (extension ``process/resizePty``: ``NotSupportedError`` upstream)."""
+        await self._ops.resize_pty(self.process_id, rows, cols)
 
     async def close_stdin(self) -> None:
-        """End of input for a ``pipe_stdin`` process, after the writes so far
-        (``process/closeStdin``, an extension of this project's server).
-
-        Raises:
-            NotSupportedError: the server does not implement it (upstream).
-        """
+        """End a ``pipe_stdin`` process's input (extension ``process/closeStdin``)."""
         await self._ops.close_stdin(self.process_id)
 
     def release(self) -> None:
         """Stop routing this process's notifications to the handle."""
-        self._ops.release(self.process_id)
+        self._ops._release(self.process_id)
 
     async def __aenter__(self) -> ProcessHandle:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        """Terminate if still running, then stop routing its notifications."""
         if not self._closed and self._failure is None:
             with contextlib.suppress(Exception):
                 await self.terminate()
         self.release()
 
 
-#: The name STYLE.md uses; local and remote handles are the same class.
+#: STYLE.md's name; local and remote handles are one class.
 RemoteProcess = ProcessHandle

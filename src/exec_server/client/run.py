@@ -1,10 +1,5 @@
-"""One call for a whole command: start it, feed it, collect its output, check its status.
-
-What agent harnesses mostly want (``subprocess.run`` for a remote machine):
-``await client.run(["pytest", "-q"], timeout=600, check=True)``. Shared by
-:class:`~exec_server.client.ExecServerClient` and both exec backends, which
-pass their own ``start``.
-"""
+"""``run()``: ``subprocess.run`` for an exec backend (start, feed, collect, check),
+shared by the client and both backends, which pass their own ``start``."""
 
 from __future__ import annotations
 
@@ -32,8 +27,8 @@ Start = Callable[..., Awaitable[ProcessHandle]]
 
 
 def inherit_server_env() -> EnvPolicy:
-    """The server's environment minus ``*KEY*``/``*SECRET*``/``*TOKEN*`` names
-    (what ``exec-server exec`` and codex's shell tool give a command)."""
+    """The server's environment minus ``*KEY*``/``*SECRET*``/``*TOKEN*`` names (as codex's
+    shell tool gives it)."""
     return EnvPolicy(
         inherit="all", ignore_default_excludes=False, exclude=[], set={}, include_only=[]
     )
@@ -53,21 +48,15 @@ def _argv(cmd: str | Sequence[str], shell: bool) -> list[str]:
 
 
 class RunOptions(TypedDict, total=False):
-    """``run()``'s keyword arguments after ``cmd`` (the client's, both backends', the
-    blocking facade's).
+    """``run()``'s keyword arguments after ``cmd`` (docs/client.md, "One call: run").
 
     Attributes:
-        shell: ``cmd`` is one string for ``/bin/sh -c`` (default False: a list of
-            arguments).
-        timeout: seconds; when they run out the process group is terminated and
-            :class:`ProcessTimeoutError` raised.
+        shell: ``cmd`` is one string for ``/bin/sh -c``.
+        timeout: seconds, then the group is terminated (:class:`ProcessTimeoutError`).
         check: raise :class:`ProcessError` for a non-zero exit code.
-        input: bytes for its stdin, then end of input (pipes: needs the
-            ``process/closeStdin`` extension; ``tty``: sent, then ^D).
-        env: variables on top of ``env_policy``.
-        env_policy: default: the server's environment minus secret-looking names
-            (``*KEY*``, ``*SECRET*``, ``*TOKEN*``).
-        cwd, tty, sandbox: as for ``spawn``.
+        input: bytes for stdin, then end of input (``process/closeStdin``; tty: ^D).
+        env_policy: default :func:`inherit_server_env`.
+        env, cwd, tty, sandbox: as for ``spawn``.
     """
 
     shell: bool
@@ -84,16 +73,6 @@ class RunOptions(TypedDict, total=False):
 async def run_command(
     start: Start, cmd: str | Sequence[str], **options: Unpack[RunOptions]
 ) -> CompletedProcess:
-    """Run ``cmd`` to completion through ``start`` (a ``spawn``/``start`` method).
-
-    Returns:
-        ``CompletedProcess`` (``exit_code``, ``stdout``, ``stderr``).
-
-    Raises:
-        ProcessTimeoutError: ``timeout`` ran out (the group was terminated).
-        ProcessError: ``check`` and a non-zero exit code.
-        TypeError, ValueError: a malformed ``cmd``.
-    """
     unknown = options.keys() - RunOptions.__optional_keys__
     if unknown:
         raise TypeError(f"run() got unexpected keyword arguments: {sorted(unknown)}")
@@ -155,7 +134,6 @@ async def run_command(
 
 async def _terminate_and_settle(handle: ProcessHandle,
                                 drain: Callable[[], Awaitable[ExitStatus]]) -> int:
-    """Terminate the group, then take what is left of its output and its status."""
     with contextlib.suppress(ExecServerError, ClientError):
         await handle.terminate()
     try:

@@ -1,16 +1,8 @@
-"""Sandbox contexts as the current Codex client builds them (CLIENT_COMPAT.md §1.4).
+"""Sandbox contexts as codex 0.163 builds them (CLIENT_COMPAT.md §1.4), for any workspace.
 
-Every :class:`~exec_server.client.fs.ExecutorFileSystem` method and
-``process/start`` take an optional ``sandbox`` context. Written by hand, the
-current shape is easy to get subtly wrong and still valid: without workspace
-roots ``project_roots`` grants nothing, so every write is refused; without the
-read-only ``.git``/``.codex`` carve-outs a sandboxed call may plant a git hook.
-These builders give the contexts codex 0.163 sends on ``fs/*`` calls (checked
-against its recordings in the tests), for any workspace.
-
-The results are :class:`~exec_server.protocol.types.sandbox.CurrentSandboxContext`
-structs, which the client's filesystem backends accept as they are;
-:func:`to_wire` gives the JSON object for hand-written JSON-RPC.
+Written by hand the shape is easy to get wrong and still valid: without workspace roots
+every write is refused; without the read-only ``.git``/``.codex`` carve-outs a sandboxed
+call may plant a git hook. :func:`to_wire` gives the JSON for hand-written JSON-RPC.
 """
 
 from __future__ import annotations
@@ -62,14 +54,10 @@ def workspace_write(
     ``/tmp`` and ``$TMPDIR`` unless ``tmp`` is false), its protected names read-only.
 
     Args:
-        workspace: the workspace root and policy cwd (absolute).
         home: the user's home directory sent along (default: this user's).
-        full_read: read the whole filesystem; False reads only the platform's
-            minimal set besides the workspace (``minimal``).
-        tmp: include the ``slash_tmp`` and ``tmpdir`` write entries.
-        network: whether sandboxed commands may use the network.
-        writable_roots: more writable directories (absolute), each with the
-            same read-only protected names (sent as further workspace roots).
+        full_read: False reads only the platform's minimal set besides the workspace.
+        writable_roots: more writable directories (absolute), with the same
+            read-only protected names.
     """
     entries = [_entry(SpecialRoot() if full_read else SpecialMinimal(), "read")]
     entries.append(_entry(SpecialProjectRoots(), "write"))
@@ -87,11 +75,8 @@ def read_only(
     network: bool = False,
 ) -> CurrentSandboxContext:
     """``--sandbox read-only``: reads only (everywhere, or with ``full_read=False``
-    the platform's minimal set and ``workspace``); nothing may be written.
-
-    Not in the recordings: the workspace-write context without its write
-    entries (nothing is writable, so no read-only carve-outs either).
-    """
+    the platform's minimal set and ``workspace``). Not recorded from codex: the
+    workspace-write context without its write entries and carve-outs."""
     entries = [_entry(SpecialRoot(), "read")]
     if not full_read:
         entries = [_entry(SpecialMinimal(), "read"), _entry(SpecialProjectRoots(), "read")]
@@ -99,8 +84,7 @@ def read_only(
 
 
 def full_access(workspace: StrPath, *, home: StrPath | None = None) -> CurrentSandboxContext:
-    """``--sandbox danger-full-access``: permissions disabled; calls run unconfined
-    (as with no context at all)."""
+    """``--sandbox danger-full-access``: permissions disabled (runs unconfined)."""
     root = _abs(workspace)
     return CurrentSandboxContext(
         permissions=PermissionsDisabled(),
