@@ -256,13 +256,14 @@ async def test_timeouts(conn: Any, http_peer: Any) -> None:
         "code": -32603,
         "message": f"http/request failed: error sending request for url ({url})",
     }
-    # the deadline covers the body too: buffered, and streamed (a final error frame)
-    reply = await conn.request("http/request", _req(http_peer.base + "/hold", timeoutMs=300))
+    # the deadline covers the body too: buffered, and streamed (a final error frame);
+    # long enough for the headers and "abc" to arrive first on a loaded machine
+    reply = await conn.request("http/request", _req(http_peer.base + "/hold", timeoutMs=1500))
     assert reply["error"]["message"] == (
         "failed to read http/request response body: error decoding response body"
     )
     await conn.call(
-        "http/request", _req(http_peer.base + "/hold", timeoutMs=300, streamResponse=True)
+        "http/request", _req(http_peer.base + "/hold", timeoutMs=1500, streamResponse=True)
     )
     data, frames = await _body(conn, "r1")
     assert data == b"abc" and frames[-1]["error"] == "error decoding response body"
