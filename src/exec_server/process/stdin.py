@@ -1,9 +1,8 @@
 """A child's stdin: a bounded queue of writes, flushed as the non-blocking fd takes them.
 
-``process/write`` (PROTOCOL.md §8.5, CLIENT_COMPAT.md §5.1) waits while the
-queue is full, so a child that does not read slows its writer instead of
-growing the server. Write errors (EPIPE, EIO: the child stopped reading) drop
-the queue, as upstream ignores them.
+``process/write`` (PROTOCOL.md §8.5) waits while the queue is full, so a child that
+does not read slows its writer instead of growing the server. Write errors (EPIPE,
+EIO: the child stopped reading) drop the queue, as upstream ignores them.
 """
 
 from __future__ import annotations
@@ -14,9 +13,9 @@ import os
 from collections import OrderedDict, deque
 from typing import Final
 
-from exec_server.process.pipes import close_quietly
+from exec_server.process.spawn import close_quietly, set_if_pending
 
-__all__ = ["WRITE_ID_MEMORY", "WRITE_QUEUE_BYTES", "WRITE_QUEUE_DEPTH", "Stdin"]
+__all__ = ["WRITE_ID_MEMORY", "WRITE_QUEUE_BYTES", "WRITE_QUEUE_DEPTH", "Stdin", "wake_all"]
 
 #: Pending writes before ``write`` waits (§14).
 WRITE_QUEUE_DEPTH: Final = 128
@@ -29,10 +28,9 @@ WRITE_QUEUE_BYTES: Final = 16 << 20
 WRITE_ID_MEMORY: Final = 4096
 
 
-def _wake(futures: list[asyncio.Future[None]]) -> None:
+def wake_all(futures: list[asyncio.Future[None]]) -> None:
     for fut in futures:
-        if not fut.done():
-            fut.set_result(None)
+        set_if_pending(fut)
     futures.clear()
 
 
@@ -41,7 +39,7 @@ class Stdin:
 
     __slots__ = ("_armed", "_eof", "_queue", "_queued", "_space", "fd", "write_ids")
 
-    def __init__(self, fd: int | None) -> None:
+    def __init__(self, fd: int | None = None) -> None:
         self.fd = fd
         self._queue: deque[memoryview] = deque()
         #: bytes in ``_queue`` (what :data:`WRITE_QUEUE_BYTES` bounds).
@@ -53,7 +51,6 @@ class Stdin:
         self.write_ids: OrderedDict[str, None] = OrderedDict()
 
     def _full(self, size: int) -> bool:
-        """Must a write of ``size`` bytes wait for the child to read?"""
         queued = self._queued
         return len(self._queue) >= WRITE_QUEUE_DEPTH or (
             queued > 0 and queued + size > WRITE_QUEUE_BYTES
@@ -97,7 +94,7 @@ class Stdin:
                     asyncio.get_running_loop().add_writer(fd, self._flush)
                     self._armed = True
                 if self._queued < queued:
-                    _wake(self._space)  # room for a waiting write, perhaps
+                    wake_all(self._space)  # room for a waiting write, perhaps
                 return
             except OSError:
                 queue.clear()
@@ -111,7 +108,7 @@ class Stdin:
         if self._armed and fd is not None:
             asyncio.get_running_loop().remove_writer(fd)
             self._armed = False
-        _wake(self._space)
+        wake_all(self._space)
         if self._eof and not queue:
             self.close()
 
@@ -132,4 +129,4 @@ class Stdin:
         self._queue.clear()
         self._queued = 0
         close_quietly(fd)
-        _wake(self._space)
+        wake_all(self._space)
