@@ -19,19 +19,8 @@ from typing import Literal
 
 __all__ = ["CORE_VARIABLES", "DEFAULT_EXCLUDES", "build_child_env", "matches_any"]
 
-CORE_VARIABLES = (
-    "PATH",
-    "SHELL",
-    "TMPDIR",
-    "TEMP",
-    "TMP",
-    "HOME",
-    "LANG",
-    "LC_ALL",
-    "LC_CTYPE",
-    "LOGNAME",
-    "USER",
-)
+CORE_VARIABLES = ("PATH", "SHELL", "TMPDIR", "TEMP", "TMP", "HOME", "LANG", "LC_ALL",
+                  "LC_CTYPE", "LOGNAME", "USER")
 DEFAULT_EXCLUDES = ("*KEY*", "*SECRET*", "*TOKEN*")
 
 Inherit = Literal["all", "core", "none"]

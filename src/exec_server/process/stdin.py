@@ -19,10 +19,9 @@ __all__ = ["WRITE_ID_MEMORY", "WRITE_QUEUE_BYTES", "WRITE_QUEUE_DEPTH", "Stdin",
 
 #: Pending writes before ``write`` waits (§14).
 WRITE_QUEUE_DEPTH: Final = 128
-#: Bytes queued before ``write`` waits: enough for several MiB-sized writes (a
-#: child that reads fast never waits for the client's next round trip) without
-#: letting a child that never reads hold unbounded memory. A bigger single
-#: write is taken whole once the queue is empty.
+#: Bytes queued before ``write`` waits: a fast reader never waits for the client's next
+#: round trip, a child that never reads holds bounded memory. A bigger single write
+#: is taken whole once the queue is empty.
 WRITE_QUEUE_BYTES: Final = 16 << 20
 #: Remembered ``writeId`` values (CLIENT_COMPAT.md §5.1).
 WRITE_ID_MEMORY: Final = 4096

@@ -1,15 +1,10 @@
 """An unsandboxed launch's process tree: find it and signal it.
 
-A process group is not a tree: ``setsid`` or ``setpgid`` takes a descendant
-out of it. While the launched process lives, every process it started and
-that was not orphaned is found by following parent links in ``/proc``, in
-whatever group or session it now is. A PTY launch (spawned with ``fork``
-and child-side code anyway) also becomes a *child subreaper*
-(``PR_SET_CHILD_SUBREAPER``, kept across ``execve``): orphans below it are
-re-parented to it instead of init, so a double fork (``(setsid cmd &)``)
-stays in its tree too. A pipe launch stays on ``vfork`` (see
-``process.pipes``), so such an orphan escapes it. Sandboxed launches need
-none of this: their PID namespace ends with them.
+A process group is not a tree: ``setsid`` takes a descendant out of it. While the
+launched process lives, its descendants are found through parent links in ``/proc``.
+A PTY launch is also a child subreaper, so a double fork stays in its tree; a pipe
+launch (``vfork``) is not. Sandboxed launches need none of this: their PID namespace
+ends with them.
 """
 
 from __future__ import annotations
@@ -18,18 +13,10 @@ import contextlib
 import os
 import signal
 
-from exec_server._os.linux import set_child_subreaper
-
-__all__ = ["become_subreaper", "descendants", "kill_tree", "open_pidfds", "signal_pidfds"]
+__all__ = ["descendants", "kill_tree", "open_pidfds", "signal_pidfds"]
 
 #: walks of ``kill_tree`` before it gives up on a tree that keeps forking.
 _KILL_PASSES = 20
-
-
-def become_subreaper() -> None:
-    """In a forked child before exec: adopt orphaned descendants (one syscall, no locks)."""
-    with contextlib.suppress(OSError):  # not Linux: orphans go to init
-        set_child_subreaper()
 
 
 def _stat(pid: str) -> tuple[int, int, bool] | None:
@@ -44,11 +31,8 @@ def _stat(pid: str) -> tuple[int, int, bool] | None:
 
 
 def descendants(root: int, *, skip_group: int | None = None) -> list[int]:
-    """Live (non-zombie) descendants of ``root``, parents before children.
-
-    ``skip_group``: leave out members of that process group (a ``killpg``
-    reaches them), but still descend through them.
-    """
+    """Live (non-zombie) descendants of ``root``, parents before children, leaving out
+    (but descending through) members of ``skip_group``: a ``killpg`` reaches them."""
     children: dict[int, list[tuple[int, int, bool]]] = {}
     try:
         entries = list(os.scandir("/proc"))
@@ -90,11 +74,10 @@ def signal_pidfds(fds: list[int], sig: int) -> None:
 
 
 def kill_tree(root: int, *, skip_group: int | None = None) -> None:
-    """SIGKILL every descendant of ``root`` (which must still be alive), deepest last.
+    """SIGKILL every descendant of ``root`` (which must still be alive).
 
-    Repeats the walk until it finds nothing: killing a middle process
-    re-parents its children to the subreaper ``root``, and a process may fork
-    between a walk and its kill.
+    Repeats the walk until it finds nothing: killing a middle process re-parents its
+    children to the subreaper ``root``, and a process may fork between walk and kill.
     """
     for _ in range(_KILL_PASSES):
         found = descendants(root, skip_group=skip_group)
