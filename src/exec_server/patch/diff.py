@@ -1,10 +1,6 @@
-"""Unified diff of an Update hunk for previews (APPLY_PATCH.md §13).
-
-Hunks only (no ``---``/``+++`` headers), context radius 1 by default, every
-line keeping its own terminator (``\\r\\n`` survives), and a missing final
-newline flagged with ``\\ No newline at end of file``. Upstream uses Myers
-(Rust ``similar``); ``difflib`` without autojunk gives the same hunks for
-ordinary edits.
+"""Unified diff of an Update hunk for previews (APPLY_PATCH.md §13): hunks only, lines
+keep their own terminators. Upstream uses Myers (Rust ``similar``); ``difflib``
+without autojunk gives the same hunks for ordinary edits.
 """
 
 from __future__ import annotations
@@ -33,11 +29,6 @@ class FileUpdate:
     content: str
 
 
-def _split_keep_ends(text: str) -> list[str]:
-    """Lines with their terminators, split as the applier reads files (as ``similar`` does)."""
-    return [line.text + line.ending for line in split_file_lines(text)]
-
-
 def _range(start: int, stop: int) -> str:
     """``start,count`` (1-based); ``start`` alone for one line; GNU style for none."""
     length = stop - start
@@ -56,8 +47,9 @@ def _emit(out: list[str], prefix: str, line: str) -> None:
 
 def unified_diff(original: str, new: str, context: int = 1) -> str:
     """Return the hunks of a line diff from ``original`` to ``new``."""
-    a = _split_keep_ends(original)
-    b = _split_keep_ends(new)
+    # Split as the applier reads files (as ``similar`` does), keeping the terminators.
+    a = [line.text + line.ending for line in split_file_lines(original)]
+    b = [line.text + line.ending for line in split_file_lines(new)]
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
     out: list[str] = []
     for group in matcher.get_grouped_opcodes(context):

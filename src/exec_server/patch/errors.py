@@ -34,15 +34,13 @@ class ParseError(PatchError):
 
 
 class InvalidPatchError(ParseError):
-    """Envelope-level error: ``Invalid patch: <message>``."""
-
     def __init__(self, message: str) -> None:
         super().__init__(f"Invalid patch: {message}")
         self.message = message
 
 
 class InvalidHunkError(ParseError):
-    """Hunk-level error: ``Invalid patch hunk on line N: <message>`` (Begin is line 1)."""
+    """``line_number``: Begin is line 1."""
 
     def __init__(self, message: str, line_number: int) -> None:
         super().__init__(f"Invalid patch hunk on line {line_number}: {message}")
@@ -55,11 +53,7 @@ class ApplyError(PatchError):
 
 
 class CorrectnessError(PatchError):
-    """A command was recognised as apply_patch but cannot be turned into a plan (§12.2).
-
-    ``kind`` is ``"implicit_invocation"``, ``"parse"``, ``"io"`` or ``"compute"``;
-    ``cause`` is the underlying error when there is one.
-    """
+    """``kind``: ``"implicit_invocation"``, ``"parse"``, ``"io"`` or ``"compute"``."""
 
     def __init__(self, kind: str, message: str, cause: Exception | None = None) -> None:
         super().__init__(message)

@@ -1,17 +1,11 @@
 """Recognising an apply_patch call inside a command's argv (APPLY_PATCH.md §12).
 
-Two stages, as upstream: `maybe_parse_apply_patch` classifies argv (direct
-``[apply_patch, PATCH]`` or a shell running a heredoc script), and
-`maybe_parse_apply_patch_verified` turns a recognised call into a plan of
-file changes by reading the files through the (sandboxed) file system.
-
-Upstream parses the script with tree-sitter-bash and a strict query; this
-module recognises exactly the two accepted whole-script shapes with a small
-hand-written scanner and answers ``NotApplyPatch`` for everything else:
-
-* ``apply_patch <<DELIM`` … ``DELIM`` (no arguments, nothing else around it);
-* ``cd DIR && apply_patch <<DELIM`` … ``DELIM`` with DIR a bare word, a plain
-  double-quoted string or a single-quoted string.
+Two stages, as upstream: `maybe_parse_apply_patch` classifies argv, and
+`maybe_parse_apply_patch_verified` turns a recognised call into a plan of file
+changes, reading the files through the (sandboxed) file system. Where upstream
+parses shell scripts with tree-sitter-bash and a strict query, a small scanner
+accepts exactly its two whole-script shapes: ``apply_patch <<DELIM`` … ``DELIM``
+and ``cd DIR && apply_patch <<DELIM`` … ``DELIM`` (DIR a bare word, ``"…"`` or ``'…'``).
 """
 
 from __future__ import annotations
@@ -39,7 +33,6 @@ __all__ = [
     "UpdateChange",
     "Verified",
     "VerifiedBody",
-    "extract_heredoc",
     "maybe_parse_apply_patch",
     "maybe_parse_apply_patch_verified",
 ]
@@ -49,9 +42,6 @@ APPLY_PATCH_COMMANDS = ("apply_patch", "applypatch")
 IMPLICIT_INVOCATION_MESSAGE = (
     'patch detected without explicit call to apply_patch. Rerun as ["apply_patch", "<patch>"]'
 )
-
-
-# -- stage 1 results ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -76,9 +66,6 @@ class NotApplyPatch:
 
 
 MaybeApplyPatch = Body | PatchParseFailure | NotApplyPatch
-
-
-# -- stage 2 results ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -123,9 +110,6 @@ class VerifiedBody:
 Verified = VerifiedBody | CorrectnessError | NotApplyPatch
 
 
-# -- shell classification -------------------------------------------------------------
-
-
 def _shell_stem(shell: str) -> str:
     return PurePath(shell.replace("\\", "/")).stem.lower()
 
@@ -155,8 +139,6 @@ def _shell_script(argv: Sequence[str]) -> str | None:
     return None
 
 
-# -- heredoc scanner ------------------------------------------------------------------
-
 _BLANK = " \t"
 _WORD = r"[^\s'\"`$;&|<>()\\#]+"
 _CD_ARG = rf"(?P<cd_word>{_WORD})|\"(?P<cd_dq>[^\"$`\\]+)\"|'(?P<cd_sq>[^']*)'"
@@ -169,11 +151,8 @@ _START = re.compile(
 )
 
 
-def extract_heredoc(script: str) -> tuple[str, str | None] | None:
-    """Return ``(heredoc body, cd dir or None)`` for the two accepted shapes, else None.
-
-    The body has its trailing newlines removed, as upstream does.
-    """
+def _extract_heredoc(script: str) -> tuple[str, str | None] | None:
+    """``(heredoc body without trailing newlines, cd dir or None)``, or None."""
     stripped = script.lstrip(" \t\n")
     first, newline, rest = stripped.partition("\n")
     match = _START.match(first)
@@ -196,9 +175,6 @@ def extract_heredoc(script: str) -> tuple[str, str | None] | None:
     return None
 
 
-# -- stage 1 --------------------------------------------------------------------------
-
-
 def maybe_parse_apply_patch(argv: Sequence[str]) -> MaybeApplyPatch:
     """Classify argv as an apply_patch call (§12.1)."""
     workdir: str | None = None
@@ -206,7 +182,7 @@ def maybe_parse_apply_patch(argv: Sequence[str]) -> MaybeApplyPatch:
         text = argv[1]
     else:
         script = _shell_script(argv)
-        extracted = extract_heredoc(script) if script is not None else None
+        extracted = _extract_heredoc(script) if script is not None else None
         if extracted is None:
             return NotApplyPatch()
         text, workdir = extracted
@@ -225,9 +201,6 @@ def _parses_as_patch(text: str) -> bool:
     return True
 
 
-# -- stage 2 --------------------------------------------------------------------------
-
-
 async def maybe_parse_apply_patch_verified(
     argv: Sequence[str],
     cwd: Path,
@@ -240,10 +213,8 @@ async def maybe_parse_apply_patch_verified(
     earlier entries. Returns `CorrectnessError` (not raised) for an implicit
     invocation, a patch that does not parse, or a file that cannot be read/updated.
     """
-    if len(argv) == 1 and _parses_as_patch(argv[0]):
-        return CorrectnessError("implicit_invocation", IMPLICIT_INVOCATION_MESSAGE)
-    script = _shell_script(argv)
-    if script is not None and _parses_as_patch(script):
+    bare = argv[0] if len(argv) == 1 else _shell_script(argv)
+    if bare is not None and _parses_as_patch(bare):
         return CorrectnessError("implicit_invocation", IMPLICIT_INVOCATION_MESSAGE)
 
     result = maybe_parse_apply_patch(argv)
