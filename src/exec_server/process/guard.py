@@ -25,14 +25,9 @@ IDLE_LINGER: Final = 1.0
 
 _CODE = """
 import os, signal, struct
-while True:
-    try:
-        if not os.read(0, 4096):
-            break
-    except InterruptedError:
-        continue
-data = os.pread(MEMFD, os.fstat(MEMFD).st_size, 0)
-for (group,) in struct.iter_unpack("q", data[: len(data) // 8 * 8]):
+while os.read(0, 4096):
+    pass
+for (group,) in struct.iter_unpack("q", os.pread(MEMFD, os.fstat(MEMFD).st_size, 0)):
     if group > 0:
         try:
             os.killpg(group, signal.SIGKILL)

@@ -5,21 +5,17 @@ state machine; every transition happens in one method, named after it::
 
     STARTING --_to_running--> RUNNING --_to_exited--> EXITED --_to_closed--> CLOSED
 
-* STARTING: its id is taken, the launch is in progress; reads fail, writes
-  answer ``starting``. A failed launch forgets the record.
-* RUNNING: its output fds are read from reader callbacks, its exit awaited.
-* EXITED: reaped; members of its group may still hold the output open.
-* CLOSED: every output stream at EOF; the record stays ``closed_retention`` s.
+A STARTING process's reads fail and writes answer ``starting``; an EXITED one's group
+members may still hold its output open; a CLOSED one stays ``closed_retention`` s.
 
-Every event takes the next seq of the process's :class:`OutputBuffer` and is
-queued, in the same step, for the one sender task, which hands events to the
-sink in seq order. While a process has :data:`UNSENT_LIMIT` bytes queued, or its
-lossless buffer is full, its fds are not read: a slow receiver slows the child.
+Every event takes the next seq of the process's :class:`OutputBuffer` and is queued,
+in the same step, for the one sender task, so the sink gets them in seq order. While
+a process has :data:`UNSENT_LIMIT` bytes queued, or its lossless buffer is full, its
+fds are not read: a slow receiver slows the child.
 
 Termination (issue 2 overrides §8.6): SIGTERM to the group, SIGKILL after
-``terminate_grace`` (exit code 143/137). An unsandboxed child's descendants outside
-its group (``process.tree``) get the same signals; a sandboxed one's die with its
-PID namespace.
+``terminate_grace``; an unsandboxed child's descendants outside its group
+(``process.tree``) get the same signals.
 """
 
 from __future__ import annotations
@@ -189,13 +185,7 @@ def _cleanup(spec: LaunchSpec) -> None:
 
 
 class ProcessManager:
-    """All processes of one session.
-
-    Args:
-        config: retention, output cap, lossless mode and launch zygote use.
-        terminate_grace: seconds between SIGTERM and SIGKILL on terminate.
-        read_size: bytes per read of a child's output (one chunk each).
-    """
+    """All processes of one session; ``read_size`` bytes per read make one chunk."""
 
     def __init__(
         self,
@@ -235,15 +225,13 @@ class ProcessManager:
             raise InvalidRequestError(f"unknown process id {process_id}")
         return rec
 
-    # -- events ----------------------------------------------------------------------
-
     def set_sink(self, sink: EventSink | None) -> None:
         """Attach (or with ``None`` detach) the event receiver; without one, reads
         still see the events."""
         self._sink = sink
 
     def _emit(self, rec: _Record, event: ProcessEvent) -> None:
-        """Queue ``event`` (already numbered and recorded) for the sink."""
+        """Queue ``event`` (already recorded) for the sink."""
         wake_all(rec.waiters)
         if self._sink is None:
             return
@@ -254,7 +242,6 @@ class ProcessManager:
             self._sender = asyncio.get_running_loop().create_task(self._send_all())
 
     async def _send_all(self) -> None:
-        """The sender task: hand queued events to the sink, in order, until none is left."""
         try:
             while self._outbox:
                 rec, event = self._outbox.popleft()
@@ -282,16 +269,11 @@ class ProcessManager:
         # into a transport that is going away; not delivered.
         return handed_over is not False and self._sink is sink
 
-    # -- start ---------------------------------------------------------------------------
-
     async def start(
         self, process_id: str, spec: LaunchSpec, *, report_denial: bool = False
     ) -> None:
-        """Launch ``spec`` as ``process_id`` and start capturing it.
-
-        ``report_denial``: the exit event and reads carry a sandbox-denial verdict
-        (the current client's shape). Always consumes ``spec.pass_fds`` and runs
-        ``spec.cleanup`` once the child is gone or failed to start.
+        """Launch ``spec`` as ``process_id``; ``report_denial``: its exit event and reads
+        carry a sandbox-denial verdict. Always consumes ``spec.pass_fds`` and ``cleanup``.
 
         Raises:
             InvalidRequestError: ``process <id> already exists``.
@@ -339,15 +321,12 @@ class ProcessManager:
         if child.popen is not None:
             await shared_pool().run(child.popen.wait)
 
-    # -- transitions -------------------------------------------------------------------
-
     @staticmethod
     def _advance(rec: _Record, state: State) -> None:
         assert _NEXT.get(rec.state) is state, f"{rec!r}: no transition to {state.value}"
         rec.state = state
 
     def _to_running(self, rec: _Record, child: SpawnedChild) -> None:
-        """STARTING → RUNNING: read its output, watch for its exit."""
         self._advance(rec, State.RUNNING)
         for fd in rec.spec.pass_fds:
             close_quietly(fd)
@@ -359,7 +338,7 @@ class ProcessManager:
         rec.watcher = asyncio.get_running_loop().create_task(self._watch_exit(rec, child))
 
     def _to_exited(self, rec: _Record, code: int) -> None:
-        """RUNNING → EXITED: record the exit; close now if no output stream is open."""
+        """RUNNING → EXITED; closed at once if no output stream is open."""
         self._advance(rec, State.EXITED)
         seq = rec.buffer.record_exit(code)
         denied = rec.sandbox_denied if rec.report_denial else None
@@ -371,7 +350,6 @@ class ProcessManager:
             asyncio.get_running_loop().call_later(self._grace, self._force_eof, rec)
 
     def _to_closed(self, rec: _Record) -> None:
-        """EXITED → CLOSED: record the close; release stdin, guard slot and timers."""
         self._advance(rec, State.CLOSED)
         seq = rec.buffer.record_close()
         rec.stdin.close()
@@ -393,13 +371,11 @@ class ProcessManager:
             del self._records[rec.process_id]
             wake_all(rec.waiters)
 
-    # -- output ------------------------------------------------------------------------
-
     def _may_read(self, rec: _Record) -> bool:
         return rec.unsent < UNSENT_LIMIT and not rec.buffer.full
 
     def _resume(self, rec: _Record) -> None:
-        """Read every open output fd again if backpressure allows."""
+        """Read every open output fd again, if backpressure allows."""
         if not self._may_read(rec):
             return
         loop = asyncio.get_running_loop()
@@ -409,7 +385,6 @@ class ProcessManager:
                 loop.add_reader(cap.fd, self._on_readable, rec, cap)
 
     def _on_readable(self, rec: _Record, cap: _Capture) -> None:
-        """Reader callback: each read is one numbered chunk."""
         buffer = rec.buffer
         for _ in range(READS_PER_WAKEUP):
             if not self._may_read(rec):
@@ -433,7 +408,7 @@ class ProcessManager:
                 return  # drained for now (saves the EAGAIN read); stay armed
 
     def _end_stream(self, rec: _Record, cap: _Capture) -> None:
-        """One output fd is done (EOF, or given up on): the process closes after the last."""
+        """One output fd is at EOF or given up on: the process closes after the last."""
         if cap.reading:
             asyncio.get_running_loop().remove_reader(cap.fd)
         rec.captures.remove(cap)
@@ -449,8 +424,6 @@ class ProcessManager:
         """Stop waiting for output that escaped group members keep open."""
         for cap in list(rec.captures):
             self._end_stream(rec, cap)
-
-    # -- exit --------------------------------------------------------------------------
 
     async def _watch_exit(self, rec: _Record, child: SpawnedChild) -> None:
         if child.exit_status is not None:  # reaped by its real parent (a launch service)
@@ -473,8 +446,6 @@ class ProcessManager:
             text = b"".join(c.chunk for c in chunks)
             rec.sandbox_denied = looks_sandbox_denied(sandbox_type, code, text)
         self._to_exited(rec, code)
-
-    # -- read ----------------------------------------------------------------------------
 
     async def read(
         self,
@@ -522,13 +493,10 @@ class ProcessManager:
             sandbox_denied=rec.sandbox_denied if rec.report_denial else None,
         )
 
-    # -- stdin ---------------------------------------------------------------------------
-
     async def write(self, process_id: str, data: bytes, write_id: str | None = None) -> WriteStatus:
-        """``process/write`` (§8.5, CLIENT_COMPAT §5.1): queue ``data`` for the child's stdin.
+        """``process/write`` (§8.5): queue ``data`` for stdin, waiting while the queue is full.
 
-        Waits while the stdin queue is full; a process whose stdin closed since (exit,
-        shutdown) accepts and drops the data, as observed upstream.
+        Once stdin closed (exit, shutdown) the data is accepted and dropped, as upstream.
         """
         rec = self._records.get(process_id)
         if rec is None:
@@ -546,9 +514,8 @@ class ProcessManager:
         return WriteStatus.ACCEPTED
 
     def close_stdin(self, process_id: str) -> None:
-        """``process/closeStdin`` (extension): end of input once queued writes are delivered.
-
-        No-op on a PTY (its end of input is the EOF character) or without a stdin pipe.
+        """``process/closeStdin`` (extension): end of input once queued writes are written;
+        no-op on a PTY (its end of input is the EOF character) or without a stdin pipe.
 
         Raises:
             InvalidRequestError: no such process.
@@ -574,14 +541,9 @@ class ProcessManager:
         with contextlib.suppress(OSError):  # EIO/EBADF: the terminal is gone
             set_window_size(fd, rows, columns)
 
-    # -- terminate / signal ------------------------------------------------------------
-
     def terminate(self, process_id: str) -> bool:
-        """``process/terminate``: True when a running process was asked to stop.
-
-        An exited process whose group members still hold its output open gets
-        the same treatment (they are ended too) but is not running: False.
-        """
+        """``process/terminate``: True when a running process was asked to stop. An exited
+        one's group members still holding its output are ended too (False)."""
         rec = self._records.get(process_id)
         if rec is None or rec.state not in (State.RUNNING, State.EXITED):
             return False
@@ -645,8 +607,6 @@ class ProcessManager:
             pass
         except PermissionError:
             logger.debug("killpg(%d) not permitted", rec.child.pid)
-
-    # -- shutdown ------------------------------------------------------------------------
 
     async def shutdown(self) -> None:
         """Kill every process group, reap every child, close every fd; clear the table (§8.11)."""

@@ -48,13 +48,9 @@ Stdio = tuple[int | None, int, int]
 
 @dataclass(slots=True)
 class SpawnedChild:
-    """A freshly spawned child (also its process-group id) and our ends of its stdio.
-
-    ``outputs`` are ``(stream, fd)`` pairs, ``stdin_fd`` the writable end (pipe or
-    PTY master dup), all non-blocking. ``popen`` is kept so ``subprocess`` does not
-    warn; the manager reaps it. ``exit_status`` is set instead when a launch service
-    started the child: it resolves to the raw wait status the real parent saw.
-    """
+    """A freshly spawned child (``pid`` is also its group id) and our non-blocking ends
+    of its stdio. ``popen`` is kept so ``subprocess`` does not warn (the manager reaps
+    it); a launch service's child has ``exit_status`` instead: the raw wait status."""
 
     pid: int
     outputs: list[tuple[ProcessStream, int]]
@@ -115,12 +111,11 @@ async def reap(pid: int) -> int:
     return _waitpid(pid, os.WNOHANG)  # the pidfd is readable: a zombie, reaped at once
 
 
-# -- the child's signal state -----------------------------------------------------------
-# An ignored signal stays ignored across execve and the mask is inherited, so a
-# server started under nohup or as a shell's `&` job would pass that on to every
-# command; upstream resets both in the child, so do we. Doing it needs a
-# preexec_fn, which makes CPython fork (~2 ms) instead of vfork (~0.15 ms), so a
-# pipe child gets one only when there is something to reset.
+# Ignored signals stay ignored across execve and the mask is inherited, so a server
+# started under nohup or as a shell's `&` job would pass them on to every command;
+# upstream resets both in the child, so do we. That needs a preexec_fn, which makes
+# CPython fork (~2 ms) instead of vfork (~0.15 ms): a pipe child gets one only when
+# there is something to reset.
 
 
 def _ignored() -> list[int]:
@@ -160,9 +155,6 @@ def _unsandboxed_pty_setup() -> None:
     _pty_setup()
     with contextlib.suppress(OSError):
         set_child_subreaper()
-
-
-# -- stdio and spawning -------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -259,10 +251,8 @@ def spawn(spec: LaunchSpec) -> SpawnedChild:
 
 
 async def spawn_via_service(spec: LaunchSpec, owner: object) -> SpawnedChild | None:
-    """Start ``spec`` through ``spec.zygote``'s launch service, with the stdio
-    :func:`spawn` would give; ``owner`` must release the service later.
-
-    Returns None when the service cannot take the launch now: spawn it the plain way.
+    """Start ``spec`` through ``spec.zygote``'s launch service, with the stdio of
+    :func:`spawn`; None when the service cannot take it now. ``owner`` must release it.
 
     Raises:
         OSError: the launch itself failed (e.g. its cwd is missing).
