@@ -168,10 +168,8 @@ def _extract_heredoc(script: str) -> tuple[str, str | None] | None:
             if trailer.strip(" \t\n"):
                 return None  # something follows the heredoc
             body = "\n".join(lines[:index]).rstrip("\n")
-            cd_dir = match["cd_word"] or match["cd_dq"]
-            if cd_dir is None and match["cd_sq"] is not None:
-                cd_dir = match["cd_sq"]
-            return body, cd_dir
+            # cd_word and cd_dq are never empty; cd_sq ('') may be.
+            return body, match["cd_word"] or match["cd_dq"] or match["cd_sq"]
     return None
 
 

@@ -8,7 +8,9 @@ drops only *delivered* chunks; undelivered output makes :attr:`full` stop the re
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
+from dataclasses import KW_ONLY, dataclass, field
 from operator import attrgetter
 
 from exec_server.protocol.types.process import OutputChunk, ProcessStream
@@ -20,30 +22,20 @@ RETAINED_OUTPUT_CAP = 1024 * 1024
 _seq_of = attrgetter("seq")
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class OutputBuffer:
     """Events of one process: output chunks, exit code, close flag."""
 
-    __slots__ = (
-        "_chunks",
-        "cap",
-        "closed",
-        "delivered_seq",
-        "exit_code",
-        "lossless",
-        "next_seq",
-        "retained",
-    )
-
-    def __init__(self, cap: int = RETAINED_OUTPUT_CAP, *, lossless: bool = False) -> None:
-        self.cap = cap
-        self.lossless = lossless
-        self.next_seq = 1
-        self.exit_code: int | None = None
-        self.closed = False
-        self.retained = 0
-        #: Highest seq known to have reached the client (lossless bookkeeping).
-        self.delivered_seq = 0
-        self._chunks: deque[OutputChunk] = deque()
+    cap: int = RETAINED_OUTPUT_CAP
+    _: KW_ONLY
+    lossless: bool = False
+    next_seq: int = field(default=1, init=False)
+    exit_code: int | None = field(default=None, init=False)
+    closed: bool = field(default=False, init=False)
+    retained: int = field(default=0, init=False)
+    #: Highest seq known to have reached the client (lossless bookkeeping).
+    delivered_seq: int = field(default=0, init=False)
+    _chunks: deque[OutputChunk] = field(default_factory=deque, init=False)
 
     def append(self, stream: ProcessStream, data: bytes) -> OutputChunk:
         """Record one chunk; returns it (with its seq) for the notification."""
@@ -109,21 +101,17 @@ class OutputBuffer:
         At least one chunk when any is available, even past ``max_bytes``.
         """
         chunks = self._chunks
-        start = bisect.bisect_right(chunks, after_seq, key=_seq_of) if chunks else 0
+        budget = math.inf if max_bytes is None else max_bytes
         taken: list[OutputChunk] = []
-        if max_bytes is None:
-            taken = [chunks[i] for i in range(start, len(chunks))]
-        else:
-            total = 0
-            for i in range(start, len(chunks)):
-                chunk = chunks[i]
-                size = len(chunk.chunk)
-                if taken and total + size > max_bytes:
-                    break
-                taken.append(chunk)
-                total += size
-                if total >= max_bytes:
-                    break
+        total = 0
+        for i in range(bisect.bisect_right(chunks, after_seq, key=_seq_of), len(chunks)):
+            size = len(chunks[i].chunk)
+            if taken and total + size > budget:
+                break
+            taken.append(chunks[i])
+            total += size
+            if total >= budget:
+                break
         next_seq = taken[-1].seq + 1 if taken else self.next_seq
         return taken, next_seq
 
