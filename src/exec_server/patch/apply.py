@@ -139,10 +139,7 @@ async def updated_contents(
 
 
 async def apply_hunks(
-    hunks: Sequence[Hunk],
-    cwd: Path,
-    fs: PatchFileSystem[SandboxT],
-    sandbox: SandboxT | None = None,
+    hunks: Sequence[Hunk], cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> AffectedPaths:
     """Apply hunks in order, stopping at the first failure (no rollback).
 
@@ -173,10 +170,7 @@ async def apply_hunks(
 
 
 async def apply_patch(
-    patch: str,
-    cwd: Path,
-    fs: PatchFileSystem[SandboxT],
-    sandbox: SandboxT | None = None,
+    patch: str, cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> AffectedPaths:
     """Parse and apply patch text against ``cwd``; ``.summary()`` of the result is the
     text for stdout.

@@ -106,9 +106,7 @@ def _drop_trailing_empty(ops: list[tuple[str, str]], drop_new: bool) -> list[tup
     ops = list(ops)
     # An op with kind ``keeper`` lacks the role being removed ("+" has no old line).
     for keeper in ("+", "-") if drop_new else ("+",):
-        index = max((i for i, (k, _) in enumerate(ops) if k != keeper), default=None)
-        if index is None:
-            continue
+        index = max(i for i, (k, _) in enumerate(ops) if k != keeper)
         kind, text = ops[index]
         if kind == " ":
             ops[index] = (keeper, text)

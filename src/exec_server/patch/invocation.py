@@ -200,10 +200,7 @@ def _parses_as_patch(text: str) -> bool:
 
 
 async def maybe_parse_apply_patch_verified(
-    argv: Sequence[str],
-    cwd: Path,
-    fs: PatchFileSystem[SandboxT],
-    sandbox: SandboxT | None = None,
+    argv: Sequence[str], cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> Verified:
     """Turn an apply_patch call into a verified plan, reading files through ``fs`` (§12.2).
 

@@ -86,13 +86,8 @@ READS_PER_WAKEUP: Final = 16
 SHUTDOWN_REAP_TIMEOUT: Final = 5.0
 
 _DENIAL_WORDS: Final = (
-    "operation not permitted",
-    "permission denied",
-    "read-only file system",
-    "seccomp",
-    "sandbox",
-    "landlock",
-    "failed to write file",
+    "operation not permitted", "permission denied", "read-only file system", "seccomp",
+    "sandbox", "landlock", "failed to write file",
 )
 
 
@@ -260,8 +255,6 @@ class ProcessManager:
             return False
         try:
             handed_over = await sink(event)
-        except asyncio.CancelledError:
-            raise
         except Exception:  # a dead connection must not stop the others (§8.3: failures ignored)
             logger.debug("dropping %r: sink failed", event, exc_info=True)
             return False
@@ -448,12 +441,7 @@ class ProcessManager:
         self._to_exited(rec, code)
 
     async def read(
-        self,
-        process_id: str,
-        *,
-        after_seq: int = 0,
-        max_bytes: int | None = None,
-        wait_ms: int = 0,
+        self, process_id: str, *, after_seq: int = 0, max_bytes: int | None = None, wait_ms: int = 0
     ) -> Snapshot:
         """``process/read`` (§8.4): a snapshot now, or when something new arrives by ``wait_ms``.
 

@@ -39,12 +39,7 @@ class LaunchService(Protocol):
     """Starts prepared launches without forking the server (the helper zygote)."""
 
     async def spawn(
-        self,
-        request: object,
-        stdio: tuple[int | None, int, int],
-        *,
-        tty: bool,
-        owner: object,
+        self, request: object, stdio: tuple[int | None, int, int], *, tty: bool, owner: object
     ) -> ServicedChild:
         """Start ``request`` with ``stdio`` (stdin None = ``/dev/null``); the caller
         keeps its fds. ``owner`` must later ``release`` the service.
