@@ -1,8 +1,6 @@
 """apply_patch: the Codex patch format, applied through a (sandboxable) file system.
 
-Modules: `parse` (text -> hunks), `content` (new file text from chunks), `apply`
-(hunks -> file-system calls), `diff` (previews), `invocation` (apply_patch in a
-command's argv), `fs` (the file-system protocol), `errors`. See docs/apply-patch.md.
+See docs/apply-patch.md.
 """
 
 from exec_server.patch.apply import AffectedPaths as AffectedPaths

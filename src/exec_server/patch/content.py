@@ -17,17 +17,13 @@ from exec_server.patch.parse import UpdateChunk, trim, trim_end
 __all__ = ["Line", "derive_new_contents", "seek_sequence", "split_file_lines"]
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
-_PUNCTUATION = str.maketrans(
-    {
-        **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"),
-        **dict.fromkeys("\u2018\u2019\u201a\u201b", "'"),
-        **dict.fromkeys("\u201c\u201d\u201e\u201f", '"'),
-        **dict.fromkeys(
-            "\u00a0\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000",
-            " ",
-        ),
-    }
-)
+_ODD_SPACES = "\u00a0\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
+_PUNCTUATION = str.maketrans({
+    **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"),
+    **dict.fromkeys("\u2018\u2019\u201a\u201b", "'"),
+    **dict.fromkeys("\u201c\u201d\u201e\u201f", '"'),
+    **dict.fromkeys(_ODD_SPACES, " "),
+})
 #: The seek passes (§9), each over the whole file before the next, so an exact match
 #: late in the file beats a looser one early in it: exact, trailing whitespace
 #: ignored, both ends, then typographic punctuation folded to ASCII.

@@ -1,16 +1,11 @@
-"""Errors raised by the apply_patch package; ``str(err)`` is the exact text to print.
+"""Errors of the apply_patch package; ``str(err)`` is the exact text agents read::
 
-Tree::
-
-    PatchError                base, never raised directly
-    ├── ParseError            the patch text breaks the grammar (parse.py)
+    PatchError
+    ├── ParseError            the patch text breaks the grammar
     │   ├── InvalidPatchError     ``Invalid patch: …``
     │   └── InvalidHunkError      ``Invalid patch hunk on line N: …``
     ├── ApplyError            a hunk could not be applied (I/O or unmatched context)
     └── CorrectnessError      verified parse of a shell command failed (§12.2)
-
-Agents read these messages, so the texts are part of the contract
-(APPLY_PATCH.md §7, §8.6, §10, §12.2).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Recognising an apply_patch call inside a command's argv (APPLY_PATCH.md §12).
 
-Two stages, as upstream: `maybe_parse_apply_patch` classifies argv, and
-`maybe_parse_apply_patch_verified` turns a recognised call into a plan of file
-changes, reading the files through the (sandboxed) file system. Where upstream
-parses shell scripts with tree-sitter-bash and a strict query, a small scanner
-accepts exactly its two whole-script shapes: ``apply_patch <<DELIM`` … ``DELIM``
+Where upstream parses shell scripts with tree-sitter-bash and a strict query, a small
+scanner accepts exactly its two whole-script shapes: ``apply_patch <<DELIM`` … ``DELIM``
 and ``cd DIR && apply_patch <<DELIM`` … ``DELIM`` (DIR a bare word, ``"…"`` or ``'…'``).
 """
 

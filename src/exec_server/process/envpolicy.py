@@ -1,12 +1,8 @@
 """Child environment from the current client's ``envPolicy`` (CLIENT_COMPAT.md §4.1).
 
-Order: inherit (all / core / none) → default excludes (``*KEY*``, ``*SECRET*``,
-``*TOKEN*``) unless ignored → ``exclude`` → ``set`` → ``includeOnly`` (if
-non-empty) → the request ``env`` overlaid last, unfiltered. Without a policy
-the child environment is exactly ``env`` (PROTOCOL.md §8.9).
-
-Patterns match the whole name case-insensitively; ``*`` and ``?`` are the only
-wildcards (``[`` is literal).
+Order: inherit → default excludes unless ignored → ``exclude`` → ``set`` → ``includeOnly``
+→ the request ``env``, unfiltered. Patterns match whole names case-insensitively with
+``*`` and ``?`` as the only wildcards.
 """
 
 from __future__ import annotations

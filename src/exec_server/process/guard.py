@@ -1,9 +1,7 @@
-"""Kill the server's process groups when the server dies, however it dies.
-
-``PR_SET_PDEATHSIG`` would need code in every child (``fork`` instead of ``vfork``)
-and kills only the group leader. Instead a tiny helper (own session) holds the read
-end of a pipe from us and a memfd listing the live group ids (one 8-byte slot each,
-written with ``pwrite``: no wake-up per spawn); at EOF it SIGKILLs every listed group.
+"""Kill the server's process groups when the server dies, however it dies: a tiny helper
+holds a pipe from us and a memfd of live group ids (``pwrite``: no wake-up per spawn),
+and at EOF SIGKILLs every listed group. (PDEATHSIG would need a ``fork`` per child and
+kills only the leader.)
 """
 
 from __future__ import annotations

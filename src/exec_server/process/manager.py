@@ -1,21 +1,7 @@
-"""Per-session process table: start, read, write, terminate, signal; numbered events.
-
-One :class:`ProcessManager` per session (PROTOCOL.md §8). Each process is a
-state machine; every transition happens in one method, named after it::
-
-    STARTING --_to_running--> RUNNING --_to_exited--> EXITED --_to_closed--> CLOSED
-
-A STARTING process's reads fail and writes answer ``starting``; an EXITED one's group
-members may still hold its output open; a CLOSED one stays ``closed_retention`` s.
-
-Every event takes the next seq of the process's :class:`OutputBuffer` and is queued,
-in the same step, for the one sender task, so the sink gets them in seq order. While
-a process has :data:`UNSENT_LIMIT` bytes queued, or its lossless buffer is full, its
-fds are not read: a slow receiver slows the child.
-
-Termination (issue 2 overrides §8.6): SIGTERM to the group, SIGKILL after
-``terminate_grace``; an unsandboxed child's descendants outside its group
-(``process.tree``) get the same signals.
+"""Per-session process table (PROTOCOL.md §8); each process is a state machine
+STARTING → RUNNING → EXITED (its group may still hold the output open) → CLOSED, one
+``_to_*`` method per transition. Events take the next seq of the process's buffer and
+go, in that order, to one sender task; a slow receiver stops the reads (backpressure).
 """
 
 from __future__ import annotations
@@ -54,7 +40,7 @@ from exec_server.process.spawn import (
     spawn_via_service,
 )
 from exec_server.process.spec import LaunchService, LaunchSpec
-from exec_server.process.stdin import WRITE_QUEUE_BYTES, WRITE_QUEUE_DEPTH, Stdin, wake_all
+from exec_server.process.stdin import Stdin, wake_all
 from exec_server.protocol.types.process import ProcessStream, WriteStatus
 from exec_server.sandbox.plan import SandboxType
 
@@ -64,8 +50,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_READ_SIZE",
     "DEFAULT_TERMINATE_GRACE",
-    "WRITE_QUEUE_BYTES",
-    "WRITE_QUEUE_DEPTH",
     "ProcessManager",
     "State",
     "looks_sandbox_denied",
@@ -530,8 +514,12 @@ class ProcessManager:
             set_window_size(fd, rows, columns)
 
     def terminate(self, process_id: str) -> bool:
-        """``process/terminate``: True when a running process was asked to stop. An exited
-        one's group members still holding its output are ended too (False)."""
+        """``process/terminate`` (issue 2 overrides §8.6): SIGTERM to the group and to an
+        unsandboxed child's descendants outside it, SIGKILL after ``terminate_grace``.
+
+        True when a running process was asked to stop; an exited one's group members
+        still holding its output are ended too (False).
+        """
         rec = self._records.get(process_id)
         if rec is None or rec.state not in (State.RUNNING, State.EXITED):
             return False

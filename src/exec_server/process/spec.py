@@ -48,11 +48,9 @@ class LaunchService(Protocol):
             LaunchServiceUnavailable: nothing was started; use the fallback.
             OSError: the launch itself failed (e.g. its cwd is missing).
         """
-        ...
 
     async def release(self, owner: object) -> None:
         """``owner`` (e.g. a process manager shutting down) no longer needs the service."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)

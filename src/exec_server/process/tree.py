@@ -1,10 +1,6 @@
-"""An unsandboxed launch's process tree: find it and signal it.
-
-A process group is not a tree: ``setsid`` takes a descendant out of it. While the
-launched process lives, its descendants are found through parent links in ``/proc``.
-A PTY launch is also a child subreaper, so a double fork stays in its tree; a pipe
-launch (``vfork``) is not. Sandboxed launches need none of this: their PID namespace
-ends with them.
+"""An unsandboxed launch's process tree, which ``setsid`` takes out of its group: found
+through parent links in ``/proc`` while the launched process lives (a PTY launch is a
+subreaper, so double forks stay in it). A sandboxed one's PID namespace ends with it.
 """
 
 from __future__ import annotations
