@@ -40,7 +40,7 @@ from exec_server.process.spawn import (
     spawn_via_service,
 )
 from exec_server.process.spec import LaunchService, LaunchSpec
-from exec_server.process.stdin import Stdin, wake_all
+from exec_server.process.stdin import Stdin, wait_in, wake_all
 from exec_server.protocol.types.process import ProcessStream, WriteStatus
 from exec_server.sandbox.plan import SandboxType
 
@@ -445,18 +445,9 @@ class ProcessManager:
             taken, next_seq = buffer.snapshot(after_seq, max_bytes)
             if buffer.ready(after_seq, taken) or loop.time() >= deadline:
                 break
-            fut: asyncio.Future[None] = loop.create_future()
-            rec.waiters.append(fut)
-            try:
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(deadline):
-                    await fut
-            except TimeoutError:
-                pass
-            finally:
-                if not fut.done():
-                    fut.cancel()
-                    with contextlib.suppress(ValueError):
-                        rec.waiters.remove(fut)
+                    await wait_in(rec.waiters)
         return Snapshot(
             chunks=taken,
             next_seq=next_seq,

@@ -15,7 +15,7 @@ from typing import Final
 
 from exec_server.process.spawn import close_quietly, set_if_pending
 
-__all__ = ["WRITE_ID_MEMORY", "WRITE_QUEUE_BYTES", "WRITE_QUEUE_DEPTH", "Stdin", "wake_all"]
+__all__ = ["WRITE_QUEUE_BYTES", "WRITE_QUEUE_DEPTH", "Stdin", "wait_in", "wake_all"]
 
 #: Pending writes before ``write`` waits (§14).
 WRITE_QUEUE_DEPTH: Final = 128
@@ -31,6 +31,19 @@ def wake_all(futures: list[asyncio.Future[None]]) -> None:
     for fut in futures:
         set_if_pending(fut)
     futures.clear()
+
+
+async def wait_in(futures: list[asyncio.Future[None]]) -> None:
+    """Wait for the next ``wake_all(futures)``; a cancelled wait leaves no future behind."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    futures.append(fut)
+    try:
+        await fut
+    finally:
+        if not fut.done():
+            fut.cancel()
+            with contextlib.suppress(ValueError):
+                futures.remove(fut)
 
 
 class Stdin:
@@ -62,15 +75,7 @@ class Stdin:
         remembered, so a retry with the same id still writes.
         """
         while self.fd is not None and data and self._full(len(data)):
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._space.append(fut)
-            try:
-                await fut
-            finally:
-                if not fut.done():  # cancelled: leave no dead future behind
-                    fut.cancel()
-                    with contextlib.suppress(ValueError):
-                        self._space.remove(fut)
+            await wait_in(self._space)
         if write_id is not None:
             self.write_ids[write_id] = None
             if len(self.write_ids) > WRITE_ID_MEMORY:
