@@ -155,14 +155,13 @@ def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_pa
             continue
         ops = list(chunk.ops)
         pattern = list(chunk.old_lines)
-        found = seek_sequence(texts, pattern, cursor, end_of_file=chunk.is_end_of_file, cache=cache)
+        eof = chunk.is_end_of_file
+        found = seek_sequence(texts, pattern, cursor, end_of_file=eof, cache=cache)
         if found is None and pattern[-1] == "":
             drop_new = bool(chunk.new_lines) and chunk.new_lines[-1] == ""
             ops = _drop_trailing_empty(ops, drop_new)
             pattern = pattern[:-1]
-            found = seek_sequence(
-                texts, pattern, cursor, end_of_file=chunk.is_end_of_file, cache=cache
-            )
+            found = seek_sequence(texts, pattern, cursor, end_of_file=eof, cache=cache)
         if found is None:
             old = "\n".join(chunk.old_lines)
             raise ApplyError(f"Failed to find expected lines in {display_path}:\n{old}")

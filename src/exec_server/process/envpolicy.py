@@ -52,11 +52,8 @@ def build_child_env(
         result = {k: server_env[k] for k in CORE_VARIABLES if k in server_env}
     else:
         result = {}
-    if not ignore_default_excludes:
-        result = {k: v for k, v in result.items() if not matches_any(k, DEFAULT_EXCLUDES)}
-    exclude = tuple(exclude)
-    if exclude:
-        result = {k: v for k, v in result.items() if not matches_any(k, exclude)}
+    excludes = (*exclude, *(() if ignore_default_excludes else DEFAULT_EXCLUDES))
+    result = {k: v for k, v in result.items() if not matches_any(k, excludes)}
     result.update(set_vars)
     include_only = tuple(include_only)
     if include_only:

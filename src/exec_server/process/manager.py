@@ -173,10 +173,7 @@ class ProcessManager:
         terminate_grace: float = DEFAULT_TERMINATE_GRACE,
         read_size: int = DEFAULT_READ_SIZE,
     ) -> None:
-        self._retention = config.closed_retention
-        self._cap = config.output_cap
-        self._lossless = config.lossless_output
-        self._use_services = config.launch_zygote
+        self._config = config
         self._services: dict[int, LaunchService] = {}
         self._grace = terminate_grace
         self._read_size = read_size
@@ -227,7 +224,7 @@ class ProcessManager:
                 delivered = await self._deliver(event)
                 if isinstance(event, Output):
                     rec.unsent -= len(event.data)
-                    if delivered and self._lossless:
+                    if delivered and rec.buffer.lossless:
                         rec.buffer.mark_notified(event.seq)
                     self._resume(rec)
         finally:
@@ -259,9 +256,8 @@ class ProcessManager:
         if process_id in self._records:
             _discard_launch(spec)
             raise InvalidRequestError(f"process {process_id} already exists")
-        rec = _Record(
-            process_id, spec, OutputBuffer(self._cap, lossless=self._lossless), report_denial
-        )
+        buffer = OutputBuffer(self._config.output_cap, lossless=self._config.lossless_output)
+        rec = _Record(process_id, spec, buffer, report_denial)
         self._records[process_id] = rec
         try:
             child = await self._launch(spec)
@@ -280,7 +276,7 @@ class ProcessManager:
         """Through the launch service when there is one, else in a worker thread: the
         spawning thread waits until the child has changed to its cwd and exec'd its
         program (``vfork``), and either may be on a hung network or FUSE mount."""
-        if spec.zygote is not None and self._use_services:
+        if spec.zygote is not None and self._config.launch_zygote:
             self._services[id(spec.zygote.service)] = spec.zygote.service
             child = await spawn_via_service(spec, self)
             if child is not None:
@@ -340,7 +336,8 @@ class ProcessManager:
             # What the command left outside its group gets the rest of its grace.
             loop.call_later(self._grace, self._kill_strays, rec)
         if not self._closed:
-            rec.removal = loop.call_later(self._retention, self._remove_if_closed, rec)
+            retention = self._config.closed_retention
+            rec.removal = loop.call_later(retention, self._remove_if_closed, rec)
         self._emit(rec, Closed(rec.process_id, seq))
 
     def _remove_if_closed(self, rec: _Record) -> None:
