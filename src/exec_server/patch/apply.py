@@ -61,12 +61,8 @@ def _is_not_found(exc: BaseException) -> bool:
 
 
 async def read_text(fs: PatchFileSystem[SandboxT], path: Path, sandbox: SandboxT | None) -> str:
-    """Read a regular file as strict UTF-8.
-
-    Raises:
-        ValueError: with the cause text as upstream prints it (``<strerror> (os error
-            N)``, ``path `…` is not a file`` or Rust's ``Utf8Error`` display).
-    """
+    """Read a regular file as strict UTF-8; ``ValueError`` carries the cause as upstream
+    prints it (``<strerror> (os error N)``, ``path `…` is not a file``, a ``Utf8Error``)."""
     try:
         meta = await fs.get_metadata(path, sandbox=sandbox)
         if not meta.is_file:
@@ -172,8 +168,7 @@ async def apply_hunks(
 async def apply_patch(
     patch: str, cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> AffectedPaths:
-    """Parse and apply patch text against ``cwd``; ``.summary()`` of the result is the
-    text for stdout.
+    """Parse and apply patch text against ``cwd``; the result's ``.summary()`` is for stdout.
 
     Raises:
         ParseError: nothing was touched.

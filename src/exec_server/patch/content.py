@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from itertools import groupby
+from typing import NamedTuple
 
 from exec_server.patch.errors import ApplyError
 from exec_server.patch.parse import UpdateChunk, trim, trim_end
@@ -35,8 +35,7 @@ _PASSES: tuple[Callable[[str], str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
     """A file line: its text and its terminator (``\\n``, ``\\r\\n``, ``\\r`` or ``""``)."""
 
     text: str
@@ -73,15 +72,10 @@ def seek_sequence(
     if not pattern:
         return start
     k = len(pattern)
-    if k > len(lines):
-        return None
     last = len(lines) - k
-    if end_of_file:
-        if last < start:
-            return None
-        candidates = range(last, last + 1)
-    else:
-        candidates = range(start, last + 1)
+    candidates = range(max(start, last) if end_of_file else start, last + 1)
+    if not candidates:
+        return None
     for number, norm in enumerate(_PASSES):
         want = [norm(p) for p in pattern]
         have = cache.get(number)
@@ -95,10 +89,8 @@ def seek_sequence(
 
 
 def _drop_trailing_empty(ops: list[tuple[str, str]], drop_new: bool) -> list[tuple[str, str]]:
-    """Remove the last old line and, if ``drop_new``, the last new line from ``ops``.
-
-    A context op has both roles; removing one role turns it into a ``+`` or ``-`` op.
-    """
+    """Remove the last old line and, if ``drop_new``, the last new line from ``ops`` (a
+    context op has both roles: removing one turns it into a ``+`` or ``-`` op)."""
     ops = list(ops)
     # An op with kind ``keeper`` lacks the role being removed ("+" has no old line).
     for keeper in ("+", "-") if drop_new else ("+",):

@@ -159,14 +159,9 @@ class _Chunk:
 
 
 class _Parser:
-    """Line-at-a-time state machine over the body, as 0.163.0 parses it.
-
-    Modes: ``started`` (only headers or the Environment ID may come), ``add``,
-    ``delete``, ``update`` and ``ended`` (after an inner End Patch only
-    whitespace may follow). Header lines are trimmed, except inside an Update
-    hunk where only trailing whitespace is removed, so an indented line there
-    stays a context line.
-    """
+    """Line-at-a-time state machine over the body, as 0.163.0 parses it: modes ``started``,
+    ``add``, ``delete``, ``update``, ``ended``. Header lines are trimmed, inside an Update
+    hunk only at the end, so an indented line there stays a context line."""
 
     def __init__(self) -> None:
         self.mode = "started"

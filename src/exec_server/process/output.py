@@ -79,11 +79,8 @@ class OutputBuffer:
 
     @property
     def full(self) -> bool:
-        """Lossless mode: undelivered output fills the cap, stop reading the child.
-
-        A delivered oldest chunk can be dropped by the next append: retention never
-        exceeds cap + one chunk.
-        """
+        """Lossless mode: undelivered output fills the cap, stop reading the child (a
+        delivered oldest chunk goes with the next append: at most cap + one chunk)."""
         if not self.lossless or self.retained < self.cap:
             return False
         chunks = self._chunks

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from typing import Final
 
 from exec_server.process.spawn import close_quietly, set_if_pending
@@ -46,21 +47,19 @@ async def wait_in(futures: list[asyncio.Future[None]]) -> None:
                 futures.remove(fut)
 
 
+@dataclass(slots=True, eq=False)
 class Stdin:
     """The writable end of one child's stdin (``fd`` None: there is none, or it closed)."""
 
-    __slots__ = ("_armed", "_eof", "_queue", "_queued", "_space", "fd", "write_ids")
-
-    def __init__(self, fd: int | None = None) -> None:
-        self.fd = fd
-        self._queue: deque[memoryview] = deque()
-        #: bytes in ``_queue`` (what :data:`WRITE_QUEUE_BYTES` bounds).
-        self._queued = 0
-        self._space: list[asyncio.Future[None]] = []
-        self._armed = False
-        #: close once the queue is written (``process/closeStdin``).
-        self._eof = False
-        self.write_ids: OrderedDict[str, None] = OrderedDict()
+    fd: int | None = None
+    write_ids: OrderedDict[str, None] = field(default_factory=OrderedDict, init=False)
+    _queue: deque[memoryview] = field(default_factory=deque, init=False)
+    #: bytes in ``_queue`` (what :data:`WRITE_QUEUE_BYTES` bounds).
+    _queued: int = field(default=0, init=False)
+    _space: list[asyncio.Future[None]] = field(default_factory=list, init=False)
+    _armed: bool = field(default=False, init=False)
+    #: close once the queue is written (``process/closeStdin``).
+    _eof: bool = field(default=False, init=False)
 
     def _full(self, size: int) -> bool:
         queued = self._queued
@@ -69,11 +68,8 @@ class Stdin:
         )
 
     async def write(self, data: bytes, write_id: str | None) -> None:
-        """Queue ``data`` once there is room; dropped if stdin closed meanwhile.
-
-        Cancelled while waiting: nothing is queued and ``write_id`` is not
-        remembered, so a retry with the same id still writes.
-        """
+        """Queue ``data`` once there is room; dropped if stdin closed meanwhile. Cancelled
+        while waiting, nothing is queued or remembered: a retry with the same id writes."""
         while self.fd is not None and data and self._full(len(data)):
             await wait_in(self._space)
         if write_id is not None:

@@ -70,11 +70,9 @@ def signal_pidfds(fds: list[int], sig: int) -> None:
 
 
 def kill_tree(root: int, *, skip_group: int | None = None) -> None:
-    """SIGKILL every descendant of ``root`` (which must still be alive).
-
-    Repeats the walk until it finds nothing: killing a middle process re-parents its
-    children to the subreaper ``root``, and a process may fork between walk and kill.
-    """
+    """SIGKILL every descendant of ``root`` (still alive), walking again until none is
+    found: a killed middle process's children move to the subreaper ``root``, and a
+    process may fork between walk and kill."""
     for _ in range(_KILL_PASSES):
         found = descendants(root, skip_group=skip_group)
         if not found:
