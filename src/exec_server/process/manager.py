@@ -495,11 +495,9 @@ class ProcessManager:
         rec = self._known(process_id)
         if not rec.spec.tty:
             raise InvalidParamsError(f"process {process_id} has no PTY")
-        fd = rec.stdin.fd
-        if fd is None:
-            return
-        with contextlib.suppress(OSError):  # EIO/EBADF: the terminal is gone
-            set_window_size(fd, rows, columns)
+        if rec.stdin.fd is not None:
+            with contextlib.suppress(OSError):  # EIO/EBADF: the terminal is gone
+                set_window_size(rec.stdin.fd, rows, columns)
 
     def terminate(self, process_id: str) -> bool:
         """``process/terminate`` (issue 2 overrides §8.6): SIGTERM to the group and to an
@@ -515,9 +513,9 @@ class ProcessManager:
         if rec.terminating:
             return running
         rec.terminating = True
-        if self._owns_tree(rec):
-            assert rec.child is not None
-            rec.strays = tree.open_pidfds(tree.descendants(rec.child.pid, skip_group=rec.child.pid))
+        root = self._tree_root(rec)
+        if root is not None:
+            rec.strays = tree.open_pidfds(tree.descendants(root))
         self._kill_group(rec, _signal.SIGTERM)
         tree.signal_pidfds(rec.strays, _signal.SIGTERM)
         rec.terminate_timer = asyncio.get_running_loop().call_later(
@@ -540,16 +538,18 @@ class ProcessManager:
             self._kill_group(rec, sig)
 
     @staticmethod
-    def _owns_tree(rec: _Record) -> bool:
-        """Unsandboxed and not reaped, so its descendants' ancestry is still its own
-        (only a sandboxed process is reaped before it leaves RUNNING: the denial drain)."""
-        return rec.spec.sandbox_type is SandboxType.NONE and rec.state is State.RUNNING
+    def _tree_root(rec: _Record) -> int | None:
+        """The pid of an unsandboxed, unreaped process, whose descendants' ancestry is still
+        its own (only a sandboxed process is reaped before it leaves RUNNING)."""
+        if rec.spec.sandbox_type is SandboxType.NONE and rec.state is State.RUNNING and rec.child:
+            return rec.child.pid
+        return None
 
     def _kill_tree(self, rec: _Record) -> None:
         """SIGKILL the group, every descendant of an unsandboxed child and earlier strays."""
-        if self._owns_tree(rec):
-            assert rec.child is not None
-            tree.kill_tree(rec.child.pid, skip_group=rec.child.pid)
+        root = self._tree_root(rec)
+        if root is not None:
+            tree.kill_tree(root)
         self._kill_group(rec, _signal.SIGKILL)
         self._kill_strays(rec)
 

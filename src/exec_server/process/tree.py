@@ -26,9 +26,9 @@ def _stat(pid: str) -> tuple[int, int, bool] | None:
     return int(fields[1]), int(fields[2]), fields[0] not in (b"Z", b"X")
 
 
-def descendants(root: int, *, skip_group: int | None = None) -> list[int]:
+def descendants(root: int) -> list[int]:
     """Live (non-zombie) descendants of ``root``, parents before children, leaving out
-    (but descending through) members of ``skip_group``: a ``killpg`` reaches them."""
+    (but descending through) members of ``root``'s group: a ``killpg`` reaches them."""
     children: dict[int, list[tuple[int, int, bool]]] = {}
     try:
         entries = list(os.scandir("/proc"))
@@ -47,7 +47,7 @@ def descendants(root: int, *, skip_group: int | None = None) -> list[int]:
         parent = queue.pop(0)
         for pid, pgid, alive in children.get(parent, ()):
             queue.append(pid)
-            if alive and pgid != skip_group:
+            if alive and pgid != root:
                 found.append(pid)
     return found
 
@@ -69,12 +69,12 @@ def signal_pidfds(fds: list[int], sig: int) -> None:
             signal.pidfd_send_signal(fd, sig)
 
 
-def kill_tree(root: int, *, skip_group: int | None = None) -> None:
+def kill_tree(root: int) -> None:
     """SIGKILL every descendant of ``root`` (still alive), walking again until none is
     found: a killed middle process's children move to the subreaper ``root``, and a
     process may fork between walk and kill."""
     for _ in range(_KILL_PASSES):
-        found = descendants(root, skip_group=skip_group)
+        found = descendants(root)
         if not found:
             return
         fds = open_pidfds(found)
