@@ -150,17 +150,14 @@ _START = re.compile(
 
 def _extract_heredoc(script: str) -> tuple[str, str | None] | None:
     """``(heredoc body without trailing newlines, cd dir or None)``, or None."""
-    stripped = script.lstrip(" \t\n")
-    first, newline, rest = stripped.partition("\n")
+    first, newline, rest = script.lstrip(" \t\n").partition("\n")
     match = _START.match(first)
     if match is None or not newline:
         return None
     delimiter = match["bare"] or match["sq"] or match["dq"]
-    strip_tabs = bool(match["dash"])
     lines = rest.split("\n")
     for index, line in enumerate(lines):
-        candidate = line.lstrip("\t") if strip_tabs else line
-        if candidate == delimiter:
+        if (line.lstrip("\t") if match["dash"] else line) == delimiter:
             trailer = "\n".join(lines[index + 1 :])
             if trailer.strip(" \t\n"):
                 return None  # something follows the heredoc

@@ -42,6 +42,7 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _RESTORED_BY_SUBPROCESS = frozenset((int(signal.SIGPIPE), int(signal.SIGXFSZ)))
 
 Stdio = tuple[int | None, int, int]
+Outputs = list[tuple[ProcessStream, int]]
 
 
 @dataclass(slots=True)
@@ -51,14 +52,13 @@ class SpawnedChild:
     it); a launch service's child has ``exit_status`` instead: the raw wait status."""
 
     pid: int
-    outputs: list[tuple[ProcessStream, int]]
+    outputs: Outputs
     stdin_fd: int | None
     popen: subprocess.Popen[bytes] | None = None
     exit_status: Callable[[], Awaitable[int]] | None = None
 
 
 def close_quietly(fd: int | None) -> None:
-    """Close ``fd`` ignoring errors (it may already be gone)."""
     if fd is None or fd < 0:
         return
     with contextlib.suppress(OSError):
@@ -71,7 +71,6 @@ def set_if_pending(fut: asyncio.Future[None]) -> None:
 
 
 def set_window_size(fd: int, rows: int, columns: int) -> None:
-    """Set the terminal size (``TIOCSWINSZ``) on a PTY fd."""
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
 
 
@@ -197,21 +196,14 @@ def _open_stdio(spec: LaunchSpec, ours: list[int], theirs: list[int]) -> Stdio:
     return in_r, out_w, err_w
 
 
-def _spawned(
-    spec: LaunchSpec,
-    pid: int,
-    ours: list[int],
-    popen: subprocess.Popen[bytes] | None = None,
-    exit_status: Callable[[], Awaitable[int]] | None = None,
-) -> SpawnedChild:
+def _our_ends(spec: LaunchSpec, ours: list[int]) -> tuple[Outputs, int | None]:
+    """Our ends made non-blocking, as ``SpawnedChild`` takes them: outputs, stdin."""
     for fd in ours:
         os.set_blocking(fd, False)
     if spec.tty:
-        outputs = [(ProcessStream.PTY, ours[0])]
-    else:
-        outputs = [(ProcessStream.STDOUT, ours[0]), (ProcessStream.STDERR, ours[1])]
-    stdin_fd = ours[-1] if spec.tty or spec.pipe_stdin else None
-    return SpawnedChild(pid, outputs, stdin_fd, popen, exit_status)
+        return [(ProcessStream.PTY, ours[0])], ours[1]
+    outputs = [(ProcessStream.STDOUT, ours[0]), (ProcessStream.STDERR, ours[1])]
+    return outputs, ours[2] if spec.pipe_stdin else None
 
 
 def spawn(spec: LaunchSpec) -> SpawnedChild:
@@ -245,7 +237,7 @@ def spawn(spec: LaunchSpec) -> SpawnedChild:
             restore_signals=True,
             preexec_fn=preexec,
         )
-    return _spawned(spec, popen.pid, ours, popen=popen)
+    return SpawnedChild(popen.pid, *_our_ends(spec, ours), popen=popen)
 
 
 async def spawn_via_service(spec: LaunchSpec, owner: object) -> SpawnedChild | None:
@@ -263,4 +255,4 @@ async def spawn_via_service(spec: LaunchSpec, owner: object) -> SpawnedChild | N
             )
     except LaunchServiceUnavailable:
         return None
-    return _spawned(spec, serviced.pid, ours, exit_status=serviced.wait)
+    return SpawnedChild(serviced.pid, *_our_ends(spec, ours), exit_status=serviced.wait)
