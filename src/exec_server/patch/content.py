@@ -24,9 +24,8 @@ _PUNCTUATION = str.maketrans({
     **dict.fromkeys("\u201c\u201d\u201e\u201f", '"'),
     **dict.fromkeys(_ODD_SPACES, " "),
 })
-#: The seek passes (§9), each over the whole file before the next, so an exact match
-#: late in the file beats a looser one early in it: exact, trailing whitespace
-#: ignored, both ends, then typographic punctuation folded to ASCII.
+#: The seek passes (§9), each over the whole file before the next (an exact match late
+#: beats a looser one early): exact, trim end, trim both, fold punctuation to ASCII.
 _PASSES: tuple[Callable[[str], str], ...] = (
     str,
     trim_end,

@@ -43,9 +43,8 @@ class Closed:
 
 ProcessEvent = Output | Exited | Closed
 
-#: ``await sink(event)`` delivers one event (awaiting = backpressure: a slow
-#: receiver slows the child). False: it did not reach a live receiver (lossless
-#: mode then keeps the chunk); None counts as delivered.
+#: ``await sink(event)`` delivers one event (awaiting = backpressure). False: it reached
+#: no live receiver (lossless mode then keeps the chunk); None counts as delivered.
 EventSink = Callable[[ProcessEvent], Awaitable[bool | None]]
 
 

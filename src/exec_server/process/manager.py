@@ -239,8 +239,7 @@ class ProcessManager:
         except Exception:  # a dead connection must not stop the others (§8.3: failures ignored)
             logger.debug("dropping %r: sink failed", event, exc_info=True)
             return False
-        # Detached while the send was pending: the old receiver may have written
-        # into a transport that is going away; not delivered.
+        # Detached while the send was pending: written to a departing transport, if at all.
         return handed_over is not False and self._sink is sink
 
     async def start(
@@ -445,13 +444,8 @@ class ProcessManager:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(deadline):
                     await wait_in(rec.waiters)
-        return Snapshot(
-            chunks=taken,
-            next_seq=next_seq,
-            exit_code=buffer.exit_code,
-            closed=buffer.closed,
-            sandbox_denied=rec.sandbox_denied if rec.report_denial else None,
-        )
+        denied = rec.sandbox_denied if rec.report_denial else None
+        return Snapshot(taken, next_seq, buffer.exit_code, buffer.closed, denied)
 
     async def write(self, process_id: str, data: bytes, write_id: str | None = None) -> WriteStatus:
         """``process/write`` (§8.5): queue ``data`` for stdin, waiting while the queue is full.

@@ -22,7 +22,7 @@ RETAINED_OUTPUT_CAP = 1024 * 1024
 _seq_of = attrgetter("seq")
 
 
-@dataclass(slots=True, eq=False, repr=False)
+@dataclass(slots=True, eq=False)
 class OutputBuffer:
     """Events of one process: output chunks, exit code, close flag."""
 
@@ -35,7 +35,7 @@ class OutputBuffer:
     retained: int = field(default=0, init=False)
     #: Highest seq known to have reached the client (lossless bookkeeping).
     delivered_seq: int = field(default=0, init=False)
-    _chunks: deque[OutputChunk] = field(default_factory=deque, init=False)
+    _chunks: deque[OutputChunk] = field(default_factory=deque, init=False, repr=False)
 
     def append(self, stream: ProcessStream, data: bytes) -> OutputChunk:
         """Record one chunk; returns it (with its seq) for the notification."""
@@ -120,9 +120,3 @@ class OutputBuffer:
 
     def __len__(self) -> int:
         return len(self._chunks)
-
-    def __repr__(self) -> str:
-        return (
-            f"<OutputBuffer next_seq={self.next_seq} chunks={len(self._chunks)} "
-            f"retained={self.retained} exit={self.exit_code} closed={self.closed}>"
-        )
