@@ -104,13 +104,10 @@ class ParsedPatch:
 
 
 def _check_envelope(lines: list[str]) -> None:
-    first = trim(lines[0]) if lines else None
-    last = trim(lines[-1]) if lines else None
-    if first == BEGIN_PATCH and last == END_PATCH and len(lines) >= 2:
-        return
-    if first is not None and first != BEGIN_PATCH:
+    if lines and trim(lines[0]) != BEGIN_PATCH:
         raise InvalidPatchError("The first line of the patch must be '*** Begin Patch'")
-    raise InvalidPatchError("The last line of the patch must be '*** End Patch'")
+    if not lines or trim(lines[-1]) != END_PATCH:
+        raise InvalidPatchError("The last line of the patch must be '*** End Patch'")
 
 
 def _envelope(lines: list[str]) -> list[str]:
