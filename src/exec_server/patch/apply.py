@@ -55,9 +55,8 @@ def resolve_path(cwd: Path, path: str) -> Path:
 
 
 def _is_not_found(exc: BaseException) -> bool:
-    if isinstance(exc, NotFoundError):
-        return True
-    return isinstance(exc, OSError) and exc.errno == errno.ENOENT
+    enoent = isinstance(exc, OSError) and exc.errno == errno.ENOENT
+    return enoent or isinstance(exc, NotFoundError)
 
 
 async def read_text(fs: PatchFileSystem[SandboxT], path: Path, sandbox: SandboxT | None) -> str:

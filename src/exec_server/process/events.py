@@ -1,6 +1,5 @@
-"""What the process manager reports: numbered events and read snapshots (no wire shapes).
-
-Per process (PROTOCOL.md §8.2): output chunks, one :class:`Exited`, then :class:`Closed`.
+"""What the process manager reports, no wire shapes: per process output chunks, one
+:class:`Exited`, then :class:`Closed`, all numbered (PROTOCOL.md §8.2); read snapshots.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Sequence-numbered, bounded output buffer of one process (pure; PROTOCOL.md §8.2, §8.4).
-
-One counter numbers output chunks, the exit and the close event alike, from 1. Past
-the cap the oldest chunks are dropped, no gap marker. Lossless mode (our extension)
-drops only *delivered* chunks; undelivered output makes :attr:`full` stop the reads.
+"""Sequence-numbered, bounded output buffer of one process (pure; PROTOCOL.md §8.2, §8.4):
+one counter numbers chunks, exit and close from 1; past the cap the oldest chunks go.
+Lossless mode (our extension) drops only *delivered* chunks, else reports :attr:`full`.
 """
 
 from __future__ import annotations

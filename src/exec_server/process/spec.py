@@ -1,7 +1,5 @@
-"""What the process layer is asked to run: a fully prepared launch (pure data).
-
-The server's handler builds a ``LaunchSpec`` from a ``process/start`` request; the
-sandbox manager may rewrite ``argv``/``env``/``arg0`` and add ``pass_fds``/``cleanup``.
+"""What the process layer is asked to run (pure data): a launch the server's handler
+built and the sandbox manager may have rewritten, and the launch-service interface.
 """
 
 from __future__ import annotations

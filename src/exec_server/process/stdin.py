@@ -1,8 +1,6 @@
-"""A child's stdin: a bounded queue of writes, flushed as the non-blocking fd takes them.
-
-``process/write`` (PROTOCOL.md §8.5) waits while the queue is full, so a child that
-does not read slows its writer instead of growing the server. Write errors (EPIPE,
-EIO: the child stopped reading) drop the queue, as upstream ignores them.
+"""A child's stdin: a bounded queue of writes (PROTOCOL.md §8.5), so a child that does
+not read slows its writer instead of growing the server. Write errors (EPIPE, EIO: the
+child stopped reading) drop the queue, as upstream ignores them.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ __all__ = ["WRITE_QUEUE_BYTES", "WRITE_QUEUE_DEPTH", "Stdin", "wait_in", "wake_a
 
 #: Pending writes before ``write`` waits (§14).
 WRITE_QUEUE_DEPTH: Final = 128
-#: Bytes queued before ``write`` waits: a fast reader never waits for the client's next
-#: round trip, a child that never reads holds bounded memory. A bigger single write
-#: is taken whole once the queue is empty.
+#: Bytes queued before ``write`` waits: enough that a fast reader never waits for the next
+#: round trip. A bigger single write is taken whole once the queue is empty.
 WRITE_QUEUE_BYTES: Final = 16 << 20
 #: Remembered ``writeId`` values (CLIENT_COMPAT.md §5.1).
 WRITE_ID_MEMORY: Final = 4096
