@@ -12,7 +12,7 @@ import msgspec
 
 from exec_server.process.events import Closed, Exited, Output, ProcessEvent
 from exec_server.process.manager import DEFAULT_READ_SIZE, UNSENT_LIMIT, ProcessManager, State
-from exec_server.process.pipes import PIPE_SIZE
+from exec_server.process.spawn import PIPE_SIZE
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.types.process import (
     ClosedNotification,

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from exec_server.exceptions import InternalError, InvalidRequestError
-from exec_server.process.manager import ProcessManager, exit_status_from_wait, looks_sandbox_denied
+from exec_server.process.manager import ProcessManager, looks_sandbox_denied
+from exec_server.process.spawn import exit_status_from_wait
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.types.process import ProcessStream, WriteStatus
 from exec_server.sandbox.plan import SandboxType
@@ -390,7 +391,7 @@ async def test_guard_exits_when_idle_and_restarts(
     guard_pid = manager._guard.pid
     assert guard_pid is not None
     await sink.closed("g1")
-    await wait_until(lambda: manager._guard.pid is None and not manager._aux_tasks)
+    await wait_until(lambda: manager._guard.pid is None and not manager._guard._reapers)
     assert not os.path.exists(f"/proc/{guard_pid}")  # noqa: ASYNC240 - reaped
     await manager.start("g2", sh("exit 0"))
     assert manager._guard.pid not in (None, guard_pid)

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from exec_server.process.manager import WRITE_QUEUE_BYTES, ProcessManager
+from exec_server.process.manager import ProcessManager
 from exec_server.process.spec import LaunchSpec
+from exec_server.process.stdin import WRITE_QUEUE_BYTES
 from exec_server.protocol.types.process import WriteStatus
 
 MiB = 1 << 20

@@ -1,9 +1,5 @@
 """apply_patch: the Codex patch format, applied through a (sandboxable) file system.
 
-Modules: `parse` (text -> hunks, pure), `seek` (the four-pass line search),
-`content` (new file text from chunks, pure), `apply` (hunks -> file-system
-calls), `diff` (unified-diff previews), `invocation` (recognising apply_patch
-in a command's argv), `fs` (the file-system protocol), `errors`.
 See docs/apply-patch.md.
 """
 

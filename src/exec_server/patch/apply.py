@@ -1,36 +1,28 @@
 """Applying parsed hunks through a `PatchFileSystem` (APPLY_PATCH.md §6, §7, §10).
 
-Hunks run one at a time in patch order with no rollback: the first failure
-stops the run and earlier hunks stay applied (§7.1). Within one Update hunk all
-chunks are resolved before anything is written, so a failing chunk leaves that
-file untouched. The sandbox context is passed unchanged to every call (§14).
+Hunks run in patch order with no rollback: the first failure stops the run and
+earlier hunks stay applied (§7.1). An Update hunk's chunks are all resolved before
+anything is written, so a failing chunk leaves that file untouched.
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exec_server.exceptions import ExecServerError
+from exec_server.exceptions import ExecServerError, NotFoundError, os_error_message
 from exec_server.patch.content import derive_new_contents
 from exec_server.patch.errors import ApplyError
-from exec_server.patch.fs import PatchFileSystem, SandboxT, describe_error, is_not_found
-from exec_server.patch.parse import (
-    AddFile,
-    DeleteFile,
-    Hunk,
-    UpdateChunk,
-    UpdateFile,
-    parse_patch,
-)
+from exec_server.patch.fs import PatchFileSystem, SandboxT
+from exec_server.patch.parse import AddFile, DeleteFile, Hunk, UpdateChunk, parse_patch
 from exec_server.protocol.paths import normalize_lexical
 
 __all__ = [
     "AffectedPaths",
     "apply_hunks",
     "apply_patch",
-    "decode_utf8",
     "read_text",
     "resolve_path",
     "updated_contents",
@@ -58,16 +50,26 @@ class AffectedPaths:
 
 
 def resolve_path(cwd: Path, path: str) -> Path:
-    """Join ``path`` to ``cwd`` (absolute paths win) and normalise lexically (§6).
-
-    ``.`` segments are dropped and ``..`` removes the previous one; symlinks are
-    not resolved.
-    """
+    """Join ``path`` to ``cwd`` (absolute paths win), normalised lexically (§6)."""
     return Path(normalize_lexical(path if path.startswith("/") else f"{cwd}/{path}"))
 
 
-def decode_utf8(data: bytes) -> str:
-    """Strict UTF-8 decode; the error text matches Rust's ``Utf8Error`` display."""
+def _is_not_found(exc: BaseException) -> bool:
+    enoent = isinstance(exc, OSError) and exc.errno == errno.ENOENT
+    return enoent or isinstance(exc, NotFoundError)
+
+
+async def read_text(fs: PatchFileSystem[SandboxT], path: Path, sandbox: SandboxT | None) -> str:
+    """Read a regular file as strict UTF-8; ``ValueError`` carries the cause as upstream
+    prints it (``<strerror> (os error N)``, ``path `…` is not a file``, a ``Utf8Error``)."""
+    try:
+        meta = await fs.get_metadata(path, sandbox=sandbox)
+        if not meta.is_file:
+            raise ValueError(f"path `{path}` is not a file")
+        data = await fs.read_file(path, sandbox=sandbox)
+    except _FS_ERRORS as exc:
+        text = exc.message if isinstance(exc, ExecServerError) else os_error_message(exc)
+        raise ValueError(text) from exc
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -76,23 +78,6 @@ def decode_utf8(data: bytes) -> str:
         raise ValueError(
             f"invalid utf-8 sequence of {exc.end - exc.start} bytes from index {exc.start}"
         ) from None
-
-
-async def read_text(fs: PatchFileSystem[SandboxT], path: Path, sandbox: SandboxT | None) -> str:
-    """Read a regular file as strict UTF-8.
-
-    Raises:
-        ValueError: with the cause text (I/O error text, ``path `…` is not a file``
-            or the UTF-8 error).
-    """
-    try:
-        meta = await fs.get_metadata(path, sandbox=sandbox)
-        if not meta.is_file:
-            raise ValueError(f"path `{path}` is not a file")
-        data = await fs.read_file(path, sandbox=sandbox)
-    except _FS_ERRORS as exc:
-        raise ValueError(describe_error(exc)) from exc
-    return decode_utf8(data)
 
 
 async def _write(
@@ -108,7 +93,7 @@ async def _write(
         await fs.write_file(path, data, sandbox=sandbox)
         return
     except _FS_ERRORS as exc:
-        if not (create_parents and is_not_found(exc)):
+        if not (create_parents and _is_not_found(exc)):
             raise ApplyError(f"Failed to write file {path}") from exc
     try:
         await fs.create_directory(path.parent, recursive=True, sandbox=sandbox)
@@ -148,24 +133,8 @@ async def updated_contents(
     return original, derive_new_contents(original, chunks, str(path))
 
 
-async def _apply_update(
-    hunk: UpdateFile, cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None
-) -> None:
-    source = resolve_path(cwd, hunk.path)
-    _, new = await updated_contents(fs, source, hunk.chunks, sandbox)
-    dest = resolve_path(cwd, hunk.move_path) if hunk.move_path is not None else source
-    # A move onto itself is an in-place update (later upstream; 0.163.0 lost the file).
-    moved = dest != source
-    await _write(fs, dest, new.encode("utf-8"), sandbox, create_parents=moved)
-    if moved:
-        await _remove_file(fs, source, sandbox, f"Failed to remove original {source}")
-
-
 async def apply_hunks(
-    hunks: Sequence[Hunk],
-    cwd: Path,
-    fs: PatchFileSystem[SandboxT],
-    sandbox: SandboxT | None = None,
+    hunks: Sequence[Hunk], cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> AffectedPaths:
     """Apply hunks in order, stopping at the first failure (no rollback).
 
@@ -176,34 +145,32 @@ async def apply_hunks(
         raise ApplyError("No files were modified.")
     affected = AffectedPaths()
     for hunk in hunks:
+        path = resolve_path(cwd, hunk.path)
         if isinstance(hunk, AddFile):
-            path = resolve_path(cwd, hunk.path)
             await _write(fs, path, hunk.contents.encode("utf-8"), sandbox, create_parents=True)
             affected.added.append(hunk.path)
         elif isinstance(hunk, DeleteFile):
-            path = resolve_path(cwd, hunk.path)
             await _remove_file(fs, path, sandbox, f"Failed to delete file {path}")
             affected.deleted.append(hunk.path)
         else:
-            await _apply_update(hunk, cwd, fs, sandbox)
+            _, new = await updated_contents(fs, path, hunk.chunks, sandbox)
+            dest = path if hunk.move_path is None else resolve_path(cwd, hunk.move_path)
+            # A move onto itself is an in-place update (later upstream; 0.163.0 lost the file).
+            moved = dest != path
+            await _write(fs, dest, new.encode("utf-8"), sandbox, create_parents=moved)
+            if moved:
+                await _remove_file(fs, path, sandbox, f"Failed to remove original {path}")
             affected.modified.append(hunk.move_path if hunk.move_path is not None else hunk.path)
     return affected
 
 
 async def apply_patch(
-    patch: str,
-    cwd: Path,
-    fs: PatchFileSystem[SandboxT],
-    sandbox: SandboxT | None = None,
+    patch: str, cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> AffectedPaths:
-    """Parse and apply patch text against ``cwd``.
-
-    Returns:
-        The affected paths; ``.summary()`` is the text for stdout.
+    """Parse and apply patch text against ``cwd``; the result's ``.summary()`` is for stdout.
 
     Raises:
         ParseError: nothing was touched.
         ApplyError: earlier hunks stay applied.
     """
-    parsed = parse_patch(patch)
-    return await apply_hunks(parsed.hunks, cwd, fs, sandbox)
+    return await apply_hunks(parse_patch(patch).hunks, cwd, fs, sandbox)

@@ -1,28 +1,40 @@
-"""Computing an updated file from its text and a hunk's chunks (pure; APPLY_PATCH.md §8).
+"""Computing an updated file from its text and a hunk's chunks (pure; APPLY_PATCH.md §8, §9).
 
-Line model (0.163.0): lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r``.
-Context lines are kept verbatim from the file, inserted lines take the file's
-first line ending, and the result always ends with a line break.
+Context lines are kept verbatim from the file, inserted lines take the file's first
+line ending, and the result always ends with a line break.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from itertools import groupby
+from typing import NamedTuple
 
 from exec_server.patch.errors import ApplyError
-from exec_server.patch.parse import UpdateChunk
-from exec_server.patch.seek import seek_sequence
+from exec_server.patch.parse import UpdateChunk, trim, trim_end
 
-__all__ = ["Line", "derive_new_contents", "split_file_lines"]
+__all__ = ["Line", "derive_new_contents", "seek_sequence", "split_file_lines"]
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_ODD_SPACES = "\u00a0\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
+_PUNCTUATION = str.maketrans({
+    **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"),
+    **dict.fromkeys("\u2018\u2019\u201a\u201b", "'"),
+    **dict.fromkeys("\u201c\u201d\u201e\u201f", '"'),
+    **dict.fromkeys(_ODD_SPACES, " "),
+})
+#: The seek passes (§9), each over the whole file before the next (an exact match late
+#: beats a looser one early): exact, trim end, trim both, fold punctuation to ASCII.
+_PASSES: tuple[Callable[[str], str], ...] = (
+    str,
+    trim_end,
+    trim,
+    lambda text: trim(text).translate(_PUNCTUATION),
+)
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
     """A file line: its text and its terminator (``\\n``, ``\\r\\n``, ``\\r`` or ``""``)."""
 
     text: str
@@ -30,13 +42,8 @@ class Line:
 
 
 def split_file_lines(content: str) -> list[Line]:
-    """Split file contents into lines (never ``str.splitlines()``).
-
-    §8.1 describes ``\n`` and ``\r\n``; the 0.163.0 binary also ends a line at
-    a lone ``\r`` (checked by experiment), and nothing else (form feed, U+2028,
-    U+0085 stay ordinary characters). Text after the last break is a final line
-    with no ending.
-    """
+    """Split at ``\\n``, ``\\r\\n`` and, as the 0.163.0 binary does (§8.1 names only the
+    first two), a lone ``\\r``; nothing else (``str.splitlines()`` would)."""
     lines: list[Line] = []
     start = 0
     for match in _LINE_BREAK.finditer(content):
@@ -47,17 +54,46 @@ def split_file_lines(content: str) -> list[Line]:
     return lines
 
 
-def _drop_trailing_empty(ops: list[tuple[str, str]], drop_new: bool) -> list[tuple[str, str]]:
-    """Remove the last old line and, if ``drop_new``, the last new line from ``ops``.
+def seek_sequence(
+    lines: Sequence[str],
+    pattern: Sequence[str],
+    start: int,
+    *,
+    end_of_file: bool,
+    cache: dict[int, list[str]],
+) -> int | None:
+    """Return the first index >= ``start`` where ``pattern`` matches ``lines``, or None.
 
-    A context op has both roles; removing one role turns it into a ``+`` or ``-`` op.
+    With ``end_of_file`` the only candidate is the last ``len(pattern)`` lines (§9.3);
+    unlike §9.3's wording, the 0.163.0 binary also fails when it lies before ``start``.
+    ``cache`` (one per file) keeps each pass's normalised lines across chunks.
     """
+    if not pattern:
+        return start
+    k = len(pattern)
+    last = len(lines) - k
+    candidates = range(max(start, last) if end_of_file else start, last + 1)
+    if not candidates:
+        return None
+    for number, norm in enumerate(_PASSES):
+        want = [norm(p) for p in pattern]
+        have = cache.get(number)
+        if have is None:
+            have = cache[number] = [norm(line) for line in lines]
+        head = want[0]
+        for i in candidates:
+            if have[i] == head and have[i : i + k] == want:
+                return i
+    return None
+
+
+def _drop_trailing_empty(ops: list[tuple[str, str]], drop_new: bool) -> list[tuple[str, str]]:
+    """Remove the last old line and, if ``drop_new``, the last new line from ``ops`` (a
+    context op has both roles: removing one turns it into a ``+`` or ``-`` op)."""
     ops = list(ops)
     # An op with kind ``keeper`` lacks the role being removed ("+" has no old line).
     for keeper in ("+", "-") if drop_new else ("+",):
-        index = max((i for i, (k, _) in enumerate(ops) if k != keeper), default=None)
-        if index is None:
-            continue
+        index = max(i for i, (k, _) in enumerate(ops) if k != keeper)
         kind, text = ops[index]
         if kind == " ":
             ops[index] = (keeper, text)
@@ -69,11 +105,8 @@ def _drop_trailing_empty(ops: list[tuple[str, str]], drop_new: bool) -> list[tup
 def _runs(
     ops: Sequence[tuple[str, str]], found: int, preferred: str
 ) -> list[tuple[int, int, list[Line]]]:
-    """Split a matched chunk into one replacement per run of ``-``/``+`` lines (§8.3).
-
-    Context lines between runs stay untouched in the file, with their own text
-    and ending; new lines get the preferred ending.
-    """
+    """One replacement per run of ``-``/``+`` lines of a matched chunk (§8.3): context
+    lines between runs stay untouched in the file."""
     runs: list[tuple[int, int, list[Line]]] = []
     position = found
     for is_context, group in groupby(ops, key=lambda op: op[0] == " "):
@@ -88,12 +121,7 @@ def _runs(
 
 
 def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_path: str) -> str:
-    """Return the new contents of a file after applying ``chunks``.
-
-    Args:
-        original: the file's current text.
-        chunks: the Update hunk's chunks, in patch order.
-        display_path: the absolute path used in error messages.
+    """The text of ``original`` after ``chunks``; ``display_path`` names it in errors.
 
     Raises:
         ApplyError: an anchor or a chunk's old lines cannot be found (§8.6).
@@ -118,14 +146,13 @@ def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_pa
             continue
         ops = list(chunk.ops)
         pattern = list(chunk.old_lines)
-        found = seek_sequence(texts, pattern, cursor, end_of_file=chunk.is_end_of_file, cache=cache)
+        eof = chunk.is_end_of_file
+        found = seek_sequence(texts, pattern, cursor, end_of_file=eof, cache=cache)
         if found is None and pattern[-1] == "":
             drop_new = bool(chunk.new_lines) and chunk.new_lines[-1] == ""
             ops = _drop_trailing_empty(ops, drop_new)
             pattern = pattern[:-1]
-            found = seek_sequence(
-                texts, pattern, cursor, end_of_file=chunk.is_end_of_file, cache=cache
-            )
+            found = seek_sequence(texts, pattern, cursor, end_of_file=eof, cache=cache)
         if found is None:
             old = "\n".join(chunk.old_lines)
             raise ApplyError(f"Failed to find expected lines in {display_path}:\n{old}")

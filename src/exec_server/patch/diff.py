@@ -1,10 +1,6 @@
-"""Unified diff of an Update hunk for previews (APPLY_PATCH.md §13).
-
-Hunks only (no ``---``/``+++`` headers), context radius 1 by default, every
-line keeping its own terminator (``\\r\\n`` survives), and a missing final
-newline flagged with ``\\ No newline at end of file``. Upstream uses Myers
-(Rust ``similar``); ``difflib`` without autojunk gives the same hunks for
-ordinary edits.
+"""Unified diff of an Update hunk for previews (APPLY_PATCH.md §13): hunks only, lines
+keep their own terminators. Upstream uses Myers (Rust ``similar``); ``difflib``
+without autojunk gives the same hunks for ordinary edits.
 """
 
 from __future__ import annotations
@@ -33,11 +29,6 @@ class FileUpdate:
     content: str
 
 
-def _split_keep_ends(text: str) -> list[str]:
-    """Lines with their terminators, split as the applier reads files (as ``similar`` does)."""
-    return [line.text + line.ending for line in split_file_lines(text)]
-
-
 def _range(start: int, stop: int) -> str:
     """``start,count`` (1-based); ``start`` alone for one line; GNU style for none."""
     length = stop - start
@@ -54,24 +45,22 @@ def _emit(out: list[str], prefix: str, line: str) -> None:
         out.append("\n" + _NO_NEWLINE)
 
 
-def unified_diff(original: str, new: str, context: int = 1) -> str:
-    """Return the hunks of a line diff from ``original`` to ``new``."""
-    a = _split_keep_ends(original)
-    b = _split_keep_ends(new)
+def unified_diff(original: str, new: str) -> str:
+    """The hunks (context radius 1) of a line diff from ``original`` to ``new``."""
+    # Split as the applier reads files (as ``similar`` does), keeping the terminators.
+    a = [line.text + line.ending for line in split_file_lines(original)]
+    b = [line.text + line.ending for line in split_file_lines(new)]
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
     out: list[str] = []
-    for group in matcher.get_grouped_opcodes(context):
+    for group in matcher.get_grouped_opcodes(1):
         first, last = group[0], group[-1]
         out.append(f"@@ -{_range(first[1], last[2])} +{_range(first[3], last[4])} @@\n")
         for tag, i1, i2, j1, j2 in group:
-            if tag == "equal":
-                for line in a[i1:i2]:
-                    _emit(out, " ", line)
-                continue
             for line in a[i1:i2]:
-                _emit(out, "-", line)
-            for line in b[j1:j2]:
-                _emit(out, "+", line)
+                _emit(out, " " if tag == "equal" else "-", line)
+            if tag != "equal":
+                for line in b[j1:j2]:
+                    _emit(out, "+", line)
     return "".join(out)
 
 
@@ -80,8 +69,6 @@ async def unified_diff_from_chunks(
     chunks: Sequence[UpdateChunk],
     fs: PatchFileSystem[SandboxT],
     sandbox: SandboxT | None = None,
-    *,
-    context: int = 1,
 ) -> FileUpdate:
     """Read ``path`` through ``fs``, apply ``chunks`` in memory, and diff the result.
 
@@ -89,4 +76,4 @@ async def unified_diff_from_chunks(
         ApplyError: the same messages as applying the hunk (§7.4, §8.6).
     """
     original, content = await updated_contents(fs, path, chunks, sandbox)
-    return FileUpdate(unified_diff(original, content, context), original, content)
+    return FileUpdate(unified_diff(original, content), original, content)

@@ -1,16 +1,11 @@
-"""Errors raised by the apply_patch package; ``str(err)`` is the exact text to print.
+"""Errors of the apply_patch package; ``str(err)`` is the exact text agents read::
 
-Tree::
-
-    PatchError                base, never raised directly
-    ├── ParseError            the patch text breaks the grammar (parse.py)
+    PatchError
+    ├── ParseError            the patch text breaks the grammar
     │   ├── InvalidPatchError     ``Invalid patch: …``
     │   └── InvalidHunkError      ``Invalid patch hunk on line N: …``
     ├── ApplyError            a hunk could not be applied (I/O or unmatched context)
     └── CorrectnessError      verified parse of a shell command failed (§12.2)
-
-Agents read these messages, so the texts are part of the contract
-(APPLY_PATCH.md §7, §8.6, §10, §12.2).
 """
 
 from __future__ import annotations
@@ -34,15 +29,13 @@ class ParseError(PatchError):
 
 
 class InvalidPatchError(ParseError):
-    """Envelope-level error: ``Invalid patch: <message>``."""
-
     def __init__(self, message: str) -> None:
         super().__init__(f"Invalid patch: {message}")
         self.message = message
 
 
 class InvalidHunkError(ParseError):
-    """Hunk-level error: ``Invalid patch hunk on line N: <message>`` (Begin is line 1)."""
+    """``line_number``: Begin is line 1."""
 
     def __init__(self, message: str, line_number: int) -> None:
         super().__init__(f"Invalid patch hunk on line {line_number}: {message}")
@@ -55,11 +48,7 @@ class ApplyError(PatchError):
 
 
 class CorrectnessError(PatchError):
-    """A command was recognised as apply_patch but cannot be turned into a plan (§12.2).
-
-    ``kind`` is ``"implicit_invocation"``, ``"parse"``, ``"io"`` or ``"compute"``;
-    ``cause`` is the underlying error when there is one.
-    """
+    """``kind``: ``"implicit_invocation"``, ``"parse"``, ``"io"`` or ``"compute"``."""
 
     def __init__(self, kind: str, message: str, cause: Exception | None = None) -> None:
         super().__init__(message)

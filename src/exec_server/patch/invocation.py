@@ -1,17 +1,8 @@
 """Recognising an apply_patch call inside a command's argv (APPLY_PATCH.md §12).
 
-Two stages, as upstream: `maybe_parse_apply_patch` classifies argv (direct
-``[apply_patch, PATCH]`` or a shell running a heredoc script), and
-`maybe_parse_apply_patch_verified` turns a recognised call into a plan of
-file changes by reading the files through the (sandboxed) file system.
-
-Upstream parses the script with tree-sitter-bash and a strict query; this
-module recognises exactly the two accepted whole-script shapes with a small
-hand-written scanner and answers ``NotApplyPatch`` for everything else:
-
-* ``apply_patch <<DELIM`` … ``DELIM`` (no arguments, nothing else around it);
-* ``cd DIR && apply_patch <<DELIM`` … ``DELIM`` with DIR a bare word, a plain
-  double-quoted string or a single-quoted string.
+Where upstream parses shell scripts with tree-sitter-bash and a strict query, a small
+scanner accepts exactly its two whole-script shapes: ``apply_patch <<DELIM`` … ``DELIM``
+and ``cd DIR && apply_patch <<DELIM`` … ``DELIM`` (DIR a bare word, ``"…"`` or ``'…'``).
 """
 
 from __future__ import annotations
@@ -39,7 +30,6 @@ __all__ = [
     "UpdateChange",
     "Verified",
     "VerifiedBody",
-    "extract_heredoc",
     "maybe_parse_apply_patch",
     "maybe_parse_apply_patch_verified",
 ]
@@ -49,9 +39,6 @@ APPLY_PATCH_COMMANDS = ("apply_patch", "applypatch")
 IMPLICIT_INVOCATION_MESSAGE = (
     'patch detected without explicit call to apply_patch. Rerun as ["apply_patch", "<patch>"]'
 )
-
-
-# -- stage 1 results ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -76,9 +63,6 @@ class NotApplyPatch:
 
 
 MaybeApplyPatch = Body | PatchParseFailure | NotApplyPatch
-
-
-# -- stage 2 results ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -123,9 +107,6 @@ class VerifiedBody:
 Verified = VerifiedBody | CorrectnessError | NotApplyPatch
 
 
-# -- shell classification -------------------------------------------------------------
-
-
 def _shell_stem(shell: str) -> str:
     return PurePath(shell.replace("\\", "/")).stem.lower()
 
@@ -155,8 +136,6 @@ def _shell_script(argv: Sequence[str]) -> str | None:
     return None
 
 
-# -- heredoc scanner ------------------------------------------------------------------
-
 _BLANK = " \t"
 _WORD = r"[^\s'\"`$;&|<>()\\#]+"
 _CD_ARG = rf"(?P<cd_word>{_WORD})|\"(?P<cd_dq>[^\"$`\\]+)\"|'(?P<cd_sq>[^']*)'"
@@ -169,34 +148,23 @@ _START = re.compile(
 )
 
 
-def extract_heredoc(script: str) -> tuple[str, str | None] | None:
-    """Return ``(heredoc body, cd dir or None)`` for the two accepted shapes, else None.
-
-    The body has its trailing newlines removed, as upstream does.
-    """
-    stripped = script.lstrip(" \t\n")
-    first, newline, rest = stripped.partition("\n")
+def _extract_heredoc(script: str) -> tuple[str, str | None] | None:
+    """``(heredoc body without trailing newlines, cd dir or None)``, or None."""
+    first, newline, rest = script.lstrip(" \t\n").partition("\n")
     match = _START.match(first)
     if match is None or not newline:
         return None
     delimiter = match["bare"] or match["sq"] or match["dq"]
-    strip_tabs = bool(match["dash"])
     lines = rest.split("\n")
     for index, line in enumerate(lines):
-        candidate = line.lstrip("\t") if strip_tabs else line
-        if candidate == delimiter:
+        if (line.lstrip("\t") if match["dash"] else line) == delimiter:
             trailer = "\n".join(lines[index + 1 :])
             if trailer.strip(" \t\n"):
                 return None  # something follows the heredoc
             body = "\n".join(lines[:index]).rstrip("\n")
-            cd_dir = match["cd_word"] or match["cd_dq"]
-            if cd_dir is None and match["cd_sq"] is not None:
-                cd_dir = match["cd_sq"]
-            return body, cd_dir
+            # cd_word and cd_dq are never empty; cd_sq ('') may be.
+            return body, match["cd_word"] or match["cd_dq"] or match["cd_sq"]
     return None
-
-
-# -- stage 1 --------------------------------------------------------------------------
 
 
 def maybe_parse_apply_patch(argv: Sequence[str]) -> MaybeApplyPatch:
@@ -206,7 +174,7 @@ def maybe_parse_apply_patch(argv: Sequence[str]) -> MaybeApplyPatch:
         text = argv[1]
     else:
         script = _shell_script(argv)
-        extracted = extract_heredoc(script) if script is not None else None
+        extracted = _extract_heredoc(script) if script is not None else None
         if extracted is None:
             return NotApplyPatch()
         text, workdir = extracted
@@ -225,14 +193,8 @@ def _parses_as_patch(text: str) -> bool:
     return True
 
 
-# -- stage 2 --------------------------------------------------------------------------
-
-
 async def maybe_parse_apply_patch_verified(
-    argv: Sequence[str],
-    cwd: Path,
-    fs: PatchFileSystem[SandboxT],
-    sandbox: SandboxT | None = None,
+    argv: Sequence[str], cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> Verified:
     """Turn an apply_patch call into a verified plan, reading files through ``fs`` (§12.2).
 
@@ -240,10 +202,8 @@ async def maybe_parse_apply_patch_verified(
     earlier entries. Returns `CorrectnessError` (not raised) for an implicit
     invocation, a patch that does not parse, or a file that cannot be read/updated.
     """
-    if len(argv) == 1 and _parses_as_patch(argv[0]):
-        return CorrectnessError("implicit_invocation", IMPLICIT_INVOCATION_MESSAGE)
-    script = _shell_script(argv)
-    if script is not None and _parses_as_patch(script):
+    bare = argv[0] if len(argv) == 1 else _shell_script(argv)
+    if bare is not None and _parses_as_patch(bare):
         return CorrectnessError("implicit_invocation", IMPLICIT_INVOCATION_MESSAGE)
 
     result = maybe_parse_apply_patch(argv)

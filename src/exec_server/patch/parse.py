@@ -1,21 +1,14 @@
-"""Patch text -> typed hunks (pure; APPLY_PATCH.md §2-§5).
-
-The parser reproduces the lenient rules of codex-cli 0.163.0: the whole text is
-trimmed, lines split on ``\\n`` only (one ``\\r`` before it dropped), the envelope
-checked strictly and then once more after unwrapping a literal ``<<EOF`` heredoc,
-hunk headers trimmed, diff lines not. Errors carry the exact upstream messages
-because agents read them.
+"""Patch text -> typed hunks (pure; APPLY_PATCH.md §2-§5), with codex-cli 0.163.0's
+lenient rules and exact error messages (agents read them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from exec_server.patch.errors import InvalidHunkError, InvalidPatchError
 
 __all__ = [
-    "BEGIN_PATCH",
-    "END_PATCH",
     "AddFile",
     "DeleteFile",
     "Hunk",
@@ -57,25 +50,20 @@ def trim_end(text: str) -> str:
 
 
 def split_lines(text: str) -> list[str]:
-    """Split like Rust ``str::lines``: on ``\\n`` only, dropping one ``\\r`` before it.
-
-    ``str.splitlines()`` also splits on U+2028, form feed, ... which the format
-    treats as ordinary characters (§2.2).
-    """
-    if not text:
-        return []
+    """Split like Rust ``str::lines``: on ``\\n`` only, dropping one ``\\r`` before it
+    (``str.splitlines()`` also splits on U+2028, form feed, ...: §2.2)."""
     parts = text.split("\n")
     if parts[-1] == "":
         parts.pop()
-    return [p[:-1] if p.endswith("\r") else p for p in parts]
+    return [p.removesuffix("\r") for p in parts]
 
 
 @dataclass(frozen=True)
 class UpdateChunk:
     """One ``@@`` section: old lines are context + ``-``, new lines context + ``+``.
 
-    ``ops`` keeps the diff lines in order so the applier can keep context lines
-    verbatim from the file (§8.3).
+    ``ops`` keeps the diff lines in order as ``(kind, text)`` so the applier can keep
+    context lines verbatim from the file (§8.3).
     """
 
     anchor: str | None
@@ -83,7 +71,6 @@ class UpdateChunk:
     new_lines: tuple[str, ...]
     is_end_of_file: bool = False
     ops: tuple[tuple[str, str], ...] = ()
-    """The chunk's diff lines in order as ``(kind, text)``, kind in `` ``, ``-``, ``+``."""
 
 
 @dataclass(frozen=True)
@@ -117,13 +104,10 @@ class ParsedPatch:
 
 
 def _check_envelope(lines: list[str]) -> None:
-    first = trim(lines[0]) if lines else None
-    last = trim(lines[-1]) if lines else None
-    if first == BEGIN_PATCH and last == END_PATCH and len(lines) >= 2:
-        return
-    if first is not None and first != BEGIN_PATCH:
+    if lines and trim(lines[0]) != BEGIN_PATCH:
         raise InvalidPatchError("The first line of the patch must be '*** Begin Patch'")
-    raise InvalidPatchError("The last line of the patch must be '*** End Patch'")
+    if not lines or trim(lines[-1]) != END_PATCH:
+        raise InvalidPatchError("The last line of the patch must be '*** End Patch'")
 
 
 def _envelope(lines: list[str]) -> list[str]:
@@ -159,11 +143,11 @@ def _expected_marker(line: str, line_number: int) -> InvalidHunkError:
     )
 
 
-class _ChunkBuilder:
-    def __init__(self, anchor: str | None) -> None:
-        self.anchor = anchor
-        self.ops: list[tuple[str, str]] = []
-        self.is_end_of_file = False
+@dataclass
+class _Chunk:
+    anchor: str | None
+    ops: list[tuple[str, str]] = field(default_factory=list)
+    is_end_of_file: bool = False
 
     def build(self) -> UpdateChunk:
         old = tuple(t for k, t in self.ops if k != "+")
@@ -171,52 +155,39 @@ class _ChunkBuilder:
         return UpdateChunk(self.anchor, old, new, self.is_end_of_file, tuple(self.ops))
 
 
-class _UpdateBuilder:
-    def __init__(self, path: str, line_number: int) -> None:
-        self.path = path
-        self.line_number = line_number
-        self.move_path: str | None = None
-        self.chunks: list[_ChunkBuilder] = []
-
-    def build(self) -> UpdateFile:
-        return UpdateFile(self.path, self.move_path, tuple(c.build() for c in self.chunks))
-
-
 class _Parser:
-    """Line-at-a-time state machine over the body, as 0.163.0 parses it.
-
-    Modes: ``started`` (only headers or the Environment ID may come), ``add``,
-    ``delete``, ``update`` and ``ended`` (after an inner End Patch only
-    whitespace may follow). Header lines are trimmed, except inside an Update
-    hunk where only trailing whitespace is removed, so an indented line there
-    stays a context line.
-    """
+    """Line-at-a-time state machine over the body, as 0.163.0 parses it: modes ``started``,
+    ``add``, ``delete``, ``update``, ``ended``. Header lines are trimmed, inside an Update
+    hunk only at the end, so an indented line there stays a context line."""
 
     def __init__(self) -> None:
         self.mode = "started"
-        self.hunks: list[AddFile | DeleteFile | _UpdateBuilder] = []
-        self.add_lines: list[str] = []
+        self.hunks: list[Hunk] = []
         self.environment_id: str | None = None
+        # The hunk being read: its path and header line, Add lines, Update move and chunks.
+        self.path = ""
+        self.header_line = 0
+        self.add_lines: list[str] = []
+        self.move_path: str | None = None
+        self.chunks: list[_Chunk] = []
 
-    # -- header handling ---------------------------------------------------------
     def _close_current(self, line: str, line_number: int, *, at_end: bool) -> None:
         """Finish the current hunk before a header, the End marker or the body's end."""
         if self.mode == "add":
-            last = self.hunks[-1]
-            assert isinstance(last, AddFile)
-            self.hunks[-1] = AddFile(last.path, "".join(self.add_lines))
-            self.add_lines = []
+            self.hunks.append(AddFile(self.path, "".join(self.add_lines)))
+        elif self.mode == "delete":
+            self.hunks.append(DeleteFile(self.path))
         elif self.mode == "update":
-            update = self.hunks[-1]
-            assert isinstance(update, _UpdateBuilder)
-            if not update.chunks:
+            if not self.chunks:
                 raise InvalidHunkError(
-                    f"Update file hunk for path '{update.path}' is empty", update.line_number
+                    f"Update file hunk for path '{self.path}' is empty", self.header_line
                 )
-            if not update.chunks[-1].ops:
+            if not self.chunks[-1].ops:
                 if at_end:
                     raise InvalidHunkError("Update hunk does not contain any lines", line_number)
                 raise _unexpected_line(line, line_number)
+            chunks = tuple(c.build() for c in self.chunks)
+            self.hunks.append(UpdateFile(self.path, self.move_path, chunks))
 
     def _header(self, text: str, line: str, line_number: int) -> bool:
         if text == END_PATCH:
@@ -226,18 +197,15 @@ class _Parser:
         for marker, mode in ((_ADD, "add"), (_DELETE, "delete"), (_UPDATE, "update")):
             if text.startswith(marker):
                 self._close_current(line, line_number, at_end=False)
-                path = text[len(marker) :]
-                if mode == "add":
-                    self.hunks.append(AddFile(path, ""))
-                elif mode == "delete":
-                    self.hunks.append(DeleteFile(path))
-                else:
-                    self.hunks.append(_UpdateBuilder(path, line_number))
                 self.mode = mode
+                self.path = text[len(marker) :]
+                self.header_line = line_number
+                self.add_lines = []
+                self.move_path = None
+                self.chunks = []
                 return True
         return False
 
-    # -- per line -------------------------------------------------------------------
     def feed(self, line: str, line_number: int) -> None:
         trimmed = trim(line)
         if self.mode == "ended":
@@ -268,24 +236,23 @@ class _Parser:
         )
 
     def _update_line(self, line: str, line_number: int) -> None:
-        update = self.hunks[-1]
-        assert isinstance(update, _UpdateBuilder)
         text = trim_end(line)
-        chunks = update.chunks
+        chunks = self.chunks
         last = chunks[-1] if chunks else None
+        is_marker = text == "@@" or text.startswith("@@ ")
         if last is not None and last.is_end_of_file:
             # After End of File only blank lines or a new @@ chunk may follow.
             if not text:
                 return
-            if not (text == "@@" or text.startswith("@@ ")):
+            if not is_marker:
                 raise _expected_marker(line, line_number)
-        if last is None and update.move_path is None and text.startswith(_MOVE):
-            update.move_path = text[len(_MOVE) :]
+        if last is None and self.move_path is None and text.startswith(_MOVE):
+            self.move_path = text[len(_MOVE) :]
             return
-        if text == "@@" or text.startswith("@@ "):
+        if is_marker:
             if last is not None and not last.ops:
                 raise _unexpected_line(line, line_number)  # stacked @@ lines (§2.1)
-            chunks.append(_ChunkBuilder(text[3:] if text != "@@" else None))
+            chunks.append(_Chunk(text[3:] if text != "@@" else None))
             return
         if text == _EOF:
             if last is not None and not last.ops:
@@ -296,7 +263,7 @@ class _Parser:
         kind = line[:1]
         if kind in ("", " ", "-", "+"):
             if last is None:
-                last = _ChunkBuilder(None)
+                last = _Chunk(None)
                 chunks.append(last)
             last.ops.append((" ", "") if kind == "" else (kind, line[1:]))
             return
@@ -307,7 +274,7 @@ class _Parser:
     def finish(self, end_line: str, end_line_number: int) -> list[Hunk]:
         if self.mode != "ended":
             self._close_current(end_line, end_line_number, at_end=True)
-        return [h.build() if isinstance(h, _UpdateBuilder) else h for h in self.hunks]
+        return self.hunks
 
 
 def parse_patch(text: str) -> ParsedPatch:

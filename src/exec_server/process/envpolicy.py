@@ -1,12 +1,8 @@
 """Child environment from the current client's ``envPolicy`` (CLIENT_COMPAT.md §4.1).
 
-Order: inherit (all / core / none) → default excludes (``*KEY*``, ``*SECRET*``,
-``*TOKEN*``) unless ignored → ``exclude`` → ``set`` → ``includeOnly`` (if
-non-empty) → the request ``env`` overlaid last, unfiltered. Without a policy
-the child environment is exactly ``env`` (PROTOCOL.md §8.9).
-
-Patterns match the whole name case-insensitively; ``*`` and ``?`` are the only
-wildcards (``[`` is literal).
+Order: inherit → default excludes unless ignored → ``exclude`` → ``set`` → ``includeOnly``
+→ the request ``env``, unfiltered. Patterns match whole names case-insensitively with
+``*`` and ``?`` as the only wildcards.
 """
 
 from __future__ import annotations
@@ -19,19 +15,8 @@ from typing import Literal
 
 __all__ = ["CORE_VARIABLES", "DEFAULT_EXCLUDES", "build_child_env", "matches_any"]
 
-CORE_VARIABLES = (
-    "PATH",
-    "SHELL",
-    "TMPDIR",
-    "TEMP",
-    "TMP",
-    "HOME",
-    "LANG",
-    "LC_ALL",
-    "LC_CTYPE",
-    "LOGNAME",
-    "USER",
-)
+CORE_VARIABLES = ("PATH", "SHELL", "TMPDIR", "TEMP", "TMP", "HOME", "LANG", "LC_ALL",
+                  "LC_CTYPE", "LOGNAME", "USER")
 DEFAULT_EXCLUDES = ("*KEY*", "*SECRET*", "*TOKEN*")
 
 Inherit = Literal["all", "core", "none"]
@@ -67,11 +52,8 @@ def build_child_env(
         result = {k: server_env[k] for k in CORE_VARIABLES if k in server_env}
     else:
         result = {}
-    if not ignore_default_excludes:
-        result = {k: v for k, v in result.items() if not matches_any(k, DEFAULT_EXCLUDES)}
-    exclude = tuple(exclude)
-    if exclude:
-        result = {k: v for k, v in result.items() if not matches_any(k, exclude)}
+    excludes = (*exclude, *(() if ignore_default_excludes else DEFAULT_EXCLUDES))
+    result = {k: v for k, v in result.items() if not matches_any(k, excludes)}
     result.update(set_vars)
     include_only = tuple(include_only)
     if include_only:

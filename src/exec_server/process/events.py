@@ -1,10 +1,5 @@
-"""What the process manager reports: numbered events and read snapshots (no wire shapes).
-
-Every event of one process takes the next number of its output buffer
-(PROTOCOL.md §8.2): output chunks, then one :class:`Exited`, then one
-:class:`Closed`, always last. The server turns them into ``process/output``,
-``process/exited`` and ``process/closed`` notifications; the in-process client
-backend hands them to its process handles.
+"""What the process manager reports, no wire shapes: per process output chunks, one
+:class:`Exited`, then :class:`Closed`, all numbered (PROTOCOL.md §8.2); read snapshots.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ class Output:
 
 @dataclass(frozen=True, slots=True)
 class Exited:
-    """The child was reaped. ``sandbox_denied`` is None for a process started
-    without ``report_denial`` (it reports no verdict)."""
+    """The child was reaped; ``sandbox_denied`` None: started without ``report_denial``."""
 
     process_id: str
     seq: int
@@ -48,9 +42,8 @@ class Closed:
 
 ProcessEvent = Output | Exited | Closed
 
-#: ``await sink(event)`` delivers one event (awaiting = backpressure: a slow
-#: receiver slows the child). False: it did not reach a live receiver (lossless
-#: mode then keeps the chunk); None counts as delivered.
+#: ``await sink(event)`` delivers one event (awaiting = backpressure). False: it reached
+#: no live receiver (lossless mode then keeps the chunk); None counts as delivered.
 EventSink = Callable[[ProcessEvent], Awaitable[bool | None]]
 
 

@@ -1,30 +1,7 @@
-"""Per-session process table: start, read, write, terminate, signal; numbered events.
-
-One :class:`ProcessManager` per session (PROTOCOL.md §8). Each process is a
-state machine; every transition happens in one method, named after it::
-
-    STARTING --_to_running--> RUNNING --_to_exited--> EXITED --_to_closed--> CLOSED
-
-* STARTING: in the table (its id is taken), the launch is in progress;
-  reads fail, writes answer ``starting``. A failed launch forgets the record.
-* RUNNING: launched; its output fds are read from reader callbacks and its
-  exit awaited by one watcher task.
-* EXITED: reaped, the exit event recorded. Members of its group may still
-  hold the output open.
-* CLOSED: exited and every output stream at EOF; the close event is last.
-  The record stays readable for ``closed_retention`` seconds.
-
-Every event takes the next seq of the process's :class:`OutputBuffer` and is
-queued, in the same step, for the one sender task, which hands events to the
-sink in queue order (so in seq order). While a process has
-:data:`UNSENT_LIMIT` bytes of output queued, or its lossless buffer is full,
-its output fds are not read: a slow receiver slows the child.
-
-Termination (issue 2 overrides §8.6): SIGTERM to the process group, then
-SIGKILL after ``terminate_grace``; the exit code stays observable (143/137).
-An unsandboxed child's descendants outside its group (``setsid``, double
-forks: ``process.tree``) get the same signals; a sandboxed one's die with its
-PID namespace.
+"""Per-session process table (PROTOCOL.md §8); each process is a state machine
+STARTING → RUNNING → EXITED (its group may still hold the output open) → CLOSED, one
+``_to_*`` method per transition. Events take the next seq of the process's buffer and
+go, in that order, to one sender task; a slow receiver stops the reads (backpressure).
 """
 
 from __future__ import annotations
@@ -38,7 +15,8 @@ import os
 import signal as _signal
 import subprocess
 from collections import deque
-from typing import Final, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
 
 from exec_server.exceptions import (
     InternalError,
@@ -49,28 +27,31 @@ from exec_server.exceptions import (
 from exec_server.fs.pool import shared_pool
 from exec_server.process import tree
 from exec_server.process.events import Closed, EventSink, Exited, Output, ProcessEvent, Snapshot
-from exec_server.process.output import RETAINED_OUTPUT_CAP, OutputBuffer
-from exec_server.process.pipes import (
-    ProcessGuard,
+from exec_server.process.guard import ProcessGuard
+from exec_server.process.output import OutputBuffer
+from exec_server.process.spawn import (
     SpawnedChild,
     close_quietly,
-    spawn_pipes,
+    exit_status_from_wait,
+    reap,
+    set_if_pending,
+    set_window_size,
+    spawn,
     spawn_via_service,
 )
-from exec_server.process.pty import set_window_size, spawn_pty
-from exec_server.process.spec import ExitStatus, LaunchService, LaunchSpec
-from exec_server.process.stdin import WRITE_QUEUE_BYTES, WRITE_QUEUE_DEPTH, Stdin
+from exec_server.process.spec import LaunchService, LaunchSpec
+from exec_server.process.stdin import Stdin, wait_in, wake_all
 from exec_server.protocol.types.process import ProcessStream, WriteStatus
 from exec_server.sandbox.plan import SandboxType
+
+if TYPE_CHECKING:
+    from exec_server.config import ServerConfig
 
 __all__ = [
     "DEFAULT_READ_SIZE",
     "DEFAULT_TERMINATE_GRACE",
-    "WRITE_QUEUE_BYTES",
-    "WRITE_QUEUE_DEPTH",
     "ProcessManager",
     "State",
-    "exit_status_from_wait",
     "looks_sandbox_denied",
 ]
 
@@ -81,31 +62,20 @@ logger = logging.getLogger("exec_server.process")
 DEFAULT_READ_SIZE: Final = 131072
 #: Output bytes of one process queued for the sink before its fds stop being read.
 UNSENT_LIMIT: Final = 2 * DEFAULT_READ_SIZE
-#: Seconds between SIGTERM and SIGKILL on ``process/terminate``.
 DEFAULT_TERMINATE_GRACE: Final = 2.0
 #: Seconds a failed sandboxed process's output may drain before sandboxDenied is decided.
 DENIAL_DRAIN_WAIT: Final = 0.25
 #: Reads per readable callback before other ready callbacks get a turn.
 READS_PER_WAKEUP: Final = 16
-#: Seconds without a running process before the process guard is closed.
-GUARD_IDLE_LINGER: Final = 1.0
-#: Seconds ``shutdown`` waits for killed children to be reaped.
 SHUTDOWN_REAP_TIMEOUT: Final = 5.0
 
 _DENIAL_WORDS: Final = (
-    "operation not permitted",
-    "permission denied",
-    "read-only file system",
-    "seccomp",
-    "sandbox",
-    "landlock",
-    "failed to write file",
+    "operation not permitted", "permission denied", "read-only file system", "seccomp",
+    "sandbox", "landlock", "failed to write file",
 )
 
 
 class State(enum.Enum):
-    """Where a process stands (module docstring)."""
-
     STARTING = "starting"
     RUNNING = "running"
     EXITED = "exited"
@@ -117,27 +87,6 @@ _NEXT: Final = {
     State.RUNNING: State.EXITED,
     State.EXITED: State.CLOSED,
 }
-
-
-class ProcessConfig(Protocol):
-    """The parts of ``ServerConfig`` the manager reads."""
-
-    @property
-    def closed_retention(self) -> float: ...
-    @property
-    def output_cap(self) -> int: ...
-    @property
-    def lossless_output(self) -> bool: ...
-
-
-def exit_status_from_wait(status: int) -> ExitStatus:
-    """``waitpid`` status → exit code (``128 + signal`` for signal deaths)."""
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        return ExitStatus(128 + sig, sig)
-    if os.WIFEXITED(status):
-        return ExitStatus(os.WEXITSTATUS(status))
-    return ExitStatus(-1)
 
 
 def looks_sandbox_denied(sandbox_type: SandboxType, exit_code: int, output: bytes) -> bool:
@@ -152,85 +101,43 @@ def looks_sandbox_denied(sandbox_type: SandboxType, exit_code: int, output: byte
     return sandbox_type is SandboxType.LINUX_SECCOMP and exit_code == 128 + 31
 
 
+@dataclass(slots=True, eq=False)
 class _Capture:
     """One output fd of a process; ``reading`` while its reader callback is installed."""
 
-    __slots__ = ("fd", "reading", "stream")
-
-    def __init__(self, stream: ProcessStream, fd: int) -> None:
-        self.stream = stream
-        self.fd = fd
-        self.reading = False
+    stream: ProcessStream
+    fd: int
+    reading: bool = False
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class _Record:
-    """One entry of the process table."""
-
-    __slots__ = (
-        "buffer",
-        "captures",
-        "child",
-        "drained",
-        "process_id",
-        "removal",
-        "report_denial",
-        "sandbox_denied",
-        "spec",
-        "state",
-        "stdin",
-        "strays",
-        "terminate_timer",
-        "terminating",
-        "unsent",
-        "waiters",
-        "watcher",
-    )
-
-    def __init__(
-        self, process_id: str, spec: LaunchSpec, buffer: OutputBuffer, report_denial: bool
-    ) -> None:
-        self.process_id = process_id
-        self.spec = spec
-        self.buffer = buffer
-        self.report_denial = report_denial
-        self.state = State.STARTING
-        self.child: SpawnedChild | None = None
-        self.sandbox_denied = False
-        #: output fds not at EOF yet.
-        self.captures: list[_Capture] = []
-        #: set once ``captures`` is empty (the exit watcher's denial drain waits on it).
-        self.drained: asyncio.Future[None] | None = None
-        #: output bytes queued for the sink and not handed over yet.
-        self.unsent = 0
-        #: long-poll reads waiting for the next event.
-        self.waiters: list[asyncio.Future[None]] = []
-        self.watcher: asyncio.Task[None] | None = None
-        self.stdin = Stdin(None)
-        self.terminating = False
-        self.terminate_timer: asyncio.TimerHandle | None = None
-        self.removal: asyncio.TimerHandle | None = None
-        #: pidfds of descendants outside the group that a terminate signalled.
-        self.strays: list[int] = []
+    process_id: str
+    spec: LaunchSpec
+    buffer: OutputBuffer
+    report_denial: bool
+    state: State = State.STARTING
+    child: SpawnedChild | None = None
+    sandbox_denied: bool = False
+    #: output fds not at EOF yet.
+    captures: list[_Capture] = field(default_factory=list)
+    #: set once ``captures`` is empty (the exit watcher's denial drain waits on it).
+    drained: asyncio.Future[None] | None = None
+    #: output bytes queued for the sink and not handed over yet.
+    unsent: int = 0
+    #: long-poll reads waiting for the next event.
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    watcher: asyncio.Task[None] | None = None
+    stdin: Stdin = field(default_factory=Stdin)
+    terminating: bool = False
+    terminate_timer: asyncio.TimerHandle | None = None
+    removal: asyncio.TimerHandle | None = None
+    #: pidfds of descendants outside the group that a terminate signalled.
+    strays: list[int] = field(default_factory=list)
 
     def __repr__(self) -> str:
         pid = self.child.pid if self.child else None
         return f"<Process {self.process_id!r} {self.state.value} pid={pid} {self.buffer!r}>"
-
-
-def _wake(futures: list[asyncio.Future[None]]) -> None:
-    for fut in futures:
-        if not fut.done():
-            fut.set_result(None)
-    futures.clear()
-
-
-def _set_if_pending(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _spawn(spec: LaunchSpec) -> SpawnedChild:
-    return spawn_pty(spec) if spec.tty else spawn_pipes(spec)
 
 
 def _spawn_error(exc: BaseException) -> BaseException:
@@ -245,6 +152,10 @@ def _spawn_error(exc: BaseException) -> BaseException:
 def _discard_launch(spec: LaunchSpec) -> None:
     for fd in spec.pass_fds:
         close_quietly(fd)
+    _cleanup(spec)
+
+
+def _cleanup(spec: LaunchSpec) -> None:
     if spec.cleanup is not None:
         try:
             spec.cleanup()
@@ -253,27 +164,16 @@ def _discard_launch(spec: LaunchSpec) -> None:
 
 
 class ProcessManager:
-    """All processes of one session.
-
-    Args:
-        config: retention, output cap and lossless mode (``ServerConfig``).
-        terminate_grace: seconds between SIGTERM and SIGKILL on terminate.
-        read_size: bytes per read of a child's output (one chunk each).
-    """
+    """All processes of one session; ``read_size`` bytes per read make one chunk."""
 
     def __init__(
         self,
-        config: ProcessConfig,
+        config: ServerConfig,
         *,
         terminate_grace: float = DEFAULT_TERMINATE_GRACE,
         read_size: int = DEFAULT_READ_SIZE,
     ) -> None:
-        self._retention = float(getattr(config, "closed_retention", 30.0))
-        self._cap = int(getattr(config, "output_cap", RETAINED_OUTPUT_CAP))
-        self._lossless = bool(getattr(config, "lossless_output", False))
-        # Launches a sandbox backend marked for a launch service (the Landlock
-        # spawn zygote) go through it unless the config turns that off.
-        self._use_services = bool(getattr(config, "launch_zygote", True))
+        self._config = config
         self._services: dict[int, LaunchService] = {}
         self._grace = terminate_grace
         self._read_size = read_size
@@ -283,10 +183,6 @@ class ProcessManager:
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
         self._guard = ProcessGuard()
-        self._guard_timer: asyncio.TimerHandle | None = None
-        self._aux_tasks: set[asyncio.Task[None]] = set()
-
-    # -- queries ---------------------------------------------------------------------
 
     def __contains__(self, process_id: object) -> bool:
         return process_id in self._records
@@ -305,18 +201,14 @@ class ProcessManager:
             raise InvalidRequestError(f"unknown process id {process_id}")
         return rec
 
-    # -- events ----------------------------------------------------------------------
-
     def set_sink(self, sink: EventSink | None) -> None:
-        """Attach (or with ``None`` detach) the event receiver.
-
-        Without one, events are still recorded (reads see them) but not sent.
-        """
+        """Attach (or with ``None`` detach) the event receiver; without one, reads
+        still see the events."""
         self._sink = sink
 
     def _emit(self, rec: _Record, event: ProcessEvent) -> None:
-        """Queue ``event`` (already numbered and recorded) for the sink."""
-        _wake(rec.waiters)
+        """Queue ``event`` (already recorded) for the sink."""
+        wake_all(rec.waiters)
         if self._sink is None:
             return
         if isinstance(event, Output):
@@ -326,14 +218,13 @@ class ProcessManager:
             self._sender = asyncio.get_running_loop().create_task(self._send_all())
 
     async def _send_all(self) -> None:
-        """The sender task: hand queued events to the sink, in order, until none is left."""
         try:
             while self._outbox:
                 rec, event = self._outbox.popleft()
                 delivered = await self._deliver(event)
                 if isinstance(event, Output):
                     rec.unsent -= len(event.data)
-                    if delivered and self._lossless:
+                    if delivered and rec.buffer.lossless:
                         rec.buffer.mark_notified(event.seq)
                     self._resume(rec)
         finally:
@@ -345,25 +236,17 @@ class ProcessManager:
             return False
         try:
             handed_over = await sink(event)
-        except asyncio.CancelledError:
-            raise
         except Exception:  # a dead connection must not stop the others (§8.3: failures ignored)
             logger.debug("dropping %r: sink failed", event, exc_info=True)
             return False
-        # Detached while the send was pending: the old receiver may have written
-        # into a transport that is going away; not delivered.
+        # Detached while the send was pending: written to a departing transport, if at all.
         return handed_over is not False and self._sink is sink
-
-    # -- start ---------------------------------------------------------------------------
 
     async def start(
         self, process_id: str, spec: LaunchSpec, *, report_denial: bool = False
     ) -> None:
-        """Launch ``spec`` as ``process_id`` and start capturing it.
-
-        ``report_denial``: the exit event and reads carry a sandbox-denial verdict
-        (the current client's shape). Always consumes ``spec.pass_fds`` (closed
-        here) and runs ``spec.cleanup`` once the child is gone or failed to start.
+        """Launch ``spec`` as ``process_id``; ``report_denial``: its exit event and reads
+        carry a sandbox-denial verdict. Always consumes ``spec.pass_fds`` and ``cleanup``.
 
         Raises:
             InvalidRequestError: ``process <id> already exists``.
@@ -372,9 +255,8 @@ class ProcessManager:
         if process_id in self._records:
             _discard_launch(spec)
             raise InvalidRequestError(f"process {process_id} already exists")
-        rec = _Record(
-            process_id, spec, OutputBuffer(self._cap, lossless=self._lossless), report_denial
-        )
+        buffer = OutputBuffer(self._config.output_cap, lossless=self._config.lossless_output)
+        rec = _Record(process_id, spec, buffer, report_denial)
         self._records[process_id] = rec
         try:
             child = await self._launch(spec)
@@ -390,16 +272,15 @@ class ProcessManager:
         self._to_running(rec, child)
 
     async def _launch(self, spec: LaunchSpec) -> SpawnedChild:
-        """Spawn the child, through its launch service when it has one, else in a
-        worker thread: the spawning thread waits until the child has changed to its
-        cwd and exec'd its program (``vfork``), and either may be on a hung network or
-        FUSE mount."""
-        if spec.zygote is not None and self._use_services:
+        """Through the launch service when there is one, else in a worker thread: the
+        spawning thread waits until the child has changed to its cwd and exec'd its
+        program (``vfork``), and either may be on a hung network or FUSE mount."""
+        if spec.zygote is not None and self._config.launch_zygote:
             self._services[id(spec.zygote.service)] = spec.zygote.service
             child = await spawn_via_service(spec, self)
             if child is not None:
                 return child
-        return await shared_pool().run(_spawn, spec)
+        return await shared_pool().run(spawn, spec)
 
     @staticmethod
     async def _abandon(child: SpawnedChild) -> None:
@@ -409,12 +290,8 @@ class ProcessManager:
         for _, fd in child.outputs:
             close_quietly(fd)
         close_quietly(child.stdin_fd)
-        for fd in child.extra_fds:
-            close_quietly(fd)
         if child.popen is not None:
             await shared_pool().run(child.popen.wait)
-
-    # -- transitions -------------------------------------------------------------------
 
     @staticmethod
     def _advance(rec: _Record, state: State) -> None:
@@ -422,23 +299,18 @@ class ProcessManager:
         rec.state = state
 
     def _to_running(self, rec: _Record, child: SpawnedChild) -> None:
-        """STARTING → RUNNING: read its output, watch for its exit."""
         self._advance(rec, State.RUNNING)
         for fd in rec.spec.pass_fds:
             close_quietly(fd)
         self._guard.add(child.pid)
-        if self._guard_timer is not None:
-            self._guard_timer.cancel()
-            self._guard_timer = None
         rec.child = child
         rec.stdin = Stdin(child.stdin_fd)
-        # A PTY has one output; its empty stderr channel ends at once (§8.3).
         rec.captures = [_Capture(stream, fd) for stream, fd in child.outputs]
         self._resume(rec)
         rec.watcher = asyncio.get_running_loop().create_task(self._watch_exit(rec, child))
 
     def _to_exited(self, rec: _Record, code: int) -> None:
-        """RUNNING → EXITED: record the exit; close now if no output stream is open."""
+        """RUNNING → EXITED; closed at once if no output stream is open."""
         self._advance(rec, State.EXITED)
         seq = rec.buffer.record_exit(code)
         denied = rec.sandbox_denied if rec.report_denial else None
@@ -450,36 +322,33 @@ class ProcessManager:
             asyncio.get_running_loop().call_later(self._grace, self._force_eof, rec)
 
     def _to_closed(self, rec: _Record) -> None:
-        """EXITED → CLOSED: record the close; release stdin, guard slot and timers."""
         self._advance(rec, State.CLOSED)
         seq = rec.buffer.record_close()
         rec.stdin.close()
         assert rec.child is not None
-        self._release_guard(rec.child.pid)
+        self._guard.discard(rec.child.pid)
         if rec.terminate_timer is not None:
             rec.terminate_timer.cancel()
             rec.terminate_timer = None
         loop = asyncio.get_running_loop()
         if rec.strays:
-            # The command is done; what it left outside its group still gets the
-            # rest of its grace period, then SIGKILL.
+            # What the command left outside its group gets the rest of its grace.
             loop.call_later(self._grace, self._kill_strays, rec)
         if not self._closed:
-            rec.removal = loop.call_later(self._retention, self._remove_if_closed, rec)
+            retention = self._config.closed_retention
+            rec.removal = loop.call_later(retention, self._remove_if_closed, rec)
         self._emit(rec, Closed(rec.process_id, seq))
 
     def _remove_if_closed(self, rec: _Record) -> None:
         if self._records.get(rec.process_id) is rec:
             del self._records[rec.process_id]
-            _wake(rec.waiters)
-
-    # -- output ------------------------------------------------------------------------
+            wake_all(rec.waiters)
 
     def _may_read(self, rec: _Record) -> bool:
         return rec.unsent < UNSENT_LIMIT and not rec.buffer.full
 
     def _resume(self, rec: _Record) -> None:
-        """Read every open output fd again if backpressure allows."""
+        """Read every open output fd again, if backpressure allows."""
         if not self._may_read(rec):
             return
         loop = asyncio.get_running_loop()
@@ -489,7 +358,6 @@ class ProcessManager:
                 loop.add_reader(cap.fd, self._on_readable, rec, cap)
 
     def _on_readable(self, rec: _Record, cap: _Capture) -> None:
-        """Reader callback: each read is one numbered chunk."""
         buffer = rec.buffer
         for _ in range(READS_PER_WAKEUP):
             if not self._may_read(rec):
@@ -513,7 +381,7 @@ class ProcessManager:
                 return  # drained for now (saves the EAGAIN read); stay armed
 
     def _end_stream(self, rec: _Record, cap: _Capture) -> None:
-        """One output fd is done (EOF, or given up on): the process closes after the last."""
+        """One output fd is at EOF or given up on: the process closes after the last."""
         if cap.reading:
             asyncio.get_running_loop().remove_reader(cap.fd)
         rec.captures.remove(cap)
@@ -521,7 +389,7 @@ class ProcessManager:
         if rec.captures:
             return
         if rec.drained is not None:
-            _set_if_pending(rec.drained)
+            set_if_pending(rec.drained)
         if rec.state is State.EXITED:
             self._to_closed(rec)
 
@@ -530,48 +398,15 @@ class ProcessManager:
         for cap in list(rec.captures):
             self._end_stream(rec, cap)
 
-    # -- exit --------------------------------------------------------------------------
-
-    async def _reap(self, pid: int) -> int:
-        """Wait for ``pid`` to exit and reap it; returns the raw wait status (-1: unknown)."""
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            pidfd = -1
-        if pidfd >= 0:
-            loop = asyncio.get_running_loop()
-            fut: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(pidfd, _set_if_pending, fut)
-            try:
-                await fut
-            finally:
-                loop.remove_reader(pidfd)
-                os.close(pidfd)
-            try:
-                # The pidfd is readable: the child is a zombie, so this returns at once.
-                _, status = os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222
-            except ChildProcessError:
-                return -1
-            return status
-        try:
-            _, status = await asyncio.to_thread(os.waitpid, pid, 0)
-        except ChildProcessError:
-            return -1
-        return status
-
     async def _watch_exit(self, rec: _Record, child: SpawnedChild) -> None:
-        if child.exit_status is not None:
-            status = await child.exit_status()  # reaped by its real parent (a launch service)
+        if child.exit_status is not None:  # reaped by its real parent (a launch service)
+            status = await child.exit_status()
         else:
-            status = await self._reap(child.pid)
-        code = -1 if status == -1 else exit_status_from_wait(status).code
+            status = await reap(child.pid)
+        code = exit_status_from_wait(status).code
         if child.popen is not None:
             child.popen.returncode = code
-        if rec.spec.cleanup is not None:
-            try:
-                rec.spec.cleanup()
-            except Exception:
-                logger.exception("launch cleanup of %r failed", rec)
+        _cleanup(rec.spec)
         sandbox_type = rec.spec.sandbox_type
         if sandbox_type is not SandboxType.NONE and code != 0:
             # The denial message is usually still in the pipe: let it drain.
@@ -585,38 +420,8 @@ class ProcessManager:
             rec.sandbox_denied = looks_sandbox_denied(sandbox_type, code, text)
         self._to_exited(rec, code)
 
-    # -- guard ---------------------------------------------------------------------------
-
-    def _release_guard(self, pid: int) -> None:
-        self._guard.discard(pid)
-        if self._guard.idle and self._guard_timer is None and not self._closed:
-            self._guard_timer = asyncio.get_running_loop().call_later(
-                GUARD_IDLE_LINGER, self._close_idle_guard
-            )
-
-    def _close_idle_guard(self) -> None:
-        self._guard_timer = None
-        if not self._guard.idle:
-            return
-        popen = self._guard.close()
-        if popen is not None:
-            task = asyncio.get_running_loop().create_task(self._reap_guard(popen))
-            self._aux_tasks.add(task)
-            task.add_done_callback(self._aux_tasks.discard)
-
-    async def _reap_guard(self, popen: subprocess.Popen[bytes]) -> None:
-        status = await self._reap(popen.pid)
-        popen.returncode = -1 if status == -1 else exit_status_from_wait(status).code
-
-    # -- read ----------------------------------------------------------------------------
-
     async def read(
-        self,
-        process_id: str,
-        *,
-        after_seq: int = 0,
-        max_bytes: int | None = None,
-        wait_ms: int = 0,
+        self, process_id: str, *, after_seq: int = 0, max_bytes: int | None = None, wait_ms: int = 0
     ) -> Snapshot:
         """``process/read`` (§8.4): a snapshot now, or when something new arrives by ``wait_ms``.
 
@@ -636,34 +441,16 @@ class ProcessManager:
             taken, next_seq = buffer.snapshot(after_seq, max_bytes)
             if buffer.ready(after_seq, taken) or loop.time() >= deadline:
                 break
-            fut: asyncio.Future[None] = loop.create_future()
-            rec.waiters.append(fut)
-            try:
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(deadline):
-                    await fut
-            except TimeoutError:
-                pass
-            finally:
-                if not fut.done():
-                    fut.cancel()
-                    with contextlib.suppress(ValueError):
-                        rec.waiters.remove(fut)
-        return Snapshot(
-            chunks=taken,
-            next_seq=next_seq,
-            exit_code=buffer.exit_code,
-            closed=buffer.closed,
-            sandbox_denied=rec.sandbox_denied if rec.report_denial else None,
-        )
-
-    # -- stdin ---------------------------------------------------------------------------
+                    await wait_in(rec.waiters)
+        denied = rec.sandbox_denied if rec.report_denial else None
+        return Snapshot(taken, next_seq, buffer.exit_code, buffer.closed, denied)
 
     async def write(self, process_id: str, data: bytes, write_id: str | None = None) -> WriteStatus:
-        """``process/write`` (§8.5, CLIENT_COMPAT §5.1): queue ``data`` for the child's stdin.
+        """``process/write`` (§8.5): queue ``data`` for stdin, waiting while the queue is full.
 
-        Waits while the child's stdin queue is full (:class:`Stdin`); a
-        process whose stdin closed since (exit, session shutdown) accepts and
-        drops the data, as observed upstream.
+        Once stdin closed (exit, shutdown) the data is accepted and dropped, as upstream.
         """
         rec = self._records.get(process_id)
         if rec is None:
@@ -681,11 +468,8 @@ class ProcessManager:
         return WriteStatus.ACCEPTED
 
     def close_stdin(self, process_id: str) -> None:
-        """``process/closeStdin`` (extension): end of input for a ``pipeStdin`` child.
-
-        Queued writes are delivered first; the pipe closes once they are.
-        Nothing happens for a PTY (its end of input is the EOF character) or
-        a child without a stdin pipe.
+        """``process/closeStdin`` (extension): end of input once queued writes are written;
+        no-op on a PTY (its end of input is the EOF character) or without a stdin pipe.
 
         Raises:
             InvalidRequestError: no such process.
@@ -695,10 +479,8 @@ class ProcessManager:
             rec.stdin.close_when_flushed()
 
     def resize(self, process_id: str, rows: int, columns: int) -> None:
-        """``process/resizePty`` (extension): set a PTY child's window size.
-
-        The kernel sends SIGWINCH to the terminal's foreground group. A
-        process that already closed is a no-op.
+        """``process/resizePty`` (extension): set a PTY's window size (the kernel sends
+        SIGWINCH); no-op once the process closed.
 
         Raises:
             InvalidRequestError: no such process.
@@ -707,19 +489,16 @@ class ProcessManager:
         rec = self._known(process_id)
         if not rec.spec.tty:
             raise InvalidParamsError(f"process {process_id} has no PTY")
-        fd = rec.stdin.fd
-        if fd is None:
-            return
-        with contextlib.suppress(OSError):  # EIO/EBADF: the terminal is gone
-            set_window_size(fd, rows, columns)
-
-    # -- terminate / signal ------------------------------------------------------------
+        if rec.stdin.fd is not None:
+            with contextlib.suppress(OSError):  # EIO/EBADF: the terminal is gone
+                set_window_size(rec.stdin.fd, rows, columns)
 
     def terminate(self, process_id: str) -> bool:
-        """``process/terminate``: True when a running process was asked to stop.
+        """``process/terminate`` (issue 2 overrides §8.6): SIGTERM to the group and to an
+        unsandboxed child's descendants outside it, SIGKILL after ``terminate_grace``.
 
-        An exited process whose group members still hold its output open gets
-        the same treatment (they are ended too) but is not running: False.
+        True when a running process was asked to stop; an exited one's group members
+        still holding its output are ended too (False).
         """
         rec = self._records.get(process_id)
         if rec is None or rec.state not in (State.RUNNING, State.EXITED):
@@ -728,9 +507,9 @@ class ProcessManager:
         if rec.terminating:
             return running
         rec.terminating = True
-        if self._owns_tree(rec):
-            assert rec.child is not None
-            rec.strays = tree.open_pidfds(tree.descendants(rec.child.pid, skip_group=rec.child.pid))
+        root = self._tree_root(rec)
+        if root is not None:
+            rec.strays = tree.open_pidfds(tree.descendants(root))
         self._kill_group(rec, _signal.SIGTERM)
         tree.signal_pidfds(rec.strays, _signal.SIGTERM)
         rec.terminate_timer = asyncio.get_running_loop().call_later(
@@ -753,25 +532,23 @@ class ProcessManager:
             self._kill_group(rec, sig)
 
     @staticmethod
-    def _owns_tree(rec: _Record) -> bool:
-        """Unsandboxed and not reaped: its pid, so its descendants' ancestry, is still its own.
-
-        (Only a sandboxed process is reaped before it leaves RUNNING: the
-        denial drain.)
-        """
-        return rec.spec.sandbox_type is SandboxType.NONE and rec.state is State.RUNNING
+    def _tree_root(rec: _Record) -> int | None:
+        """The pid of an unsandboxed, unreaped process, whose descendants' ancestry is still
+        its own (only a sandboxed process is reaped before it leaves RUNNING)."""
+        if rec.spec.sandbox_type is SandboxType.NONE and rec.state is State.RUNNING and rec.child:
+            return rec.child.pid
+        return None
 
     def _kill_tree(self, rec: _Record) -> None:
         """SIGKILL the group, every descendant of an unsandboxed child and earlier strays."""
-        if self._owns_tree(rec):
-            assert rec.child is not None
-            tree.kill_tree(rec.child.pid, skip_group=rec.child.pid)
+        root = self._tree_root(rec)
+        if root is not None:
+            tree.kill_tree(root)
         self._kill_group(rec, _signal.SIGKILL)
         self._kill_strays(rec)
 
     @staticmethod
     def _kill_strays(rec: _Record) -> None:
-        """SIGKILL what a terminate signalled outside the group, and let go of it."""
         strays, rec.strays = rec.strays, []
         tree.signal_pidfds(strays, _signal.SIGKILL)
         for fd in strays:
@@ -788,8 +565,6 @@ class ProcessManager:
             pass
         except PermissionError:
             logger.debug("killpg(%d) not permitted", rec.child.pid)
-
-    # -- shutdown ------------------------------------------------------------------------
 
     async def shutdown(self) -> None:
         """Kill every process group, reap every child, close every fd; clear the table (§8.11)."""
@@ -816,18 +591,11 @@ class ProcessManager:
                 await asyncio.wait(pending)
         for rec in records:
             rec.stdin.close()
-            _wake(rec.waiters)
+            wake_all(rec.waiters)
         if self._sender is not None:
             self._sender.cancel()
             await asyncio.wait([self._sender])
-        if self._guard_timer is not None:
-            self._guard_timer.cancel()
-            self._guard_timer = None
-        guard = self._guard.close()
-        if guard is not None:
-            await self._reap_guard(guard)
-        if self._aux_tasks:
-            await asyncio.wait(list(self._aux_tasks))
+        await self._guard.aclose()
         services = list(self._services.values())
         self._services.clear()
         for service in services:

@@ -1,26 +1,15 @@
-"""Sequence-numbered, bounded output buffer of one process (pure: no I/O, no asyncio).
-
-Rules (PROTOCOL.md §8.2, §8.4):
-
-* One counter ``next_seq``, starting at 1, numbers output chunks, the exit
-  event and the close event alike; each event takes the current value.
-* Retention cap (default 1 MiB): after appending a chunk, while the retained
-  byte count exceeds the cap the oldest chunk is dropped (a single chunk larger
-  than the cap drops everything, itself included). No gap marker.
-* ``snapshot`` implements the read byte budget and the ``nextSeq`` rule.
-
-Lossless mode (our extension, ``ServerConfig.lossless_output``): a chunk may
-only be dropped once it has been *delivered* (handed to a live connection as a
-notification, with every earlier chunk delivered too, or acknowledged by a read
-whose ``afterSeq`` covers it).
-Undelivered output is never dropped; instead :attr:`full` tells the capture
-loop to stop reading the child (the pipe then back-pressures the child).
+"""Sequence-numbered, bounded output buffer of one process (pure; PROTOCOL.md §8.2, §8.4):
+one counter numbers chunks, exit and close from 1; past the cap the oldest chunks go.
+Lossless mode (our extension) drops only *delivered* chunks, else reports :attr:`full`.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
+from dataclasses import KW_ONLY, dataclass, field
+from operator import attrgetter
 
 from exec_server.protocol.types.process import OutputChunk, ProcessStream
 
@@ -28,38 +17,23 @@ __all__ = ["RETAINED_OUTPUT_CAP", "OutputBuffer"]
 
 #: Retained output per process (PROTOCOL.md §14).
 RETAINED_OUTPUT_CAP = 1024 * 1024
+_seq_of = attrgetter("seq")
 
 
-def _seq_of(chunk: OutputChunk) -> int:
-    return chunk.seq
-
-
+@dataclass(slots=True, eq=False)
 class OutputBuffer:
     """Events of one process: output chunks, exit code, close flag."""
 
-    __slots__ = (
-        "_chunks",
-        "cap",
-        "closed",
-        "delivered_seq",
-        "exit_code",
-        "lossless",
-        "next_seq",
-        "retained",
-    )
-
-    def __init__(self, cap: int = RETAINED_OUTPUT_CAP, *, lossless: bool = False) -> None:
-        self.cap = cap
-        self.lossless = lossless
-        self.next_seq = 1
-        self.exit_code: int | None = None
-        self.closed = False
-        self.retained = 0
-        #: Highest seq known to have reached the client (lossless bookkeeping).
-        self.delivered_seq = 0
-        self._chunks: deque[OutputChunk] = deque()
-
-    # -- recording -----------------------------------------------------------------
+    cap: int = RETAINED_OUTPUT_CAP
+    _: KW_ONLY
+    lossless: bool = False
+    next_seq: int = field(default=1, init=False)
+    exit_code: int | None = field(default=None, init=False)
+    closed: bool = field(default=False, init=False)
+    retained: int = field(default=0, init=False)
+    #: Highest seq known to have reached the client (lossless bookkeeping).
+    delivered_seq: int = field(default=0, init=False)
+    _chunks: deque[OutputChunk] = field(default_factory=deque, init=False, repr=False)
 
     def append(self, stream: ProcessStream, data: bytes) -> OutputChunk:
         """Record one chunk; returns it (with its seq) for the notification."""
@@ -72,19 +46,15 @@ class OutputBuffer:
 
     def record_exit(self, code: int) -> int:
         """Record the exit event; returns its seq."""
-        seq = self.next_seq
-        self.next_seq += 1
         self.exit_code = code
-        return seq
+        self.next_seq += 1
+        return self.next_seq - 1
 
     def record_close(self) -> int:
         """Record the close event (always last); returns its seq."""
-        seq = self.next_seq
-        self.next_seq += 1
         self.closed = True
-        return seq
-
-    # -- lossless bookkeeping ------------------------------------------------------
+        self.next_seq += 1
+        return self.next_seq - 1
 
     def mark_delivered(self, seq: int) -> None:
         """Everything up to ``seq`` reached the client; lossless mode may now drop it."""
@@ -94,13 +64,9 @@ class OutputBuffer:
                 self._trim()
 
     def mark_notified(self, seq: int) -> None:
-        """A notification carried chunk ``seq`` to the client.
-
-        That acknowledges the chunks before it only if each of them reached the
-        client too: after a resume, notifications continue past chunks that
-        were never sent (the connection died), and those stay until a read's
-        ``afterSeq`` covers them.
-        """
+        """A notification carried chunk ``seq``: that acknowledges the chunks before it
+        only if each reached the client too (after a resume, chunks never sent stay
+        until a read's ``afterSeq`` covers them)."""
         if seq <= self.delivered_seq:
             return
         chunks = self._chunks
@@ -111,11 +77,8 @@ class OutputBuffer:
 
     @property
     def full(self) -> bool:
-        """Lossless mode: undelivered output fills the cap, stop reading the child.
-
-        When the oldest retained chunk was delivered, the next append can drop
-        it, so reading may go on; retention never exceeds cap + one chunk.
-        """
+        """Lossless mode: undelivered output fills the cap, stop reading the child (a
+        delivered oldest chunk goes with the next append: at most cap + one chunk)."""
         if not self.lossless or self.retained < self.cap:
             return False
         chunks = self._chunks
@@ -123,38 +86,27 @@ class OutputBuffer:
 
     def _trim(self) -> None:
         chunks = self._chunks
-        if self.lossless:
-            limit = self.delivered_seq
-            while self.retained > self.cap and chunks and chunks[0].seq <= limit:
-                self.retained -= len(chunks.popleft().chunk)
-        else:
-            while self.retained > self.cap and chunks:
-                self.retained -= len(chunks.popleft().chunk)
-
-    # -- reading ---------------------------------------------------------------------
+        limit = self.delivered_seq if self.lossless else self.next_seq
+        while self.retained > self.cap and chunks and chunks[0].seq <= limit:
+            self.retained -= len(chunks.popleft().chunk)
 
     def snapshot(self, after_seq: int, max_bytes: int | None) -> tuple[list[OutputChunk], int]:
         """Chunks with ``seq > after_seq`` within the byte budget, and the ``nextSeq`` hint.
 
-        At least one chunk is returned when any is available, even if it alone
-        exceeds ``max_bytes`` (``max_bytes == 0`` returns exactly one).
+        At least one chunk when any is available, even past ``max_bytes``.
         """
         chunks = self._chunks
-        start = bisect.bisect_right(chunks, after_seq, key=_seq_of) if chunks else 0
+        budget = math.inf if max_bytes is None else max_bytes
         taken: list[OutputChunk] = []
-        if max_bytes is None:
-            taken = [chunks[i] for i in range(start, len(chunks))]
-        else:
-            total = 0
-            for i in range(start, len(chunks)):
-                chunk = chunks[i]
-                size = len(chunk.chunk)
-                if taken and total + size > max_bytes:
-                    break
-                taken.append(chunk)
-                total += size
-                if total >= max_bytes:
-                    break
+        total = 0
+        for i in range(bisect.bisect_right(chunks, after_seq, key=_seq_of), len(chunks)):
+            size = len(chunks[i].chunk)
+            if taken and total + size > budget:
+                break
+            taken.append(chunks[i])
+            total += size
+            if total >= budget:
+                break
         next_seq = taken[-1].seq + 1 if taken else self.next_seq
         return taken, next_seq
 
@@ -166,9 +118,3 @@ class OutputBuffer:
 
     def __len__(self) -> int:
         return len(self._chunks)
-
-    def __repr__(self) -> str:
-        return (
-            f"<OutputBuffer next_seq={self.next_seq} chunks={len(self._chunks)} "
-            f"retained={self.retained} exit={self.exit_code} closed={self.closed}>"
-        )

@@ -1,22 +1,16 @@
-"""What the process layer is asked to run: a fully prepared launch.
-
-The server's handler builds a ``LaunchSpec`` from a ``process/start`` request
-(env policy applied, paths decoded) and hands it to the sandbox manager, which
-may rewrite ``argv``/``env``/``arg0`` and add ``pass_fds``/``cleanup`` before
-the process layer spawns it. Pure data: no asyncio, no wire types.
+"""What the process layer is asked to run (pure data): a launch the server's handler
+built and the sandbox manager may have rewritten, and the launch-service interface.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from exec_server.sandbox.plan import SandboxType
 
 __all__ = [
-    "PTY_COLUMNS",
-    "PTY_ROWS",
     "ExitStatus",
     "LaunchService",
     "LaunchServiceUnavailable",
@@ -25,9 +19,6 @@ __all__ = [
     "ZygoteLaunch",
 ]
 
-PTY_ROWS = 24
-PTY_COLUMNS = 80
-
 
 class LaunchServiceUnavailable(Exception):
     """The launch service cannot take this launch now: spawn ``argv`` the plain way."""
@@ -35,14 +26,8 @@ class LaunchServiceUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ServicedChild:
-    """A child started by a :class:`LaunchService` (not a child of this process).
-
-    Attributes:
-        pid: the child; it leads its own process group (or session for a PTY)
-            by the time ``spawn`` returns, so ``killpg(pid)`` reaches it.
-        wait: resolves to the raw ``waitpid`` status once the service reaped
-            the child (-1 when it could not be observed).
-    """
+    """A child a :class:`LaunchService` started: ``pid`` leads its own group (or session)
+    once ``spawn`` returns; ``wait`` resolves to its raw wait status (-1: unobservable)."""
 
     pid: int
     wait: Callable[[], Awaitable[int]]
@@ -52,27 +37,18 @@ class LaunchService(Protocol):
     """Starts prepared launches without forking the server (the helper zygote)."""
 
     async def spawn(
-        self,
-        request: object,
-        stdio: tuple[int | None, int, int],
-        *,
-        tty: bool,
-        owner: object,
+        self, request: object, stdio: tuple[int | None, int, int], *, tty: bool, owner: object
     ) -> ServicedChild:
-        """Start ``request`` with ``stdio`` (stdin None = ``/dev/null``).
-
-        ``owner`` must later ``release`` the service. The caller keeps (and
-        closes) its fds once this returns.
+        """Start ``request`` with ``stdio`` (stdin None = ``/dev/null``); the caller
+        keeps its fds. ``owner`` must later ``release`` the service.
 
         Raises:
             LaunchServiceUnavailable: nothing was started; use the fallback.
             OSError: the launch itself failed (e.g. its cwd is missing).
         """
-        ...
 
     async def release(self, owner: object) -> None:
         """``owner`` (e.g. a process manager shutting down) no longer needs the service."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,21 +63,11 @@ class ZygoteLaunch:
 class LaunchSpec:
     """One process launch.
 
-    Attributes:
-        argv: program and arguments (non-empty); ``argv[0]`` is what gets executed.
-        cwd: absolute working directory.
-        env: the child's complete environment.
-        tty: run on a PTY (stream ``pty``) instead of pipes.
-        arg0: the child's visible ``argv[0]`` if different from ``argv[0]``.
-        pipe_stdin: keep a writable stdin pipe in non-tty mode (current client).
-        pass_fds: parent fds the child must inherit (e.g. a seccomp program for
-            bwrap); the spawner closes them in the parent after the spawn.
-        cleanup: called once after the child has been reaped (e.g. remove
-            placeholder files bwrap created for missing protected paths).
-        sandbox_type: the sandbox that was applied, for the response.
-        rows / columns: PTY window size.
-        zygote: set by a sandbox backend whose launch can also be started by a
-            launch service; ``argv``/``pass_fds`` stay the equivalent fallback.
+    ``argv[0]`` is what gets executed, ``arg0`` what the child sees if different;
+    ``cwd`` is absolute and ``env`` complete. ``pipe_stdin`` keeps a writable stdin
+    pipe without a PTY. ``pass_fds`` (e.g. a seccomp program for bwrap) are closed
+    in the parent after the spawn; ``cleanup`` runs once the child is reaped.
+    ``zygote``: a launch service can start it too (``argv`` stays the fallback).
     """
 
     argv: list[str]
@@ -113,9 +79,8 @@ class LaunchSpec:
     pass_fds: tuple[int, ...] = ()
     cleanup: Callable[[], None] | None = None
     sandbox_type: SandboxType = SandboxType.NONE
-    rows: int = PTY_ROWS
-    columns: int = PTY_COLUMNS
-    extra: dict[str, str] = field(default_factory=dict)
+    rows: int = 24
+    columns: int = 80
     zygote: ZygoteLaunch | None = None
 
 

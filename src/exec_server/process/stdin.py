@@ -1,9 +1,6 @@
-"""A child's stdin: a bounded queue of writes, flushed as the non-blocking fd takes them.
-
-``process/write`` (PROTOCOL.md §8.5, CLIENT_COMPAT.md §5.1) waits while the
-queue is full, so a child that does not read slows its writer instead of
-growing the server. Write errors (EPIPE, EIO: the child stopped reading) drop
-the queue, as upstream ignores them.
+"""A child's stdin: a bounded queue of writes (PROTOCOL.md §8.5), so a child that does
+not read slows its writer instead of growing the server. Write errors (EPIPE, EIO: the
+child stopped reading) drop the queue, as upstream ignores them.
 """
 
 from __future__ import annotations
@@ -12,69 +9,66 @@ import asyncio
 import contextlib
 import os
 from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from typing import Final
 
-from exec_server.process.pipes import close_quietly
+from exec_server.process.spawn import close_quietly, set_if_pending
 
-__all__ = ["WRITE_ID_MEMORY", "WRITE_QUEUE_BYTES", "WRITE_QUEUE_DEPTH", "Stdin"]
+__all__ = ["WRITE_QUEUE_BYTES", "WRITE_QUEUE_DEPTH", "Stdin", "wait_in", "wake_all"]
 
 #: Pending writes before ``write`` waits (§14).
 WRITE_QUEUE_DEPTH: Final = 128
-#: Bytes queued before ``write`` waits: enough for several MiB-sized writes (a
-#: child that reads fast never waits for the client's next round trip) without
-#: letting a child that never reads hold unbounded memory. A bigger single
-#: write is taken whole once the queue is empty.
+#: Bytes queued before ``write`` waits: enough that a fast reader never waits for the next
+#: round trip. A bigger single write is taken whole once the queue is empty.
 WRITE_QUEUE_BYTES: Final = 16 << 20
 #: Remembered ``writeId`` values (CLIENT_COMPAT.md §5.1).
 WRITE_ID_MEMORY: Final = 4096
 
 
-def _wake(futures: list[asyncio.Future[None]]) -> None:
+def wake_all(futures: list[asyncio.Future[None]]) -> None:
     for fut in futures:
-        if not fut.done():
-            fut.set_result(None)
+        set_if_pending(fut)
     futures.clear()
 
 
+async def wait_in(futures: list[asyncio.Future[None]]) -> None:
+    """Wait for the next ``wake_all(futures)``; a cancelled wait leaves no future behind."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    futures.append(fut)
+    try:
+        await fut
+    finally:
+        if not fut.done():
+            fut.cancel()
+            with contextlib.suppress(ValueError):
+                futures.remove(fut)
+
+
+@dataclass(slots=True, eq=False)
 class Stdin:
     """The writable end of one child's stdin (``fd`` None: there is none, or it closed)."""
 
-    __slots__ = ("_armed", "_eof", "_queue", "_queued", "_space", "fd", "write_ids")
-
-    def __init__(self, fd: int | None) -> None:
-        self.fd = fd
-        self._queue: deque[memoryview] = deque()
-        #: bytes in ``_queue`` (what :data:`WRITE_QUEUE_BYTES` bounds).
-        self._queued = 0
-        self._space: list[asyncio.Future[None]] = []
-        self._armed = False
-        #: close once the queue is written (``process/closeStdin``).
-        self._eof = False
-        self.write_ids: OrderedDict[str, None] = OrderedDict()
+    fd: int | None = None
+    write_ids: OrderedDict[str, None] = field(default_factory=OrderedDict, init=False)
+    _queue: deque[memoryview] = field(default_factory=deque, init=False)
+    #: bytes in ``_queue`` (what :data:`WRITE_QUEUE_BYTES` bounds).
+    _queued: int = field(default=0, init=False)
+    _space: list[asyncio.Future[None]] = field(default_factory=list, init=False)
+    _armed: bool = field(default=False, init=False)
+    #: close once the queue is written (``process/closeStdin``).
+    _eof: bool = field(default=False, init=False)
 
     def _full(self, size: int) -> bool:
-        """Must a write of ``size`` bytes wait for the child to read?"""
         queued = self._queued
         return len(self._queue) >= WRITE_QUEUE_DEPTH or (
             queued > 0 and queued + size > WRITE_QUEUE_BYTES
         )
 
     async def write(self, data: bytes, write_id: str | None) -> None:
-        """Queue ``data`` once there is room; dropped if stdin closed meanwhile.
-
-        Cancelled while waiting: nothing is queued and ``write_id`` is not
-        remembered, so a retry with the same id still writes.
-        """
+        """Queue ``data`` once there is room; dropped if stdin closed meanwhile. Cancelled
+        while waiting, nothing is queued or remembered: a retry with the same id writes."""
         while self.fd is not None and data and self._full(len(data)):
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._space.append(fut)
-            try:
-                await fut
-            finally:
-                if not fut.done():  # cancelled: leave no dead future behind
-                    fut.cancel()
-                    with contextlib.suppress(ValueError):
-                        self._space.remove(fut)
+            await wait_in(self._space)
         if write_id is not None:
             self.write_ids[write_id] = None
             if len(self.write_ids) > WRITE_ID_MEMORY:
@@ -97,7 +91,7 @@ class Stdin:
                     asyncio.get_running_loop().add_writer(fd, self._flush)
                     self._armed = True
                 if self._queued < queued:
-                    _wake(self._space)  # room for a waiting write, perhaps
+                    wake_all(self._space)  # room for a waiting write, perhaps
                 return
             except OSError:
                 queue.clear()
@@ -111,7 +105,7 @@ class Stdin:
         if self._armed and fd is not None:
             asyncio.get_running_loop().remove_writer(fd)
             self._armed = False
-        _wake(self._space)
+        wake_all(self._space)
         if self._eof and not queue:
             self.close()
 
@@ -132,4 +126,4 @@ class Stdin:
         self._queue.clear()
         self._queued = 0
         close_quietly(fd)
-        _wake(self._space)
+        wake_all(self._space)

@@ -1,15 +1,6 @@
-"""An unsandboxed launch's process tree: find it and signal it.
-
-A process group is not a tree: ``setsid`` or ``setpgid`` takes a descendant
-out of it. While the launched process lives, every process it started and
-that was not orphaned is found by following parent links in ``/proc``, in
-whatever group or session it now is. A PTY launch (spawned with ``fork``
-and child-side code anyway) also becomes a *child subreaper*
-(``PR_SET_CHILD_SUBREAPER``, kept across ``execve``): orphans below it are
-re-parented to it instead of init, so a double fork (``(setsid cmd &)``)
-stays in its tree too. A pipe launch stays on ``vfork`` (see
-``process.pipes``), so such an orphan escapes it. Sandboxed launches need
-none of this: their PID namespace ends with them.
+"""An unsandboxed launch's process tree, which ``setsid`` takes out of its group: found
+through parent links in ``/proc`` while the launched process lives (a PTY launch is a
+subreaper, so double forks stay in it). A sandboxed one's PID namespace ends with it.
 """
 
 from __future__ import annotations
@@ -18,18 +9,10 @@ import contextlib
 import os
 import signal
 
-from exec_server._os.linux import set_child_subreaper
-
-__all__ = ["become_subreaper", "descendants", "kill_tree", "open_pidfds", "signal_pidfds"]
+__all__ = ["descendants", "kill_tree", "open_pidfds", "signal_pidfds"]
 
 #: walks of ``kill_tree`` before it gives up on a tree that keeps forking.
 _KILL_PASSES = 20
-
-
-def become_subreaper() -> None:
-    """In a forked child before exec: adopt orphaned descendants (one syscall, no locks)."""
-    with contextlib.suppress(OSError):  # not Linux: orphans go to init
-        set_child_subreaper()
 
 
 def _stat(pid: str) -> tuple[int, int, bool] | None:
@@ -43,12 +26,9 @@ def _stat(pid: str) -> tuple[int, int, bool] | None:
     return int(fields[1]), int(fields[2]), fields[0] not in (b"Z", b"X")
 
 
-def descendants(root: int, *, skip_group: int | None = None) -> list[int]:
-    """Live (non-zombie) descendants of ``root``, parents before children.
-
-    ``skip_group``: leave out members of that process group (a ``killpg``
-    reaches them), but still descend through them.
-    """
+def descendants(root: int) -> list[int]:
+    """Live (non-zombie) descendants of ``root``, parents before children, leaving out
+    (but descending through) members of ``root``'s group: a ``killpg`` reaches them."""
     children: dict[int, list[tuple[int, int, bool]]] = {}
     try:
         entries = list(os.scandir("/proc"))
@@ -67,7 +47,7 @@ def descendants(root: int, *, skip_group: int | None = None) -> list[int]:
         parent = queue.pop(0)
         for pid, pgid, alive in children.get(parent, ()):
             queue.append(pid)
-            if alive and pgid != skip_group:
+            if alive and pgid != root:
                 found.append(pid)
     return found
 
@@ -89,15 +69,12 @@ def signal_pidfds(fds: list[int], sig: int) -> None:
             signal.pidfd_send_signal(fd, sig)
 
 
-def kill_tree(root: int, *, skip_group: int | None = None) -> None:
-    """SIGKILL every descendant of ``root`` (which must still be alive), deepest last.
-
-    Repeats the walk until it finds nothing: killing a middle process
-    re-parents its children to the subreaper ``root``, and a process may fork
-    between a walk and its kill.
-    """
+def kill_tree(root: int) -> None:
+    """SIGKILL every descendant of ``root`` (still alive), walking again until none is
+    found: a killed middle process's children move to the subreaper ``root``, and a
+    process may fork between walk and kill."""
     for _ in range(_KILL_PASSES):
-        found = descendants(root, skip_group=skip_group)
+        found = descendants(root)
         if not found:
             return
         fds = open_pidfds(found)

@@ -106,10 +106,7 @@ def _read_all(fds: list[int], deadline: float) -> bytes:
 
 def _spawn(spec: LaunchSpec) -> tuple[subprocess.Popen[bytes], list[int]]:
     try:
-        if spec.tty:
-            from exec_server.process.pty import spawn_pty as spawn
-        else:
-            from exec_server.process.pipes import spawn_pipes as spawn
+        from exec_server.process.spawn import spawn
     except ImportError:
         spawn = None
     if spawn is not None:
@@ -140,7 +137,7 @@ def _spawn(spec: LaunchSpec) -> tuple[subprocess.Popen[bytes], list[int]]:
 async def _run_via_zygote(leg: ZygoteLeg, wrapped_specs: list[LaunchSpec],
                           timeout: float) -> list[Result]:  # noqa: ASYNC109
     """Start every launch through the spawn zygote at once; drain and await each exit."""
-    from exec_server.process.pipes import SpawnedChild, spawn_via_service
+    from exec_server.process.spawn import SpawnedChild, spawn_via_service
 
     owner = object()
     zygote = leg.spawn_zygote
