@@ -11,7 +11,7 @@ __all__ = ["MemoryTransport", "memory_pair"]
 
 
 class MemoryTransport:
-    """One end of an in-process pair (tests, embedding); line-framing error texts."""
+    """One end of an in-process pair; line-framing error texts."""
 
     kind = "line"
 
@@ -29,8 +29,7 @@ class MemoryTransport:
 
     @property
     def hangup_fd(self) -> None:
-        """No descriptor: EOF arrives as a message."""
-        return None
+        return None  # EOF arrives as a message
 
     async def receive(self) -> Inbound:
         if self.closed:
@@ -46,8 +45,7 @@ class MemoryTransport:
         await self._outbound.put(bytes(data) if isinstance(data, bytearray) else data)
 
     def refuse(self, reason: str) -> None:
-        """No close reason to carry: the peer just sees EOF."""
-        del reason
+        del reason  # no close reason to carry: the peer sees EOF
 
     async def aclose(self) -> None:
         """Close both directions: the peer sees EOF, our reader stops."""

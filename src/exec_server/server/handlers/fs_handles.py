@@ -1,10 +1,6 @@
-"""``fs/open``, ``fs/readBlock``, ``fs/writeBlock``, ``fs/close``: file handles
-(PROTOCOL_CURRENT §4-§5).
+"""``fs/open``, ``fs/readBlock``, ``fs/writeBlock``, ``fs/close`` (PROTOCOL_CURRENT §4-§5).
 
-Each handler decodes its params, calls the connection's
-:class:`~exec_server.fs.handles.FileHandles` (or the filesystem service for the
-open) in one worker job, and encodes the result. Handles belong to the
-connection (``Attachment.file_handles``) and are closed when it ends.
+Handles belong to the connection (``Attachment.file_handles``), closed when it ends.
 """
 
 from __future__ import annotations
@@ -75,7 +71,6 @@ async def close_file(ctx: RequestContext, params: t.CloseParams) -> t.EmptyResul
 
 
 def register(router: Router) -> None:
-    """Add the four file-handle methods (family ``filesystem``)."""
     router.add(t.METHOD_OPEN, t.OpenParams, open_file, "filesystem")
     router.add(t.METHOD_READ_BLOCK, t.ReadBlockParams, read_block, "filesystem")
     router.add(t.METHOD_WRITE_BLOCK, t.WriteBlockParams, write_block, "filesystem")
