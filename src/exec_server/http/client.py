@@ -100,14 +100,14 @@ class HttpClient:
     """Sends requests; one per server (its connection pools are shared), then :meth:`aclose`."""
 
     def __init__(self) -> None:
-        self._ambient: httpx.AsyncClient | None = None
-        self._direct: httpx.AsyncClient | None = None
+        #: by "goes direct": literal loopback addresses skip the ambient proxy variables.
+        self._clients: dict[bool, httpx.AsyncClient] = {}
 
     def _client(self, url: httpx.URL) -> httpx.AsyncClient:
         direct = _is_loopback_literal(url.host)
-        client = self._direct if direct else self._ambient
+        client = self._clients.get(direct)
         if client is None:
-            client = httpx.AsyncClient(
+            client = self._clients[direct] = httpx.AsyncClient(
                 timeout=None,  # one total deadline instead, applied here
                 max_redirects=MAX_REDIRECTS,
                 # Long-lived streams (an MCP server's SSE GET) must not starve
@@ -117,10 +117,6 @@ class HttpClient:
                 event_hooks={"request": [_add_referer], "response": [_note_redirect]},
             )
             client.headers.clear()
-            if direct:
-                self._direct = client
-            else:
-                self._ambient = client
         return client
 
     async def send(self, request: HttpRequest) -> HttpResponse:
@@ -150,7 +146,6 @@ class HttpClient:
         return HttpResponse(response, deadline)
 
     async def aclose(self) -> None:
-        for client in (self._ambient, self._direct):
-            if client is not None:
-                await client.aclose()
-        self._ambient = self._direct = None
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.aclose()

@@ -33,7 +33,7 @@ from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
 from exec_server.server.session import SessionRegistry
 from exec_server.transport.base import MessageTransport
-from exec_server.transport.listen import ListenAddress, format_ws_url, parse_listen_url
+from exec_server.transport.listen import ListenAddress, parse_listen_url
 from exec_server.transport.stdio import open_stdio
 
 if TYPE_CHECKING:  # the listener's modules load with the listener: stdio does without
@@ -179,7 +179,8 @@ async def run_server(
             loop.add_signal_handler(signal.SIGHUP, reload_authenticator, listener)
             if announce is not None:
                 scheme = "wss" if listener.ssl_context is not None else "ws"
-                announce(format_ws_url(host, port, scheme=scheme))
+                address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                announce(f"{scheme}://{address}")
             try:
                 await stop.wait()
             finally:

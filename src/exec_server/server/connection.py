@@ -81,18 +81,14 @@ class ConnectionProcessor:
     """One connection: handshake, ordered dispatch, notifications, teardown."""
 
     def __init__(
-        self,
-        transport: MessageTransport,
-        *,
-        router: Router,
-        services: ServerServices,
+        self, transport: MessageTransport, *, router: Router, services: ServerServices,
         registry: SessionRegistry,
     ) -> None:
         self.transport = transport
         self.router = router
         self.services = services
         self.registry = registry
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = asyncio.get_running_loop()
         self.attachment = Attachment(transport.label, self._notify, kind=transport.kind)
         self._handlers: set[asyncio.Task[None]] = set()
         #: ``--concurrent-requests``: the one being dispatched plus the long polls.
@@ -129,7 +125,6 @@ class ConnectionProcessor:
 
     async def run(self) -> None:
         """Serve until the peer disconnects, the protocol says close, or :meth:`close`."""
-        self._loop = asyncio.get_running_loop()
         serve = asyncio.create_task(self._serve())
         closer = asyncio.create_task(self._close_requested.wait())
         try:
@@ -211,9 +206,9 @@ class ConnectionProcessor:
                 self._parked = False
 
     def _watch_busy(self) -> None:
-        loop = self._loop
-        assert loop is not None
-        self._busy_timer = loop.call_later(READ_AHEAD_AFTER, self._check_busy, self._dispatched)
+        self._busy_timer = self._loop.call_later(
+            READ_AHEAD_AFTER, self._check_busy, self._dispatched
+        )
 
     def _check_busy(self, dispatched: int) -> None:
         """Timer: is ``_serve`` still on the message it took ``READ_AHEAD_AFTER`` ago?"""
@@ -224,9 +219,7 @@ class ConnectionProcessor:
             self._watch_busy()  # busy with a later message: give that one its time
             return
         if len(self._ahead) < READ_AHEAD_MESSAGES and self._ahead_bytes < READ_AHEAD_BYTES:
-            loop = self._loop
-            assert loop is not None
-            self._reader = loop.create_task(self._read_ahead())
+            self._reader = self._loop.create_task(self._read_ahead())
 
     async def _read_ahead(self) -> None:
         """Read while ``_serve`` is busy, so EOF aborts the request in progress (§2.7)
@@ -256,15 +249,14 @@ class ConnectionProcessor:
         """At the read-ahead bound, watch the descriptor for the peer leaving without
         reading it (``EPOLLRDHUP``): else a client that queued more than the bound
         behind a stuck request and left kept its session alive. Linux only."""
-        loop = self._loop
         fd = self.transport.hangup_fd
         make_epoll = getattr(select, "epoll", None)
-        if self._hangup is not None or fd is None or make_epoll is None or loop is None:
+        if self._hangup is not None or fd is None or make_epoll is None:
             return
         watcher = make_epoll()
         try:
             watcher.register(fd, select.EPOLLRDHUP)
-            loop.add_reader(watcher.fileno(), self._on_hangup)
+            self._loop.add_reader(watcher.fileno(), self._on_hangup)
         except (OSError, ValueError):
             watcher.close()
             return
@@ -283,20 +275,16 @@ class ConnectionProcessor:
         if watcher is None:
             return
         self._hangup = None
-        if self._loop is not None:
-            self._loop.remove_reader(watcher.fileno())
+        self._loop.remove_reader(watcher.fileno())
         watcher.close()
 
     async def _handle(self, item: bytes | bytearray | OversizedMessage) -> None:
         if isinstance(item, OversizedMessage):
-            await self._send(
-                encode_error(
-                    _sniff_id(item.head),
-                    ErrorCode.INVALID_REQUEST,
-                    f"JSON-RPC message from {self.transport.label} is too large: "
-                    f"{item.size} bytes exceeds the limit of {item.limit} bytes",
-                )
+            text = (
+                f"JSON-RPC message from {self.transport.label} is too large: "
+                f"{item.size} bytes exceeds the limit of {item.limit} bytes"
             )
+            await self._send(encode_error(_sniff_id(item.head), ErrorCode.INVALID_REQUEST, text))
             return
         try:
             if len(item) < DECODE_OFF_LOOP:
@@ -304,13 +292,8 @@ class ConnectionProcessor:
             else:  # walked in a worker, a window at a time: the loop runs on
                 message = await asyncio.to_thread(decode_message, item)
         except ProtocolError as exc:
-            await self._send(
-                encode_error(
-                    MALFORMED_ID,
-                    ErrorCode.INVALID_REQUEST,
-                    malformed_message_text(self.transport.kind, self.transport.label, exc.message),
-                )
-            )
+            text = malformed_message_text(self.transport.kind, self.transport.label, exc.message)
+            await self._send(encode_error(MALFORMED_ID, ErrorCode.INVALID_REQUEST, text))
             return
         if isinstance(message, Request):
             await self._start_request(message)

@@ -145,7 +145,6 @@ class RequestContext:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    method: str
     params_type: Any
     handler: Callable[[RequestContext, Any], Awaitable[msgspec.Struct]]
     family: Family
@@ -159,12 +158,8 @@ class Router:
         self._routes: dict[str, Route] = {}
 
     def add(
-        self,
-        method: str,
-        params_type: type[P] | Any,
-        handler: Callable[[RequestContext, P], Awaitable[R]],
-        family: Family,
-        *,
+        self, method: str, params_type: type[P] | Any,
+        handler: Callable[[RequestContext, P], Awaitable[R]], family: Family, *,
         may_block: bool = False,
     ) -> None:
         """``may_block=True``: a handler that can wait long (a long poll) runs in its
@@ -172,7 +167,7 @@ class Router:
         if method in self._routes:
             raise ValueError(f"method {method!r} registered twice")
         params_decoder(params_type)  # now, not on the method's first request
-        self._routes[method] = Route(method, params_type, handler, family, may_block)
+        self._routes[method] = Route(params_type, handler, family, may_block)
 
     def may_block(self, method: str) -> bool:
         route = self._routes.get(method)

@@ -4,6 +4,7 @@ this object owns their lifetime."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import TYPE_CHECKING
 
@@ -25,20 +26,22 @@ class ServerServices:
     """Config plus the long-lived helpers handlers need (the later ones made on first use)."""
 
     def __init__(
-        self,
-        config: ServerConfig,
-        sandbox: SandboxManager | None = None,
+        self, config: ServerConfig, sandbox: SandboxManager | None = None,
         fs_sandbox: SandboxedFileSystem | None = None,
     ) -> None:
         self.config = config
         self.sandbox = sandbox
         self.fs_sandbox = fs_sandbox
         self.environment_info: EnvironmentInfo | None = None
-        self.fs_service: FileSystemService | None = None
         #: set by the server from its router's methods (``server/capabilities.py``).
         self.capabilities = EnvironmentCapabilities()
         self.http: HttpClient | None = None
         self._warming: asyncio.Task[None] | None = None
+
+    @functools.cached_property
+    def fs_service(self) -> FileSystemService:
+        """The ``fs/*`` handlers' service over ``fs_sandbox``, made on first use."""
+        return FileSystemService(self.fs_sandbox)
 
     @classmethod
     def create(cls, config: ServerConfig) -> ServerServices:

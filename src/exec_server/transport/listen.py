@@ -10,7 +10,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["STDIO", "ListenAddress", "ListenUrlError", "format_ws_url", "parse_listen_url"]
+__all__ = ["STDIO", "ListenAddress", "ListenUrlError", "parse_listen_url"]
 
 STDIO: Final = "stdio"
 
@@ -23,13 +23,6 @@ class ListenUrlError(ValueError):
 class ListenAddress:
     host: str
     port: int
-
-
-def format_ws_url(host: str, port: int, *, scheme: str = "ws") -> str:
-    """``ws://IP:PORT`` (or ``wss://``); IPv6 in brackets."""
-    if ":" in host:
-        return f"{scheme}://[{host}]:{port}"
-    return f"{scheme}://{host}:{port}"
 
 
 def _parse_socket_addr(text: str) -> ListenAddress | None:

@@ -16,10 +16,7 @@ class MemoryTransport:
     kind = "line"
 
     def __init__(
-        self,
-        inbound: asyncio.Queue[bytes | None],
-        outbound: asyncio.Queue[bytes | None],
-        *,
+        self, inbound: asyncio.Queue[bytes | None], outbound: asyncio.Queue[bytes | None], *,
         label: str,
     ) -> None:
         self.label = label

@@ -38,13 +38,8 @@ class StreamTransport:
     kind = "line"
 
     def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        label: str,
-        max_message_size: int,
-        hangup_fd: int | None = None,
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, label: str,
+        max_message_size: int, hangup_fd: int | None = None,
     ) -> None:
         self.reader = reader
         self.writer = writer

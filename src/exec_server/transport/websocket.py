@@ -56,11 +56,6 @@ def _set_nodelay(sock: socket.socket | None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def _close_reason(text: str) -> str:
-    """``text`` cut to the 123 UTF-8 bytes a close frame's reason holds."""
-    return text.encode(errors="replace")[:123].decode(errors="ignore")
-
-
 class WebSocketTransport:
     """Adapter over a websockets asyncio connection.
 
@@ -72,12 +67,7 @@ class WebSocketTransport:
     kind = "websocket"
 
     def __init__(
-        self,
-        ws: Connection,
-        *,
-        label: str,
-        max_message_size: int,
-        grant: Grant | None = None,
+        self, ws: Connection, *, label: str, max_message_size: int, grant: Grant | None = None
     ) -> None:
         self.ws = ws
         self.label = label
@@ -130,8 +120,9 @@ class WebSocketTransport:
             raise ConnectionResetError(str(exc)) from exc
 
     def refuse(self, reason: str) -> None:
-        """Close with 1008 (policy violation) and ``reason`` (PROTOCOL.md §3.5)."""
-        self._close_with = (1008, _close_reason(reason))
+        """Close with 1008 (policy violation) and ``reason`` (PROTOCOL.md §3.5), cut to
+        the 123 UTF-8 bytes a close frame holds."""
+        self._close_with = (1008, reason.encode(errors="replace")[:123].decode(errors="ignore"))
 
     async def aclose(self) -> None:
         """Closing handshake; aborted after :data:`CLOSE_TIMEOUT` (a peer that does
@@ -141,7 +132,6 @@ class WebSocketTransport:
                 await self.ws.close(*self._close_with)
         except TimeoutError:
             self.ws.transport.abort()
-
 
 
 class _BoundedConnection(ServerConnection):

@@ -19,16 +19,8 @@ from exec_server.config import WsAuthMode, WsAuthSettings
 from exec_server.exceptions import os_error_message
 
 __all__ = [
-    "DEFAULT_CLOCK_SKEW",
-    "MIN_SHARED_SECRET",
-    "AuthConfigError",
-    "AuthRefused",
-    "Authenticator",
-    "CapabilityToken",
-    "Grant",
-    "SignedBearerToken",
-    "WsAuthMode",
-    "WsAuthSettings",
+    "DEFAULT_CLOCK_SKEW", "MIN_SHARED_SECRET", "AuthConfigError", "AuthRefused", "Authenticator",
+    "CapabilityToken", "Grant", "SignedBearerToken", "WsAuthMode", "WsAuthSettings",
     "load_authenticator",
 ]
 

@@ -19,7 +19,7 @@ from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import direct as ops
 from exec_server.fs.context import route_for
 from exec_server.fs.direct import lossy_name
-from exec_server.fs.service import FileSystemService, NoFollowCall, Route
+from exec_server.fs.service import NoFollowCall, Route
 from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.protocol.base64_text import (
     Undecodable,
@@ -36,7 +36,7 @@ from exec_server.protocol.types import fs as t
 from exec_server.protocol.types.sandbox import decode_fs_sandbox
 from exec_server.server.router import RequestContext, Router
 
-__all__ = ["decode_data_base64", "filesystem_service", "register", "sandbox_route"]
+__all__ = ["decode_data_base64", "register", "sandbox_route"]
 
 #: Payloads up to this size are (de)coded on the event loop; bigger ones in a worker.
 INLINE_CODEC_LIMIT: Final = 256 * 1024
@@ -44,16 +44,8 @@ INLINE_CODEC_LIMIT: Final = 256 * 1024
 _bytes_decoder: Final = msgspec.json.Decoder(bytes)
 
 
-def filesystem_service(ctx: RequestContext) -> FileSystemService:
-    services = ctx.services
-    service = services.fs_service
-    if service is None:
-        service = services.fs_service = FileSystemService(services.fs_sandbox)
-    return service
-
-
 async def sandbox_route(ctx: RequestContext, raw: t.SandboxField) -> Route:
-    return await route_for(decode_fs_sandbox(t.sandbox_raw(raw)), filesystem_service(ctx).pool)
+    return await route_for(decode_fs_sandbox(t.sandbox_raw(raw)), ctx.services.fs_service.pool)
 
 
 _BACKSLASH: Final = re.compile(rb"\\")
@@ -125,20 +117,17 @@ async def read_file(
     ctx: RequestContext, params: t.ReadFileParams
 ) -> t.ReadFileResult | t.ReadFileText:
     path = parse_wire_path(params.path)
-    service = filesystem_service(ctx)
+    service = ctx.services.fs_service
     route = await sandbox_route(ctx, params.sandbox)
     if params.follow_symlinks is False:
         data = await service.read_file_no_follow(path.path, route)
         if len(data) > INLINE_CODEC_LIMIT:
             return await service.pool.run(read_text, data)
         return t.ReadFileResult(data_base64=data)
+    uri = path.form is PathForm.URI
+    pieces = read_text_pieces
     result = await service.read_file_mapped(
-        path.path,
-        read_text,
-        INLINE_CODEC_LIMIT,
-        route,
-        regular_only=path.form is PathForm.URI,
-        map_pieces=read_text_pieces,
+        path.path, read_text, INLINE_CODEC_LIMIT, route, regular_only=uri, map_pieces=pieces
     )
     if isinstance(result, bytes):
         return t.ReadFileResult(data_base64=result)
@@ -148,7 +137,7 @@ async def read_file(
 async def write_file(ctx: RequestContext, params: t.WriteFileParams) -> t.EmptyResult:
     path = parse_wire_path(params.path)
     route = await sandbox_route(ctx, params.sandbox)
-    service = filesystem_service(ctx)
+    service = ctx.services.fs_service
     span = ctx.span
     raw = params.data_base64
     following = params.follow_symlinks is not False
@@ -173,7 +162,7 @@ async def create_directory(ctx: RequestContext, params: t.CreateDirectoryParams)
     path = parse_wire_path(params.path).path
     recursive = params.recursive is not False
     route = await sandbox_route(ctx, params.sandbox)
-    service = filesystem_service(ctx)
+    service = ctx.services.fs_service
     if params.follow_symlinks is False:
         call = NoFollowCall(t.METHOD_CREATE_DIRECTORY, path, recursive=recursive)
         await service.no_follow(call, route)
@@ -185,7 +174,7 @@ async def create_directory(ctx: RequestContext, params: t.CreateDirectoryParams)
 async def get_metadata(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetMetadataResult:
     path = parse_wire_path(params.path)
     route = await sandbox_route(ctx, params.sandbox)
-    service = filesystem_service(ctx)
+    service = ctx.services.fs_service
     if params.follow_symlinks is False:
         meta = await service.get_metadata_no_follow(path.path, route)
     else:
@@ -206,7 +195,7 @@ async def read_directory(
 ) -> t.ReadDirectoryResult:
     path = parse_wire_path(params.path)
     route = await sandbox_route(ctx, params.sandbox)
-    entries = await filesystem_service(ctx).read_directory(path.path, route)
+    entries = await ctx.services.fs_service.read_directory(path.path, route)
     return t.ReadDirectoryResult(
         entries=[
             t.DirectoryEntry(
@@ -224,9 +213,9 @@ async def remove(ctx: RequestContext, params: t.RemoveParams) -> t.EmptyResult:
     force = params.force is not False
     if params.follow_symlinks is False:
         call = NoFollowCall(t.METHOD_REMOVE, path, recursive=recursive, force=force)
-        await filesystem_service(ctx).no_follow(call, route)
+        await ctx.services.fs_service.no_follow(call, route)
     else:
-        await filesystem_service(ctx).remove(path, route, recursive=recursive, force=force)
+        await ctx.services.fs_service.remove(path, route, recursive=recursive, force=force)
     return t.EmptyResult()
 
 
@@ -234,14 +223,14 @@ async def copy(ctx: RequestContext, params: t.CopyParams) -> t.EmptyResult:
     source = parse_wire_path(params.source_path).path
     destination = parse_wire_path(params.destination_path).path
     route = await sandbox_route(ctx, params.sandbox)
-    await filesystem_service(ctx).copy(source, destination, route, recursive=params.recursive)
+    await ctx.services.fs_service.copy(source, destination, route, recursive=params.recursive)
     return t.EmptyResult()
 
 
 async def canonicalize(ctx: RequestContext, params: t.CanonicalizeParams) -> t.CanonicalizeResult:
     path = parse_wire_path(params.path)
     route = await sandbox_route(ctx, params.sandbox)
-    resolved = await filesystem_service(ctx).canonicalize(path.path, route)
+    resolved = await ctx.services.fs_service.canonicalize(path.path, route)
     if path.form is PathForm.PLAIN:
         resolved = lossy_name(resolved)  # JSON strings cannot carry raw bytes
     return t.CanonicalizeResult(path=path.render(resolved))
@@ -250,7 +239,7 @@ async def canonicalize(ctx: RequestContext, params: t.CanonicalizeParams) -> t.C
 async def walk(ctx: RequestContext, params: t.WalkParams) -> t.WalkResult:
     path = parse_wire_path(params.path)
     options = WalkOptions(**msgspec.structs.asdict(params.options))  # the same five members
-    service = filesystem_service(ctx)
+    service = ctx.services.fs_service
     outcome = await service.walk(path.path, options, await sandbox_route(ctx, params.sandbox))
     if len(outcome.entries) > _WALK_INLINE_ENTRIES:
         return await service.pool.run(_walk_result, path.form, outcome)

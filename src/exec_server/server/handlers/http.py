@@ -54,13 +54,10 @@ async def handle_http_request(ctx: RequestContext, params: HttpRequestParams) ->
         raise InvalidParamsError(
             f"invalid value: integer `{params.timeout_ms}`, expected u64 for `timeoutMs`"
         )
+    headers = [HeaderSpec(h.name, h.value, h.value_env_var) for h in params.headers]
+    follow = params.redirect_policy == "follow"
     request = build_request(
-        params.method,
-        params.url,
-        [HeaderSpec(h.name, h.value, h.value_env_var) for h in params.headers],
-        params.body_base64,
-        params.timeout_ms,
-        params.redirect_policy == "follow",
+        params.method, params.url, headers, params.body_base64, params.timeout_ms, follow,
         os.environ,
     )
     streams = ctx.attachment.streams
@@ -95,13 +92,9 @@ async def handle_http_request(ctx: RequestContext, params: HttpRequestParams) ->
 
 
 async def _send_body(
-    attachment: Attachment,
-    request_id: str,
-    key: str,
-    response: HttpResponse,
+    attachment: Attachment, request_id: str, key: str, response: HttpResponse,
     replied: asyncio.Event,
 ) -> None:
-
     def release_id() -> None:
         if attachment.streams.get(key) is asyncio.current_task():
             del attachment.streams[key]

@@ -94,9 +94,9 @@ async def handle_start(ctx: RequestContext, params: t.StartParams) -> t.StartRes
         arg0=params.arg0,
         pipe_stdin=params.pipe_stdin is True and not params.tty,
     )
-    manager = ctx.services.sandbox
-    if manager is not None:
-        spec = await manager.aprepare(spec, sandbox)
+    sandboxes = ctx.services.sandbox
+    if sandboxes is not None:
+        spec = await sandboxes.aprepare(spec, sandbox)
     elif sandbox is not None:
         raise InternalError("failed to build sandbox launch: no sandbox support in this server")
     await ctx.session.processes.start(params.process_id, spec, report_denial=current)
