@@ -27,24 +27,16 @@ READY_PATH: Final = "/readyz"
 
 def _response(status: HTTPStatus, body: str = "") -> Response:
     data = body.encode()
-    headers = Headers(
-        [
-            ("Date", email.utils.formatdate(usegmt=True)),
-            ("Connection", "close"),
-            ("Content-Length", str(len(data))),
-        ]
-    )
+    headers = Headers(Date=email.utils.formatdate(usegmt=True), Connection="close")
+    headers["Content-Length"] = str(len(data))
     if data:
         headers["Content-Type"] = "text/plain; charset=utf-8"
     return Response(status.value, status.phrase, headers, data)
 
 
 def _has_token(headers: Headers, name: str, token: str) -> bool:
-    return any(
-        part.strip().lower() == token
-        for value in headers.get_all(name)
-        for part in value.split(",")
-    )
+    parts = (part.strip().lower() for value in headers.get_all(name) for part in value.split(","))
+    return token in parts
 
 
 def _refused(

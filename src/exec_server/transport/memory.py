@@ -14,6 +14,7 @@ class MemoryTransport:
     """One end of an in-process pair; line-framing error texts."""
 
     kind = "line"
+    hangup_fd = None  # EOF arrives as a message
 
     def __init__(
         self, inbound: asyncio.Queue[bytes | None], outbound: asyncio.Queue[bytes | None], *,
@@ -23,10 +24,6 @@ class MemoryTransport:
         self._inbound = inbound
         self._outbound = outbound
         self.closed = False
-
-    @property
-    def hangup_fd(self) -> None:
-        return None  # EOF arrives as a message
 
     async def receive(self) -> Inbound:
         if self.closed:

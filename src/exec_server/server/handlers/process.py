@@ -32,7 +32,6 @@ from exec_server.server.router import RequestContext, Router
 
 __all__ = ["is_current_start", "register"]
 
-_UNSET = msgspec.UNSET
 _CURRENT_ONLY_FIELDS = (
     "env_policy", "metadata", "pipe_stdin", "enforce_managed_network",
     "managed_network", "network_proxy", "shell_snapshot",
@@ -45,7 +44,7 @@ def is_current_start(
     """CLIENT_COMPAT.md §1.2 rule 4: does this ``process/start`` come from the current client?"""
     if cwd_form is PathForm.URI:
         return True
-    if any(getattr(params, name) is not _UNSET for name in _CURRENT_ONLY_FIELDS):
+    if any(getattr(params, name) is not msgspec.UNSET for name in _CURRENT_ONLY_FIELDS):
         return True
     return sandbox is None or isinstance(sandbox, CurrentSandboxContext)
 
@@ -162,7 +161,7 @@ def _read_result(snapshot: Snapshot) -> t.ReadResult:
 
 
 def _write_id(params: t.WriteParams) -> str | None:
-    if params.write_id is _UNSET:
+    if params.write_id is msgspec.UNSET:
         return None
     write_id = str(params.write_id)
     if not write_id:
