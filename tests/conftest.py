@@ -649,9 +649,7 @@ class RouterCaller:
 
         request = decode_message(frame)
         assert isinstance(request, Request)
-        ctx = RequestContext(
-            request.id, request.method, self.attachment, self.services, self.registry
-        )
+        ctx = RequestContext(self.attachment, self.services, self.registry)
         reply: bytes = await self.router.dispatch(ctx, request)
         return reply
 

@@ -12,7 +12,6 @@ from websockets.exceptions import InvalidStatus
 
 from exec_server.transport.http_gate import UpgradeGate
 from exec_server.transport.ws_auth import (
-    Authenticator,
     AuthRefused,
     CapabilityToken,
     bearer_token,
@@ -22,7 +21,7 @@ TOKEN = "gate-token-0123456789"
 
 
 async def test_the_gate_works_as_the_library_servers_process_request_hook() -> None:
-    gate = UpgradeGate(Authenticator(CapabilityToken(hashlib.sha256(TOKEN.encode()).digest())))
+    gate = UpgradeGate(CapabilityToken(hashlib.sha256(TOKEN.encode()).digest(), None))
     seen: list[object] = []
 
     async def handler(conn: ServerConnection) -> None:

@@ -1,16 +1,9 @@
 """Send an :class:`HttpRequest` with httpx; stream its body under one total deadline.
 
-:class:`HttpClient` is shared by every connection of a server (connection
-pools are per client). Two httpx clients sit behind it: one that honours the
-ambient proxy variables of the executor (``HTTP_PROXY``, ``NO_PROXY``...) and
-one that goes direct, used for literal loopback addresses. Neither adds
-default headers of its own beyond ``accept: */*`` (appended when the caller
-sent none) and, on a followed redirect, ``referer``; neither decodes content
-encodings: the body is forwarded as received.
-
-A response's body is read only as fast as the caller asks for it
-(:meth:`HttpResponse.chunks`), so a slow consumer holds back the sender
-instead of buffering it here.
+Two httpx clients: one honours the executor's proxy variables, one goes direct
+(literal loopback addresses). No default headers beyond ``accept: */*`` and a
+redirect's ``referer``; no content decoding; the body is read only as fast as
+the caller asks for it.
 """
 
 from __future__ import annotations
@@ -33,27 +26,23 @@ __all__ = ["BODY_ERROR_TEXT", "EXPIRED_TEXT", "MAX_REDIRECTS", "HttpClient", "Ht
 MAX_REDIRECTS: Final = 10
 #: what a broken body reports (reqwest's wording, which upstream forwards).
 BODY_ERROR_TEXT: Final = "error decoding response body"
-#: a request whose deadline has passed before it is sent (``timeoutMs: 0``), upstream's words.
+#: a request whose deadline passed before it is sent (``timeoutMs: 0``), upstream's words.
 EXPIRED_TEXT: Final = "route-aware request timed out"
-#: largest piece :meth:`HttpResponse.chunks` yields (the client refuses bigger frames).
 MAX_CHUNK: Final = 1 << 20
 
 
-#: the URL a followed redirect came from, for its ``referer`` (one ``send`` at a time per task).
+#: the URL a followed redirect came from, for its ``referer``.
 _REDIRECTED_FROM: contextvars.ContextVar[httpx.URL | None] = contextvars.ContextVar(
     "redirected_from", default=None
 )
 
 
 async def _note_redirect(response: httpx.Response) -> None:
-    """Response hook: remember where a redirect came from."""
     _REDIRECTED_FROM.set(response.request.url if response.has_redirect_location else None)
 
 
 async def _add_referer(request: httpx.Request) -> None:
-    """Request hook: a followed redirect carries ``referer`` (as reqwest, upstream's
-    client, sends it): the previous URL without credentials or fragment, and none
-    from https to http."""
+    """A followed redirect carries ``referer`` as reqwest (upstream's client) sends it."""
     previous = _REDIRECTED_FROM.get()
     if previous is None or (previous.scheme == "https" and request.url.scheme == "http"):
         return
@@ -68,46 +57,28 @@ def _is_loopback_literal(host: str) -> bool:
         return False
 
 
-def _visible(value: bytes) -> bool:
-    """``HeaderValue::to_str``'s rule: tab and 0x20-0x7e only."""
-    return all(0x20 <= b < 0x7F or b == 0x09 for b in value)
-
-
 class HttpResponse:
-    """A response whose head has arrived; the body is read on demand.
-
-    Attributes:
-        status: the HTTP status code.
-        headers: ``(name, value)`` pairs in arrival order, names lower case;
-            values that are not visible ASCII are left out.
-    """
+    """A response whose head has arrived; ``headers`` keep visible-ASCII values only."""
 
     def __init__(self, response: httpx.Response, deadline: float | None) -> None:
         self._response = response
         self._deadline = deadline
         self.status = response.status_code
-        self.headers = [
+        self.headers = [  # ``HeaderValue::to_str``'s rule: tab and 0x20-0x7e only
             (name.decode("ascii", "replace").lower(), value.decode("ascii"))
             for name, value in response.headers.raw
-            if _visible(value)
+            if all(0x20 <= b < 0x7F or b == 0x09 for b in value)
         ]
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives, in pieces of at most 1 MiB.
-
-        Raises:
-            HttpBodyFailed: the body broke off (short of its length, reset, the deadline).
-        """
+        """The body as it arrives, in pieces of at most 1 MiB; HttpBodyFailed if it breaks off."""
         raw = aiter(self._response.aiter_raw())
         assert isinstance(raw, AsyncGenerator)
         try:
             while True:
                 try:
-                    if self._deadline is None:
+                    async with asyncio.timeout_at(self._deadline):
                         chunk = await anext(raw)
-                    else:
-                        async with asyncio.timeout_at(self._deadline):
-                            chunk = await anext(raw)
                 except StopAsyncIteration:
                     return
                 except (httpx.HTTPError, TimeoutError, OSError):
@@ -118,32 +89,25 @@ class HttpResponse:
             await raw.aclose()
 
     async def read(self) -> bytes:
-        """The whole body (for buffered requests).
-
-        Raises:
-            HttpBodyFailed: as :meth:`chunks`.
-        """
-        parts = [chunk async for chunk in self.chunks()]
-        return b"".join(parts)
+        return b"".join([chunk async for chunk in self.chunks()])
 
     async def aclose(self) -> None:
-        """Release the connection (a partly read body closes it)."""
         with contextlib.suppress(httpx.HTTPError, OSError):
             await self._response.aclose()
 
 
 class HttpClient:
-    """Sends requests; create once per server (or per local backend), then :meth:`aclose`."""
+    """Sends requests; one per server (its connection pools are shared), then :meth:`aclose`."""
 
     def __init__(self) -> None:
-        self._ambient: httpx.AsyncClient | None = None
-        self._direct: httpx.AsyncClient | None = None
+        #: by "goes direct": literal loopback addresses skip the ambient proxy variables.
+        self._clients: dict[bool, httpx.AsyncClient] = {}
 
     def _client(self, url: httpx.URL) -> httpx.AsyncClient:
         direct = _is_loopback_literal(url.host)
-        client = self._direct if direct else self._ambient
+        client = self._clients.get(direct)
         if client is None:
-            client = httpx.AsyncClient(
+            client = self._clients[direct] = httpx.AsyncClient(
                 timeout=None,  # one total deadline instead, applied here
                 max_redirects=MAX_REDIRECTS,
                 # Long-lived streams (an MCP server's SSE GET) must not starve
@@ -153,19 +117,10 @@ class HttpClient:
                 event_hooks={"request": [_add_referer], "response": [_note_redirect]},
             )
             client.headers.clear()
-            if direct:
-                self._direct = client
-            else:
-                self._ambient = client
         return client
 
     async def send(self, request: HttpRequest) -> HttpResponse:
-        """Send ``request`` and wait for the response head.
-
-        Raises:
-            HttpRequestFailed: no head arrived (refused, DNS, TLS, too many
-                redirects, the deadline).
-        """
+        """Send ``request`` and wait for the response head; HttpRequestFailed if none comes."""
         loop = asyncio.get_running_loop()
         deadline = None if request.timeout is None else loop.time() + request.timeout
         url = httpx.URL(request.url)
@@ -191,7 +146,6 @@ class HttpClient:
         return HttpResponse(response, deadline)
 
     async def aclose(self) -> None:
-        for client in (self._ambient, self._direct):
-            if client is not None:
-                await client.aclose()
-        self._ambient = self._direct = None
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.aclose()

@@ -14,8 +14,6 @@ __all__ = ["HttpBodyFailed", "HttpError", "HttpRequestFailed", "HttpRequestInval
 
 
 class HttpError(Exception):
-    """Base of every error this package raises."""
-
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
@@ -26,7 +24,7 @@ class HttpRequestInvalid(HttpError):
 
 
 class HttpRequestFailed(HttpError):
-    """The request got no response head; ``message`` is ``http/request failed: <cause>``."""
+    """The request got no response head."""
 
     def __init__(self, cause: str) -> None:
         super().__init__(f"http/request failed: {cause}")

@@ -1,9 +1,5 @@
-"""Validate an outgoing request as upstream does (PROTOCOL_CURRENT.md §9.1, §9.4, §9.6).
-
-Pure: takes decoded values and the environment to read, returns an
-:class:`HttpRequest` ready to send or raises :class:`HttpRequestInvalid`.
-Checks run in upstream's order: method, URL, scheme, then each header
-(name, environment variable, value).
+"""Validate an outgoing request as upstream does, in its order (PROTOCOL_CURRENT.md §9.1,
+§9.4, §9.6): method, URL, scheme, then each header (name, environment variable, value).
 """
 
 from __future__ import annotations
@@ -15,16 +11,10 @@ from typing import Final
 
 from exec_server.http.errors import HttpRequestInvalid
 
-__all__ = [
-    "DENIED_ENV_VARS",
-    "HeaderSpec",
-    "HttpRequest",
-    "build_request",
-]
+__all__ = ["DENIED_ENV_VARS", "HeaderSpec", "HttpRequest", "build_request"]
 
-#: Credentials of the executor itself that a header may never carry (compared
-#: case-insensitively): upstream 0.163's list (our server reads
-#: no secret from its environment, so it adds none).
+#: Credentials of the executor that a header may never carry (case-insensitive):
+#: upstream 0.163's list.
 DENIED_ENV_VARS: Final = frozenset(
     {
         "CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN",
@@ -64,13 +54,13 @@ class HeaderSpec:
 
 @dataclass(frozen=True, slots=True)
 class HttpRequest:
-    """A validated request. ``headers`` keep the caller's order and repeats."""
+    """A validated request. ``headers`` keep the caller's order and repeats;
+    ``timeout``: total seconds (connect, head and body)."""
 
     method: str
     url: str
     headers: tuple[tuple[bytes, bytes], ...]
     body: bytes | None
-    #: total deadline in seconds (connect, head and whole body); None = none.
     timeout: float | None
     follow_redirects: bool
 
@@ -100,11 +90,6 @@ def _check_url(url: str) -> str:
     return text
 
 
-def _valid_value(value: bytes) -> bool:
-    """``http::HeaderValue``'s rule: visible bytes, space, tab and obs-text; no other controls."""
-    return all((b >= 0x20 and b != 0x7F) or b == 0x09 for b in value)
-
-
 def _header(spec: HeaderSpec, environ: Mapping[str, str]) -> tuple[bytes, bytes]:
     name = spec.name
     if _TOKEN.fullmatch(name) is None:
@@ -128,7 +113,8 @@ def _header(spec: HeaderSpec, environ: Mapping[str, str]) -> tuple[bytes, bytes]
             )
         value += found
     raw = value.encode("utf-8", "surrogateescape")
-    if not _valid_value(raw):
+    # ``http::HeaderValue``'s rule: visible bytes, space, tab and obs-text
+    if not all((b >= 0x20 and b != 0x7F) or b == 0x09 for b in raw):
         raise HttpRequestInvalid(
             f"http/request header value is invalid for {name}: failed to parse header value"
         )
@@ -144,20 +130,10 @@ def build_request(
     follow_redirects: bool,
     environ: Mapping[str, str],
 ) -> HttpRequest:
-    """Validate and resolve one request.
-
-    Raises:
-        HttpRequestInvalid: with upstream's text for the first check that fails.
-    """
+    """HttpRequestInvalid: upstream's text for the first check that fails."""
     if _TOKEN.fullmatch(method) is None:
         raise HttpRequestInvalid("http/request method is invalid: invalid HTTP method")
     checked_url = _check_url(url)
     resolved = tuple(_header(spec, environ) for spec in headers)
-    return HttpRequest(
-        method=method,
-        url=checked_url,
-        headers=resolved,
-        body=body,
-        timeout=None if timeout_ms is None else timeout_ms / 1000,
-        follow_redirects=follow_redirects,
-    )
+    timeout = None if timeout_ms is None else timeout_ms / 1000
+    return HttpRequest(method, checked_url, resolved, body, timeout, follow_redirects)

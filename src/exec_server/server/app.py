@@ -1,10 +1,7 @@
 """The exec-server process: the method table, listening, serving, shutdown.
 
-:class:`ExecServer` holds what every connection shares (config, services,
-sessions, router) and makes one
-:class:`~exec_server.server.connection.ConnectionProcessor` per connection;
-:func:`run_server` serves stdio or a WebSocket listener until SIGTERM/SIGINT
-(SIGHUP re-reads the auth token or secret file).
+:class:`ExecServer` holds what every connection shares; :func:`run_server` serves
+stdio or a WebSocket listener until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from exec_server.server.router import RequestContext, Router
 from exec_server.server.services import ServerServices
 from exec_server.server.session import SessionRegistry
 from exec_server.transport.base import MessageTransport
-from exec_server.transport.listen import STDIO, ListenAddress, format_ws_url, parse_listen_url
+from exec_server.transport.listen import ListenAddress, parse_listen_url
 from exec_server.transport.stdio import open_stdio
 
 if TYPE_CHECKING:  # the listener's modules load with the listener: stdio does without
@@ -44,12 +41,7 @@ if TYPE_CHECKING:  # the listener's modules load with the listener: stdio does w
 
     from exec_server.transport.websocket import WebSocketTransport
 
-__all__ = [
-    "ExecServer",
-    "build_router",
-    "handle_initialize",
-    "run_server",
-]
+__all__ = ["ExecServer", "build_router", "handle_initialize", "run_server"]
 
 logger = logging.getLogger("exec_server.server")
 
@@ -75,7 +67,6 @@ async def handle_initialize(ctx: RequestContext, params: InitializeParams) -> In
 
 
 def build_router() -> Router:
-    """The full method table: lifecycle plus every feature module."""
     router = Router()
     router.add("initialize", InitializeParams, handle_initialize, None)
     env_handlers.register(router)
@@ -96,7 +87,6 @@ class ExecServer:
         self.router = build_router()
         self.services.capabilities = advertised_capabilities(self.router.methods)
         env_handlers.provider_id()  # reads our source files: now, not on a request
-        #: every processor made (and not yet collected), for :meth:`close_connections`.
         self._processors: weakref.WeakSet[ConnectionProcessor] = weakref.WeakSet()
 
     def processor(self, transport: MessageTransport) -> ConnectionProcessor:
@@ -108,21 +98,13 @@ class ExecServer:
 
     def close_connections(self, reason: str = "server shutting down") -> None:
         """End every connection: requests in progress are cancelled, sessions detach.
-
-        Closing the sockets is not enough: a connection busy with a request
-        notices EOF only by reading ahead, and a socket whose peer does not
-        read never finishes closing.
-        """
+        (Closing the sockets is not enough: a busy connection notices EOF late.)"""
         for processor in list(self._processors):
             processor.close(reason)
 
     async def handle_websocket(self, conn: WebSocketTransport) -> None:
-        """Per-connection handler: one processor per upgraded socket.
-
-        A connection opened with a signed token is closed (1008) when the
-        token expires, unlike upstream, which keeps it open: its session
-        detaches, and resuming it needs a fresh token.
-        """
+        """One processor per upgraded socket. A connection opened with a signed token
+        is closed (1008) when the token expires (upstream keeps it open)."""
         processor = self.processor(conn)
         expiry: asyncio.TimerHandle | None = None
         expires_at = conn.grant.expires_at
@@ -138,13 +120,7 @@ class ExecServer:
     async def listen_websocket(
         self, address: ListenAddress, listener: Listener | None = None
     ) -> WsServer:
-        """Bind and start accepting; the caller closes the returned server
-        (``close()`` closes every connection, ``wait_closed()`` waits for them).
-
-        Raises:
-            AuthConfigError, ListenerRefused: without ``listener``, the config's
-                auth and TLS flags do not allow this address.
-        """
+        """Bind and start accepting; the caller closes the returned server."""
         from exec_server.transport.websocket import serve_websocket
 
         if listener is None:
@@ -159,7 +135,6 @@ class ExecServer:
         )
 
     async def aclose(self) -> None:
-        """Kill every session's processes and release services."""
         self.close_connections()
         await self.registry.aclose()
         await self.services.aclose()
@@ -173,24 +148,15 @@ def _expire(processor: ConnectionProcessor) -> None:
 async def run_server(
     config: ServerConfig, *, announce: Callable[[str], None] | None = None
 ) -> None:
-    """Run until SIGTERM/SIGINT (or stdin EOF with ``--listen stdio``).
-
-    ``announce`` receives the bound ``ws://IP:PORT`` (``wss://`` with TLS; the
-    CLI prints it). SIGHUP re-reads the auth token or secret file.
-
-    Raises:
-        ListenUrlError: bad ``config.listen``.
-        AuthConfigError, ListenerRefused: the auth or TLS flags cannot start a
-            server on this address (before anything is bound).
-        OSError: the address cannot be bound.
-    """
+    """Run until SIGTERM/SIGINT (or stdin EOF with ``--listen stdio``); SIGHUP re-reads
+    the auth token or secret file. ``announce`` receives the bound ``ws://IP:PORT``.
+    Bad flags raise before anything is bound."""
     target = parse_listen_url(config.listen)
     listener: Listener | None = None
-    if target == STDIO:
-        check_stdio(config)
-    else:
-        assert isinstance(target, ListenAddress)
+    if isinstance(target, ListenAddress):
         listener = prepare_listener(config, target)
+    else:
+        check_stdio(config)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -198,7 +164,7 @@ async def run_server(
     server = ExecServer(config)
     server.services.start_warming()
     try:
-        if target == STDIO:
+        if not isinstance(target, ListenAddress) or listener is None:
             transport = await open_stdio("exec-server stdio", config.max_message_size)
             conn = asyncio.create_task(server.processor(transport).run())
             stopper = asyncio.create_task(stop.wait())
@@ -207,13 +173,14 @@ async def run_server(
                 task.cancel()
             await asyncio.gather(conn, stopper, return_exceptions=True)
         else:
-            assert isinstance(target, ListenAddress) and listener is not None
             ws_server = await server.listen_websocket(target, listener)
             sock = next(iter(ws_server.sockets))
             host, port = sock.getsockname()[:2]
             loop.add_signal_handler(signal.SIGHUP, reload_authenticator, listener)
             if announce is not None:
-                announce(format_ws_url(host, port, scheme=listener.scheme))
+                scheme = "wss" if listener.ssl_context is not None else "ws"
+                address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                announce(f"{scheme}://{address}")
             try:
                 await stop.wait()
             finally:

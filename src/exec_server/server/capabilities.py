@@ -1,15 +1,7 @@
 """The one place ``environmentInfo.capabilities`` is decided (PROTOCOL_CURRENT.md §3.3).
 
-The client takes a true flag as a promise: it sends requests a server
-without the feature would misread, or drops its own fallback. So a flag is
-advertised only when every method behind it is served by this server's
-router; a flag without an entry in :data:`REQUIRED_METHODS` is never
-advertised. Adding a feature = registering its handlers and naming its flag
-here (``tests/server/test_capabilities.py`` then checks that the flag is served).
-
-Not here, deliberately false: ``networkProxyLaunch``, ``shellSnapshotV2``,
-``capabilityDiscovery*`` (not implemented), ``windowsMxc`` (Windows only),
-and the two ``linux*`` sandbox-behaviour flags (SANDBOX.md work).
+The client takes a true flag as a promise, so a flag is advertised only when its
+router serves every method in :data:`REQUIRED_METHODS`; other flags stay false.
 """
 
 from __future__ import annotations

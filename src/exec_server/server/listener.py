@@ -1,10 +1,8 @@
 """Start-up checks for the WebSocket listener: who may connect, and over what.
 
 Whatever reaches the listener can run commands as the server's user, so a
-listener that is not loopback-only must authenticate (stricter than upstream,
-whose exec-server binds any address without auth): the server refuses to
-start otherwise unless ``--dangerously-allow-unauthenticated-network`` says
-so, and then logs a warning. TLS (``wss://``) comes from the stdlib ``ssl``.
+non-loopback listener must authenticate unless
+``--dangerously-allow-unauthenticated-network`` (stricter than upstream).
 """
 
 from __future__ import annotations
@@ -18,20 +16,15 @@ from exec_server.config import ServerConfig
 from exec_server.exceptions import os_error_message
 from exec_server.transport.http_gate import UpgradeGate
 from exec_server.transport.listen import ListenAddress
-from exec_server.transport.ws_auth import AuthConfigError, Authenticator, load_authenticator
+from exec_server.transport.ws_auth import AuthConfigError, load_authenticator
 
 __all__ = [
-    "INSECURE_FLAG",
-    "Listener",
-    "ListenerRefused",
-    "check_stdio",
-    "prepare_listener",
+    "INSECURE_FLAG", "Listener", "ListenerRefused", "check_stdio", "prepare_listener",
     "reload_authenticator",
 ]
 
 logger = logging.getLogger("exec_server.server")
 
-#: the flag that allows an unauthenticated non-loopback listener.
 INSECURE_FLAG = "--dangerously-allow-unauthenticated-network"
 
 
@@ -41,26 +34,12 @@ class ListenerRefused(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Listener:
-    """What the WebSocket listener is built with."""
-
     gate: UpgradeGate
     ssl_context: ssl.SSLContext | None
 
-    @property
-    def authenticator(self) -> Authenticator | None:
-        return self.gate.authenticator
-
-    @property
-    def scheme(self) -> str:
-        return "wss" if self.ssl_context is not None else "ws"
-
 
 def check_stdio(config: ServerConfig) -> None:
-    """stdio has no HTTP layer: the WebSocket-only flags are refused (upstream's text).
-
-    Raises:
-        AuthConfigError, ListenerRefused
-    """
+    """stdio has no HTTP layer: AuthConfigError, ListenerRefused for WebSocket-only flags."""
     load_authenticator(config.ws_auth, stdio=True)
     if config.tls_cert_file is not None:
         raise ListenerRefused("TLS requires a WebSocket listener, not stdio")
@@ -84,12 +63,7 @@ def _tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
 
 
 def prepare_listener(config: ServerConfig, address: ListenAddress) -> Listener:
-    """Validate the auth and TLS flags against the address, read their files once.
-
-    Raises:
-        AuthConfigError: upstream's start-up refusals for ``--ws-*`` flags.
-        ListenerRefused: a non-loopback address without authentication, or bad TLS files.
-    """
+    """Validate the auth and TLS flags against the address, read their files once."""
     authenticator = load_authenticator(config.ws_auth, stdio=False)
     loopback = ipaddress.ip_address(address.host).is_loopback
     if not loopback and authenticator is None:
@@ -112,8 +86,8 @@ def prepare_listener(config: ServerConfig, address: ListenAddress) -> Listener:
 
 
 def reload_authenticator(listener: Listener) -> None:
-    """SIGHUP: read the token or secret file again; a bad file keeps the old one."""
-    authenticator = listener.authenticator
+    """SIGHUP: a bad file keeps the old one."""
+    authenticator = listener.gate.authenticator
     if authenticator is None:
         return
     try:

@@ -1,8 +1,4 @@
-"""``process/output``, ``process/exited``, ``process/closed``: the wire form of process events.
-
-The process manager reports numbered events (``process.events``); a session
-attached to a connection sends them through :func:`notifier`.
-"""
+"""``process/output``, ``process/exited``, ``process/closed``: the wire form of process events."""
 
 from __future__ import annotations
 
@@ -28,12 +24,11 @@ NotificationSend = Callable[[str, msgspec.Struct], Awaitable[bool | None]]
 
 
 def denial(verdict: bool | None) -> bool | msgspec.UnsetType:
-    """``sandboxDenied``: unset for a process that reports no verdict (legacy shape)."""
+    """``sandboxDenied``: unset without a verdict (legacy shape)."""
     return msgspec.UNSET if verdict is None else verdict
 
 
 def notification(event: ProcessEvent) -> tuple[str, msgspec.Struct]:
-    """The ``process/*`` notification (method, params) of one manager event."""
     if isinstance(event, Output):
         return NOTIFY_OUTPUT, OutputNotification(
             process_id=event.process_id, seq=event.seq, stream=event.stream, chunk=event.data
@@ -49,7 +44,7 @@ def notification(event: ProcessEvent) -> tuple[str, msgspec.Struct]:
 
 
 def notifier(send: NotificationSend) -> EventSink:
-    """An event sink for :meth:`ProcessManager.set_sink` that sends notifications."""
+    """An event sink for :meth:`ProcessManager.set_sink`."""
 
     async def sink(event: ProcessEvent) -> bool | None:
         method, params = notification(event)

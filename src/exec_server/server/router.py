@@ -1,10 +1,7 @@
 """Method table, params decoding, gating and error translation (PROTOCOL.md §3.2-§3.5, §4.3).
 
-Feature modules call :meth:`Router.add` from their ``register(router)``.
-:meth:`Router.dispatch` is the one place where typed exceptions from
-:mod:`exec_server.exceptions` become JSON-RPC error objects; any other
-exception is logged with its traceback and answered ``-32603 internal error``
-(nothing of it reaches the peer).
+:meth:`Router.dispatch` is the one place handler exceptions become JSON-RPC
+errors; an unexpected one is logged and answered ``-32603 internal error``.
 """
 
 from __future__ import annotations
@@ -23,8 +20,8 @@ from exec_server.exceptions import (
     ExecServerError,
     InvalidRequestError,
     ProtocolClosedError,
-    from_domain_error,
     params_error_text,
+    wire_error,
 )
 from exec_server.protocol.codec import (
     decode_error_text,
@@ -40,39 +37,27 @@ from exec_server.protocol.handshake import (
     method_not_found_text,
 )
 from exec_server.protocol.json_span import StringSpan
-from exec_server.protocol.messages import Request, RequestId
+from exec_server.protocol.messages import Request
 from exec_server.server.services import ServerServices
 from exec_server.server.session import Attachment, Session, SessionRegistry
 from exec_server.transport.base import Outbound
 
-__all__ = [
-    "INTERNAL_ERROR_TEXT",
-    "Handler",
-    "RequestContext",
-    "Route",
-    "Router",
-]
+__all__ = ["INTERNAL_ERROR_TEXT", "RequestContext", "Route", "Router"]
 
 logger = logging.getLogger("exec_server.server")
 
 P = TypeVar("P")
 R = TypeVar("R", bound=msgspec.Struct)
 
-#: ``async def handler(ctx, params) -> ResultStruct``
-Handler = Callable[["RequestContext", P], Awaitable[R]]
-
 INTERNAL_ERROR_TEXT: Final = "internal error"
-#: a logged argv is cut to this many characters.
 _LOGGED_ARGV_CHARS: Final = 300
 _clock = time.monotonic
 
 
 def _log_request(request: Request, params: Any, started: float | None,
                  error: Exception | None) -> None:
-    """One line per request at debug: method, id, process id, argv or path,
-    duration, outcome. Never data (file contents, stdin chunks) or the
-    environment (secrets live there). A failed ``process/start`` is logged at
-    info, so it shows without debug."""
+    """One line per request at debug (a failed ``process/start`` at info); never data
+    or the environment (secrets live there)."""
     level = logging.DEBUG
     if error is not None and request.method == "process/start":
         level = logging.INFO
@@ -105,26 +90,13 @@ def _log_request(request: Request, params: Any, started: float | None,
 class RequestContext:
     """What a handler may use besides its params.
 
-    Attributes:
-        request_id: the id being answered.
-        method: the method name.
-        services: server-wide services (``config``, ``sandbox``, ``fs_sandbox``).
-        attachment: this connection's state (handshake, session, sink).
-        registry: the process-wide session registry.
-        span: a big ``fs/writeFile``'s ``dataBase64`` text, left in its message
-            by the codec (its params hold ``""`` for it); None for any other request.
+    ``span`` is a big ``fs/writeFile``'s ``dataBase64`` text, left in its message
+    by the codec (its params hold ``""`` for it); None for any other request.
     """
 
     def __init__(
-        self,
-        request_id: RequestId,
-        method: str,
-        attachment: Attachment,
-        services: ServerServices,
-        registry: SessionRegistry,
+        self, attachment: Attachment, services: ServerServices, registry: SessionRegistry
     ) -> None:
-        self.request_id = request_id
-        self.method = method
         self.attachment = attachment
         self.services = services
         self.registry = registry
@@ -141,56 +113,37 @@ class RequestContext:
 
     @property
     def replied(self) -> asyncio.Event:
-        """Set once this request's answer was handed to the transport (or never will be).
-
-        Work a handler leaves running after its result (a streamed HTTP body)
-        waits for it, so its notifications follow the answer on the wire.
-        """
+        """Set once the answer was handed to the transport: work left running after
+        the result (a streamed HTTP body) waits for it, to follow the answer."""
         if self._replied is None:
             self._replied = asyncio.Event()
         return self._replied
 
     def mark_replied(self) -> None:
-        """The connection calls this once the answer was handed over (or dropped)."""
         if self._replied is not None:
             self._replied.set()
 
     @property
     def session(self) -> Session:
-        """The attached session (gating guarantees one for gated families).
-
-        Raises:
-            InvalidRequestError: no session (only reachable from ungated methods).
-        """
+        """The attached session (gating guarantees one for gated families)."""
         session = self.attachment.session
         if session is None:
             raise InvalidRequestError(NO_SESSION)
         return session
 
     def ensure_attached(self) -> None:
-        """Re-check after a wait that this connection still owns its session (§4.3).
-
-        Raises:
-            InvalidRequestError: ``session has been resumed by another connection``.
-        """
+        """Re-check after a wait that this connection still owns its session (§4.3)."""
         if not self.attachment.attached:
             raise InvalidRequestError(SESSION_RESUMED)
 
     def unblock(self) -> None:
-        """Let the connection dispatch its next messages while this handler waits.
-
-        Requests run one at a time in arrival order (the reference behaviour,
-        PROTOCOL.md §2.7). A handler registered with ``may_block=True`` (a
-        long-poll ``process/read``) calls this after its ordered part
-        (validation, lookups) so later requests of the same connection are
-        not delayed. A no-op for inline handlers.
-        """
+        """A ``may_block`` handler calls this after its ordered part (validation), so
+        later requests of the connection go on while it waits."""
         self.released.set()
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    method: str
     decoder: msgspec.json.Decoder[Any]
     handler: Callable[[RequestContext, Any], Awaitable[msgspec.Struct]]
     family: Family
@@ -204,28 +157,17 @@ class Router:
         self._routes: dict[str, Route] = {}
 
     def add(
-        self,
-        method: str,
-        params_type: type[P] | Any,
-        handler: Callable[[RequestContext, P], Awaitable[R]],
-        family: Family,
-        *,
+        self, method: str, params_type: type[P] | Any,
+        handler: Callable[[RequestContext, P], Awaitable[R]], family: Family, *,
         may_block: bool = False,
     ) -> None:
-        """Register ``handler`` for ``method``.
-
-        ``may_block=True`` marks a handler that can wait long (a long poll):
-        it runs in its own task and may call ``ctx.unblock()`` so the
-        connection reads on. Other handlers run inline, in order.
-
-        Raises:
-            ValueError: the method is already registered.
-        """
+        """``may_block=True``: a handler that can wait long (a long poll) runs in its
+        own task and may call ``ctx.unblock()``; others run inline, in order."""
         if method in self._routes:
             raise ValueError(f"method {method!r} registered twice")
         # made now (~0.2 ms each), not on the method's first request
         decoder = msgspec.json.Decoder(params_type)
-        self._routes[method] = Route(method, decoder, handler, family, may_block)
+        self._routes[method] = Route(decoder, handler, family, may_block)
 
     def may_block(self, method: str) -> bool:
         route = self._routes.get(method)
@@ -239,12 +181,7 @@ class Router:
         return sorted(self._routes)
 
     async def dispatch(self, ctx: RequestContext, request: Request) -> Outbound:
-        """Handle one request and return the encoded Response or Error.
-
-        Raises:
-            ProtocolClosedError: the connection must be closed unanswered.
-            asyncio.CancelledError: the connection went away.
-        """
+        """The encoded Response or Error; ProtocolClosedError: close unanswered."""
         route = self._routes.get(request.method)
         if route is None:
             return encode_error(
@@ -268,17 +205,13 @@ class Router:
 
     @staticmethod
     def _params(ctx: RequestContext, route: Route, request: Request) -> Any:
-        """Decode and gate; raises what :meth:`_error` answers."""
         try:
             params = decode_params(request.params, route.decoder)
         except msgspec.ValidationError:
             raise  # a ValidationError is a DecodeError too: -32602, as it says
         except (msgspec.DecodeError, RecursionError) as exc:
-            # The envelope was JSON, but not the params in it: the envelope's
-            # reader skips over them without checking their text (invalid
-            # UTF-8 in a string), or they nest deeper than the decoder goes.
-            # Upstream reads the whole message at once and answers id -1; we
-            # know the id, so the request gets its answer.
+            # The envelope was JSON but not its params (skipped unchecked: invalid
+            # UTF-8, or nested too deep). Upstream answers id -1; we know the id.
             raise InvalidRequestError(
                 malformed_message_text(
                     ctx.attachment.kind,
@@ -294,16 +227,11 @@ class Router:
 
     @staticmethod
     def _error(request: Request, exc: Exception) -> bytes:
-        """The one place handler exceptions become JSON-RPC errors."""
-        if isinstance(exc, ExecServerError):
-            return encode_error(request.id, exc.code, exc.message)
-        wire = from_domain_error(exc)
+        wire = wire_error(exc)
         if wire is not None:
             return encode_error(request.id, wire.code, wire.message)
         if isinstance(exc, msgspec.ValidationError):
             # bad params, or a handler decoding a nested raw member (a sandbox object)
             return encode_error(request.id, ErrorCode.INVALID_PARAMS, params_error_text(str(exc)))
-        logger.error(
-            "handler for %s (id %r) failed", request.method, request.id, exc_info=exc
-        )
+        logger.error("handler for %s (id %r) failed", request.method, request.id, exc_info=exc)
         return encode_error(request.id, ErrorCode.INTERNAL_ERROR, INTERNAL_ERROR_TEXT)

@@ -1,17 +1,8 @@
-"""Resumable sessions ("contexts") and which connection each is attached to.
+"""Resumable sessions and which connection each is attached to (PROTOCOL.md §4.4-§4.5).
 
-PROTOCOL.md §4.4-§4.5. One :class:`SessionRegistry` per server process maps
-``sessionId`` to a :class:`Session` owning a process manager. A connection
-gets an :class:`Attachment` (its internal id and notification sink); a
-session is attached to at most one connection. On disconnect the session is
-detached: notifications stop, processes keep running and buffering for
-``config.detach_ttl``, then an expiry task shuts them down unless a
-connection resumed the session in the meantime.
-
-Choice (CLIENT_COMPAT.md §1.1): resuming an attached session answers
-``-32600`` (the target/legacy code, which PROTOCOL.md's tests expect), where
-upstream 0.163 answers ``-32010`` with the same text: the current client never
-resumes in the recorded scenarios.
+A detached session's processes keep running and buffering for ``config.detach_ttl``,
+then are shut down unless a connection resumed it. Resuming an attached session
+answers ``-32600`` where upstream 0.163 answers ``-32010`` (CLIENT_COMPAT.md §1.1).
 """
 
 from __future__ import annotations
@@ -25,11 +16,7 @@ from exec_server.exceptions import InvalidRequestError
 from exec_server.fs.handles import FileHandles
 from exec_server.fs.pool import shared_pool
 from exec_server.process.manager import ProcessManager
-from exec_server.protocol.handshake import (
-    Handshake,
-    already_attached_text,
-    unknown_session_text,
-)
+from exec_server.protocol.handshake import Handshake, already_attached_text, unknown_session_text
 from exec_server.server.notifications import NotificationSend, notifier
 
 __all__ = ["Attachment", "Session", "SessionRegistry"]
@@ -46,13 +33,13 @@ class Session:
         self.attached_to: str | None = None
         self.last_detached: str | None = None
         self.detach_deadline: float | None = None
-        #: set whenever the attachment changes, so long polls can re-check.
+        #: set whenever the attachment changes, so long polls re-check.
         self.attachment_changed = asyncio.Event()
-        #: set once the session is removed and its processes are shut down.
         self.closed = asyncio.Event()
 
-    def is_attached_to(self, connection_id: str) -> bool:
-        return self.attached_to == connection_id
+    def changed(self) -> None:
+        self.attachment_changed.set()
+        self.attachment_changed = asyncio.Event()
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id} attached_to={self.attached_to}>"
@@ -61,38 +48,26 @@ class Session:
 class Attachment:
     """Per-connection state: handshake, attached session, notification sink."""
 
-    def __init__(
-        self,
-        label: str,
-        sink: NotificationSend,
-        *,
-        kind: str = "websocket",
-    ) -> None:
+    def __init__(self, label: str, sink: NotificationSend, *, kind: str = "websocket") -> None:
         self.connection_id = uuid.uuid4().hex
         self.label = label
-        #: the transport's kind (``websocket`` or ``line``), for error texts.
         self.kind = kind
         self.sink = sink
         self.handshake = Handshake()
         self.session: Session | None = None
-        #: work that lives as long as this connection, by name (streamed HTTP
-        #: bodies by ``requestId``): cancelled when the connection ends, and
-        #: never carried over by a resume.
+        #: work that lives as long as this connection (streamed HTTP bodies), by name.
         self.streams: dict[str, asyncio.Future[None]] = {}
-        #: this connection's ``fs/open`` handles (made on first use, closed with it).
         self.file_handles: FileHandles | None = None
 
     def close_file_handles(self) -> None:
-        """Close this connection's file handles (it ended), in a worker thread:
-        closing a descriptor may flush to a slow device."""
+        """In a worker: closing a descriptor may flush to a slow device."""
         handles, self.file_handles = self.file_handles, None
         if handles is not None:
             shared_pool().submit(_ignore_result, handles.close_all)
 
     @property
     def attached(self) -> bool:
-        """True while this connection is the one attached to its session."""
-        return self.session is not None and self.session.is_attached_to(self.connection_id)
+        return self.session is not None and self.session.attached_to == self.connection_id
 
     @property
     def evicted(self) -> bool:
@@ -116,25 +91,17 @@ class SessionRegistry:
         #: sessions being shut down (``_remove``): awaited, never cancelled.
         self._closing: set[asyncio.Task[None]] = set()
 
-    def __len__(self) -> int:
-        return len(self._sessions)
-
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 
     def create(self, attachment: Attachment) -> Session:
-        """Create a fresh session (UUID v4) and attach ``attachment`` to it."""
         session = Session(str(uuid.uuid4()), ProcessManager(self._config))
         self._sessions[session.session_id] = session
         self._attach(session, attachment)
         return session
 
     async def resume(self, session_id: str, attachment: Attachment) -> Session:
-        """Reattach a detached session (§4.1).
-
-        Raises:
-            InvalidRequestError: unknown or expired id, or attached elsewhere.
-        """
+        """Reattach a detached session (§4.1)."""
         session = self._sessions.get(session_id)
         if session is None:
             raise InvalidRequestError(unknown_session_text(session_id))
@@ -150,15 +117,14 @@ class SessionRegistry:
     def detach(self, attachment: Attachment) -> None:
         """The connection ended: stop notifications, start the TTL (§4.4)."""
         session = attachment.session
-        if session is None or not session.is_attached_to(attachment.connection_id):
+        if session is None or session.attached_to != attachment.connection_id:
             return
         session.processes.set_sink(None)
         session.attached_to = None
         session.last_detached = attachment.connection_id
         loop = asyncio.get_running_loop()
         session.detach_deadline = loop.time() + self._config.detach_ttl
-        session.attachment_changed.set()
-        session.attachment_changed = asyncio.Event()
+        session.changed()
         task = loop.create_task(self._expire_later(session, attachment.connection_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -174,16 +140,14 @@ class SessionRegistry:
         sessions = list(self._sessions.values())
         self._sessions.clear()
         for session in sessions:
-            await self._shutdown_processes(session)
-            session.closed.set()
+            await self._close(session)
 
     def _attach(self, session: Session, attachment: Attachment) -> None:
         session.attached_to = attachment.connection_id
         session.detach_deadline = None
         session.processes.set_sink(notifier(attachment.sink))
         attachment.session = session
-        session.attachment_changed.set()
-        session.attachment_changed = asyncio.Event()
+        session.changed()
 
     async def _expire_later(self, session: Session, connection_id: str) -> None:
         loop = asyncio.get_running_loop()
@@ -206,21 +170,17 @@ class SessionRegistry:
     async def _remove(self, session: Session) -> None:
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
-        # In a task of its own: a caller cancelled meanwhile (an ``initialize``
-        # whose connection went away, an expiry timer at server shutdown) must
-        # not leave the processes killed but unreaped and the guard running.
+        # In a task of its own: a caller cancelled meanwhile must not leave the
+        # processes killed but unreaped.
         task = asyncio.get_running_loop().create_task(self._close(session))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
         await asyncio.shield(task)
 
-    async def _close(self, session: Session) -> None:
-        await self._shutdown_processes(session)
-        session.closed.set()
-
     @staticmethod
-    async def _shutdown_processes(session: Session) -> None:
+    async def _close(session: Session) -> None:
         try:
             await session.processes.shutdown()
         except Exception:
             logger.exception("shutting down processes of session %s failed", session.session_id)
+        session.closed.set()

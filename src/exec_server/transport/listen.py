@@ -1,9 +1,7 @@
 """``--listen`` URL parsing with upstream's exact error texts (PROTOCOL.md §2.2).
 
-``ws://IP:PORT`` only: IPv4 ``a.b.c.d:port`` or bracketed IPv6 ``[::1]:port``;
-host names, a missing port and any path are rejected. ``stdio`` (and
-``stdio://``, as later upstream versions spell it) selects line framing on
-stdin/stdout.
+``ws://IP:PORT`` only (IPv6 in brackets; no host names, no path), or ``stdio``
+(``stdio://`` as later upstream versions spell it).
 """
 
 from __future__ import annotations
@@ -12,9 +10,8 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["STDIO", "ListenAddress", "ListenUrlError", "format_ws_url", "parse_listen_url"]
+__all__ = ["STDIO", "ListenAddress", "ListenUrlError", "parse_listen_url"]
 
-#: returned by :func:`parse_listen_url` for the stdio transport.
 STDIO: Final = "stdio"
 
 
@@ -24,57 +21,27 @@ class ListenUrlError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ListenAddress:
-    """A socket address to bind."""
-
     host: str
     port: int
 
 
-def format_ws_url(host: str, port: int, *, scheme: str = "ws") -> str:
-    """``ws://IP:PORT`` (or ``wss://``); IPv6 in brackets."""
-    if ":" in host:
-        return f"{scheme}://[{host}]:{port}"
-    return f"{scheme}://{host}:{port}"
-
-
-def _parse_port(text: str) -> int | None:
-    if not text.isascii() or not text.isdigit():
-        return None
-    port = int(text)
-    return port if port <= 0xFFFF else None
-
-
 def _parse_socket_addr(text: str) -> ListenAddress | None:
-    host: ipaddress.IPv4Address | ipaddress.IPv6Address
-    if text.startswith("["):
-        close = text.find("]")
-        if close < 0 or text[close + 1 : close + 2] != ":":
-            return None
-        host_text, port_text = text[1:close], text[close + 2 :]
-        try:
-            host = ipaddress.IPv6Address(host_text)
-        except ValueError:
-            return None
-    else:
-        host_text, sep, port_text = text.rpartition(":")
-        if not sep:
-            return None
-        try:
-            host = ipaddress.IPv4Address(host_text)
-        except ValueError:
-            return None
-    port = _parse_port(port_text)
-    if port is None:
+    host_text, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isascii() or not port_text.isdigit() or int(port_text) > 0xFFFF:
         return None
-    return ListenAddress(str(host), port)
+    host: ipaddress.IPv4Address | ipaddress.IPv6Address
+    try:
+        if host_text.startswith("[") and host_text.endswith("]"):
+            host = ipaddress.IPv6Address(host_text[1:-1])
+        else:
+            host = ipaddress.IPv4Address(host_text)
+    except ValueError:
+        return None
+    return ListenAddress(str(host), int(port_text))
 
 
 def parse_listen_url(url: str) -> ListenAddress | str:
-    """Parse a ``--listen`` value into an address, or :data:`STDIO`.
-
-    Raises:
-        ListenUrlError: with upstream's text.
-    """
+    """A ``--listen`` value as an address, or :data:`STDIO`; ListenUrlError: upstream's text."""
     if url in ("stdio", "stdio://"):
         return STDIO
     prefix = "ws://"

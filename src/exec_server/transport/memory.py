@@ -11,26 +11,19 @@ __all__ = ["MemoryTransport", "memory_pair"]
 
 
 class MemoryTransport:
-    """One end of an in-process pair (tests, embedding); line-framing error texts."""
+    """One end of an in-process pair; line-framing error texts."""
 
     kind = "line"
+    hangup_fd = None  # EOF arrives as a message
 
     def __init__(
-        self,
-        inbound: asyncio.Queue[bytes | None],
-        outbound: asyncio.Queue[bytes | None],
-        *,
+        self, inbound: asyncio.Queue[bytes | None], outbound: asyncio.Queue[bytes | None], *,
         label: str,
     ) -> None:
         self.label = label
         self._inbound = inbound
         self._outbound = outbound
         self.closed = False
-
-    @property
-    def hangup_fd(self) -> None:
-        """No descriptor: EOF arrives as a message."""
-        return None
 
     async def receive(self) -> Inbound:
         if self.closed:
@@ -46,8 +39,7 @@ class MemoryTransport:
         await self._outbound.put(bytes(data) if isinstance(data, bytearray) else data)
 
     def refuse(self, reason: str) -> None:
-        """No close reason to carry: the peer just sees EOF."""
-        del reason
+        del reason  # no close reason to carry: the peer sees EOF
 
     async def aclose(self) -> None:
         """Close both directions: the peer sees EOF, our reader stops."""

@@ -1,7 +1,6 @@
 """Newline-delimited JSON on a byte stream: ``--listen stdio`` (PROTOCOL.md §2.6).
 
-An oversized line is discarded chunk by chunk: no more than the limit is ever
-buffered.
+An oversized line is discarded chunk by chunk: no more than the limit is buffered.
 """
 
 from __future__ import annotations
@@ -23,44 +22,34 @@ from exec_server.transport.base import (
 __all__ = ["StreamTransport", "open_stdio"]
 
 _READ_CHUNK: Final = 1 << 20
-#: A line at least this long is handed over in the buffer it was read into
-#: (what follows it is copied out instead), when that copies less.
+#: A line at least this long is handed over in the buffer it was read into, when
+#: copying out what follows it copies less.
 _HAND_OVER_MIN: Final = 64 << 10
 
 
 class StreamTransport:
-    """Newline-delimited JSON over a byte stream (PROTOCOL.md §2.6).
+    """Newline-delimited JSON over a byte stream; blank lines are ignored.
 
-    Blank lines are ignored; EOF means disconnect; each write is flushed.
-
-    Big lines are not copied whole (a copy of a 32 MiB ``fs/readFile``
-    reply costs ~35 MiB of peak memory): a long line read is returned in the
-    buffer it was gathered in, and a long line sent is fed to the pipe 1 MiB
-    at a time as it drains, instead of asyncio's pipe transport copying its
-    unsent rest into its own buffer.
+    Big lines are not copied whole: one read is returned in the buffer it was
+    gathered in, one sent is fed to the pipe 1 MiB at a time as it drains
+    (asyncio's pipe transport would copy its unsent rest).
     """
 
     kind = "line"
 
     def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        label: str,
-        max_message_size: int,
-        hangup_fd: int | None = None,
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, label: str,
+        max_message_size: int, hangup_fd: int | None = None,
     ) -> None:
         self.reader = reader
         self.writer = writer
         self.label = label
         self.max_message_size = max_message_size
-        #: the descriptor the peer's leaving shows on (stdin's); None: unknown.
         self.hangup_fd = hangup_fd
         self._buffer = bytearray()
         self._scanned = 0
         self._eof = False
-        #: the line being fed (:meth:`send`), with every later one chained behind it.
+        #: the line being fed (:meth:`send`), every later one chained behind it.
         self._feeding: asyncio.Future[None] | None = None
 
     async def receive(self) -> Inbound:
@@ -142,15 +131,12 @@ class StreamTransport:
         writer = self.writer
         if writer.is_closing():
             raise ConnectionResetError("stream closed")
-        if len(data) <= FEED_MIN:
-            writer.write(data)
-        else:
-            with memoryview(data) as view:
-                for start in range(0, len(view), FEED):
-                    if writer.is_closing():
-                        raise ConnectionResetError("stream closed")
-                    writer.write(view[start : start + FEED])
-                    await writer.drain()
+        with memoryview(data) as view:
+            for start in range(0, len(view), FEED):
+                if writer.is_closing():
+                    raise ConnectionResetError("stream closed")
+                writer.write(view[start : start + FEED])
+                await writer.drain()
         writer.write(b"\n")
         await writer.drain()
 
@@ -161,8 +147,7 @@ class StreamTransport:
             feed.exception()  # seen by its sender, if it still waits; no "never retrieved"
 
     def refuse(self, reason: str) -> None:
-        """A line stream has no close reason: the peer just sees EOF."""
-        del reason
+        del reason  # a line stream has no close reason
 
     async def aclose(self) -> None:
         if not self.writer.is_closing():
@@ -172,7 +157,7 @@ class StreamTransport:
 
 
 async def open_stdio(label: str, max_message_size: int) -> StreamTransport:
-    """The process's stdin and stdout as one transport (neither is closed with it)."""
+    """stdin and stdout as one transport (neither is closed with it)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 20)
     await loop.connect_read_pipe(

@@ -1,21 +1,10 @@
-"""The WebSocket listener: ``websockets.asyncio.server.serve`` with our upgrade gate,
-and :class:`WebSocketTransport`, the adapter each upgraded connection is served through.
+"""The WebSocket listener (``websockets.asyncio.server.serve`` behind our
+:class:`~exec_server.transport.http_gate.UpgradeGate`) and :class:`WebSocketTransport`.
 
-The library owns the wire: the HTTP upgrade, framing, Pong replies, the
-closing handshake, and closing every connection when the server closes. Every
-HTTP request first meets :class:`~exec_server.transport.http_gate.UpgradeGate` as the
-library's ``process_request`` hook (Origin refusal, ``/readyz``, paths,
-authentication). Each upgraded connection is handed to the handler as a
-:class:`WebSocketTransport`.
-
-Settings, and why: no compression (upstream negotiates none, and it would
-cost CPU and copies on every message); no server pings (clients ping if they
-want to); TCP_NODELAY on accepted sockets (small request/response messages);
-no message size limit in the library but a *frame* limit, so an oversized
-message is discarded by the transport fragment by fragment (reported as
-:class:`~exec_server.transport.base.OversizedMessage`, answered with a JSON-RPC
-error) while a single frame over the frame limit closes the connection with
-1009: the library buffers a frame whole, so that is the memory guard.
+No compression (upstream negotiates none), no server pings, TCP_NODELAY. No
+message size limit in the library but a *frame* limit (it buffers a frame
+whole): an oversized message is discarded fragment by fragment and answered
+with a JSON-RPC error, a frame over the limit closes with 1009.
 """
 
 from __future__ import annotations
@@ -44,16 +33,11 @@ from exec_server.transport.base import (
 from exec_server.transport.http_gate import UpgradeGate
 from exec_server.transport.ws_auth import Grant
 
-__all__ = [
-    "WRITE_LIMIT",
-    "WebSocketTransport",
-    "serve_websocket",
-]
+__all__ = ["WRITE_LIMIT", "WebSocketTransport", "serve_websocket"]
 
 logger = logging.getLogger("exec_server.transport")
-#: the library's own handshake and frame messages. Its debug lines quote every
-#: frame, i.e. file contents, environments and tokens, which must never reach a
-#: log: only its warnings and errors pass (the gate logs each upgrade once).
+#: the library's own messages: its debug lines quote every frame (file contents,
+#: tokens), which must never reach a log.
 wire_logger = logging.getLogger("exec_server.transport.wire")
 wire_logger.setLevel(logging.WARNING)
 
@@ -66,58 +50,40 @@ Handler = Callable[["WebSocketTransport"], Awaitable[None]]
 
 
 def _set_nodelay(sock: socket.socket | None) -> None:
-    """Disable Nagle on a TCP socket (small request/response messages)."""
     if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def _close_reason(text: str) -> str:
-    """``text`` cut to the 123 UTF-8 bytes a close frame's reason holds, on a
-    character boundary."""
-    return text.encode(errors="replace")[:123].decode(errors="ignore")
-
-
 class WebSocketTransport:
     """Adapter over a websockets asyncio connection.
 
-    Sends Text frames (a message over :data:`FEED_MIN` as a fragmented message
-    of :data:`FEED` pieces, so the library never holds a framed copy of all
-    of it); accepts Text and Binary frames, without checking UTF-8 (the JSON
-    decoder rejects bad text with a JSON-RPC error).
+    A message over :data:`FEED_MIN` is sent in :data:`FEED` fragments (no framed
+    copy of all of it); Text and Binary frames are accepted, UTF-8 unchecked (the
+    JSON decoder answers bad text).
     """
 
     kind = "websocket"
 
     def __init__(
-        self,
-        ws: Connection,
-        *,
-        label: str,
-        max_message_size: int,
-        grant: Grant | None = None,
+        self, ws: Connection, *, label: str, max_message_size: int, grant: Grant | None = None
     ) -> None:
         self.ws = ws
         self.label = label
         self.max_message_size = max_message_size
-        #: what the upgrade was accepted with (a signed token's expiry).
         self.grant = grant if grant is not None else Grant()
-        #: the close frame :meth:`aclose` sends (code, reason).
         self._close_with: tuple[int, str] = (1000, "")
 
     @property
     def hangup_fd(self) -> int | None:
-        """The socket's descriptor, which shows the peer leaving while nobody reads;
-        None once it is closed."""
         sock = self.ws.transport.get_extra_info("socket")
         fd = sock.fileno() if sock is not None else -1
         return fd if fd >= 0 else None
 
     async def receive(self) -> Inbound:
         limit = self.max_message_size
-        # The first fragment, then (from the second) a bytearray grown in place: a
-        # list joined at the end would hold the message twice.
+        # From the second fragment, a bytearray grown in place (a join holds it twice).
         body: bytes | bytearray = b""
         size = 0
         head = b""
@@ -154,15 +120,13 @@ class WebSocketTransport:
             raise ConnectionResetError(str(exc)) from exc
 
     def refuse(self, reason: str) -> None:
-        """Close with 1008 (policy violation) and ``reason`` instead of a normal
-        closure: the peer broke the JSON-RPC protocol (PROTOCOL.md §3.5) and learns
-        how. ``reason`` is cut to the 123 bytes a close frame holds."""
-        self._close_with = (1008, _close_reason(reason))
+        """Close with 1008 (policy violation) and ``reason`` (PROTOCOL.md §3.5), cut to
+        the 123 UTF-8 bytes a close frame holds."""
+        self._close_with = (1008, reason.encode(errors="replace")[:123].decode(errors="ignore"))
 
     async def aclose(self) -> None:
-        """Closing handshake (1000, or what :meth:`refuse` set); the TCP connection
-        is aborted if it has not ended after :data:`CLOSE_TIMEOUT` (a peer that
-        does not read leaves the close frame stuck behind a full write buffer)."""
+        """Closing handshake; aborted after :data:`CLOSE_TIMEOUT` (a peer that does
+        not read leaves the close frame stuck behind a full write buffer)."""
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT):
                 await self.ws.close(*self._close_with)
@@ -170,17 +134,11 @@ class WebSocketTransport:
             self.ws.transport.abort()
 
 
-
 class _BoundedConnection(ServerConnection):
-    """A connection that stops reading while its write buffer is full.
-
-    The library answers every ping at once and writes whatever the buffer
-    holds, so a client that pings (or sends requests) without reading the
-    answers would grow the server's write buffer without bound: 300,000 pings
-    kept ~35 MiB. Reading pauses instead until the buffer drains, and TCP holds
-    the client back. The library pauses reading for its own reason too (its
-    queue of received messages is full): reading resumes only once neither
-    reason holds.
+    """A connection that stops reading while its write buffer is full: else a client
+    that pings without reading the Pongs grows the buffer without bound. The
+    library pauses reading for its own reason too (its queue is full): reading
+    resumes only once neither reason holds.
     """
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -224,30 +182,17 @@ async def serve_websocket(
     port: int,
     *,
     max_message_size: int,
-    frame_limit: int | None = None,
     gate: UpgradeGate | None = None,
     ssl: ssl_module.SSLContext | None = None,
 ) -> Server:
     """Listen on ``host:port``; ``handler(transport)`` runs once per upgraded connection.
 
-    The caller closes the returned server (``close()`` closes every connection
-    with 1001, ``wait_closed()`` waits for the handlers); a peer that does not
-    complete a closing handshake is cut off after :data:`CLOSE_TIMEOUT`.
-
-    Args:
-        max_message_size: a bigger message is discarded as it arrives and
-            reported as :class:`~exec_server.transport.base.OversizedMessage`;
-            the connection stays.
-        frame_limit: a single frame bigger than this fails the connection with
-            1009 (the library buffers a frame whole). Default
-            ``2 * max_message_size + 1 MiB``: the slack keeps a small limit from
-            closing connections for the 1 MiB fragments clients commonly send.
-        gate: what every HTTP request meets before the upgrade (default:
-            refuse Origin, no authentication).
-        ssl: serve TLS (``wss://``) with this context.
+    A frame over ``2 * max_message_size + 1 MiB`` closes with 1009 (the slack
+    keeps a small limit from refusing the 1 MiB fragments clients send). The
+    caller closes the returned server.
     """
     upgrade_gate = gate if gate is not None else UpgradeGate()
-    limit = frame_limit if frame_limit is not None else 2 * max_message_size + (1 << 20)
+    limit = 2 * max_message_size + (1 << 20)
 
     async def connection(ws: ServerConnection) -> None:
         _set_nodelay(ws.transport.get_extra_info("socket"))

@@ -1,15 +1,8 @@
-"""``environmentInfo``, ``environment/info``, ``environment/status`` and
-``environmentConfig/read`` for the current client (CLIENT_COMPAT.md §2-§3,
-PROTOCOL_CURRENT.md §3, §10).
+"""``environmentInfo``, ``environment/info``, ``environment/status``, ``environmentConfig/read``
+(CLIENT_COMPAT.md §2-§3, PROTOCOL_CURRENT.md §3, §10).
 
-Only the current generation reads these, so every path is a ``file://`` URI
-(except ``shell.path``, a plain native path). ``capabilities`` are what
-``server/capabilities.py`` decided from the served methods.
-``executorVersion`` is our own version; ``providerId`` names our build (a
-digest of the package's source, the same on every host running it);
-``prependPathDirs`` is empty: the server ships no helper tools and prepends
-nothing to ``PATH``. ``environmentConfig/read`` returns the host's config
-layers (:mod:`exec_server.hostconfig`), read off the event loop.
+Only the current client reads these, so paths are ``file://`` URIs (``shell.path``
+excepted); ``prependPathDirs`` is empty: the server prepends nothing to ``PATH``.
 """
 
 from __future__ import annotations
@@ -33,22 +26,13 @@ from exec_server.protocol.messages import EnvironmentCapabilities, EnvironmentIn
 from exec_server.protocol.paths import PathForm, parse_wire_path, render_path
 from exec_server.server.router import RequestContext, Router
 
-__all__ = [
-    "EnvironmentConfigReadParams",
-    "EnvironmentConfigReadResult",
-    "EnvironmentStatusResult",
-    "NoParams",
-    "cached_environment_info",
-    "environment_info",
-    "provider_id",
-    "register",
-]
+__all__ = ["cached_environment_info", "environment_info", "provider_id", "register"]
 
 _SHELLS: Final = (("bash", "/bin/bash"), ("zsh", "/bin/zsh"), ("sh", "/bin/sh"))
 
 
 class NoParams(msgspec.Struct, frozen=True):
-    """Params of methods that take none (``{}`` or ``null``)."""
+    pass
 
 
 class EnvironmentStatusResult(msgspec.Struct, frozen=True):
@@ -84,25 +68,10 @@ def _uri(path: str) -> str:
     return render_path(os.path.abspath(path), PathForm.URI)
 
 
-def _platform_os() -> str:
-    """Rust's ``std::env::consts::OS`` spelling."""
-    return "macos" if sys.platform == "darwin" else sys.platform.rstrip("0123456789")
-
-
-def _shell() -> ShellInfo:
-    for name, path in _SHELLS:
-        if os.access(path, os.X_OK):
-            return ShellInfo(name, path)
-    return ShellInfo("sh", "/bin/sh")
-
-
 @functools.cache
 def provider_id() -> str:
-    """``sha256:<hex>`` over this package's source files (paths and contents, sorted).
-
-    Identical wherever the same build runs, different for another build, as
-    upstream's digest of its binary. Computed once per process.
-    """
+    """``sha256:<hex>`` over this package's source files: names the build, as upstream's
+    digest of its binary."""
     root = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
@@ -111,29 +80,28 @@ def provider_id() -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def environment_info(
-    capabilities: EnvironmentCapabilities | None = None,
-) -> EnvironmentInfo:
-    """Describe this server's host for the current client."""
+def environment_info(capabilities: EnvironmentCapabilities) -> EnvironmentInfo:
     tmpdir = os.environ.get("TMPDIR")
     home = os.path.expanduser("~")
+    shells = (ShellInfo(name, path) for name, path in _SHELLS if os.access(path, os.X_OK))
+    # Rust's ``std::env::consts::OS`` spelling
+    platform_os = "macos" if sys.platform == "darwin" else sys.platform.rstrip("0123456789")
     return EnvironmentInfo(
-        shell=_shell(),
+        shell=next(shells, ShellInfo("sh", "/bin/sh")),
         executor_version=__version__,
         provider_id=provider_id(),
         cwd=_uri(os.getcwd()),
         user_home_dir=_uri(home) if home.startswith("/") else None,
-        platform_os=_platform_os(),
+        platform_os=platform_os,
         temporary_directories=[_uri(tmpdir)] if tmpdir else [],
         temp_dir=_uri(tmpdir or "/tmp"),
         prepend_path_dirs=[],
-        capabilities=capabilities or EnvironmentCapabilities(),
+        capabilities=capabilities,
     )
 
 
 async def cached_environment_info(ctx: RequestContext) -> EnvironmentInfo:
-    """The host description, computed once per server (it does not change), in a
-    thread: it looks at the filesystem (which shell is installed)."""
+    """Computed once per server, in a thread (it looks for the shell on disk)."""
     services = ctx.services
     info = services.environment_info
     if info is None:
@@ -181,7 +149,7 @@ def _wire_layers(layers: list[HostConfigLayer]) -> ConfigLayers:
 
 
 def register(router: Router) -> None:
-    """Add the environment methods (ungated, like upstream's)."""
+    """Ungated, like upstream's."""
     router.add("environment/info", NoParams | None, handle_environment_info, None)
     router.add("environment/status", NoParams | None, handle_environment_status, None)
     router.add(

@@ -1,12 +1,8 @@
 """``fs/*`` request handlers: wire structs <-> :class:`FileSystemService` calls.
 
-Each handler parses its path members (plain absolute path or ``file://`` URI,
-lexically normalised; PROTOCOL.md §5.2, CLIENT_COMPAT.md §1.3), turns the raw
-``sandbox`` member into a route, and calls the shared service. Answers follow
-the generation of the request's primary path (CLIENT_COMPAT.md §1.2): a URI
-request gets ``isSymlink``/``size`` in ``fs/getMetadata`` and ``-32600 path
-`/x` is not a file`` for ``fs/readFile`` of a directory; paths in results use
-the request's form.
+Answers follow the generation of the request's primary path (CLIENT_COMPAT.md
+§1.2): a ``file://`` request gets ``isSymlink``/``size`` in ``fs/getMetadata`` and
+``-32600`` for ``fs/readFile`` of a directory; result paths use the request's form.
 """
 
 from __future__ import annotations
@@ -23,11 +19,7 @@ from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 from exec_server.fs import direct as ops
 from exec_server.fs.context import route_for
 from exec_server.fs.direct import lossy_name
-from exec_server.fs.service import (
-    FileSystemService,
-    NoFollowCall,
-    Route,
-)
+from exec_server.fs.service import NoFollowCall, Route
 from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.protocol.base64_text import (
     Undecodable,
@@ -39,72 +31,39 @@ from exec_server.protocol.base64_text import (
     stray_bits,
 )
 from exec_server.protocol.json_span import StringSpan
-from exec_server.protocol.paths import (
-    PathForm,
-    WirePath,
-    parse_wire_path,
-    render_path,
-    uri_quote,
-)
+from exec_server.protocol.paths import PathForm, parse_wire_path, render_path, uri_quote
 from exec_server.protocol.types import fs as t
 from exec_server.protocol.types.sandbox import decode_fs_sandbox
 from exec_server.server.router import RequestContext, Router
 
-__all__ = [
-    "decode_data_base64",
-    "filesystem_service",
-    "register",
-    "sandbox_route",
-]
+__all__ = ["decode_data_base64", "register", "sandbox_route"]
 
-#: Payloads up to this size are (de)coded on the event loop; bigger ones in a
-#: worker thread, so a 64 MiB transfer never stalls other connections.
+#: Payloads up to this size are (de)coded on the event loop; bigger ones in a worker.
 INLINE_CODEC_LIMIT: Final = 256 * 1024
 
 _bytes_decoder: Final = msgspec.json.Decoder(bytes)
 
 
-def _service(ctx: RequestContext) -> FileSystemService:
-    """The server's filesystem service (made on first use, then kept on the services)."""
-    services = ctx.services
-    service = services.fs_service
-    if service is None:
-        service = services.fs_service = FileSystemService(services.fs_sandbox)
-    return service
+async def sandbox_route(ctx: RequestContext, raw: t.SandboxField) -> Route:
+    return await route_for(decode_fs_sandbox(t.sandbox_raw(raw)), ctx.services.fs_service.pool)
 
-
-async def _route(ctx: RequestContext, raw: t.SandboxField) -> Route:
-    return await route_for(decode_fs_sandbox(t.sandbox_raw(raw)), _service(ctx).pool)
-
-
-#: for the other fs handler modules (file handles)
-filesystem_service = _service
-sandbox_route = _route
 
 _BACKSLASH: Final = re.compile(rb"\\")
 
 
 def _invalid_base64(error: object) -> InvalidRequestError:
-    """Upstream's -32600 for a ``dataBase64`` it would not decode, naming ``error``."""
     return InvalidRequestError(f"fs/writeFile requires valid base64 dataBase64: {error}")
 
 
 def decode_data_base64(raw: msgspec.Raw) -> bytes:
-    """Decode ``dataBase64`` straight from its raw JSON token (no intermediate ``str``).
-
-    Raises:
-        InvalidParamsError: the member is not a JSON string (-32602).
-        InvalidRequestError: the string is not canonical padded standard base64
-            (-32600, ``fs/writeFile requires valid base64 dataBase64: <error>``,
-            upstream's wording).
-    """
+    """Decode ``dataBase64`` straight from its raw JSON token (no intermediate ``str``);
+    -32602 for a non-string, upstream's -32600 for non-canonical base64."""
     refused: msgspec.ValidationError | None = None
     try:
         decoded = _bytes_decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        # Kept without its traceback, which holds this frame (and so the whole
-        # text and its decoding, which this frame holds): a cycle only the
-        # collector would free.
+        # Without its traceback, which holds this frame (the text and its
+        # decoding): a cycle only the collector would free.
         refused = exc.with_traceback(None)
     except msgspec.DecodeError as exc:  # not UTF-8 text: bad base64 all the same
         raise _invalid_base64(exc) from exc
@@ -112,8 +71,7 @@ def decode_data_base64(raw: msgspec.Raw) -> bytes:
         token = memoryview(raw)
         if _BACKSLASH.search(token) is None and not stray_bits(token, 1, len(token) - 1):
             return decoded
-        # An escape hides the text's last characters, or its last symbol has stray
-        # bits: judge the text itself.
+        # An escape hides the last characters, or stray bits: judge the text itself.
     try:
         text = msgspec.json.decode(raw, type=str)
     except msgspec.ValidationError:
@@ -130,11 +88,8 @@ def decode_data_base64(raw: msgspec.Raw) -> bytes:
 
 
 def span_payload(span: StringSpan) -> ops.Payload:
-    """A big request's ``dataBase64`` (left in its message by the codec) as the
-    writing worker takes it: decoded a slice at a time as it is written, so the
-    GIL goes back to the event loop between slices and the decoded file is never
-    held whole. A bad slice stops the write (its temp file is dropped) with
-    upstream's error for the whole text."""
+    """A big ``dataBase64`` decoded a slice at a time as the worker writes it: the
+    GIL goes back to the loop between slices and the file is never held whole."""
     text, start, end = span.data, span.start, span.end
     if stray_bits(text, start, end):
         raise _invalid_base64(error_text(memoryview(text)[start:end]))
@@ -150,12 +105,11 @@ def span_payload(span: StringSpan) -> ops.Payload:
 
 
 def read_text(data: bytes) -> t.ReadFileText:
-    """A big ``fs/readFile`` result, encoded a slice at a time (in a worker)."""
+    """A big ``fs/readFile`` result, encoded in a worker."""
     return t.ReadFileText(data_base64=msgspec.Raw(encode_quoted(data)))
 
 
 def read_text_pieces(pieces: Iterable[memoryview], size: int) -> t.ReadFileText:
-    """:func:`read_text` of a file given as it is read (in the worker reading it)."""
     return t.ReadFileText(data_base64=msgspec.Raw(encode_pieces_quoted(pieces, size)))
 
 
@@ -163,20 +117,17 @@ async def read_file(
     ctx: RequestContext, params: t.ReadFileParams
 ) -> t.ReadFileResult | t.ReadFileText:
     path = parse_wire_path(params.path)
-    service = _service(ctx)
-    route = await _route(ctx, params.sandbox)
+    service = ctx.services.fs_service
+    route = await sandbox_route(ctx, params.sandbox)
     if params.follow_symlinks is False:
         data = await service.read_file_no_follow(path.path, route)
         if len(data) > INLINE_CODEC_LIMIT:
             return await service.pool.run(read_text, data)
         return t.ReadFileResult(data_base64=data)
+    uri = path.form is PathForm.URI
+    pieces = read_text_pieces
     result = await service.read_file_mapped(
-        path.path,
-        read_text,
-        INLINE_CODEC_LIMIT,
-        route,
-        regular_only=path.form is PathForm.URI,
-        map_pieces=read_text_pieces,
+        path.path, read_text, INLINE_CODEC_LIMIT, route, regular_only=uri, map_pieces=pieces
     )
     if isinstance(result, bytes):
         return t.ReadFileResult(data_base64=result)
@@ -185,8 +136,8 @@ async def read_file(
 
 async def write_file(ctx: RequestContext, params: t.WriteFileParams) -> t.EmptyResult:
     path = parse_wire_path(params.path)
-    route = await _route(ctx, params.sandbox)
-    service = _service(ctx)
+    route = await sandbox_route(ctx, params.sandbox)
+    service = ctx.services.fs_service
     span = ctx.span
     raw = params.data_base64
     following = params.follow_symlinks is not False
@@ -208,28 +159,26 @@ async def write_file(ctx: RequestContext, params: t.WriteFileParams) -> t.EmptyR
 
 
 async def create_directory(ctx: RequestContext, params: t.CreateDirectoryParams) -> t.EmptyResult:
-    path = parse_wire_path(params.path)
-    recursive = True if params.recursive is None else params.recursive
-    route = await _route(ctx, params.sandbox)
+    path = parse_wire_path(params.path).path
+    recursive = params.recursive is not False
+    route = await sandbox_route(ctx, params.sandbox)
+    service = ctx.services.fs_service
     if params.follow_symlinks is False:
-        call = NoFollowCall(t.METHOD_CREATE_DIRECTORY, path.path, recursive=recursive)
-        await _service(ctx).no_follow(call, route)
+        call = NoFollowCall(t.METHOD_CREATE_DIRECTORY, path, recursive=recursive)
+        await service.no_follow(call, route)
     else:
-        await _service(ctx).create_directory(path.path, route, recursive=recursive)
+        await service.create_directory(path, route, recursive=recursive)
     return t.EmptyResult()
 
 
 async def get_metadata(ctx: RequestContext, params: t.GetMetadataParams) -> t.GetMetadataResult:
     path = parse_wire_path(params.path)
-    route = await _route(ctx, params.sandbox)
+    route = await sandbox_route(ctx, params.sandbox)
+    service = ctx.services.fs_service
     if params.follow_symlinks is False:
-        meta = await _service(ctx).get_metadata_no_follow(path.path, route)
+        meta = await service.get_metadata_no_follow(path.path, route)
     else:
-        meta = await _service(ctx).get_metadata(path.path, route)
-    return _metadata_result(path, meta)
-
-
-def _metadata_result(path: WirePath, meta: ops.Metadata) -> t.GetMetadataResult:
+        meta = await service.get_metadata(path.path, route)
     uri = path.form is PathForm.URI  # only a current client gets isSymlink and size
     return t.GetMetadataResult(
         is_directory=meta.is_directory,
@@ -245,11 +194,8 @@ async def read_directory(
     ctx: RequestContext, params: t.ReadDirectoryParams
 ) -> t.ReadDirectoryResult:
     path = parse_wire_path(params.path)
-    entries = await _service(ctx).read_directory(path.path, await _route(ctx, params.sandbox))
-    return _directory_result(entries)
-
-
-def _directory_result(entries: list[ops.DirEntry]) -> t.ReadDirectoryResult:
+    route = await sandbox_route(ctx, params.sandbox)
+    entries = await ctx.services.fs_service.read_directory(path.path, route)
     return t.ReadDirectoryResult(
         entries=[
             t.DirectoryEntry(
@@ -261,30 +207,30 @@ def _directory_result(entries: list[ops.DirEntry]) -> t.ReadDirectoryResult:
 
 
 async def remove(ctx: RequestContext, params: t.RemoveParams) -> t.EmptyResult:
-    path = parse_wire_path(params.path)
-    route = await _route(ctx, params.sandbox)
-    recursive = True if params.recursive is None else params.recursive
-    force = True if params.force is None else params.force
+    path = parse_wire_path(params.path).path
+    route = await sandbox_route(ctx, params.sandbox)
+    recursive = params.recursive is not False
+    force = params.force is not False
     if params.follow_symlinks is False:
-        call = NoFollowCall(t.METHOD_REMOVE, path.path, recursive=recursive, force=force)
-        await _service(ctx).no_follow(call, route)
+        call = NoFollowCall(t.METHOD_REMOVE, path, recursive=recursive, force=force)
+        await ctx.services.fs_service.no_follow(call, route)
     else:
-        await _service(ctx).remove(path.path, route, recursive=recursive, force=force)
+        await ctx.services.fs_service.remove(path, route, recursive=recursive, force=force)
     return t.EmptyResult()
 
 
 async def copy(ctx: RequestContext, params: t.CopyParams) -> t.EmptyResult:
-    source = parse_wire_path(params.source_path)
-    destination = parse_wire_path(params.destination_path)
-    await _service(ctx).copy(
-        source.path, destination.path, await _route(ctx, params.sandbox), recursive=params.recursive
-    )
+    source = parse_wire_path(params.source_path).path
+    destination = parse_wire_path(params.destination_path).path
+    route = await sandbox_route(ctx, params.sandbox)
+    await ctx.services.fs_service.copy(source, destination, route, recursive=params.recursive)
     return t.EmptyResult()
 
 
 async def canonicalize(ctx: RequestContext, params: t.CanonicalizeParams) -> t.CanonicalizeResult:
     path = parse_wire_path(params.path)
-    resolved = await _service(ctx).canonicalize(path.path, await _route(ctx, params.sandbox))
+    route = await sandbox_route(ctx, params.sandbox)
+    resolved = await ctx.services.fs_service.canonicalize(path.path, route)
     if path.form is PathForm.PLAIN:
         resolved = lossy_name(resolved)  # JSON strings cannot carry raw bytes
     return t.CanonicalizeResult(path=path.render(resolved))
@@ -292,16 +238,9 @@ async def canonicalize(ctx: RequestContext, params: t.CanonicalizeParams) -> t.C
 
 async def walk(ctx: RequestContext, params: t.WalkParams) -> t.WalkResult:
     path = parse_wire_path(params.path)
-    o = params.options
-    options = WalkOptions(
-        max_depth=o.max_depth,
-        max_directories=o.max_directories,
-        max_entries=o.max_entries,
-        follow_directory_symlinks=o.follow_directory_symlinks,
-        prune_hidden_directories=o.prune_hidden_directories,
-    )
-    service = _service(ctx)
-    outcome = await service.walk(path.path, options, await _route(ctx, params.sandbox))
+    options = WalkOptions(**msgspec.structs.asdict(params.options))  # the same five members
+    service = ctx.services.fs_service
+    outcome = await service.walk(path.path, options, await sandbox_route(ctx, params.sandbox))
     if len(outcome.entries) > _WALK_INLINE_ENTRIES:
         return await service.pool.run(_walk_result, path.form, outcome)
     return _walk_result(path.form, outcome)
@@ -337,22 +276,11 @@ def _walk_result(form: PathForm, outcome: WalkOutcome) -> t.WalkResult:
 
 
 def register(router: Router) -> None:
-    """Add every ``fs/*`` method (family ``filesystem``, PROTOCOL.md §4.3)."""
     router.add(t.METHOD_READ_FILE, t.ReadFileParams, read_file, "filesystem")
     router.add(t.METHOD_WRITE_FILE, t.WriteFileParams, write_file, "filesystem")
-    router.add(
-        t.METHOD_CREATE_DIRECTORY,
-        t.CreateDirectoryParams,
-        create_directory,
-        "filesystem",
-    )
+    router.add(t.METHOD_CREATE_DIRECTORY, t.CreateDirectoryParams, create_directory, "filesystem")
     router.add(t.METHOD_GET_METADATA, t.GetMetadataParams, get_metadata, "filesystem")
-    router.add(
-        t.METHOD_READ_DIRECTORY,
-        t.ReadDirectoryParams,
-        read_directory,
-        "filesystem",
-    )
+    router.add(t.METHOD_READ_DIRECTORY, t.ReadDirectoryParams, read_directory, "filesystem")
     router.add(t.METHOD_REMOVE, t.RemoveParams, remove, "filesystem")
     router.add(t.METHOD_COPY, t.CopyParams, copy, "filesystem")
     router.add(t.METHOD_CANONICALIZE, t.CanonicalizeParams, canonicalize, "filesystem")

@@ -1,10 +1,6 @@
-"""``fs/open``, ``fs/readBlock``, ``fs/writeBlock``, ``fs/close``: file handles
-(PROTOCOL_CURRENT §4-§5).
+"""``fs/open``, ``fs/readBlock``, ``fs/writeBlock``, ``fs/close`` (PROTOCOL_CURRENT §4-§5).
 
-Each handler decodes its params, calls the connection's
-:class:`~exec_server.fs.handles.FileHandles` (or the filesystem service for the
-open) in one worker job, and encodes the result. Handles belong to the
-connection (``Attachment.file_handles``) and are closed when it ends.
+Handles belong to the connection (``Attachment.file_handles``), closed when it ends.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from exec_server.exceptions import InvalidParamsError
 from exec_server.fs.handles import FileHandles
 from exec_server.protocol.paths import parse_wire_path
 from exec_server.protocol.types import fs as t
-from exec_server.server.handlers.fs import filesystem_service, sandbox_route
+from exec_server.server.handlers.fs import sandbox_route
 from exec_server.server.router import RequestContext, Router
 
 __all__ = ["register"]
@@ -46,7 +42,7 @@ async def open_file(ctx: RequestContext, params: t.OpenParams) -> t.OpenResult:
         path = parse_wire_path(params.path)
         route = await sandbox_route(ctx, params.sandbox)
         install = functools.partial(handles.install, handle)
-        await filesystem_service(ctx).open_handle(path.path, params.mode, install, route)
+        await ctx.services.fs_service.open_handle(path.path, params.mode, install, route)
     except BaseException:
         handles.release(params.handle_id, handle)
         raise
@@ -55,7 +51,7 @@ async def open_file(ctx: RequestContext, params: t.OpenParams) -> t.OpenResult:
 
 async def read_block(ctx: RequestContext, params: t.ReadBlockParams) -> t.ReadBlockResult:
     offset = _offset(params.offset)
-    chunk, eof = await filesystem_service(ctx).pool.run(
+    chunk, eof = await ctx.services.fs_service.pool.run(
         _handles(ctx).read_block, params.handle_id, offset, params.length
     )
     return t.ReadBlockResult(chunk=chunk, eof=eof)
@@ -63,19 +59,18 @@ async def read_block(ctx: RequestContext, params: t.ReadBlockParams) -> t.ReadBl
 
 async def write_block(ctx: RequestContext, params: t.WriteBlockParams) -> t.EmptyResult:
     offset = _offset(params.offset)
-    await filesystem_service(ctx).pool.run(
+    await ctx.services.fs_service.pool.run(
         _handles(ctx).write_block, params.handle_id, offset, params.chunk
     )
     return _EMPTY
 
 
 async def close_file(ctx: RequestContext, params: t.CloseParams) -> t.EmptyResult:
-    await filesystem_service(ctx).pool.run(_handles(ctx).close, params.handle_id)
+    await ctx.services.fs_service.pool.run(_handles(ctx).close, params.handle_id)
     return _EMPTY
 
 
 def register(router: Router) -> None:
-    """Add the four file-handle methods (family ``filesystem``)."""
     router.add(t.METHOD_OPEN, t.OpenParams, open_file, "filesystem")
     router.add(t.METHOD_READ_BLOCK, t.ReadBlockParams, read_block, "filesystem")
     router.add(t.METHOD_WRITE_BLOCK, t.WriteBlockParams, write_block, "filesystem")

@@ -1,15 +1,8 @@
 """``http/request``: wire structs ↔ :mod:`exec_server.http` (PROTOCOL_CURRENT.md §9).
 
-A buffered request answers with the whole body. A streamed one answers as
-soon as the response head arrives; a task of the connection then sends the
-body as ``http/request/bodyDelta`` notifications numbered from 1, ending
-with one ``done`` frame (``error`` set if the body broke off). Each delta is
-handed to the transport before the next piece of body is read, so a slow
-client slows the HTTP peer down instead of filling memory here.
-
-The route may block (it waits on the network): it releases the connection
-right after validation, so later requests of the connection, and other
-connections, go on meanwhile.
+A streamed response answers at its head; a task then sends the body as
+``http/request/bodyDelta`` notifications, each handed to the transport before
+the next piece is read (a slow client slows the HTTP peer, not our memory).
 """
 
 from __future__ import annotations
@@ -38,7 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-#: ``Attachment.streams`` keys of HTTP bodies (other kinds of stream may share the map).
 _STREAM_KEY = "http:"
 
 
@@ -62,13 +54,10 @@ async def handle_http_request(ctx: RequestContext, params: HttpRequestParams) ->
         raise InvalidParamsError(
             f"invalid value: integer `{params.timeout_ms}`, expected u64 for `timeoutMs`"
         )
+    headers = [HeaderSpec(h.name, h.value, h.value_env_var) for h in params.headers]
+    follow = params.redirect_policy == "follow"
     request = build_request(
-        params.method,
-        params.url,
-        [HeaderSpec(h.name, h.value, h.value_env_var) for h in params.headers],
-        params.body_base64,
-        params.timeout_ms,
-        params.redirect_policy == "follow",
+        params.method, params.url, headers, params.body_base64, params.timeout_ms, follow,
         os.environ,
     )
     streams = ctx.attachment.streams
@@ -103,14 +92,9 @@ async def handle_http_request(ctx: RequestContext, params: HttpRequestParams) ->
 
 
 async def _send_body(
-    attachment: Attachment,
-    request_id: str,
-    key: str,
-    response: HttpResponse,
+    attachment: Attachment, request_id: str, key: str, response: HttpResponse,
     replied: asyncio.Event,
 ) -> None:
-    """Forward the body as ``bodyDelta`` notifications once the answer is out."""
-
     def release_id() -> None:
         if attachment.streams.get(key) is asyncio.current_task():
             del attachment.streams[key]
@@ -139,6 +123,5 @@ async def _send_body(
 
 
 def register(router: Router) -> None:
-    """Add ``http/request`` (family ``http``: after the handshake) as a route that may wait."""
     router.add(METHOD_HTTP_REQUEST, HttpRequestParams, handle_http_request, "http", may_block=True)
 

@@ -1,10 +1,8 @@
 """``process/*`` handlers: wire structs ↔ :class:`ProcessManager` calls.
 
-Validation order of ``process/start`` follows PROTOCOL.md §8.1: argv, cwd,
-sandbox transform, then the duplicate check and spawn (in the manager). The
-request's generation (CLIENT_COMPAT.md §1.2 rule 4) is decided here and kept
-on the process record: it picks the result member (``sandbox`` kebab-case vs
-``sandboxType`` camelCase) and whether ``sandboxDenied`` is reported.
+``process/start`` validates in PROTOCOL.md §8.1's order. The request's generation
+(CLIENT_COMPAT.md §1.2 rule 4) picks the result member (``sandbox`` vs
+``sandboxType``) and whether ``sandboxDenied`` is reported.
 """
 
 from __future__ import annotations
@@ -17,38 +15,12 @@ from typing import Final
 
 import msgspec
 
-from exec_server.exceptions import (
-    InternalError,
-    InvalidParamsError,
-)
+from exec_server.exceptions import InternalError, InvalidParamsError
 from exec_server.process.envpolicy import build_child_env
 from exec_server.process.events import Snapshot
-from exec_server.process.manager import ProcessManager
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.paths import PathForm, parse_wire_path
-from exec_server.protocol.types.process import (
-    METHOD_CLOSE_STDIN,
-    METHOD_READ,
-    METHOD_RESIZE_PTY,
-    METHOD_SIGNAL,
-    METHOD_START,
-    METHOD_TERMINATE,
-    METHOD_WRITE,
-    CloseStdinParams,
-    CloseStdinResult,
-    ReadParams,
-    ReadResult,
-    ResizePtyParams,
-    ResizePtyResult,
-    SignalParams,
-    SignalResult,
-    StartParams,
-    StartResult,
-    TerminateParams,
-    TerminateResult,
-    WriteParams,
-    WriteResult,
-)
+from exec_server.protocol.types import process as t
 from exec_server.protocol.types.sandbox import (
     CurrentSandboxContext,
     SandboxContext,
@@ -60,25 +32,19 @@ from exec_server.server.router import RequestContext, Router
 
 __all__ = ["is_current_start", "register"]
 
-_UNSET = msgspec.UNSET
 _CURRENT_ONLY_FIELDS = (
-    "env_policy",
-    "metadata",
-    "pipe_stdin",
-    "enforce_managed_network",
-    "managed_network",
-    "network_proxy",
-    "shell_snapshot",
+    "env_policy", "metadata", "pipe_stdin", "enforce_managed_network",
+    "managed_network", "network_proxy", "shell_snapshot",
 )
 
 
 def is_current_start(
-    params: StartParams, cwd_form: PathForm, sandbox: SandboxContext | None
+    params: t.StartParams, cwd_form: PathForm, sandbox: SandboxContext | None
 ) -> bool:
     """CLIENT_COMPAT.md §1.2 rule 4: does this ``process/start`` come from the current client?"""
     if cwd_form is PathForm.URI:
         return True
-    if any(getattr(params, name) is not _UNSET for name in _CURRENT_ONLY_FIELDS):
+    if any(getattr(params, name) is not msgspec.UNSET for name in _CURRENT_ONLY_FIELDS):
         return True
     return sandbox is None or isinstance(sandbox, CurrentSandboxContext)
 
@@ -95,24 +61,7 @@ def _parse_cwd(cwd: str) -> tuple[str, PathForm]:
     return wire.path, wire.form
 
 
-def _manager(ctx: RequestContext) -> ProcessManager:
-    processes: ProcessManager = ctx.session.processes
-    return processes
-
-
-async def _prepare_sandbox(
-    ctx: RequestContext, spec: LaunchSpec, sandbox: SandboxContext | None
-) -> LaunchSpec:
-    manager = ctx.services.sandbox
-    if manager is None:
-        if sandbox is not None:
-            raise InternalError("failed to build sandbox launch: no sandbox support in this server")
-        return spec
-    prepared: LaunchSpec = await manager.aprepare(spec, sandbox)
-    return prepared
-
-
-async def handle_start(ctx: RequestContext, params: StartParams) -> StartResult:
+async def handle_start(ctx: RequestContext, params: t.StartParams) -> t.StartResult:
     if not params.argv:
         raise InvalidParamsError("argv must not be empty")
     cwd, form = _parse_cwd(params.cwd)
@@ -144,31 +93,33 @@ async def handle_start(ctx: RequestContext, params: StartParams) -> StartResult:
         arg0=params.arg0,
         pipe_stdin=params.pipe_stdin is True and not params.tty,
     )
-    spec = await _prepare_sandbox(ctx, spec, sandbox)
-    await _manager(ctx).start(params.process_id, spec, report_denial=current)
+    sandboxes = ctx.services.sandbox
+    if sandboxes is not None:
+        spec = await sandboxes.aprepare(spec, sandbox)
+    elif sandbox is not None:
+        raise InternalError("failed to build sandbox launch: no sandbox support in this server")
+    await ctx.session.processes.start(params.process_id, spec, report_denial=current)
     kind = spec.sandbox_type
     if current:
-        return StartResult(process_id=params.process_id, sandbox_type=kind.camel)
-    return StartResult(process_id=params.process_id, sandbox=kind.value)
+        return t.StartResult(process_id=params.process_id, sandbox_type=kind.camel)
+    return t.StartResult(process_id=params.process_id, sandbox=kind.value)
 
 
 _U64_MAX: Final = 2**64 - 1
 
 
 def _u64(value: int | None, name: str) -> int | None:
-    """Upstream's ``u64`` bound: JSON numbers are unbounded and msgspec's ``int`` is too,
-    so ``2**70`` used to be taken (a cursor past every chunk, a wait of ages) where
-    upstream refuses it."""
+    """Upstream's ``u64`` bound (JSON numbers and msgspec's ``int`` are unbounded)."""
     if value is not None and not 0 <= value <= _U64_MAX:
         raise InvalidParamsError(f"invalid value: integer `{value}`, expected u64 for `{name}`")
     return value
 
 
-async def handle_read(ctx: RequestContext, params: ReadParams) -> ReadResult:
+async def handle_read(ctx: RequestContext, params: t.ReadParams) -> t.ReadResult:
     after_seq = _u64(params.after_seq, "afterSeq") or 0
     max_bytes = _u64(params.max_bytes, "maxBytes")
     wait_ms = _u64(params.wait_ms, "waitMs") or 0
-    manager = _manager(ctx)
+    manager = ctx.session.processes
     now = await manager.read(params.process_id, after_seq=after_seq, max_bytes=max_bytes)
     if wait_ms <= 0 or now.chunks or now.closed or (now.exited and after_seq < now.next_seq - 1):
         return _read_result(now)
@@ -198,8 +149,8 @@ async def handle_read(ctx: RequestContext, params: ReadParams) -> ReadResult:
     return _read_result(result)
 
 
-def _read_result(snapshot: Snapshot) -> ReadResult:
-    return ReadResult(
+def _read_result(snapshot: Snapshot) -> t.ReadResult:
+    return t.ReadResult(
         chunks=snapshot.chunks,
         next_seq=snapshot.next_seq,
         exited=snapshot.exited,
@@ -209,8 +160,8 @@ def _read_result(snapshot: Snapshot) -> ReadResult:
     )
 
 
-def _write_id(params: WriteParams) -> str | None:
-    if params.write_id is _UNSET:
+def _write_id(params: t.WriteParams) -> str | None:
+    if params.write_id is msgspec.UNSET:
         return None
     write_id = str(params.write_id)
     if not write_id:
@@ -218,38 +169,37 @@ def _write_id(params: WriteParams) -> str | None:
     return write_id
 
 
-async def handle_write(ctx: RequestContext, params: WriteParams) -> WriteResult:
-    status = await _manager(ctx).write(params.process_id, params.chunk, _write_id(params))
-    return WriteResult(status=status)
+async def handle_write(ctx: RequestContext, params: t.WriteParams) -> t.WriteResult:
+    status = await ctx.session.processes.write(params.process_id, params.chunk, _write_id(params))
+    return t.WriteResult(status=status)
 
 
-async def handle_terminate(ctx: RequestContext, params: TerminateParams) -> TerminateResult:
-    return TerminateResult(running=_manager(ctx).terminate(params.process_id))
+async def handle_terminate(ctx: RequestContext, params: t.TerminateParams) -> t.TerminateResult:
+    return t.TerminateResult(running=ctx.session.processes.terminate(params.process_id))
 
 
-async def handle_signal(ctx: RequestContext, params: SignalParams) -> SignalResult:
-    _manager(ctx).signal(params.process_id, signal.SIGINT)
-    return SignalResult()
+async def handle_signal(ctx: RequestContext, params: t.SignalParams) -> t.SignalResult:
+    ctx.session.processes.signal(params.process_id, signal.SIGINT)
+    return t.SignalResult()
 
 
-async def handle_resize_pty(ctx: RequestContext, params: ResizePtyParams) -> ResizePtyResult:
+async def handle_resize_pty(ctx: RequestContext, params: t.ResizePtyParams) -> t.ResizePtyResult:
     """Extension (upstream reserves the name, unimplemented): see docs/processes.md."""
-    _manager(ctx).resize(params.process_id, params.rows, params.cols)
-    return ResizePtyResult()
+    ctx.session.processes.resize(params.process_id, params.rows, params.cols)
+    return t.ResizePtyResult()
 
 
-async def handle_close_stdin(ctx: RequestContext, params: CloseStdinParams) -> CloseStdinResult:
+async def handle_close_stdin(ctx: RequestContext, params: t.CloseStdinParams) -> t.CloseStdinResult:
     """Extension: end of input for a ``pipeStdin`` child (the protocol has no EOF)."""
-    _manager(ctx).close_stdin(params.process_id)
-    return CloseStdinResult()
+    ctx.session.processes.close_stdin(params.process_id)
+    return t.CloseStdinResult()
 
 
 def register(router: Router) -> None:
-    """Add the ``process/*`` methods (family ``exec``) to ``router``."""
-    router.add(METHOD_START, StartParams, handle_start, "exec")
-    router.add(METHOD_READ, ReadParams, handle_read, "exec", may_block=True)
-    router.add(METHOD_WRITE, WriteParams, handle_write, "exec")
-    router.add(METHOD_TERMINATE, TerminateParams, handle_terminate, "exec")
-    router.add(METHOD_SIGNAL, SignalParams, handle_signal, "exec")
-    router.add(METHOD_RESIZE_PTY, ResizePtyParams, handle_resize_pty, "exec")
-    router.add(METHOD_CLOSE_STDIN, CloseStdinParams, handle_close_stdin, "exec")
+    router.add(t.METHOD_START, t.StartParams, handle_start, "exec")
+    router.add(t.METHOD_READ, t.ReadParams, handle_read, "exec", may_block=True)
+    router.add(t.METHOD_WRITE, t.WriteParams, handle_write, "exec")
+    router.add(t.METHOD_TERMINATE, t.TerminateParams, handle_terminate, "exec")
+    router.add(t.METHOD_SIGNAL, t.SignalParams, handle_signal, "exec")
+    router.add(t.METHOD_RESIZE_PTY, t.ResizePtyParams, handle_resize_pty, "exec")
+    router.add(t.METHOD_CLOSE_STDIN, t.CloseStdinParams, handle_close_stdin, "exec")
