@@ -176,6 +176,14 @@ def test_slices_accept_exactly_what_upstream_accepts(chars: str, piece: int) -> 
             assert decoded == base64.b64decode(text, validate=True)
 
 
+@pytest.mark.parametrize("text", [b"DDDQ=", b"QUJDQUJDQ=", b"QUJD="])
+def test_a_lone_pad_after_whole_groups_is_refused(text: bytes) -> None:
+    """Python's strict binascii decodes these; upstream refuses them."""
+    assert base64_text.error_text(text) is not None
+    with pytest.raises(base64_text.Undecodable):
+        list(base64_text.decode_slices(text, 0, len(text)))
+
+
 def test_padding_at_the_end_of_a_middle_slice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(base64_text, "DECODE_SLICE", 4)
     text = b"QQ==QUJD"  # each 4-character slice alone is valid
