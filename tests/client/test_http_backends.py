@@ -86,4 +86,4 @@ async def test_errors(
 
 async def test_timeout(backend: Any, http_peer: Any) -> None:
     with pytest.raises(InternalError, match="error sending request"):
-        await backend.http_request("GET", http_peer.base + "/nohead", timeout_ms=200)
+        await backend.http_request("GET", http_peer.base + "/nohead", timeout_ms=1500)

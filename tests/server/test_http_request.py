@@ -251,7 +251,7 @@ async def test_peer_closing_mid_body(conn: Any, http_peer: Any) -> None:
 
 async def test_timeouts(conn: Any, http_peer: Any) -> None:
     url = http_peer.base + "/nohead"
-    reply = await conn.request("http/request", _req(url, timeoutMs=300))
+    reply = await conn.request("http/request", _req(url, timeoutMs=1500))
     assert reply["error"] == {
         "code": -32603,
         "message": f"http/request failed: error sending request for url ({url})",
