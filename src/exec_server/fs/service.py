@@ -1,23 +1,8 @@
-"""Route one filesystem call: run it directly in a worker thread, or confined.
+"""Route one filesystem call (PROTOCOL.md §9.1): directly in a worker thread, or confined.
 
-Shared by the server's ``fs/*`` handlers and the client's in-process
-``LocalFileSystem`` so both behave identically (PROTOCOL.md §9.1 routing):
-
-| sandbox context                                           | route    |
-|-----------------------------------------------------------|----------|
-| absent / ``null``                                         | direct   |
-| legacy ``danger-full-access`` / ``external-sandbox``      | direct   |
-| current ``disabled`` / ``external`` / managed+unrestricted | direct   |
-| legacy ``read-only`` / ``workspace-write``, current managed+restricted | confined |
-
-Confined calls go to the sandboxed-filesystem service (``fs/confined.py``);
-when none is configured they fail closed with ``-32600`` and the upstream text
-(PROTOCOL.md §10.7) - never unconfined.
-
-Every direct call is one job in a worker thread (:mod:`exec_server.fs.pool`):
-the event loop never touches the filesystem, so a big copy, a cold disk or a
-path on a hung network or FUSE mount never stalls the other connections (the
-pool's stuck-job rule keeps hung jobs from holding every thread).
+Shared by the server's ``fs/*`` handlers and the client's ``LocalFileSystem``. Without
+a confined service, confined calls fail closed (``-32600``, PROTOCOL.md §10.7). A
+direct call is one worker job: the event loop never touches the filesystem.
 """
 
 from __future__ import annotations
@@ -25,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import direct as ops
@@ -36,10 +21,12 @@ from exec_server.fs.helper import ops as helper_ops
 from exec_server.fs.pool import WorkerPool, shared_pool
 from exec_server.fs.walk import WalkOptions, WalkOutcome, limits_error, walk
 
+if TYPE_CHECKING:
+    from exec_server.fs.confined import SandboxedFileSystem
+
 __all__ = [
     "DIRECT",
     "NO_RUNTIME_PATHS",
-    "ConfinedFileSystem",
     "FileSystemService",
     "FsRoute",
     "NoFollowCall",
@@ -75,52 +62,6 @@ DIRECT = FsRoute(confined=False)
 Route = FsRoute
 
 
-class ConfinedFileSystem(Protocol):
-    """What the sandboxed-filesystem service offers (one call per operation)."""
-
-    async def read_file(self, context: object, path: str) -> bytes: ...
-
-    async def write_file(self, context: object, path: str, data: ops.Payload) -> None: ...
-
-    async def create_directory(self, context: object, path: str, recursive: bool) -> None: ...
-
-    async def get_metadata(self, context: object, path: str) -> Metadata: ...
-
-    async def read_directory(self, context: object, path: str) -> list[DirEntry]: ...
-
-    async def remove(self, context: object, path: str, recursive: bool, force: bool) -> None: ...
-
-    async def copy(
-        self, context: object, source: str, destination: str, recursive: bool
-    ) -> None: ...
-
-    async def canonicalize(self, context: object, path: str) -> str: ...
-
-    async def walk(self, context: object, path: str, options: WalkOptions) -> WalkOutcome:
-        """``fs/walk`` confined: what the context does not let the caller read is absent."""
-        ...
-
-    async def open_handle(
-        self, context: object, path: str, mode: Mode, install: Install
-    ) -> None:
-        """Open ``path`` for ``fs/open`` where the context allows it; ``install`` takes
-        the descriptor over in the worker that opened it."""
-        ...
-
-    async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
-        """A ``followSymlinks: false`` call under ``context``, confined as the others."""
-        ...
-
-    def reads_directly(self, context: object) -> bool:
-        """Whether read-only calls under ``context`` may run in the server (no helper)."""
-        ...
-
-    def reads_regular_only(self, context: object) -> bool:
-        """For a ``context`` that :meth:`reads_directly`: whether its ``fs/readFile``
-        refuses anything but a regular file (the current generation's rule)."""
-        ...
-
-
 class FileSystemService:
     """Typed async filesystem API; every method takes the call's :class:`FsRoute`.
 
@@ -131,7 +72,7 @@ class FileSystemService:
     """
 
     def __init__(
-        self, confined: ConfinedFileSystem | None = None, *, pool: WorkerPool | None = None
+        self, confined: SandboxedFileSystem | None = None, *, pool: WorkerPool | None = None
     ) -> None:
         self._confined = confined
         self._pool = pool or shared_pool()
@@ -140,7 +81,7 @@ class FileSystemService:
     def pool(self) -> WorkerPool:
         return self._pool
 
-    def _confined_or_refuse(self) -> ConfinedFileSystem:
+    def _confined_or_refuse(self) -> SandboxedFileSystem:
         if self._confined is None:
             raise InvalidRequestError(NO_RUNTIME_PATHS)
         return self._confined

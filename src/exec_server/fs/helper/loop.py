@@ -37,12 +37,13 @@ import time
 
 from exec_server._os.linux import call_prctl
 
-__all__ = ["ID_PID", "MAX_REQUEST", "ZygoteBase", "fds_from_anc", "reset_signals"]
+__all__ = ["EXIT", "ID", "ID_PID", "MAX_REQUEST", "ZygoteBase", "fds_from_anc", "reset_signals"]
 
-_EXIT = struct.Struct("!ii")
+#: ``X`` payload: pid, raw wait status.
+EXIT = struct.Struct("!ii")
 #: ``P`` and ``E`` payloads: request id, then pid or errno.
 ID_PID = struct.Struct("!Qi")
-_ID = struct.Struct("!Q")
+ID = struct.Struct("!Q")
 #: largest control message (a launch's args and env); the server falls back above it.
 MAX_REQUEST = 1 << 20
 _MAX_FDS = 4
@@ -208,10 +209,10 @@ class ZygoteBase:
         try:
             if n == 0:
                 return False
-            if n < 1 + _ID.size:
+            if n < 1 + ID.size:
                 return True
             kind = bytes(self.buf[:1])
-            (req_id,) = _ID.unpack_from(self.buf, 1)
+            (req_id,) = ID.unpack_from(self.buf, 1)
             if kind not in self.kinds or not self._accepts(kind, n, fds):
                 self._send(b"E" + ID_PID.pack(req_id, _EBADF))
                 return True
@@ -262,7 +263,7 @@ class ZygoteBase:
             ours.close()
             theirs.close()
             if not ahead:
-                (req_id,) = _ID.unpack_from(self.buf, 1)
+                (req_id,) = ID.unpack_from(self.buf, 1)
                 self._send(b"E" + ID_PID.pack(req_id, exc.errno or 11))
             return None
         if pid == 0:
@@ -328,4 +329,4 @@ class ZygoteBase:
                 del self.spares[kind]  # type: ignore[arg-type]
                 spare[1].close()
             if report:
-                self._send(b"X" + _EXIT.pack(pid, status))
+                self._send(b"X" + EXIT.pack(pid, status))
