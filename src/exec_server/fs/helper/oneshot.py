@@ -17,23 +17,12 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 
-from exec_server.fs.helper.ops import OpError, OpRequest, execute
+from exec_server.fs.helper.ops import OPERATIONS, OpError, OpRequest, execute
 
 __all__ = ["helper_main"]
 
-_OPERATIONS = frozenset(
-    {
-        "fs/readFile",
-        "fs/writeFile",
-        "fs/createDirectory",
-        "fs/getMetadata",
-        "fs/readDirectory",
-        "fs/remove",
-        "fs/copy",
-        "fs/canonicalize",
-        "fs/walk",
-    }
-)
+#: §10.5's operations: all but ``fs/open`` (a descriptor cannot travel over a pipe).
+_OPERATIONS = OPERATIONS - {"fs/open"}
 
 
 def _path(value: object, key: str) -> str:
