@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from exec_server.fs.direct import Payload, Pieces
-from exec_server.fs.helper.loop import EXIT, ID, ID_PID, MAX_REQUEST, fds_from_anc
+from exec_server.fs.helper.main import EXIT, ID, ID_PID, MAX_REQUEST, fds_from_anc
 from exec_server.fs.helper.ops import FRAME, MAX_DATA, encode_frame, temp_name
 from exec_server.fs.pool import shared_pool
 from exec_server.process.spec import LaunchServiceUnavailable, ServicedChild
