@@ -118,12 +118,8 @@ class _Checked:
 
 
 def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: bool) -> _Checked:
-    """PROTOCOL.md §10.2-§10.3 for one path: the check path and its expected real parent.
-
-    Raises:
-        InvalidRequestError: the policy does not allow the access (-32600).
-        InternalError: canonicalisation failed.
-    """
+    """PROTOCOL.md §10.2-§10.3 for one path: the check path and its expected real parent;
+    ``InvalidRequestError`` (-32600) when the policy refuses the access."""
     try:
         if preserve and os.path.islink(path):
             # The link itself is operated on; its directory must still be where
@@ -196,9 +192,7 @@ def _header(
     dst: _Checked | None,
     plan: SandboxPlan,
 ) -> dict[str, object]:
-    """The request both confinements run (``helper.ops.OpRequest.from_header``): check
-    paths and the real parents the server saw, the plan, the rules Landlock cannot
-    express (read-only holes, ``none`` carve-outs) and a writeFile's temp token."""
+    """The request both confinements run (``helper.ops.OpRequest.from_header``)."""
     header: dict[str, object] = {
         "op": op.method,
         "path": op.path if op.no_follow else src.path,
@@ -294,7 +288,6 @@ class SandboxedFileSystem:
         return data
 
     def reads_directly(self, context: object) -> bool:
-        """Whether read-only calls under ``context`` run in the server (no helper)."""
         return _reads_everything(_request(context))
 
     def reads_regular_only(self, context: object) -> bool:
@@ -338,8 +331,7 @@ class SandboxedFileSystem:
         )
 
     async def walk(self, context: object, path: str, options: WalkOptions) -> WalkOutcome:
-        """``fs/walk``: what the context does not let the caller read is absent
-        (PROTOCOL_CURRENT §6.3)."""
+        """What the context does not let the caller read is absent (PROTOCOL_CURRENT §6.3)."""
         return await self._read_only(
             context,
             FsOperation("fs/walk", path, walk=options),
@@ -350,9 +342,9 @@ class SandboxedFileSystem:
     async def open_handle(
         self, context: object, path: str, mode: OpenMode, install: Install
     ) -> None:
-        """``fs/open`` (PROTOCOL_CURRENT §4.6), checked like every confined call; the
-        confined child opens the file and passes the descriptor back (``SCM_RIGHTS``),
-        or, with the one-shot helper, the check path is opened here following no link."""
+        """``fs/open`` (PROTOCOL_CURRENT §4.6): the confined child opens the file and
+        passes the descriptor back; with the one-shot helper the check path is opened
+        here, following no link."""
         req = _request(context)
         if mode == "read" and _reads_everything(req):
             return await shared_pool().run(open_into, install, path, mode)
@@ -367,22 +359,16 @@ class SandboxedFileSystem:
         install(fd)
 
     async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
-        """A ``followSymlinks: false`` call: the policy is checked on the path as spelled
-        and as resolved, and the confined child runs the direct route's no-follow code."""
+        """The policy is checked on the path as spelled and as resolved; the confined child
+        runs the direct route's no-follow code."""
         req = _request(context)
         if call.method not in WRITE_OPS and _reads_everything(req):
             return await shared_pool().run(run_no_follow, call)
         data: ops.Payload = b""
         if call.produce is not None:
             data = await shared_pool().run(call.produce)
-        op = FsOperation(
-            call.method,
-            call.path,
-            data=data,
-            recursive=call.recursive,
-            force=call.force,
-            no_follow=True,
-        )
+        op = FsOperation(call.method, call.path, data=data, recursive=call.recursive,
+                         force=call.force, no_follow=True)
         return no_follow_result(call.method, *await self.run(op, req))
 
     async def _read_only(
@@ -400,17 +386,11 @@ class SandboxedFileSystem:
         result, _ = await self.run(op, req)
         return reply(result)
 
-    # ------------------------------------------------------------- core
-
     async def run(
         self, op: FsOperation, request: FsSandboxRequest
     ) -> tuple[dict[str, object], bytes]:
         """Check ``op`` against ``request`` and run it confined: the helper's result fields
-        and raw payload (readFile bytes).
-
-        Raises:
-            ExecServerError: denial, filesystem error (codes per §9.1), helper failure.
-        """
+        and raw payload; ``ExecServerError`` for a denial, an fs error or a helper failure."""
         if self._closed:
             raise InternalError("the filesystem sandbox is shut down")
         if request.direct:
@@ -439,8 +419,6 @@ class SandboxedFileSystem:
             if op.method == "fs/open":
                 raise _NoDescriptorPassing(src.path)
             return await self._run_helper(op, request, header)
-
-    # ------------------------------------------------------------- one-shot helper
 
     async def _run_helper(
         self, op: FsOperation, request: FsSandboxRequest, header: dict[str, object]
@@ -532,23 +510,16 @@ def _request(context: object) -> FsSandboxRequest:
 
 
 def _reads_everything(request: FsSandboxRequest) -> bool:
-    """A read may run directly, as upstream does, when that provably gives the same answer.
-
-    Both the request policy (the pre-check) and the helper policy (what the kernel
-    enforces) read the whole disk with no ``none`` carve-out. Never for writes.
-    """
+    """A read runs directly, as upstream's does, when that provably answers the same: the
+    request policy (the pre-check) and the helper policy (the kernel's) read everything."""
     if request.direct:
         return False
     return has_full_disk_read(request.policy) and has_full_disk_read(request.helper_policy)
 
 
 def _is_visible_link(request: FsSandboxRequest, path: str) -> bool:
-    """Whether ``path`` itself is a symlink the request policy lets the caller see.
-
-    getMetadata's path is resolved (PROTOCOL.md §10.2), so the helper stats the
-    target; ``isSymlink`` is of the path itself (CLIENT_COMPAT.md §6.1), reported only
-    when the link is readable where it lives (the preserved-symlink check).
-    """
+    """Whether ``path`` is a symlink the policy lets the caller see where it lives: the
+    helper stats the resolved path, ``isSymlink`` is of the path (CLIENT_COMPAT.md §6.1)."""
     if not os.path.islink(path):
         return False
     try:
@@ -596,8 +567,7 @@ def _path_reply(result: dict[str, object]) -> str:
 
 
 def _unpack(reply: object) -> dict[str, object]:
-    """A helper's reply (the zygote child's, or the one-shot's reshaped): its result
-    fields, or its error raised with the child's code."""
+    """A helper reply's result fields, or its error raised with the child's code."""
     if not isinstance(reply, dict) or reply.get("status") not in ("ok", "error"):
         raise InternalError(f"{BAD_MESSAGE}: not a reply object")
     if reply["status"] == "error":

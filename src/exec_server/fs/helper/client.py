@@ -49,16 +49,15 @@ _MAX_REPLY_HEADER: Final = 64 * 1024 * 1024
 _MAIN: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
 #: payloads up to this size are sent together with their frame header (one wake-up).
 _COALESCE: Final = 256 * 1024
-#: seconds to wait for the zygote's ready message, for a killed child's reaping and
-#: for a launch's report.
+#: seconds for the zygote's ready message, a killed child's reaping, a launch's report.
 _START_TIMEOUT: Final = 10.0
 _REAP_TIMEOUT: Final = 5.0
 _SPAWN_TIMEOUT: Final = 5.0
 _MAX_START_FAILURES: Final = 3
 _CLOSED: Final = "the helper zygote was closed"
 _BAD_FRAME: Final = "failed to encode or decode fs sandbox helper message"
-#: a child of these, once it has the whole request, finishes in the background when
-#: its caller stops waiting, as a cancelled direct call's worker does.
+#: a child of these with its whole request finishes when its caller stops waiting,
+#: as a cancelled direct call's worker does.
 _FINISH_WHEN_CANCELLED: Final = frozenset({"fs/writeFile"})
 
 
@@ -180,8 +179,6 @@ class Zygote:
     def __repr__(self) -> str:
         return f"<Zygote pid={self.pid} owners={len(self._owners)}>"
 
-    # ------------------------------------------------------------------ lifecycle
-
     async def ensure_started(self, owner: object = None) -> _Process:
         """Start (or restart) the zygote for ``owner`` and wait until it is ready.
 
@@ -210,8 +207,7 @@ class Zygote:
             await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the zygote (it kills its children's groups and exits) and reap it; a later
-        use starts a new one."""
+        """Close (it kills its children's groups) and reap the zygote; a later use restarts."""
         loop = asyncio.get_running_loop()
         z, self._z = self._z, None
         if z is not None:
@@ -224,8 +220,7 @@ class Zygote:
         await self.drain()
 
     async def drain(self) -> None:
-        """Wait until the calls whose callers stopped waiting have finished (answered, or
-        killed at their timeout and reaped, their temp files removed)."""
+        """Wait for the calls whose callers stopped waiting (answered, or killed and reaped)."""
         while self._finishing:
             await asyncio.gather(*self._finishing, return_exceptions=True)
 
@@ -233,7 +228,7 @@ class Zygote:
         """The zygote of ``loop``, starting one when there is none (None: cannot start)."""
         z = self._z
         if z is not None and z.loop is not loop:
-            # A zygote of another (probably finished) loop: it and its owners are stale.
+            # Another (probably finished) loop's zygote: it and its owners are stale.
             self._z = None
             self._kill_sync(z)
             self._owners.clear()
@@ -347,8 +342,6 @@ class Zygote:
                     z.popen.kill()
                 z.popen.wait()
 
-    # ------------------------------------------------------------------ control socket
-
     def _on_control(self, z: _Process) -> None:
         while not z.dead:
             try:
@@ -396,8 +389,6 @@ class Zygote:
         z.pending[p.req_id] = p
         return p
 
-    # ------------------------------------------------------------------ launches
-
     async def spawn(
         self,
         request: object,
@@ -413,8 +404,7 @@ class Zygote:
         z = self._current(asyncio.get_running_loop())
         if z is None or z.dead or not z.ready.done() or z.abi <= 0:
             raise LaunchServiceUnavailable("the helper zygote is not ready")
-        # The launcher path fails here too (Popen's cwd); in a worker, as the cwd
-        # may be on a hung mount.
+        # As the launcher path (Popen's cwd) would; in a worker: a hung mount.
         st = await shared_pool().run(os.stat, request.cwd)
         if not stat.S_ISDIR(st.st_mode):
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), request.cwd)
@@ -465,8 +455,6 @@ class Zygote:
         self.spawned += 1
         return ServicedChild(pid=pid, wait=lambda: _exit_status(p))
 
-    # ------------------------------------------------------------------ fs requests
-
     async def run(
         self,
         header: dict[str, object],
@@ -475,16 +463,10 @@ class Zygote:
         timeout: float,  # noqa: ASYNC109
         owner: object = None,
     ) -> tuple[object, bytes]:
-        """Run one request in a fresh confined child (for ``owner``, which releases us).
+        """Run one request in a fresh confined child: its decoded reply header and payload.
 
-        When this returns or raises, the child has replied and exits on its own, or
-        has been killed and reaped (bounded wait). ``data`` as
-        :class:`~exec_server.fs.direct.Pieces` is sent as made; if making one raises,
-        the child is killed before it has all the data (it writes nothing).
-
-        Returns:
-            The decoded reply header (a ``status`` ok/error object from an honest
-            child) and the raw reply payload.
+        On return or raise the child has replied, or was killed and reaped. ``Pieces``
+        are sent as made; if making one raises, the child is killed before it has them.
 
         Raises:
             ZygoteUnavailable: no zygote can run here.
@@ -523,23 +505,21 @@ class Zygote:
             except TimeoutError:
                 raise _timed_out(timeout) from None
         except BaseException:
-            # The child (almost always) does not have its whole request yet: it has
-            # done nothing, and is killed.
+            # The child does not have its whole request yet: it did nothing; kill it.
             await self._end(z, p, clean=False)
             raise
         receive = self._receive(z, p, deadline, timeout)
         if header.get("op") not in _FINISH_WHEN_CANCELLED:
             return await receive
-        # The child has everything it needs: if our caller stops waiting, it is not
-        # killed half way but finishes in the background (``drain``).
+        # The child has everything: it finishes even if our caller stops waiting.
         task = loop.create_task(receive)
         self._finishing.add(task)
         task.add_done_callback(self._finished)
         return await asyncio.shield(task)
 
     async def _send_control(self, z: _Process, msg: bytes, fd: int) -> None:
-        """Send an ``F`` request; a full control socket (a burst, big launches queued
-        before it) is waited out; a dead zygote forked nothing (``_NotForked``)."""
+        """Send an ``F`` request, waiting out a full control socket; a dead zygote forked
+        nothing (``_NotForked``)."""
         while not z.dead:
             try:
                 z.ctl.sendmsg([msg], _rights([fd]))
@@ -570,8 +550,6 @@ class Zygote:
         try:
             try:
                 async with asyncio.timeout_at(deadline):
-                    # The zygote's ``P`` (pid + pidfd) arrives concurrently; it is
-                    # only needed to kill the child or to explain a crash.
                     reply = await _read_reply(asyncio.get_running_loop(), p.sock, p)
             except TimeoutError:
                 raise _timed_out(timeout) from None
@@ -581,8 +559,8 @@ class Zygote:
             await self._end(z, p, clean=clean)
 
     async def _end(self, z: _Process, p: _Pending, *, clean: bool) -> None:
-        """Release a call; unless it ended with a reply, kill and reap its child and
-        remove the temp file a writeFile child may have been killed with."""
+        """Release a call; unless it got a reply, kill and reap its child and remove the
+        temp file a writeFile child may leave."""
         if p.sock is not None:
             p.sock.close()
         z.pending.pop(p.req_id, None)
@@ -602,7 +580,6 @@ class Zygote:
     def _finished(self, task: asyncio.Task[tuple[object, bytes]]) -> None:
         self._finishing.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            # Its caller may be gone: the failure is only logged.
             logger.debug("fs sandbox call ended: %s", task.exception())
 
 
@@ -620,8 +597,7 @@ async def _send(
     try:
         if isinstance(data, Pieces):
             await loop.sock_sendall(sock, encode_frame(raw, data.size))
-            # Each piece is made (decoded) here, on the loop, in the
-            # ~1 ms msgspec takes for 1 MiB of text.
+            # Each piece is decoded here, on the loop (~1 ms per MiB of text).
             sent = 0
             for piece in data.produce():
                 await loop.sock_sendall(sock, piece)
@@ -688,8 +664,7 @@ async def _kill_and_reap(p: _Pending) -> bool:
             async with asyncio.timeout(_REAP_TIMEOUT):
                 await p.started
     if p.pid is None:
-        # Never forked, or the zygote died before telling us the pid (its
-        # children die with it: PDEATHSIG).
+        # Never forked, or its zygote died first (its children die with it: PDEATHSIG).
         return True
     if p.pidfd is not None:
         with contextlib.suppress(OSError):
@@ -700,8 +675,7 @@ async def _kill_and_reap(p: _Pending) -> bool:
     except TimeoutError:
         return False
     except HelperFailure:
-        # The zygote is gone (it kills its children on its way out): the pidfd
-        # tells when this one is.
+        # The zygote is gone (killing its children): the pidfd tells when this one is.
         return p.pidfd is None or await _exited(p.pidfd, _REAP_TIMEOUT)
     return True
 
@@ -744,12 +718,9 @@ def shared_zygote() -> Zygote:
 
 
 def remove_temp_file(directory: str, name: str) -> None:
-    """Remove the temp file ``name`` a killed writeFile helper may have left in ``directory``.
-
-    Only a regular file, only that entry (``unlinkat`` never follows a symlink), and
-    only if ``directory`` still resolves to itself (the real path the helper verified).
-    The name carries the server's random token, so nothing else can be there.
-    """
+    """Remove the temp file a killed writeFile helper may have left: only a regular file
+    (``unlinkat`` follows no link), only if ``directory`` is still the real path the
+    helper verified. The name carries the server's random token: nothing else is there."""
     try:
         fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
@@ -834,9 +805,8 @@ async def _recv_exact(
 
 
 async def _recv_fd(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int | None:
-    """The descriptor sent with the next byte (``SCM_RIGHTS``); None on EOF or without one.
-    Descriptors still in a socket when it is closed (a cancelled caller) are closed by
-    the kernel."""
+    """The descriptor sent with the next byte (``SCM_RIGHTS``); None on EOF or without one
+    (the kernel closes those left in a socket closed by a cancelled caller)."""
     while True:
         try:
             msg, anc, _flags, _addr = sock.recvmsg(1, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)

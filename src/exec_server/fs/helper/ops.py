@@ -50,9 +50,10 @@ FRAME = struct.Struct("!IQ")
 _MAX_HEADER = 16 * 1024 * 1024
 MAX_DATA = 2 * MAX_READ_BYTES
 
-_NOT_FOUND = -32004
 _INVALID = -32600
 _INTERNAL = -32603
+#: PROTOCOL.md §9.1 codes of OS errors; any other errno is -32603.
+_CODES = {errno.ENOENT: -32004, errno.EACCES: _INVALID, errno.EPERM: _INVALID}
 
 
 #: Failure injection, set only in a zygote child started with ``--test-hooks``:
@@ -74,15 +75,9 @@ class OpError(Exception):
 
 def error_from_os(exc: OSError) -> OpError:
     """Map an OS error per PROTOCOL.md §9.1, with Rust-style text (§5.3)."""
-    num = exc.errno
-    if num is None:
+    if exc.errno is None:
         return OpError(_INTERNAL, str(exc))
-    text = os_error_text(num)
-    if num == errno.ENOENT:
-        return OpError(_NOT_FOUND, text)
-    if num in (errno.EACCES, errno.EPERM):
-        return OpError(_INVALID, text)
-    return OpError(_INTERNAL, text)
+    return OpError(_CODES.get(exc.errno, _INTERNAL), os_error_text(exc.errno))
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +102,11 @@ class OpRequest:
     not_a_file: str | None = None
     tmp: str | None = None
     walk: WalkOptions | None = None
-    #: the walk's root as the caller spelled it (``path`` is its resolved check path):
-    #: a root that is a link is not followed unless asked, and entries are named under it
+    #: the walk's root as spelled (a link there is followed only if asked)
     walk_root: str | None = None
-    #: the helper plan's readable roots (None: everything); writable roots are readable too
+    #: the plan's readable roots (None: everything); writable roots are readable too
     readable: tuple[str, ...] | None = None
-    #: ``followSymlinks: false``: ``path`` is as the caller spelled it, no link followed
+    #: ``followSymlinks: false``: ``path`` is as spelled, no link followed
     no_follow: bool = False
     #: ``fs/open``'s mode: ``read`` or ``replace``
     mode: str = "read"
@@ -185,11 +179,8 @@ def _is_path(v: object) -> TypeGuard[str]:
     return isinstance(v, str) and v.startswith("/") and "\x00" not in v
 
 
-# --------------------------------------------------------------------------- framing
-
 
 def encode_frame(header: bytes, data_len: int) -> bytes:
-    """Frame prefix: header length, data length (big endian), then the header."""
     return FRAME.pack(len(header), data_len) + header
 
 
@@ -206,15 +197,12 @@ def _read_exact(fd: int, size: int) -> bytearray:
 
 
 def read_frame(fd: int) -> tuple[bytes, bytearray]:
-    """Read one frame (header bytes, data) from a blocking fd."""
     hlen, dlen = FRAME.unpack(bytes(_read_exact(fd, FRAME.size)))
     if hlen > _MAX_HEADER or dlen > MAX_DATA:
         raise OpError(_INVALID, "fs sandbox frame too large")
     header = bytes(_read_exact(fd, hlen))
     return header, _read_exact(fd, dlen)
 
-
-# --------------------------------------------------------------------------- guard
 
 
 def _within(path: str, root: str) -> bool:
@@ -256,7 +244,6 @@ class _Guard:
         return None if best is None else -best[1]
 
     def denies(self, path: str) -> bool:
-        """Whether ``path`` lies under a ``none`` carve-out."""
         return self._classify(path) == 0
 
     def check(self, path: str, *, write: bool) -> None:
@@ -274,8 +261,6 @@ class _Guard:
                 raise os_error(errno.EROFS if kind == 1 else errno.EACCES)
 
 
-# --------------------------------------------------------------------------- resolution
-
 
 def _fd_path(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
@@ -283,7 +268,6 @@ def _fd_path(fd: int) -> str:
 
 @dataclass(slots=True)
 class _Target:
-    """A final component ``name`` inside the open directory ``dirfd``."""
 
     dirfd: int
     name: str
@@ -297,7 +281,6 @@ class _Target:
 
 
 class _Ctx:
-    """Per-request state: the request, its payload and its guard."""
 
     def __init__(self, req: OpRequest, data: bytes | bytearray) -> None:
         self.req = req
@@ -320,7 +303,7 @@ class _Ctx:
         self, *, write: bool | None, path: str | None = None, expect: str | None = None
     ) -> Iterator[_Target]:
         """The request's path (or ``path``) in its verified parent, its real location
-        checked by the guard for a read or a write (``None``: the caller checks)."""
+        checked by the guard (``write=None``: by the caller)."""
         if path is None:
             path, expect = self.req.path, self.req.expect
         if path == "/":
@@ -369,8 +352,6 @@ def _open_final(c: _Ctx, t: _Target, flags: int) -> int:
             raise
         raise _final_symlink(c, t) from None
 
-
-# --------------------------------------------------------------------------- operations
 
 
 def _read_file(c: _Ctx) -> tuple[dict[str, object], bytes]:
@@ -427,9 +408,8 @@ def _write_data(fd: int, data: bytes | bytearray) -> None:
 
 
 def _make_dirs(c: _Ctx, path: str) -> tuple[int, str]:
-    """``mkdir -p`` by directory fds (:func:`fdops.make_dirs`), each existing directory
-    verified (the check path is canonical in its existing prefix) and each new one
-    checked by the guard; an ``O_PATH`` fd of ``path`` and its real location."""
+    """``mkdir -p`` by directory fds, each existing one verified (the check path is
+    canonical in its existing prefix), each new one checked by the guard."""
     return fdops.make_dirs(
         path,
         lambda p: c.open_dir(p, p),
@@ -599,12 +579,8 @@ WRITE_OPS = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
 def no_follow(
     op: str, path: str, data: bytes | bytearray | memoryview, *, recursive: bool, force: bool
 ) -> tuple[dict[str, object], bytes]:
-    """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`: no link anywhere
-    in ``path``, race-free), run by the server's worker and by the confined child alike.
-
-    Raises:
-        FsError, ExecServerError: as the direct path raises them.
-    """
+    """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`), run by the
+    server's worker and by the confined child alike; raises as the direct path does."""
     if op == "fs/getMetadata":
         return metadata_fields(nofollow.lstat(path)), b""
     if op == "fs/readFile":
@@ -628,9 +604,7 @@ def no_follow(
 
 
 def _open(c: _Ctx) -> tuple[dict[str, object], bytes]:
-    """``fs/open`` in the confined child: the descriptor is opened here, under Landlock
-    and without capabilities, and handed to the server (``passed_fd``, sent over the
-    reply socket by ``zygote_main``), which then reads and writes it directly."""
+    """``fs/open``: the descriptor is opened here, confined, and passed to the server."""
     replace = c.req.mode == "replace"
     if replace:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
@@ -670,11 +644,7 @@ def prefault(req: OpRequest) -> None:
 
 
 def execute(req: OpRequest, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
-    """Run one operation; returns (result fields, raw payload for readFile).
-
-    Raises:
-        OpError: every failure, already mapped to a JSON-RPC code and text.
-    """
+    """Run one operation: (result fields, raw payload); every failure is an ``OpError``."""
     c = _Ctx(req, data)
     try:
         if req.no_follow:
