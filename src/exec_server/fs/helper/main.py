@@ -2,22 +2,9 @@
 
 The server never forks itself (it is multi-threaded, SANDBOX.md §0.3). Started by
 ``fs.helper.client.Zygote`` as ``python -I -S -B main.py --zygote <control fd> <server pid>
-[--test-hooks] [--no-prefork]``: stdlib and this source tree only, no site-packages.
-
-Control channel (``SOCK_SEQPACKET``, one message per datagram):
-
-* server -> zygote: kind (one byte) + request id (``!Q``) + the kind's bytes, with the
-  request's fds (``SCM_RIGHTS``). ``F``: one confined fs operation, its socket as the fd;
-  ``S``: a Landlock launch (``sandbox.linux.spawn_zygote_main``).
-* zygote -> server: ``R`` + ``{"abi", "pid"}`` once ready (ABI 0: nothing can be served);
-  ``P`` + id + pid (``!Qi``) with the child's pidfd once it has the request; ``E`` + id +
-  errno when no child could take it; ``X`` + pid + raw wait status (``!ii``) once reaped.
-
-Every child starts as a *spare* forked ahead of time: it resets signals, prepares what
-needs no request (an ``F`` child: no_new_privs, the seccomp network filter, no
-capabilities) and waits on a private socketpair. An ``F`` child applies Landlock for its
-request's plan before touching any path, writes one reply frame and exits. EOF on the
-control socket: SIGKILL every child (and its group), reap, exit.
+[--test-hooks] [--no-prefork]``: stdlib and this source tree only. Requests ``F`` (one
+confined fs operation) and ``S`` (a Landlock launch) go to pre-forked spare children;
+``R``/``P``/``E``/``X`` report back (docs/sandbox-linux.md, docs/sandboxed-fs.md).
 """
 
 from __future__ import annotations
@@ -125,8 +112,6 @@ class Zygote:
         #: monotonic time after which a new launch spare may be forked.
         self.spawn_at = 0.0
 
-    # ------------------------------------------------------------------ zygote side
-
     def run(self) -> int:
         """Warm up, report ready, serve until EOF; the exit code."""
         global _NOT_DEFAULT
@@ -207,6 +192,7 @@ class Zygote:
         return timeout
 
     def _accepts(self, kind: bytes, n: int, fds: list[int]) -> bool:
+        """Whether a request of ``n`` bytes (in ``buf``) with ``fds`` is well formed."""
         if kind == _FS:
             return n == 1 + ID.size and len(fds) == 1
         self.spawn_at = time.monotonic() + SPARE_DELAY
@@ -306,8 +292,6 @@ class Zygote:
                 spare[1].close()
             if report:
                 self._send(b"X" + EXIT.pack(pid, status))
-
-    # ------------------------------------------------------------------ child side
 
     def _spare(self, kind: bytes, handoff: socket.socket, ahead: bool) -> None:
         """A forked child: get ready, wait for the request, serve it. Never returns."""
@@ -418,8 +402,6 @@ class Zygote:
             sock.sendmsg([b"F"], _rights([passed]))
         finally:
             sock.detach()
-
-    # ------------------------------------------------------------------ test hooks
 
     def _test_hook(self, fd: int, hook: object) -> None:
         """Failure injection for the test suite (only with ``--test-hooks``)."""
