@@ -166,9 +166,7 @@ class Zygote:
     def pid(self) -> int | None:
         """The ready zygote's pid, else None (also when it belongs to another loop)."""
         z = self._z
-        if z is None or z.dead or not z.ready.done() or z.ready.cancelled():
-            return None
-        if z.ready.exception() is not None:
+        if z is None or z.dead or not z.ready.done() or z.ready.exception() is not None:
             return None
         try:
             loop = asyncio.get_running_loop()
@@ -402,7 +400,7 @@ class Zygote:
             raise LaunchServiceUnavailable(f"not a spawn request: {request!r}")
         self._owners[id(owner)] = owner
         z = self._current(asyncio.get_running_loop())
-        if z is None or z.dead or not z.ready.done() or z.abi <= 0:
+        if z is None or not z.ready.done() or z.abi <= 0:
             raise LaunchServiceUnavailable("the helper zygote is not ready")
         # As the launcher path (Popen's cwd) would; in a worker: a hung mount.
         st = await shared_pool().run(os.stat, request.cwd)
