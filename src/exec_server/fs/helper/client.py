@@ -615,32 +615,24 @@ async def _read_reply(
     loop: asyncio.AbstractEventLoop, sock: socket.socket, p: _Pending
 ) -> tuple[object, bytes]:
     """One reply frame; its header's shape is the caller's to check (``fs.confined``)."""
-    prefix = await _recv_exact(loop, sock, FRAME.size)
-    if prefix is None:
-        raise await _crashed(p)
-    hlen, dlen = FRAME.unpack(prefix)
-    if hlen > _MAX_REPLY_HEADER or dlen > MAX_DATA:
-        raise HelperFailure(f"{_BAD_FRAME}: bad frame")
-    raw = await _recv_exact(loop, sock, hlen)
-    if raw is None:
-        raise await _crashed(p)
     try:
-        header = json.loads(raw)
-    except ValueError as exc:
-        raise HelperFailure(f"{_BAD_FRAME}: {exc}") from None
-    ok = isinstance(header, dict) and header.get("status") == "ok"
-    result = header.get("result") if ok else None
-    if isinstance(result, dict) and result.get("passed_fd"):
-        # fs/open: one more byte carries the descriptor the child opened.
-        fd = await _recv_fd(loop, sock)
-        if fd is None:
-            raise await _crashed(p)
-        result["passed_fd"] = fd
-        return header, b""
-    data = await _recv_exact(loop, sock, dlen)
-    if data is None:
-        raise await _crashed(p)
-    return header, data
+        hlen, dlen = FRAME.unpack(await _recv_exact(loop, sock, FRAME.size))
+        if hlen > _MAX_REPLY_HEADER or dlen > MAX_DATA:
+            raise HelperFailure(f"{_BAD_FRAME}: bad frame")
+        raw = await _recv_exact(loop, sock, hlen)
+        try:
+            header = json.loads(raw)
+        except ValueError as exc:
+            raise HelperFailure(f"{_BAD_FRAME}: {exc}") from None
+        ok = isinstance(header, dict) and header.get("status") == "ok"
+        result = header.get("result") if ok else None
+        if isinstance(result, dict) and result.get("passed_fd"):
+            # fs/open: one more byte carries the descriptor the child opened.
+            result["passed_fd"] = await _recv_fd(loop, sock)
+            return header, b""
+        return header, await _recv_exact(loop, sock, dlen)
+    except EOFError:
+        raise await _crashed(p) from None
 
 
 async def _crashed(p: _Pending) -> HelperFailure:
@@ -784,10 +776,8 @@ async def _exited(pidfd: int, timeout: float) -> bool:  # noqa: ASYNC109
     return True
 
 
-async def _recv_exact(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int
-) -> bytes | None:
-    """Receive exactly ``size`` bytes; None on a premature EOF."""
+async def _recv_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int) -> bytes:
+    """Receive exactly ``size`` bytes; EOFError on a premature end."""
     buf = bytearray(size)
     got = 0
     with memoryview(buf) as view:
@@ -795,16 +785,16 @@ async def _recv_exact(
             try:
                 n = await loop.sock_recv_into(sock, view[got:])
             except (ConnectionResetError, BrokenPipeError):
-                return None
+                n = 0
             if n == 0:
-                return None
+                raise EOFError
             got += n
     return bytes(buf)
 
 
-async def _recv_fd(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int | None:
-    """The descriptor sent with the next byte (``SCM_RIGHTS``); None on EOF or without one
-    (the kernel closes those left in a socket closed by a cancelled caller)."""
+async def _recv_fd(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int:
+    """The descriptor sent with the next byte (``SCM_RIGHTS``); EOFError on EOF or without
+    one (the kernel closes those left in a socket closed by a cancelled caller)."""
     while True:
         try:
             msg, anc, _flags, _addr = sock.recvmsg(1, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
@@ -817,10 +807,10 @@ async def _recv_fd(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int 
             finally:
                 loop.remove_reader(sock.fileno())
         except (ConnectionResetError, BrokenPipeError):
-            return None
+            raise EOFError from None
     fds = fds_from_anc(anc)
-    keep = fds[0] if msg and fds else None
-    for fd in fds:
-        if fd != keep:
-            os.close(fd)
-    return keep
+    for fd in fds[1:] if msg else fds:
+        os.close(fd)
+    if not msg or not fds:
+        raise EOFError
+    return fds[0]

@@ -15,7 +15,7 @@ import os
 import stat
 import struct
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeGuard
 
 from exec_server.errno_text import os_error_text
@@ -213,26 +213,22 @@ def _depth(path: str) -> int:
     return 0 if path == "/" else path.count("/")
 
 
-@dataclass(slots=True)
 class _Guard:
     """Read-only holes and ``none`` carve-outs, enforced on real locations."""
 
-    rules: list[tuple[str, int]] = field(default_factory=list)  # (path, 0 none/1 ro/2 write)
-
-    @staticmethod
-    def build(req: OpRequest) -> _Guard:
-        rules: list[tuple[str, int]] = []
+    def __init__(self, req: OpRequest) -> None:
+        #: (path, kind): 0 none, 1 read-only, 2 write
+        self.rules: list[tuple[str, int]] = []
         if not req.read_only and not req.denied:
-            return _Guard(rules)
+            return
         for kind, group in ((2, req.writable), (1, req.read_only), (0, req.denied)):
             for p in group:
-                rules.append((p, kind))
+                self.rules.append((p, kind))
                 real = os.path.realpath(p)
                 if real != p:
-                    rules.append((real, kind))
+                    self.rules.append((real, kind))
         if req.full_write:
-            rules.append(("/", 2))
-        return _Guard(rules)
+            self.rules.append(("/", 2))
 
     def _classify(self, path: str) -> int | None:
         best: tuple[int, int] | None = None  # (depth, -kind): deeper wins, then lower kind
@@ -285,7 +281,7 @@ class _Ctx:
     def __init__(self, req: OpRequest, data: bytes | bytearray) -> None:
         self.req = req
         self.data = data
-        self.guard = _Guard.build(req)
+        self.guard = _Guard(req)
 
     def changed(self, path: str) -> OpError:
         return OpError(_INTERNAL, f"{path} changed while the sandboxed operation was running")
