@@ -129,7 +129,6 @@ class _Process:
     pending: dict[int, _Pending] = field(default_factory=dict)
     by_pid: dict[int, _Pending] = field(default_factory=dict)
     dead: bool = False
-    timer: asyncio.TimerHandle | None = None
     #: resolves when the full control socket has room again (fs senders wait on it).
     writable: asyncio.Future[None] | None = None
 
@@ -263,7 +262,7 @@ class Zygote:
         ours.setblocking(False)
         z = _Process(popen=popen, ctl=ours, loop=loop, ready=loop.create_future())
         loop.add_reader(ours.fileno(), self._on_control, z)
-        z.timer = loop.call_later(_START_TIMEOUT, self._start_timed_out, z)
+        loop.call_later(_START_TIMEOUT, self._start_timed_out, z)
         return z
 
     def _failed_start(self, why: str) -> None:
@@ -273,7 +272,6 @@ class Zygote:
             self._unavailable = f"the helper zygote failed to start {self._failures} times"
 
     def _start_timed_out(self, z: _Process) -> None:
-        z.timer = None
         if not z.ready.done():
             self._retire(z, "the helper zygote did not report ready in time")
 
@@ -282,8 +280,6 @@ class Zygote:
         z.dead = True
         with contextlib.suppress(Exception):
             z.loop.remove_reader(z.ctl.fileno())
-        if z.timer is not None:
-            z.timer.cancel()
         z.ctl.close()
         _kill_launches(z)
         with contextlib.suppress(OSError):
@@ -296,9 +292,6 @@ class Zygote:
         if z.dead:
             return
         z.dead = True
-        if z.timer is not None:
-            z.timer.cancel()
-            z.timer = None
         with contextlib.suppress(ValueError, OSError, RuntimeError):
             z.loop.remove_reader(z.ctl.fileno())
         self._writable(z)
@@ -375,9 +368,6 @@ class Zygote:
             elif kind == b"R" and not z.ready.done():
                 z.abi = int(json.loads(body).get("abi", 0))
                 self._failures = 0
-                if z.timer is not None:
-                    z.timer.cancel()
-                    z.timer = None
                 z.ready.set_result(None)
                 logger.debug("helper zygote %d ready, Landlock ABI %d", z.popen.pid, z.abi)
 
