@@ -12,7 +12,7 @@ import functools
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -22,16 +22,14 @@ from exec_server.exceptions import InternalError, InvalidParamsError, wire_error
 from exec_server.fs.context import route_for
 from exec_server.fs.direct import DirEntry, Metadata
 from exec_server.fs.handles import MAX_BLOCK, FileHandles
-from exec_server.fs.service import (
-    ConfinedFileSystem,
-    FileSystemService,
-    NoFollowCall,
-    Route,
-)
+from exec_server.fs.service import FileSystemService, NoFollowCall, Route
 from exec_server.fs.walk import MAX_DEPTH, MAX_DIRECTORIES, MAX_ENTRIES, WalkOptions
 from exec_server.protocol.paths import PathForm, WirePath, parse_wire_path, render_path
 from exec_server.protocol.types import fs as t
 from exec_server.protocol.types.sandbox import decode_fs_sandbox, encode_client_context
+
+if TYPE_CHECKING:
+    from exec_server.fs.confined import SandboxedFileSystem
 
 __all__ = [
     "DirEntry",
@@ -263,7 +261,7 @@ class LocalFileSystem:
     (-32600). :meth:`with_sandbox` makes one this object owns.
     """
 
-    def __init__(self, *, confined: ConfinedFileSystem | None = None) -> None:
+    def __init__(self, *, confined: SandboxedFileSystem | None = None) -> None:
         self._service = FileSystemService(confined)
         self._handles = FileHandles()
         self._owned: Closable | None = None

@@ -1,34 +1,8 @@
 """Sandboxed ``fs/*`` calls: server-side checks, then a kernel-confined helper.
 
-For a read-only / workspace-write context (PROTOCOL.md §10; current-client
-managed contexts, CLIENT_COMPAT.md §1.4) every operation:
-
-1. computes each path's *check path* (§10.3): a final symlink is preserved for
-   ``remove`` and the ``copy`` source (root-alias normalised), everything else
-   is resolved with "resolve existing prefix";
-2. requires the request policy to allow the access on the check path
-   (``<check path> is not permitted by filesystem sandbox``, ``-32600``);
-3. runs the operation on the check path in a process confined by the kernel
-   with *that request's* helper plan (platform-default reads on, network off).
-
-Two confinement paths (docs/sandboxed-fs.md):
-
-* **zygote** (default on Linux with Landlock): the single-threaded
-  ``python -I -S`` helper zygote (``fs/helper/client.py``, shared with Landlock
-  launches) forks one child per request; the child carries no_new_privs and
-  the seccomp network filter, applies Landlock for the request's plan,
-  verifies through ``/proc/self/fd`` that every
-  directory it opens is where the server checked it (a symlink swapped in
-  meanwhile is refused), enforces read-only holes (``.git`` …) on the verified
-  real location, replies over a socketpair with raw bytes, and exits.
-* **direct reads**: a read-only call (readFile, getMetadata, readDirectory,
-  canonicalize) whose request *and* helper policies both read the whole disk
-  with no ``none`` entry runs in a worker thread like an unsandboxed call, as
-  upstream does: the result is provably the same. Writes are always confined.
-* **one-shot helper**: ``exec-server --codex-run-as-fs-helper`` wrapped by the
-  sandbox manager's backend (bwrap or the Landlock launcher) per call, speaking
-  the §10.5 JSON on stdin/stdout - the upstream-equivalent path, used when
-  Landlock is missing (``mode="auto"``) or when asked for (``mode="helper"``).
+Each call's paths are checked against the request's policy (PROTOCOL.md §10.2-§10.3)
+and the operation runs in a helper confined with that request's plan: a zygote child
+or the one-shot ``--codex-run-as-fs-helper`` (docs/sandboxed-fs.md).
 """
 
 from __future__ import annotations
@@ -67,7 +41,6 @@ from exec_server.fs.helper.client import (
     Zygote,
     ZygoteUnavailable,
     describe_wait_status,
-    new_temp_token,
     remove_temp,
     shared_zygote,
     write_temp,
@@ -100,7 +73,8 @@ Mode = Literal["auto", "zygote", "helper"]
 
 NOT_PERMITTED = "{} is not permitted by filesystem sandbox"
 #: confined operations (one helper process each) allowed to run at once.
-DEFAULT_MAX_CONCURRENT = 64
+MAX_CONCURRENT = 64
+BAD_MESSAGE = "failed to encode or decode fs sandbox helper message"
 NEEDS_POLICY = "sandboxed filesystem operations require ReadOnly or WorkspaceWrite sandbox policy"
 FS_HELPER_FLAG = "--codex-run-as-fs-helper"
 
@@ -130,8 +104,7 @@ class FsOperation:
 
 
 class _NoDescriptorPassing(Exception):
-    """The confinement in use cannot hand a descriptor back (the one-shot helper):
-    ``path`` is the checked location to open in the server instead."""
+    """The one-shot helper cannot hand a descriptor back: open ``path`` (checked) here."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -144,44 +117,27 @@ class _Checked:
     expect: str
 
 
-# ---------------------------------------------------------------- path checks
-
-
-def _resolve_existing_prefix(path: str) -> str:
-    """Strict :func:`ops.resolve_existing_prefix`: an unresolvable path is an internal error."""
+def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: bool) -> _Checked:
+    """PROTOCOL.md §10.2-§10.3 for one path: the check path and its expected real parent;
+    ``InvalidRequestError`` (-32600) when the policy refuses the access."""
     try:
-        return ops.resolve_existing_prefix(path, strict=True)
+        if preserve and os.path.islink(path):
+            # The link itself is operated on; its directory must still be where
+            # it is now when the helper opens it.
+            checked = root_alias_normalize(path)
+            expect = os.path.realpath(os.path.dirname(checked), strict=True)
+        else:
+            checked = ops.resolve_existing_prefix(path, strict=True)
+            expect = os.path.dirname(checked)
     except OSError as exc:
         raise InternalError(os_error_message(exc)) from exc
-
-
-def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: bool) -> _Checked:
-    """PROTOCOL.md §10.2-§10.3 for one path; returns the check path and its expected real parent.
-
-    Raises:
-        InvalidRequestError: the policy does not allow the access (-32600).
-        InternalError: canonicalisation failed.
-    """
-    if preserve and os.path.islink(path):
-        checked = root_alias_normalize(path)
-        # The link itself is operated on; its directory must still be where
-        # it is now when the helper opens it.
-        parent = os.path.dirname(checked)
-        try:
-            expect = os.path.realpath(parent, strict=True)
-        except OSError as exc:
-            raise InternalError(os_error_message(exc)) from exc
-    else:
-        checked = _resolve_existing_prefix(path)
-        expect = os.path.dirname(checked)
     if not os.path.isabs(checked):
         raise InvalidRequestError(f"resolved sandbox path is not absolute: {checked}")
     _require(request, checked, write=write)
     if expect != os.path.dirname(checked):
         # A preserved link whose directory is reached through a nested user
-        # symlink: the link really lives in ``expect``, so that location must
-        # be allowed too (stricter than §10.3, which checks only the lexical
-        # path and leaves the rest to the platform sandbox).
+        # symlink really lives in ``expect``: that location must be allowed too
+        # (stricter than §10.3, which leaves it to the platform sandbox).
         _require(request, os.path.join(expect, os.path.basename(checked)), write=write)
     return _Checked(checked, expect)
 
@@ -189,26 +145,17 @@ def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: b
 def _check_and_plan(
     op: FsOperation, request: FsSandboxRequest
 ) -> tuple[_Checked, _Checked | None, SandboxPlan]:
-    """The check paths of ``op``'s source and destination (PROTOCOL.md §10.2-§10.3)
-    and the confined helper's plan: one worker job.
-
-    Raises:
-        InvalidRequestError: the policy does not allow an access (-32600).
-        InternalError: canonicalisation failed.
-    """
-    src = check_path(
-        request, op.path, preserve=op.method in _PRESERVE_OPS, write=op.writes
-    )
+    """The check paths of ``op``'s source and destination and the helper's plan (one
+    worker job: they look at the filesystem)."""
+    src = check_path(request, op.path, preserve=op.method in _PRESERVE_OPS, write=op.writes)
     if op.no_follow:
-        # The helper works on the path as spelled (with no link in it, that is
-        # where it resolves to): both must be allowed.
+        # The helper works on the path as spelled: both it and its resolution must be allowed.
         _require(request, op.path, write=op.writes)
     if op.method != "fs/copy" or op.destination is None:
         return src, None, request.helper_plan()
     dst = check_path(request, op.destination, preserve=False, write=True)
     # A tree copied in must not bring what the policy keeps read-only below the
-    # destination (a `.git` planted in a writable root): refused before anything
-    # is written, not by the child half way through.
+    # destination (a `.git` planted in a writable root): refused before anything is written.
     conflict = request.copy_conflict(src.path, dst.path)
     if conflict is not None:
         raise InvalidRequestError(NOT_PERMITTED.format(conflict))
@@ -222,11 +169,6 @@ def _require(request: FsSandboxRequest, path: str, *, write: bool) -> None:
         raise InvalidRequestError(NOT_PERMITTED.format(path))
 
 
-def _server_cwd() -> str:
-    """PROTOCOL.md §10.1: the helper runs in the server's canonical cwd."""
-    return os.path.realpath(os.getcwd())
-
-
 def _runtime_read_roots() -> tuple[str, ...]:
     """What a fresh interpreter running the one-shot helper must be able to read."""
     import exec_server
@@ -238,8 +180,8 @@ def _runtime_read_roots() -> tuple[str, ...]:
         sys.exec_prefix,
         os.path.dirname(os.path.realpath(sys.executable)),
         package_root,
+        *(p for p in sys.path if p and os.path.isabs(p)),
     }
-    roots.update(p for p in sys.path if p and os.path.isabs(p))
     return tuple(sorted(r for r in roots if os.path.exists(r)))
 
 
@@ -250,10 +192,7 @@ def _header(
     dst: _Checked | None,
     plan: SandboxPlan,
 ) -> dict[str, object]:
-    """The request both confinements run (``helper.ops.OpRequest.from_header``): the
-    check paths and the real parents the server saw, the plan the child confines
-    itself with, the rules Landlock cannot express (read-only holes, ``none``
-    carve-outs) and a writeFile's temp file token (``helper.ops.temp_name``)."""
+    """The request both confinements run (``helper.ops.OpRequest.from_header``)."""
     header: dict[str, object] = {
         "op": op.method,
         "path": op.path if op.no_follow else src.path,
@@ -281,7 +220,7 @@ def _header(
     ):
         header["not_a_file"] = op.path
     if op.method == "fs/writeFile":
-        header["tmp"] = new_temp_token()
+        header["tmp"] = os.urandom(6).hex()
     if op.walk is not None:
         # The walk's root as spelled: the child decides what it may see by real locations.
         w = op.walk
@@ -292,13 +231,8 @@ def _header(
     return header
 
 
-# ---------------------------------------------------------------- the service
-
-
 class SandboxedFileSystem:
-    """Runs ``fs/*`` operations under a request's sandbox policy.
-
-    Implements ``fs.service.ConfinedFileSystem``: every method takes the
+    """Runs ``fs/*`` operations under a request's sandbox policy; every method takes the
     decoded context (``sandbox.convert.FsSandboxRequest``) first.
 
     Args:
@@ -307,8 +241,6 @@ class SandboxedFileSystem:
         mode: ``auto`` (zygote when Landlock works, else one-shot helper),
             ``zygote`` or ``helper``.
         zygote: inject a zygote (tests use ``Zygote(test_hooks=True)``).
-        max_concurrent: confined operations running at once (one process
-            each); further calls wait for a slot.
     """
 
     def __init__(
@@ -318,7 +250,6 @@ class SandboxedFileSystem:
         *,
         mode: Mode = "auto",
         zygote: Zygote | None = None,
-        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
     ) -> None:
         self._config = config
         self._manager = sandbox_manager
@@ -327,7 +258,7 @@ class SandboxedFileSystem:
         self._helpers: set[asyncio.subprocess.Process] = set()
         self._runtime_roots: tuple[str, ...] | None = None
         self._closed = False
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT)
 
     @property
     def zygote(self) -> Zygote:
@@ -357,7 +288,6 @@ class SandboxedFileSystem:
         return data
 
     def reads_directly(self, context: object) -> bool:
-        """Whether read-only calls under ``context`` run in the server (no helper)."""
         return _reads_everything(_request(context))
 
     def reads_regular_only(self, context: object) -> bool:
@@ -401,30 +331,20 @@ class SandboxedFileSystem:
         )
 
     async def walk(self, context: object, path: str, options: WalkOptions) -> WalkOutcome:
-        """Listed and looked at in the confined helper (PROTOCOL_CURRENT §6.3), unless
-        the policies provably read everything (then as an unsandboxed walk)."""
-        req = _request(context)
-        if _reads_everything(req):
-            return await shared_pool().run(walk_here, path, options)
-        result, _ = await self.run(FsOperation("fs/walk", path, walk=options), req)
-        return _walk_reply(result)
+        """What the context does not let the caller read is absent (PROTOCOL_CURRENT §6.3)."""
+        return await self._read_only(
+            context,
+            FsOperation("fs/walk", path, walk=options),
+            functools.partial(walk_here, options=options),
+            _walk_reply,
+        )
 
     async def open_handle(
         self, context: object, path: str, mode: OpenMode, install: Install
     ) -> None:
-        """``fs/open`` under a sandbox context (PROTOCOL_CURRENT §4.6).
-
-        Checked like every confined call, on the path's resolved location (a
-        location the context does not allow: ``-32600 ... is not permitted by
-        filesystem sandbox``); then the confined helper child opens it, under
-        Landlock and without capabilities, and passes the descriptor back
-        (``SCM_RIGHTS``): reads and writes on it are then as fast as unsandboxed
-        ones. With the one-shot helper (no zygote: it answers over pipes), the
-        checked location is opened here instead, following no symlink on the way
-        (:func:`exec_server.fs.nofollow.open_at`), so the descriptor is of the
-        location checked. A read under a policy that reads everything opens the
-        path as given, as unsandboxed.
-        """
+        """``fs/open`` (PROTOCOL_CURRENT §4.6): the confined child opens the file and
+        passes the descriptor back; with the one-shot helper the check path is opened
+        here, following no link."""
         req = _request(context)
         if mode == "read" and _reads_everything(req):
             return await shared_pool().run(open_into, install, path, mode)
@@ -439,25 +359,16 @@ class SandboxedFileSystem:
         install(fd)
 
     async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
-        """A ``followSymlinks: false`` call, confined as the others: a read runs here
-        when the policies provably read everything; otherwise the policy is checked
-        on the path as spelled and as resolved, and the confined helper runs the same
-        no-follow code (``fs.helper.ops``, :mod:`exec_server.fs.nofollow`) on the path
-        as spelled, under Landlock and without capabilities."""
+        """The policy is checked on the path as spelled and as resolved; the confined child
+        runs the direct route's no-follow code."""
         req = _request(context)
         if call.method not in WRITE_OPS and _reads_everything(req):
             return await shared_pool().run(run_no_follow, call)
         data: ops.Payload = b""
         if call.produce is not None:
             data = await shared_pool().run(call.produce)
-        op = FsOperation(
-            call.method,
-            call.path,
-            data=data,
-            recursive=call.recursive,
-            force=call.force,
-            no_follow=True,
-        )
+        op = FsOperation(call.method, call.path, data=data, recursive=call.recursive,
+                         force=call.force, no_follow=True)
         return no_follow_result(call.method, *await self.run(op, req))
 
     async def _read_only(
@@ -467,39 +378,27 @@ class SandboxedFileSystem:
         direct: Callable[[str], _T],
         reply: Callable[[dict[str, object]], _T],
     ) -> _T:
-        """A read that needs no confinement when the policy reads everything (§10.1).
-
-        Then ``direct(op.path)`` runs in a thread; otherwise the helper runs ``op``
-        and ``reply`` turns its result fields into the answer.
-        """
+        """``direct(op.path)`` in a worker when the policies read everything (§10.1), else
+        ``op`` confined, its result fields made into the answer by ``reply``."""
         req = _request(context)
         if _reads_everything(req):
             return await shared_pool().run(direct, op.path)
         result, _ = await self.run(op, req)
         return reply(result)
 
-    # ------------------------------------------------------------- core
-
     async def run(
         self, op: FsOperation, request: FsSandboxRequest
     ) -> tuple[dict[str, object], bytes]:
-        """Check ``op`` against ``request`` and run it confined.
-
-        Returns:
-            The helper's result fields and raw payload (readFile bytes).
-
-        Raises:
-            ExecServerError: denial, filesystem error (codes per §9.1), helper failure.
-        """
+        """Check ``op`` against ``request`` and run it confined: the helper's result fields
+        and raw payload; ``ExecServerError`` for a denial, an fs error or a helper failure."""
         if self._closed:
             raise InternalError("the filesystem sandbox is shut down")
         if request.direct:
             raise InvalidRequestError(NEEDS_POLICY)
         if op.method == "fs/copy" and op.destination is None:
             raise InvalidRequestError("fs/copy requires destinationPath")
-        # In a worker: the checks and the helper's plan look at the filesystem
-        # (realpath, protected subpaths), which under a hung network or FUSE mount
-        # would stall every connection.
+        # In a worker: the checks look at the filesystem, which under a hung
+        # network or FUSE mount would stall every connection.
         src, dst, plan = await shared_pool().run(_check_and_plan, op, request)
         header = _header(op, request, src, dst, plan)
         async with self._slots:
@@ -518,16 +417,14 @@ class SandboxedFileSystem:
                 else:
                     return _unpack(reply), payload
             if op.method == "fs/open":
-                raise _NoDescriptorPassing(src.path)  # the one-shot helper answers over pipes
+                raise _NoDescriptorPassing(src.path)
             return await self._run_helper(op, request, header)
-
-    # ------------------------------------------------------------- one-shot helper
 
     async def _run_helper(
         self, op: FsOperation, request: FsSandboxRequest, header: dict[str, object]
     ) -> tuple[dict[str, object], bytes]:
-        """``header`` in a one-shot ``--codex-run-as-fs-helper`` process that the sandbox
-        manager wraps with the request's plan plus what its interpreter must read."""
+        """``header`` in a one-shot helper process that the sandbox manager wraps with the
+        request's plan plus what its interpreter must read."""
         if self._manager is None:
             raise InvalidRequestError(NO_RUNTIME_PATHS)
         if self._runtime_roots is None:
@@ -537,7 +434,8 @@ class SandboxedFileSystem:
         )
         spec = LaunchSpec(
             argv=[sys.executable, "-I", "-m", "exec_server", FS_HELPER_FLAG],
-            cwd=await shared_pool().run(_server_cwd),
+            # PROTOCOL.md §10.1: the helper runs in the server's canonical cwd.
+            cwd=await shared_pool().run(lambda: os.path.realpath(os.getcwd())),
             env={},
         )
         await self._manager.warm()  # first use: backend probes off the loop
@@ -586,28 +484,23 @@ class SandboxedFileSystem:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._helpers.add(proc)
+        timeout = self._config.fs_helper_timeout
         try:
-            async with asyncio.timeout(self._config.fs_helper_timeout):
+            async with asyncio.timeout(timeout):
                 stdout, stderr = await proc.communicate(message)
-        except TimeoutError:
+        except BaseException as exc:
             _kill_group(proc)
             await proc.wait()
-            raise InternalError(
-                f"fs sandbox helper timed out after {self._config.fs_helper_timeout:g}s "
-                "and was killed"
-            ) from None
-        except BaseException:
-            _kill_group(proc)
-            await proc.wait()
+            if isinstance(exc, TimeoutError):
+                raise InternalError(
+                    f"fs sandbox helper timed out after {timeout:g}s and was killed"
+                ) from None
             raise
         finally:
             self._helpers.discard(proc)
         code = proc.returncode if proc.returncode is not None else -1
         status = (-code) & 0x7F if code < 0 else (code & 0xFF) << 8
         return stdout, stderr, status
-
-
-# ---------------------------------------------------------------- helpers
 
 
 def _request(context: object) -> FsSandboxRequest:
@@ -617,28 +510,16 @@ def _request(context: object) -> FsSandboxRequest:
 
 
 def _reads_everything(request: FsSandboxRequest) -> bool:
-    """A read-only call may run directly, as upstream does, when that is provably equivalent.
-
-    True when the request policy (the pre-check) and the helper policy (what
-    the kernel would enforce) both read the whole disk with no ``none``
-    carve-out: every path then passes the pre-check and is readable in the
-    confined child, so the direct read returns exactly the same bytes. Never
-    for writes.
-    """
+    """A read runs directly, as upstream's does, when that provably answers the same: the
+    request policy (the pre-check) and the helper policy (the kernel's) read everything."""
     if request.direct:
         return False
     return has_full_disk_read(request.policy) and has_full_disk_read(request.helper_policy)
 
 
 def _is_visible_link(request: FsSandboxRequest, path: str) -> bool:
-    """Whether ``path`` itself is a symlink the request policy lets the caller see.
-
-    getMetadata's path is resolved (PROTOCOL.md §10.2), so the helper stats the
-    link's target and cannot tell; ``isSymlink`` is of the path itself
-    (``lstat``, CLIENT_COMPAT.md §6.1), as on the direct path. Reported only
-    when the link is readable where it lives (the preserved-symlink check of
-    remove and the copy source): elsewhere the policy reveals nothing about it.
-    """
+    """Whether ``path`` is a symlink the policy lets the caller see where it lives: the
+    helper stats the resolved path, ``isSymlink`` is of the path (CLIENT_COMPAT.md §6.1)."""
     if not os.path.islink(path):
         return False
     try:
@@ -685,23 +566,25 @@ def _path_reply(result: dict[str, object]) -> str:
     return out
 
 
-def _unpack(reply: dict[str, object]) -> dict[str, object]:
-    if reply.get("status") == "error":
+def _unpack(reply: object) -> dict[str, object]:
+    """A helper reply's result fields, or its error raised with the child's code."""
+    if not isinstance(reply, dict) or reply.get("status") not in ("ok", "error"):
+        raise InternalError(f"{BAD_MESSAGE}: not a reply object")
+    if reply["status"] == "error":
         code = reply.get("code")
         message = reply.get("message")
         if not isinstance(code, int) or not isinstance(message, str):
-            raise InternalError("failed to encode or decode fs sandbox helper message: bad error")
+            raise InternalError(f"{BAD_MESSAGE}: bad error")
         raise error_for_code(code, message)
     result = reply.get("result")
     if not isinstance(result, dict):
-        raise InternalError("failed to encode or decode fs sandbox helper message: no result")
+        raise InternalError(f"{BAD_MESSAGE}: no result")
     return result
 
 
 def _helper_request(op: FsOperation, header: dict[str, object]) -> bytes:
-    """PROTOCOL.md §10.5 request, with the zygote's request header as an
-    ``x-exec-server`` member: our helper runs the same strict checks from it
-    (upstream's ignores unknown members)."""
+    """PROTOCOL.md §10.5 request, with the zygote's header as an ``x-exec-server`` member:
+    our helper runs the same strict checks from it (upstream's ignores unknown members)."""
     params: dict[str, object] = {"sandbox": None}
     if op.method == "fs/copy":
         params.update(sourcePath=header["path"], destinationPath=header["dest"],
@@ -721,16 +604,12 @@ def _parse_helper_response(method: str, stdout: bytes) -> tuple[dict[str, object
     try:
         msg = json.loads(stdout.strip() or b"null")
     except ValueError as exc:
-        raise InternalError(
-            f"failed to encode or decode fs sandbox helper message: {exc}"
-        ) from None
+        raise InternalError(f"{BAD_MESSAGE}: {exc}") from None
     if not isinstance(msg, dict) or msg.get("status") not in ("ok", "error"):
-        raise InternalError(
-            "failed to encode or decode fs sandbox helper message: not a helper response"
-        )
+        raise InternalError(f"{BAD_MESSAGE}: not a helper response")
     payload = msg.get("payload")
     if not isinstance(payload, dict):
-        raise InternalError("failed to encode or decode fs sandbox helper message: no payload")
+        raise InternalError(f"{BAD_MESSAGE}: no payload")
     if msg["status"] == "error":
         return _unpack({"status": "error", **payload}), b""
     got = payload.get("operation")
@@ -738,7 +617,7 @@ def _parse_helper_response(method: str, stdout: bytes) -> tuple[dict[str, object
         raise InternalError(f"unexpected fs sandbox helper response: expected {method}, got {got}")
     response = payload.get("response")
     if not isinstance(response, dict):
-        raise InternalError("failed to encode or decode fs sandbox helper message: no response")
+        raise InternalError(f"{BAD_MESSAGE}: no response")
     if method == "fs/readFile":
         try:
             data = base64.b64decode(str(response.get("dataBase64", "")), validate=True)

@@ -1,23 +1,8 @@
-"""Route one filesystem call: run it directly in a worker thread, or confined.
+"""Route one filesystem call (PROTOCOL.md §9.1): directly in a worker thread, or confined.
 
-Shared by the server's ``fs/*`` handlers and the client's in-process
-``LocalFileSystem`` so both behave identically (PROTOCOL.md §9.1 routing):
-
-| sandbox context                                           | route    |
-|-----------------------------------------------------------|----------|
-| absent / ``null``                                         | direct   |
-| legacy ``danger-full-access`` / ``external-sandbox``      | direct   |
-| current ``disabled`` / ``external`` / managed+unrestricted | direct   |
-| legacy ``read-only`` / ``workspace-write``, current managed+restricted | confined |
-
-Confined calls go to the sandboxed-filesystem service (``fs/confined.py``);
-when none is configured they fail closed with ``-32600`` and the upstream text
-(PROTOCOL.md §10.7) - never unconfined.
-
-Every direct call is one job in a worker thread (:mod:`exec_server.fs.pool`):
-the event loop never touches the filesystem, so a big copy, a cold disk or a
-path on a hung network or FUSE mount never stalls the other connections (the
-pool's stuck-job rule keeps hung jobs from holding every thread).
+Shared by the server's ``fs/*`` handlers and the client's ``LocalFileSystem``. Without
+a confined service, confined calls fail closed (``-32600``, PROTOCOL.md §10.7). A
+direct call is one worker job: the event loop never touches the filesystem.
 """
 
 from __future__ import annotations
@@ -25,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import direct as ops
@@ -36,10 +21,12 @@ from exec_server.fs.helper import ops as helper_ops
 from exec_server.fs.pool import WorkerPool, shared_pool
 from exec_server.fs.walk import WalkOptions, WalkOutcome, limits_error, walk
 
+if TYPE_CHECKING:
+    from exec_server.fs.confined import SandboxedFileSystem
+
 __all__ = [
     "DIRECT",
     "NO_RUNTIME_PATHS",
-    "ConfinedFileSystem",
     "FileSystemService",
     "FsRoute",
     "NoFollowCall",
@@ -56,13 +43,8 @@ NO_RUNTIME_PATHS = "sandboxed filesystem operations require configured runtime p
 
 @dataclass(frozen=True, slots=True)
 class FsRoute:
-    """Where one call runs.
-
-    Attributes:
-        confined: the call must run under the platform sandbox.
-        context: the sandbox-policy layer's decoded context, handed to the
-            confined service untouched (``None`` for direct calls).
-    """
+    """Where one call runs: confined or not, with the decoded sandbox context the
+    confined service is handed untouched (``None`` for direct calls)."""
 
     confined: bool
     context: object = None
@@ -71,67 +53,19 @@ class FsRoute:
 DIRECT = FsRoute(confined=False)
 
 
-#: what every method takes (``fs.context.route`` makes them).
 Route = FsRoute
-
-
-class ConfinedFileSystem(Protocol):
-    """What the sandboxed-filesystem service offers (one call per operation)."""
-
-    async def read_file(self, context: object, path: str) -> bytes: ...
-
-    async def write_file(self, context: object, path: str, data: ops.Payload) -> None: ...
-
-    async def create_directory(self, context: object, path: str, recursive: bool) -> None: ...
-
-    async def get_metadata(self, context: object, path: str) -> Metadata: ...
-
-    async def read_directory(self, context: object, path: str) -> list[DirEntry]: ...
-
-    async def remove(self, context: object, path: str, recursive: bool, force: bool) -> None: ...
-
-    async def copy(
-        self, context: object, source: str, destination: str, recursive: bool
-    ) -> None: ...
-
-    async def canonicalize(self, context: object, path: str) -> str: ...
-
-    async def walk(self, context: object, path: str, options: WalkOptions) -> WalkOutcome:
-        """``fs/walk`` confined: what the context does not let the caller read is absent."""
-        ...
-
-    async def open_handle(
-        self, context: object, path: str, mode: Mode, install: Install
-    ) -> None:
-        """Open ``path`` for ``fs/open`` where the context allows it; ``install`` takes
-        the descriptor over in the worker that opened it."""
-        ...
-
-    async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
-        """A ``followSymlinks: false`` call under ``context``, confined as the others."""
-        ...
-
-    def reads_directly(self, context: object) -> bool:
-        """Whether read-only calls under ``context`` may run in the server (no helper)."""
-        ...
-
-    def reads_regular_only(self, context: object) -> bool:
-        """For a ``context`` that :meth:`reads_directly`: whether its ``fs/readFile``
-        refuses anything but a regular file (the current generation's rule)."""
-        ...
 
 
 class FileSystemService:
     """Typed async filesystem API; every method takes the call's :class:`FsRoute`.
 
     Args:
-        confined: the sandboxed-filesystem service, or ``None`` (confined
-            calls then fail closed).
+        confined: the sandboxed-filesystem service (``None``: confined calls fail closed).
         pool: worker threads for direct calls (default: the shared pool).
     """
 
     def __init__(
-        self, confined: ConfinedFileSystem | None = None, *, pool: WorkerPool | None = None
+        self, confined: SandboxedFileSystem | None = None, *, pool: WorkerPool | None = None
     ) -> None:
         self._confined = confined
         self._pool = pool or shared_pool()
@@ -140,7 +74,7 @@ class FileSystemService:
     def pool(self) -> WorkerPool:
         return self._pool
 
-    def _confined_or_refuse(self) -> ConfinedFileSystem:
+    def _confined_or_refuse(self) -> SandboxedFileSystem:
         if self._confined is None:
             raise InvalidRequestError(NO_RUNTIME_PATHS)
         return self._confined
@@ -171,15 +105,11 @@ class FileSystemService:
         map_pieces: Callable[[Iterable[memoryview], int], T] | None = None,
     ) -> bytes | T:
         """Like :meth:`read_file`, but contents over ``large_over`` bytes come back as
-        ``map_large(data)`` computed in a worker (in the one that read them when
-        the server reads the file: one thread hand-off instead of two; the server
-        base64-encodes big files this way).
+        ``map_large(data)``, computed in the worker that read them (one hand-off, not two).
 
-        ``map_pieces(pieces, size)``, if given, maps a regular file of
-        :data:`PIECES_MIN` bytes or more that the server reads itself as it is
-        read, :data:`READ_PIECE` bytes at a time (in one reused buffer), so the
-        file is never held whole; a file whose size changed since its ``fstat``
-        is read again whole for ``map_large``."""
+        ``map_pieces(pieces, size)`` maps a regular file of :data:`PIECES_MIN` bytes or
+        more as it is read, :data:`READ_PIECE` bytes at a time, so it is never held
+        whole; a file whose size changed since its ``fstat`` goes to ``map_large``."""
         if route.confined:
             confined = self._confined_or_refuse()
             if not confined.reads_directly(route.context):
@@ -196,12 +126,10 @@ class FileSystemService:
     async def write_file_from(
         self, path: str, produce: Callable[[], ops.Payload], route: Route = DIRECT
     ) -> None:
-        """Like :meth:`write_file` with the data made by ``produce()`` in the same
-        worker job (the server decodes big base64 payloads this way, a slice at a
-        time as they are written: see ``ops.Pieces``)."""
+        """Like :meth:`write_file` with the data made by ``produce()`` in the writing
+        worker (big base64 payloads are decoded a slice at a time: ``ops.Pieces``)."""
         if route.confined:
-            # Made in a worker (a small text is decoded there), handed over as made:
-            # pieces are decoded as they go to the confined helper.
+            # Pieces are decoded as they go to the confined helper.
             payload = await self._pool.run(produce)
             return await self._confined_or_refuse().write_file(route.context, path, payload)
         await self._pool.run(_produce_and_write, path, produce)
@@ -252,8 +180,7 @@ class FileSystemService:
         await self._pool.run(ops.copy, source, destination, recursive=recursive)
 
     async def walk(self, path: str, options: WalkOptions, route: Route = DIRECT) -> WalkOutcome:
-        """A bounded breadth-first walk (:mod:`exec_server.fs.walk`); limits are
-        checked before the path is looked at."""
+        """A bounded breadth-first walk; limits are checked before the path is looked at."""
         refused = limits_error(options)
         if refused is not None:
             raise InvalidRequestError(refused)
@@ -264,16 +191,15 @@ class FileSystemService:
     async def open_handle(
         self, path: str, mode: Mode, install: Install, route: Route = DIRECT
     ) -> None:
-        """Open a new file handle's descriptor (``fs/open``) and hand it to ``install``
-        in the worker that opened it (a cancelled caller cannot leak it)."""
+        """Open ``fs/open``'s descriptor and hand it to ``install`` in the worker that
+        opened it (a cancelled caller cannot leak it)."""
         if route.confined:
             confined = self._confined_or_refuse()
             return await confined.open_handle(route.context, path, mode, install)
         await self._pool.run(open_into, install, path, mode)
 
     async def no_follow(self, call: NoFollowCall, route: Route = DIRECT) -> NoFollowResult:
-        """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`: no symlink
-        anywhere in the path, race-free): in a worker, or confined like every call."""
+        """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`)."""
         if route.confined:
             return await self._confined_or_refuse().no_follow(route.context, call)
         return await self._pool.run(run_no_follow, call)
@@ -301,7 +227,6 @@ def _read_direct(
     large_over: int,
     map_pieces: Callable[[Iterable[memoryview], int], T] | None,
 ) -> bytes | T:
-    """Read and map in one worker job (see :meth:`FileSystemService.read_file_mapped`)."""
     fd, size = ops.open_for_read(path, regular_only=regular_only)
     if map_pieces is not None and size is not None and size >= max(PIECES_MIN, large_over + 1):
         try:
@@ -331,11 +256,7 @@ class _Resized(Exception):
 
 
 def _pieces_of(fd: int, size: int) -> Iterator[memoryview]:
-    """``fd``'s ``size`` bytes, :data:`READ_PIECE` at a time in one reused buffer.
-
-    Raises:
-        _Resized: the file ended early or goes on past ``size``.
-    """
+    """``fd``'s ``size`` bytes in one reused buffer; :class:`_Resized` if that is wrong."""
     buffer = bytearray(min(READ_PIECE, size))
     view = memoryview(buffer)
     done = 0
@@ -359,9 +280,7 @@ def _produce_and_write(path: str, produce: Callable[[], ops.Payload]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class NoFollowCall:
-    """One ``followSymlinks: false`` call: ``method`` is the ``fs/*`` name (getMetadata,
-    readFile, writeFile, createDirectory, remove); ``produce`` makes writeFile's data
-    (in the worker that writes, or before handing it to the confined helper)."""
+    """One ``followSymlinks: false`` call; ``produce`` makes writeFile's data."""
 
     method: str
     path: str
@@ -375,7 +294,7 @@ NoFollowResult = Metadata | bytes | None
 
 
 def run_no_follow(call: NoFollowCall) -> NoFollowResult:
-    """Run ``call`` here (a worker thread), with the code the confined child runs."""
+    """Run ``call`` in this worker, with the code the confined child runs."""
     data = b"" if call.produce is None else ops.payload_bytes(call.produce())
     fields, payload = helper_ops.no_follow(
         call.method, call.path, data, recursive=call.recursive, force=call.force
@@ -384,14 +303,12 @@ def run_no_follow(call: NoFollowCall) -> NoFollowResult:
 
 
 def no_follow_result(method: str, fields: dict[str, object], payload: bytes) -> NoFollowResult:
-    """A no-follow call's answer from ``helper_ops.no_follow``'s result fields and payload."""
     if method == "fs/getMetadata":
         return metadata_from_fields(fields)
     return payload if method == "fs/readFile" else None
 
 
 def metadata_from_fields(fields: dict[str, object]) -> Metadata:
-    """:class:`Metadata` from ``helper_ops.metadata_fields`` (as the confined child sends it)."""
 
     def number(key: str) -> int:
         value = fields.get(key)
@@ -408,6 +325,5 @@ def metadata_from_fields(fields: dict[str, object]) -> Metadata:
 
 
 def walk_here(path: str, options: WalkOptions) -> WalkOutcome:
-    """:func:`exec_server.fs.walk.walk` in this process, OS errors typed (a worker job)."""
     with translate_os_errors():
         return walk(path, options)

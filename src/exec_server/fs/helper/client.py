@@ -1,31 +1,9 @@
-"""Client of the helper zygote: confined fs calls and Landlock launches, one process.
+"""Client of the helper zygote (``main.py``): confined fs calls and Landlock launches.
 
 The server is multi-threaded and must never fork itself to confine a child
-(SANDBOX.md §0.3). Instead one small single-threaded ``python -I -S`` process
-(``main.py``, started with ``subprocess``) forks one child per request:
-a confined filesystem operation (``F``) or a Landlock launch (``S``); the
-control protocol is ``fs.helper.loop``'s.
-
-fs call: the server creates a ``SOCK_STREAM`` socketpair, hands one end to the
-zygote, gets back the child's pid and a pidfd, streams the request frame (raw
-bytes, no base64) and reads the reply frame until complete. A hang is bounded
-by the caller's timeout (the child is ``SIGKILL``ed through its pidfd), an
-early EOF or an undecodable frame becomes ``HelperFailure`` with the exit
-status the zygote reports. A writeFile whose caller goes away once its child
-has the whole request is finished in the background (:meth:`Zygote.drain`),
-and the temp file name of a writeFile child that died is removed
-(:func:`remove_temp_file`; docs/sandboxed-fs.md).
-
-Launch (``process.spec.LaunchService``): the command's stdio and status pipe
-go to the zygote; :meth:`Zygote.spawn` awaits the child's pid (it leads its
-own group by then) and the child's wait status arrives when the zygote reaps
-it. While the zygote is not ready a launch raises ``LaunchServiceUnavailable``
-(the caller runs the launcher script) and the zygote starts meanwhile; an fs
-call awaits the start.
-
-Lifecycle: started lazily, on the event loop of its first use (a use from
-another loop replaces it: tests run one loop each); restarted when it dies;
-closed when its last owner (process manager, sandboxed filesystem) releases it.
+(SANDBOX.md §0.3); one small single-threaded ``python -I -S`` zygote forks a child
+per request instead (docs/sandboxed-fs.md). It starts lazily on the loop of its first
+use, restarts when it dies and closes when its last owner releases it.
 """
 
 from __future__ import annotations
@@ -47,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from exec_server.fs.direct import Payload, Pieces
-from exec_server.fs.helper.loop import ID_PID, MAX_REQUEST, fds_from_anc
+from exec_server.fs.helper.main import EXIT, ID, ID_PID, MAX_REQUEST, fds_from_anc
 from exec_server.fs.helper.ops import FRAME, MAX_DATA, encode_frame, temp_name
 from exec_server.fs.pool import shared_pool
 from exec_server.process.spec import LaunchServiceUnavailable, ServicedChild
@@ -59,7 +37,6 @@ __all__ = [
     "Zygote",
     "ZygoteUnavailable",
     "describe_wait_status",
-    "new_temp_token",
     "remove_temp",
     "remove_temp_file",
     "shared_zygote",
@@ -68,22 +45,19 @@ __all__ = [
 
 logger = logging.getLogger("exec_server.fs.sandbox")
 
-_ID: Final = struct.Struct("!Q")
-_EXIT: Final = struct.Struct("!ii")
 _MAX_REPLY_HEADER: Final = 64 * 1024 * 1024
 _MAIN: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
-#: payloads up to this size are sent together with their frame header.
+#: payloads up to this size are sent together with their frame header (one wake-up).
 _COALESCE: Final = 256 * 1024
-#: how long to wait for the zygote to report a killed child as reaped.
+#: seconds for the zygote's ready message, a killed child's reaping, a launch's report.
+_START_TIMEOUT: Final = 10.0
 _REAP_TIMEOUT: Final = 5.0
-#: seconds a launch may wait for the zygote's report of its child.
-DEFAULT_SPAWN_TIMEOUT: Final = 5.0
-#: after this many failed starts in a row the zygote is not tried again.
+_SPAWN_TIMEOUT: Final = 5.0
 _MAX_START_FAILURES: Final = 3
 _CLOSED: Final = "the helper zygote was closed"
-#: operations whose child, once it has the whole request, is not killed when the
-#: caller stops waiting: it finishes in the background within the call's timeout,
-#: as a cancelled direct call's worker thread does (docs/sandboxed-fs.md).
+_BAD_FRAME: Final = "failed to encode or decode fs sandbox helper message"
+#: a child of these with its whole request finishes when its caller stops waiting,
+#: as a cancelled direct call's worker does.
 _FINISH_WHEN_CANCELLED: Final = frozenset({"fs/writeFile"})
 
 
@@ -96,40 +70,30 @@ class HelperFailure(Exception):
 
 
 class _NoChild(HelperFailure):
-    """The zygote could not start a child for the request (``errno``)."""
-
     def __init__(self, err: int) -> None:
         super().__init__(f"cannot fork a sandbox helper: {os.strerror(err)}")
         self.errno = err
 
 
 class _NotForked(Exception):
-    """The request never reached a child (the zygote was gone)."""
+    """The request never reached a child (the zygote was gone): safe to retry."""
 
 
 def describe_wait_status(status: int) -> str:
-    """Format like Rust's ``ExitStatus`` Display: ``exit status: 1`` / ``signal: 9 (SIGKILL)``."""
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            return f"signal: {sig}"
-        return f"signal: {sig} ({name})"
-    return f"exit status: {os.waitstatus_to_exitcode(status)}"
+    """Like Rust's ``ExitStatus`` Display: ``exit status: 1`` / ``signal: 9 (SIGKILL)``."""
+    if not os.WIFSIGNALED(status):
+        return f"exit status: {os.waitstatus_to_exitcode(status)}"
+    sig = os.WTERMSIG(status)
+    try:
+        return f"signal: {sig} ({signal.Signals(sig).name})"
+    except ValueError:
+        return f"signal: {sig}"
 
 
 @dataclass(frozen=True, slots=True)
 class SpawnRequest:
-    """One launch for the zygote (the ``LaunchSpec.zygote.request`` of the Landlock backend).
-
-    Attributes:
-        args: launcher flags (``--status-fd 3 ... -- CMD...``), as ``_launch.main`` takes.
-        env: the command's complete environment.
-        cwd: the command's working directory (checked before the spawn).
-        status_fd: the server-side write end of the status pipe (also in
-            ``LaunchSpec.pass_fds``; the caller closes it after the spawn).
-    """
+    """One Landlock launch: launcher flags (``--status-fd 3 ... -- CMD...``), the complete
+    environment, the checked cwd and the status pipe's write end (the caller closes it)."""
 
     args: tuple[str, ...]
     env: dict[str, str]
@@ -139,25 +103,17 @@ class SpawnRequest:
 
 @dataclass(eq=False, slots=True)
 class _Pending:
-    """One request's child: its pid and pidfd once started, its wait status once reaped."""
+    """One request's child: pid and pidfd once started, wait status once reaped."""
 
+    req_id: int
     started: asyncio.Future[tuple[int, int]]
     exited: asyncio.Future[int]
     pid: int | None = None
     pidfd: int | None = None
-    #: a launch: its whole process group is killed if the zygote dies first.
+    #: a launch: its process group is killed if the zygote dies first.
     group: bool = False
-
-
-@dataclass(eq=False, slots=True)
-class _Call:
-    """One request on its way: its zygote, child, socket and writeFile temp name."""
-
-    z: _Process
-    req_id: int
-    p: _Pending
-    sock: socket.socket
-    #: (directory, name) of the temp file a killed writeFile child may leave.
+    #: an fs call's socket, and the (directory, name) a killed writeFile child may leave.
+    sock: socket.socket | None = None
     temp: tuple[str, str] | None = None
 
 
@@ -173,7 +129,6 @@ class _Process:
     pending: dict[int, _Pending] = field(default_factory=dict)
     by_pid: dict[int, _Pending] = field(default_factory=dict)
     dead: bool = False
-    timer: asyncio.TimerHandle | None = None
     #: resolves when the full control socket has room again (fs senders wait on it).
     writable: asyncio.Future[None] | None = None
 
@@ -183,28 +138,16 @@ class Zygote:
 
     Args:
         python: interpreter for the zygote (default ``sys.executable``).
-        start_timeout: seconds to wait for the zygote's ready message.
-        spawn_timeout: seconds a launch waits for its child's report.
-        test_hooks: let fs requests carry ``test_hook`` (crash/garbage/hang/short) and
-            ``test_pause`` (``zygote_main.Zygote._arm_pause``) for tests.
-        prefork: keep a child of each kind forked ahead of time (takes the fork
-            off the request's critical path).
+        test_hooks: let fs requests carry ``test_hook`` and ``test_pause`` (tests).
+        prefork: keep a child of each kind forked ahead of time.
     """
 
     def __init__(
-        self,
-        *,
-        python: str | None = None,
-        start_timeout: float = 10.0,
-        spawn_timeout: float = DEFAULT_SPAWN_TIMEOUT,
-        test_hooks: bool = False,
-        prefork: bool = True,
+        self, *, python: str | None = None, test_hooks: bool = False, prefork: bool = True
     ) -> None:
         self._python = python or sys.executable
-        self._prefork = prefork
-        self._start_timeout = start_timeout
-        self._spawn_timeout = spawn_timeout
-        self._test_hooks = test_hooks
+        self._flags = [*(["--test-hooks"] if test_hooks else ()),
+                       *(["--no-prefork"] if not prefork else ())]
         self._z: _Process | None = None
         self._next_id = 0
         self._failures = 0
@@ -213,44 +156,32 @@ class Zygote:
         )
         self._owners: dict[int, object] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        #: calls whose caller went away while their child finishes (``_FINISH_WHEN_CANCELLED``).
-        self._finishing: set[asyncio.Task[tuple[dict[str, object], bytes]]] = set()
+        #: calls whose caller went away while their child finishes.
+        self._finishing: set[asyncio.Task[tuple[object, bytes]]] = set()
         #: launches started through the zygote (tests, diagnostics).
         self.spawned = 0
 
     @property
     def pid(self) -> int | None:
-        """The running (ready) zygote's pid, else None (also for another loop's zygote)."""
+        """The ready zygote's pid, else None (also when it belongs to another loop)."""
         z = self._z
-        if z is None or z.dead or not z.ready.done() or z.ready.cancelled():
-            return None
-        if z.ready.exception() is not None:
+        if z is None or z.dead or not z.ready.done() or z.ready.exception() is not None:
             return None
         try:
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            loop = asyncio.get_running_loop()
         except RuntimeError:
-            loop = None
-        return z.popen.pid if loop is None or loop is z.loop else None
-
-    @property
-    def abi(self) -> int:
-        """Landlock ABI the zygote probed (0 before start)."""
-        return 0 if self._z is None else self._z.abi
+            return z.popen.pid
+        return z.popen.pid if loop is z.loop else None
 
     def __repr__(self) -> str:
-        return f"<Zygote pid={self.pid} abi={self.abi} owners={len(self._owners)}>"
+        return f"<Zygote pid={self.pid} owners={len(self._owners)}>"
 
-    # ------------------------------------------------------------------ lifecycle
-
-    async def ensure_started(self, owner: object = None) -> None:
+    async def ensure_started(self, owner: object = None) -> _Process:
         """Start (or restart) the zygote for ``owner`` and wait until it is ready.
 
         Raises:
             ZygoteUnavailable: it cannot start, or the kernel lacks Landlock.
         """
-        await self._ready(owner)
-
-    async def _ready(self, owner: object) -> _Process:
         if owner is not None:
             self._owners[id(owner)] = owner
         z = self._current(asyncio.get_running_loop())
@@ -273,10 +204,7 @@ class Zygote:
             await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the zygote (it kills its children's groups and exits) and reap it.
-
-        The service stays usable: a later use starts a new zygote.
-        """
+        """Close (it kills its children's groups) and reap the zygote; a later use restarts."""
         loop = asyncio.get_running_loop()
         z, self._z = self._z, None
         if z is not None:
@@ -289,9 +217,7 @@ class Zygote:
         await self.drain()
 
     async def drain(self) -> None:
-        """Wait until the calls whose callers stopped waiting have finished: their
-        children answered, or were killed at the timeout and reaped, and their temp
-        files removed."""
+        """Wait for the calls whose callers stopped waiting (answered, or killed and reaped)."""
         while self._finishing:
             await asyncio.gather(*self._finishing, return_exceptions=True)
 
@@ -299,7 +225,7 @@ class Zygote:
         """The zygote of ``loop``, starting one when there is none (None: cannot start)."""
         z = self._z
         if z is not None and z.loop is not loop:
-            # A zygote of another (probably finished) loop: it and its owners are stale.
+            # Another (probably finished) loop's zygote: it and its owners are stale.
             self._z = None
             self._kill_sync(z)
             self._owners.clear()
@@ -314,14 +240,12 @@ class Zygote:
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> _Process | None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        flags = [*(["--test-hooks"] if self._test_hooks else ()),
-                 *(["--no-prefork"] if not self._prefork else ())]
         try:
             with contextlib.suppress(OSError):
                 ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_REQUEST * 2)
             popen = subprocess.Popen(
                 [self._python, "-I", "-S", "-B", _MAIN, "--zygote", str(theirs.fileno()),
-                 str(os.getpid()), *flags],
+                 str(os.getpid()), *self._flags],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
@@ -338,7 +262,7 @@ class Zygote:
         ours.setblocking(False)
         z = _Process(popen=popen, ctl=ours, loop=loop, ready=loop.create_future())
         loop.add_reader(ours.fileno(), self._on_control, z)
-        z.timer = loop.call_later(self._start_timeout, self._start_timed_out, z)
+        loop.call_later(_START_TIMEOUT, self._start_timed_out, z)
         return z
 
     def _failed_start(self, why: str) -> None:
@@ -348,7 +272,6 @@ class Zygote:
             self._unavailable = f"the helper zygote failed to start {self._failures} times"
 
     def _start_timed_out(self, z: _Process) -> None:
-        z.timer = None
         if not z.ready.done():
             self._retire(z, "the helper zygote did not report ready in time")
 
@@ -357,8 +280,6 @@ class Zygote:
         z.dead = True
         with contextlib.suppress(Exception):
             z.loop.remove_reader(z.ctl.fileno())
-        if z.timer is not None:
-            z.timer.cancel()
         z.ctl.close()
         _kill_launches(z)
         with contextlib.suppress(OSError):
@@ -371,9 +292,6 @@ class Zygote:
         if z.dead:
             return
         z.dead = True
-        if z.timer is not None:
-            z.timer.cancel()
-            z.timer = None
         with contextlib.suppress(ValueError, OSError, RuntimeError):
             z.loop.remove_reader(z.ctl.fileno())
         self._writable(z)
@@ -399,22 +317,13 @@ class Zygote:
     @staticmethod
     async def _reap(z: _Process) -> None:
         """Wait (pidfd) for the retired zygote to exit, SIGKILL it after 5 s; always reap."""
-        loop = asyncio.get_running_loop()
         try:
             pidfd = os.pidfd_open(z.popen.pid)
         except OSError:
             pidfd = -1
         try:
-            if pidfd >= 0:
-                gone: asyncio.Event = asyncio.Event()
-                loop.add_reader(pidfd, gone.set)
-                try:
-                    async with asyncio.timeout(5.0):
-                        await gone.wait()
-                finally:
-                    loop.remove_reader(pidfd)
-        except TimeoutError:
-            logger.warning("helper zygote %d did not exit; killing it", z.popen.pid)
+            if pidfd >= 0 and not await _exited(pidfd, _REAP_TIMEOUT):
+                logger.warning("helper zygote %d did not exit; killing it", z.popen.pid)
         finally:
             if pidfd >= 0:
                 os.close(pidfd)
@@ -423,8 +332,6 @@ class Zygote:
                 with contextlib.suppress(OSError):
                     z.popen.kill()
                 z.popen.wait()
-
-    # ------------------------------------------------------------------ control socket
 
     def _on_control(self, z: _Process) -> None:
         while not z.dead:
@@ -436,50 +343,39 @@ class Zygote:
                 self._retire(z, f"control socket error: {exc}")
                 return
             fds = fds_from_anc(anc)
-            if not msg:
-                for fd in fds:
-                    os.close(fd)
-                self._retire(z, "the helper zygote exited")
-                return
-            kind = msg[:1]
-            if kind == b"P" and len(msg) == 1 + ID_PID.size and len(fds) == 1:
-                req_id, pid = ID_PID.unpack(msg[1:])
+            kind, body = msg[:1], msg[1:]
+            if kind == b"P" and len(body) == ID_PID.size and len(fds) == 1:
+                req_id, pid = ID_PID.unpack(body)
                 p = z.pending.get(req_id)
-                if p is None or p.started.done():
-                    os.close(fds[0])
-                    continue
-                p.pid, p.pidfd = pid, fds[0]
-                z.by_pid[pid] = p
-                p.started.set_result((pid, fds[0]))
-                continue
+                if p is not None and not p.started.done():
+                    p.pid, p.pidfd = pid, fds.pop()
+                    z.by_pid[pid] = p
+                    p.started.set_result((pid, p.pidfd))
             for fd in fds:
                 os.close(fd)
-            if kind == b"X" and len(msg) == 1 + _EXIT.size:
-                pid, status = _EXIT.unpack(msg[1:])
+            if not msg:
+                self._retire(z, "the helper zygote exited")
+            elif kind == b"X" and len(body) == EXIT.size:
+                pid, status = EXIT.unpack(body)
                 p = z.by_pid.pop(pid, None)
                 if p is not None and not p.exited.done():
                     p.exited.set_result(status)
-            elif kind == b"E" and len(msg) == 1 + ID_PID.size:
-                req_id, err = ID_PID.unpack(msg[1:])
+            elif kind == b"E" and len(body) == ID_PID.size:
+                req_id, err = ID_PID.unpack(body)
                 p = z.pending.get(req_id)
                 if p is not None and not p.started.done():
                     p.started.set_exception(_NoChild(err))
             elif kind == b"R" and not z.ready.done():
-                z.abi = int(json.loads(msg[1:]).get("abi", 0))
+                z.abi = int(json.loads(body).get("abi", 0))
                 self._failures = 0
-                if z.timer is not None:
-                    z.timer.cancel()
-                    z.timer = None
                 z.ready.set_result(None)
                 logger.debug("helper zygote %d ready, Landlock ABI %d", z.popen.pid, z.abi)
 
-    def _pending(self, z: _Process, *, group: bool = False) -> tuple[int, _Pending]:
+    def _pending(self, z: _Process, *, group: bool = False) -> _Pending:
         self._next_id += 1
-        p = _Pending(started=z.loop.create_future(), exited=z.loop.create_future(), group=group)
-        z.pending[self._next_id] = p
-        return self._next_id, p
-
-    # ------------------------------------------------------------------ launches
+        p = _Pending(self._next_id, z.loop.create_future(), z.loop.create_future(), group=group)
+        z.pending[p.req_id] = p
+        return p
 
     async def spawn(
         self,
@@ -494,10 +390,9 @@ class Zygote:
             raise LaunchServiceUnavailable(f"not a spawn request: {request!r}")
         self._owners[id(owner)] = owner
         z = self._current(asyncio.get_running_loop())
-        if z is None or z.dead or not z.ready.done() or z.abi <= 0:
+        if z is None or not z.ready.done() or z.abi <= 0:
             raise LaunchServiceUnavailable("the helper zygote is not ready")
-        # The launcher path fails here too (Popen's cwd); a worker, as the cwd
-        # may be on a hung mount.
+        # As the launcher path (Popen's cwd) would; in a worker: a hung mount.
         st = await shared_pool().run(os.stat, request.cwd)
         if not stat.S_ISDIR(st.st_mode):
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), request.cwd)
@@ -513,13 +408,12 @@ class Zygote:
             fds = [stdout, stderr, request.status_fd]
         if z.dead:
             raise LaunchServiceUnavailable("the helper zygote is gone")
-        req_id, p = self._pending(z, group=True)
+        p = self._pending(z, group=True)
         # ASCII JSON: surrogates travel escaped.
-        raw = b"S" + REQUEST_HEADER.pack(req_id, tty, stdin is not None and not tty) + body
+        raw = b"S" + REQUEST_HEADER.pack(p.req_id, tty, stdin is not None and not tty) + body
         try:
             try:
-                z.ctl.sendmsg([raw], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                       struct.pack(f"{len(fds)}i", *fds))])
+                z.ctl.sendmsg([raw], _rights(fds))
             except (BlockingIOError, InterruptedError) as exc:
                 raise LaunchServiceUnavailable("the helper zygote is busy") from exc
             except OSError as exc:
@@ -529,7 +423,7 @@ class Zygote:
                 self._retire(z, f"cannot reach the helper zygote: {exc}")
                 raise LaunchServiceUnavailable("the helper zygote is gone") from exc
             try:
-                async with asyncio.timeout(self._spawn_timeout):
+                async with asyncio.timeout(_SPAWN_TIMEOUT):
                     pid, pidfd = await asyncio.shield(p.started)
             except TimeoutError:
                 self._retire(z, "no report of a launch in time")
@@ -543,13 +437,11 @@ class Zygote:
             p.started.add_done_callback(_kill_launch)
             raise
         finally:
-            z.pending.pop(req_id, None)
+            z.pending.pop(p.req_id, None)
         os.close(pidfd)
         p.pidfd = None
         self.spawned += 1
         return ServicedChild(pid=pid, wait=lambda: _exit_status(p))
-
-    # ------------------------------------------------------------------ requests
 
     async def run(
         self,
@@ -558,22 +450,11 @@ class Zygote:
         *,
         timeout: float,  # noqa: ASYNC109
         owner: object = None,
-    ) -> tuple[dict[str, object], bytes]:
-        """Run one request in a fresh confined child (for ``owner``, which releases us).
+    ) -> tuple[object, bytes]:
+        """Run one request in a fresh confined child: its decoded reply header and payload.
 
-        When this returns or raises, the child has replied and exits on its
-        own, or it has been killed and reaped (bounded wait).
-
-        Args:
-            header: the request header (``helper.ops.OpRequest`` fields + ``plan``).
-            data: raw payload (writeFile contents); :class:`~exec_server.fs.direct.Pieces`
-                are sent as they are made, and if making one raises, the child is
-                killed before it has all the data (it writes nothing) and the
-                error propagates.
-            timeout: seconds before the child is killed.
-
-        Returns:
-            The reply header (``status`` ok/error …) and the raw reply payload.
+        On return or raise the child has replied, or was killed and reaped. ``Pieces``
+        are sent as made; if making one raises, the child is killed before it has them.
 
         Raises:
             ZygoteUnavailable: no zygote can run here.
@@ -582,8 +463,7 @@ class Zygote:
         try:
             return await self._run_once(header, data, timeout, owner)
         except _NotForked:
-            # The zygote died before it could fork: nothing ran, so one retry
-            # on a fresh zygote is safe.
+            # The zygote died before it could fork: nothing ran, one retry is safe.
             return await self._run_once(header, data, timeout, owner)
 
     async def _run_once(
@@ -592,51 +472,45 @@ class Zygote:
         data: Payload,
         timeout: float,  # noqa: ASYNC109
         owner: object,
-    ) -> tuple[dict[str, object], bytes]:
-        z = await self._ready(owner)
+    ) -> tuple[object, bytes]:
+        z = await self.ensure_started(owner)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        req_id, p = self._pending(z)
-        op = header.get("op")
+        p = self._pending(z)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        call = _Call(z, req_id, p, ours, write_temp(header))
+        p.sock, p.temp = ours, write_temp(header)
         try:
             ours.setblocking(False)
             raw = json.dumps(header).encode()
             try:
                 async with asyncio.timeout_at(deadline):
                     try:
-                        await self._send_control(z, b"F" + _ID.pack(req_id), theirs.fileno())
+                        await self._send_control(z, b"F" + ID.pack(p.req_id), theirs.fileno())
                     finally:
                         theirs.close()
                     # The frame goes into the socket buffer while the zygote forks.
-                    await self._send(loop, ours, raw, data)
+                    await _send(loop, ours, raw, data)
             except TimeoutError:
-                raise HelperFailure(
-                    f"fs sandbox helper timed out after {timeout:g}s and was killed"
-                ) from None
+                raise _timed_out(timeout) from None
         except BaseException:
-            # The child (almost always) does not have its whole request yet: it has
-            # done nothing, and is killed.
-            await self._end(call, clean=False)
+            # The child does not have its whole request yet: it did nothing; kill it.
+            await self._end(z, p, clean=False)
             raise
-        receive = self._receive(call, deadline, timeout)
-        if op not in _FINISH_WHEN_CANCELLED:
+        receive = self._receive(z, p, deadline, timeout)
+        if header.get("op") not in _FINISH_WHEN_CANCELLED:
             return await receive
-        # The child has everything it needs: if our caller stops waiting, it is not
-        # killed half way but finishes in the background (``drain``).
+        # The child has everything: it finishes even if our caller stops waiting.
         task = loop.create_task(receive)
         self._finishing.add(task)
         task.add_done_callback(self._finished)
         return await asyncio.shield(task)
 
     async def _send_control(self, z: _Process, msg: bytes, fd: int) -> None:
-        """Send an ``F`` request; a full control socket (a burst, big launches queued
-        before it) is waited out; a dead zygote forked nothing (``_NotForked``)."""
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
+        """Send an ``F`` request, waiting out a full control socket; a dead zygote forked
+        nothing (``_NotForked``)."""
         while not z.dead:
             try:
-                z.ctl.sendmsg([msg], anc)
+                z.ctl.sendmsg([msg], _rights([fd]))
                 return
             except (BlockingIOError, InterruptedError):
                 if z.writable is None:
@@ -656,147 +530,134 @@ class Zygote:
         if fut is not None and not fut.done():
             fut.set_result(None)
 
-    async def _send(
-        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, raw: bytes, data: Payload
-    ) -> None:
-        try:
-            if isinstance(data, Pieces):
-                await loop.sock_sendall(sock, encode_frame(raw, data.size))
-                # Each piece is made (decoded) here, on the loop, in the
-                # ~1 ms msgspec takes for 1 MiB of text.
-                sent = 0
-                for piece in data.produce():
-                    await loop.sock_sendall(sock, piece)
-                    sent += len(piece)
-                if sent != data.size:  # the child would wait for the rest
-                    raise HelperFailure(f"fs sandbox payload was {sent} bytes, not {data.size}")
-            elif len(data) <= _COALESCE:
-                frame = encode_frame(raw, len(data))
-                await loop.sock_sendall(sock, frame + data)  # one wake-up
-            else:
-                await loop.sock_sendall(sock, encode_frame(raw, len(data)))
-                await loop.sock_sendall(sock, data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the child died early; reading the reply reports how
-
     async def _receive(
-        self,
-        call: _Call,
-        deadline: float,
-        timeout: float,  # noqa: ASYNC109
-    ) -> tuple[dict[str, object], bytes]:
-        loop = asyncio.get_running_loop()
+        self, z: _Process, p: _Pending, deadline: float, timeout: float  # noqa: ASYNC109
+    ) -> tuple[object, bytes]:
+        assert p.sock is not None
         clean = False
         try:
             try:
                 async with asyncio.timeout_at(deadline):
-                    # The zygote's ``P`` (pid + pidfd) arrives concurrently; it is
-                    # only needed to kill the child or to explain a crash.
-                    reply = await self._read_reply(loop, call.sock, call.p)
+                    reply = await _read_reply(asyncio.get_running_loop(), p.sock, p)
             except TimeoutError:
-                raise HelperFailure(
-                    f"fs sandbox helper timed out after {timeout:g}s and was killed"
-                ) from None
+                raise _timed_out(timeout) from None
             clean = True
             return reply
         finally:
-            await self._end(call, clean=clean)
+            await self._end(z, p, clean=clean)
 
-    async def _end(self, call: _Call, *, clean: bool) -> None:
-        """Release a call; unless it ended with a reply, kill and reap its child and
-        remove the temp file a writeFile child may have been killed with."""
-        call.sock.close()
-        call.z.pending.pop(call.req_id, None)
-        p = call.p
+    async def _end(self, z: _Process, p: _Pending, *, clean: bool) -> None:
+        """Release a call; unless it got a reply, kill and reap its child and remove the
+        temp file a writeFile child may leave."""
+        if p.sock is not None:
+            p.sock.close()
+        z.pending.pop(p.req_id, None)
         try:
             if not clean:
-                dead = await self._kill_and_reap(p)
-                if call.temp is not None:
+                dead = await _kill_and_reap(p)
+                if p.temp is not None:
                     if dead:
-                        await remove_temp(*call.temp)
+                        await remove_temp(*p.temp)
                     elif p.pidfd is not None:
-                        _remove_temp_once_dead(p.pidfd, *call.temp)
+                        _remove_temp_once_dead(p.pidfd, *p.temp)
         finally:
             if p.pidfd is not None:
                 os.close(p.pidfd)
                 p.pidfd = None
 
-    def _finished(self, task: asyncio.Task[tuple[dict[str, object], bytes]]) -> None:
+    def _finished(self, task: asyncio.Task[tuple[object, bytes]]) -> None:
         self._finishing.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            # Its caller may be gone: the failure is only logged.
             logger.debug("fs sandbox call ended: %s", task.exception())
 
-    async def _kill_and_reap(self, p: _Pending) -> bool:
-        """SIGKILL a child and wait (bounded) until it is dead; False if it may still run."""
-        if not p.started.done():
-            with contextlib.suppress(TimeoutError, HelperFailure):
-                async with asyncio.timeout(_REAP_TIMEOUT):
-                    await p.started
-        if p.pid is None:
-            # Never forked, or the zygote died before telling us the pid (its
-            # children die with it: PDEATHSIG).
-            return True
-        _kill(p)
-        try:
-            async with asyncio.timeout(_REAP_TIMEOUT):
-                await p.exited
-        except TimeoutError:
-            return False
-        except HelperFailure:
-            # The zygote is gone (it kills its children on its way out): the pidfd
-            # tells when this one is.
-            return p.pidfd is None or await _exited(p.pidfd, _REAP_TIMEOUT)
-        return True
 
-    async def _read_reply(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        sock: socket.socket,
-        p: _Pending,
-    ) -> tuple[dict[str, object], bytes]:
-        prefix = await _recv_exact(loop, sock, FRAME.size)
-        if prefix is None:
-            raise await self._crashed(p)
-        hlen, dlen = FRAME.unpack(prefix)
+def _timed_out(timeout: float) -> HelperFailure:
+    return HelperFailure(f"fs sandbox helper timed out after {timeout:g}s and was killed")
+
+
+def _rights(fds: list[int]) -> list[tuple[int, int, bytes]]:
+    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
+
+
+async def _send(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, raw: bytes, data: Payload
+) -> None:
+    try:
+        if isinstance(data, Pieces):
+            await loop.sock_sendall(sock, encode_frame(raw, data.size))
+            # Each piece is decoded here, on the loop (~1 ms per MiB of text).
+            sent = 0
+            for piece in data.produce():
+                await loop.sock_sendall(sock, piece)
+                sent += len(piece)
+            if sent != data.size:  # the child would wait for the rest
+                raise HelperFailure(f"fs sandbox payload was {sent} bytes, not {data.size}")
+        elif len(data) <= _COALESCE:
+            await loop.sock_sendall(sock, encode_frame(raw, len(data)) + data)
+        else:
+            await loop.sock_sendall(sock, encode_frame(raw, len(data)))
+            await loop.sock_sendall(sock, data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the child died early; reading the reply reports how
+
+
+async def _read_reply(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, p: _Pending
+) -> tuple[object, bytes]:
+    """One reply frame; its header's shape is the caller's to check (``fs.confined``)."""
+    try:
+        hlen, dlen = FRAME.unpack(await _recv_exact(loop, sock, FRAME.size))
         if hlen > _MAX_REPLY_HEADER or dlen > MAX_DATA:
-            raise HelperFailure("failed to encode or decode fs sandbox helper message: bad frame")
+            raise HelperFailure(f"{_BAD_FRAME}: bad frame")
         raw = await _recv_exact(loop, sock, hlen)
-        if raw is None:
-            raise await self._crashed(p)
         try:
             header = json.loads(raw)
         except ValueError as exc:
-            raise HelperFailure(
-                f"failed to encode or decode fs sandbox helper message: {exc}"
-            ) from None
-        if not isinstance(header, dict) or header.get("status") not in ("ok", "error"):
-            raise HelperFailure(
-                "failed to encode or decode fs sandbox helper message: not a reply object"
-            )
-        result = header.get("result")
-        if header["status"] == "ok" and isinstance(result, dict) and result.get("passed_fd"):
+            raise HelperFailure(f"{_BAD_FRAME}: {exc}") from None
+        ok = isinstance(header, dict) and header.get("status") == "ok"
+        result = header.get("result") if ok else None
+        if isinstance(result, dict) and result.get("passed_fd"):
             # fs/open: one more byte carries the descriptor the child opened.
-            fd = await _recv_fd(loop, sock)
-            if fd is None:
-                raise await self._crashed(p)
-            result["passed_fd"] = fd
+            result["passed_fd"] = await _recv_fd(loop, sock)
             return header, b""
-        data = await _recv_exact(loop, sock, dlen)
-        if data is None:
-            raise await self._crashed(p)
-        return header, data
+        return header, await _recv_exact(loop, sock, dlen)
+    except EOFError:
+        raise await _crashed(p) from None
 
-    async def _crashed(self, p: _Pending) -> HelperFailure:
-        try:
+
+async def _crashed(p: _Pending) -> HelperFailure:
+    try:
+        async with asyncio.timeout(_REAP_TIMEOUT):
+            await p.started
+            status = await p.exited
+    except TimeoutError:
+        return HelperFailure("fs sandbox helper closed its reply without answering")
+    except HelperFailure as exc:
+        return HelperFailure(f"fs sandbox helper failed: {exc}")
+    return HelperFailure(f"fs sandbox helper failed with status {describe_wait_status(status)}")
+
+
+async def _kill_and_reap(p: _Pending) -> bool:
+    """SIGKILL a child and wait (bounded) until it is dead; False if it may still run."""
+    if not p.started.done():
+        with contextlib.suppress(TimeoutError, HelperFailure):
             async with asyncio.timeout(_REAP_TIMEOUT):
                 await p.started
-                status = await p.exited
-        except TimeoutError:
-            return HelperFailure("fs sandbox helper closed its reply without answering")
-        except HelperFailure as exc:
-            return HelperFailure(f"fs sandbox helper failed: {exc}")
-        return HelperFailure(f"fs sandbox helper failed with status {describe_wait_status(status)}")
+    if p.pid is None:
+        # Never forked, or its zygote died first (its children die with it: PDEATHSIG).
+        return True
+    if p.pidfd is not None:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(p.pidfd, signal.SIGKILL)
+    try:
+        async with asyncio.timeout(_REAP_TIMEOUT):
+            await p.exited
+    except TimeoutError:
+        return False
+    except HelperFailure:
+        # The zygote is gone (killing its children): the pidfd tells when this one is.
+        return p.pidfd is None or await _exited(p.pidfd, _REAP_TIMEOUT)
+    return True
 
 
 def _kill_launches(z: _Process) -> None:
@@ -836,20 +697,10 @@ def shared_zygote() -> Zygote:
     return _shared
 
 
-def new_temp_token() -> str:
-    """A fresh token for a writeFile's temp file name (``helper.ops.temp_name``)."""
-    return os.urandom(6).hex()
-
-
 def remove_temp_file(directory: str, name: str) -> None:
-    """Remove the temp file ``name`` a killed writeFile helper may have left in ``directory``.
-
-    Only a regular file, only that entry (``unlinkat`` never follows a symlink),
-    and only if ``directory`` still resolves to itself (the real path the helper
-    verified): a component swapped for a symlink since is not followed elsewhere.
-    The name carries the server's random token and exists only while a helper
-    puts its finished file in place, so nothing else can be there.
-    """
+    """Remove the temp file a killed writeFile helper may have left: only a regular file
+    (``unlinkat`` follows no link), only if ``directory`` is still the real path the
+    helper verified. The name carries the server's random token: nothing else is there."""
     try:
         fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
@@ -866,10 +717,8 @@ def remove_temp_file(directory: str, name: str) -> None:
 
 
 def write_temp(header: Mapping[str, object]) -> tuple[str, str] | None:
-    """Where a writeFile request's child names its finished file before it takes the
-    path's place: (the real parent the server checked, the temp name of its ``tmp``
-    token). A child killed (timeout, cancelled caller) or crashed in that instant
-    leaves the name behind; :func:`remove_temp` removes it once the child is dead."""
+    """(the checked real parent, the temp name) a writeFile request's child gives its file
+    just before it takes the path's place; a child killed in that instant leaves it."""
     path, expect, token = header.get("path"), header.get("expect"), header.get("tmp")
     if isinstance(path, str) and isinstance(expect, str) and isinstance(token, str):
         return expect, temp_name(os.path.basename(path), token)
@@ -917,16 +766,8 @@ async def _exited(pidfd: int, timeout: float) -> bool:  # noqa: ASYNC109
     return True
 
 
-def _kill(p: _Pending) -> None:
-    if p.pidfd is not None:
-        with contextlib.suppress(ProcessLookupError, OSError):
-            signal.pidfd_send_signal(p.pidfd, signal.SIGKILL)
-
-
-async def _recv_exact(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int
-) -> bytes | None:
-    """Receive exactly ``size`` bytes; None on a premature EOF."""
+async def _recv_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int) -> bytes:
+    """Receive exactly ``size`` bytes; EOFError on a premature end."""
     buf = bytearray(size)
     got = 0
     with memoryview(buf) as view:
@@ -934,22 +775,19 @@ async def _recv_exact(
             try:
                 n = await loop.sock_recv_into(sock, view[got:])
             except (ConnectionResetError, BrokenPipeError):
-                return None
+                n = 0
             if n == 0:
-                return None
+                raise EOFError
             got += n
     return bytes(buf)
 
 
-async def _recv_fd(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int | None:
-    """The descriptor sent with the next byte (``SCM_RIGHTS``); None on EOF or without one.
-    Descriptors still in the socket when it is closed (a cancelled caller) are closed
-    by the kernel."""
+async def _recv_fd(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int:
+    """The descriptor sent with the next byte (``SCM_RIGHTS``); EOFError on EOF or without
+    one (the kernel closes those left in a socket closed by a cancelled caller)."""
     while True:
         try:
-            msg, anc, _flags, _addr = sock.recvmsg(
-                1, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC
-            )
+            msg, anc, _flags, _addr = sock.recvmsg(1, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
             break
         except BlockingIOError:
             ready = loop.create_future()
@@ -959,12 +797,10 @@ async def _recv_fd(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int 
             finally:
                 loop.remove_reader(sock.fileno())
         except (ConnectionResetError, BrokenPipeError):
-            return None
+            raise EOFError from None
     fds = fds_from_anc(anc)
+    for fd in fds[1:] if msg else fds:
+        os.close(fd)
     if not msg or not fds:
-        for fd in fds:
-            os.close(fd)
-        return None
-    for extra in fds[1:]:
-        os.close(extra)
+        raise EOFError
     return fds[0]

@@ -1,24 +1,10 @@
 """Landlock for one sandboxed filesystem child, per request.
 
-Runs inside a freshly forked, single-threaded zygote child (never in the
-multi-threaded server: Landlock and seccomp are per-thread, SANDBOX.md §9.1),
-*before* the child touches any path. Stdlib only (its kernel calls are
-:mod:`exec_server._os.linux`'s), because the zygote runs as ``python -I -S``
-without site-packages.
-
-The plan arrives as a plain dict with the fields of ``sandbox.plan.SandboxPlan``
-(``full_read``, ``readable_roots``, ``full_write``, ``writable_roots``,
-``network``). Read-only holes inside writable roots cannot be expressed in
-Landlock (SANDBOX.md §1.7); ``fs.helper.ops`` enforces those on the resolved
-object instead.
-
-Why not ``sandbox.linux.landlock.restrict_self``: that ruleset is made for
-arbitrary commands (tty, ptmx, shm and other device nodes); the fs helper
-needs none of them, and each rule costs an open + syscall in every child
-(~0.15 ms per request measured). Only the rule *choice* is ours: the syscalls,
-structs and ABI probing are the mechanism module's (``sandbox.linux.landlock``,
-stdlib only), as is the seccomp network filter each child installs first.
-The zygote puts the source tree on ``sys.path`` before loading this module.
+Runs in a freshly forked single-threaded zygote child (Landlock and seccomp are
+per-thread, SANDBOX.md §9.1) before it touches any path; stdlib only. Its own small
+ruleset, not ``sandbox.linux.landlock.restrict_self``'s: the helper needs none of a
+command's device nodes, and each rule costs every child a syscall. Read-only holes
+Landlock cannot express (SANDBOX.md §1.7) are ``fs.helper.ops``'s.
 """
 
 from __future__ import annotations
@@ -53,7 +39,6 @@ class ConfineError(OSError):
 
 @contextlib.contextmanager
 def _step(what: str) -> Iterator[None]:
-    """Report a failed syscall as a :class:`ConfineError` naming the step."""
     try:
         yield
     except ConfineError:
@@ -65,9 +50,7 @@ def _step(what: str) -> Iterator[None]:
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 when Landlock is unavailable."""
-    if not sys.platform.startswith("linux"):
-        return 0  # syscall numbers are Linux's
-    return landlock.abi_version()
+    return landlock.abi_version() if sys.platform.startswith("linux") else 0
 
 
 def _add_rule(ruleset: int, path: str, access: int) -> None:
@@ -115,10 +98,7 @@ def _paths(value: object) -> Sequence[str]:
 
 
 def warm_up(abi: int) -> None:
-    """Exercise the syscall paths once (ruleset built and discarded, nothing enforced).
-
-    Done in the zygote so forked children do not pay first-call costs.
-    """
+    """Build and drop a ruleset in the zygote, so forked children pay no first-call costs."""
     if abi <= 0:
         return
     try:
@@ -138,11 +118,8 @@ def prefault() -> None:
 
 
 def confine(plan: Mapping[str, object], *, abi: int) -> None:
-    """Confine the calling (single-threaded) process's filesystem access to ``plan``.
-
-    Args:
-        plan: SandboxPlan fields as a dict.
-        abi: the Landlock ABI probed once by the zygote; 0 refuses (fail closed).
+    """Confine this single-threaded process to ``plan`` (``SandboxPlan`` fields);
+    ``abi`` 0 refuses (fail closed).
 
     Raises:
         ConfineError: any step failed; the caller must not touch the filesystem.

@@ -1,12 +1,8 @@
 """``exec-server --codex-run-as-fs-helper``: one sandboxed fs operation, stdin → stdout.
 
-The upstream-equivalent confinement path (PROTOCOL.md §10.4-§10.6): the server
-launches this mode through the sandbox manager (bwrap or the Landlock
-launcher), writes one §10.5 request and reads one response line. The
-operation runs as in a zygote child (``fs.helper.ops``), from the same request
-header, sent as the ``x-exec-server`` member (the server's expected real parents,
-the read-only holes, the temp token). Stdlib only: it must start under tight
-read confinement.
+The upstream-equivalent path (PROTOCOL.md §10.4-§10.6), wrapped by the sandbox manager:
+one §10.5 request in, one response line out, run as a zygote child runs it, from the
+server's header in the ``x-exec-server`` member. Stdlib only (tight read confinement).
 """
 
 from __future__ import annotations
@@ -17,23 +13,12 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 
-from exec_server.fs.helper.ops import OpError, OpRequest, execute
+from exec_server.fs.helper.ops import OPERATIONS, OpError, OpRequest, execute
 
 __all__ = ["helper_main"]
 
-_OPERATIONS = frozenset(
-    {
-        "fs/readFile",
-        "fs/writeFile",
-        "fs/createDirectory",
-        "fs/getMetadata",
-        "fs/readDirectory",
-        "fs/remove",
-        "fs/copy",
-        "fs/canonicalize",
-        "fs/walk",
-    }
-)
+#: §10.5's operations: all but ``fs/open`` (a descriptor cannot travel over a pipe).
+_OPERATIONS = OPERATIONS - {"fs/open"}
 
 
 def _path(value: object, key: str) -> str:
@@ -77,37 +62,27 @@ def _decode(raw: bytes) -> tuple[OpRequest, bytes]:
             data = base64.b64decode(str(params.get("dataBase64", "")), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise OpError(-32600, f"fs/writeFile requires valid base64 dataBase64: {exc}") from exc
-    req = OpRequest.from_header(header)
-    return req, data
+    return OpRequest.from_header(header), data
 
 
 def _response(op: str, result: Mapping[str, object], payload: bytes) -> dict[str, object]:
-    response = dict(result)
     if op == "fs/readFile":
-        response = {"dataBase64": base64.b64encode(payload).decode("ascii")}
-    return {"status": "ok", "payload": {"operation": op, "response": response}}
+        result = {"dataBase64": base64.b64encode(payload).decode("ascii")}
+    return {"status": "ok", "payload": {"operation": op, "response": dict(result)}}
 
 
 def helper_main(argv: Sequence[str]) -> int:
     """Run one request from stdin; exit 0 with a response (also for failed operations)."""
     del argv
     try:
-        raw = sys.stdin.buffer.read()
-        try:
-            req, data = _decode(raw)
-        except OpError as exc:
-            error = {"status": "error", "payload": {"code": exc.code, "message": exc.message}}
-            sys.stdout.write(json.dumps(error) + "\n")
-            return 0
-    except (ValueError, OSError) as exc:
-        sys.stderr.write(f"fs sandbox helper failed: {exc}\n")
-        return 1
-    out: dict[str, object]
-    try:
+        req, data = _decode(sys.stdin.buffer.read())
         result, payload = execute(req, data)
         out = _response(req.op, result, payload)
     except OpError as exc:
         out = {"status": "error", "payload": {"code": exc.code, "message": exc.message}}
+    except (ValueError, OSError) as exc:
+        sys.stderr.write(f"fs sandbox helper failed: {exc}\n")
+        return 1
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()
     return 0

@@ -1,37 +1,27 @@
-"""What is particular to the confined helper: its requests, their framing, the
-verified resolution of their paths and the guard; the operations themselves are
-:mod:`exec_server.fs.fdops`, the one implementation the server runs directly too.
+"""The confined helper's requests, their framing, the verified resolution of their
+paths and the guard; the operations themselves are :mod:`exec_server.fs.fdops`.
 
-Stdlib only: imported by the zygote (``python -I -S``, no site-packages) and by
-the one-shot ``--codex-run-as-fs-helper`` mode.
-
-Resolution: the server already resolved every path to its *check path*
-(§10.3) and sends the real location it expects each parent directory to have
-(without one, the parent must be canonical). The child opens the parent
-(``O_PATH``), reads back the kernel's name for that open object
-(``/proc/self/fd``) and refuses to go on if it differs: a symlink swapped in
-after the server's check is detected, and everything afterwards is relative to
-that verified directory fd with ``O_NOFOLLOW`` on the final component.
-Read-only holes (``.git`` …) and ``none`` carve-outs that Landlock cannot
-express are enforced here against the verified real location (SANDBOX.md
-§1.7, §7). Zygote children and the one-shot helper resolve alike.
-
-Errors are ``OpError(code, message)`` with PROTOCOL.md §9.1 codes.
+Stdlib only: imported by the zygote (``python -I -S``) and the one-shot helper. Every
+directory opened is checked through ``/proc/self/fd`` to be where the server saw it (a
+symlink swapped in since is refused); read-only holes and ``none`` carve-outs Landlock
+cannot express are enforced on real locations (SANDBOX.md §1.7, §7).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import struct
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TypeGuard
 
 from exec_server.errno_text import os_error_text
 from exec_server.exceptions import ExecServerError, InvalidRequestError, wire_error
 from exec_server.fs import fdops, nofollow
-from exec_server.fs.errors import FsError, translate_os_errors
+from exec_server.fs.errors import FsError, os_error, translate_os_errors
 from exec_server.fs.fdops import temp_name, write_all
 from exec_server.fs.walk import WalkOptions, walk
 
@@ -39,6 +29,7 @@ __all__ = [
     "FRAME",
     "MAX_DATA",
     "MAX_READ_BYTES",
+    "OPERATIONS",
     "WRITE_OPS",
     "OpError",
     "OpRequest",
@@ -47,7 +38,6 @@ __all__ = [
     "execute",
     "metadata_fields",
     "no_follow",
-    "prefault",
     "read_frame",
     "temp_name",
     "write_all",
@@ -60,9 +50,10 @@ FRAME = struct.Struct("!IQ")
 _MAX_HEADER = 16 * 1024 * 1024
 MAX_DATA = 2 * MAX_READ_BYTES
 
-_NOT_FOUND = -32004
 _INVALID = -32600
 _INTERNAL = -32603
+#: PROTOCOL.md §9.1 codes of OS errors; any other errno is -32603.
+_CODES = {errno.ENOENT: -32004, errno.EACCES: _INVALID, errno.EPERM: _INVALID}
 
 
 #: Failure injection, set only in a zygote child started with ``--test-hooks``:
@@ -74,7 +65,7 @@ test_named_temp = False
 
 
 class OpError(Exception):
-    """A failure that travels back to the client as a JSON-RPC error."""
+    """A failure that travels back to the client as a JSON-RPC error (§9.1 code)."""
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
@@ -84,28 +75,17 @@ class OpError(Exception):
 
 def error_from_os(exc: OSError) -> OpError:
     """Map an OS error per PROTOCOL.md §9.1, with Rust-style text (§5.3)."""
-    num = exc.errno
-    if num is None:
+    if exc.errno is None:
         return OpError(_INTERNAL, str(exc))
-    text = os_error_text(num)
-    if num == errno.ENOENT:
-        return OpError(_NOT_FOUND, text)
-    if num in (errno.EACCES, errno.EPERM):
-        return OpError(_INVALID, text)
-    return OpError(_INTERNAL, text)
-
-
-def _os(num: int) -> OSError:
-    return OSError(num, os.strerror(num))
+    return OpError(_CODES.get(exc.errno, _INTERNAL), os_error_text(exc.errno))
 
 
 @dataclass(frozen=True, slots=True)
 class OpRequest:
     """One operation, decoded from the frame header (or a §10.5 helper request).
 
-    ``expect`` / ``dest_expect`` are the real parent directories the server
-    saw at check time. ``tmp`` is the server's token for the
-    name of a writeFile's temp file (:func:`temp_name`; random when absent).
+    ``expect`` / ``dest_expect``: the real parents the server saw at check time;
+    ``tmp``: the server's token for a writeFile's temp name (random when absent).
     """
 
     op: str
@@ -122,12 +102,11 @@ class OpRequest:
     not_a_file: str | None = None
     tmp: str | None = None
     walk: WalkOptions | None = None
-    #: the walk's root as the caller spelled it (``path`` is its resolved check path):
-    #: a root that is a link is not followed unless asked, and entries are named under it
+    #: the walk's root as spelled (a link there is followed only if asked)
     walk_root: str | None = None
-    #: the helper plan's readable roots (None: everything); writable roots are readable too
+    #: the plan's readable roots (None: everything); writable roots are readable too
     readable: tuple[str, ...] | None = None
-    #: ``followSymlinks: false``: ``path`` is as the caller spelled it, no link followed
+    #: ``followSymlinks: false``: ``path`` is as spelled, no link followed
     no_follow: bool = False
     #: ``fs/open``'s mode: ``read`` or ``replace``
     mode: str = "read"
@@ -136,57 +115,44 @@ class OpRequest:
     def from_header(h: Mapping[str, object]) -> OpRequest:
         """Validate a decoded header; malformed input raises ``OpError(-32600)``."""
 
-        def s(key: str, required: bool = False) -> str | None:
+        def invalid(key: str) -> OpError:
+            return OpError(_INVALID, f"fs sandbox request has an invalid `{key}`")
+
+        def s(key: str) -> str | None:
             v = h.get(key)
-            if v is None and not required:
+            if v is None:
                 return None
-            if not isinstance(v, str) or not v.startswith("/") or "\x00" in v:
-                raise OpError(_INVALID, f"fs sandbox request has an invalid `{key}`")
+            if not _is_path(v):
+                raise invalid(key)
             return v
 
-        def paths(key: str) -> tuple[str, ...]:
-            v = h.get(key) or []
-            if not isinstance(v, list) or not all(
-                isinstance(p, str) and p.startswith("/") for p in v
-            ):
-                raise OpError(_INVALID, f"fs sandbox request has an invalid `{key}`")
+        def paths(key: str, v: object) -> tuple[str, ...]:
+            if not isinstance(v, list) or not all(isinstance(p, str) and p[:1] == "/" for p in v):
+                raise invalid(key)
             return tuple(v)
 
-        op = h.get("op")
+        op, path, tmp = h.get("op"), h.get("path"), h.get("tmp")
         if not isinstance(op, str):
             raise OpError(_INVALID, "fs sandbox request has no operation")
-        tmp = h.get("tmp")
         if tmp is not None and not (
             isinstance(tmp, str) and 0 < len(tmp) <= 64 and tmp.isascii() and tmp.isalnum()
         ):
-            raise OpError(_INVALID, "fs sandbox request has an invalid `tmp`")
-        path = s("path", True)
-        assert path is not None
-        walk_options = None
-        walk_root = None
-        if op == "fs/walk":
-            w = h.get("walk")
-            if not (
-                isinstance(w, list)
-                and len(w) == 6
-                and isinstance(w[0], str)
-                and w[0].startswith("/")
-                and "\x00" not in w[0]
-                and all(type(v) is int and v >= 0 for v in w[1:4])
-                and all(isinstance(v, bool) for v in w[4:])
-            ):
-                raise OpError(_INVALID, "fs sandbox request has an invalid `walk`")
-            walk_root = w[0]
-            walk_options = WalkOptions(*w[1:])
-        readable = None
+            raise invalid("tmp")
+        if not _is_path(path):
+            raise invalid("path")
+        w = h.get("walk") if op == "fs/walk" else None
+        if op == "fs/walk" and not (
+            isinstance(w, list)
+            and len(w) == 6
+            and _is_path(w[0])
+            and all(type(v) is int and v >= 0 for v in w[1:4])
+            and all(isinstance(v, bool) for v in w[4:])
+        ):
+            raise invalid("walk")
         plan = h.get("plan")
+        readable = None
         if isinstance(plan, Mapping) and not plan.get("full_read", False):
-            roots = plan.get("readable_roots") or []
-            if not isinstance(roots, list) or not all(
-                isinstance(p, str) and p.startswith("/") for p in roots
-            ):
-                raise OpError(_INVALID, "fs sandbox request has an invalid `plan`")
-            readable = tuple(roots)
+            readable = paths("plan", plan.get("readable_roots") or [])
         return OpRequest(
             op=op,
             path=path,
@@ -195,25 +161,26 @@ class OpRequest:
             dest_expect=s("dest_expect"),
             recursive=bool(h.get("recursive", True)),
             force=bool(h.get("force", True)),
-            writable=paths("writable"),
-            read_only=paths("read_only"),
-            denied=paths("denied"),
+            writable=paths("writable", h.get("writable") or []),
+            read_only=paths("read_only", h.get("read_only") or []),
+            denied=paths("denied", h.get("denied") or []),
             full_write=bool(h.get("full_write", False)),
             not_a_file=s("not_a_file"),
             tmp=tmp,
-            walk=walk_options,
-            walk_root=walk_root,
+            walk=WalkOptions(*w[1:]) if isinstance(w, list) else None,
+            walk_root=w[0] if isinstance(w, list) else None,
             readable=readable,
             no_follow=bool(h.get("no_follow", False)),
             mode="replace" if h.get("mode") == "replace" else "read",
         )
 
 
-# --------------------------------------------------------------------------- framing
+def _is_path(v: object) -> TypeGuard[str]:
+    return isinstance(v, str) and v.startswith("/") and "\x00" not in v
+
 
 
 def encode_frame(header: bytes, data_len: int) -> bytes:
-    """Frame prefix: header length, data length (big endian), then the header."""
     return FRAME.pack(len(header), data_len) + header
 
 
@@ -230,15 +197,12 @@ def _read_exact(fd: int, size: int) -> bytearray:
 
 
 def read_frame(fd: int) -> tuple[bytes, bytearray]:
-    """Read one frame (header bytes, data) from a blocking fd."""
     hlen, dlen = FRAME.unpack(bytes(_read_exact(fd, FRAME.size)))
     if hlen > _MAX_HEADER or dlen > MAX_DATA:
         raise OpError(_INVALID, "fs sandbox frame too large")
     header = bytes(_read_exact(fd, hlen))
     return header, _read_exact(fd, dlen)
 
-
-# --------------------------------------------------------------------------- guard
 
 
 def _within(path: str, root: str) -> bool:
@@ -249,26 +213,22 @@ def _depth(path: str) -> int:
     return 0 if path == "/" else path.count("/")
 
 
-@dataclass(slots=True)
 class _Guard:
     """Read-only holes and ``none`` carve-outs, enforced on real locations."""
 
-    rules: list[tuple[str, int]] = field(default_factory=list)  # (path, 0 none/1 ro/2 write)
-
-    @staticmethod
-    def build(req: OpRequest) -> _Guard:
-        rules: list[tuple[str, int]] = []
+    def __init__(self, req: OpRequest) -> None:
+        #: (path, kind): 0 none, 1 read-only, 2 write
+        self.rules: list[tuple[str, int]] = []
         if not req.read_only and not req.denied:
-            return _Guard(rules)
+            return
         for kind, group in ((2, req.writable), (1, req.read_only), (0, req.denied)):
             for p in group:
-                rules.append((p, kind))
+                self.rules.append((p, kind))
                 real = os.path.realpath(p)
                 if real != p:
-                    rules.append((real, kind))
+                    self.rules.append((real, kind))
         if req.full_write:
-            rules.append(("/", 2))
-        return _Guard(rules)
+            self.rules.append(("/", 2))
 
     def _classify(self, path: str) -> int | None:
         best: tuple[int, int] | None = None  # (depth, -kind): deeper wins, then lower kind
@@ -280,25 +240,22 @@ class _Guard:
         return None if best is None else -best[1]
 
     def denies(self, path: str) -> bool:
-        """Whether ``path`` lies under a ``none`` carve-out."""
         return self._classify(path) == 0
 
     def check(self, path: str, *, write: bool) -> None:
         kind = self._classify(path)
         if kind == 0:
-            raise _os(errno.EACCES)
+            raise os_error(errno.EACCES)
         if write and kind == 1:
-            raise _os(errno.EROFS)
+            raise os_error(errno.EROFS)
 
     def check_subtree(self, path: str) -> None:
         """Refuse removing a tree that contains a protected or denied path."""
         self.check(path, write=True)
         for root, kind in self.rules:
             if kind < 2 and root != path and _within(root, path) and os.path.lexists(root):
-                raise _os(errno.EROFS if kind == 1 else errno.EACCES)
+                raise os_error(errno.EROFS if kind == 1 else errno.EACCES)
 
-
-# --------------------------------------------------------------------------- resolution
 
 
 def _fd_path(fd: int) -> str:
@@ -307,7 +264,6 @@ def _fd_path(fd: int) -> str:
 
 @dataclass(slots=True)
 class _Target:
-    """A final component ``name`` inside the open directory ``dirfd``."""
 
     dirfd: int
     name: str
@@ -319,16 +275,13 @@ class _Target:
             return self.real_parent
         return self.real_parent.rstrip("/") + "/" + self.name
 
-    def close(self) -> None:
-        os.close(self.dirfd)
-
 
 class _Ctx:
-    """Per-request resolution state: the request and its guard."""
 
-    def __init__(self, req: OpRequest) -> None:
+    def __init__(self, req: OpRequest, data: bytes | bytearray) -> None:
         self.req = req
-        self.guard = _Guard.build(req)
+        self.data = data
+        self.guard = _Guard(req)
 
     def changed(self, path: str) -> OpError:
         return OpError(_INTERNAL, f"{path} changed while the sandboxed operation was running")
@@ -341,24 +294,35 @@ class _Ctx:
             raise self.changed(path)
         return fd
 
-    def target(self, path: str, expect: str | None) -> _Target:
+    @contextlib.contextmanager
+    def checked(
+        self, *, write: bool | None, path: str | None = None, expect: str | None = None
+    ) -> Iterator[_Target]:
+        """The request's path (or ``path``) in its verified parent, its real location
+        checked by the guard (``write=None``: by the caller)."""
+        if path is None:
+            path, expect = self.req.path, self.req.expect
         if path == "/":
-            return _Target(self.open_dir("/", "/"), ".", "/")
-        parent, name = os.path.split(path)
-        fd = self.open_dir(parent, expect)
-        return _Target(fd, name, _fd_path(fd))
+            t = _Target(self.open_dir("/", "/"), ".", "/")
+        else:
+            parent, name = os.path.split(path)
+            fd = self.open_dir(parent, expect)
+            t = _Target(fd, name, _fd_path(fd))
+        try:
+            if write is not None:
+                self.guard.check(t.real, write=write)
+            yield t
+        finally:
+            os.close(t.dirfd)
 
 
 def _final_symlink(c: _Ctx, t: _Target) -> OSError | OpError:
     """The error for a read that meets a symlink as the final component of a resolved path.
 
-    The server resolved the path (PROTOCOL.md §10.3), following every link it
-    could, so a link still there is dangling or a loop (``exists`` saw nothing
-    behind it), or was swapped in since. Following it is safe for the answer
-    only when that answer is a failure: a dangling link is ``ENOENT``
-    (``-32004``, as the direct path and upstream say: the client depends on
-    it), a loop ``ELOOP``. A link that resolves now is not followed (what it
-    points to was never checked): the path changed under us.
+    The server followed every link it could (§10.3), so one still there is dangling,
+    a loop, or swapped in since. Following it is safe only for a failure: dangling is
+    ``ENOENT`` (``-32004``, which the client depends on), a loop ``ELOOP``; a link that
+    resolves now was never checked: the path changed under us.
     """
     try:
         os.stat(t.name, dir_fd=t.dirfd)
@@ -385,56 +349,46 @@ def _open_final(c: _Ctx, t: _Target, flags: int) -> int:
         raise _final_symlink(c, t) from None
 
 
-# --------------------------------------------------------------------------- operations
-
 
 def _read_file(c: _Ctx) -> tuple[dict[str, object], bytes]:
-    t = c.target(c.req.path, c.req.expect)
-    try:
-        c.guard.check(t.real, write=False)
+    with c.checked(write=False) as t:
         # O_NONBLOCK: a FIFO without a writer must not hang the helper.
         fd = _open_final(c, t, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    finally:
-        t.close()
     try:
         size = fdops.check_for_read(fd, MAX_READ_BYTES, c.req.not_a_file)
-        data = fdops.read_to_end(fd, size, MAX_READ_BYTES)
+        return {}, fdops.read_to_end(fd, size, MAX_READ_BYTES)
     finally:
         os.close(fd)
-    return {}, data
 
 
-def _write_file(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
+def _write_file(c: _Ctx) -> tuple[dict[str, object], bytes]:
     """Create or atomically replace (:func:`fdops.replace_file`); what is not a regular
     file (a FIFO, a device) is written in place."""
-    t = c.target(c.req.path, c.req.expect)
-    try:
-        c.guard.check(t.real, write=True)
+    data = c.data
+    with c.checked(write=True) as t:
         try:
             old: os.stat_result | None = os.stat(t.name, dir_fd=t.dirfd, follow_symlinks=False)
         except FileNotFoundError:
             old = None
         if old is not None and stat.S_ISLNK(old.st_mode):
-            raise _os(errno.ELOOP)
+            raise os_error(errno.ELOOP)
         if old is not None and stat.S_ISDIR(old.st_mode):
-            raise _os(errno.EISDIR)
+            raise os_error(errno.EISDIR)
         if old is not None and not stat.S_ISREG(old.st_mode):
             fdops.write_in_place(t.dirfd, t.name, data, os.O_NOFOLLOW | os.O_NONBLOCK)
-        else:
-            if old is not None:
-                fdops.check_writable(t.dirfd, t.name)
-            fdops.replace_file(
-                t.dirfd,
-                t.name,
-                lambda fd: _write_data(fd, data),
-                lambda: data,
-                old,
-                c.req.tmp if c.req.tmp is not None else os.urandom(6).hex(),
-                unnamed=not test_named_temp,
-                pause=test_pause,
-            )
-    finally:
-        t.close()
+            return {}, b""
+        if old is not None:
+            fdops.check_writable(t.dirfd, t.name)
+        fdops.replace_file(
+            t.dirfd,
+            t.name,
+            lambda fd: _write_data(fd, data),
+            lambda: data,
+            old,
+            c.req.tmp if c.req.tmp is not None else os.urandom(6).hex(),
+            unnamed=not test_named_temp,
+            pause=test_pause,
+        )
     return {}, b""
 
 
@@ -450,11 +404,8 @@ def _write_data(fd: int, data: bytes | bytearray) -> None:
 
 
 def _make_dirs(c: _Ctx, path: str) -> tuple[int, str]:
-    """``mkdir -p`` by directory fds (:func:`fdops.make_dirs`), each directory verified
-    where it already exists and checked by the guard before it is made; returns an
-    ``O_PATH`` fd of ``path`` and its real location."""
-    # The check path is canonical in its existing prefix: every existing
-    # ancestor must resolve to itself.
+    """``mkdir -p`` by directory fds, each existing one verified (the check path is
+    canonical in its existing prefix), each new one checked by the guard."""
     return fdops.make_dirs(
         path,
         lambda p: c.open_dir(p, p),
@@ -469,34 +420,22 @@ def _create_directory(c: _Ctx) -> tuple[dict[str, object], bytes]:
         fd, _ = _make_dirs(c, c.req.path)
         os.close(fd)
         return {}, b""
-    t = c.target(c.req.path, c.req.expect)
-    try:
-        c.guard.check(t.real, write=True)
+    with c.checked(write=True) as t:
         os.mkdir(t.name, 0o777, dir_fd=t.dirfd)
-    finally:
-        t.close()
     return {}, b""
 
 
 def _get_metadata(c: _Ctx) -> tuple[dict[str, object], bytes]:
-    t = c.target(c.req.path, c.req.expect)
-    try:
-        c.guard.check(t.real, write=False)
+    with c.checked(write=False) as t:
         st = os.stat(t.name, dir_fd=t.dirfd, follow_symlinks=False)
         if stat.S_ISLNK(st.st_mode):
             raise _final_symlink(c, t)
-    finally:
-        t.close()
-    return metadata_fields(st, is_symlink=False), b""
+    return metadata_fields(st), b""
 
 
 def _read_directory(c: _Ctx) -> tuple[dict[str, object], bytes]:
-    t = c.target(c.req.path, c.req.expect)
-    try:
-        c.guard.check(t.real, write=False)
+    with c.checked(write=False) as t:
         fd = _open_final(c, t, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    finally:
-        t.close()
     real = t.real.rstrip("/")
     guard = c.guard
     try:
@@ -513,31 +452,24 @@ def _read_directory(c: _Ctx) -> tuple[dict[str, object], bytes]:
 
 
 def _remove(c: _Ctx) -> tuple[dict[str, object], bytes]:
+    """With ``force``, a missing path or parent is no error (a removal racing us is)."""
+    found = False
     try:
-        t = c.target(c.req.path, c.req.expect)
-    except FileNotFoundError:
-        if c.req.force:
-            return {}, b""
-        raise
-    try:
-        try:
+        with c.checked(write=None) as t:
             st = os.stat(t.name, dir_fd=t.dirfd, follow_symlinks=False)
-        except FileNotFoundError:
-            if c.req.force:
-                return {}, b""
-            raise
-        if stat.S_ISDIR(st.st_mode):
-            if c.req.recursive:
+            found = True
+            if stat.S_ISDIR(st.st_mode) and c.req.recursive:
                 c.guard.check_subtree(t.real)
                 fdops.remove_tree_at(t.dirfd, t.name)
             else:
                 c.guard.check(t.real, write=True)
-                os.rmdir(t.name, dir_fd=t.dirfd)
-        else:
-            c.guard.check(t.real, write=True)
-            os.unlink(t.name, dir_fd=t.dirfd)
-    finally:
-        t.close()
+                if stat.S_ISDIR(st.st_mode):
+                    os.rmdir(t.name, dir_fd=t.dirfd)
+                else:
+                    os.unlink(t.name, dir_fd=t.dirfd)
+    except FileNotFoundError:
+        if found or not c.req.force:
+            raise
     return {}, b""
 
 
@@ -545,34 +477,26 @@ def _copy(c: _Ctx) -> tuple[dict[str, object], bytes]:
     dest = c.req.dest
     if dest is None:
         raise OpError(_INVALID, "fs/copy requires destinationPath")
-    s = c.target(c.req.path, c.req.expect)
-    try:
-        c.guard.check(s.real, write=False)
+    with c.checked(write=False) as s:
         st = os.stat(s.name, dir_fd=s.dirfd, follow_symlinks=False)
         if stat.S_ISDIR(st.st_mode):
             if not c.req.recursive:
                 raise OpError(_INVALID, fdops.COPY_DIR_WITHOUT_RECURSIVE)
             if _within(dest, s.real):
                 raise OpError(_INVALID, fdops.COPY_INTO_SELF)
-            _copy_tree(c, s, s.real, dest)
+            _copy_tree(c, s, dest)
             return {}, b""
         if not (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode)):
             raise OpError(_INVALID, fdops.COPY_UNSUPPORTED_TYPE)
-        d = c.target(dest, c.req.dest_expect)
-        try:
-            c.guard.check(d.real, write=True)
+        with c.checked(write=True, path=dest, expect=c.req.dest_expect) as d:
             if stat.S_ISLNK(st.st_mode):
                 os.symlink(os.readlink(s.name, dir_fd=s.dirfd), d.name, dir_fd=d.dirfd)
             else:
                 fdops.copy_file_at(s.dirfd, s.name, d.dirfd, d.name, dst_flags=os.O_NOFOLLOW)
-        finally:
-            d.close()
-    finally:
-        s.close()
     return {}, b""
 
 
-def _copy_tree(c: _Ctx, s: _Target, src_real: str, dest: str) -> None:
+def _copy_tree(c: _Ctx, s: _Target, dest: str) -> None:
     """The directory ``s`` into ``dest`` (made as needed); carved-out (``none``) entries
     are never read, protected destinations never written."""
     guard = c.guard
@@ -586,7 +510,7 @@ def _copy_tree(c: _Ctx, s: _Target, src_real: str, dest: str) -> None:
                 src_fd,
                 dst_fd,
                 dst_nofollow=os.O_NOFOLLOW,
-                src_real=src_real,
+                src_real=s.real,
                 dst_real=dst_real,
                 skip=guard.denies if guard.rules else None,
                 check_write=(lambda real: guard.check(real, write=True)) if guard.rules else None,
@@ -598,8 +522,7 @@ def _copy_tree(c: _Ctx, s: _Target, src_real: str, dest: str) -> None:
 
 
 def _canonicalize(c: _Ctx) -> tuple[dict[str, object], bytes]:
-    t = c.target(c.req.path, c.req.expect)
-    try:
+    with c.checked(write=None) as t:
         fd = os.open(t.name, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=t.dirfd)
         try:
             if stat.S_ISLNK(os.fstat(fd).st_mode):
@@ -607,17 +530,14 @@ def _canonicalize(c: _Ctx) -> tuple[dict[str, object], bytes]:
             real = _fd_path(fd)
         finally:
             os.close(fd)
-    finally:
-        t.close()
     c.guard.check(real, write=False)
     return {"path": real}, b""
 
 
 def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
-    """``fs/walk`` in the confined child: the directories are listed under Landlock,
-    and what the plan does not let the caller read (outside the readable roots,
-    ``none`` carve-outs) is left out, so a link leading out of the roots is absent
-    rather than an error, as upstream's helper shows it."""
+    """``fs/walk`` listed under Landlock; what the plan does not let the caller read
+    (outside the readable roots, ``none`` carve-outs) is absent rather than an error,
+    as upstream's helper shows it."""
     options = c.req.walk
     if options is None:
         raise OpError(_INVALID, "fs sandbox request has an invalid `walk`")
@@ -637,12 +557,12 @@ def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
     }, b""
 
 
-def metadata_fields(st: os.stat_result, *, is_symlink: bool) -> dict[str, object]:
-    """getMetadata's answer (``createdAtMs`` is always 0, as upstream's)."""
+def metadata_fields(st: os.stat_result) -> dict[str, object]:
+    """getMetadata's answer of a path that is no link (``createdAtMs`` is 0, as upstream's)."""
     return {
         "isDirectory": stat.S_ISDIR(st.st_mode),
         "isFile": stat.S_ISREG(st.st_mode),
-        "isSymlink": is_symlink,
+        "isSymlink": False,
         "size": st.st_size,
         "createdAtMs": 0,
         "modifiedAtMs": st.st_mtime_ns // 1_000_000,
@@ -655,14 +575,10 @@ WRITE_OPS = frozenset({"fs/writeFile", "fs/createDirectory", "fs/remove"})
 def no_follow(
     op: str, path: str, data: bytes | bytearray | memoryview, *, recursive: bool, force: bool
 ) -> tuple[dict[str, object], bytes]:
-    """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`: no link anywhere
-    in ``path``, race-free), run by the server's worker and by the confined child alike.
-
-    Raises:
-        FsError, ExecServerError: as the direct path raises them.
-    """
+    """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`), run by the
+    server's worker and by the confined child alike; raises as the direct path does."""
     if op == "fs/getMetadata":
-        return metadata_fields(nofollow.lstat(path), is_symlink=False), b""
+        return metadata_fields(nofollow.lstat(path)), b""
     if op == "fs/readFile":
         fd, size = nofollow.open_regular(path)
         try:
@@ -683,35 +599,15 @@ def no_follow(
     return {}, b""
 
 
-def _no_follow(c: _Ctx, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
-    """:func:`no_follow` under Landlock and without capabilities; the path as spelled
-    has no link in it, so the guard (read-only holes, ``none`` carve-outs) judges
-    the real location."""
-    req = c.req
-    c.guard.check(req.path, write=req.op in WRITE_OPS)
-    try:
-        return no_follow(req.op, req.path, data, recursive=req.recursive, force=req.force)
-    except (ExecServerError, FsError) as exc:
-        err = wire_error(exc)
-        assert err is not None  # both kinds map
-        raise OpError(err.code, err.message) from exc
-
-
 def _open(c: _Ctx) -> tuple[dict[str, object], bytes]:
-    """``fs/open`` in the confined child: the descriptor is opened here, under Landlock
-    and without capabilities, and handed to the server (``passed_fd``, sent over the
-    reply socket by ``zygote_main``), which then reads and writes it directly."""
+    """``fs/open``: the descriptor is opened here, confined, and passed to the server."""
     replace = c.req.mode == "replace"
-    t = c.target(c.req.path, c.req.expect)
-    try:
-        c.guard.check(t.real, write=replace)
-        if replace:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
-        else:
-            flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    if replace:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
+    else:
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    with c.checked(write=replace) as t:
         fd = _open_final(c, t, flags)
-    finally:
-        t.close()
     try:
         if not replace and not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OpError(_INVALID, f"path `{c.req.not_a_file or c.req.path}` is not a file")
@@ -726,6 +622,7 @@ _OPS = {
     "fs/open": _open,
     "fs/walk": _walk,
     "fs/readFile": _read_file,
+    "fs/writeFile": _write_file,
     "fs/createDirectory": _create_directory,
     "fs/getMetadata": _get_metadata,
     "fs/readDirectory": _read_directory,
@@ -733,30 +630,30 @@ _OPS = {
     "fs/copy": _copy,
     "fs/canonicalize": _canonicalize,
 }
+#: what a request may ask for (``fs/open`` only of a zygote child: it passes an fd back).
+OPERATIONS = frozenset(_OPS)
 
 
 def prefault(req: OpRequest) -> None:
     """Exercise request set-up without touching the filesystem (pre-forked children)."""
-    _Ctx(req)
+    _Ctx(req, b"")
 
 
 def execute(req: OpRequest, data: bytes | bytearray) -> tuple[dict[str, object], bytes]:
-    """Run one operation; returns (result fields, raw payload for readFile).
-
-    Raises:
-        OpError: every failure, already mapped to a JSON-RPC code and text.
-    """
-    c = _Ctx(req)
+    """Run one operation: (result fields, raw payload); every failure is an ``OpError``."""
+    c = _Ctx(req, data)
     try:
         if req.no_follow:
-            return _no_follow(c, data)
-        if req.op == "fs/writeFile":
-            return _write_file(c, data)
+            # The path as spelled has no link in it: the guard judges its real location.
+            c.guard.check(req.path, write=req.op in WRITE_OPS)
+            return no_follow(req.op, req.path, data, recursive=req.recursive, force=req.force)
         fn = _OPS.get(req.op)
         if fn is None:
             raise OpError(_INVALID, f"unknown fs sandbox operation `{req.op}`")
         return fn(c)
     except OSError as exc:
         raise error_from_os(exc) from exc
-    except ExecServerError as exc:
-        raise OpError(exc.code, exc.message) from exc
+    except (ExecServerError, FsError) as exc:
+        err = wire_error(exc)
+        assert err is not None  # both kinds map
+        raise OpError(err.code, err.message) from exc
