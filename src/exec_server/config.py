@@ -65,19 +65,8 @@ class WsAuthSettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerConfig:
-    """Everything the server needs to know, fixed at start-up (the ``serve`` flags).
-
-    Attributes:
-        listen: ``ws://IP:PORT`` or ``stdio``.
-        output_cap: retained output bytes per process.
-        lossless_output: a full output buffer pauses the child instead of
-            dropping the oldest bytes.
-        allow_unsandboxed: permit running without a working platform sandbox.
-        launch_zygote: start Landlock-backend launches through the warm spawn
-            zygote instead of a fresh launcher interpreter each.
-        allow_unauthenticated_network: listen on a non-loopback address without
-            ``--ws-auth`` (refused otherwise).
-    """
+    """Everything the server needs to know, fixed at start-up (the ``serve`` flags, whose
+    help says what each means)."""
 
     listen: str = DEFAULT_LISTEN
     detach_ttl: float = DEFAULT_DETACH_TTL

@@ -103,14 +103,8 @@ class ProtocolClosedError(Exception):
 
 _BY_CODE: dict[int, type[ExecServerError]] = {
     c.code: c
-    for c in (
-        InvalidRequestError,
-        AlreadyAttachedError,
-        MethodNotFoundError,
-        InvalidParamsError,
-        InternalError,
-        NotFoundError,
-    )
+    for c in (InvalidRequestError, AlreadyAttachedError, MethodNotFoundError, InvalidParamsError,
+              InternalError, NotFoundError)
 }
 
 
@@ -132,10 +126,10 @@ def from_domain_error(exc: BaseException) -> ExecServerError | None:
     """
     if isinstance(exc, FsError):
         if isinstance(exc, FsNotFoundError):
-            return NotFoundError(exc.message, path=exc.path)
+            return NotFoundError(exc.message)
         if isinstance(exc, FsRefusedError):
-            return InvalidRequestError(exc.message, path=exc.path)
-        return InternalError(exc.message, path=exc.path)
+            return InvalidRequestError(exc.message)
+        return InternalError(exc.message)
     if isinstance(exc, SandboxPolicyError | HttpRequestInvalid):
         return InvalidParamsError(exc.message)
     if isinstance(exc, SandboxError | HttpError | ConfigReadError):

@@ -103,11 +103,8 @@ def read_host_config(
     system_config: str = SYSTEM_CONFIG,
     system_requirements: str = SYSTEM_REQUIREMENTS,
 ) -> HostConfig:
-    """Read the layers (blocking file I/O: run it off the event loop).
-
-    Raises:
-        ConfigReadError: a config file exists but is unreadable or not TOML.
-    """
+    """Read the layers (blocking file I/O: run it off the event loop); ConfigReadError for
+    a config file that exists but is unreadable or not TOML."""
     home = environ.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex")
     user_config = os.path.join(home, "config.toml")
     return HostConfig(

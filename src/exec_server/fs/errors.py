@@ -24,9 +24,6 @@ __all__ = [
 class FsError(Exception):
     """A filesystem operation failed; ``message`` is the text the client sees."""
 
-    #: the path asked about, for ``exec_server.exceptions`` (never set here)
-    path: str | None = None
-
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message

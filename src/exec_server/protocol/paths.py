@@ -157,12 +157,8 @@ def _resolve_dot_segments(raw: str) -> str:
 
 
 def parse_wire_path(value: str, *, normalize: bool = True) -> WirePath:
-    """Decode one path field (``normalize=False``: keep ``..``, still absolute).
-
-    Raises:
-        InvalidParamsError: not absolute, bad URI (-32602).
-        InvalidRequestError: a ``file://`` URI naming another host (-32600).
-    """
+    """Decode one path field (``normalize=False``: keep ``..``, still absolute);
+    InvalidParamsError if not absolute or a bad URI, InvalidRequestError for another host."""
     path, form = value, PathForm.PLAIN
     if not value.startswith("/"):
         text = value.strip(_C0_OR_SPACE)
