@@ -119,11 +119,8 @@ def error_for_code(code: int, message: str) -> ExecServerError:
 
 
 def from_domain_error(exc: BaseException) -> ExecServerError | None:
-    """The wire error for a domain package's error, or None if ``exc`` is not one.
-
-    ``fs``: not found -32004, refused -32600, failed -32603 (PROTOCOL.md §9.1);
-    ``sandbox``/``http``: bad input -32602, failure -32603; a host config -32603.
-    """
+    """The wire error for a domain package's error, or None (PROTOCOL.md §9.1; the table is
+    in docs/ARCHITECTURE.md)."""
     if isinstance(exc, FsError):
         if isinstance(exc, FsNotFoundError):
             return NotFoundError(exc.message)

@@ -100,12 +100,9 @@ def encode_quoted(data: Text) -> bytes | bytearray | mmap.mmap:
 
 
 def encode_pieces_quoted(pieces: Iterable[Text], size: int) -> bytearray | mmap.mmap:
-    """The ``size`` bytes of ``pieces`` (multiples of 3 bytes but the last) as a JSON string
-    of padded base64, quotes included; ValueError if they do not add up.
-
-    From :data:`MAPPED_MIN` on, built in an anonymous mapping, which goes back to the
-    system when freed: glibc keeps freed heap blocks up to 32 MiB resident.
-    """
+    """``pieces`` (multiples of 3 bytes but the last; ValueError unless ``size`` in all) as
+    a quoted base64 JSON string. From :data:`MAPPED_MIN` on in an anonymous mapping, which
+    goes back to the system when freed (glibc keeps freed heap blocks up to 32 MiB)."""
     length = (size + 2) // 3 * 4 + 2
     out = mmap.mmap(-1, length) if length >= MAPPED_MIN else bytearray(length)
     out[0:1] = out[-1:] = b'"'

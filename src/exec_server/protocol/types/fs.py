@@ -5,7 +5,7 @@ Paths are plain ``str`` for :func:`~exec_server.protocol.paths.parse_wire_path`;
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeAlias
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -123,10 +123,7 @@ class CreateDirectoryParams(msgspec.Struct, **_FS):
     follow_symlinks: bool | None = None
 
 
-class GetMetadataParams(msgspec.Struct, **_FS):
-    path: str
-    sandbox: SandboxField = UNSET
-    follow_symlinks: bool | None = None
+GetMetadataParams: TypeAlias = ReadFileParams
 
 
 class GetMetadataResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -170,9 +167,7 @@ class CopyParams(msgspec.Struct, **_FS):
     sandbox: SandboxField = UNSET
 
 
-class CanonicalizeParams(msgspec.Struct, **_FS):
-    path: str
-    sandbox: SandboxField = UNSET
+CanonicalizeParams: TypeAlias = ReadDirectoryParams
 
 
 class CanonicalizeResult(msgspec.Struct, **_FS):

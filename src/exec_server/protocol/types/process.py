@@ -168,6 +168,9 @@ class TerminateParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel")
     process_id: str
 
 
+CloseStdinParams: TypeAlias = TerminateParams
+
+
 class TerminateResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     running: bool
 
@@ -194,10 +197,6 @@ class ResizePtyParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel")
     process_id: str
     rows: WinSize
     cols: WinSize
-
-
-class CloseStdinParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    process_id: str
 
 
 class OutputNotification(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

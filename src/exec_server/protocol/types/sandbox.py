@@ -413,9 +413,7 @@ def _locate(message: str) -> str:
 
 def decode_launch_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
     """Decode ``process/start.sandbox`` (None when absent or ``null``), told apart by keys
-    (CLIENT_COMPAT.md §1.2 rule 3): ``permissions``, the current context; ``sandboxPolicy``
-    without launch members, a filesystem context; else a legacy ``SandboxLaunchConfig``.
-    """
+    (CLIENT_COMPAT.md §1.2 rule 3; :func:`_decode_member`)."""
     return None if raw is None else _decode_member(bytes(raw), launch=True)
 
 
@@ -427,8 +425,8 @@ def decode_fs_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
 
 @functools.lru_cache(maxsize=64)
 def _decode_member(raw: bytes, *, launch: bool) -> SandboxContext | None:
-    """Memoised: Codex sends the identical context on every call (the result is
-    immutable and depends on nothing but the bytes)."""
+    """``permissions``: the current context; ``sandboxPolicy`` without launch members: a
+    filesystem one; else legacy launch. Memoised: Codex sends the same bytes every call."""
     # Anything but an object (or null) is -32602.
     keys: dict[str, msgspec.Raw] | None = decode_sandbox(raw, dict[str, msgspec.Raw] | None)
     if keys is None:
