@@ -1,8 +1,5 @@
-"""Server configuration: one frozen value built by the CLI and passed down.
-
-The library never reads the environment or argv; ``cli/serve.py`` builds a
-:class:`ServerConfig` from flags. Every limit is a named default (STYLE.md §2.12).
-"""
+"""Server configuration: one frozen value the CLI builds from flags (the library never reads
+the environment or argv). Every limit is a named default (STYLE.md §2.12)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """OS error texts as upstream prints them: ``<text> (os error N)`` in musl's words, which
 differ from glibc's (``I/O error``...): upstream is a static musl binary. Stdlib only:
-the ``python -I -S`` fs helper uses it.
-"""
+the ``python -I -S`` fs helper uses it."""
 
 from __future__ import annotations
 

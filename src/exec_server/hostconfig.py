@@ -1,10 +1,7 @@
 """The executor host's Codex config layers, cut down to the keys a client asks for
-(``environmentConfig/read``, PROTOCOL_CURRENT.md §10).
-
-Layers, lowest precedence first: the system file, then ``$CODEX_HOME/config.toml``;
-a project's ``.codex/config.toml`` is left out (upstream leaves untrusted projects out,
-and the executor cannot tell trust). A file without any selected key gives no layer.
-"""
+(``environmentConfig/read``, PROTOCOL_CURRENT.md §10): the system file, then
+``$CODEX_HOME/config.toml``; a project's ``.codex/config.toml`` is left out (upstream leaves
+untrusted projects out, and the executor cannot tell trust)."""
 
 from __future__ import annotations
 

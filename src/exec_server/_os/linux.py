@@ -1,7 +1,6 @@
 """Every libc or raw syscall binding of the package, on ``_ctypes`` directly: stdlib-only
 for the ``python -I -S`` helpers, where the ``ctypes`` package costs ~2 ms (SANDBOX.md
-§3.6). A function this libc lacks fails with ``ENOSYS`` when called.
-"""
+§3.6). A function this libc lacks fails with ``ENOSYS`` when called."""
 
 import _ctypes
 import errno

@@ -1,8 +1,5 @@
-"""The ``apply_patch`` program: alias form, hidden-flag form, ``exec-server apply-patch``.
-
-Behaviour follows APPLY_PATCH.md §10-§11 (argument, or stdin in the alias form; exit
-0/1/2); the local file system with no sandbox context (§14).
-"""
+"""The ``apply_patch`` program (alias form, hidden-flag form, ``exec-server apply-patch``):
+APPLY_PATCH.md §10-§11, on the local file system with no sandbox context (§14)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """``dataBase64`` text <-> bytes a ~1 MiB slice at a time (from a worker thread, the
 event loop runs between slices), judged by upstream's rules (Rust ``base64`` 0.22),
-with msgspec's base64 (1.5-3x ``binascii``'s speed).
-"""
+with msgspec's base64 (1.5-3x ``binascii``'s speed)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Path fields on the wire: plain absolute strings (legacy) or ``file://`` URIs (current),
 accepted in every path field, answered in the request's form (CLIENT_COMPAT.md §1.2-§1.3),
-normalised lexically, before symlinks (PROTOCOL.md §5.2).
-"""
+normalised lexically, before symlinks (PROTOCOL.md §5.2)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Wire structs of ``http/request`` and ``http/request/bodyDelta`` (PROTOCOL_CURRENT.md §9).
 
-Bodies travel as base64; a body delta's ``error`` is always sent (``null`` when clean).
-"""
+Bodies travel as base64; a body delta's ``error`` is always sent (``null`` when clean)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Wire structs of the ``process/*`` methods, both generations (PROTOCOL.md §8,
 CLIENT_COMPAT.md §4-§5): current-only members default to ``UNSET`` (omitted), and
-their presence tells the generations apart (CLIENT_COMPAT §1.2 rule 4).
-"""
+their presence tells the generations apart (CLIENT_COMPAT §1.2 rule 4)."""
 
 from __future__ import annotations
 

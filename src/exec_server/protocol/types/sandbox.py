@@ -1,8 +1,7 @@
 """Wire structs of sandbox policies, both generations (PROTOCOL.md §6, CLIENT_COMPAT.md §1.4).
 
 Casing differs per struct (PROTOCOL.md §6 table): legacy policies snake_case with kebab
-tags, contexts camelCase, ``permissions`` snake_case. Paths are checked :class:`AbsPath`.
-"""
+tags, contexts camelCase, ``permissions`` snake_case. Paths are checked :class:`AbsPath`."""
 
 from __future__ import annotations
 
