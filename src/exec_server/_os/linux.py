@@ -5,6 +5,7 @@ for the ``python -I -S`` helpers, where the ``ctypes`` package costs ~2 ms (SAND
 import _ctypes
 import errno
 import os
+import types
 
 __all__ = [
     "Structure",
@@ -96,14 +97,10 @@ class _IntFunction(_ctypes.CFuncPtr):
     _restype_ = c_int
 
 
-class _Libc:
-    """What ``CFuncPtr((name, lib))`` needs from a library: its ``_handle``."""
-
-    def __init__(self) -> None:
-        self._handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)  # type: ignore[arg-type]
-
-
-_libc = _Libc()
+#: What ``CFuncPtr((name, lib))`` needs from a library: its ``_handle``.
+_libc = types.SimpleNamespace(
+    _handle=_ctypes.dlopen(None, _ctypes.RTLD_LOCAL)  # type: ignore[arg-type]
+)
 
 
 def _load(kind: type[_ctypes.CFuncPtr], name: str) -> _ctypes.CFuncPtr | None:

@@ -59,12 +59,8 @@ def _ignore_while_waiting() -> dict[int, Any]:
     previous: dict[int, Any] = {}
     for sig in (signal.SIGINT, signal.SIGQUIT):
         if signal.getsignal(sig) is not signal.SIG_IGN:
-            previous[sig] = signal.signal(sig, _noted)
+            previous[sig] = signal.signal(sig, lambda _sig, _frame: None)
     return previous
-
-
-def _noted(_sig: int, _frame: object) -> None:
-    """The command got the same signal from the terminal; its exit status tells."""
 
 
 def _spawn_and_wait(spec: LaunchSpec) -> int:
