@@ -54,8 +54,8 @@ class WsAuthSettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerConfig:
-    """Everything the server needs to know, fixed at start-up (the ``serve`` flags, whose
-    help says what each means)."""
+    """Everything the server needs to know, fixed at start-up (most are ``serve`` flags:
+    their help says what each means)."""
 
     listen: str = DEFAULT_LISTEN
     detach_ttl: float = DEFAULT_DETACH_TTL
