@@ -1,8 +1,5 @@
-"""Server configuration: one frozen value built by the CLI and passed down.
-
-The library never reads the environment or argv; ``cli/serve.py`` builds a
-:class:`ServerConfig` from flags. Every limit is a named default (STYLE.md §2.12).
-"""
+"""Server configuration: one frozen value the CLI builds from flags (the library never reads
+the environment or argv). Every limit is a named default (STYLE.md §2.12)."""
 
 from __future__ import annotations
 
@@ -10,17 +7,9 @@ from dataclasses import dataclass, field, fields
 from typing import Final, Literal
 
 __all__ = [
-    "DEFAULT_CLOSED_RETENTION",
-    "DEFAULT_CONCURRENT_REQUESTS",
-    "DEFAULT_DETACH_TTL",
-    "DEFAULT_FS_HELPER_TIMEOUT",
-    "DEFAULT_LISTEN",
-    "DEFAULT_MAX_MESSAGE_SIZE",
-    "DEFAULT_OUTPUT_CAP",
-    "SandboxBackendName",
-    "ServerConfig",
-    "WsAuthMode",
-    "WsAuthSettings",
+    "DEFAULT_CLOSED_RETENTION", "DEFAULT_CONCURRENT_REQUESTS", "DEFAULT_DETACH_TTL",
+    "DEFAULT_FS_HELPER_TIMEOUT", "DEFAULT_LISTEN", "DEFAULT_MAX_MESSAGE_SIZE", "DEFAULT_OUTPUT_CAP",
+    "SandboxBackendName", "ServerConfig", "WsAuthMode", "WsAuthSettings",
 ]
 
 #: PROTOCOL.md §14: port 0 lets the OS choose; the bound URL is printed.
@@ -65,19 +54,8 @@ class WsAuthSettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerConfig:
-    """Everything the server needs to know, fixed at start-up (the ``serve`` flags).
-
-    Attributes:
-        listen: ``ws://IP:PORT`` or ``stdio``.
-        output_cap: retained output bytes per process.
-        lossless_output: a full output buffer pauses the child instead of
-            dropping the oldest bytes.
-        allow_unsandboxed: permit running without a working platform sandbox.
-        launch_zygote: start Landlock-backend launches through the warm spawn
-            zygote instead of a fresh launcher interpreter each.
-        allow_unauthenticated_network: listen on a non-loopback address without
-            ``--ws-auth`` (refused otherwise).
-    """
+    """Everything the server needs to know, fixed at start-up (most are ``serve`` flags:
+    their help says what each means)."""
 
     listen: str = DEFAULT_LISTEN
     detach_ttl: float = DEFAULT_DETACH_TTL

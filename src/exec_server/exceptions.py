@@ -28,20 +28,9 @@ from exec_server.http.errors import HttpError, HttpRequestInvalid
 from exec_server.sandbox.errors import SandboxError, SandboxPolicyError
 
 __all__ = [
-    "AlreadyAttachedError",
-    "ErrorCode",
-    "ExecServerError",
-    "InternalError",
-    "InvalidParamsError",
-    "InvalidRequestError",
-    "MethodNotFoundError",
-    "NotFoundError",
-    "ProtocolClosedError",
-    "error_for_code",
-    "from_domain_error",
-    "os_error_message",
-    "params_error_text",
-    "wire_error",
+    "AlreadyAttachedError", "ErrorCode", "ExecServerError", "InternalError", "InvalidParamsError",
+    "InvalidRequestError", "MethodNotFoundError", "NotFoundError", "ProtocolClosedError",
+    "error_for_code", "from_domain_error", "os_error_message", "params_error_text", "wire_error",
 ]
 
 
@@ -103,14 +92,8 @@ class ProtocolClosedError(Exception):
 
 _BY_CODE: dict[int, type[ExecServerError]] = {
     c.code: c
-    for c in (
-        InvalidRequestError,
-        AlreadyAttachedError,
-        MethodNotFoundError,
-        InvalidParamsError,
-        InternalError,
-        NotFoundError,
-    )
+    for c in (InvalidRequestError, AlreadyAttachedError, MethodNotFoundError, InvalidParamsError,
+              InternalError, NotFoundError)
 }
 
 
@@ -125,17 +108,14 @@ def error_for_code(code: int, message: str) -> ExecServerError:
 
 
 def from_domain_error(exc: BaseException) -> ExecServerError | None:
-    """The wire error for a domain package's error, or None if ``exc`` is not one.
-
-    ``fs``: not found -32004, refused -32600, failed -32603 (PROTOCOL.md §9.1);
-    ``sandbox``/``http``: bad input -32602, failure -32603; a host config -32603.
-    """
+    """The wire error for a domain package's error, or None (PROTOCOL.md §9.1; the table is
+    in docs/ARCHITECTURE.md)."""
     if isinstance(exc, FsError):
         if isinstance(exc, FsNotFoundError):
-            return NotFoundError(exc.message, path=exc.path)
+            return NotFoundError(exc.message)
         if isinstance(exc, FsRefusedError):
-            return InvalidRequestError(exc.message, path=exc.path)
-        return InternalError(exc.message, path=exc.path)
+            return InvalidRequestError(exc.message)
+        return InternalError(exc.message)
     if isinstance(exc, SandboxPolicyError | HttpRequestInvalid):
         return InvalidParamsError(exc.message)
     if isinstance(exc, SandboxError | HttpError | ConfigReadError):

@@ -1,10 +1,7 @@
 """The executor host's Codex config layers, cut down to the keys a client asks for
-(``environmentConfig/read``, PROTOCOL_CURRENT.md §10).
-
-Layers, lowest precedence first: the system file, then ``$CODEX_HOME/config.toml``;
-a project's ``.codex/config.toml`` is left out (upstream leaves untrusted projects out,
-and the executor cannot tell trust). A file without any selected key gives no layer.
-"""
+(``environmentConfig/read``, PROTOCOL_CURRENT.md §10): the system file, then
+``$CODEX_HOME/config.toml``; a project's ``.codex/config.toml`` is left out (upstream leaves
+untrusted projects out, and the executor cannot tell trust)."""
 
 from __future__ import annotations
 
@@ -14,13 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 __all__ = [
-    "SYSTEM_CONFIG",
-    "SYSTEM_REQUIREMENTS",
-    "ConfigLayer",
-    "ConfigReadError",
-    "HostConfig",
-    "read_host_config",
-    "select_keys",
+    "SYSTEM_CONFIG", "SYSTEM_REQUIREMENTS", "ConfigLayer", "ConfigReadError", "HostConfig",
+    "read_host_config", "select_keys",
 ]
 
 SYSTEM_CONFIG: Final = "/etc/codex/config.toml"
@@ -103,11 +95,8 @@ def read_host_config(
     system_config: str = SYSTEM_CONFIG,
     system_requirements: str = SYSTEM_REQUIREMENTS,
 ) -> HostConfig:
-    """Read the layers (blocking file I/O: run it off the event loop).
-
-    Raises:
-        ConfigReadError: a config file exists but is unreadable or not TOML.
-    """
+    """Read the layers (blocking file I/O: run it off the event loop); ConfigReadError for
+    a config file that exists but is unreadable or not TOML."""
     home = environ.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex")
     user_config = os.path.join(home, "config.toml")
     return HostConfig(

@@ -1,8 +1,6 @@
-"""A blocking client for code that is not async (most agent harnesses).
-
-The async :class:`~exec_server.client.ExecServerClient` driven by an event loop in a
-thread this object owns; safe to call from any thread; ``close()`` (or ``with``) stops it.
-"""
+"""A blocking client for code that is not async (most agent harnesses): the async
+:class:`~exec_server.client.ExecServerClient` on an event loop in a thread this object owns;
+safe to call from any thread; ``close()`` (or ``with``) stops it."""
 
 from __future__ import annotations
 

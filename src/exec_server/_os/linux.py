@@ -1,36 +1,17 @@
 """Every libc or raw syscall binding of the package, on ``_ctypes`` directly: stdlib-only
 for the ``python -I -S`` helpers, where the ``ctypes`` package costs ~2 ms (SANDBOX.md
-§3.6). A function this libc lacks fails with ``ENOSYS`` when called.
-"""
+§3.6). A function this libc lacks fails with ``ENOSYS`` when called."""
 
 import _ctypes
 import errno
 import os
+import types
 
 __all__ = [
-    "Structure",
-    "addressof",
-    "byref",
-    "c_char",
-    "c_int",
-    "c_int32",
-    "c_long",
-    "c_size_t",
-    "c_uint32",
-    "c_uint64",
-    "c_ulong",
-    "c_ushort",
-    "c_void_p",
-    "call_prctl",
-    "call_syscall",
-    "machine",
-    "mount_setattr",
-    "move_mount",
-    "open_tree",
-    "rename_exchange",
-    "set_child_subreaper",
-    "set_parent_death_signal",
-    "sizeof",
+    "Structure", "addressof", "byref", "c_char", "c_int", "c_int32", "c_long", "c_size_t",
+    "c_uint32", "c_uint64", "c_ulong", "c_ushort", "c_void_p", "call_prctl", "call_syscall",
+    "machine", "mount_setattr", "move_mount", "open_tree", "rename_exchange", "set_child_subreaper",
+    "set_parent_death_signal", "sizeof",
 ]
 
 TYPE_CHECKING = False
@@ -97,14 +78,10 @@ class _IntFunction(_ctypes.CFuncPtr):
     _restype_ = c_int
 
 
-class _Libc:
-    """What ``CFuncPtr((name, lib))`` needs from a library: its ``_handle``."""
-
-    def __init__(self) -> None:
-        self._handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)  # type: ignore[arg-type]
-
-
-_libc = _Libc()
+#: What ``CFuncPtr((name, lib))`` needs from a library: its ``_handle``.
+_libc = types.SimpleNamespace(
+    _handle=_ctypes.dlopen(None, _ctypes.RTLD_LOCAL)  # type: ignore[arg-type]
+)
 
 
 def _load(kind: type[_ctypes.CFuncPtr], name: str) -> _ctypes.CFuncPtr | None:

@@ -1,8 +1,5 @@
-"""The ``apply_patch`` program: alias form, hidden-flag form, ``exec-server apply-patch``.
-
-Behaviour follows APPLY_PATCH.md §10-§11 (argument, or stdin in the alias form; exit
-0/1/2); the local file system with no sandbox context (§14).
-"""
+"""The ``apply_patch`` program (alias form, hidden-flag form, ``exec-server apply-patch``):
+APPLY_PATCH.md §10-§11, on the local file system with no sandbox context (§14)."""
 
 from __future__ import annotations
 
@@ -45,26 +42,24 @@ def run_patch(patch: str, *, stdout: TextIO, stderr: TextIO) -> int:
 
 
 def _from_argument_or_stdin(patch: str | None) -> int:
-    if patch is not None:
-        if not is_utf8(patch):
-            sys.stderr.write("Error: apply_patch requires a UTF-8 PATCH argument.\n")
-            return 1
-        return run_patch(patch, stdout=sys.stdout, stderr=sys.stderr)
-    try:
-        data = sys.stdin.buffer.read()
-    except KeyboardInterrupt:  # ^C while waiting for a patch on a terminal
-        sys.stderr.write("\n")
-        return 130
-    try:
-        patch = data.decode("utf-8")
-    except UnicodeDecodeError:
-        sys.stderr.write(
-            "Error: Failed to read PATCH from stdin.\nstream did not contain valid UTF-8\n"
-        )
+    if patch is not None and not is_utf8(patch):
+        sys.stderr.write("Error: apply_patch requires a UTF-8 PATCH argument.\n")
         return 1
-    if not patch:
-        sys.stderr.write(_USAGE)
-        return 2
+    if patch is None:
+        try:
+            data = sys.stdin.buffer.read()
+        except KeyboardInterrupt:  # ^C while waiting for a patch on a terminal
+            sys.stderr.write("\n")
+            return 130
+        try:
+            patch = data.decode("utf-8")
+        except UnicodeDecodeError:
+            sys.stderr.write("Error: Failed to read PATCH from stdin.\n"
+                             "stream did not contain valid UTF-8\n")
+            return 1
+        if not patch:
+            sys.stderr.write(_USAGE)
+            return 2
     return run_patch(patch, stdout=sys.stdout, stderr=sys.stderr)
 
 

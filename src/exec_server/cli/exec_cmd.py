@@ -1,8 +1,6 @@
-"""``exec-server exec``: run one command on a remote exec-server and mirror it locally.
-
-Streams the output, forwards stdin and ^C (pipe mode) or a raw terminal (``--tty``),
-exits with the remote code; behaviour and exit codes are described in docs/client.md.
-"""
+"""``exec-server exec``: run one command on a remote exec-server and mirror it locally:
+output, stdin and ^C (pipe mode) or a raw terminal (``--tty``), the exit code (behaviour
+and exit codes: docs/client.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The ``exec-server`` command line: arg0 dispatch, hidden helper modes, subcommands.
-
-Hidden modes are recognised before argparse runs (PROTOCOL.md §12.2). Each subcommand's
-module has ``register(parser)``, which adds its arguments and sets ``func`` to a
-``(argparse.Namespace) -> int`` callable.
-"""
+"""The ``exec-server`` command line: arg0 dispatch, hidden helper modes (recognised before
+argparse, PROTOCOL.md §12.2), subcommands (each module's ``register(parser)`` adds its
+arguments and sets ``func``, an ``(argparse.Namespace) -> int``)."""
 
 from __future__ import annotations
 

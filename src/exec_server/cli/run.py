@@ -54,21 +54,13 @@ def _confine(ns: argparse.Namespace, spec: LaunchSpec) -> LaunchSpec:
 
 
 def _ignore_while_waiting() -> dict[int, Any]:
-    """A terminal's ^C/^\\ reaches the command too (same process group): we outlive it
-    and report how it ended.
-
-    A handler, not ``SIG_IGN``, which ``execve`` would pass on to the command; signals
-    we were started with ignored (a background ``&`` job) stay ignored.
-    """
+    """A terminal's ^C/^\\ reaches the command too: we outlive it and report how it ended.
+    A handler, not ``SIG_IGN`` (``execve`` would pass that on); ignored ones stay ignored."""
     previous: dict[int, Any] = {}
     for sig in (signal.SIGINT, signal.SIGQUIT):
         if signal.getsignal(sig) is not signal.SIG_IGN:
-            previous[sig] = signal.signal(sig, _noted)
+            previous[sig] = signal.signal(sig, lambda _sig, _frame: None)
     return previous
-
-
-def _noted(_sig: int, _frame: object) -> None:
-    """The command got the same signal from the terminal; its exit status tells."""
 
 
 def _spawn_and_wait(spec: LaunchSpec) -> int:
@@ -95,11 +87,8 @@ def _spawn_and_wait(spec: LaunchSpec) -> int:
 
 
 def _unrunnable(program: str, cwd: str, path: str) -> tuple[int, str] | None:
-    """Why ``program`` cannot be executed, as a shell says it: (126|127, message).
-
-    Checked on the host so both backends report the same line; every CLI policy
-    reads the whole filesystem, so the host's answer is the sandbox's.
-    """
+    """Why ``program`` cannot be executed, as a shell says it: (126|127, message). Checked
+    on the host, same for both backends: every CLI policy reads the whole filesystem."""
     if "/" not in program:
         if shutil.which(program, path=path) is not None:
             return None

@@ -1,8 +1,6 @@
-"""``exec-server serve``: flags -> :class:`ServerConfig`, logging to stderr, run.
-
-The bound ``ws://IP:PORT`` is the only line ever written to stdout (PROTOCOL.md §2.3);
-with ``--listen stdio`` stdout carries the protocol and nothing else.
-"""
+"""``exec-server serve``: flags -> :class:`ServerConfig`, logging to stderr, run. The bound
+``ws://IP:PORT`` is the only line ever written to stdout (PROTOCOL.md §2.3); with
+``--listen stdio`` stdout carries the protocol and nothing else."""
 
 from __future__ import annotations
 

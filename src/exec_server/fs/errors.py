@@ -11,21 +11,13 @@ from typing import Final
 from exec_server.errno_text import os_error_text
 
 __all__ = [
-    "FsError",
-    "FsFailedError",
-    "FsNotFoundError",
-    "FsRefusedError",
-    "fs_error_from_os",
-    "os_error",
+    "FsError", "FsFailedError", "FsNotFoundError", "FsRefusedError", "fs_error_from_os", "os_error",
     "translate_os_errors",
 ]
 
 
 class FsError(Exception):
     """A filesystem operation failed; ``message`` is the text the client sees."""
-
-    #: the path asked about, for ``exec_server.exceptions`` (never set here)
-    path: str | None = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

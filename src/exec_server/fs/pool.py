@@ -16,11 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
 
 __all__ = [
-    "DEFAULT_MAX_WORKERS",
-    "MAX_WAITING",
-    "STUCK_AFTER",
-    "WorkerPool",
-    "shared_pool",
+    "DEFAULT_MAX_WORKERS", "MAX_WAITING", "STUCK_AFTER", "WorkerPool", "shared_pool",
     "waiting_on_others",
 ]
 
@@ -58,7 +54,9 @@ def waiting_on_others() -> Iterator[None]:
     finally:
         if released:
             assert pool is not None and worker is not None
-            pool._take_place_back(worker)
+            # One thread over the maximum until one exits; no new thread starts meanwhile.
+            with pool._lock:
+                pool._count_in(worker)
 
 
 def _deliver(fut: asyncio.Future[list[object]], result: object, exc: BaseException | None) -> None:
@@ -184,11 +182,6 @@ class WorkerPool:
             worker = _Worker()
             worker.inbox.put(job)
             self._start(worker)
-
-    def _take_place_back(self, worker: _Worker) -> None:
-        # One thread over the maximum until one exits; no new thread starts meanwhile.
-        with self._lock:
-            self._count_in(worker)
 
     def _count_in(self, worker: _Worker) -> None:
         # Pool lock held.

@@ -1,7 +1,6 @@
 """``dataBase64`` text <-> bytes a ~1 MiB slice at a time (from a worker thread, the
 event loop runs between slices), judged by upstream's rules (Rust ``base64`` 0.22),
-with msgspec's base64 (1.5-3x ``binascii``'s speed).
-"""
+with msgspec's base64 (1.5-3x ``binascii``'s speed)."""
 
 from __future__ import annotations
 
@@ -13,16 +12,8 @@ from typing import Final
 import msgspec
 
 __all__ = [
-    "DECODE_SLICE",
-    "ENCODE_SLICE",
-    "MAPPED_MIN",
-    "Undecodable",
-    "decode_slices",
-    "decoded_size",
-    "encode_pieces_quoted",
-    "encode_quoted",
-    "error_text",
-    "stray_bits",
+    "DECODE_SLICE", "ENCODE_SLICE", "MAPPED_MIN", "Undecodable", "decode_slices", "decoded_size",
+    "encode_pieces_quoted", "encode_quoted", "error_text", "stray_bits",
 ]
 
 #: Characters of text decoded per call (a multiple of 4: whole groups).
@@ -102,12 +93,9 @@ def encode_quoted(data: Text) -> bytes | bytearray | mmap.mmap:
 
 
 def encode_pieces_quoted(pieces: Iterable[Text], size: int) -> bytearray | mmap.mmap:
-    """The ``size`` bytes of ``pieces`` (multiples of 3 bytes but the last) as a JSON string
-    of padded base64, quotes included; ValueError if they do not add up.
-
-    From :data:`MAPPED_MIN` on, built in an anonymous mapping, which goes back to the
-    system when freed: glibc keeps freed heap blocks up to 32 MiB resident.
-    """
+    """``pieces`` (multiples of 3 bytes but the last; ValueError unless ``size`` in all) as
+    a quoted base64 JSON string. From :data:`MAPPED_MIN` on in an anonymous mapping, which
+    goes back to the system when freed (glibc keeps freed heap blocks up to 32 MiB)."""
     length = (size + 2) // 3 * 4 + 2
     out = mmap.mmap(-1, length) if length >= MAPPED_MIN else bytearray(length)
     out[0:1] = out[-1:] = b'"'

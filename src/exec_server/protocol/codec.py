@@ -23,16 +23,8 @@ from exec_server.protocol.messages import (
 )
 
 __all__ = [
-    "SPAN_MIN",
-    "ProtocolError",
-    "decode_error_text",
-    "decode_message",
-    "decode_params",
-    "decode_result",
-    "encode_error",
-    "encode_notification",
-    "encode_request",
-    "encode_result",
+    "SPAN_MIN", "ProtocolError", "decode_error_text", "decode_message", "decode_params",
+    "decode_result", "encode_error", "encode_notification", "encode_request", "encode_result",
     "lossy_text",
 ]
 
@@ -144,12 +136,8 @@ def _bad_id(raw: Raw) -> ProtocolError:
 
 
 def decode_message(data: bytes | bytearray | str) -> Message:
-    """Decode one inbound frame or line.
-
-    An ``fs/writeFile`` of :data:`SPAN_MIN` bytes or more keeps its plain ``dataBase64``
-    text in place (``""`` in ``params``, ``span`` says where) for the handler to decode a
-    slice at a time. ProtocolError: no JSON-RPC message, or nested past the recursion limit.
-    """
+    """Decode one inbound frame or line. An ``fs/writeFile`` of :data:`SPAN_MIN` bytes or
+    more keeps its ``dataBase64`` in place (``span``) for the handler to decode in slices."""
     try:
         if len(data) >= SPAN_MIN and not isinstance(data, str):
             request = _decode_with_span(data)
@@ -236,11 +224,8 @@ def encode_result(request_id: RequestId, result: msgspec.Struct | Raw) -> bytes:
 
 
 def encode_error(request_id: RequestId, code: int, message: str) -> bytes:
-    """``{"id":..,"error":{"code":..,"message":..}}`` (``data`` never sent).
-
-    A file name's non-UTF-8 bytes (surrogate escapes, which JSON cannot carry)
-    are sent as U+FFFD, as upstream shows them.
-    """
+    """``{"id":..,"error":{"code":..,"message":..}}``; a name's non-UTF-8 bytes (surrogate
+    escapes, which JSON cannot carry) are sent as U+FFFD, as upstream shows them."""
     try:
         return _encoder.encode(_OutError(request_id, ErrorObject(code, message)))
     except UnicodeEncodeError:

@@ -1,7 +1,6 @@
 """Find where one string member of a JSON message lies, without decoding it: a JSON
 decoder walks a big ``fs/writeFile``'s base64 in one GIL-holding call (~2 s a GiB).
-Anything unusual gives None, and the caller uses the ordinary decoder.
-"""
+Anything unusual gives None, and the caller uses the ordinary decoder."""
 
 from __future__ import annotations
 

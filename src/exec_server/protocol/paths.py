@@ -1,7 +1,6 @@
 """Path fields on the wire: plain absolute strings (legacy) or ``file://`` URIs (current),
 accepted in every path field, answered in the request's form (CLIENT_COMPAT.md §1.2-§1.3),
-normalised lexically, before symlinks (PROTOCOL.md §5.2).
-"""
+normalised lexically, before symlinks (PROTOCOL.md §5.2)."""
 
 from __future__ import annotations
 
@@ -16,12 +15,7 @@ import msgspec
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 
 __all__ = [
-    "PathForm",
-    "WirePath",
-    "normalize_lexical",
-    "parse_wire_path",
-    "render_path",
-    "uri_quote",
+    "PathForm", "WirePath", "normalize_lexical", "parse_wire_path", "render_path", "uri_quote",
 ]
 
 _URI_SAFE = "/:@=,;!$&'()*+[]^|~"
@@ -157,12 +151,8 @@ def _resolve_dot_segments(raw: str) -> str:
 
 
 def parse_wire_path(value: str, *, normalize: bool = True) -> WirePath:
-    """Decode one path field (``normalize=False``: keep ``..``, still absolute).
-
-    Raises:
-        InvalidParamsError: not absolute, bad URI (-32602).
-        InvalidRequestError: a ``file://`` URI naming another host (-32600).
-    """
+    """Decode one path field (``normalize=False``: keep ``..``, still absolute);
+    InvalidParamsError if not absolute or a bad URI, InvalidRequestError for another host."""
     path, form = value, PathForm.PLAIN
     if not value.startswith("/"):
         text = value.strip(_C0_OR_SPACE)

@@ -5,7 +5,7 @@ Paths are plain ``str`` for :func:`~exec_server.protocol.paths.parse_wire_path`;
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeAlias
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -13,47 +13,15 @@ from msgspec import UNSET, UnsetType
 from exec_server.protocol.types.sandbox import SandboxField, sandbox_raw
 
 __all__ = [
-    "METHOD_CANONICALIZE",
-    "METHOD_CLOSE",
-    "METHOD_COPY",
-    "METHOD_CREATE_DIRECTORY",
-    "METHOD_GET_METADATA",
-    "METHOD_OPEN",
-    "METHOD_READ_BLOCK",
-    "METHOD_READ_DIRECTORY",
-    "METHOD_READ_FILE",
-    "METHOD_REMOVE",
-    "METHOD_WALK",
-    "METHOD_WRITE_BLOCK",
-    "METHOD_WRITE_FILE",
-    "CanonicalizeParams",
-    "CanonicalizeResult",
-    "CloseParams",
-    "CopyParams",
-    "CreateDirectoryParams",
-    "DirectoryEntry",
-    "EmptyResult",
-    "GetMetadataParams",
-    "GetMetadataResult",
-    "OpenParams",
-    "OpenResult",
-    "ReadBlockParams",
-    "ReadBlockResult",
-    "ReadDirectoryParams",
-    "ReadDirectoryResult",
-    "ReadFileParams",
-    "ReadFileResult",
-    "ReadFileText",
-    "RemoveParams",
-    "SandboxField",
-    "WalkEntry",
-    "WalkError",
-    "WalkOptionsParams",
-    "WalkParams",
-    "WalkResult",
-    "WriteBlockParams",
-    "WriteFileParams",
-    "WriteFileRequest",
+    "METHOD_CANONICALIZE", "METHOD_CLOSE", "METHOD_COPY", "METHOD_CREATE_DIRECTORY",
+    "METHOD_GET_METADATA", "METHOD_OPEN", "METHOD_READ_BLOCK", "METHOD_READ_DIRECTORY",
+    "METHOD_READ_FILE", "METHOD_REMOVE", "METHOD_WALK", "METHOD_WRITE_BLOCK", "METHOD_WRITE_FILE",
+    "CanonicalizeParams", "CanonicalizeResult", "CloseParams", "CopyParams",
+    "CreateDirectoryParams", "DirectoryEntry", "EmptyResult", "GetMetadataParams",
+    "GetMetadataResult", "OpenParams", "OpenResult", "ReadBlockParams", "ReadBlockResult",
+    "ReadDirectoryParams", "ReadDirectoryResult", "ReadFileParams", "ReadFileResult",
+    "ReadFileText", "RemoveParams", "SandboxField", "WalkEntry", "WalkError", "WalkOptionsParams",
+    "WalkParams", "WalkResult", "WriteBlockParams", "WriteFileParams", "WriteFileRequest",
     "sandbox_raw",
 ]
 
@@ -123,10 +91,7 @@ class CreateDirectoryParams(msgspec.Struct, **_FS):
     follow_symlinks: bool | None = None
 
 
-class GetMetadataParams(msgspec.Struct, **_FS):
-    path: str
-    sandbox: SandboxField = UNSET
-    follow_symlinks: bool | None = None
+GetMetadataParams: TypeAlias = ReadFileParams
 
 
 class GetMetadataResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -170,9 +135,7 @@ class CopyParams(msgspec.Struct, **_FS):
     sandbox: SandboxField = UNSET
 
 
-class CanonicalizeParams(msgspec.Struct, **_FS):
-    path: str
-    sandbox: SandboxField = UNSET
+CanonicalizeParams: TypeAlias = ReadDirectoryParams
 
 
 class CanonicalizeResult(msgspec.Struct, **_FS):

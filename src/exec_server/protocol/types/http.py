@@ -1,7 +1,6 @@
 """Wire structs of ``http/request`` and ``http/request/bodyDelta`` (PROTOCOL_CURRENT.md §9).
 
-Bodies travel as base64; a body delta's ``error`` is always sent (``null`` when clean).
-"""
+Bodies travel as base64; a body delta's ``error`` is always sent (``null`` when clean)."""
 
 from __future__ import annotations
 
@@ -10,15 +9,8 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 __all__ = [
-    "BUFFERED_REQUEST_ID",
-    "METHOD_HTTP_REQUEST",
-    "NOTIFY_BODY_DELTA",
-    "U64_MAX",
-    "BodyDelta",
-    "HttpHeader",
-    "HttpRequestParams",
-    "HttpRequestResult",
-    "RequestHeader",
+    "BUFFERED_REQUEST_ID", "METHOD_HTTP_REQUEST", "NOTIFY_BODY_DELTA", "U64_MAX", "BodyDelta",
+    "HttpHeader", "HttpRequestParams", "HttpRequestResult", "RequestHeader",
 ]
 
 METHOD_HTTP_REQUEST: Final = "http/request"

@@ -1,7 +1,6 @@
 """Wire structs of the ``process/*`` methods, both generations (PROTOCOL.md §8,
 CLIENT_COMPAT.md §4-§5): current-only members default to ``UNSET`` (omitted), and
-their presence tells the generations apart (CLIENT_COMPAT §1.2 rule 4).
-"""
+their presence tells the generations apart (CLIENT_COMPAT §1.2 rule 4)."""
 
 from __future__ import annotations
 
@@ -12,39 +11,13 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 __all__ = [
-    "METHOD_CLOSE_STDIN",
-    "METHOD_READ",
-    "METHOD_RESIZE_PTY",
-    "METHOD_SIGNAL",
-    "METHOD_START",
-    "METHOD_TERMINATE",
-    "METHOD_WRITE",
-    "NOTIFY_CLOSED",
-    "NOTIFY_EXITED",
-    "NOTIFY_OUTPUT",
-    "CloseStdinParams",
-    "CloseStdinResult",
-    "ClosedNotification",
-    "EnvPolicy",
-    "ExitedNotification",
-    "ManagedNetwork",
-    "OutputChunk",
-    "OutputNotification",
-    "ProcessMetadata",
-    "ProcessStream",
-    "ReadParams",
-    "ReadResult",
-    "ResizePtyParams",
-    "ResizePtyResult",
-    "SignalParams",
-    "SignalResult",
-    "StartParams",
-    "StartResult",
-    "TerminateParams",
-    "TerminateResult",
-    "WriteParams",
-    "WriteResult",
-    "WriteStatus",
+    "METHOD_CLOSE_STDIN", "METHOD_READ", "METHOD_RESIZE_PTY", "METHOD_SIGNAL", "METHOD_START",
+    "METHOD_TERMINATE", "METHOD_WRITE", "NOTIFY_CLOSED", "NOTIFY_EXITED", "NOTIFY_OUTPUT",
+    "CloseStdinParams", "CloseStdinResult", "ClosedNotification", "EnvPolicy", "ExitedNotification",
+    "ManagedNetwork", "OutputChunk", "OutputNotification", "ProcessMetadata", "ProcessStream",
+    "ReadParams", "ReadResult", "ResizePtyParams", "ResizePtyResult", "SignalParams",
+    "SignalResult", "StartParams", "StartResult", "TerminateParams", "TerminateResult",
+    "WriteParams", "WriteResult", "WriteStatus",
 ]
 
 METHOD_START = "process/start"
@@ -168,6 +141,9 @@ class TerminateParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel")
     process_id: str
 
 
+CloseStdinParams: TypeAlias = TerminateParams
+
+
 class TerminateResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     running: bool
 
@@ -194,10 +170,6 @@ class ResizePtyParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel")
     process_id: str
     rows: WinSize
     cols: WinSize
-
-
-class CloseStdinParams(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    process_id: str
 
 
 class OutputNotification(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -1,8 +1,7 @@
 """Wire structs of sandbox policies, both generations (PROTOCOL.md §6, CLIENT_COMPAT.md §1.4).
 
 Casing differs per struct (PROTOCOL.md §6 table): legacy policies snake_case with kebab
-tags, contexts camelCase, ``permissions`` snake_case. Paths are checked :class:`AbsPath`.
-"""
+tags, contexts camelCase, ``permissions`` snake_case. Paths are checked :class:`AbsPath`."""
 
 from __future__ import annotations
 
@@ -20,56 +19,19 @@ MAX_SANDBOX_ENTRIES: Final = 4096
 
 
 __all__ = [
-    "MAX_SANDBOX_ENTRIES",
-    "AbsPath",
-    "CurrentSandboxContext",
-    "DangerFullAccessPolicy",
-    "ExternalSandboxPolicy",
-    "FileSystemAccess",
-    "FileSystemGlobPath",
-    "FileSystemPath",
-    "FileSystemPathEntry",
-    "FileSystemPermissions",
-    "FileSystemSandboxContext",
-    "FileSystemSandboxEntry",
-    "FileSystemSandboxPolicy",
-    "FileSystemSpecialPath",
-    "FileSystemSpecialPathEntry",
-    "ManagedFileSystem",
-    "ManagedPermissions",
-    "NetworkAccess",
-    "NetworkPermissions",
-    "PermissionProfile",
-    "Permissions",
-    "PermissionsDisabled",
-    "PermissionsExternal",
-    "PolicyContext",
-    "ReadOnlyAccess",
-    "ReadOnlyAccessFull",
-    "ReadOnlyAccessRestricted",
-    "ReadOnlyPolicy",
-    "RestrictedFileSystem",
-    "SandboxContext",
-    "SandboxField",
-    "SandboxLaunchConfig",
-    "SandboxPolicy",
-    "SandboxTypeName",
-    "SandboxablePreference",
-    "SpecialCurrentWorkingDirectory",
-    "SpecialMinimal",
-    "SpecialProjectRoots",
-    "SpecialRoot",
-    "SpecialSlashTmp",
-    "SpecialTmpdir",
-    "SpecialUnknown",
-    "UnrestrictedFileSystem",
-    "WindowsSandboxLevel",
-    "WorkspaceWritePolicy",
-    "decode_fs_sandbox",
-    "decode_launch_sandbox",
-    "decode_sandbox",
-    "encode_client_context",
-    "sandbox_raw",
+    "MAX_SANDBOX_ENTRIES", "AbsPath", "CurrentSandboxContext", "DangerFullAccessPolicy",
+    "ExternalSandboxPolicy", "FileSystemAccess", "FileSystemGlobPath", "FileSystemPath",
+    "FileSystemPathEntry", "FileSystemPermissions", "FileSystemSandboxContext",
+    "FileSystemSandboxEntry", "FileSystemSandboxPolicy", "FileSystemSpecialPath",
+    "FileSystemSpecialPathEntry", "ManagedFileSystem", "ManagedPermissions", "NetworkAccess",
+    "NetworkPermissions", "PermissionProfile", "Permissions", "PermissionsDisabled",
+    "PermissionsExternal", "PolicyContext", "ReadOnlyAccess", "ReadOnlyAccessFull",
+    "ReadOnlyAccessRestricted", "ReadOnlyPolicy", "RestrictedFileSystem", "SandboxContext",
+    "SandboxField", "SandboxLaunchConfig", "SandboxPolicy", "SandboxTypeName",
+    "SandboxablePreference", "SpecialCurrentWorkingDirectory", "SpecialMinimal",
+    "SpecialProjectRoots", "SpecialRoot", "SpecialSlashTmp", "SpecialTmpdir", "SpecialUnknown",
+    "UnrestrictedFileSystem", "WindowsSandboxLevel", "WorkspaceWritePolicy", "decode_fs_sandbox",
+    "decode_launch_sandbox", "decode_sandbox", "encode_client_context", "sandbox_raw",
 ]
 
 
@@ -413,9 +375,7 @@ def _locate(message: str) -> str:
 
 def decode_launch_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
     """Decode ``process/start.sandbox`` (None when absent or ``null``), told apart by keys
-    (CLIENT_COMPAT.md §1.2 rule 3): ``permissions``, the current context; ``sandboxPolicy``
-    without launch members, a filesystem context; else a legacy ``SandboxLaunchConfig``.
-    """
+    (CLIENT_COMPAT.md §1.2 rule 3; :func:`_decode_member`)."""
     return None if raw is None else _decode_member(bytes(raw), launch=True)
 
 
@@ -427,8 +387,8 @@ def decode_fs_sandbox(raw: bytes | msgspec.Raw | None) -> SandboxContext | None:
 
 @functools.lru_cache(maxsize=64)
 def _decode_member(raw: bytes, *, launch: bool) -> SandboxContext | None:
-    """Memoised: Codex sends the identical context on every call (the result is
-    immutable and depends on nothing but the bytes)."""
+    """``permissions``: the current context; ``sandboxPolicy`` without launch members: a
+    filesystem one; else legacy launch. Memoised: Codex sends the same bytes every call."""
     # Anything but an object (or null) is -32602.
     keys: dict[str, msgspec.Raw] | None = decode_sandbox(raw, dict[str, msgspec.Raw] | None)
     if keys is None:
