@@ -7,9 +7,17 @@ from dataclasses import dataclass, field, fields
 from typing import Final, Literal
 
 __all__ = [
-    "DEFAULT_CLOSED_RETENTION", "DEFAULT_CONCURRENT_REQUESTS", "DEFAULT_DETACH_TTL",
-    "DEFAULT_FS_HELPER_TIMEOUT", "DEFAULT_LISTEN", "DEFAULT_MAX_MESSAGE_SIZE", "DEFAULT_OUTPUT_CAP",
-    "SandboxBackendName", "ServerConfig", "WsAuthMode", "WsAuthSettings",
+    "DEFAULT_CLOSED_RETENTION",
+    "DEFAULT_CONCURRENT_REQUESTS",
+    "DEFAULT_DETACH_TTL",
+    "DEFAULT_FS_HELPER_TIMEOUT",
+    "DEFAULT_LISTEN",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_OUTPUT_CAP",
+    "SandboxBackendName",
+    "ServerConfig",
+    "WsAuthMode",
+    "WsAuthSettings",
 ]
 
 #: PROTOCOL.md §14: port 0 lets the OS choose; the bound URL is printed.

@@ -28,9 +28,20 @@ from exec_server.http.errors import HttpError, HttpRequestInvalid
 from exec_server.sandbox.errors import SandboxError, SandboxPolicyError
 
 __all__ = [
-    "AlreadyAttachedError", "ErrorCode", "ExecServerError", "InternalError", "InvalidParamsError",
-    "InvalidRequestError", "MethodNotFoundError", "NotFoundError", "ProtocolClosedError",
-    "error_for_code", "from_domain_error", "os_error_message", "params_error_text", "wire_error",
+    "AlreadyAttachedError",
+    "ErrorCode",
+    "ExecServerError",
+    "InternalError",
+    "InvalidParamsError",
+    "InvalidRequestError",
+    "MethodNotFoundError",
+    "NotFoundError",
+    "ProtocolClosedError",
+    "error_for_code",
+    "from_domain_error",
+    "os_error_message",
+    "params_error_text",
+    "wire_error",
 ]
 
 

@@ -11,8 +11,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 __all__ = [
-    "SYSTEM_CONFIG", "SYSTEM_REQUIREMENTS", "ConfigLayer", "ConfigReadError", "HostConfig",
-    "read_host_config", "select_keys",
+    "SYSTEM_CONFIG",
+    "SYSTEM_REQUIREMENTS",
+    "ConfigLayer",
+    "ConfigReadError",
+    "HostConfig",
+    "read_host_config",
+    "select_keys",
 ]
 
 SYSTEM_CONFIG: Final = "/etc/codex/config.toml"

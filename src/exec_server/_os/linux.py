@@ -8,10 +8,29 @@ import os
 import types
 
 __all__ = [
-    "Structure", "addressof", "byref", "c_char", "c_int", "c_int32", "c_long", "c_size_t",
-    "c_uint32", "c_uint64", "c_ulong", "c_ushort", "c_void_p", "call_prctl", "call_syscall",
-    "machine", "mount_setattr", "move_mount", "open_tree", "rename_exchange", "set_child_subreaper",
-    "set_parent_death_signal", "sizeof",
+    "Structure",
+    "addressof",
+    "byref",
+    "c_char",
+    "c_int",
+    "c_int32",
+    "c_long",
+    "c_size_t",
+    "c_uint32",
+    "c_uint64",
+    "c_ulong",
+    "c_ushort",
+    "c_void_p",
+    "call_prctl",
+    "call_syscall",
+    "machine",
+    "mount_setattr",
+    "move_mount",
+    "open_tree",
+    "rename_exchange",
+    "set_child_subreaper",
+    "set_parent_death_signal",
+    "sizeof",
 ]
 
 TYPE_CHECKING = False

@@ -19,9 +19,23 @@ from exec_server.fs.fdops import READ_LIMIT, Buffer, lossy_name
 from exec_server.fs.pool import waiting_on_others
 
 __all__ = [
-    "READ_LIMIT", "DirEntry", "Metadata", "Payload", "Pieces", "canonicalize", "copy",
-    "create_directory", "get_metadata", "lossy_name", "open_for_read", "payload_bytes",
-    "read_and_close", "read_directory", "read_file", "remove", "resolve_existing_prefix",
+    "READ_LIMIT",
+    "DirEntry",
+    "Metadata",
+    "Payload",
+    "Pieces",
+    "canonicalize",
+    "copy",
+    "create_directory",
+    "get_metadata",
+    "lossy_name",
+    "open_for_read",
+    "payload_bytes",
+    "read_and_close",
+    "read_directory",
+    "read_file",
+    "remove",
+    "resolve_existing_prefix",
     "write_file",
 ]
 

@@ -11,7 +11,12 @@ from typing import Final
 from exec_server.errno_text import os_error_text
 
 __all__ = [
-    "FsError", "FsFailedError", "FsNotFoundError", "FsRefusedError", "fs_error_from_os", "os_error",
+    "FsError",
+    "FsFailedError",
+    "FsNotFoundError",
+    "FsRefusedError",
+    "fs_error_from_os",
+    "os_error",
     "translate_os_errors",
 ]
 

@@ -16,10 +16,26 @@ from exec_server.exceptions import InvalidRequestError
 from exec_server.fs.errors import os_error
 
 __all__ = [
-    "COPY_DIR_WITHOUT_RECURSIVE", "COPY_INTO_SELF", "COPY_UNSUPPORTED_TYPE", "READ_LIMIT", "Buffer",
-    "check_for_read", "check_writable", "copy_file_at", "copy_tree_at", "list_directory",
-    "lossy_name", "make_dirs", "match_old_file", "mkdir_unless_directory", "read_to_end",
-    "remove_tree_at", "replace_file", "temp_name", "too_large_message", "write_all",
+    "COPY_DIR_WITHOUT_RECURSIVE",
+    "COPY_INTO_SELF",
+    "COPY_UNSUPPORTED_TYPE",
+    "READ_LIMIT",
+    "Buffer",
+    "check_for_read",
+    "check_writable",
+    "copy_file_at",
+    "copy_tree_at",
+    "list_directory",
+    "lossy_name",
+    "make_dirs",
+    "match_old_file",
+    "mkdir_unless_directory",
+    "read_to_end",
+    "remove_tree_at",
+    "replace_file",
+    "temp_name",
+    "too_large_message",
+    "write_all",
     "write_in_place",
 ]
 

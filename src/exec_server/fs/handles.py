@@ -16,7 +16,13 @@ from exec_server.fs import nofollow
 from exec_server.fs.errors import os_error, translate_os_errors
 
 __all__ = [
-    "MAX_BLOCK", "MAX_HANDLES", "MAX_ID_BYTES", "FileHandles", "Install", "Mode", "open_descriptor",
+    "MAX_BLOCK",
+    "MAX_HANDLES",
+    "MAX_ID_BYTES",
+    "FileHandles",
+    "Install",
+    "Mode",
+    "open_descriptor",
     "open_into",
 ]
 

@@ -14,7 +14,14 @@ from exec_server.exceptions import InternalError, InvalidRequestError
 from exec_server.fs.errors import os_error, translate_os_errors
 from exec_server.fs.fdops import write_all
 
-__all__ = ["create_directory", "lstat", "open_at", "open_regular", "remove", "write_file"]
+__all__ = [
+    "create_directory",
+    "lstat",
+    "open_at",
+    "open_regular",
+    "remove",
+    "write_file",
+]
 
 _CONTAINS_SYMLINK: Final = "path contains a symbolic link"
 

@@ -16,7 +16,11 @@ from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
 
 __all__ = [
-    "DEFAULT_MAX_WORKERS", "MAX_WAITING", "STUCK_AFTER", "WorkerPool", "shared_pool",
+    "DEFAULT_MAX_WORKERS",
+    "MAX_WAITING",
+    "STUCK_AFTER",
+    "WorkerPool",
+    "shared_pool",
     "waiting_on_others",
 ]
 

@@ -13,7 +13,12 @@ from typing import Final
 from exec_server.fs.errors import fs_error_from_os
 
 __all__ = [
-    "MAX_DEPTH", "MAX_DIRECTORIES", "MAX_ENTRIES", "WalkOptions", "WalkOutcome", "limits_error",
+    "MAX_DEPTH",
+    "MAX_DIRECTORIES",
+    "MAX_ENTRIES",
+    "WalkOptions",
+    "WalkOutcome",
+    "limits_error",
     "walk",
 ]
 

@@ -12,8 +12,16 @@ from typing import Final
 import msgspec
 
 __all__ = [
-    "DECODE_SLICE", "ENCODE_SLICE", "MAPPED_MIN", "Undecodable", "decode_slices", "decoded_size",
-    "encode_pieces_quoted", "encode_quoted", "error_text", "stray_bits",
+    "DECODE_SLICE",
+    "ENCODE_SLICE",
+    "MAPPED_MIN",
+    "Undecodable",
+    "decode_slices",
+    "decoded_size",
+    "encode_pieces_quoted",
+    "encode_quoted",
+    "error_text",
+    "stray_bits",
 ]
 
 #: Characters of text decoded per call (a multiple of 4: whole groups).

@@ -23,8 +23,16 @@ from exec_server.protocol.messages import (
 )
 
 __all__ = [
-    "SPAN_MIN", "ProtocolError", "decode_error_text", "decode_message", "decode_params",
-    "decode_result", "encode_error", "encode_notification", "encode_request", "encode_result",
+    "SPAN_MIN",
+    "ProtocolError",
+    "decode_error_text",
+    "decode_message",
+    "decode_params",
+    "decode_result",
+    "encode_error",
+    "encode_notification",
+    "encode_request",
+    "encode_result",
     "lossy_text",
 ]
 

@@ -12,8 +12,14 @@ from typing import Final, Literal, TypeAlias
 from exec_server.exceptions import InvalidRequestError, ProtocolClosedError
 
 __all__ = [
-    "NO_SESSION", "SESSION_RESUMED", "Family", "Handshake", "HandshakeState",
-    "already_attached_text", "malformed_message_text", "method_not_found_text",
+    "NO_SESSION",
+    "SESSION_RESUMED",
+    "Family",
+    "Handshake",
+    "HandshakeState",
+    "already_attached_text",
+    "malformed_message_text",
+    "method_not_found_text",
     "unknown_session_text",
 ]
 

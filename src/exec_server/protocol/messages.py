@@ -12,9 +12,19 @@ import msgspec
 from exec_server.protocol.json_span import StringSpan
 
 __all__ = [
-    "MALFORMED_ID", "EnvironmentCapabilities", "EnvironmentInfo", "ErrorObject", "ErrorResponse",
-    "InitializeParams", "InitializeResult", "Message", "Notification", "Request", "RequestId",
-    "Response", "ShellInfo",
+    "MALFORMED_ID",
+    "EnvironmentCapabilities",
+    "EnvironmentInfo",
+    "ErrorObject",
+    "ErrorResponse",
+    "InitializeParams",
+    "InitializeResult",
+    "Message",
+    "Notification",
+    "Request",
+    "RequestId",
+    "Response",
+    "ShellInfo",
 ]
 
 #: An i64 or a string, echoed unchanged; any other id makes the message malformed.

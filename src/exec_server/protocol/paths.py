@@ -15,7 +15,12 @@ import msgspec
 from exec_server.exceptions import InvalidParamsError, InvalidRequestError
 
 __all__ = [
-    "PathForm", "WirePath", "normalize_lexical", "parse_wire_path", "render_path", "uri_quote",
+    "PathForm",
+    "WirePath",
+    "normalize_lexical",
+    "parse_wire_path",
+    "render_path",
+    "uri_quote",
 ]
 
 _URI_SAFE = "/:@=,;!$&'()*+[]^|~"

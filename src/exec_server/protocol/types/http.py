@@ -9,8 +9,15 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 __all__ = [
-    "BUFFERED_REQUEST_ID", "METHOD_HTTP_REQUEST", "NOTIFY_BODY_DELTA", "U64_MAX", "BodyDelta",
-    "HttpHeader", "HttpRequestParams", "HttpRequestResult", "RequestHeader",
+    "BUFFERED_REQUEST_ID",
+    "METHOD_HTTP_REQUEST",
+    "NOTIFY_BODY_DELTA",
+    "U64_MAX",
+    "BodyDelta",
+    "HttpHeader",
+    "HttpRequestParams",
+    "HttpRequestResult",
+    "RequestHeader",
 ]
 
 METHOD_HTTP_REQUEST: Final = "http/request"
