@@ -29,20 +29,7 @@ from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidParamsError, from_domain_error
 from exec_server.http.errors import HttpBodyFailed, HttpError
 from exec_server.process.events import Exited, Output, ProcessEvent
-from exec_server.protocol.types.process import (
-    ClosedNotification,
-    EnvPolicy,
-    ExitedNotification,
-    OutputNotification,
-    ReadParams,
-    ReadResult,
-    SignalParams,
-    SignalResult,
-    TerminateParams,
-    TerminateResult,
-    WriteParams,
-    WriteResult,
-)
+from exec_server.protocol.types import process as p
 from exec_server.protocol.types.sandbox import decode_launch_sandbox, encode_client_context
 from exec_server.sandbox.errors import SandboxError
 
@@ -57,16 +44,16 @@ __all__ = ["ExecBackend", "LocalExecBackend", "RemoteExecBackend"]
 
 def _notification(
     event: ProcessEvent,
-) -> OutputNotification | ExitedNotification | ClosedNotification:
+) -> p.OutputNotification | p.ExitedNotification | p.ClosedNotification:
     if isinstance(event, Output):
-        return OutputNotification(
+        return p.OutputNotification(
             process_id=event.process_id, seq=event.seq, stream=event.stream, chunk=event.data
         )
     if isinstance(event, Exited):
         denied = msgspec.UNSET if event.sandbox_denied is None else event.sandbox_denied
-        return ExitedNotification(process_id=event.process_id, seq=event.seq,
+        return p.ExitedNotification(process_id=event.process_id, seq=event.seq,
                                   exit_code=event.exit_code, sandbox_denied=denied)
-    return ClosedNotification(process_id=event.process_id, seq=event.seq)
+    return p.ClosedNotification(process_id=event.process_id, seq=event.seq)
 
 
 @runtime_checkable
@@ -166,7 +153,7 @@ class LocalExecBackend:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        env_policy: EnvPolicy | None = None,
+        env_policy: p.EnvPolicy | None = None,
         tty: bool = False,
         pipe_stdin: bool = False,
         arg0: str | None = None,
@@ -274,25 +261,25 @@ class LocalExecBackend:
 
     # The client's typed process calls, which the handles use.
 
-    async def read_process(self, params: ReadParams) -> ReadResult:
+    async def read_process(self, params: p.ReadParams) -> p.ReadResult:
         snap = await self._manager.read(params.process_id, after_seq=params.after_seq or 0,
                                         max_bytes=params.max_bytes, wait_ms=params.wait_ms or 0)
         denied = msgspec.UNSET if snap.sandbox_denied is None else snap.sandbox_denied
-        return ReadResult(chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
+        return p.ReadResult(chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
                           exit_code=snap.exit_code, closed=snap.closed, sandbox_denied=denied)
 
-    async def write_process(self, params: WriteParams) -> WriteResult:
+    async def write_process(self, params: p.WriteParams) -> p.WriteResult:
         write_id = params.write_id or None
         status = await self._manager.write(params.process_id, params.chunk, write_id)
-        return WriteResult(status=status)
+        return p.WriteResult(status=status)
 
-    async def terminate_process(self, params: TerminateParams) -> TerminateResult:
-        return TerminateResult(running=self._manager.terminate(params.process_id))
+    async def terminate_process(self, params: p.TerminateParams) -> p.TerminateResult:
+        return p.TerminateResult(running=self._manager.terminate(params.process_id))
 
-    async def signal_process(self, params: SignalParams) -> SignalResult:
+    async def signal_process(self, params: p.SignalParams) -> p.SignalResult:
         # Only ``interrupt`` exists (CLIENT_COMPAT.md §5.4).
         self._manager.signal(params.process_id, _signal.SIGINT)
-        return SignalResult()
+        return p.SignalResult()
 
     async def resize_pty(self, process_id: str, rows: int, cols: int) -> None:
         if not (1 <= rows <= 65535 and 1 <= cols <= 65535):

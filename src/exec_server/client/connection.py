@@ -46,13 +46,9 @@ from exec_server.protocol.codec import (
     encode_notification,
     encode_request,
 )
-from exec_server.protocol.messages import (
-    ErrorResponse,
-    InitializeParams,
-    Notification,
-    Response,
-)
+from exec_server.protocol.messages import ErrorResponse, InitializeParams, Notification, Response
 from exec_server.protocol.paths import PathForm, render_path
+from exec_server.protocol.types import process as p
 from exec_server.protocol.types.http import (
     BUFFERED_REQUEST_ID,
     METHOD_HTTP_REQUEST,
@@ -60,36 +56,6 @@ from exec_server.protocol.types.http import (
     BodyDelta,
     HttpRequestParams,
     HttpRequestResult,
-)
-from exec_server.protocol.types.process import (
-    METHOD_CLOSE_STDIN,
-    METHOD_READ,
-    METHOD_RESIZE_PTY,
-    METHOD_SIGNAL,
-    METHOD_START,
-    METHOD_TERMINATE,
-    METHOD_WRITE,
-    NOTIFY_CLOSED,
-    NOTIFY_EXITED,
-    NOTIFY_OUTPUT,
-    ClosedNotification,
-    CloseStdinParams,
-    CloseStdinResult,
-    EnvPolicy,
-    ExitedNotification,
-    OutputNotification,
-    ReadParams,
-    ReadResult,
-    ResizePtyParams,
-    ResizePtyResult,
-    SignalParams,
-    SignalResult,
-    StartParams,
-    StartResult,
-    TerminateParams,
-    TerminateResult,
-    WriteParams,
-    WriteResult,
 )
 from exec_server.protocol.types.sandbox import encode_client_context
 
@@ -115,8 +81,8 @@ _NOTIFY_INITIALIZED: Final = "initialized"
 #: no server knows this process: any answer but -32601 means the extension exists.
 _PROBE_ID: Final = "exec-server-client-probe"
 _PROBES: Final[dict[str, msgspec.Struct]] = {
-    METHOD_RESIZE_PTY: ResizePtyParams(process_id=_PROBE_ID, rows=1, cols=1),
-    METHOD_CLOSE_STDIN: CloseStdinParams(process_id=_PROBE_ID),
+    p.METHOD_RESIZE_PTY: p.ResizePtyParams(process_id=_PROBE_ID, rows=1, cols=1),
+    p.METHOD_CLOSE_STDIN: p.CloseStdinParams(process_id=_PROBE_ID),
 }
 
 
@@ -131,12 +97,12 @@ class _Empty(msgspec.Struct, frozen=True):
     pass
 
 
-_Event = OutputNotification | ExitedNotification | ClosedNotification
+_Event = p.OutputNotification | p.ExitedNotification | p.ClosedNotification
 #: notification method -> decoder of its params.
 _DECODERS: Final[dict[str, msgspec.json.Decoder[_Event | BodyDelta]]] = {
-    NOTIFY_OUTPUT: msgspec.json.Decoder(OutputNotification),
-    NOTIFY_EXITED: msgspec.json.Decoder(ExitedNotification),
-    NOTIFY_CLOSED: msgspec.json.Decoder(ClosedNotification),
+    p.NOTIFY_OUTPUT: msgspec.json.Decoder(p.OutputNotification),
+    p.NOTIFY_EXITED: msgspec.json.Decoder(p.ExitedNotification),
+    p.NOTIFY_CLOSED: msgspec.json.Decoder(p.ClosedNotification),
     NOTIFY_BODY_DELTA: msgspec.json.Decoder(BodyDelta),
 }
 
@@ -492,29 +458,29 @@ class ExecServerClient:
         finally:
             self._http_bodies.pop(request_id, None)
 
-    async def start_process(self, params: StartParams) -> StartResult:
+    async def start_process(self, params: p.StartParams) -> p.StartResult:
         """Prefer :meth:`spawn`, which also returns a handle."""
-        return await self.call(METHOD_START, params, StartResult)
+        return await self.call(p.METHOD_START, params, p.StartResult)
 
-    async def read_process(self, params: ReadParams) -> ReadResult:
-        return await self.call(METHOD_READ, params, ReadResult)
+    async def read_process(self, params: p.ReadParams) -> p.ReadResult:
+        return await self.call(p.METHOD_READ, params, p.ReadResult)
 
-    async def write_process(self, params: WriteParams) -> WriteResult:
-        return await self.call(METHOD_WRITE, params, WriteResult)
+    async def write_process(self, params: p.WriteParams) -> p.WriteResult:
+        return await self.call(p.METHOD_WRITE, params, p.WriteResult)
 
-    async def terminate_process(self, params: TerminateParams) -> TerminateResult:
-        return await self.call(METHOD_TERMINATE, params, TerminateResult)
+    async def terminate_process(self, params: p.TerminateParams) -> p.TerminateResult:
+        return await self.call(p.METHOD_TERMINATE, params, p.TerminateResult)
 
-    async def signal_process(self, params: SignalParams) -> SignalResult:
-        return await self.call(METHOD_SIGNAL, params, SignalResult)
+    async def signal_process(self, params: p.SignalParams) -> p.SignalResult:
+        return await self.call(p.METHOD_SIGNAL, params, p.SignalResult)
 
     async def resize_pty(self, process_id: str, rows: int, cols: int) -> None:
-        params = ResizePtyParams(process_id=process_id, rows=rows, cols=cols)
-        await self._extension(METHOD_RESIZE_PTY, params, ResizePtyResult)
+        params = p.ResizePtyParams(process_id=process_id, rows=rows, cols=cols)
+        await self._extension(p.METHOD_RESIZE_PTY, params, p.ResizePtyResult)
 
     async def close_stdin(self, process_id: str) -> None:
-        params = CloseStdinParams(process_id=process_id)
-        await self._extension(METHOD_CLOSE_STDIN, params, CloseStdinResult)
+        params = p.CloseStdinParams(process_id=process_id)
+        await self._extension(p.METHOD_CLOSE_STDIN, params, p.CloseStdinResult)
 
     async def supports(self, method: str) -> bool:
         """Whether the server implements extension ``method`` (asked once per connection)."""
@@ -549,7 +515,7 @@ class ExecServerClient:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        env_policy: EnvPolicy | None = None,
+        env_policy: p.EnvPolicy | None = None,
         tty: bool = False,
         pipe_stdin: bool = False,
         arg0: str | None = None,
@@ -568,7 +534,7 @@ class ExecServerClient:
         """
         work_dir, pid = resolve_start(cwd, process_id, self._handles)
         handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval, argv=argv)
-        params = StartParams(
+        params = p.StartParams(
             process_id=pid,
             argv=list(argv),
             cwd=render_path(work_dir, PathForm.URI),

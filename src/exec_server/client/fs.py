@@ -1,9 +1,6 @@
-"""The client-side filesystem: one protocol (:class:`ExecutorFileSystem`), a local
-implementation with the server's exact semantics and a remote one over ``fs/*``.
-
-Both raise the same wire errors and take the same optional ``sandbox`` context;
-contexts that need confinement are never run unconfined (locally they fail closed).
-"""
+"""The client-side filesystem: one protocol (:class:`ExecutorFileSystem`), implemented
+locally with the server's exact semantics and remotely over ``fs/*``: the same wire
+errors, and sandboxed contexts are never run unconfined (locally they fail closed)."""
 
 from __future__ import annotations
 
@@ -22,12 +19,7 @@ from exec_server.exceptions import InternalError, InvalidParamsError, wire_error
 from exec_server.fs.context import route_for
 from exec_server.fs.direct import DirEntry, Metadata
 from exec_server.fs.handles import MAX_BLOCK, FileHandles
-from exec_server.fs.service import (
-    ConfinedFileSystem,
-    FileSystemService,
-    NoFollowCall,
-    Route,
-)
+from exec_server.fs.service import ConfinedFileSystem, FileSystemService, NoFollowCall, Route
 from exec_server.fs.walk import MAX_DEPTH, MAX_DIRECTORIES, MAX_ENTRIES, WalkOptions
 from exec_server.protocol.paths import PathForm, WirePath, parse_wire_path, render_path
 from exec_server.protocol.types import fs as t
@@ -77,28 +69,22 @@ class WalkResult(msgspec.Struct, frozen=True):
     truncated: bool
 
 
-class _Blocks(Protocol):
-    async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]: ...
-
-    async def write_block(self, offset: int, data: bytes) -> None: ...
-
-    async def close(self) -> None: ...
-
-
 class FileStream:
     """An open file (``fs/open``): ``async with fs.open(path) as f``, or await and
     :meth:`aclose`. Reads return at most ``length`` bytes (1 B to 1 MiB) and ``eof``."""
 
-    def __init__(self, blocks: _Blocks, mode: OpenMode) -> None:
-        self._blocks = blocks
+    def __init__(self, mode: OpenMode) -> None:
         self.mode: OpenMode = mode
         self._closed = False
 
     async def read_block(self, offset: int, length: int = MAX_BLOCK) -> tuple[bytes, bool]:
-        return await self._blocks.read_block(offset, length)
+        raise NotImplementedError
 
     async def write_block(self, offset: int, data: bytes) -> None:
-        await self._blocks.write_block(offset, data)
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        raise NotImplementedError
 
     async def chunks(self, block: int = MAX_BLOCK) -> AsyncIterator[bytes]:
         offset = 0
@@ -121,7 +107,7 @@ class FileStream:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
-            await self._blocks.close()
+            await self._close()
 
     async def __aenter__(self) -> FileStream:
         return self
@@ -426,16 +412,19 @@ class LocalFileSystem:
         except BaseException:
             self._handles.release(handle_id, handle)
             raise
-        return FileStream(_LocalBlocks(self._service, self._handles, handle_id), mode)
+        return _LocalStream(self._service, self._handles, handle_id, mode)
 
 
-class _LocalBlocks:
-    def __init__(self, service: FileSystemService, handles: FileHandles, handle_id: str) -> None:
+class _LocalStream(FileStream):
+    def __init__(
+        self, service: FileSystemService, handles: FileHandles, handle_id: str, mode: OpenMode
+    ) -> None:
+        super().__init__(mode)
         self._service = service
         self._handles = handles
         self._id = handle_id
 
-    async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]:
+    async def read_block(self, offset: int, length: int = MAX_BLOCK) -> tuple[bytes, bool]:
         with _naming(None):
             return await self._service.pool.run(
                 self._handles.read_block, self._id, offset, length
@@ -445,7 +434,7 @@ class _LocalBlocks:
         with _naming(None):
             await self._service.pool.run(self._handles.write_block, self._id, offset, data)
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         with _naming(None):
             await self._service.pool.run(self._handles.close, self._id)
 
@@ -615,7 +604,7 @@ class RemoteFileSystem:
             handle_id=handle_id, path=_uri(path), mode=mode, sandbox=_sandbox_field(sandbox)
         )
         await self._client.call(t.METHOD_OPEN, params, t.OpenResult)
-        return FileStream(_RemoteBlocks(self._client, handle_id), mode)
+        return _RemoteStream(self._client, handle_id, mode)
 
 
 def _uri(path: PathArg) -> str:
@@ -627,12 +616,13 @@ def _sandbox_field(sandbox: FsSandbox) -> t.SandboxField:
     return msgspec.UNSET if raw is None else msgspec.Raw(raw)
 
 
-class _RemoteBlocks:
-    def __init__(self, client: RpcCaller, handle_id: str) -> None:
+class _RemoteStream(FileStream):
+    def __init__(self, client: RpcCaller, handle_id: str, mode: OpenMode) -> None:
+        super().__init__(mode)
         self._client = client
         self._id = handle_id
 
-    async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]:
+    async def read_block(self, offset: int, length: int = MAX_BLOCK) -> tuple[bytes, bool]:
         params = t.ReadBlockParams(handle_id=self._id, offset=offset, length=length)
         r = await self._client.call(t.METHOD_READ_BLOCK, params, t.ReadBlockResult)
         if len(r.chunk) > length:
@@ -645,7 +635,7 @@ class _RemoteBlocks:
         params = t.WriteBlockParams(handle_id=self._id, offset=offset, chunk=data)
         await self._client.call(t.METHOD_WRITE_BLOCK, params, t.EmptyResult)
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         await self._client.call(t.METHOD_CLOSE, t.CloseParams(handle_id=self._id), t.EmptyResult)
 
 

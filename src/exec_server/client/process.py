@@ -1,9 +1,6 @@
-"""A handle on one process started through an exec backend (remote or local).
-
-Notifications are applied while their seq follows the cursor (PROTOCOL.md §8.2); a gap
-is filled with ``process/read`` (§8.4 cursor). Never a long-poll read: legacy servers
-answer a connection's requests in order (§17.14), so it would stall every other call.
-"""
+"""A handle on one process, remote or local: notifications are applied while their seq
+follows the cursor (PROTOCOL.md §8.2), a gap is filled with ``process/read`` (§8.4). Never
+a long-poll read: legacy servers answer a connection's requests in order (§17.14)."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ import os
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol, TypedDict, final
+from typing import TYPE_CHECKING, Final, TypedDict, final
 
 import msgspec
 
@@ -30,21 +27,20 @@ from exec_server.protocol.types.process import (
     OutputNotification,
     ProcessStream,
     ReadParams,
-    ReadResult,
     SignalParams,
-    SignalResult,
     TerminateParams,
-    TerminateResult,
     WriteParams,
-    WriteResult,
     WriteStatus,
 )
+
+if TYPE_CHECKING:
+    from exec_server.client.backend import LocalExecBackend
+    from exec_server.client.connection import ExecServerClient
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL",
     "CompletedProcess",
     "ProcessHandle",
-    "ProcessOps",
     "RemoteProcess",
     "Signal",
     "SpawnOptions",
@@ -99,24 +95,6 @@ def registered(handles: dict[str, ProcessHandle], handle: ProcessHandle) -> Iter
         raise
 
 
-class ProcessOps(Protocol):
-    """What a handle needs from its backend: the client's typed process calls."""
-
-    async def read_process(self, params: ReadParams) -> ReadResult: ...
-
-    async def write_process(self, params: WriteParams) -> WriteResult: ...
-
-    async def terminate_process(self, params: TerminateParams) -> TerminateResult: ...
-
-    async def signal_process(self, params: SignalParams) -> SignalResult: ...
-
-    async def resize_pty(self, process_id: str, rows: int, cols: int) -> None: ...
-
-    async def close_stdin(self, process_id: str) -> None: ...
-
-    def _release(self, process_id: str) -> None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class CompletedProcess:
     """Everything a finished process produced (``pty`` output is in ``stdout``)."""
@@ -143,7 +121,7 @@ class ProcessHandle:
 
     def __init__(
         self,
-        ops: ProcessOps,
+        ops: ExecServerClient | LocalExecBackend,
         process_id: str,
         *,
         tty: bool,
