@@ -55,7 +55,6 @@ class WebSocketTransport:
         cls,
         url: str,
         *,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> WebSocketTransport:
@@ -73,7 +72,7 @@ class WebSocketTransport:
                 proxy=None,
                 open_timeout=None,  # the caller's deadline applies
                 ping_interval=None,
-                max_size=max_message_size,
+                max_size=DEFAULT_MAX_MESSAGE_SIZE,
                 user_agent_header=None,
                 ssl=tls,
             )
@@ -178,12 +177,7 @@ class StdioTransport:
         self._stdout = proc.stdout
 
     @classmethod
-    async def spawn(
-        cls,
-        argv: Sequence[str] | None = None,
-        *,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-    ) -> StdioTransport:
+    async def spawn(cls, argv: Sequence[str] | None = None) -> StdioTransport:
         """Its stderr is inherited, so its logs stay visible."""
         if argv is None:
             argv = [sys.executable, "-m", "exec_server", "serve", "--listen", "stdio"]
@@ -191,7 +185,7 @@ class StdioTransport:
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            limit=max_message_size,
+            limit=DEFAULT_MAX_MESSAGE_SIZE,
         )
         return cls(proc)
 

@@ -1,8 +1,5 @@
-"""``ExecBackend``: one interface to start processes, over a client or in this process.
-
-The local backend drives the server's own ``ProcessManager`` and feeds the same
-:class:`ProcessHandle` class, so callers cannot tell the two apart.
-"""
+"""``ExecBackend``: one interface to start processes, over a client or in this process
+(the server's own ``ProcessManager``, feeding the same :class:`ProcessHandle` class)."""
 
 from __future__ import annotations
 
@@ -17,7 +14,6 @@ from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
 from exec_server.client.http import HttpOptions, HttpResponse, body_failed, request_headers
 from exec_server.client.process import (
-    DEFAULT_POLL_INTERVAL,
     CompletedProcess,
     ProcessHandle,
     SpawnOptions,
@@ -51,8 +47,10 @@ def _notification(
         )
     if isinstance(event, Exited):
         denied = msgspec.UNSET if event.sandbox_denied is None else event.sandbox_denied
-        return p.ExitedNotification(process_id=event.process_id, seq=event.seq,
-                                  exit_code=event.exit_code, sandbox_denied=denied)
+        return p.ExitedNotification(
+            process_id=event.process_id, seq=event.seq, exit_code=event.exit_code,
+            sandbox_denied=denied,
+        )
     return p.ClosedNotification(process_id=event.process_id, seq=event.seq)
 
 
@@ -65,27 +63,22 @@ class ExecBackend(Protocol):
 
     async def start(self, argv: Sequence[str], **options: Unpack[SpawnOptions]) -> ProcessHandle:
         """Start ``argv``; the arguments are :meth:`ExecServerClient.spawn`'s."""
-        ...
 
     async def http_request(
         self, method: str, url: str, **options: Unpack[HttpOptions]
     ) -> HttpResponse:
         """Send an HTTP request from the environment's host (as the client's)."""
-        ...
 
     async def run(
         self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
     ) -> CompletedProcess:
         """Run to completion; the arguments are :meth:`ExecServerClient.run`'s."""
-        ...
 
     def list_processes(self) -> list[ProcessHandle]:
         """Processes started through this backend that are not closed yet."""
-        ...
 
     async def aclose(self) -> None:
         """Remote: close the connection; local: kill the children."""
-        ...
 
 
 @final
@@ -94,9 +87,8 @@ class RemoteExecBackend:
 
     is_remote = True
 
-    def __init__(self, client: ExecServerClient, *, owns_client: bool = True) -> None:
+    def __init__(self, client: ExecServerClient) -> None:
         self.client = client
-        self._owns_client = owns_client
 
     async def start(self, argv: Sequence[str], **options: Unpack[SpawnOptions]) -> ProcessHandle:
         return await self.client.spawn(argv, **options)
@@ -115,8 +107,7 @@ class RemoteExecBackend:
         return self.client.list_processes()
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self.client.aclose()
+        await self.client.aclose()
 
 
 @final
@@ -125,12 +116,7 @@ class LocalExecBackend:
 
     is_remote = False
 
-    def __init__(
-        self,
-        config: ServerConfig | None = None,
-        *,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
-    ) -> None:
+    def __init__(self, config: ServerConfig | None = None) -> None:
         from exec_server.process.manager import ProcessManager
 
         self._config = config or ServerConfig()
@@ -138,7 +124,6 @@ class LocalExecBackend:
         self._manager: ProcessManager = ProcessManager(self._config)
         self._manager.set_sink(self._on_event)
         self._handles: dict[str, ProcessHandle] = {}
-        self._poll_interval = poll_interval
         self._http: HttpClient | None = None
         self._closed = False
 
@@ -182,12 +167,7 @@ class LocalExecBackend:
                 server_env=os.environ,
             )
         spec = LaunchSpec(
-            argv=list(argv),
-            cwd=work_dir,
-            env=child_env,
-            tty=tty,
-            arg0=arg0,
-            pipe_stdin=pipe_stdin,
+            argv=list(argv), cwd=work_dir, env=child_env, tty=tty, arg0=arg0, pipe_stdin=pipe_stdin
         )
         if sandbox is not None:
             from exec_server.sandbox.manager import SandboxManager
@@ -199,7 +179,7 @@ class LocalExecBackend:
                 spec = await self._sandbox_manager.aprepare(spec, ctx)
             except SandboxError as exc:
                 raise _wire(exc) from exc
-        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval, argv=argv)
+        handle = ProcessHandle(self, pid, tty=tty, argv=argv)
         with registered(self._handles, handle):
             await self._manager.start(pid, spec, report_denial=True)
         return handle
@@ -208,17 +188,15 @@ class LocalExecBackend:
         self, method: str, url: str, **options: Unpack[HttpOptions]
     ) -> HttpResponse:
         """Send from this process, validated as the server validates ``http/request``."""
-        headers = options.get("headers", ())
-        body = options.get("body")
-        timeout_ms = options.get("timeout_ms")
-        follow_redirects = options.get("follow_redirects", True)
-        stream = options.get("stream", False)
         from exec_server.http.client import HttpClient
         from exec_server.http.request import HeaderSpec, build_request
 
         if self._closed:
             raise ClientClosedError("backend closed")
-        specs = [HeaderSpec(h.name, h.value, h.value_env_var) for h in request_headers(headers)]
+        headers = request_headers(options.get("headers", ()))
+        specs = [HeaderSpec(h.name, h.value, h.value_env_var) for h in headers]
+        body, timeout_ms = options.get("body"), options.get("timeout_ms")
+        follow_redirects = options.get("follow_redirects", True)
         try:
             request = build_request(
                 method, url, specs, body, timeout_ms, follow_redirects, os.environ
@@ -228,7 +206,7 @@ class LocalExecBackend:
             raw = await self._http.send(request)
         except HttpError as exc:
             raise _wire(exc) from None
-        if not stream:
+        if not options.get("stream", False):
             try:
                 data = await raw.read()
             except HttpError as exc:
@@ -262,11 +240,15 @@ class LocalExecBackend:
     # The client's typed process calls, which the handles use.
 
     async def read_process(self, params: p.ReadParams) -> p.ReadResult:
-        snap = await self._manager.read(params.process_id, after_seq=params.after_seq or 0,
-                                        max_bytes=params.max_bytes, wait_ms=params.wait_ms or 0)
+        snap = await self._manager.read(
+            params.process_id, after_seq=params.after_seq or 0, max_bytes=params.max_bytes,
+            wait_ms=params.wait_ms or 0,
+        )
         denied = msgspec.UNSET if snap.sandbox_denied is None else snap.sandbox_denied
-        return p.ReadResult(chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
-                          exit_code=snap.exit_code, closed=snap.closed, sandbox_denied=denied)
+        return p.ReadResult(
+            chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
+            exit_code=snap.exit_code, closed=snap.closed, sandbox_denied=denied,
+        )
 
     async def write_process(self, params: p.WriteParams) -> p.WriteResult:
         write_id = params.write_id or None

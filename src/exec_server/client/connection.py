@@ -17,7 +17,6 @@ import msgspec
 
 from exec_server.client._opening import opening
 from exec_server.client._transport import (
-    DEFAULT_MAX_MESSAGE_SIZE,
     StdioTransport,
     Transport,
     WebSocketTransport,
@@ -31,7 +30,6 @@ from exec_server.client.errors import (
 )
 from exec_server.client.http import HeaderArg, HttpResponse, body_failed, request_headers
 from exec_server.client.process import (
-    DEFAULT_POLL_INTERVAL,
     CompletedProcess,
     ProcessHandle,
     registered,
@@ -122,14 +120,12 @@ class ExecServerClient:
         client_name: str = DEFAULT_CLIENT_NAME,
         url: str | None = None,
         reopen: _Reopen | None = None,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
         self._transport = transport
         self._client_name = client_name
         #: the WebSocket URL, or None for a stdio server
         self.url = url
         self._reopen = reopen
-        self._poll_interval = poll_interval
         self._next_id = 0
         self._pending: dict[int | str, asyncio.Future[Response | ErrorResponse]] = {}
         self._handles: dict[str, ProcessHandle] = {}
@@ -154,8 +150,6 @@ class ExecServerClient:
         resume_session_id: str | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
         token: str | None = None,
         ssl: SSLContext | None = None,
     ) -> ExecServerClient:
@@ -174,14 +168,11 @@ class ExecServerClient:
         async def reopen(limit: float) -> Transport:
             try:
                 async with asyncio.timeout(limit):
-                    return await WebSocketTransport.open(
-                        url, max_message_size=max_message_size, token=token, ssl_context=ssl
-                    )
+                    return await WebSocketTransport.open(url, token=token, ssl_context=ssl)
             except TimeoutError as exc:
                 raise HandshakeError(f"connecting to {url} timed out after {limit} s") from exc
 
-        client = cls(await reopen(connect_timeout), client_name=client_name, url=url,
-                     reopen=reopen, poll_interval=poll_interval)
+        client = cls(await reopen(connect_timeout), client_name=client_name, url=url, reopen=reopen)
         return await client._start(resume_session_id, initialize_timeout)
 
     @classmethod
@@ -192,13 +183,10 @@ class ExecServerClient:
         *,
         client_name: str = DEFAULT_CLIENT_NAME,
         initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> ExecServerClient:
         """Start ``python -m exec_server serve --listen stdio`` (or ``argv``) and connect;
         ``aclose()`` ends the child."""
-        transport = await StdioTransport.spawn(argv, max_message_size=max_message_size)
-        client = cls(transport, client_name=client_name, poll_interval=poll_interval)
+        client = cls(await StdioTransport.spawn(argv), client_name=client_name)
         return await client._start(None, initialize_timeout)
 
     async def _start(self, resume_session_id: str | None, limit: float) -> ExecServerClient:
@@ -428,10 +416,7 @@ class ExecServerClient:
             self._http_bodies.pop(request_id, None)
 
         return HttpResponse(
-            result.status,
-            _pairs(result),
-            chunks=self._body(request_id, queue),
-            close=close,
+            result.status, _pairs(result), chunks=self._body(request_id, queue), close=close
         )
 
     async def _body(
@@ -533,7 +518,7 @@ class ExecServerClient:
             sandbox: a context from :mod:`exec_server.client.sandbox_contexts`.
         """
         work_dir, pid = resolve_start(cwd, process_id, self._handles)
-        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval, argv=argv)
+        handle = ProcessHandle(self, pid, tty=tty, argv=argv)
         params = p.StartParams(
             process_id=pid,
             argv=list(argv),
@@ -569,9 +554,7 @@ class ExecServerClient:
         ``after_seq`` (0: the oldest retained output)."""
         if process_id in self._handles:
             raise ValueError(f"process {process_id} already has a handle")
-        handle = ProcessHandle(
-            self, process_id, tty=tty, after_seq=after_seq, poll_interval=self._poll_interval
-        )
+        handle = ProcessHandle(self, process_id, tty=tty, after_seq=after_seq)
         handle._need_read = True
         self._handles[process_id] = handle
         return handle

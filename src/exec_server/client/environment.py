@@ -188,10 +188,7 @@ class EnvironmentManager:
 
     @classmethod
     def from_env(
-        cls,
-        environ: Mapping[str, str] | None = None,
-        *,
-        runtime_paths: RuntimePaths | None = None,
+        cls, environ: Mapping[str, str] | None = None, *, runtime_paths: RuntimePaths | None = None
     ) -> EnvironmentManager:
         """From ``EXEC_SERVER_URL``, else ``CODEX_EXEC_SERVER_URL``, and the token from
         ``EXEC_SERVER_TOKEN``, in ``environ`` (default ``os.environ``)."""

@@ -141,12 +141,7 @@ class ExecutorFileSystem(Protocol):
     ) -> bytes: ...
 
     async def write_file(
-        self,
-        path: PathArg,
-        data: bytes,
-        sandbox: FsSandbox = None,
-        *,
-        follow_symlinks: bool = True,
+        self, path: PathArg, data: bytes, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
     ) -> None: ...
 
     async def create_directory(
@@ -175,12 +170,7 @@ class ExecutorFileSystem(Protocol):
     ) -> None: ...
 
     async def copy(
-        self,
-        source: PathArg,
-        destination: PathArg,
-        *,
-        recursive: bool,
-        sandbox: FsSandbox = None,
+        self, source: PathArg, destination: PathArg, *, recursive: bool, sandbox: FsSandbox = None
     ) -> None: ...
 
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str: ...
@@ -295,12 +285,7 @@ class LocalFileSystem:
             return await self._service.read_file(native, route, regular_only=True)
 
     async def write_file(
-        self,
-        path: PathArg,
-        data: bytes,
-        sandbox: FsSandbox = None,
-        *,
-        follow_symlinks: bool = True,
+        self, path: PathArg, data: bytes, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
     ) -> None:
         with _naming(path):
             native, route = await self._prepare(path, sandbox)
@@ -357,12 +342,7 @@ class LocalFileSystem:
                 await self._service.no_follow(call, route)
 
     async def copy(
-        self,
-        source: PathArg,
-        destination: PathArg,
-        *,
-        recursive: bool,
-        sandbox: FsSandbox = None,
+        self, source: PathArg, destination: PathArg, *, recursive: bool, sandbox: FsSandbox = None
     ) -> None:
         with _naming(source):
             native, route = await self._prepare(source, sandbox)
@@ -462,12 +442,7 @@ class RemoteFileSystem:
             return result.data_base64
 
     async def write_file(
-        self,
-        path: PathArg,
-        data: bytes,
-        sandbox: FsSandbox = None,
-        *,
-        follow_symlinks: bool = True,
+        self, path: PathArg, data: bytes, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
     ) -> None:
         with _naming(path):
             params = t.WriteFileRequest(
@@ -540,12 +515,7 @@ class RemoteFileSystem:
             await self._client.call(t.METHOD_REMOVE, params, t.EmptyResult)
 
     async def copy(
-        self,
-        source: PathArg,
-        destination: PathArg,
-        *,
-        recursive: bool,
-        sandbox: FsSandbox = None,
+        self, source: PathArg, destination: PathArg, *, recursive: bool, sandbox: FsSandbox = None
     ) -> None:
         with _naming(source):
             params = t.CopyParams(

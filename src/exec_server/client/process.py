@@ -126,7 +126,6 @@ class ProcessHandle:
         *,
         tty: bool,
         after_seq: int = 0,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
         argv: Sequence[str] = (),
     ) -> None:
         self._ops = ops
@@ -146,7 +145,6 @@ class ProcessHandle:
         self._wake = asyncio.Event()
         self._read_lock = asyncio.Lock()
         self._iterating = False
-        self._poll_interval = poll_interval
         self._write_ids = 0
 
     def __repr__(self) -> str:
@@ -255,7 +253,7 @@ class ProcessHandle:
             return
         self._wake.clear()
         try:
-            await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+            await asyncio.wait_for(self._wake.wait(), DEFAULT_POLL_INTERVAL)
         except TimeoutError:
             self._need_read = True
 
