@@ -18,10 +18,8 @@ P = ParamSpec("P")
 
 
 class Opening(Generic[T]):
-    """Await it for the object, or use it as ``async with ... as obj`` (closed at the end).
-
-    The coroutine is made only when awaited or entered, so an unused one warns of nothing.
-    """
+    """Await it for the object, or use it as ``async with ... as obj`` (closed at the end);
+    the coroutine is made only when awaited or entered, so an unused one warns of nothing."""
 
     def __init__(self, start: Callable[[], Coroutine[Any, Any, T]]) -> None:
         self._start = start

@@ -1,7 +1,5 @@
-"""Client transports of whole messages: WebSocket, or a spawned stdio server.
-
-``recv()`` gives None at a clean end and raises :class:`ConnectionLostError` on a broken one.
-"""
+"""Client transports of whole messages: WebSocket, or a spawned stdio server. ``recv()``
+gives None at a clean end and raises :class:`ConnectionLostError` on a broken one."""
 
 from __future__ import annotations
 

@@ -17,14 +17,14 @@ from exec_server.client.process import (
     CompletedProcess,
     ProcessHandle,
     SpawnOptions,
-    registered,
-    resolve_start,
+    starting,
 )
 from exec_server.client.run import RunOptions, run_command
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidParamsError, from_domain_error
 from exec_server.http.errors import HttpBodyFailed, HttpError
 from exec_server.process.events import Exited, Output, ProcessEvent
+from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.types import process as p
 from exec_server.protocol.types.sandbox import decode_launch_sandbox, encode_client_context
 from exec_server.sandbox.errors import SandboxError
@@ -146,14 +146,12 @@ class LocalExecBackend:
         sandbox: msgspec.Struct | None = None,
     ) -> ProcessHandle:
         from exec_server.process.envpolicy import build_child_env
-        from exec_server.process.spec import LaunchSpec
 
         if self._closed:
             raise ClientClosedError("backend closed")
         # The server validates these in its handler (PROTOCOL.md §8.1 step 2); same here.
         if not argv:
             raise InvalidParamsError("argv must not be empty")
-        work_dir, pid = resolve_start(cwd, process_id, self._handles)
         child_env = dict(env or {})
         if env_policy is not None:
             # Local mode: "the server's environment" is this process's.
@@ -166,23 +164,24 @@ class LocalExecBackend:
                 env=child_env,
                 server_env=os.environ,
             )
-        spec = LaunchSpec(
-            argv=list(argv), cwd=work_dir, env=child_env, tty=tty, arg0=arg0, pipe_stdin=pipe_stdin
-        )
-        if sandbox is not None:
-            from exec_server.sandbox.manager import SandboxManager
-
-            ctx = decode_launch_sandbox(encode_client_context(sandbox))
-            if self._sandbox_manager is None:
-                self._sandbox_manager = SandboxManager(self._config)
-            try:
-                spec = await self._sandbox_manager.aprepare(spec, ctx)
-            except SandboxError as exc:
-                raise _wire(exc) from exc
-        handle = ProcessHandle(self, pid, tty=tty, argv=argv)
-        with registered(self._handles, handle):
-            await self._manager.start(pid, spec, report_denial=True)
+        with starting(self, self._handles, argv, cwd, process_id, tty) as (work_dir, handle):
+            spec = LaunchSpec(argv=list(argv), cwd=work_dir, env=child_env, tty=tty, arg0=arg0,
+                              pipe_stdin=pipe_stdin)
+            if sandbox is not None:
+                spec = await self._confine(spec, sandbox)
+            await self._manager.start(handle.process_id, spec, report_denial=True)
         return handle
+
+    async def _confine(self, spec: LaunchSpec, sandbox: msgspec.Struct) -> LaunchSpec:
+        from exec_server.sandbox.manager import SandboxManager
+
+        ctx = decode_launch_sandbox(encode_client_context(sandbox))
+        if self._sandbox_manager is None:
+            self._sandbox_manager = SandboxManager(self._config)
+        try:
+            return await self._sandbox_manager.aprepare(spec, ctx)
+        except SandboxError as exc:
+            raise _wire(exc) from exc
 
     async def http_request(
         self, method: str, url: str, **options: Unpack[HttpOptions]

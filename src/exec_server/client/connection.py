@@ -1,8 +1,5 @@
-"""``ExecServerClient``: an asyncio JSON-RPC client for an exec-server.
-
-One reader task resolves pending calls by id (replies may come in any order) and
-routes notifications to the handle of their ``processId`` or ``requestId``.
-"""
+"""``ExecServerClient``: an asyncio JSON-RPC client for an exec-server. One reader task
+resolves calls by id (replies come in any order) and routes notifications to handles."""
 
 from __future__ import annotations
 
@@ -32,8 +29,7 @@ from exec_server.client.http import HeaderArg, HttpResponse, body_failed, reques
 from exec_server.client.process import (
     CompletedProcess,
     ProcessHandle,
-    registered,
-    resolve_start,
+    starting,
 )
 from exec_server.client.run import RunOptions, run_command
 from exec_server.exceptions import ExecServerError, MethodNotFoundError, error_for_code
@@ -153,17 +149,9 @@ class ExecServerClient:
         token: str | None = None,
         ssl: SSLContext | None = None,
     ) -> ExecServerClient:
-        """Connect to ``ws://HOST:PORT`` (or ``wss://``) and run ``initialize``.
-
-        Args:
-            resume_session_id: reattach to a detached session.
-            token: the server's ``--ws-auth`` token, sent as ``Authorization: Bearer``.
-            ssl: verifies a ``wss://`` server (default: the system's CAs).
-
-        Raises:
-            HandshakeError: connecting or ``initialize`` failed, timed out or was refused.
-            InvalidRequestError: the server refused the resume.
-        """
+        """Connect to ``ws://HOST:PORT`` (or ``wss://``, verified by ``ssl``, default the
+        system's CAs) and run ``initialize``; ``token`` is the server's ``--ws-auth`` token.
+        ``HandshakeError`` if that fails, ``InvalidRequestError`` for a refused resume."""
 
         async def reopen(limit: float) -> Transport:
             try:
@@ -263,9 +251,7 @@ class ExecServerClient:
         initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
     ) -> None:
         """Resume this session on a new connection; handles catch up from their cursors.
-
-        Raises as :meth:`connect` (the session may have expired), or ``ClientClosedError``.
-        """
+        Raises as :meth:`connect` (the session may have expired)."""
         if self._closed:
             raise ClientClosedError("client closed")
         if self._reopen is None:
@@ -380,11 +366,8 @@ class ExecServerClient:
         follow_redirects: bool = True,
         stream: bool = False,
     ) -> HttpResponse:
-        """Have the server send an HTTP request (``http/request``, PROTOCOL_CURRENT.md §9).
-
-        ``stream=True`` returns at the response head; iterate the response for the body.
-        Raises ``InvalidParamsError`` (refused) or ``InternalError`` (failed).
-        """
+        """Have the server send an HTTP request (``http/request``); ``stream=True`` returns
+        at the head. ``InvalidParamsError`` if refused, ``InternalError`` if it failed."""
         if stream:
             self._next_http_id += 1
             request_id = f"http-{self._next_http_id}"
@@ -507,42 +490,30 @@ class ExecServerClient:
         process_id: str | None = None,
         sandbox: msgspec.Struct | None = None,
     ) -> ProcessHandle:
-        """Start a process and return its handle.
-
-        Args:
-            cwd: absolute remote working directory (default: this process's cwd).
-            env: the complete environment, or with ``env_policy`` (which filters the
-                *server's*, CLIENT_COMPAT.md §4.1) the variables set on top.
-            pipe_stdin: give a non-tty process a writable stdin pipe.
-            process_id: the wire id (default: a random UUID).
-            sandbox: a context from :mod:`exec_server.client.sandbox_contexts`.
-        """
-        work_dir, pid = resolve_start(cwd, process_id, self._handles)
-        handle = ProcessHandle(self, pid, tty=tty, argv=argv)
-        params = p.StartParams(
-            process_id=pid,
-            argv=list(argv),
-            cwd=render_path(work_dir, PathForm.URI),
-            env=dict(env or {}),
-            tty=tty,
-            arg0=arg0,
-            sandbox=msgspec.Raw(b"null" if sandbox is None else encode_client_context(sandbox)),
-            env_policy=env_policy if env_policy is not None else msgspec.UNSET,
-            pipe_stdin=pipe_stdin,
-        )
-        with registered(self._handles, handle):
+        """Start a process and return its handle (docs/client.md, "Process handles"):
+        ``env`` is the whole environment unless ``env_policy`` filters the *server's*;
+        ``sandbox`` is a context from :mod:`exec_server.client.sandbox_contexts`."""
+        with starting(self, self._handles, argv, cwd, process_id, tty) as (work_dir, handle):
+            sandbox_json = b"null" if sandbox is None else encode_client_context(sandbox)
+            params = p.StartParams(
+                process_id=handle.process_id,
+                argv=list(argv),
+                cwd=render_path(work_dir, PathForm.URI),
+                env=dict(env or {}),
+                tty=tty,
+                arg0=arg0,
+                sandbox=msgspec.Raw(sandbox_json),
+                env_policy=env_policy if env_policy is not None else msgspec.UNSET,
+                pipe_stdin=pipe_stdin,
+            )
             await self.start_process(params)
         return handle
 
     async def run(
         self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
     ) -> CompletedProcess:
-        """Run ``cmd`` (a list, or one string with ``shell=True``) to completion.
-
-        ``options`` are :class:`~exec_server.client.run.RunOptions`. Raises
-        ``ProcessTimeoutError`` when ``timeout`` runs out (the group is terminated)
-        and, with ``check``, ``ProcessError`` for a non-zero exit.
-        """
+        """Run ``cmd`` to completion; ``options`` are :class:`~exec_server.client.run.RunOptions`
+        (``ProcessTimeoutError`` on ``timeout``, ``ProcessError`` with ``check``)."""
         return await run_command(self.spawn, cmd, **options)
 
     def list_processes(self) -> list[ProcessHandle]:

@@ -1,8 +1,6 @@
 """Where an agent's commands run: a remote exec-server or this machine (PROTOCOL.md §13).
-
 :class:`EnvironmentManager` normalises the URL (§13.1) and lazily creates one shared
-:class:`Environment`; only :meth:`EnvironmentManager.from_env` reads the environment.
-"""
+:class:`Environment`; only :meth:`EnvironmentManager.from_env` reads the environment."""
 
 from __future__ import annotations
 

@@ -205,11 +205,8 @@ async def read_text(
 
 
 def _sandbox_json(sandbox: FsSandbox) -> bytes | None:
-    """The context as JSON text, None when absent.
-
-    ``Raw`` text that is not JSON is refused here (-32602): sent, it would make the
-    whole request unreadable and the call would wait forever.
-    """
+    """The context as JSON text, None when absent. ``Raw`` text that is not JSON is refused
+    (-32602): sent, it would make the request unreadable and the call wait forever."""
     if sandbox is None:
         return None
     if isinstance(sandbox, msgspec.Raw):
@@ -233,11 +230,8 @@ def _wire_path(path: PathArg) -> WirePath:
 
 
 class LocalFileSystem:
-    """In-process filesystem with the server's semantics.
-
-    ``confined`` serves contexts that need confinement; without it they fail closed
-    (-32600). :meth:`with_sandbox` makes one this object owns.
-    """
+    """In-process filesystem with the server's semantics; contexts that need confinement
+    fail closed (-32600) without ``confined`` (:meth:`with_sandbox` makes one it owns)."""
 
     def __init__(self, *, confined: ConfinedFileSystem | None = None) -> None:
         self._service = FileSystemService(confined)

@@ -70,28 +70,29 @@ class SpawnOptions(TypedDict, total=False):
     sandbox: msgspec.Struct | None
 
 
-def resolve_start(
-    cwd: str | None, process_id: str | None, handles: Mapping[str, ProcessHandle]
-) -> tuple[str, str]:
-    """``(cwd, process_id)`` checked as the server would, so both backends fail alike
-    (a relative cwd has no URI form, PROTOCOL.md §8.1)."""
+@contextlib.contextmanager
+def starting(
+    ops: ExecServerClient | LocalExecBackend,
+    handles: dict[str, ProcessHandle],
+    argv: Sequence[str],
+    cwd: str | None,
+    process_id: str | None,
+    tty: bool,
+) -> Iterator[tuple[str, ProcessHandle]]:
+    """The cwd and handle of a process to start, checked as the server would so both
+    backends fail alike (a relative cwd has no URI form, PROTOCOL.md §8.1); registered
+    before the start (notifications may beat its reply), dropped if the start fails."""
     work_dir = os.getcwd() if cwd is None else cwd
     if not os.path.isabs(work_dir):
         raise InvalidParamsError("cwd must be absolute: path must be absolute")
     pid = process_id if process_id is not None else uuid.uuid4().hex
     if pid in handles:
         raise ValueError(f"process {pid} already has a handle")
-    return work_dir, pid
-
-
-@contextlib.contextmanager
-def registered(handles: dict[str, ProcessHandle], handle: ProcessHandle) -> Iterator[None]:
-    """Registered before the start (notifications may beat its reply); dropped on failure."""
-    handles[handle.process_id] = handle
+    handles[pid] = ProcessHandle(ops, pid, tty=tty, argv=argv)
     try:
-        yield
+        yield work_dir, handles[pid]
     except BaseException:
-        handles.pop(handle.process_id, None)
+        handles.pop(pid, None)
         raise
 
 
@@ -113,11 +114,8 @@ _Event = OutputNotification | ExitedNotification | ClosedNotification
 
 @final
 class ProcessHandle:
-    """A running (or finished) process; ``start()``, ``spawn()`` or ``adopt()`` make one.
-
-    Iterating yields :class:`OutputChunk` until the process is closed (exited and
-    drained); one reader at a time.
-    """
+    """A running (or finished) process from ``start()``, ``spawn()`` or ``adopt()``; iterating
+    yields :class:`OutputChunk` until it is closed (exited and drained), one reader at a time."""
 
     def __init__(
         self,
