@@ -244,12 +244,7 @@ class ExecServerClient:
         finally:
             self._disconnecting = False
 
-    async def reconnect(
-        self,
-        *,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
-    ) -> None:
+    async def reconnect(self) -> None:
         """Resume this session on a new connection; handles catch up from their cursors.
         Raises as :meth:`connect` (the session may have expired)."""
         if self._closed:
@@ -257,12 +252,12 @@ class ExecServerClient:
         if self._reopen is None:
             raise HandshakeError("a stdio client cannot reconnect")
         await self.disconnect()
-        transport = await self._reopen(connect_timeout)
+        transport = await self._reopen(DEFAULT_CONNECT_TIMEOUT)
         self._transport = transport
         self._lost = None
         self._reader = asyncio.create_task(self._read_loop(transport))
         try:
-            await self._handshake(self.session_id, initialize_timeout)
+            await self._handshake(self.session_id, DEFAULT_INITIALIZE_TIMEOUT)
         except BaseException:
             await self.disconnect()
             raise

@@ -11,11 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, final
 
 from exec_server.client.backend import ExecBackend, LocalExecBackend, RemoteExecBackend
-from exec_server.client.connection import (
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_INITIALIZE_TIMEOUT,
-    ExecServerClient,
-)
+from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
 from exec_server.config import ServerConfig
 
@@ -95,8 +91,6 @@ class Environment:
         *,
         runtime_paths: RuntimePaths | None = None,
         local_config: ServerConfig | None = None,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
         token: str | None = None,
     ) -> Environment:
         """A remote environment for ``url`` (connects as ``codex-environment``), or a
@@ -105,18 +99,10 @@ class Environment:
         if disabled:
             raise ValueError("disabled mode does not create an Environment")
         if normalized is None:
-            return cls(
-                LocalExecBackend(local_config),
-                url=None,
-                runtime_paths=runtime_paths,
-                local_config=local_config,
-            )
+            backend = LocalExecBackend(local_config)
+            return cls(backend, url=None, runtime_paths=runtime_paths, local_config=local_config)
         client = await ExecServerClient.connect(
-            normalized,
-            token=token,
-            client_name=ENVIRONMENT_CLIENT_NAME,
-            connect_timeout=connect_timeout,
-            initialize_timeout=initialize_timeout,
+            normalized, token=token, client_name=ENVIRONMENT_CLIENT_NAME
         )
         return cls(RemoteExecBackend(client), url=normalized, runtime_paths=runtime_paths)
 

@@ -284,7 +284,6 @@ class ProcessHandle:
         """Wait until closed (unread output stays readable); ``-1`` if unobservable."""
         while not self._closed:
             await self._step()
-        assert self._exit_code is not None or self._closed
         return ExitStatus(-1 if self._exit_code is None else self._exit_code)
 
     async def collect(self) -> CompletedProcess:
