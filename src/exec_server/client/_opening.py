@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, Self, TypeVar
 
-__all__ = ["Closable", "Opening", "opening"]
+__all__ = ["AsyncClosing", "Closable", "Opening", "opening"]
 
 
 class Closable(Protocol):
     async def aclose(self) -> None: ...
+
+
+class AsyncClosing:
+    """A base for what ``async with obj:`` closes at the end."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 T = TypeVar("T", bound=Closable)

@@ -17,12 +17,7 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidS
 
 from exec_server.client.errors import ConnectionLostError, HandshakeError
 
-__all__ = [
-    "DEFAULT_MAX_MESSAGE_SIZE",
-    "StdioTransport",
-    "Transport",
-    "WebSocketTransport",
-]
+__all__ = ["DEFAULT_MAX_MESSAGE_SIZE", "StdioTransport", "Transport", "WebSocketTransport"]
 
 #: a 512 MiB ``fs/readFile`` reply in base64
 DEFAULT_MAX_MESSAGE_SIZE: Final = 1 << 30
@@ -200,9 +195,7 @@ class StdioTransport:
             line = await self._stdout.readline()
         except (ValueError, asyncio.LimitOverrunError) as exc:
             raise ConnectionLostError("message exceeds the size limit") from exc
-        if not line:
-            return None
-        return line
+        return line or None
 
     async def aclose(self) -> None:
         """Close stdin (the server exits at EOF) and reap it; kill it if it lingers."""

@@ -12,7 +12,7 @@ from typing import Final, TypeVar, Unpack, final
 
 import msgspec
 
-from exec_server.client._opening import opening
+from exec_server.client._opening import AsyncClosing, opening
 from exec_server.client._transport import (
     StdioTransport,
     Transport,
@@ -105,7 +105,7 @@ _Reopen = Callable[[float], Awaitable[Transport]]
 
 
 @final
-class ExecServerClient:
+class ExecServerClient(AsyncClosing):
     """A connection (plus session) to one exec-server: :meth:`connect` or
     :meth:`spawn_stdio`, then :meth:`aclose` or ``async with``."""
 
@@ -225,12 +225,6 @@ class ExecServerClient:
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
         self._fail_all(ClientClosedError("client closed"))
-
-    async def __aenter__(self) -> ExecServerClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def disconnect(self) -> None:
         """Drop the transport (calls fail with :class:`ConnectionLostError`) but keep
@@ -365,9 +359,7 @@ class ExecServerClient:
         at the head. ``InvalidParamsError`` if refused, ``InternalError`` if it failed."""
         if stream:
             self._next_http_id += 1
-            request_id = f"http-{self._next_http_id}"
-        else:
-            request_id = BUFFERED_REQUEST_ID
+        request_id = f"http-{self._next_http_id}" if stream else BUFFERED_REQUEST_ID
         params = HttpRequestParams(
             method=method,
             url=url,
@@ -378,24 +370,22 @@ class ExecServerClient:
             redirect_policy="follow" if follow_redirects else "stop",
             stream_response=stream,
         )
-        if not stream:
-            result = await self.call(METHOD_HTTP_REQUEST, params, HttpRequestResult)
-            return HttpResponse(result.status, _pairs(result), result.body_base64)
-        # Registered before sending: deltas may arrive right behind the answer.
         queue: asyncio.Queue[BodyDelta | Exception] = asyncio.Queue()
-        self._http_bodies[request_id] = queue
+        if stream:  # registered before sending: deltas may arrive right behind the answer
+            self._http_bodies[request_id] = queue
         try:
             result = await self.call(METHOD_HTTP_REQUEST, params, HttpRequestResult)
         except BaseException:
             self._http_bodies.pop(request_id, None)
             raise
+        pairs = [(h.name, h.value) for h in result.headers]
+        if not stream:
+            return HttpResponse(result.status, pairs, result.body_base64)
 
         async def close() -> None:
             self._http_bodies.pop(request_id, None)
 
-        return HttpResponse(
-            result.status, _pairs(result), chunks=self._body(request_id, queue), close=close
-        )
+        return HttpResponse(result.status, pairs, chunks=self._body(request_id, queue), close=close)
 
     async def _body(
         self, request_id: str, queue: asyncio.Queue[BodyDelta | Exception]
@@ -527,7 +517,3 @@ class ExecServerClient:
 
     def _release(self, process_id: str) -> None:
         self._handles.pop(process_id, None)
-
-
-def _pairs(result: HttpRequestResult) -> list[tuple[str, str]]:
-    return [(h.name, h.value) for h in result.headers]

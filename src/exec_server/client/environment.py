@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, final
 
+from exec_server.client._opening import AsyncClosing
 from exec_server.client.backend import ExecBackend, LocalExecBackend, RemoteExecBackend
 from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
@@ -65,7 +66,7 @@ class RuntimePaths:
 
 
 @final
-class Environment:
+class Environment(AsyncClosing):
     """One execution environment: an :class:`ExecBackend` plus its filesystem, which
     :meth:`aclose` closes. Build with :meth:`create`."""
 
@@ -139,12 +140,6 @@ class Environment:
                 await local_fs.aclose()
         finally:
             await self.exec_backend.aclose()
-
-    async def __aenter__(self) -> Environment:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"<Environment {'remote ' + self.url if self.url else 'local'}>"

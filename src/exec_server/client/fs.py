@@ -13,7 +13,7 @@ from typing import Literal, Protocol, TypeVar
 
 import msgspec
 
-from exec_server.client._opening import Closable, Opening
+from exec_server.client._opening import AsyncClosing, Closable, Opening
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError, InvalidParamsError, wire_error
 from exec_server.fs.context import route_for
@@ -69,7 +69,7 @@ class WalkResult(msgspec.Struct, frozen=True):
     truncated: bool
 
 
-class FileStream:
+class FileStream(AsyncClosing):
     """An open file (``fs/open``): ``async with fs.open(path) as f``, or await and
     :meth:`aclose`. Reads return at most ``length`` bytes (1 B to 1 MiB) and ``eof``."""
 
@@ -108,12 +108,6 @@ class FileStream:
         if not self._closed:
             self._closed = True
             await self._close()
-
-    async def __aenter__(self) -> FileStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 @contextlib.contextmanager
@@ -229,7 +223,7 @@ def _wire_path(path: PathArg) -> WirePath:
     return parse_wire_path(os.fsdecode(path))
 
 
-class LocalFileSystem:
+class LocalFileSystem(AsyncClosing):
     """In-process filesystem with the server's semantics; contexts that need confinement
     fail closed (-32600) without ``confined`` (:meth:`with_sandbox` makes one it owns)."""
 
@@ -257,12 +251,6 @@ class LocalFileSystem:
         owned, self._owned = self._owned, None
         if owned is not None:
             await owned.aclose()
-
-    async def __aenter__(self) -> LocalFileSystem:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def _prepare(self, path: PathArg, sandbox: FsSandbox) -> tuple[str, Route]:
         """The native path and the sandbox context's route, checked as the server checks."""

@@ -135,8 +135,7 @@ class ProcessHandle:
         self._seq = after_seq
         self._pending: dict[int, _Event] = {}
         self._ready: collections.deque[OutputChunk] = collections.deque()
-        # A handle adopted mid-stream has not seen anything yet: catch up by reading.
-        self._need_read = after_seq > 0
+        self._need_read = False  # adopt() sets it: a handle adopted mid-stream catches up
         self._exit_code: int | None = None
         self._closed = False
         self._failure: BaseException | None = None

@@ -55,7 +55,14 @@ def workspace_write(
     entries.append(_entry(SpecialProjectRoots(), "write"))
     if tmp:
         entries += [_entry(SpecialSlashTmp(), "write"), _entry(SpecialTmpdir(), "write")]
-    entries += _protected()
+    entries += [
+        FileSystemSandboxEntry(
+            path=FileSystemSpecialPathEntry(value=SpecialProjectRoots(subpath=name)),
+            access="read",
+            missing_path_behavior="skip",
+        )
+        for name in PROTECTED_SUBPATHS
+    ]
     return _managed(workspace, entries, home=home, network=network, extra_roots=writable_roots)
 
 
@@ -95,17 +102,6 @@ def to_wire(ctx: msgspec.Struct) -> dict[str, Any]:
 
 def _entry(value: FileSystemSpecialPath, access: FileSystemAccess) -> FileSystemSandboxEntry:
     return FileSystemSandboxEntry(path=FileSystemSpecialPathEntry(value=value), access=access)
-
-
-def _protected() -> list[FileSystemSandboxEntry]:
-    return [
-        FileSystemSandboxEntry(
-            path=FileSystemSpecialPathEntry(value=SpecialProjectRoots(subpath=name)),
-            access="read",
-            missing_path_behavior="skip",
-        )
-        for name in PROTECTED_SUBPATHS
-    ]
 
 
 def _managed(
