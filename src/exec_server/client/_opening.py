@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Generic, ParamSpec, Protocol, Self, TypeVar
+from typing import Any, Generic, ParamSpec, Self, TypeVar
 
-__all__ = ["AsyncClosing", "Closable", "Opening", "opening"]
-
-
-class Closable(Protocol):
-    async def aclose(self) -> None: ...
+__all__ = ["AsyncClosing", "Opening", "opening"]
 
 
 class AsyncClosing:
@@ -26,7 +22,7 @@ class AsyncClosing:
         await self.aclose()
 
 
-T = TypeVar("T", bound=Closable)
+T = TypeVar("T", bound=AsyncClosing)
 P = ParamSpec("P")
 
 

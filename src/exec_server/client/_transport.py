@@ -56,8 +56,7 @@ class WebSocketTransport:
             if ssl_context is not None and not url.startswith("wss://"):
                 raise ValueError(f"a TLS context needs a wss:// URL, not {url}")
             # without a context, wss:// gets the default one (the system's CAs)
-            secure = url.startswith("wss://")
-            tls = ssl_context if ssl_context is not None else (True if secure else None)
+            tls = ssl_context if ssl_context is not None else (url.startswith("wss://") or None)
             ws = await connect(
                 url,
                 additional_headers=headers,

@@ -119,18 +119,16 @@ class Environment(AsyncClosing):
     def get_filesystem(self) -> LocalFileSystem | RemoteFileSystem:
         """``fs/*`` over the client, or locally one :meth:`LocalFileSystem.with_sandbox`
         the environment owns."""
+        from exec_server.client.fs import LocalFileSystem, RemoteFileSystem
+
         client = self.remote_client
-        if client is None:
-            from exec_server.client.fs import LocalFileSystem
-
-            if self._closed:
-                raise ClientClosedError("environment closed")
-            if self._local_fs is None:
-                self._local_fs = LocalFileSystem.with_sandbox(self._local_config)
-            return self._local_fs
-        from exec_server.client.fs import RemoteFileSystem
-
-        return RemoteFileSystem(client)
+        if client is not None:
+            return RemoteFileSystem(client)
+        if self._closed:
+            raise ClientClosedError("environment closed")
+        if self._local_fs is None:
+            self._local_fs = LocalFileSystem.with_sandbox(self._local_config)
+        return self._local_fs
 
     async def aclose(self) -> None:
         self._closed = True

@@ -8,12 +8,12 @@ import contextlib
 import functools
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Literal, Protocol, TypeVar
 
 import msgspec
 
-from exec_server.client._opening import AsyncClosing, Closable, Opening
+from exec_server.client._opening import AsyncClosing, Opening
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError, InvalidParamsError, wire_error
 from exec_server.fs.context import route_for
@@ -230,7 +230,7 @@ class LocalFileSystem(AsyncClosing):
     def __init__(self, *, confined: ConfinedFileSystem | None = None) -> None:
         self._service = FileSystemService(confined)
         self._handles = FileHandles()
-        self._owned: Closable | None = None
+        self._close_owned: Callable[[], Awaitable[None]] | None = None
 
     @classmethod
     def with_sandbox(cls, config: ServerConfig | None = None) -> LocalFileSystem:
@@ -241,16 +241,16 @@ class LocalFileSystem(AsyncClosing):
         cfg = config or ServerConfig()
         confined = SandboxedFileSystem(cfg, SandboxManager(cfg))
         fs = cls(confined=confined)
-        fs._owned = confined
+        fs._close_owned = confined.aclose
         return fs
 
     async def aclose(self) -> None:
         """Close open files, and the sandboxed-filesystem service if this object made it."""
         await self._service.pool.run(self._handles.close_all)
         self._handles = FileHandles()
-        owned, self._owned = self._owned, None
-        if owned is not None:
-            await owned.aclose()
+        close_owned, self._close_owned = self._close_owned, None
+        if close_owned is not None:
+            await close_owned()
 
     async def _prepare(self, path: PathArg, sandbox: FsSandbox) -> tuple[str, Route]:
         """The native path and the sandbox context's route, checked as the server checks."""
