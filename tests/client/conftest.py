@@ -11,7 +11,6 @@ import pytest
 
 from exec_server.client import ExecServerClient
 from exec_server.client.errors import ConnectionLostError
-from exec_server.client.process import DEFAULT_POLL_INTERVAL
 
 _EOF = object()
 
@@ -65,7 +64,7 @@ class MemoryTransport:
 async def fake() -> AsyncIterator[tuple[ExecServerClient, MemoryTransport]]:
     """A client wired to a MemoryTransport, past the handshake."""
     transport = MemoryTransport()
-    client = ExecServerClient(transport, client_name="test", poll_interval=DEFAULT_POLL_INTERVAL)
+    client = ExecServerClient(transport, client_name="test")
     handshake = asyncio.create_task(client._handshake(None, 5))
     init = await transport.next_request()
     assert init["method"] == "initialize"

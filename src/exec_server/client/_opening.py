@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+from typing import Any, Generic, ParamSpec, Self, TypeVar
 
-__all__ = ["Closable", "Opening", "opening"]
-
-
-class Closable(Protocol):
-    async def aclose(self) -> None: ...
+__all__ = ["AsyncClosing", "Opening", "opening"]
 
 
-T = TypeVar("T", bound=Closable)
+class AsyncClosing:
+    """A base for what ``async with obj:`` closes at the end."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+T = TypeVar("T", bound=AsyncClosing)
 P = ParamSpec("P")
 
 
 class Opening(Generic[T]):
-    """Await it for the object, or use it as ``async with ... as obj`` (closed at the end).
-
-    The coroutine is made only when awaited or entered, so an unused one warns of nothing.
-    """
+    """Await it for the object, or use it as ``async with ... as obj`` (closed at the end);
+    the coroutine is made only when awaited or entered, so an unused one warns of nothing."""
 
     def __init__(self, start: Callable[[], Coroutine[Any, Any, T]]) -> None:
         self._start = start

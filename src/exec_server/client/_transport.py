@@ -1,7 +1,5 @@
-"""Client transports of whole messages: WebSocket, or a spawned stdio server.
-
-``recv()`` gives None at a clean end and raises :class:`ConnectionLostError` on a broken one.
-"""
+"""Client transports of whole messages: WebSocket, or a spawned stdio server. ``recv()``
+gives None at a clean end and raises :class:`ConnectionLostError` on a broken one."""
 
 from __future__ import annotations
 
@@ -19,12 +17,7 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidS
 
 from exec_server.client.errors import ConnectionLostError, HandshakeError
 
-__all__ = [
-    "DEFAULT_MAX_MESSAGE_SIZE",
-    "StdioTransport",
-    "Transport",
-    "WebSocketTransport",
-]
+__all__ = ["DEFAULT_MAX_MESSAGE_SIZE", "StdioTransport", "Transport", "WebSocketTransport"]
 
 #: a 512 MiB ``fs/readFile`` reply in base64
 DEFAULT_MAX_MESSAGE_SIZE: Final = 1 << 30
@@ -55,7 +48,6 @@ class WebSocketTransport:
         cls,
         url: str,
         *,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> WebSocketTransport:
@@ -64,8 +56,7 @@ class WebSocketTransport:
             if ssl_context is not None and not url.startswith("wss://"):
                 raise ValueError(f"a TLS context needs a wss:// URL, not {url}")
             # without a context, wss:// gets the default one (the system's CAs)
-            secure = url.startswith("wss://")
-            tls = ssl_context if ssl_context is not None else (True if secure else None)
+            tls = ssl_context if ssl_context is not None else (url.startswith("wss://") or None)
             ws = await connect(
                 url,
                 additional_headers=headers,
@@ -73,7 +64,7 @@ class WebSocketTransport:
                 proxy=None,
                 open_timeout=None,  # the caller's deadline applies
                 ping_interval=None,
-                max_size=max_message_size,
+                max_size=DEFAULT_MAX_MESSAGE_SIZE,
                 user_agent_header=None,
                 ssl=tls,
             )
@@ -178,12 +169,7 @@ class StdioTransport:
         self._stdout = proc.stdout
 
     @classmethod
-    async def spawn(
-        cls,
-        argv: Sequence[str] | None = None,
-        *,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-    ) -> StdioTransport:
+    async def spawn(cls, argv: Sequence[str] | None = None) -> StdioTransport:
         """Its stderr is inherited, so its logs stay visible."""
         if argv is None:
             argv = [sys.executable, "-m", "exec_server", "serve", "--listen", "stdio"]
@@ -191,7 +177,7 @@ class StdioTransport:
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            limit=max_message_size,
+            limit=DEFAULT_MAX_MESSAGE_SIZE,
         )
         return cls(proc)
 
@@ -208,9 +194,7 @@ class StdioTransport:
             line = await self._stdout.readline()
         except (ValueError, asyncio.LimitOverrunError) as exc:
             raise ConnectionLostError("message exceeds the size limit") from exc
-        if not line:
-            return None
-        return line
+        return line or None
 
     async def aclose(self) -> None:
         """Close stdin (the server exits at EOF) and reap it; kill it if it lingers."""

@@ -1,8 +1,5 @@
-"""``ExecBackend``: one interface to start processes, over a client or in this process.
-
-The local backend drives the server's own ``ProcessManager`` and feeds the same
-:class:`ProcessHandle` class, so callers cannot tell the two apart.
-"""
+"""``ExecBackend``: one interface to start processes, over a client or in this process
+(the server's own ``ProcessManager``, feeding the same :class:`ProcessHandle` class)."""
 
 from __future__ import annotations
 
@@ -17,32 +14,18 @@ from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
 from exec_server.client.http import HttpOptions, HttpResponse, body_failed, request_headers
 from exec_server.client.process import (
-    DEFAULT_POLL_INTERVAL,
     CompletedProcess,
     ProcessHandle,
     SpawnOptions,
-    registered,
-    resolve_start,
+    starting,
 )
 from exec_server.client.run import RunOptions, run_command
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidParamsError, from_domain_error
 from exec_server.http.errors import HttpBodyFailed, HttpError
 from exec_server.process.events import Exited, Output, ProcessEvent
-from exec_server.protocol.types.process import (
-    ClosedNotification,
-    EnvPolicy,
-    ExitedNotification,
-    OutputNotification,
-    ReadParams,
-    ReadResult,
-    SignalParams,
-    SignalResult,
-    TerminateParams,
-    TerminateResult,
-    WriteParams,
-    WriteResult,
-)
+from exec_server.process.spec import LaunchSpec
+from exec_server.protocol.types import process as p
 from exec_server.protocol.types.sandbox import decode_launch_sandbox, encode_client_context
 from exec_server.sandbox.errors import SandboxError
 
@@ -57,16 +40,18 @@ __all__ = ["ExecBackend", "LocalExecBackend", "RemoteExecBackend"]
 
 def _notification(
     event: ProcessEvent,
-) -> OutputNotification | ExitedNotification | ClosedNotification:
+) -> p.OutputNotification | p.ExitedNotification | p.ClosedNotification:
     if isinstance(event, Output):
-        return OutputNotification(
+        return p.OutputNotification(
             process_id=event.process_id, seq=event.seq, stream=event.stream, chunk=event.data
         )
     if isinstance(event, Exited):
         denied = msgspec.UNSET if event.sandbox_denied is None else event.sandbox_denied
-        return ExitedNotification(process_id=event.process_id, seq=event.seq,
-                                  exit_code=event.exit_code, sandbox_denied=denied)
-    return ClosedNotification(process_id=event.process_id, seq=event.seq)
+        return p.ExitedNotification(
+            process_id=event.process_id, seq=event.seq, exit_code=event.exit_code,
+            sandbox_denied=denied,
+        )
+    return p.ClosedNotification(process_id=event.process_id, seq=event.seq)
 
 
 @runtime_checkable
@@ -78,27 +63,22 @@ class ExecBackend(Protocol):
 
     async def start(self, argv: Sequence[str], **options: Unpack[SpawnOptions]) -> ProcessHandle:
         """Start ``argv``; the arguments are :meth:`ExecServerClient.spawn`'s."""
-        ...
 
     async def http_request(
         self, method: str, url: str, **options: Unpack[HttpOptions]
     ) -> HttpResponse:
         """Send an HTTP request from the environment's host (as the client's)."""
-        ...
 
     async def run(
         self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
     ) -> CompletedProcess:
         """Run to completion; the arguments are :meth:`ExecServerClient.run`'s."""
-        ...
 
     def list_processes(self) -> list[ProcessHandle]:
         """Processes started through this backend that are not closed yet."""
-        ...
 
     async def aclose(self) -> None:
         """Remote: close the connection; local: kill the children."""
-        ...
 
 
 @final
@@ -107,9 +87,8 @@ class RemoteExecBackend:
 
     is_remote = True
 
-    def __init__(self, client: ExecServerClient, *, owns_client: bool = True) -> None:
+    def __init__(self, client: ExecServerClient) -> None:
         self.client = client
-        self._owns_client = owns_client
 
     async def start(self, argv: Sequence[str], **options: Unpack[SpawnOptions]) -> ProcessHandle:
         return await self.client.spawn(argv, **options)
@@ -128,8 +107,7 @@ class RemoteExecBackend:
         return self.client.list_processes()
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self.client.aclose()
+        await self.client.aclose()
 
 
 @final
@@ -138,12 +116,7 @@ class LocalExecBackend:
 
     is_remote = False
 
-    def __init__(
-        self,
-        config: ServerConfig | None = None,
-        *,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
-    ) -> None:
+    def __init__(self, config: ServerConfig | None = None) -> None:
         from exec_server.process.manager import ProcessManager
 
         self._config = config or ServerConfig()
@@ -151,7 +124,6 @@ class LocalExecBackend:
         self._manager: ProcessManager = ProcessManager(self._config)
         self._manager.set_sink(self._on_event)
         self._handles: dict[str, ProcessHandle] = {}
-        self._poll_interval = poll_interval
         self._http: HttpClient | None = None
         self._closed = False
 
@@ -166,7 +138,7 @@ class LocalExecBackend:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        env_policy: EnvPolicy | None = None,
+        env_policy: p.EnvPolicy | None = None,
         tty: bool = False,
         pipe_stdin: bool = False,
         arg0: str | None = None,
@@ -174,14 +146,12 @@ class LocalExecBackend:
         sandbox: msgspec.Struct | None = None,
     ) -> ProcessHandle:
         from exec_server.process.envpolicy import build_child_env
-        from exec_server.process.spec import LaunchSpec
 
         if self._closed:
             raise ClientClosedError("backend closed")
         # The server validates these in its handler (PROTOCOL.md §8.1 step 2); same here.
         if not argv:
             raise InvalidParamsError("argv must not be empty")
-        work_dir, pid = resolve_start(cwd, process_id, self._handles)
         child_env = dict(env or {})
         if env_policy is not None:
             # Local mode: "the server's environment" is this process's.
@@ -194,44 +164,38 @@ class LocalExecBackend:
                 env=child_env,
                 server_env=os.environ,
             )
-        spec = LaunchSpec(
-            argv=list(argv),
-            cwd=work_dir,
-            env=child_env,
-            tty=tty,
-            arg0=arg0,
-            pipe_stdin=pipe_stdin,
-        )
-        if sandbox is not None:
-            from exec_server.sandbox.manager import SandboxManager
-
-            ctx = decode_launch_sandbox(encode_client_context(sandbox))
-            if self._sandbox_manager is None:
-                self._sandbox_manager = SandboxManager(self._config)
-            try:
-                spec = await self._sandbox_manager.aprepare(spec, ctx)
-            except SandboxError as exc:
-                raise _wire(exc) from exc
-        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval, argv=argv)
-        with registered(self._handles, handle):
-            await self._manager.start(pid, spec, report_denial=True)
+        with starting(self, self._handles, argv, cwd, process_id, tty) as (work_dir, handle):
+            spec = LaunchSpec(argv=list(argv), cwd=work_dir, env=child_env, tty=tty, arg0=arg0,
+                              pipe_stdin=pipe_stdin)
+            if sandbox is not None:
+                spec = await self._confine(spec, sandbox)
+            await self._manager.start(handle.process_id, spec, report_denial=True)
         return handle
+
+    async def _confine(self, spec: LaunchSpec, sandbox: msgspec.Struct) -> LaunchSpec:
+        from exec_server.sandbox.manager import SandboxManager
+
+        ctx = decode_launch_sandbox(encode_client_context(sandbox))
+        if self._sandbox_manager is None:
+            self._sandbox_manager = SandboxManager(self._config)
+        try:
+            return await self._sandbox_manager.aprepare(spec, ctx)
+        except SandboxError as exc:
+            raise _wire(exc) from exc
 
     async def http_request(
         self, method: str, url: str, **options: Unpack[HttpOptions]
     ) -> HttpResponse:
         """Send from this process, validated as the server validates ``http/request``."""
-        headers = options.get("headers", ())
-        body = options.get("body")
-        timeout_ms = options.get("timeout_ms")
-        follow_redirects = options.get("follow_redirects", True)
-        stream = options.get("stream", False)
         from exec_server.http.client import HttpClient
         from exec_server.http.request import HeaderSpec, build_request
 
         if self._closed:
             raise ClientClosedError("backend closed")
-        specs = [HeaderSpec(h.name, h.value, h.value_env_var) for h in request_headers(headers)]
+        headers = request_headers(options.get("headers", ()))
+        specs = [HeaderSpec(h.name, h.value, h.value_env_var) for h in headers]
+        body, timeout_ms = options.get("body"), options.get("timeout_ms")
+        follow_redirects = options.get("follow_redirects", True)
         try:
             request = build_request(
                 method, url, specs, body, timeout_ms, follow_redirects, os.environ
@@ -241,7 +205,7 @@ class LocalExecBackend:
             raw = await self._http.send(request)
         except HttpError as exc:
             raise _wire(exc) from None
-        if not stream:
+        if not options.get("stream", False):
             try:
                 data = await raw.read()
             except HttpError as exc:
@@ -274,25 +238,29 @@ class LocalExecBackend:
 
     # The client's typed process calls, which the handles use.
 
-    async def read_process(self, params: ReadParams) -> ReadResult:
-        snap = await self._manager.read(params.process_id, after_seq=params.after_seq or 0,
-                                        max_bytes=params.max_bytes, wait_ms=params.wait_ms or 0)
+    async def read_process(self, params: p.ReadParams) -> p.ReadResult:
+        snap = await self._manager.read(
+            params.process_id, after_seq=params.after_seq or 0, max_bytes=params.max_bytes,
+            wait_ms=params.wait_ms or 0,
+        )
         denied = msgspec.UNSET if snap.sandbox_denied is None else snap.sandbox_denied
-        return ReadResult(chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
-                          exit_code=snap.exit_code, closed=snap.closed, sandbox_denied=denied)
+        return p.ReadResult(
+            chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
+            exit_code=snap.exit_code, closed=snap.closed, sandbox_denied=denied,
+        )
 
-    async def write_process(self, params: WriteParams) -> WriteResult:
+    async def write_process(self, params: p.WriteParams) -> p.WriteResult:
         write_id = params.write_id or None
         status = await self._manager.write(params.process_id, params.chunk, write_id)
-        return WriteResult(status=status)
+        return p.WriteResult(status=status)
 
-    async def terminate_process(self, params: TerminateParams) -> TerminateResult:
-        return TerminateResult(running=self._manager.terminate(params.process_id))
+    async def terminate_process(self, params: p.TerminateParams) -> p.TerminateResult:
+        return p.TerminateResult(running=self._manager.terminate(params.process_id))
 
-    async def signal_process(self, params: SignalParams) -> SignalResult:
+    async def signal_process(self, params: p.SignalParams) -> p.SignalResult:
         # Only ``interrupt`` exists (CLIENT_COMPAT.md §5.4).
         self._manager.signal(params.process_id, _signal.SIGINT)
-        return SignalResult()
+        return p.SignalResult()
 
     async def resize_pty(self, process_id: str, rows: int, cols: int) -> None:
         if not (1 <= rows <= 65535 and 1 <= cols <= 65535):

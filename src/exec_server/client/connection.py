@@ -1,8 +1,5 @@
-"""``ExecServerClient``: an asyncio JSON-RPC client for an exec-server.
-
-One reader task resolves pending calls by id (replies may come in any order) and
-routes notifications to the handle of their ``processId`` or ``requestId``.
-"""
+"""``ExecServerClient``: an asyncio JSON-RPC client for an exec-server. One reader task
+resolves calls by id (replies come in any order) and routes notifications to handles."""
 
 from __future__ import annotations
 
@@ -15,9 +12,8 @@ from typing import Final, TypeVar, Unpack, final
 
 import msgspec
 
-from exec_server.client._opening import opening
+from exec_server.client._opening import AsyncClosing, opening
 from exec_server.client._transport import (
-    DEFAULT_MAX_MESSAGE_SIZE,
     StdioTransport,
     Transport,
     WebSocketTransport,
@@ -31,11 +27,9 @@ from exec_server.client.errors import (
 )
 from exec_server.client.http import HeaderArg, HttpResponse, body_failed, request_headers
 from exec_server.client.process import (
-    DEFAULT_POLL_INTERVAL,
     CompletedProcess,
     ProcessHandle,
-    registered,
-    resolve_start,
+    starting,
 )
 from exec_server.client.run import RunOptions, run_command
 from exec_server.exceptions import ExecServerError, MethodNotFoundError, error_for_code
@@ -46,13 +40,9 @@ from exec_server.protocol.codec import (
     encode_notification,
     encode_request,
 )
-from exec_server.protocol.messages import (
-    ErrorResponse,
-    InitializeParams,
-    Notification,
-    Response,
-)
+from exec_server.protocol.messages import ErrorResponse, InitializeParams, Notification, Response
 from exec_server.protocol.paths import PathForm, render_path
+from exec_server.protocol.types import process as p
 from exec_server.protocol.types.http import (
     BUFFERED_REQUEST_ID,
     METHOD_HTTP_REQUEST,
@@ -60,36 +50,6 @@ from exec_server.protocol.types.http import (
     BodyDelta,
     HttpRequestParams,
     HttpRequestResult,
-)
-from exec_server.protocol.types.process import (
-    METHOD_CLOSE_STDIN,
-    METHOD_READ,
-    METHOD_RESIZE_PTY,
-    METHOD_SIGNAL,
-    METHOD_START,
-    METHOD_TERMINATE,
-    METHOD_WRITE,
-    NOTIFY_CLOSED,
-    NOTIFY_EXITED,
-    NOTIFY_OUTPUT,
-    ClosedNotification,
-    CloseStdinParams,
-    CloseStdinResult,
-    EnvPolicy,
-    ExitedNotification,
-    OutputNotification,
-    ReadParams,
-    ReadResult,
-    ResizePtyParams,
-    ResizePtyResult,
-    SignalParams,
-    SignalResult,
-    StartParams,
-    StartResult,
-    TerminateParams,
-    TerminateResult,
-    WriteParams,
-    WriteResult,
 )
 from exec_server.protocol.types.sandbox import encode_client_context
 
@@ -115,8 +75,8 @@ _NOTIFY_INITIALIZED: Final = "initialized"
 #: no server knows this process: any answer but -32601 means the extension exists.
 _PROBE_ID: Final = "exec-server-client-probe"
 _PROBES: Final[dict[str, msgspec.Struct]] = {
-    METHOD_RESIZE_PTY: ResizePtyParams(process_id=_PROBE_ID, rows=1, cols=1),
-    METHOD_CLOSE_STDIN: CloseStdinParams(process_id=_PROBE_ID),
+    p.METHOD_RESIZE_PTY: p.ResizePtyParams(process_id=_PROBE_ID, rows=1, cols=1),
+    p.METHOD_CLOSE_STDIN: p.CloseStdinParams(process_id=_PROBE_ID),
 }
 
 
@@ -131,12 +91,12 @@ class _Empty(msgspec.Struct, frozen=True):
     pass
 
 
-_Event = OutputNotification | ExitedNotification | ClosedNotification
+_Event = p.OutputNotification | p.ExitedNotification | p.ClosedNotification
 #: notification method -> decoder of its params.
 _DECODERS: Final[dict[str, msgspec.json.Decoder[_Event | BodyDelta]]] = {
-    NOTIFY_OUTPUT: msgspec.json.Decoder(OutputNotification),
-    NOTIFY_EXITED: msgspec.json.Decoder(ExitedNotification),
-    NOTIFY_CLOSED: msgspec.json.Decoder(ClosedNotification),
+    p.NOTIFY_OUTPUT: msgspec.json.Decoder(p.OutputNotification),
+    p.NOTIFY_EXITED: msgspec.json.Decoder(p.ExitedNotification),
+    p.NOTIFY_CLOSED: msgspec.json.Decoder(p.ClosedNotification),
     NOTIFY_BODY_DELTA: msgspec.json.Decoder(BodyDelta),
 }
 
@@ -145,7 +105,7 @@ _Reopen = Callable[[float], Awaitable[Transport]]
 
 
 @final
-class ExecServerClient:
+class ExecServerClient(AsyncClosing):
     """A connection (plus session) to one exec-server: :meth:`connect` or
     :meth:`spawn_stdio`, then :meth:`aclose` or ``async with``."""
 
@@ -156,14 +116,12 @@ class ExecServerClient:
         client_name: str = DEFAULT_CLIENT_NAME,
         url: str | None = None,
         reopen: _Reopen | None = None,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
         self._transport = transport
         self._client_name = client_name
         #: the WebSocket URL, or None for a stdio server
         self.url = url
         self._reopen = reopen
-        self._poll_interval = poll_interval
         self._next_id = 0
         self._pending: dict[int | str, asyncio.Future[Response | ErrorResponse]] = {}
         self._handles: dict[str, ProcessHandle] = {}
@@ -188,34 +146,21 @@ class ExecServerClient:
         resume_session_id: str | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
         token: str | None = None,
         ssl: SSLContext | None = None,
     ) -> ExecServerClient:
-        """Connect to ``ws://HOST:PORT`` (or ``wss://``) and run ``initialize``.
-
-        Args:
-            resume_session_id: reattach to a detached session.
-            token: the server's ``--ws-auth`` token, sent as ``Authorization: Bearer``.
-            ssl: verifies a ``wss://`` server (default: the system's CAs).
-
-        Raises:
-            HandshakeError: connecting or ``initialize`` failed, timed out or was refused.
-            InvalidRequestError: the server refused the resume.
-        """
+        """Connect to ``ws://HOST:PORT`` (or ``wss://``, verified by ``ssl``, default the
+        system's CAs) and run ``initialize``; ``token`` is the server's ``--ws-auth`` token.
+        ``HandshakeError`` if that fails, ``InvalidRequestError`` for a refused resume."""
 
         async def reopen(limit: float) -> Transport:
             try:
                 async with asyncio.timeout(limit):
-                    return await WebSocketTransport.open(
-                        url, max_message_size=max_message_size, token=token, ssl_context=ssl
-                    )
+                    return await WebSocketTransport.open(url, token=token, ssl_context=ssl)
             except TimeoutError as exc:
                 raise HandshakeError(f"connecting to {url} timed out after {limit} s") from exc
 
-        client = cls(await reopen(connect_timeout), client_name=client_name, url=url,
-                     reopen=reopen, poll_interval=poll_interval)
+        client = cls(await reopen(connect_timeout), client_name=client_name, url=url, reopen=reopen)
         return await client._start(resume_session_id, initialize_timeout)
 
     @classmethod
@@ -226,13 +171,10 @@ class ExecServerClient:
         *,
         client_name: str = DEFAULT_CLIENT_NAME,
         initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> ExecServerClient:
         """Start ``python -m exec_server serve --listen stdio`` (or ``argv``) and connect;
         ``aclose()`` ends the child."""
-        transport = await StdioTransport.spawn(argv, max_message_size=max_message_size)
-        client = cls(transport, client_name=client_name, poll_interval=poll_interval)
+        client = cls(await StdioTransport.spawn(argv), client_name=client_name)
         return await client._start(None, initialize_timeout)
 
     async def _start(self, resume_session_id: str | None, limit: float) -> ExecServerClient:
@@ -284,12 +226,6 @@ class ExecServerClient:
             await self._reader
         self._fail_all(ClientClosedError("client closed"))
 
-    async def __aenter__(self) -> ExecServerClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
     async def disconnect(self) -> None:
         """Drop the transport (calls fail with :class:`ConnectionLostError`) but keep
         the client for :meth:`reconnect`."""
@@ -302,27 +238,20 @@ class ExecServerClient:
         finally:
             self._disconnecting = False
 
-    async def reconnect(
-        self,
-        *,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
-    ) -> None:
+    async def reconnect(self) -> None:
         """Resume this session on a new connection; handles catch up from their cursors.
-
-        Raises as :meth:`connect` (the session may have expired), or ``ClientClosedError``.
-        """
+        Raises as :meth:`connect` (the session may have expired)."""
         if self._closed:
             raise ClientClosedError("client closed")
         if self._reopen is None:
             raise HandshakeError("a stdio client cannot reconnect")
         await self.disconnect()
-        transport = await self._reopen(connect_timeout)
+        transport = await self._reopen(DEFAULT_CONNECT_TIMEOUT)
         self._transport = transport
         self._lost = None
         self._reader = asyncio.create_task(self._read_loop(transport))
         try:
-            await self._handshake(self.session_id, initialize_timeout)
+            await self._handshake(self.session_id, DEFAULT_INITIALIZE_TIMEOUT)
         except BaseException:
             await self.disconnect()
             raise
@@ -426,16 +355,11 @@ class ExecServerClient:
         follow_redirects: bool = True,
         stream: bool = False,
     ) -> HttpResponse:
-        """Have the server send an HTTP request (``http/request``, PROTOCOL_CURRENT.md §9).
-
-        ``stream=True`` returns at the response head; iterate the response for the body.
-        Raises ``InvalidParamsError`` (refused) or ``InternalError`` (failed).
-        """
+        """Have the server send an HTTP request (``http/request``); ``stream=True`` returns
+        at the head. ``InvalidParamsError`` if refused, ``InternalError`` if it failed."""
         if stream:
             self._next_http_id += 1
-            request_id = f"http-{self._next_http_id}"
-        else:
-            request_id = BUFFERED_REQUEST_ID
+        request_id = f"http-{self._next_http_id}" if stream else BUFFERED_REQUEST_ID
         params = HttpRequestParams(
             method=method,
             url=url,
@@ -446,27 +370,22 @@ class ExecServerClient:
             redirect_policy="follow" if follow_redirects else "stop",
             stream_response=stream,
         )
-        if not stream:
-            result = await self.call(METHOD_HTTP_REQUEST, params, HttpRequestResult)
-            return HttpResponse(result.status, _pairs(result), result.body_base64)
-        # Registered before sending: deltas may arrive right behind the answer.
         queue: asyncio.Queue[BodyDelta | Exception] = asyncio.Queue()
-        self._http_bodies[request_id] = queue
+        if stream:  # registered before sending: deltas may arrive right behind the answer
+            self._http_bodies[request_id] = queue
         try:
             result = await self.call(METHOD_HTTP_REQUEST, params, HttpRequestResult)
         except BaseException:
             self._http_bodies.pop(request_id, None)
             raise
+        pairs = [(h.name, h.value) for h in result.headers]
+        if not stream:
+            return HttpResponse(result.status, pairs, result.body_base64)
 
         async def close() -> None:
             self._http_bodies.pop(request_id, None)
 
-        return HttpResponse(
-            result.status,
-            _pairs(result),
-            chunks=self._body(request_id, queue),
-            close=close,
-        )
+        return HttpResponse(result.status, pairs, chunks=self._body(request_id, queue), close=close)
 
     async def _body(
         self, request_id: str, queue: asyncio.Queue[BodyDelta | Exception]
@@ -492,29 +411,29 @@ class ExecServerClient:
         finally:
             self._http_bodies.pop(request_id, None)
 
-    async def start_process(self, params: StartParams) -> StartResult:
+    async def start_process(self, params: p.StartParams) -> p.StartResult:
         """Prefer :meth:`spawn`, which also returns a handle."""
-        return await self.call(METHOD_START, params, StartResult)
+        return await self.call(p.METHOD_START, params, p.StartResult)
 
-    async def read_process(self, params: ReadParams) -> ReadResult:
-        return await self.call(METHOD_READ, params, ReadResult)
+    async def read_process(self, params: p.ReadParams) -> p.ReadResult:
+        return await self.call(p.METHOD_READ, params, p.ReadResult)
 
-    async def write_process(self, params: WriteParams) -> WriteResult:
-        return await self.call(METHOD_WRITE, params, WriteResult)
+    async def write_process(self, params: p.WriteParams) -> p.WriteResult:
+        return await self.call(p.METHOD_WRITE, params, p.WriteResult)
 
-    async def terminate_process(self, params: TerminateParams) -> TerminateResult:
-        return await self.call(METHOD_TERMINATE, params, TerminateResult)
+    async def terminate_process(self, params: p.TerminateParams) -> p.TerminateResult:
+        return await self.call(p.METHOD_TERMINATE, params, p.TerminateResult)
 
-    async def signal_process(self, params: SignalParams) -> SignalResult:
-        return await self.call(METHOD_SIGNAL, params, SignalResult)
+    async def signal_process(self, params: p.SignalParams) -> p.SignalResult:
+        return await self.call(p.METHOD_SIGNAL, params, p.SignalResult)
 
     async def resize_pty(self, process_id: str, rows: int, cols: int) -> None:
-        params = ResizePtyParams(process_id=process_id, rows=rows, cols=cols)
-        await self._extension(METHOD_RESIZE_PTY, params, ResizePtyResult)
+        params = p.ResizePtyParams(process_id=process_id, rows=rows, cols=cols)
+        await self._extension(p.METHOD_RESIZE_PTY, params, p.ResizePtyResult)
 
     async def close_stdin(self, process_id: str) -> None:
-        params = CloseStdinParams(process_id=process_id)
-        await self._extension(METHOD_CLOSE_STDIN, params, CloseStdinResult)
+        params = p.CloseStdinParams(process_id=process_id)
+        await self._extension(p.METHOD_CLOSE_STDIN, params, p.CloseStdinResult)
 
     async def supports(self, method: str) -> bool:
         """Whether the server implements extension ``method`` (asked once per connection)."""
@@ -549,49 +468,37 @@ class ExecServerClient:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        env_policy: EnvPolicy | None = None,
+        env_policy: p.EnvPolicy | None = None,
         tty: bool = False,
         pipe_stdin: bool = False,
         arg0: str | None = None,
         process_id: str | None = None,
         sandbox: msgspec.Struct | None = None,
     ) -> ProcessHandle:
-        """Start a process and return its handle.
-
-        Args:
-            cwd: absolute remote working directory (default: this process's cwd).
-            env: the complete environment, or with ``env_policy`` (which filters the
-                *server's*, CLIENT_COMPAT.md §4.1) the variables set on top.
-            pipe_stdin: give a non-tty process a writable stdin pipe.
-            process_id: the wire id (default: a random UUID).
-            sandbox: a context from :mod:`exec_server.client.sandbox_contexts`.
-        """
-        work_dir, pid = resolve_start(cwd, process_id, self._handles)
-        handle = ProcessHandle(self, pid, tty=tty, poll_interval=self._poll_interval, argv=argv)
-        params = StartParams(
-            process_id=pid,
-            argv=list(argv),
-            cwd=render_path(work_dir, PathForm.URI),
-            env=dict(env or {}),
-            tty=tty,
-            arg0=arg0,
-            sandbox=msgspec.Raw(b"null" if sandbox is None else encode_client_context(sandbox)),
-            env_policy=env_policy if env_policy is not None else msgspec.UNSET,
-            pipe_stdin=pipe_stdin,
-        )
-        with registered(self._handles, handle):
+        """Start a process and return its handle (docs/client.md, "Process handles"):
+        ``env`` is the whole environment unless ``env_policy`` filters the *server's*;
+        ``sandbox`` is a context from :mod:`exec_server.client.sandbox_contexts`."""
+        with starting(self, self._handles, argv, cwd, process_id, tty) as (work_dir, handle):
+            sandbox_json = b"null" if sandbox is None else encode_client_context(sandbox)
+            params = p.StartParams(
+                process_id=handle.process_id,
+                argv=list(argv),
+                cwd=render_path(work_dir, PathForm.URI),
+                env=dict(env or {}),
+                tty=tty,
+                arg0=arg0,
+                sandbox=msgspec.Raw(sandbox_json),
+                env_policy=env_policy if env_policy is not None else msgspec.UNSET,
+                pipe_stdin=pipe_stdin,
+            )
             await self.start_process(params)
         return handle
 
     async def run(
         self, cmd: str | Sequence[str], **options: Unpack[RunOptions]
     ) -> CompletedProcess:
-        """Run ``cmd`` (a list, or one string with ``shell=True``) to completion.
-
-        ``options`` are :class:`~exec_server.client.run.RunOptions`. Raises
-        ``ProcessTimeoutError`` when ``timeout`` runs out (the group is terminated)
-        and, with ``check``, ``ProcessError`` for a non-zero exit.
-        """
+        """Run ``cmd`` to completion; ``options`` are :class:`~exec_server.client.run.RunOptions`
+        (``ProcessTimeoutError`` on ``timeout``, ``ProcessError`` with ``check``)."""
         return await run_command(self.spawn, cmd, **options)
 
     def list_processes(self) -> list[ProcessHandle]:
@@ -603,16 +510,10 @@ class ExecServerClient:
         ``after_seq`` (0: the oldest retained output)."""
         if process_id in self._handles:
             raise ValueError(f"process {process_id} already has a handle")
-        handle = ProcessHandle(
-            self, process_id, tty=tty, after_seq=after_seq, poll_interval=self._poll_interval
-        )
+        handle = ProcessHandle(self, process_id, tty=tty, after_seq=after_seq)
         handle._need_read = True
         self._handles[process_id] = handle
         return handle
 
     def _release(self, process_id: str) -> None:
         self._handles.pop(process_id, None)
-
-
-def _pairs(result: HttpRequestResult) -> list[tuple[str, str]]:
-    return [(h.name, h.value) for h in result.headers]

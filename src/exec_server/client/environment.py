@@ -1,8 +1,6 @@
 """Where an agent's commands run: a remote exec-server or this machine (PROTOCOL.md §13).
-
 :class:`EnvironmentManager` normalises the URL (§13.1) and lazily creates one shared
-:class:`Environment`; only :meth:`EnvironmentManager.from_env` reads the environment.
-"""
+:class:`Environment`; only :meth:`EnvironmentManager.from_env` reads the environment."""
 
 from __future__ import annotations
 
@@ -12,12 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, final
 
+from exec_server.client._opening import AsyncClosing
 from exec_server.client.backend import ExecBackend, LocalExecBackend, RemoteExecBackend
-from exec_server.client.connection import (
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_INITIALIZE_TIMEOUT,
-    ExecServerClient,
-)
+from exec_server.client.connection import ExecServerClient
 from exec_server.client.errors import ClientClosedError
 from exec_server.config import ServerConfig
 
@@ -71,7 +66,7 @@ class RuntimePaths:
 
 
 @final
-class Environment:
+class Environment(AsyncClosing):
     """One execution environment: an :class:`ExecBackend` plus its filesystem, which
     :meth:`aclose` closes. Build with :meth:`create`."""
 
@@ -97,8 +92,6 @@ class Environment:
         *,
         runtime_paths: RuntimePaths | None = None,
         local_config: ServerConfig | None = None,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        initialize_timeout: float = DEFAULT_INITIALIZE_TIMEOUT,
         token: str | None = None,
     ) -> Environment:
         """A remote environment for ``url`` (connects as ``codex-environment``), or a
@@ -107,18 +100,10 @@ class Environment:
         if disabled:
             raise ValueError("disabled mode does not create an Environment")
         if normalized is None:
-            return cls(
-                LocalExecBackend(local_config),
-                url=None,
-                runtime_paths=runtime_paths,
-                local_config=local_config,
-            )
+            backend = LocalExecBackend(local_config)
+            return cls(backend, url=None, runtime_paths=runtime_paths, local_config=local_config)
         client = await ExecServerClient.connect(
-            normalized,
-            token=token,
-            client_name=ENVIRONMENT_CLIENT_NAME,
-            connect_timeout=connect_timeout,
-            initialize_timeout=initialize_timeout,
+            normalized, token=token, client_name=ENVIRONMENT_CLIENT_NAME
         )
         return cls(RemoteExecBackend(client), url=normalized, runtime_paths=runtime_paths)
 
@@ -134,18 +119,16 @@ class Environment:
     def get_filesystem(self) -> LocalFileSystem | RemoteFileSystem:
         """``fs/*`` over the client, or locally one :meth:`LocalFileSystem.with_sandbox`
         the environment owns."""
+        from exec_server.client.fs import LocalFileSystem, RemoteFileSystem
+
         client = self.remote_client
-        if client is None:
-            from exec_server.client.fs import LocalFileSystem
-
-            if self._closed:
-                raise ClientClosedError("environment closed")
-            if self._local_fs is None:
-                self._local_fs = LocalFileSystem.with_sandbox(self._local_config)
-            return self._local_fs
-        from exec_server.client.fs import RemoteFileSystem
-
-        return RemoteFileSystem(client)
+        if client is not None:
+            return RemoteFileSystem(client)
+        if self._closed:
+            raise ClientClosedError("environment closed")
+        if self._local_fs is None:
+            self._local_fs = LocalFileSystem.with_sandbox(self._local_config)
+        return self._local_fs
 
     async def aclose(self) -> None:
         self._closed = True
@@ -155,12 +138,6 @@ class Environment:
                 await local_fs.aclose()
         finally:
             await self.exec_backend.aclose()
-
-    async def __aenter__(self) -> Environment:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"<Environment {'remote ' + self.url if self.url else 'local'}>"
@@ -188,10 +165,7 @@ class EnvironmentManager:
 
     @classmethod
     def from_env(
-        cls,
-        environ: Mapping[str, str] | None = None,
-        *,
-        runtime_paths: RuntimePaths | None = None,
+        cls, environ: Mapping[str, str] | None = None, *, runtime_paths: RuntimePaths | None = None
     ) -> EnvironmentManager:
         """From ``EXEC_SERVER_URL``, else ``CODEX_EXEC_SERVER_URL``, and the token from
         ``EXEC_SERVER_TOKEN``, in ``environ`` (default ``os.environ``)."""

@@ -1,9 +1,6 @@
-"""The client-side filesystem: one protocol (:class:`ExecutorFileSystem`), a local
-implementation with the server's exact semantics and a remote one over ``fs/*``.
-
-Both raise the same wire errors and take the same optional ``sandbox`` context;
-contexts that need confinement are never run unconfined (locally they fail closed).
-"""
+"""The client-side filesystem: one protocol (:class:`ExecutorFileSystem`), implemented
+locally with the server's exact semantics and remotely over ``fs/*``: the same wire
+errors, and sandboxed contexts are never run unconfined (locally they fail closed)."""
 
 from __future__ import annotations
 
@@ -11,12 +8,12 @@ import contextlib
 import functools
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 import msgspec
 
-from exec_server.client._opening import Closable, Opening
+from exec_server.client._opening import AsyncClosing, Opening
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError, InvalidParamsError, wire_error
 from exec_server.fs.context import route_for
@@ -75,28 +72,22 @@ class WalkResult(msgspec.Struct, frozen=True):
     truncated: bool
 
 
-class _Blocks(Protocol):
-    async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]: ...
-
-    async def write_block(self, offset: int, data: bytes) -> None: ...
-
-    async def close(self) -> None: ...
-
-
-class FileStream:
+class FileStream(AsyncClosing):
     """An open file (``fs/open``): ``async with fs.open(path) as f``, or await and
     :meth:`aclose`. Reads return at most ``length`` bytes (1 B to 1 MiB) and ``eof``."""
 
-    def __init__(self, blocks: _Blocks, mode: OpenMode) -> None:
-        self._blocks = blocks
+    def __init__(self, mode: OpenMode) -> None:
         self.mode: OpenMode = mode
         self._closed = False
 
     async def read_block(self, offset: int, length: int = MAX_BLOCK) -> tuple[bytes, bool]:
-        return await self._blocks.read_block(offset, length)
+        raise NotImplementedError
 
     async def write_block(self, offset: int, data: bytes) -> None:
-        await self._blocks.write_block(offset, data)
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        raise NotImplementedError
 
     async def chunks(self, block: int = MAX_BLOCK) -> AsyncIterator[bytes]:
         offset = 0
@@ -119,13 +110,7 @@ class FileStream:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
-            await self._blocks.close()
-
-    async def __aenter__(self) -> FileStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+            await self._close()
 
 
 @contextlib.contextmanager
@@ -153,12 +138,7 @@ class ExecutorFileSystem(Protocol):
     ) -> bytes: ...
 
     async def write_file(
-        self,
-        path: PathArg,
-        data: bytes,
-        sandbox: FsSandbox = None,
-        *,
-        follow_symlinks: bool = True,
+        self, path: PathArg, data: bytes, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
     ) -> None: ...
 
     async def create_directory(
@@ -187,12 +167,7 @@ class ExecutorFileSystem(Protocol):
     ) -> None: ...
 
     async def copy(
-        self,
-        source: PathArg,
-        destination: PathArg,
-        *,
-        recursive: bool,
-        sandbox: FsSandbox = None,
+        self, source: PathArg, destination: PathArg, *, recursive: bool, sandbox: FsSandbox = None
     ) -> None: ...
 
     async def canonicalize(self, path: PathArg, sandbox: FsSandbox = None) -> str: ...
@@ -227,11 +202,8 @@ async def read_text(
 
 
 def _sandbox_json(sandbox: FsSandbox) -> bytes | None:
-    """The context as JSON text, None when absent.
-
-    ``Raw`` text that is not JSON is refused here (-32602): sent, it would make the
-    whole request unreadable and the call would wait forever.
-    """
+    """The context as JSON text, None when absent. ``Raw`` text that is not JSON is refused
+    (-32602): sent, it would make the request unreadable and the call wait forever."""
     if sandbox is None:
         return None
     if isinstance(sandbox, msgspec.Raw):
@@ -254,17 +226,14 @@ def _wire_path(path: PathArg) -> WirePath:
     return parse_wire_path(os.fsdecode(path))
 
 
-class LocalFileSystem:
-    """In-process filesystem with the server's semantics.
-
-    ``confined`` serves contexts that need confinement; without it they fail closed
-    (-32600). :meth:`with_sandbox` makes one this object owns.
-    """
+class LocalFileSystem(AsyncClosing):
+    """In-process filesystem with the server's semantics; contexts that need confinement
+    fail closed (-32600) without ``confined`` (:meth:`with_sandbox` makes one it owns)."""
 
     def __init__(self, *, confined: SandboxedFileSystem | None = None) -> None:
         self._service = FileSystemService(confined)
         self._handles = FileHandles()
-        self._owned: Closable | None = None
+        self._close_owned: Callable[[], Awaitable[None]] | None = None
 
     @classmethod
     def with_sandbox(cls, config: ServerConfig | None = None) -> LocalFileSystem:
@@ -275,22 +244,16 @@ class LocalFileSystem:
         cfg = config or ServerConfig()
         confined = SandboxedFileSystem(cfg, SandboxManager(cfg))
         fs = cls(confined=confined)
-        fs._owned = confined
+        fs._close_owned = confined.aclose
         return fs
 
     async def aclose(self) -> None:
         """Close open files, and the sandboxed-filesystem service if this object made it."""
         await self._service.pool.run(self._handles.close_all)
         self._handles = FileHandles()
-        owned, self._owned = self._owned, None
-        if owned is not None:
-            await owned.aclose()
-
-    async def __aenter__(self) -> LocalFileSystem:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        close_owned, self._close_owned = self._close_owned, None
+        if close_owned is not None:
+            await close_owned()
 
     async def _prepare(self, path: PathArg, sandbox: FsSandbox) -> tuple[str, Route]:
         """The native path and the sandbox context's route, checked as the server checks."""
@@ -307,12 +270,7 @@ class LocalFileSystem:
             return await self._service.read_file(native, route, regular_only=True)
 
     async def write_file(
-        self,
-        path: PathArg,
-        data: bytes,
-        sandbox: FsSandbox = None,
-        *,
-        follow_symlinks: bool = True,
+        self, path: PathArg, data: bytes, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
     ) -> None:
         with _naming(path):
             native, route = await self._prepare(path, sandbox)
@@ -369,12 +327,7 @@ class LocalFileSystem:
                 await self._service.no_follow(call, route)
 
     async def copy(
-        self,
-        source: PathArg,
-        destination: PathArg,
-        *,
-        recursive: bool,
-        sandbox: FsSandbox = None,
+        self, source: PathArg, destination: PathArg, *, recursive: bool, sandbox: FsSandbox = None
     ) -> None:
         with _naming(source):
             native, route = await self._prepare(source, sandbox)
@@ -424,16 +377,19 @@ class LocalFileSystem:
         except BaseException:
             self._handles.release(handle_id, handle)
             raise
-        return FileStream(_LocalBlocks(self._service, self._handles, handle_id), mode)
+        return _LocalStream(self._service, self._handles, handle_id, mode)
 
 
-class _LocalBlocks:
-    def __init__(self, service: FileSystemService, handles: FileHandles, handle_id: str) -> None:
+class _LocalStream(FileStream):
+    def __init__(
+        self, service: FileSystemService, handles: FileHandles, handle_id: str, mode: OpenMode
+    ) -> None:
+        super().__init__(mode)
         self._service = service
         self._handles = handles
         self._id = handle_id
 
-    async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]:
+    async def read_block(self, offset: int, length: int = MAX_BLOCK) -> tuple[bytes, bool]:
         with _naming(None):
             return await self._service.pool.run(
                 self._handles.read_block, self._id, offset, length
@@ -443,7 +399,7 @@ class _LocalBlocks:
         with _naming(None):
             await self._service.pool.run(self._handles.write_block, self._id, offset, data)
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         with _naming(None):
             await self._service.pool.run(self._handles.close, self._id)
 
@@ -471,12 +427,7 @@ class RemoteFileSystem:
             return result.data_base64
 
     async def write_file(
-        self,
-        path: PathArg,
-        data: bytes,
-        sandbox: FsSandbox = None,
-        *,
-        follow_symlinks: bool = True,
+        self, path: PathArg, data: bytes, sandbox: FsSandbox = None, *, follow_symlinks: bool = True
     ) -> None:
         with _naming(path):
             params = t.WriteFileRequest(
@@ -549,12 +500,7 @@ class RemoteFileSystem:
             await self._client.call(t.METHOD_REMOVE, params, t.EmptyResult)
 
     async def copy(
-        self,
-        source: PathArg,
-        destination: PathArg,
-        *,
-        recursive: bool,
-        sandbox: FsSandbox = None,
+        self, source: PathArg, destination: PathArg, *, recursive: bool, sandbox: FsSandbox = None
     ) -> None:
         with _naming(source):
             params = t.CopyParams(
@@ -613,7 +559,7 @@ class RemoteFileSystem:
             handle_id=handle_id, path=_uri(path), mode=mode, sandbox=_sandbox_field(sandbox)
         )
         await self._client.call(t.METHOD_OPEN, params, t.OpenResult)
-        return FileStream(_RemoteBlocks(self._client, handle_id), mode)
+        return _RemoteStream(self._client, handle_id, mode)
 
 
 def _uri(path: PathArg) -> str:
@@ -625,12 +571,13 @@ def _sandbox_field(sandbox: FsSandbox) -> t.SandboxField:
     return msgspec.UNSET if raw is None else msgspec.Raw(raw)
 
 
-class _RemoteBlocks:
-    def __init__(self, client: RpcCaller, handle_id: str) -> None:
+class _RemoteStream(FileStream):
+    def __init__(self, client: RpcCaller, handle_id: str, mode: OpenMode) -> None:
+        super().__init__(mode)
         self._client = client
         self._id = handle_id
 
-    async def read_block(self, offset: int, length: int) -> tuple[bytes, bool]:
+    async def read_block(self, offset: int, length: int = MAX_BLOCK) -> tuple[bytes, bool]:
         params = t.ReadBlockParams(handle_id=self._id, offset=offset, length=length)
         r = await self._client.call(t.METHOD_READ_BLOCK, params, t.ReadBlockResult)
         if len(r.chunk) > length:
@@ -643,7 +590,7 @@ class _RemoteBlocks:
         params = t.WriteBlockParams(handle_id=self._id, offset=offset, chunk=data)
         await self._client.call(t.METHOD_WRITE_BLOCK, params, t.EmptyResult)
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         await self._client.call(t.METHOD_CLOSE, t.CloseParams(handle_id=self._id), t.EmptyResult)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Final, TypeAlias, TypedDict
 
+from exec_server.client._opening import AsyncClosing
 from exec_server.exceptions import InternalError
 from exec_server.protocol.types.http import RequestHeader
 
@@ -36,7 +37,7 @@ class HttpOptions(TypedDict, total=False):
     stream: bool
 
 
-class HttpResponse:
+class HttpResponse(AsyncClosing):
     """A response: ``status``; ``headers``, ``(name, value)`` pairs in order, names in
     lower case; ``body`` when buffered (``b""`` when streamed: iterate or :meth:`read`)."""
 
@@ -77,9 +78,3 @@ class HttpResponse:
         """Stop reading a streamed body (the rest is dropped)."""
         if self._close is not None:
             await self._close()
-
-    async def __aenter__(self) -> HttpResponse:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()

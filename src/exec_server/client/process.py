@@ -1,9 +1,6 @@
-"""A handle on one process started through an exec backend (remote or local).
-
-Notifications are applied while their seq follows the cursor (PROTOCOL.md §8.2); a gap
-is filled with ``process/read`` (§8.4 cursor). Never a long-poll read: legacy servers
-answer a connection's requests in order (§17.14), so it would stall every other call.
-"""
+"""A handle on one process, remote or local: notifications are applied while their seq
+follows the cursor (PROTOCOL.md §8.2), a gap is filled with ``process/read`` (§8.4). Never
+a long-poll read: legacy servers answer a connection's requests in order (§17.14)."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ import os
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol, TypedDict, final
+from typing import TYPE_CHECKING, Final, TypedDict, final
 
 import msgspec
 
@@ -30,21 +27,20 @@ from exec_server.protocol.types.process import (
     OutputNotification,
     ProcessStream,
     ReadParams,
-    ReadResult,
     SignalParams,
-    SignalResult,
     TerminateParams,
-    TerminateResult,
     WriteParams,
-    WriteResult,
     WriteStatus,
 )
+
+if TYPE_CHECKING:
+    from exec_server.client.backend import LocalExecBackend
+    from exec_server.client.connection import ExecServerClient
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL",
     "CompletedProcess",
     "ProcessHandle",
-    "ProcessOps",
     "RemoteProcess",
     "Signal",
     "SpawnOptions",
@@ -74,47 +70,30 @@ class SpawnOptions(TypedDict, total=False):
     sandbox: msgspec.Struct | None
 
 
-def resolve_start(
-    cwd: str | None, process_id: str | None, handles: Mapping[str, ProcessHandle]
-) -> tuple[str, str]:
-    """``(cwd, process_id)`` checked as the server would, so both backends fail alike
-    (a relative cwd has no URI form, PROTOCOL.md §8.1)."""
+@contextlib.contextmanager
+def starting(
+    ops: ExecServerClient | LocalExecBackend,
+    handles: dict[str, ProcessHandle],
+    argv: Sequence[str],
+    cwd: str | None,
+    process_id: str | None,
+    tty: bool,
+) -> Iterator[tuple[str, ProcessHandle]]:
+    """The cwd and handle of a process to start, checked as the server would so both
+    backends fail alike (a relative cwd has no URI form, PROTOCOL.md §8.1); registered
+    before the start (notifications may beat its reply), dropped if the start fails."""
     work_dir = os.getcwd() if cwd is None else cwd
     if not os.path.isabs(work_dir):
         raise InvalidParamsError("cwd must be absolute: path must be absolute")
     pid = process_id if process_id is not None else uuid.uuid4().hex
     if pid in handles:
         raise ValueError(f"process {pid} already has a handle")
-    return work_dir, pid
-
-
-@contextlib.contextmanager
-def registered(handles: dict[str, ProcessHandle], handle: ProcessHandle) -> Iterator[None]:
-    """Registered before the start (notifications may beat its reply); dropped on failure."""
-    handles[handle.process_id] = handle
+    handles[pid] = ProcessHandle(ops, pid, tty=tty, argv=argv)
     try:
-        yield
+        yield work_dir, handles[pid]
     except BaseException:
-        handles.pop(handle.process_id, None)
+        handles.pop(pid, None)
         raise
-
-
-class ProcessOps(Protocol):
-    """What a handle needs from its backend: the client's typed process calls."""
-
-    async def read_process(self, params: ReadParams) -> ReadResult: ...
-
-    async def write_process(self, params: WriteParams) -> WriteResult: ...
-
-    async def terminate_process(self, params: TerminateParams) -> TerminateResult: ...
-
-    async def signal_process(self, params: SignalParams) -> SignalResult: ...
-
-    async def resize_pty(self, process_id: str, rows: int, cols: int) -> None: ...
-
-    async def close_stdin(self, process_id: str) -> None: ...
-
-    def _release(self, process_id: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,20 +114,16 @@ _Event = OutputNotification | ExitedNotification | ClosedNotification
 
 @final
 class ProcessHandle:
-    """A running (or finished) process; ``start()``, ``spawn()`` or ``adopt()`` make one.
-
-    Iterating yields :class:`OutputChunk` until the process is closed (exited and
-    drained); one reader at a time.
-    """
+    """A running (or finished) process from ``start()``, ``spawn()`` or ``adopt()``; iterating
+    yields :class:`OutputChunk` until it is closed (exited and drained), one reader at a time."""
 
     def __init__(
         self,
-        ops: ProcessOps,
+        ops: ExecServerClient | LocalExecBackend,
         process_id: str,
         *,
         tty: bool,
         after_seq: int = 0,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
         argv: Sequence[str] = (),
     ) -> None:
         self._ops = ops
@@ -160,15 +135,13 @@ class ProcessHandle:
         self._seq = after_seq
         self._pending: dict[int, _Event] = {}
         self._ready: collections.deque[OutputChunk] = collections.deque()
-        # A handle adopted mid-stream has not seen anything yet: catch up by reading.
-        self._need_read = after_seq > 0
+        self._need_read = False  # adopt() sets it: a handle adopted mid-stream catches up
         self._exit_code: int | None = None
         self._closed = False
         self._failure: BaseException | None = None
         self._wake = asyncio.Event()
         self._read_lock = asyncio.Lock()
         self._iterating = False
-        self._poll_interval = poll_interval
         self._write_ids = 0
 
     def __repr__(self) -> str:
@@ -277,7 +250,7 @@ class ProcessHandle:
             return
         self._wake.clear()
         try:
-            await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+            await asyncio.wait_for(self._wake.wait(), DEFAULT_POLL_INTERVAL)
         except TimeoutError:
             self._need_read = True
 
@@ -310,7 +283,6 @@ class ProcessHandle:
         """Wait until closed (unread output stays readable); ``-1`` if unobservable."""
         while not self._closed:
             await self._step()
-        assert self._exit_code is not None or self._closed
         return ExitStatus(-1 if self._exit_code is None else self._exit_code)
 
     async def collect(self) -> CompletedProcess:

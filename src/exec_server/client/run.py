@@ -48,16 +48,8 @@ def _argv(cmd: str | Sequence[str], shell: bool) -> list[str]:
 
 
 class RunOptions(TypedDict, total=False):
-    """``run()``'s keyword arguments after ``cmd`` (docs/client.md, "One call: run").
-
-    Attributes:
-        shell: ``cmd`` is one string for ``/bin/sh -c``.
-        timeout: seconds, then the group is terminated (:class:`ProcessTimeoutError`).
-        check: raise :class:`ProcessError` for a non-zero exit code.
-        input: bytes for stdin, then end of input (``process/closeStdin``; tty: ^D).
-        env_policy: default :func:`inherit_server_env`.
-        env, cwd, tty, sandbox: as for ``spawn``.
-    """
+    """``run()``'s keyword arguments after ``cmd`` (docs/client.md, "One call: run");
+    ``env_policy`` defaults to :func:`inherit_server_env`."""
 
     shell: bool
     timeout: float | None

@@ -1,9 +1,7 @@
-"""Sandbox contexts as codex 0.163 builds them (CLIENT_COMPAT.md §1.4), for any workspace.
-
-Written by hand the shape is easy to get wrong and still valid: without workspace roots
-every write is refused; without the read-only ``.git``/``.codex`` carve-outs a sandboxed
-call may plant a git hook. :func:`to_wire` gives the JSON for hand-written JSON-RPC.
-"""
+"""Sandbox contexts as codex 0.163 builds them (CLIENT_COMPAT.md §1.4), for any workspace:
+by hand the shape is easy to get wrong and still valid (no workspace roots: every write
+refused; no read-only ``.git``/``.codex`` carve-outs: a sandboxed call may plant a git
+hook). :func:`to_wire` gives the JSON for hand-written JSON-RPC."""
 
 from __future__ import annotations
 
@@ -50,20 +48,21 @@ def workspace_write(
     network: bool = False,
     writable_roots: Sequence[StrPath] = (),
 ) -> CurrentSandboxContext:
-    """``--sandbox workspace-write``: read everywhere, write in ``workspace`` (and
-    ``/tmp`` and ``$TMPDIR`` unless ``tmp`` is false), its protected names read-only.
-
-    Args:
-        home: the user's home directory sent along (default: this user's).
-        full_read: False reads only the platform's minimal set besides the workspace.
-        writable_roots: more writable directories (absolute), with the same
-            read-only protected names.
-    """
+    """``--sandbox workspace-write``: read everywhere (``full_read=False``: the platform's
+    minimal set and the workspace), write in ``workspace``, ``writable_roots``, and ``/tmp``
+    and ``$TMPDIR`` unless ``tmp`` is false; their protected names read-only."""
     entries = [_entry(SpecialRoot() if full_read else SpecialMinimal(), "read")]
     entries.append(_entry(SpecialProjectRoots(), "write"))
     if tmp:
         entries += [_entry(SpecialSlashTmp(), "write"), _entry(SpecialTmpdir(), "write")]
-    entries += _protected()
+    entries += [
+        FileSystemSandboxEntry(
+            path=FileSystemSpecialPathEntry(value=SpecialProjectRoots(subpath=name)),
+            access="read",
+            missing_path_behavior="skip",
+        )
+        for name in PROTECTED_SUBPATHS
+    ]
     return _managed(workspace, entries, home=home, network=network, extra_roots=writable_roots)
 
 
@@ -103,17 +102,6 @@ def to_wire(ctx: msgspec.Struct) -> dict[str, Any]:
 
 def _entry(value: FileSystemSpecialPath, access: FileSystemAccess) -> FileSystemSandboxEntry:
     return FileSystemSandboxEntry(path=FileSystemSpecialPathEntry(value=value), access=access)
-
-
-def _protected() -> list[FileSystemSandboxEntry]:
-    return [
-        FileSystemSandboxEntry(
-            path=FileSystemSpecialPathEntry(value=SpecialProjectRoots(subpath=name)),
-            access="read",
-            missing_path_behavior="skip",
-        )
-        for name in PROTECTED_SUBPATHS
-    ]
 
 
 def _managed(
