@@ -1,9 +1,6 @@
-"""The decoded ``sandbox`` member → the internal policy model (both generations).
-
-:func:`launch_request` for ``process/start``, :func:`fs_context` for ``fs/*``,
-:func:`cli_launch_request` for ``exec-server run``. What the wire structs cannot refuse
-raises :class:`SandboxPolicyError` naming the field (-32602).
-"""
+"""The decoded ``sandbox`` member → the internal policy model (both generations), for
+``process/start``, ``fs/*`` and ``exec-server run``. What the wire structs cannot refuse
+raises :class:`SandboxPolicyError` naming the field (-32602)."""
 
 from __future__ import annotations
 
@@ -119,11 +116,8 @@ _SANDBOX_TYPES = {t.value: t for t in SandboxType}
 def launch_request(ctx: wire.SandboxContext | None, *, command_cwd: str,
                    enforce_managed_network: bool = False, tmpdir: str | None = None,
                    probe: FsProbe | None = None) -> LaunchSandboxRequest:
-    """The confinement ``process/start`` asks for.
-
-    ``command_cwd`` is the default policy cwd; ``enforce_managed_network`` the current
-    client's top-level flag; ``tmpdir`` the child's ``$TMPDIR``.
-    """
+    """The confinement ``process/start`` asks for (``command_cwd``: the default policy cwd,
+    ``tmpdir``: the child's ``$TMPDIR``)."""
     probe = probe or OsProbe()
     if ctx is None:
         return LaunchSandboxRequest.unsandboxed(command_cwd)
@@ -169,11 +163,8 @@ def _server_cwd() -> str:
 
 def fs_context(ctx: wire.SandboxContext | None, *, server_cwd: str | None = None,
                tmpdir: str | None = None, probe: FsProbe | None = None) -> FsSandboxRequest | None:
-    """The confinement an ``fs/*`` call asks for; None when it has no sandbox (direct).
-
-    Looks at the filesystem, so the event loop calls it in a worker. Defaults: the
-    server's canonical cwd (§10.1 step 1) and ``$TMPDIR``.
-    """
+    """The confinement an ``fs/*`` call asks for, None without one. Looks at the filesystem
+    (call it in a worker); defaults: the server's canonical cwd (§10.1) and ``$TMPDIR``."""
     if ctx is None:
         return None
     cwd = server_cwd if server_cwd is not None else _server_cwd()
@@ -278,8 +269,7 @@ _ACCESS = {"read": Access.READ, "write": Access.WRITE, "none": Access.NONE, "den
 
 def convert_entries(entries: Sequence[wire.FileSystemSandboxEntry],
                     where: str) -> tuple[FsEntry, ...]:
-    return tuple(FsEntry(_target(entry.path, f"{where}[{i}].path"), _ACCESS[entry.access],
-                         skip_if_missing=entry.missing_path_behavior == "skip")
+    return tuple(FsEntry(_target(entry.path, f"{where}[{i}].path"), _ACCESS[entry.access])
                  for i, entry in enumerate(entries))
 
 

@@ -35,9 +35,8 @@ def _symlink_preserving_canonical(path: str) -> str:
 
 
 class _Canonical:
-    """"Resolve existing prefix" (PROTOCOL.md §10.3), memoised per component for one request:
-    one ``lstat`` per new component, ``realpath`` only for symlinks (a dangling one counts
-    as missing; missing components are re-appended lexically)."""
+    """"Resolve existing prefix" (PROTOCOL.md §10.3), memoised per component: one ``lstat``
+    each, ``realpath`` only for symlinks (dangling: missing, re-appended lexically)."""
 
     __slots__ = ("_seen",)
 
@@ -93,13 +92,9 @@ def root_alias_normalize(path: str) -> str:
 
 @dataclass(frozen=True)
 class FsSandboxRequest:
-    """A decoded ``fs/*`` sandbox context.
-
-    ``direct``: run in the server (no confinement needed), else in the confined helper.
-    ``policy`` drives the pre-check; ``helper_policy`` confines the helper (platform-default
-    reads on, extra filesystem grants merged). ``network`` is informational: the helper
-    never gets network.
-    """
+    """A decoded ``fs/*`` sandbox context. ``direct``: run in the server, else in the confined
+    helper. ``policy`` drives the pre-check, ``helper_policy`` confines the helper (default
+    reads on, extra grants merged); the helper never gets network."""
 
     generation: Generation
     direct: bool
@@ -140,11 +135,8 @@ class FsSandboxRequest:
         return self.resolve_access(path) is Access.WRITE
 
     def copy_conflict(self, source: str, destination: str) -> str | None:
-        """The first path a recursive ``fs/copy`` would write that the pre-check refuses.
-
-        Only non-writable rules below ``destination`` can be hit, so each is looked up in
-        ``source`` (an ``lstat``, no walk). Both are check paths (PROTOCOL.md §10.3).
-        """
+        """The first path a recursive ``fs/copy`` would write that the pre-check refuses: each
+        non-writable rule below ``destination`` looked up in ``source`` (no walk)."""
         for hole, rel in self.resolved.holes_below(destination):
             if os.path.lexists(os.path.join(source, rel)):
                 return hole

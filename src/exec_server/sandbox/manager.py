@@ -1,17 +1,13 @@
-"""Sandbox manager: select a sandbox (PROTOCOL.md §7.3) and turn a launch into a confined one.
-
-Never runs a launch unconfined unless the operator allowed it
-(``ServerConfig.allow_unsandboxed``) and the client did not ``require`` confinement.
-"""
+"""Select a sandbox (PROTOCOL.md §7.3) and confine a launch; unconfined only when the operator
+allowed it (``allow_unsandboxed``) and the client did not ``require`` confinement."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Protocol
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import ExecServerError
@@ -19,6 +15,7 @@ from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.types.sandbox import SandboxContext
 from exec_server.sandbox.convert import Generation, LaunchSandboxRequest, launch_request
 from exec_server.sandbox.errors import SandboxError, SandboxLaunchError
+from exec_server.sandbox.linux.base import LinuxBackend
 from exec_server.sandbox.macos import seatbelt
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.platform import PLATFORM_SANDBOX, platform_default_read_roots
@@ -30,16 +27,6 @@ logger = logging.getLogger("exec_server.sandbox")
 
 #: PROTOCOL.md §7.5.
 NETWORK_DISABLED_ENV = "CODEX_SANDBOX_NETWORK_DISABLED"
-
-
-class _Backend(Protocol):
-    name: str
-
-    def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec: ...
-
-
-class _Selector(Protocol):
-    def __call__(self, backend: str = ..., *, allow_unsandboxed: bool = ...) -> _Backend | None: ...
 
 
 def select_sandbox_type(request: LaunchSandboxRequest, platform: SandboxType) -> SandboxType:
@@ -61,7 +48,7 @@ class SandboxManager:
     tests pretend to be another OS or inject fake backends)."""
 
     def __init__(self, config: ServerConfig, *, platform: SandboxType = PLATFORM_SANDBOX,
-                 selector: _Selector = select_backend) -> None:
+                 selector: Callable[..., LinuxBackend | None] = select_backend) -> None:
         self._config = config
         self._platform = platform
         self._selector = selector
@@ -146,12 +133,9 @@ class SandboxManager:
             wrapped = backend.wrap(spec, plan)
         return replace(wrapped, sandbox_type=SandboxType.LINUX_SECCOMP)
 
-    def _select_backend(self, *, required: bool) -> _Backend | None:
+    def _select_backend(self, *, required: bool) -> LinuxBackend | None:
         allow = self._config.allow_unsandboxed and not required
         return self._selector(self._config.sandbox_backend, allow_unsandboxed=allow)
-
-    async def aclose(self) -> None:
-        """Nothing to release: probes are cached per process."""
 
 
 @contextlib.contextmanager

@@ -1,8 +1,5 @@
-"""Pick the Linux sandbox backend once per process (SANDBOX.md §0, §8).
-
-``auto`` prefers a usable system ``bwrap``, else the Landlock launcher, else refuses
-unless the operator allows unsandboxed execution. Probe results are cached per process.
-"""
+"""Pick the Linux sandbox backend, probed once per process (SANDBOX.md §0, §8): ``auto``
+prefers a usable system ``bwrap``, else Landlock, else refuses unless unsandboxed is allowed."""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
-"""Landlock-backend launcher body: confine this fresh process, then exec the command.
-
-Run as ``python -I -S launcher.py FLAGS -- CMD...`` or, with the same flags, by a forked
-child of the helper zygote (``spawn_zygote_main.py``). Stdlib only, few imports:
-interpreter start-up is the cost floor. The steps are in docs/sandbox-linux.md; flags
-are those ``landlock_backend.launcher_flags`` writes. Setup failures write one JSON line
-to the status fd and exit 125; exec failures exit 127 (not found) or 126.
-
-The launcher runs unconfined until ``_confine`` returns, so it starts with an empty
-environment; the command's arrives through ``--env-fd`` (``NAME=VALUE\\0`` entries) or,
-in the zygote's child, as ``main``'s ``env``, and reaches only the final ``execve``.
-"""
+"""Landlock launcher body (``launcher.py`` or a helper zygote child): confine this process,
+then exec the command (docs/sandbox-linux.md). Stdlib only: start-up is the cost floor. It
+runs unconfined until ``_confine`` returns, so the command's env reaches only the final
+``execve``. Setup failures: a JSON line on the status fd, exit 125; exec: 127 or 126."""
 
 
 import _signal  # type: ignore[import-not-found]  # builtin; ``signal`` costs more
+import codecs
 import os
 import sys
 
@@ -62,7 +55,6 @@ _VALUES = {"--status-fd": ("status_fd", int), "--env-fd": ("env_fd", int),
 
 
 class _Setup(Exception):
-    """A setup step failed: report it and exit 125."""
 
     def __init__(self, stage: str, message: str) -> None:
         super().__init__(message)
@@ -170,20 +162,6 @@ def _placeholder_for(path: str, writable: list[str]) -> str | None:
     return missing
 
 
-def _mountinfo_path(raw: bytes) -> str:
-    """A mount point from ``/proc/self/mountinfo`` (octal escapes such as ``\\040`` undone)."""
-    out = bytearray()
-    i = 0
-    while i < len(raw):
-        if raw[i] == 0x5C and raw[i + 1:i + 4].isdigit() and i + 4 <= len(raw):
-            out.append(int(raw[i + 1:i + 4], 8) & 0xFF)
-            i += 4
-        else:
-            out.append(raw[i])
-            i += 1
-    return os.fsdecode(bytes(out))
-
-
 def _bind_read_only_tree(path: str) -> None:
     """``path`` and every mount below it read-only (``/sys/fs/cgroup``, ``binfmt_misc``...)."""
     _bind_read_only(path, path)
@@ -193,19 +171,15 @@ def _bind_read_only_tree(path: str) -> None:
     for line in mountinfo.splitlines():
         fields = line.split(b" ")
         if len(fields) > 4:
-            point = _mountinfo_path(fields[4])
+            point = os.fsdecode(codecs.escape_decode(fields[4])[0])  # undo \040 escapes
             if point.startswith(prefix):
                 _mount(None, point, None,
                        _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _locked_flags(point))
 
 
 def _read_only_tree(writable: list[str]) -> None:
-    """Every mount read-only except the writable roots, which get their own mounts back.
-
-    Landlock has no right for metadata (chmod, chown, utime, xattr); a read-only mount
-    refuses them. The roots also become mountpoints: a writable parent cannot rename a
-    workspace (and its protected ``.git``) away and plant another (EBUSY).
-    """
+    """Every mount read-only but the writable roots: Landlock has no metadata right (chmod,
+    utime, xattr). As mountpoints the roots cannot be renamed away and replaced (EBUSY)."""
     from exec_server._os.linux import mount_setattr, move_mount, open_tree
 
     roots = sorted((r for r in writable if os.path.exists(r)), key=lambda p: p.count("/"))
@@ -346,12 +320,8 @@ def _wait_for(pid: int) -> int:
 
 
 def _split_monitor() -> int:
-    """Fork pid 1 of the new PID namespace and stay outside as its monitor.
-
-    The monitor ends as the command did (status relayed by pid 1); it never returns.
-    Killing it kills pid 1 (PDEATHSIG), and with pid 1 the kernel kills everything left
-    in the namespace, daemons included. Pid 1 gets the relay pipe's write end.
-    """
+    """Fork pid 1 of the new PID namespace, stay outside as its monitor (never returns; ends
+    as the command did). Killing it kills pid 1 (PDEATHSIG), and so the whole namespace."""
     relay_r, relay_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
@@ -392,11 +362,8 @@ def _split_init(relay_w: int) -> None:
 
 
 def _isolate(args: _Args) -> None:
-    """Become the command's process under pid 1 of new PID + mount namespaces, when possible.
-
-    Without namespaces (unprivileged user namespaces disabled) the launch goes on with
-    Landlock and seccomp only and says so on the status pipe.
-    """
+    """Become the command's process under pid 1 of new PID + mount namespaces; without them
+    the launch goes on with Landlock and seccomp only, with a warning."""
     try:
         _unshare(_CLONE_NEWNS | _CLONE_NEWPID)
     except OSError as exc:
@@ -411,11 +378,8 @@ def _isolate(args: _Args) -> None:
 
 
 def drop_capabilities(*, now: bool = False) -> None:
-    """Root: empty the bounding, ambient and inheritable sets (SANDBOX.md §1.11).
-
-    With ``now`` the effective and permitted sets too, for a process that will not
-    ``execve`` (the helper zygote).
-    """
+    """Root: empty the bounding, ambient and inheritable sets (SANDBOX.md §1.11); ``now``:
+    effective and permitted too, for a process that will not ``execve`` (helper zygote)."""
     from exec_server._os.linux import byref, c_uint32, call_prctl, call_syscall
 
     try:
@@ -547,11 +511,8 @@ def _pdeathsig() -> None:
 
 
 def main(argv: list[str], env: dict[str, str] | None = None) -> int:
-    """Confine this process and exec the command; returns only on failure (an exit code).
-
-    ``env``: the command's environment (the helper zygote's child); otherwise read from
-    ``--env-fd``, or without it the launcher's own.
-    """
+    """Confine this process and exec the command; returns an exit code only on failure.
+    ``env``: the command's (zygote child), else from ``--env-fd``, else the launcher's."""
     status_fd = -1
     try:
         args = _parse(argv)

@@ -1,10 +1,6 @@
-"""Global kernel knobs a sandboxed command must never write, whatever its plan.
-
-``/proc/sys``, ``/proc/sysrq-trigger`` and the other trees Docker keeps read-only change
-the host. Their check is the file mode against the global root uid, not a capability:
-(mapped) root with every capability dropped still writes them, so each backend mounts
-them read-only. Stdlib only: the Landlock launcher imports it (and its path helpers).
-"""
+"""Global kernel knobs (``/proc/sys`` & co., read-only under Docker too) a sandboxed command
+must never write: their check is the file mode against the global root uid, so (mapped)
+root without capabilities still writes them. Stdlib only: the launcher imports it."""
 
 import os
 

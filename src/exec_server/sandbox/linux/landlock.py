@@ -1,9 +1,6 @@
-"""Landlock rulesets from a ``SandboxPlan`` (SANDBOX.md §1), stdlib only.
-
-Landlock is per thread (§9.1): restrict only a fresh single-threaded child, never the
-server. Best effort per ABI (§1.4). Landlock cannot subtract (§1.7): read-only subpaths
-and denied paths inside granted roots need a mount namespace on top.
-"""
+"""Landlock rulesets from a ``SandboxPlan`` (SANDBOX.md §1), stdlib only, best effort per ABI.
+Per thread (§9.1): restrict only a fresh single-threaded child. It cannot subtract (§1.7):
+carve-outs inside granted roots need the mount namespace on top."""
 
 
 import os

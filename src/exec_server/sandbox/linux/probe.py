@@ -1,7 +1,4 @@
-"""Start-up probes: what this machine lets a sandbox do (SANDBOX.md §8 "Probes").
-
-Every probe runs in a child process: the server never unshares, restricts or filters.
-"""
+"""Start-up probes (SANDBOX.md §8), each in a child: the server never unshares or filters."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ import sys
 
 from exec_server.sandbox.linux import seccomp
 from exec_server.sandbox.linux.base import LinuxBackend
-from exec_server.sandbox.linux.bwrap import BwrapBackend, BwrapInfo
+from exec_server.sandbox.linux.bwrap import BwrapBackend
 from exec_server.sandbox.linux.knobs import read_only_knobs
 from exec_server.sandbox.linux.landlock_backend import LAUNCHER_PATH, LandlockBackend
 
@@ -101,5 +98,6 @@ def probe_bwrap(fallback: LinuxBackend | None) -> Probed:
             return None, f"{bwrap} lacks {needed}"
     rc, out = _run_bwrap(bwrap, ["--version"])
     version = out.split()[-1] if rc == 0 and out.strip() else ""
-    info = BwrapInfo(path=bwrap, proc=proc_ok, argv0="--argv0" in help_text, version=version)
-    return BwrapBackend(info, fallback=fallback), ""
+    backend = BwrapBackend(bwrap, proc=proc_ok, argv0="--argv0" in help_text, version=version,
+                           fallback=fallback)
+    return backend, ""

@@ -1,8 +1,5 @@
-"""Hand-built seccomp BPF network filter (SANDBOX.md §2.3), stdlib only.
-
-The Landlock launcher installs it on itself before ``execve``; bwrap gets the same bytes
-through ``--seccomp FD``. Install only in a single-threaded child, never in the server.
-"""
+"""Hand-built seccomp BPF network filter (SANDBOX.md §2.3), stdlib only: the launcher installs
+it before ``execve``, bwrap gets the bytes via ``--seccomp FD``; never in the server."""
 
 import sys
 

@@ -1,10 +1,6 @@
-"""macOS Seatbelt: a :class:`SandboxPlan` → profile text + ``sandbox-exec`` argv.
-
-Layout of SANDBOX.md §4 (upstream ``seatbelt.rs``). Paths travel as canonicalised
-``-D<KEY>=<value>`` parameters (Seatbelt matches real paths), never in the profile text,
-except the per-root regex guards that keep ``.git`` & co. read-only even before they
-exist. Pure text generation: runs anywhere; only executing it needs macOS.
-"""
+"""macOS Seatbelt: a :class:`SandboxPlan` → profile text + ``sandbox-exec`` argv (SANDBOX.md
+§4). Paths travel as canonical ``-D<KEY>=<value>`` parameters, never in the text, except the
+regex guards keeping ``.git`` & co. read-only before they exist. Pure text: runs anywhere."""
 
 from __future__ import annotations
 
