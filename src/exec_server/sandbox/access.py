@@ -76,8 +76,7 @@ def _merge(rules: Iterable[tuple[str, Access]]) -> dict[str, Access]:
 
 
 class _RuleIndex:
-    """Rules by path: a look-up walks the path's ancestors, not the rules (a scan made 3,000
-    entries cost 2 s)."""
+    """Rules by path: a look-up walks the path's ancestors, not the (maybe 3,000) rules."""
 
     def __init__(self, rules: Iterable[tuple[str, Access]]) -> None:
         self._by_path = _merge(rules)
@@ -214,8 +213,7 @@ class ResolvedPolicy:
         return access or Access.NONE
 
     def holes_below(self, path: str) -> tuple[tuple[str, str], ...]:
-        """Non-writable rule paths strictly inside ``path``, shallow first, as (absolute,
-        relative): what writing a whole tree at ``path`` could run into."""
+        """Non-writable rule paths strictly inside ``path``, shallow first: (absolute, relative)."""
         if self.policy.kind is not FsKind.RESTRICTED:
             return ()
         base = self._candidate(join_normalized(self.scope.cwd, path))

@@ -74,14 +74,9 @@ class LaunchSandboxRequest:
     home: str | None = None
     probe: FsProbe = field(default_factory=OsProbe, compare=False, repr=False)
 
-    @classmethod
-    def unsandboxed(cls, cwd: str) -> LaunchSandboxRequest:
-        return cls(None, FileSystemPolicy.unrestricted(), Network.ENABLED, cwd, (cwd,))
-
     @property
     def needs_platform_sandbox(self) -> bool:
-        """Whether ``auto`` selects the platform sandbox (PROTOCOL.md §7.2; current clients,
-        CLIENT_COMPAT.md §1.6: a restricted network needs it for every kind)."""
+        """Whether ``auto`` selects the platform sandbox (PROTOCOL.md §7.2, CLIENT_COMPAT §1.6)."""
         if self.generation is None:
             return False
         if self.enforce_managed_network:
@@ -116,15 +111,14 @@ _SANDBOX_TYPES = {t.value: t for t in SandboxType}
 def launch_request(ctx: wire.SandboxContext | None, *, command_cwd: str,
                    enforce_managed_network: bool = False, tmpdir: str | None = None,
                    probe: FsProbe | None = None) -> LaunchSandboxRequest:
-    """The confinement ``process/start`` asks for (``command_cwd``: the default policy cwd,
-    ``tmpdir``: the child's ``$TMPDIR``)."""
+    """The confinement ``process/start`` asks for; ``command_cwd``: the default policy cwd."""
     probe = probe or OsProbe()
     if ctx is None:
-        return LaunchSandboxRequest.unsandboxed(command_cwd)
+        no_limits = FileSystemPolicy.unrestricted()
+        return LaunchSandboxRequest(None, no_limits, Network.ENABLED, command_cwd, (command_cwd,))
     if isinstance(ctx, wire.CurrentSandboxContext):
         fs, network = permissions_policy(ctx.permissions)
-        cwd, roots = current_scope(ctx, command_cwd)
-        home = None if ctx.user_home_dir is None else str(ctx.user_home_dir)
+        cwd, roots, home = current_scope(ctx, command_cwd)
         return LaunchSandboxRequest(
             Generation.CURRENT, fs, network, cwd, roots,
             enforce_managed_network=enforce_managed_network, home=home, probe=probe,
@@ -196,9 +190,8 @@ def _legacy_fs_request(base: LegacyPolicy, extra: ExtraPermissions | None, cwd: 
 def _current_fs_request(ctx: wire.CurrentSandboxContext, server_cwd: str, tmpdir: str | None,
                         probe: FsProbe) -> FsSandboxRequest:
     fs, network = permissions_policy(ctx.permissions)
-    cwd, roots = current_scope(ctx, server_cwd)
+    cwd, roots, home = current_scope(ctx, server_cwd)
     direct = fs.kind is not FsKind.RESTRICTED or has_full_disk_write(fs)
-    home = None if ctx.user_home_dir is None else str(ctx.user_home_dir)
     return FsSandboxRequest(
         Generation.CURRENT, direct, cwd, roots, fs, network, _with_minimal(fs),
         tmpdir=tmpdir, home=home, probe=probe,
@@ -299,17 +292,18 @@ def permissions_policy(perms: wire.Permissions) -> tuple[FileSystemPolicy, Netwo
     return policy, network
 
 
-def current_scope(
-    ctx: wire.CurrentSandboxContext, fallback_cwd: str
-) -> tuple[str, tuple[str, ...]]:
-    """Policy cwd and workspace roots (CLIENT_COMPAT.md §1.5)."""
+def current_scope(ctx: wire.CurrentSandboxContext,
+                  fallback_cwd: str) -> tuple[str, tuple[str, ...], str | None]:
+    """Policy cwd, workspace roots (CLIENT_COMPAT.md §1.5) and home."""
     if ctx.policy_context is not None:
         cwd = ctx.policy_context.cwd or ctx.cwd
         roots = ctx.policy_context.workspace_roots or []
     else:
         cwd = ctx.cwd
         roots = ctx.workspace_roots
-    return str(cwd) if cwd is not None else fallback_cwd, tuple(dict.fromkeys(map(str, roots)))
+    home = None if ctx.user_home_dir is None else str(ctx.user_home_dir)
+    cwd_text = str(cwd) if cwd is not None else fallback_cwd
+    return cwd_text, tuple(dict.fromkeys(map(str, roots))), home
 
 
 def cli_launch_request(sandbox: str, *, cwd: str, writable_roots: Sequence[str] = (),

@@ -116,8 +116,7 @@ class FsSandboxRequest:
 
     @cached_property
     def resolved(self) -> ResolvedPolicy:
-        """Request policy pinned to paths; current contexts resolve further than §6.11
-        (docs/sandbox-policy.md, "Pre-check for current contexts")."""
+        """Request policy pinned to paths (current contexts: docs/sandbox-policy.md)."""
         return self._resolve(self.policy, default_read_roots=platform_default_read_roots())
 
     def _resolve(self, policy: FileSystemPolicy, *,
@@ -144,10 +143,8 @@ class FsSandboxRequest:
 
     def helper_plan(self, *, runtime_read_roots: Sequence[str] = (),
                     platform_defaults: Sequence[str] | None = None) -> SandboxPlan:
-        """The helper's :class:`SandboxPlan` (§10.4), network off; ``runtime_read_roots``: what
-        its interpreter must read (``sys.prefix``, the package directory…)."""
+        """The helper's plan (§10.4), network off; ``runtime_read_roots``: its interpreter's."""
         defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults
-        # Same resolution as the pre-check: the confined child then also refuses creating
-        # a missing `.git` & co. under a writable root.
+        # as the pre-check: the child too refuses creating a missing `.git` & co.
         return self._resolve(self.helper_policy).plan(
             Network.RESTRICTED, platform_defaults=defaults, extra_read_roots=runtime_read_roots)

@@ -44,8 +44,7 @@ def select_sandbox_type(request: LaunchSandboxRequest, platform: SandboxType) ->
 
 
 class SandboxManager:
-    """Selects and applies the platform sandbox for launches (``platform`` and ``selector``:
-    tests pretend to be another OS or inject fake backends)."""
+    """Selects and applies the platform sandbox (``platform``, ``selector``: for tests)."""
 
     def __init__(self, config: ServerConfig, *, platform: SandboxType = PLATFORM_SANDBOX,
                  selector: Callable[..., LinuxBackend | None] = select_backend) -> None:
@@ -71,18 +70,15 @@ class SandboxManager:
         with contextlib.suppress(ExecServerError, SandboxError, ImportError, ValueError, OSError):
             self._select_backend(required=False)
 
-    async def aprepare(self, spec: LaunchSpec, sandbox: SandboxContext | None, *,
-                       enforce_managed_network: bool = False) -> LaunchSpec:
+    async def aprepare(self, spec: LaunchSpec, sandbox: SandboxContext | None) -> LaunchSpec:
         """:meth:`prepare` for coroutines: probes still to do run in a thread."""
         await self.warm()
-        return self.prepare(spec, sandbox, enforce_managed_network=enforce_managed_network)
+        return self.prepare(spec, sandbox)
 
-    def prepare(self, spec: LaunchSpec, sandbox: SandboxContext | None, *,
-                enforce_managed_network: bool = False) -> LaunchSpec:
+    def prepare(self, spec: LaunchSpec, sandbox: SandboxContext | None) -> LaunchSpec:
         """A copy of ``spec`` confined per ``process/start.sandbox``; its ``sandbox_type`` says
         what was applied. SandboxPolicyError (-32602), SandboxLaunchError (-32603)."""
-        request = launch_request(sandbox, command_cwd=spec.cwd, tmpdir=spec.env.get("TMPDIR"),
-                                 enforce_managed_network=enforce_managed_network)
+        request = launch_request(sandbox, command_cwd=spec.cwd, tmpdir=spec.env.get("TMPDIR"))
         return self.prepare_request(spec, request)
 
     def prepare_request(self, spec: LaunchSpec, request: LaunchSandboxRequest) -> LaunchSpec:
@@ -149,8 +145,7 @@ def _as_launch_error() -> Iterator[None]:
 
 
 def _unconfined(spec: LaunchSpec, *, network_off: bool) -> LaunchSpec:
-    """A copy of ``spec`` marked unconfined, with ``CODEX_SANDBOX_NETWORK_DISABLED=1`` when
-    ``network_off`` (PROTOCOL.md §7.5)."""
+    """``spec`` marked unconfined; ``network_off``: ``CODEX_SANDBOX_NETWORK_DISABLED=1`` (§7.5)."""
     env = dict(spec.env)
     if network_off:
         env[NETWORK_DISABLED_ENV] = "1"

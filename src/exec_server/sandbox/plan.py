@@ -38,7 +38,3 @@ class SandboxPlan:
     writable_roots: tuple[str, ...] = ()
     read_only_subpaths: tuple[str, ...] = ()
     denied_paths: tuple[str, ...] = ()
-
-    @property
-    def unrestricted(self) -> bool:
-        return self.full_read and self.full_write and self.network and not self.denied_paths

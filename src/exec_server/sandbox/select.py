@@ -41,11 +41,8 @@ def _probed(name: str) -> tuple[LinuxBackend | None, str]:
 
 def select_backend(backend: str = "auto", *,
                    allow_unsandboxed: bool = False) -> LinuxBackend | None:
-    """The Linux backend to confine launches with (``auto``, ``bwrap`` or ``landlock``).
-
-    ``allow_unsandboxed``: with ``auto``, None instead of SandboxUnavailableError when
-    nothing is usable. ValueError: unknown backend name.
-    """
+    """The backend to confine launches with; ``allow_unsandboxed``: with ``auto``, None
+    instead of SandboxUnavailableError when nothing is usable."""
     if backend in ("bwrap", "landlock"):
         found, reason = _probed(backend)
     elif backend == "auto":

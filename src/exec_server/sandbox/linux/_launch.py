@@ -132,12 +132,6 @@ def _unshare(flags: int) -> None:
                 f.write(text)
 
 
-def _umount(target: str) -> None:
-    from exec_server._os.linux import c_int, call_syscall
-
-    call_syscall("umount2", os.fsencode(target), c_int(2))  # MNT_DETACH
-
-
 def _locked_flags(path: str) -> int:
     """Flags a remount must repeat or fail (EPERM); their ST_* bits equal the MS_* ones."""
     return os.statvfs(path).f_flag & (os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC)
@@ -202,8 +196,7 @@ _DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
 
 
 def _own_pty() -> int | None:
-    """The launch's PTY (stdin) as a detached mount for ``/dev/console``, so ``ttyname``
-    finds it (as under bwrap); cloned by name from this namespace's copy of devpts."""
+    """The launch's PTY (stdin), a detached mount for ``/dev/console`` (``ttyname`` needs it)."""
     from exec_server._os.linux import open_tree
 
     try:
@@ -218,8 +211,7 @@ def _own_pty() -> int | None:
 
 
 def _private_dev() -> None:
-    """A fresh read-only ``/dev``: ``_DEV_NODES``, a private ``shm`` and PTY instance; no
-    host disk, ``kmsg``, ``/dev/shm`` or other terminal is visible."""
+    """A fresh read-only ``/dev``: ``_DEV_NODES``, private ``shm`` and PTY instance, no more."""
     from exec_server._os.linux import mount_setattr, move_mount, open_tree
 
     nodes: list[tuple[str, int]] = []
@@ -444,7 +436,7 @@ def _probe() -> int:
                 os.close(_libc.open_tree(tmp))
                 _libc.mount_setattr(tmp, read_only=True)
                 result["mount_ns"] = True
-                _umount(tmp)
+                _libc.call_syscall("umount2", os.fsencode(tmp), _libc.c_int(2))  # MNT_DETACH
             except OSError as exc:
                 result["mount_ns"] = False
                 result["mount_ns_error"] = str(exc)
@@ -470,8 +462,7 @@ def _probe() -> int:
 
 
 def _execvp(program: str, argv: list[str], env: "dict[str, str] | os._Environ[str]") -> None:
-    """``os.execvpe`` without ``os.get_exec_path``: it imports ``warnings``, which
-    restricted reads under Landlock may not let us load."""
+    """``os.execvpe`` minus ``get_exec_path``, whose ``warnings`` import Landlock may refuse."""
     if "/" in program:
         os.execve(program, argv, env)
     saved: OSError | None = None

@@ -32,11 +32,8 @@ class LinuxBackend(ABC):
 
     @abstractmethod
     def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
-        """The launch to spawn instead of ``spec``; starts and confines nothing itself.
-
-        The spawner closes its ``pass_fds`` after the spawn and calls its ``cleanup``
-        once the child is reaped.
-        """
+        """The launch to spawn instead; the spawner closes its ``pass_fds`` after the spawn
+        and calls its ``cleanup`` once the child is reaped."""
 
     def describe(self) -> dict[str, object]:
         """What the probe found (``exec-server run --probe``)."""
@@ -57,8 +54,7 @@ def env_entries(env: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 def memfd_holding(name: str, data: bytes) -> int:
-    """A close-on-exec memfd holding ``data`` at offset 0: unlike a pipe, any size fits
-    before a reader runs."""
+    """A close-on-exec memfd holding ``data``: unlike a pipe, any size fits before a read."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
         view = memoryview(data)
@@ -76,13 +72,10 @@ def chain_cleanup(*steps: Callable[[], None] | None) -> Callable[[], None] | Non
     real = [s for s in steps if s is not None]
     if not real:
         return None
-    done = threading.Event()
 
     def run() -> None:
-        if done.is_set():
-            return
-        done.set()
-        for step in real:
+        while real:
+            step = real.pop(0)  # before running it: at most once
             with contextlib.suppress(OSError):
                 step()
 
@@ -90,9 +83,8 @@ def chain_cleanup(*steps: Callable[[], None] | None) -> Callable[[], None] | Non
 
 
 class PlaceholderRegistry:
-    """Counts live launches per placeholder mountpoint; removes it (if still empty) after
-    the last. Binding over a missing protected path creates it on the host (SANDBOX.md §9.4).
-    """
+    """Live launches per placeholder mountpoint (binding over a missing path creates it on the
+    host, SANDBOX.md §9.4); the last one out removes it if still empty."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -33,12 +33,8 @@ _OWN_ARGS_ALLOWANCE = 1000
 def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
                seccomp_fd: int | None = None,
                new_session: bool = True) -> tuple[list[str], list[str]]:
-    """bwrap options for ``plan``, and the placeholder mountpoints bwrap will create on the
-    host for missing protected paths (remove them after the run).
-
-    ``new_session=False`` (PTY launches) keeps the PTY as controlling terminal; the only
-    TIOCSTI target is then its own PTY, whose input no one outside reads back.
-    """
+    """bwrap options, and the placeholders it will create on the host (remove after the run).
+    ``new_session=False`` (PTY): the only TIOCSTI target is the launch's own PTY."""
     args = ["--new-session", "--die-with-parent"] if new_session else ["--die-with-parent"]
     placeholders: list[str] = []
     if plan.full_write:
@@ -130,8 +126,6 @@ class BwrapBackend(LinuxBackend):
             args, placeholders = build_args(plan, spec.cwd, proc=self.proc, seccomp_fd=fd,
                                             new_session=not spec.tty)
             if env_args:
-                # The command's env reaches bwrap only as --setenv options read from an
-                # fd (not its cmdline), applied after its loader and libc started clean.
                 fds.append(memfd_holding("exec-server-env", env_args))
                 args += ["--args", str(fds[-1])]
         except BaseException:

@@ -39,11 +39,8 @@ def placeholder_for(path: str, writable_roots: "list[str] | tuple[str, ...]") ->
 
 def read_only_knobs(*, full_write: bool, writable_roots: "list[str] | tuple[str, ...]",
                     fresh_proc: bool = False) -> "list[str]":
-    """Existing paths to bind read-only over themselves, shallowest first.
-
-    A knob under a writable root is protected whole, a writable root inside a knob itself;
-    ``fresh_proc``: every ``/proc`` knob (a new ``/proc`` is writable whatever the plan).
-    """
+    """Existing paths to bind read-only, shallowest first: a knob under a writable root whole,
+    a writable root inside a knob itself; ``fresh_proc``: every ``/proc`` knob too."""
     roots = ["/"] if full_write else list(writable_roots)
     found: list[str] = []
     for knob in KERNEL_KNOBS:

@@ -109,9 +109,6 @@ def abi_version() -> int:
         return 0
 
 
-# The syscalls, also used by the helper zygote's per-request ruleset (fs/helper/confine.py).
-
-
 class _RulesetAttr(Structure):
     _fields_ = [("handled_access_fs", c_uint64),
                 ("handled_access_net", c_uint64),
@@ -124,8 +121,7 @@ class _PathBeneathAttr(Structure):
 
 
 def create_ruleset(handled_fs: int, handled_net: int = 0, scoped: int = 0) -> int:
-    """A ruleset fd the caller must close. Older kernels accept the full-size attr as long
-    as the fields they do not know are zero."""
+    """A ruleset fd to close; old kernels accept the full attr if unknown fields are zero."""
     attr = _RulesetAttr(handled_fs, handled_net, scoped)
     return call_syscall("landlock_create_ruleset", byref(attr), c_size_t(sizeof(attr)),
                         c_uint32(0))
@@ -176,12 +172,8 @@ def _rules_for(plan: "SandboxPlan") -> list[tuple[str, int]]:
 
 def restrict_self(plan: "SandboxPlan", *, required: bool = True,
                   abi: int | None = None) -> LandlockStatus:
-    """Confine the calling (single-threaded) process per ``plan``, best effort per ABI.
-
-    TCP bind/connect are handled with no rules when the network is off (ABI >= 4); signal
-    scoping, and abstract-unix scoping with the network off, on ABI >= 6. ``required``:
-    raise LandlockError instead of returning an unenforced status. ``abi``: tests.
-    """
+    """Confine this single-threaded process per ``plan``; network off: TCP (ABI >= 4) and
+    abstract unix sockets (ABI >= 6) denied. ``required``: LandlockError, not a no-op."""
     if abi is None:
         abi = abi_version()
     abi = min(abi, _KNOWN_ABI)

@@ -69,10 +69,8 @@ def _run_bwrap(path: str, args: list[str]) -> tuple[int, str]:
 
 
 def probe_bwrap(fallback: LinuxBackend | None) -> Probed:
-    """The bwrap backend if ``bwrap`` can create our namespaces (with or without /proc).
-
-    ``fallback`` serves launches whose writable roots hold the bwrap binary.
-    """
+    """The bwrap backend if it can create our namespaces; ``fallback`` serves launches whose
+    writable roots hold the bwrap binary."""
     bwrap = _find_bwrap()
     if bwrap is None:
         return None, "bwrap not found on PATH"

@@ -143,11 +143,8 @@ class _SockFprog(Structure):
 
 
 def install_network_filter(mode: str = MODE_RESTRICTED) -> None:
-    """Block network access for this (single-threaded) process and its descendants.
-
-    TCP/UDP/raw/netlink sockets and io_uring are refused with EPERM; AF_UNIX keeps working.
-    SeccompError: unsupported architecture or the kernel refused the filter.
-    """
+    """Install ``build_filter(mode)`` on this single-threaded process and its descendants
+    (restricted: EPERM for io_uring and every socket but AF_UNIX); SeccompError if refused."""
     program = build_filter(mode)
     buf = (c_char * len(program)).from_buffer_copy(program)
     fprog = _SockFprog(len(program) // 8, addressof(buf))

@@ -66,8 +66,7 @@ def prefault() -> None:
 
 
 def serve(raw: bytes, fds: list[int], handoff: socket.socket) -> int:
-    """Become the launch (own group/session, stdio, launcher body); returns only the exit
-    code of a launch that failed before its exec."""
+    """Become the launch; returns only the exit code of one failing before its exec."""
     code = _launch.EXIT_SETUP
     try:
         _req_id, tty, stdin = REQUEST_HEADER.unpack_from(raw, 1)
