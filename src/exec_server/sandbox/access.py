@@ -40,9 +40,8 @@ LINUX_PLATFORM_DEFAULTS = (
     "/bin", "/sbin", "/usr", "/etc", "/lib", "/lib64", "/nix/store", "/run/current-system/sw",
 )
 
-#: Names kept read-only directly under every writable root of a current-client
-#: fs context even when missing (CLIENT_COMPAT.md "Protected subpaths"): a
-#: planted ``.git/config`` or hook runs the next time git runs unsandboxed.
+#: Kept read-only under every writable root of a current fs context even when missing
+#: (CLIENT_COMPAT.md): a planted ``.git/config`` or hook runs when git next runs unsandboxed.
 PROTECTED_NAMES_ALWAYS = (".git", ".codex", ".agents", ".aws")
 
 
@@ -142,12 +141,10 @@ def _is_special(target: Target, kind: SpecialKind) -> bool:
 
 
 class ResolvedPolicy:
-    """A filesystem policy pinned to concrete paths for one scope.
-
-    ``protect``: writable roots' §6.10 subpaths read-only. ``canonicalize`` (current fs
-    contexts): paths resolve like check paths (§10.3); ``write`` rules keep only the canonical
-    form, ``read``/``none`` the lexical one too (fail closed). ``protect_names``: read-only
-    even when missing. ``default_read_roots``: readable if a ``minimal`` entry asks.
+    """A policy pinned to paths for one scope. ``protect``: writable roots' §6.10 subpaths
+    read-only. ``canonicalize`` (current fs contexts): paths resolve like check paths (§10.3);
+    ``write`` rules keep only the canonical form, ``read``/``none`` the lexical one too (fail
+    closed). ``protect_names``: read-only even if missing. ``default_read_roots``: per ``minimal``.
     """
 
     __slots__ = (

@@ -18,15 +18,12 @@ from exec_server.sandbox.access import (
     ResolvedPolicy,
     has_full_disk_read,
     has_full_disk_write,
-    includes_platform_defaults,
 )
 from exec_server.sandbox.errors import SandboxError, SandboxPolicyError
 from exec_server.sandbox.fs_request import FsSandboxRequest, root_alias_normalize
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
-from exec_server.sandbox.platform import platform_default_read_roots
 from exec_server.sandbox.policy import (
     Access,
-    ExtraPermissions,
     FileSystemPolicy,
     FsEntry,
     FsKind,
@@ -59,9 +56,8 @@ Preference = Literal["auto", "require", "forbid"]
 
 @dataclass(frozen=True, slots=True)
 class LaunchSandboxRequest:
-    """How one ``process/start`` asks to be confined (effective policies), for either
-    generation; ``generation`` None: no sandbox member. ``forced_type``: an older
-    member's pre-selected type (§6.7)."""
+    """How one ``process/start`` asks to be confined (``generation`` None: no sandbox member;
+    ``forced_type``: an older member's pre-selected type, §6.7)."""
 
     generation: Generation | None
     fs_policy: FileSystemPolicy
@@ -91,21 +87,12 @@ class LaunchSandboxRequest:
     def network_restricted(self) -> bool:
         return self.network is Network.RESTRICTED or self.enforce_managed_network
 
-    def plan(self, *, tmpdir: str | None,
-             platform_defaults: Sequence[str] | None = None) -> SandboxPlan:
+    def plan(self, *, tmpdir: str | None, platform_defaults: Sequence[str] = ()) -> SandboxPlan:
         """The plan mechanisms enforce; ``tmpdir`` is the child's final ``$TMPDIR``."""
-        defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults
         network = Network.RESTRICTED if self.network_restricted else Network.ENABLED
         scope = PolicyScope(cwd=self.cwd, roots=self.roots, tmpdir=tmpdir, home=self.home)
         resolved = ResolvedPolicy(self.fs_policy, scope, probe=self.probe)
-        return resolved.plan(network, platform_defaults=defaults)
-
-    @property
-    def include_platform_defaults(self) -> bool:
-        return includes_platform_defaults(self.fs_policy)
-
-
-_SANDBOX_TYPES = {t.value: t for t in SandboxType}
+        return resolved.plan(network, platform_defaults=platform_defaults)
 
 
 def launch_request(ctx: wire.SandboxContext | None, *, command_cwd: str,
@@ -137,7 +124,7 @@ def launch_request(ctx: wire.SandboxContext | None, *, command_cwd: str,
         network = Network(ctx.network_policy)
         preference = ctx.sandbox_preference or "auto"
         if ctx.sandbox_preference is None:
-            forced = _SANDBOX_TYPES[ctx.sandbox or "none"]
+            forced = SandboxType(ctx.sandbox or "none")  # values are the wire spellings
         enforce = ctx.enforce_managed_network
     extra = ctx.additional_permissions
     return LaunchSandboxRequest(
@@ -165,36 +152,23 @@ def fs_context(ctx: wire.SandboxContext | None, *, server_cwd: str | None = None
     tmp = tmpdir if tmpdir is not None else os.environ.get("TMPDIR")
     probe = probe or OsProbe()
     if isinstance(ctx, wire.CurrentSandboxContext):
-        return _current_fs_request(ctx, cwd, tmp, probe)
-    policy = ctx.sandbox_policy if isinstance(ctx, wire.FileSystemSandboxContext) else ctx.policy
-    return _legacy_fs_request(policy, ctx.additional_permissions, cwd, tmp, probe)
-
-
-def _legacy_fs_request(base: LegacyPolicy, extra: ExtraPermissions | None, cwd: str,
-                       tmpdir: str | None, probe: FsProbe) -> FsSandboxRequest:
-    """PROTOCOL.md §10.1 for a legacy ``sandboxPolicy``."""
+        fs, network = permissions_policy(ctx.permissions)
+        policy_cwd, roots, home = current_scope(ctx, cwd)
+        direct = fs.kind is not FsKind.RESTRICTED or has_full_disk_write(fs)
+        return FsSandboxRequest(Generation.CURRENT, direct, policy_cwd, roots, fs, network,
+                                _with_minimal(fs), tmpdir=tmp, home=home, probe=probe)
+    base = ctx.sandbox_policy if isinstance(ctx, wire.FileSystemSandboxContext) else ctx.policy
     direct = not isinstance(base, wire.ReadOnlyPolicy | wire.WorkspaceWritePolicy)
     request = _alias_policy(base)
-    helper = _alias_policy(helper_legacy_policy(base))
-    scope = PolicyScope.legacy(cwd, tmpdir)
-    request_fs = fs_policy_from_legacy(request, scope, probe)
+    scope = PolicyScope.legacy(cwd, tmp)
     # Helper grants: the context's filesystem grants, network stripped (§10.4 step 1).
+    extra = ctx.additional_permissions
     helper_extra = msgspec.structs.replace(extra, network=None) if extra is not None else None
-    helper_fs = effective_fs_policy(fs_policy_from_legacy(helper, scope, probe), helper_extra)
+    helper = fs_policy_from_legacy(_alias_policy(helper_legacy_policy(base)), scope, probe)
     return FsSandboxRequest(
-        Generation.LEGACY, direct, cwd, (cwd,), request_fs, legacy_network(request), helper_fs,
-        tmpdir=tmpdir, probe=probe,
-    )
-
-
-def _current_fs_request(ctx: wire.CurrentSandboxContext, server_cwd: str, tmpdir: str | None,
-                        probe: FsProbe) -> FsSandboxRequest:
-    fs, network = permissions_policy(ctx.permissions)
-    cwd, roots, home = current_scope(ctx, server_cwd)
-    direct = fs.kind is not FsKind.RESTRICTED or has_full_disk_write(fs)
-    return FsSandboxRequest(
-        Generation.CURRENT, direct, cwd, roots, fs, network, _with_minimal(fs),
-        tmpdir=tmpdir, home=home, probe=probe,
+        Generation.LEGACY, direct, cwd, (cwd,), fs_policy_from_legacy(request, scope, probe),
+        legacy_network(request), effective_fs_policy(helper, helper_extra), tmpdir=tmp,
+        probe=probe,
     )
 
 

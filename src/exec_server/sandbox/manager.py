@@ -13,6 +13,7 @@ from exec_server.config import ServerConfig
 from exec_server.exceptions import ExecServerError
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.types.sandbox import SandboxContext
+from exec_server.sandbox.access import includes_platform_defaults
 from exec_server.sandbox.convert import Generation, LaunchSandboxRequest, launch_request
 from exec_server.sandbox.errors import SandboxError, SandboxLaunchError
 from exec_server.sandbox.linux.base import LinuxBackend
@@ -100,7 +101,7 @@ class SandboxManager:
                                 platform_defaults=platform_default_read_roots(self._platform))
         required = request.preference == "require" or request.forced_type is not None
         return self._wrap(out, plan, required=required,
-                          include_platform_defaults=request.include_platform_defaults)
+                          include_platform_defaults=includes_platform_defaults(request.fs_policy))
 
     def wrap_plan(self, spec: LaunchSpec, plan: SandboxPlan, *,
                   include_platform_defaults: bool = True) -> LaunchSpec:

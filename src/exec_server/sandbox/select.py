@@ -9,12 +9,7 @@ import threading
 from exec_server.sandbox.errors import SandboxUnavailableError
 from exec_server.sandbox.linux.base import LinuxBackend
 
-__all__ = [
-    "BACKEND_NAMES", "LinuxBackend", "SandboxUnavailableError", "probe_report", "select_backend",
-]
-
-BACKEND_NAMES = ("auto", "bwrap", "landlock")
-
+__all__ = ["LinuxBackend", "SandboxUnavailableError", "probe_report", "select_backend"]
 
 #: Probe outcomes by backend name: the backend, or None and why not.
 _found: dict[str, tuple[LinuxBackend | None, str]] = {}
@@ -53,8 +48,8 @@ def select_backend(backend: str = "auto", *,
         if found is None and allow_unsandboxed:
             return None
     else:
-        raise ValueError(f"unknown sandbox backend {backend!r} (expected one of "
-                         f"{', '.join(BACKEND_NAMES)})")
+        raise ValueError(f"unknown sandbox backend {backend!r} (expected one of auto, bwrap, "
+                         "landlock)")
     if found is None:
         raise SandboxUnavailableError(f"no usable Linux sandbox ({backend}): {reason}")
     return found

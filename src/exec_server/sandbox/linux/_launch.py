@@ -55,11 +55,7 @@ _VALUES = {"--status-fd": ("status_fd", int), "--env-fd": ("env_fd", int),
 
 
 class _Setup(Exception):
-
-    def __init__(self, stage: str, message: str) -> None:
-        super().__init__(message)
-        self.stage = stage
-        self.message = message
+    """A failed setup step: ``args`` are (stage, message)."""
 
 
 def _json_str(text: str) -> str:
@@ -492,15 +488,6 @@ def _read_env(fd: int) -> dict[str, str]:
     return env
 
 
-def _pdeathsig() -> None:
-    from exec_server._os.linux import call_prctl
-
-    before = os.getppid()
-    call_prctl(_PR_SET_PDEATHSIG, 9)
-    if os.getppid() != before:
-        os._exit(EXIT_SETUP)
-
-
 def main(argv: list[str], env: dict[str, str] | None = None) -> int:
     """Confine this process and exec the command; returns an exit code only on failure.
     ``env``: the command's (zygote child), else from ``--env-fd``, else the launcher's."""
@@ -516,7 +503,12 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
             raise _Setup("args", "no command given after --")
         if args.env_fd >= 0:
             env = _read_env(args.env_fd)
-        _pdeathsig()
+        from exec_server._os.linux import call_prctl
+
+        parent = os.getppid()
+        call_prctl(_PR_SET_PDEATHSIG, 9)
+        if os.getppid() != parent:  # the parent died before the prctl
+            os._exit(EXIT_SETUP)
         # without --command-cwd, re-resolve the inherited cwd after the mounts: the old
         # reference would still point below the read-only rebinds (SANDBOX.md §1.10)
         cwd = args.command_cwd or os.getcwd()
@@ -533,8 +525,9 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
         except OSError as exc:
             raise _Setup("chdir", f"chdir {cwd}: {exc.strerror}") from exc
     except _Setup as exc:
-        _report(status_fd, "error", exc.stage, exc.message)
-        sys.stderr.write(f"exec-server sandbox: {exc.message}\n")
+        stage, message = exc.args
+        _report(status_fd, "error", stage, message)
+        sys.stderr.write(f"exec-server sandbox: {message}\n")
         return EXIT_SETUP
     except (ValueError, IndexError) as exc:
         _report(status_fd, "error", "args", f"bad launcher arguments: {exc}")

@@ -7,6 +7,7 @@ import os
 import stat
 import threading
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
@@ -18,10 +19,8 @@ __all__ = [
     "memfd_holding",
 ]
 
-#: The environment every wrapper (bwrap, the Landlock launcher) starts with. Empty: a
-#: wrapper runs outside the sandbox, so nothing the client chose (``LD_PRELOAD``,
-#: ``PYTHON*``...) may reach its loader, libc or interpreter; the command's environment
-#: travels in an fd and applies only at the final, confined ``execve``.
+#: What a wrapper (bwrap, the launcher) starts with: it runs unconfined, so no client choice
+#: (``LD_PRELOAD``, ``PYTHON*``) may reach it; the command's env travels in an fd.
 WRAPPER_ENV: dict[str, str] = {}
 
 
@@ -88,26 +87,21 @@ class PlaceholderRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._live: dict[str, int] = {}
+        self._live: Counter[str] = Counter()
 
     def acquire(self, paths: Iterable[str]) -> Callable[[], None] | None:
         held = tuple(dict.fromkeys(paths))
         if not held:
             return None
         with self._lock:
-            for p in held:
-                self._live[p] = self._live.get(p, 0) + 1
+            self._live.update(held)
 
         def release() -> None:
             with self._lock:
-                gone = []
-                for p in held:
-                    n = self._live.get(p, 0) - 1
-                    if n <= 0:
-                        self._live.pop(p, None)
-                        gone.append(p)
-                    else:
-                        self._live[p] = n
+                self._live.subtract(held)
+                gone = [p for p in held if self._live[p] <= 0]
+                for p in gone:
+                    del self._live[p]
             for p in gone:
                 _remove_if_empty(p)
 
@@ -115,17 +109,12 @@ class PlaceholderRegistry:
 
 
 def _remove_if_empty(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         st = os.lstat(path)
-    except OSError:
-        return
-    try:
         if stat.S_ISDIR(st.st_mode):
             os.rmdir(path)
         elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
             os.unlink(path)
-    except OSError:
-        pass
 
 
 def finish_spec(spec: LaunchSpec, *, argv: list[str], env: dict[str, str], arg0: str | None,

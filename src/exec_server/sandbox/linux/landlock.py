@@ -58,9 +58,7 @@ def fs_mask(abi: int) -> int:
     return 0 if abi <= 0 else _FS_MASKS.get(abi, 0xFFFF)
 
 
-#: device nodes everyday tools need (SANDBOX.md §1.9); granted when writes are confined.
-#: In a launch they are the launcher's private ``/dev`` (its own ``shm`` tmpfs and devpts
-#: instance), unless namespaces were unavailable.
+#: device nodes everyday tools need (SANDBOX.md §1.9; a launch's are its private ``/dev``).
 _DEVICE_RULES: tuple[tuple[str, int], ...] = (
     ("/dev/null", READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV),
     ("/dev/zero", READ_FILE | WRITE_FILE | TRUNCATE),
@@ -80,8 +78,6 @@ class LandlockError(OSError):
 
 class LandlockStatus:
     """What ``restrict_self`` enforced (``abi`` 0: unavailable; ``skipped``: missing paths)."""
-
-    __slots__ = ("abi", "fs", "net", "scopes", "skipped")
 
     def __init__(self, abi: int, fs: bool = False, net: bool = False, scopes: int = 0,
                  skipped: tuple[str, ...] = ()) -> None:

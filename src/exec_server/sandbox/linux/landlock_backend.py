@@ -67,12 +67,10 @@ def _status_reader(fd: int) -> Callable[[], None]:
                 report = json.loads(line)
             except ValueError:
                 continue
-            if "error" in report:
-                logger.warning("sandbox launcher failed at %s: %s", report.get("stage"),
-                               report["error"])
-            elif "warning" in report:
-                logger.warning("sandbox degraded at %s: %s", report.get("stage"),
-                               report["warning"])
+            for kind, what in (("error", "launcher failed"), ("warning", "degraded")):
+                if kind in report:
+                    logger.warning("sandbox %s at %s: %s", what, report.get("stage"), report[kind])
+                    break
 
     return read
 
@@ -102,10 +100,8 @@ class LandlockBackend(LinuxBackend):
         argv = [self.python, "-I", "-S", LAUNCHER_PATH,
                 *launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0, status_fd=w,
                                 env_fd=env_fd)]
-        placeholders: list[str | None] = []
-        if self.mount_ns and not plan.full_write:
-            placeholders = [placeholder_for(p, plan.writable_roots)
-                            for p in plan.read_only_subpaths]
+        carved = plan.read_only_subpaths if self.mount_ns and not plan.full_write else ()
+        placeholders = (placeholder_for(p, plan.writable_roots) for p in carved)
         release = self._placeholders.acquire(p for p in placeholders if p is not None)
         # the write end is closed by the spawner after the spawn (pass_fds contract)
         wrapped = finish_spec(spec, argv=argv, env=dict(WRAPPER_ENV), arg0=None,

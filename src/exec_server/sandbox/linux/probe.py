@@ -21,9 +21,6 @@ _USERNS_ERRORS = ("loopback: Failed RTM_NEWADDR", "loopback: Failed RTM_NEWLINK"
                   "setting up uid map: Permission denied",
                   "No permissions to create a new namespace")
 
-#: A backend, or None and why not.
-Probed = tuple[LinuxBackend | None, str]
-
 
 def _run(argv: list[str]) -> tuple[int, bytes, bytes]:
     """Exit status, stdout and stderr of ``argv``; -1 and the error when it did not run."""
@@ -35,7 +32,7 @@ def _run(argv: list[str]) -> tuple[int, bytes, bytes]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def probe_landlock() -> Probed:
+def probe_landlock() -> tuple[LinuxBackend | None, str]:
     """The Landlock backend if ``launcher.py --probe`` finds Landlock and seccomp usable."""
     if not seccomp.supported():
         return None, f"no seccomp filter for architecture {os.uname().machine}"
@@ -68,7 +65,7 @@ def _run_bwrap(path: str, args: list[str]) -> tuple[int, str]:
     return rc, (out + err).decode("utf-8", "replace")
 
 
-def probe_bwrap(fallback: LinuxBackend | None) -> Probed:
+def probe_bwrap(fallback: LinuxBackend | None) -> tuple[LinuxBackend | None, str]:
     """The bwrap backend if it can create our namespaces; ``fallback`` serves launches whose
     writable roots hold the bwrap binary."""
     bwrap = _find_bwrap()

@@ -58,8 +58,7 @@ _ARCH = {
         271, 425, 426, 427, 29), strict=True))),
 }
 
-#: denied outright when the network is restricted (upstream Restricted mode): all but
-#: socket/socketpair (checked by domain) and ioctl (checked by command).
+#: denied outright when restricted: all but socket/socketpair (by domain) and ioctl (by command).
 _DENY_RESTRICTED = _SYSCALLS[2:-1]
 #: io_uring can create sockets without socket(): deny it in every mode.
 _DENY_VSOCK = ("io_uring_setup", "io_uring_enter", "io_uring_register")
