@@ -134,21 +134,17 @@ def launch_request(ctx: wire.SandboxContext | None, *, command_cwd: str,
     )
 
 
-def _server_cwd() -> str:
-    try:
-        return os.path.realpath(os.getcwd())
-    except OSError as exc:
-        text = os_error_text(exc.errno) if exc.errno is not None else str(exc)
-        raise SandboxError(f"failed to read current dir: {text}") from exc
-
-
 def fs_context(ctx: wire.SandboxContext | None, *, server_cwd: str | None = None,
                tmpdir: str | None = None, probe: FsProbe | None = None) -> FsSandboxRequest | None:
     """The confinement an ``fs/*`` call asks for, None without one. Looks at the filesystem
     (call it in a worker); defaults: the server's canonical cwd (§10.1) and ``$TMPDIR``."""
     if ctx is None:
         return None
-    cwd = server_cwd if server_cwd is not None else _server_cwd()
+    try:
+        cwd = server_cwd if server_cwd is not None else os.path.realpath(os.getcwd())
+    except OSError as exc:
+        text = os_error_text(exc.errno) if exc.errno is not None else str(exc)
+        raise SandboxError(f"failed to read current dir: {text}") from exc
     tmp = tmpdir if tmpdir is not None else os.environ.get("TMPDIR")
     probe = probe or OsProbe()
     if isinstance(ctx, wire.CurrentSandboxContext):

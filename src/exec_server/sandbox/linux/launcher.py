@@ -1,6 +1,5 @@
-"""Entry script of the Landlock launcher (``python -I -S launcher.py FLAGS -- CMD...``): tiny,
-as a script is compiled every run (``_launch`` is cached); bare package modules skip the
-package ``__init__``s (SANDBOX.md §3.6)."""
+"""Landlock launcher entry (``python -I -S launcher.py FLAGS -- CMD...``): tiny, as a script is
+compiled every run; bare package modules skip the package ``__init__``s (SANDBOX.md §3.6)."""
 
 import os
 import sys
