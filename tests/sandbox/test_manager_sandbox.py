@@ -410,11 +410,6 @@ def test_wrap_plan_for_helper() -> None:
         manager(platform=NONE)[0].wrap_plan(spec(), plan)
 
 
-async def test_aclose() -> None:
-    mgr, _ = manager()
-    await mgr.aclose()
-
-
 def test_request_generation_and_plan_network() -> None:
     request = req(legacy("auto", fs=ROOT_READ, network="enabled", managed=True))
     assert request.generation is Generation.LEGACY

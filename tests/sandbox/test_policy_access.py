@@ -274,7 +274,6 @@ def test_plan_workspace_write_default() -> None:
     assert plan.read_only_subpaths == ("/ws/.git",)
     assert plan.readable_roots == () and plan.denied_paths == ()
     assert plan.cwd == "/ws"
-    assert not plan.unrestricted
 
 
 def test_plan_unrestricted_and_external() -> None:
@@ -286,7 +285,8 @@ def test_plan_unrestricted_and_external() -> None:
         assert plan.full_read and plan.full_write
         assert plan.network is (network is Network.ENABLED)
         assert plan.writable_roots == plan.readable_roots == ()
-    assert ResolvedPolicy(FileSystemPolicy.unrestricted(), SCOPE).plan(Network.ENABLED).unrestricted
+    plan = ResolvedPolicy(FileSystemPolicy.unrestricted(), SCOPE).plan(Network.ENABLED)
+    assert plan.full_read and plan.full_write and plan.network and not plan.denied_paths
 
 
 def test_plan_restricted_reads_with_platform_defaults() -> None:

@@ -369,9 +369,7 @@ def test_recorded_current_context_decodes() -> None:
     assert req.roots == (WS_PATH,)
     entries = req.fs_policy.entries
     assert entries[1] == FsEntry(SpecialTarget(SpecialKind.PROJECT_ROOTS), Access.WRITE)
-    assert entries[4] == FsEntry(
-        SpecialTarget(SpecialKind.PROJECT_ROOTS, ".git"), Access.READ, skip_if_missing=True
-    )
+    assert entries[4] == FsEntry(SpecialTarget(SpecialKind.PROJECT_ROOTS, ".git"), Access.READ)
     assert req.needs_platform_sandbox
 
 

@@ -1,9 +1,6 @@
-"""The decoded ``sandbox`` member → the internal policy model (both generations).
-
-:func:`launch_request` for ``process/start``, :func:`fs_context` for ``fs/*``,
-:func:`cli_launch_request` for ``exec-server run``. What the wire structs cannot refuse
-raises :class:`SandboxPolicyError` naming the field (-32602).
-"""
+"""The decoded ``sandbox`` member → the internal policy model (both generations), for
+``process/start``, ``fs/*`` and ``exec-server run``. What the wire structs cannot refuse
+raises :class:`SandboxPolicyError` naming the field (-32602)."""
 
 from __future__ import annotations
 
@@ -21,15 +18,12 @@ from exec_server.sandbox.access import (
     ResolvedPolicy,
     has_full_disk_read,
     has_full_disk_write,
-    includes_platform_defaults,
 )
 from exec_server.sandbox.errors import SandboxError, SandboxPolicyError
 from exec_server.sandbox.fs_request import FsSandboxRequest, root_alias_normalize
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
-from exec_server.sandbox.platform import platform_default_read_roots
 from exec_server.sandbox.policy import (
     Access,
-    ExtraPermissions,
     FileSystemPolicy,
     FsEntry,
     FsKind,
@@ -62,9 +56,8 @@ Preference = Literal["auto", "require", "forbid"]
 
 @dataclass(frozen=True, slots=True)
 class LaunchSandboxRequest:
-    """How one ``process/start`` asks to be confined (effective policies), for either
-    generation; ``generation`` None: no sandbox member. ``forced_type``: an older
-    member's pre-selected type (§6.7)."""
+    """How one ``process/start`` asks to be confined (``generation`` None: no sandbox member;
+    ``forced_type``: an older member's pre-selected type, §6.7)."""
 
     generation: Generation | None
     fs_policy: FileSystemPolicy
@@ -77,14 +70,9 @@ class LaunchSandboxRequest:
     home: str | None = None
     probe: FsProbe = field(default_factory=OsProbe, compare=False, repr=False)
 
-    @classmethod
-    def unsandboxed(cls, cwd: str) -> LaunchSandboxRequest:
-        return cls(None, FileSystemPolicy.unrestricted(), Network.ENABLED, cwd, (cwd,))
-
     @property
     def needs_platform_sandbox(self) -> bool:
-        """Whether ``auto`` selects the platform sandbox (PROTOCOL.md §7.2; current clients,
-        CLIENT_COMPAT.md §1.6: a restricted network needs it for every kind)."""
+        """Whether ``auto`` selects the platform sandbox (PROTOCOL.md §7.2, CLIENT_COMPAT §1.6)."""
         if self.generation is None:
             return False
         if self.enforce_managed_network:
@@ -99,38 +87,25 @@ class LaunchSandboxRequest:
     def network_restricted(self) -> bool:
         return self.network is Network.RESTRICTED or self.enforce_managed_network
 
-    def plan(self, *, tmpdir: str | None,
-             platform_defaults: Sequence[str] | None = None) -> SandboxPlan:
+    def plan(self, *, tmpdir: str | None, platform_defaults: Sequence[str] = ()) -> SandboxPlan:
         """The plan mechanisms enforce; ``tmpdir`` is the child's final ``$TMPDIR``."""
-        defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults
         network = Network.RESTRICTED if self.network_restricted else Network.ENABLED
         scope = PolicyScope(cwd=self.cwd, roots=self.roots, tmpdir=tmpdir, home=self.home)
         resolved = ResolvedPolicy(self.fs_policy, scope, probe=self.probe)
-        return resolved.plan(network, platform_defaults=defaults)
-
-    @property
-    def include_platform_defaults(self) -> bool:
-        return includes_platform_defaults(self.fs_policy)
-
-
-_SANDBOX_TYPES = {t.value: t for t in SandboxType}
+        return resolved.plan(network, platform_defaults=platform_defaults)
 
 
 def launch_request(ctx: wire.SandboxContext | None, *, command_cwd: str,
                    enforce_managed_network: bool = False, tmpdir: str | None = None,
                    probe: FsProbe | None = None) -> LaunchSandboxRequest:
-    """The confinement ``process/start`` asks for.
-
-    ``command_cwd`` is the default policy cwd; ``enforce_managed_network`` the current
-    client's top-level flag; ``tmpdir`` the child's ``$TMPDIR``.
-    """
+    """The confinement ``process/start`` asks for; ``command_cwd``: the default policy cwd."""
     probe = probe or OsProbe()
     if ctx is None:
-        return LaunchSandboxRequest.unsandboxed(command_cwd)
+        no_limits = FileSystemPolicy.unrestricted()
+        return LaunchSandboxRequest(None, no_limits, Network.ENABLED, command_cwd, (command_cwd,))
     if isinstance(ctx, wire.CurrentSandboxContext):
         fs, network = permissions_policy(ctx.permissions)
-        cwd, roots = current_scope(ctx, command_cwd)
-        home = None if ctx.user_home_dir is None else str(ctx.user_home_dir)
+        cwd, roots, home = current_scope(ctx, command_cwd)
         return LaunchSandboxRequest(
             Generation.CURRENT, fs, network, cwd, roots,
             enforce_managed_network=enforce_managed_network, home=home, probe=probe,
@@ -149,7 +124,7 @@ def launch_request(ctx: wire.SandboxContext | None, *, command_cwd: str,
         network = Network(ctx.network_policy)
         preference = ctx.sandbox_preference or "auto"
         if ctx.sandbox_preference is None:
-            forced = _SANDBOX_TYPES[ctx.sandbox or "none"]
+            forced = SandboxType(ctx.sandbox or "none")  # values are the wire spellings
         enforce = ctx.enforce_managed_network
     extra = ctx.additional_permissions
     return LaunchSandboxRequest(
@@ -159,58 +134,37 @@ def launch_request(ctx: wire.SandboxContext | None, *, command_cwd: str,
     )
 
 
-def _server_cwd() -> str:
+def fs_context(ctx: wire.SandboxContext | None, *, server_cwd: str | None = None,
+               tmpdir: str | None = None, probe: FsProbe | None = None) -> FsSandboxRequest | None:
+    """The confinement an ``fs/*`` call asks for, None without one. Looks at the filesystem
+    (call it in a worker); defaults: the server's canonical cwd (§10.1) and ``$TMPDIR``."""
+    if ctx is None:
+        return None
     try:
-        return os.path.realpath(os.getcwd())
+        cwd = server_cwd if server_cwd is not None else os.path.realpath(os.getcwd())
     except OSError as exc:
         text = os_error_text(exc.errno) if exc.errno is not None else str(exc)
         raise SandboxError(f"failed to read current dir: {text}") from exc
-
-
-def fs_context(ctx: wire.SandboxContext | None, *, server_cwd: str | None = None,
-               tmpdir: str | None = None, probe: FsProbe | None = None) -> FsSandboxRequest | None:
-    """The confinement an ``fs/*`` call asks for; None when it has no sandbox (direct).
-
-    Looks at the filesystem, so the event loop calls it in a worker. Defaults: the
-    server's canonical cwd (§10.1 step 1) and ``$TMPDIR``.
-    """
-    if ctx is None:
-        return None
-    cwd = server_cwd if server_cwd is not None else _server_cwd()
     tmp = tmpdir if tmpdir is not None else os.environ.get("TMPDIR")
     probe = probe or OsProbe()
     if isinstance(ctx, wire.CurrentSandboxContext):
-        return _current_fs_request(ctx, cwd, tmp, probe)
-    policy = ctx.sandbox_policy if isinstance(ctx, wire.FileSystemSandboxContext) else ctx.policy
-    return _legacy_fs_request(policy, ctx.additional_permissions, cwd, tmp, probe)
-
-
-def _legacy_fs_request(base: LegacyPolicy, extra: ExtraPermissions | None, cwd: str,
-                       tmpdir: str | None, probe: FsProbe) -> FsSandboxRequest:
-    """PROTOCOL.md §10.1 for a legacy ``sandboxPolicy``."""
+        fs, network = permissions_policy(ctx.permissions)
+        policy_cwd, roots, home = current_scope(ctx, cwd)
+        direct = fs.kind is not FsKind.RESTRICTED or has_full_disk_write(fs)
+        return FsSandboxRequest(Generation.CURRENT, direct, policy_cwd, roots, fs, network,
+                                _with_minimal(fs), tmpdir=tmp, home=home, probe=probe)
+    base = ctx.sandbox_policy if isinstance(ctx, wire.FileSystemSandboxContext) else ctx.policy
     direct = not isinstance(base, wire.ReadOnlyPolicy | wire.WorkspaceWritePolicy)
     request = _alias_policy(base)
-    helper = _alias_policy(helper_legacy_policy(base))
-    scope = PolicyScope.legacy(cwd, tmpdir)
-    request_fs = fs_policy_from_legacy(request, scope, probe)
+    scope = PolicyScope.legacy(cwd, tmp)
     # Helper grants: the context's filesystem grants, network stripped (§10.4 step 1).
+    extra = ctx.additional_permissions
     helper_extra = msgspec.structs.replace(extra, network=None) if extra is not None else None
-    helper_fs = effective_fs_policy(fs_policy_from_legacy(helper, scope, probe), helper_extra)
+    helper = fs_policy_from_legacy(_alias_policy(helper_legacy_policy(base)), scope, probe)
     return FsSandboxRequest(
-        Generation.LEGACY, direct, cwd, (cwd,), request_fs, legacy_network(request), helper_fs,
-        tmpdir=tmpdir, probe=probe,
-    )
-
-
-def _current_fs_request(ctx: wire.CurrentSandboxContext, server_cwd: str, tmpdir: str | None,
-                        probe: FsProbe) -> FsSandboxRequest:
-    fs, network = permissions_policy(ctx.permissions)
-    cwd, roots = current_scope(ctx, server_cwd)
-    direct = fs.kind is not FsKind.RESTRICTED or has_full_disk_write(fs)
-    home = None if ctx.user_home_dir is None else str(ctx.user_home_dir)
-    return FsSandboxRequest(
-        Generation.CURRENT, direct, cwd, roots, fs, network, _with_minimal(fs),
-        tmpdir=tmpdir, home=home, probe=probe,
+        Generation.LEGACY, direct, cwd, (cwd,), fs_policy_from_legacy(request, scope, probe),
+        legacy_network(request), effective_fs_policy(helper, helper_extra), tmpdir=tmp,
+        probe=probe,
     )
 
 
@@ -278,8 +232,7 @@ _ACCESS = {"read": Access.READ, "write": Access.WRITE, "none": Access.NONE, "den
 
 def convert_entries(entries: Sequence[wire.FileSystemSandboxEntry],
                     where: str) -> tuple[FsEntry, ...]:
-    return tuple(FsEntry(_target(entry.path, f"{where}[{i}].path"), _ACCESS[entry.access],
-                         skip_if_missing=entry.missing_path_behavior == "skip")
+    return tuple(FsEntry(_target(entry.path, f"{where}[{i}].path"), _ACCESS[entry.access])
                  for i, entry in enumerate(entries))
 
 
@@ -309,17 +262,18 @@ def permissions_policy(perms: wire.Permissions) -> tuple[FileSystemPolicy, Netwo
     return policy, network
 
 
-def current_scope(
-    ctx: wire.CurrentSandboxContext, fallback_cwd: str
-) -> tuple[str, tuple[str, ...]]:
-    """Policy cwd and workspace roots (CLIENT_COMPAT.md §1.5)."""
+def current_scope(ctx: wire.CurrentSandboxContext,
+                  fallback_cwd: str) -> tuple[str, tuple[str, ...], str | None]:
+    """Policy cwd, workspace roots (CLIENT_COMPAT.md §1.5) and home."""
     if ctx.policy_context is not None:
         cwd = ctx.policy_context.cwd or ctx.cwd
         roots = ctx.policy_context.workspace_roots or []
     else:
         cwd = ctx.cwd
         roots = ctx.workspace_roots
-    return str(cwd) if cwd is not None else fallback_cwd, tuple(dict.fromkeys(map(str, roots)))
+    home = None if ctx.user_home_dir is None else str(ctx.user_home_dir)
+    cwd_text = str(cwd) if cwd is not None else fallback_cwd
+    return cwd_text, tuple(dict.fromkeys(map(str, roots))), home
 
 
 def cli_launch_request(sandbox: str, *, cwd: str, writable_roots: Sequence[str] = (),

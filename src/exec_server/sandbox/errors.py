@@ -1,5 +1,5 @@
-"""Errors the sandbox package raises (``message``: the client's text); codes are assigned
-in ``exceptions.from_domain_error``: policy errors -32602, the rest -32603."""
+"""Sandbox errors (``message``: the client's text); ``exceptions.from_domain_error`` maps
+policy errors to -32602, the rest to -32603."""
 
 from __future__ import annotations
 

@@ -35,9 +35,8 @@ def _symlink_preserving_canonical(path: str) -> str:
 
 
 class _Canonical:
-    """"Resolve existing prefix" (PROTOCOL.md §10.3), memoised per component for one request:
-    one ``lstat`` per new component, ``realpath`` only for symlinks (a dangling one counts
-    as missing; missing components are re-appended lexically)."""
+    """"Resolve existing prefix" (PROTOCOL.md §10.3), memoised per component: one ``lstat``
+    each, ``realpath`` only for symlinks (dangling: missing, re-appended lexically)."""
 
     __slots__ = ("_seen",)
 
@@ -93,13 +92,9 @@ def root_alias_normalize(path: str) -> str:
 
 @dataclass(frozen=True)
 class FsSandboxRequest:
-    """A decoded ``fs/*`` sandbox context.
-
-    ``direct``: run in the server (no confinement needed), else in the confined helper.
-    ``policy`` drives the pre-check; ``helper_policy`` confines the helper (platform-default
-    reads on, extra filesystem grants merged). ``network`` is informational: the helper
-    never gets network.
-    """
+    """A decoded ``fs/*`` sandbox context. ``direct``: run in the server, else in the confined
+    helper. ``policy`` drives the pre-check, ``helper_policy`` confines the helper (default
+    reads on, extra grants merged); the helper never gets network."""
 
     generation: Generation
     direct: bool
@@ -121,8 +116,7 @@ class FsSandboxRequest:
 
     @cached_property
     def resolved(self) -> ResolvedPolicy:
-        """Request policy pinned to paths; current contexts resolve further than §6.11
-        (docs/sandbox-policy.md, "Pre-check for current contexts")."""
+        """Request policy pinned to paths (current contexts: docs/sandbox-policy.md)."""
         return self._resolve(self.policy, default_read_roots=platform_default_read_roots())
 
     def _resolve(self, policy: FileSystemPolicy, *,
@@ -140,11 +134,8 @@ class FsSandboxRequest:
         return self.resolve_access(path) is Access.WRITE
 
     def copy_conflict(self, source: str, destination: str) -> str | None:
-        """The first path a recursive ``fs/copy`` would write that the pre-check refuses.
-
-        Only non-writable rules below ``destination`` can be hit, so each is looked up in
-        ``source`` (an ``lstat``, no walk). Both are check paths (PROTOCOL.md §10.3).
-        """
+        """The first path a recursive ``fs/copy`` would write that the pre-check refuses: each
+        non-writable rule below ``destination`` looked up in ``source`` (no walk)."""
         for hole, rel in self.resolved.holes_below(destination):
             if os.path.lexists(os.path.join(source, rel)):
                 return hole
@@ -152,10 +143,8 @@ class FsSandboxRequest:
 
     def helper_plan(self, *, runtime_read_roots: Sequence[str] = (),
                     platform_defaults: Sequence[str] | None = None) -> SandboxPlan:
-        """The helper's :class:`SandboxPlan` (§10.4), network off; ``runtime_read_roots``: what
-        its interpreter must read (``sys.prefix``, the package directory…)."""
+        """The helper's plan (§10.4), network off; ``runtime_read_roots``: its interpreter's."""
         defaults = platform_default_read_roots() if platform_defaults is None else platform_defaults
-        # Same resolution as the pre-check: the confined child then also refuses creating
-        # a missing `.git` & co. under a writable root.
+        # as the pre-check: the child too refuses creating a missing `.git` & co.
         return self._resolve(self.helper_policy).plan(
             Network.RESTRICTED, platform_defaults=defaults, extra_read_roots=runtime_read_roots)

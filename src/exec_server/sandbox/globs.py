@@ -1,10 +1,6 @@
-"""Expand glob deny entries (CLIENT_COMPAT.md §1.4/§1.6) into the paths they match now.
-
-Mechanisms only understand concrete paths. The scan is bounded; going over the budget
-fails the launch rather than silently denying less. ``**`` matches zero or more
-directories, other components use ``fnmatch``. Relative patterns are anchored at every
-workspace root (else the policy cwd), ``~/`` at home, absolute ones at their literal prefix.
-"""
+"""Expand glob deny entries (CLIENT_COMPAT.md §1.4/§1.6) into the paths they match now. Over
+the scan budget the launch fails rather than deny less. Relative patterns anchor at every
+workspace root (else the policy cwd), ``~/`` at home; ``**``: zero or more directories."""
 
 from __future__ import annotations
 

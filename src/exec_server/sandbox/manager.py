@@ -1,24 +1,22 @@
-"""Sandbox manager: select a sandbox (PROTOCOL.md §7.3) and turn a launch into a confined one.
-
-Never runs a launch unconfined unless the operator allowed it
-(``ServerConfig.allow_unsandboxed``) and the client did not ``require`` confinement.
-"""
+"""Select a sandbox (PROTOCOL.md §7.3) and confine a launch; unconfined only when the operator
+allowed it (``allow_unsandboxed``) and the client did not ``require`` confinement."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Protocol
 
 from exec_server.config import ServerConfig
 from exec_server.exceptions import ExecServerError
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.types.sandbox import SandboxContext
+from exec_server.sandbox.access import includes_platform_defaults
 from exec_server.sandbox.convert import Generation, LaunchSandboxRequest, launch_request
 from exec_server.sandbox.errors import SandboxError, SandboxLaunchError
+from exec_server.sandbox.linux.base import LinuxBackend
 from exec_server.sandbox.macos import seatbelt
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 from exec_server.sandbox.platform import PLATFORM_SANDBOX, platform_default_read_roots
@@ -30,16 +28,6 @@ logger = logging.getLogger("exec_server.sandbox")
 
 #: PROTOCOL.md §7.5.
 NETWORK_DISABLED_ENV = "CODEX_SANDBOX_NETWORK_DISABLED"
-
-
-class _Backend(Protocol):
-    name: str
-
-    def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec: ...
-
-
-class _Selector(Protocol):
-    def __call__(self, backend: str = ..., *, allow_unsandboxed: bool = ...) -> _Backend | None: ...
 
 
 def select_sandbox_type(request: LaunchSandboxRequest, platform: SandboxType) -> SandboxType:
@@ -57,11 +45,10 @@ def select_sandbox_type(request: LaunchSandboxRequest, platform: SandboxType) ->
 
 
 class SandboxManager:
-    """Selects and applies the platform sandbox for launches (``platform`` and ``selector``:
-    tests pretend to be another OS or inject fake backends)."""
+    """Selects and applies the platform sandbox (``platform``, ``selector``: for tests)."""
 
     def __init__(self, config: ServerConfig, *, platform: SandboxType = PLATFORM_SANDBOX,
-                 selector: _Selector = select_backend) -> None:
+                 selector: Callable[..., LinuxBackend | None] = select_backend) -> None:
         self._config = config
         self._platform = platform
         self._selector = selector
@@ -84,18 +71,15 @@ class SandboxManager:
         with contextlib.suppress(ExecServerError, SandboxError, ImportError, ValueError, OSError):
             self._select_backend(required=False)
 
-    async def aprepare(self, spec: LaunchSpec, sandbox: SandboxContext | None, *,
-                       enforce_managed_network: bool = False) -> LaunchSpec:
+    async def aprepare(self, spec: LaunchSpec, sandbox: SandboxContext | None) -> LaunchSpec:
         """:meth:`prepare` for coroutines: probes still to do run in a thread."""
         await self.warm()
-        return self.prepare(spec, sandbox, enforce_managed_network=enforce_managed_network)
+        return self.prepare(spec, sandbox)
 
-    def prepare(self, spec: LaunchSpec, sandbox: SandboxContext | None, *,
-                enforce_managed_network: bool = False) -> LaunchSpec:
+    def prepare(self, spec: LaunchSpec, sandbox: SandboxContext | None) -> LaunchSpec:
         """A copy of ``spec`` confined per ``process/start.sandbox``; its ``sandbox_type`` says
         what was applied. SandboxPolicyError (-32602), SandboxLaunchError (-32603)."""
-        request = launch_request(sandbox, command_cwd=spec.cwd, tmpdir=spec.env.get("TMPDIR"),
-                                 enforce_managed_network=enforce_managed_network)
+        request = launch_request(sandbox, command_cwd=spec.cwd, tmpdir=spec.env.get("TMPDIR"))
         return self.prepare_request(spec, request)
 
     def prepare_request(self, spec: LaunchSpec, request: LaunchSandboxRequest) -> LaunchSpec:
@@ -117,7 +101,7 @@ class SandboxManager:
                                 platform_defaults=platform_default_read_roots(self._platform))
         required = request.preference == "require" or request.forced_type is not None
         return self._wrap(out, plan, required=required,
-                          include_platform_defaults=request.include_platform_defaults)
+                          include_platform_defaults=includes_platform_defaults(request.fs_policy))
 
     def wrap_plan(self, spec: LaunchSpec, plan: SandboxPlan, *,
                   include_platform_defaults: bool = True) -> LaunchSpec:
@@ -146,12 +130,9 @@ class SandboxManager:
             wrapped = backend.wrap(spec, plan)
         return replace(wrapped, sandbox_type=SandboxType.LINUX_SECCOMP)
 
-    def _select_backend(self, *, required: bool) -> _Backend | None:
+    def _select_backend(self, *, required: bool) -> LinuxBackend | None:
         allow = self._config.allow_unsandboxed and not required
         return self._selector(self._config.sandbox_backend, allow_unsandboxed=allow)
-
-    async def aclose(self) -> None:
-        """Nothing to release: probes are cached per process."""
 
 
 @contextlib.contextmanager
@@ -165,8 +146,7 @@ def _as_launch_error() -> Iterator[None]:
 
 
 def _unconfined(spec: LaunchSpec, *, network_off: bool) -> LaunchSpec:
-    """A copy of ``spec`` marked unconfined, with ``CODEX_SANDBOX_NETWORK_DISABLED=1`` when
-    ``network_off`` (PROTOCOL.md §7.5)."""
+    """``spec`` marked unconfined; ``network_off``: ``CODEX_SANDBOX_NETWORK_DISABLED=1`` (§7.5)."""
     env = dict(spec.env)
     if network_off:
         env[NETWORK_DISABLED_ENV] = "1"

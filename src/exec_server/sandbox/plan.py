@@ -1,6 +1,5 @@
-"""The contract between sandbox policy and mechanism: backends and the sandboxed fs helper
-only ever see a fully resolved ``SandboxPlan`` (absolute paths); they never decide what is
-allowed."""
+"""The contract between policy and mechanism: backends and the fs helper only see a resolved
+``SandboxPlan`` (absolute paths); they never decide what is allowed."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ __all__ = ["SandboxPlan", "SandboxType"]
 
 
 class SandboxType(enum.Enum):
-    """The sandbox applied to a launch (PROTOCOL.md §6.6): ``value`` is the legacy wire
-    spelling, ``camel`` the current client's."""
+    """Sandbox applied to a launch (PROTOCOL.md §6.6): ``value`` legacy wire, ``camel`` current."""
 
     NONE = "none"
     LINUX_SECCOMP = "linux-seccomp"
@@ -38,7 +36,3 @@ class SandboxPlan:
     writable_roots: tuple[str, ...] = ()
     read_only_subpaths: tuple[str, ...] = ()
     denied_paths: tuple[str, ...] = ()
-
-    @property
-    def unrestricted(self) -> bool:
-        return self.full_read and self.full_write and self.network and not self.denied_paths

@@ -19,6 +19,4 @@ PLATFORM_SANDBOX: Final = {"darwin": SandboxType.MACOS_SEATBELT,
 
 def platform_default_read_roots(sandbox: SandboxType = PLATFORM_SANDBOX) -> tuple[str, ...]:
     """Default read roots for ``minimal`` entries (Seatbelt has its own rules, SANDBOX.md §4)."""
-    if sandbox is SandboxType.LINUX_SECCOMP:
-        return LINUX_PLATFORM_DEFAULTS
-    return ()
+    return LINUX_PLATFORM_DEFAULTS if sandbox is SandboxType.LINUX_SECCOMP else ()

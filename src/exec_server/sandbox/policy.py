@@ -1,10 +1,6 @@
-"""One internal sandbox policy model for both wire generations (pure data).
-
-Legacy ``SandboxPolicy`` objects (PROTOCOL.md §6.1, used as decoded) and the current
-client's permission entries (CLIENT_COMPAT.md §1.4) both become a :class:`FileSystemPolicy`
-and a :class:`Network`, resolved against a :class:`PolicyScope`. Only an :class:`FsProbe`
-looks at the filesystem.
-"""
+"""One sandbox policy model for both wire generations (pure data): legacy ``SandboxPolicy``
+(PROTOCOL.md §6.1) and current permission entries (CLIENT_COMPAT.md §1.4) both become a
+:class:`FileSystemPolicy` and a :class:`Network`; only an :class:`FsProbe` looks at disk."""
 
 from __future__ import annotations
 
@@ -97,11 +93,8 @@ Target = PathTarget | SpecialTarget | GlobTarget
 
 @dataclass(frozen=True, slots=True)
 class FsEntry:
-    """One policy entry. ``skip_if_missing`` is informational (CLIENT_COMPAT §1.4)."""
-
     target: Target
     access: Access
-    skip_if_missing: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,5 @@
-"""Pick the Linux sandbox backend once per process (SANDBOX.md §0, §8).
-
-``auto`` prefers a usable system ``bwrap``, else the Landlock launcher, else refuses
-unless the operator allows unsandboxed execution. Probe results are cached per process.
-"""
+"""Pick the Linux sandbox backend, probed once per process (SANDBOX.md §0, §8): ``auto``
+prefers a usable system ``bwrap``, else Landlock, else refuses unless unsandboxed is allowed."""
 
 from __future__ import annotations
 
@@ -12,12 +9,7 @@ import threading
 from exec_server.sandbox.errors import SandboxUnavailableError
 from exec_server.sandbox.linux.base import LinuxBackend
 
-__all__ = [
-    "BACKEND_NAMES", "LinuxBackend", "SandboxUnavailableError", "probe_report", "select_backend",
-]
-
-BACKEND_NAMES = ("auto", "bwrap", "landlock")
-
+__all__ = ["LinuxBackend", "SandboxUnavailableError", "probe_report", "select_backend"]
 
 #: Probe outcomes by backend name: the backend, or None and why not.
 _found: dict[str, tuple[LinuxBackend | None, str]] = {}
@@ -44,11 +36,8 @@ def _probed(name: str) -> tuple[LinuxBackend | None, str]:
 
 def select_backend(backend: str = "auto", *,
                    allow_unsandboxed: bool = False) -> LinuxBackend | None:
-    """The Linux backend to confine launches with (``auto``, ``bwrap`` or ``landlock``).
-
-    ``allow_unsandboxed``: with ``auto``, None instead of SandboxUnavailableError when
-    nothing is usable. ValueError: unknown backend name.
-    """
+    """The backend to confine launches with; ``allow_unsandboxed``: with ``auto``, None
+    instead of SandboxUnavailableError when nothing is usable."""
     if backend in ("bwrap", "landlock"):
         found, reason = _probed(backend)
     elif backend == "auto":
@@ -59,8 +48,8 @@ def select_backend(backend: str = "auto", *,
         if found is None and allow_unsandboxed:
             return None
     else:
-        raise ValueError(f"unknown sandbox backend {backend!r} (expected one of "
-                         f"{', '.join(BACKEND_NAMES)})")
+        raise ValueError(f"unknown sandbox backend {backend!r} (expected one of auto, bwrap, "
+                         "landlock)")
     if found is None:
         raise SandboxUnavailableError(f"no usable Linux sandbox ({backend}): {reason}")
     return found

@@ -57,7 +57,7 @@ class ServerServices:
         if self._warming is not None:
             self._warming.cancel()
             await asyncio.gather(self._warming, return_exceptions=True)
-        for service in (self.http, self.fs_sandbox, self.sandbox):
+        for service in (self.http, self.fs_sandbox):
             if service is None:
                 continue
             try:

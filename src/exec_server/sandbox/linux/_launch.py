@@ -1,18 +1,11 @@
-"""Landlock-backend launcher body: confine this fresh process, then exec the command.
-
-Run as ``python -I -S launcher.py FLAGS -- CMD...`` or, with the same flags, by a forked
-child of the helper zygote (``spawn_zygote_main.py``). Stdlib only, few imports:
-interpreter start-up is the cost floor. The steps are in docs/sandbox-linux.md; flags
-are those ``landlock_backend.launcher_flags`` writes. Setup failures write one JSON line
-to the status fd and exit 125; exec failures exit 127 (not found) or 126.
-
-The launcher runs unconfined until ``_confine`` returns, so it starts with an empty
-environment; the command's arrives through ``--env-fd`` (``NAME=VALUE\\0`` entries) or,
-in the zygote's child, as ``main``'s ``env``, and reaches only the final ``execve``.
-"""
+"""Landlock launcher body (``launcher.py`` or a helper zygote child): confine this process,
+then exec the command (docs/sandbox-linux.md). Stdlib only: start-up is the cost floor. It
+runs unconfined until ``_confine`` returns, so the command's env reaches only the final
+``execve``. Setup failures: a JSON line on the status fd, exit 125; exec: 127 or 126."""
 
 
 import _signal  # type: ignore[import-not-found]  # builtin; ``signal`` costs more
+import codecs
 import os
 import sys
 
@@ -62,12 +55,7 @@ _VALUES = {"--status-fd": ("status_fd", int), "--env-fd": ("env_fd", int),
 
 
 class _Setup(Exception):
-    """A setup step failed: report it and exit 125."""
-
-    def __init__(self, stage: str, message: str) -> None:
-        super().__init__(message)
-        self.stage = stage
-        self.message = message
+    """A failed setup step: ``args`` are (stage, message)."""
 
 
 def _json_str(text: str) -> str:
@@ -140,12 +128,6 @@ def _unshare(flags: int) -> None:
                 f.write(text)
 
 
-def _umount(target: str) -> None:
-    from exec_server._os.linux import c_int, call_syscall
-
-    call_syscall("umount2", os.fsencode(target), c_int(2))  # MNT_DETACH
-
-
 def _locked_flags(path: str) -> int:
     """Flags a remount must repeat or fail (EPERM); their ST_* bits equal the MS_* ones."""
     return os.statvfs(path).f_flag & (os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC)
@@ -170,20 +152,6 @@ def _placeholder_for(path: str, writable: list[str]) -> str | None:
     return missing
 
 
-def _mountinfo_path(raw: bytes) -> str:
-    """A mount point from ``/proc/self/mountinfo`` (octal escapes such as ``\\040`` undone)."""
-    out = bytearray()
-    i = 0
-    while i < len(raw):
-        if raw[i] == 0x5C and raw[i + 1:i + 4].isdigit() and i + 4 <= len(raw):
-            out.append(int(raw[i + 1:i + 4], 8) & 0xFF)
-            i += 4
-        else:
-            out.append(raw[i])
-            i += 1
-    return os.fsdecode(bytes(out))
-
-
 def _bind_read_only_tree(path: str) -> None:
     """``path`` and every mount below it read-only (``/sys/fs/cgroup``, ``binfmt_misc``...)."""
     _bind_read_only(path, path)
@@ -193,19 +161,15 @@ def _bind_read_only_tree(path: str) -> None:
     for line in mountinfo.splitlines():
         fields = line.split(b" ")
         if len(fields) > 4:
-            point = _mountinfo_path(fields[4])
+            point = os.fsdecode(codecs.escape_decode(fields[4])[0])  # undo \040 escapes
             if point.startswith(prefix):
                 _mount(None, point, None,
                        _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _locked_flags(point))
 
 
 def _read_only_tree(writable: list[str]) -> None:
-    """Every mount read-only except the writable roots, which get their own mounts back.
-
-    Landlock has no right for metadata (chmod, chown, utime, xattr); a read-only mount
-    refuses them. The roots also become mountpoints: a writable parent cannot rename a
-    workspace (and its protected ``.git``) away and plant another (EBUSY).
-    """
+    """Every mount read-only but the writable roots: Landlock has no metadata right (chmod,
+    utime, xattr). As mountpoints the roots cannot be renamed away and replaced (EBUSY)."""
     from exec_server._os.linux import mount_setattr, move_mount, open_tree
 
     roots = sorted((r for r in writable if os.path.exists(r)), key=lambda p: p.count("/"))
@@ -228,8 +192,7 @@ _DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
 
 
 def _own_pty() -> int | None:
-    """The launch's PTY (stdin) as a detached mount for ``/dev/console``, so ``ttyname``
-    finds it (as under bwrap); cloned by name from this namespace's copy of devpts."""
+    """The launch's PTY (stdin), a detached mount for ``/dev/console`` (``ttyname`` needs it)."""
     from exec_server._os.linux import open_tree
 
     try:
@@ -244,8 +207,7 @@ def _own_pty() -> int | None:
 
 
 def _private_dev() -> None:
-    """A fresh read-only ``/dev``: ``_DEV_NODES``, a private ``shm`` and PTY instance; no
-    host disk, ``kmsg``, ``/dev/shm`` or other terminal is visible."""
+    """A fresh read-only ``/dev``: ``_DEV_NODES``, private ``shm`` and PTY instance, no more."""
     from exec_server._os.linux import mount_setattr, move_mount, open_tree
 
     nodes: list[tuple[str, int]] = []
@@ -346,12 +308,8 @@ def _wait_for(pid: int) -> int:
 
 
 def _split_monitor() -> int:
-    """Fork pid 1 of the new PID namespace and stay outside as its monitor.
-
-    The monitor ends as the command did (status relayed by pid 1); it never returns.
-    Killing it kills pid 1 (PDEATHSIG), and with pid 1 the kernel kills everything left
-    in the namespace, daemons included. Pid 1 gets the relay pipe's write end.
-    """
+    """Fork pid 1 of the new PID namespace, stay outside as its monitor (never returns; ends
+    as the command did). Killing it kills pid 1 (PDEATHSIG), and so the whole namespace."""
     relay_r, relay_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
@@ -392,11 +350,8 @@ def _split_init(relay_w: int) -> None:
 
 
 def _isolate(args: _Args) -> None:
-    """Become the command's process under pid 1 of new PID + mount namespaces, when possible.
-
-    Without namespaces (unprivileged user namespaces disabled) the launch goes on with
-    Landlock and seccomp only and says so on the status pipe.
-    """
+    """Become the command's process under pid 1 of new PID + mount namespaces; without them
+    the launch goes on with Landlock and seccomp only, with a warning."""
     try:
         _unshare(_CLONE_NEWNS | _CLONE_NEWPID)
     except OSError as exc:
@@ -411,11 +366,8 @@ def _isolate(args: _Args) -> None:
 
 
 def drop_capabilities(*, now: bool = False) -> None:
-    """Root: empty the bounding, ambient and inheritable sets (SANDBOX.md §1.11).
-
-    With ``now`` the effective and permitted sets too, for a process that will not
-    ``execve`` (the helper zygote).
-    """
+    """Root: empty the bounding, ambient and inheritable sets (SANDBOX.md §1.11); ``now``:
+    effective and permitted too, for a process that will not ``execve`` (helper zygote)."""
     from exec_server._os.linux import byref, c_uint32, call_prctl, call_syscall
 
     try:
@@ -480,7 +432,7 @@ def _probe() -> int:
                 os.close(_libc.open_tree(tmp))
                 _libc.mount_setattr(tmp, read_only=True)
                 result["mount_ns"] = True
-                _umount(tmp)
+                _libc.call_syscall("umount2", os.fsencode(tmp), _libc.c_int(2))  # MNT_DETACH
             except OSError as exc:
                 result["mount_ns"] = False
                 result["mount_ns_error"] = str(exc)
@@ -506,8 +458,7 @@ def _probe() -> int:
 
 
 def _execvp(program: str, argv: list[str], env: "dict[str, str] | os._Environ[str]") -> None:
-    """``os.execvpe`` without ``os.get_exec_path``: it imports ``warnings``, which
-    restricted reads under Landlock may not let us load."""
+    """``os.execvpe`` minus ``get_exec_path``, whose ``warnings`` import Landlock may refuse."""
     if "/" in program:
         os.execve(program, argv, env)
     saved: OSError | None = None
@@ -537,21 +488,9 @@ def _read_env(fd: int) -> dict[str, str]:
     return env
 
 
-def _pdeathsig() -> None:
-    from exec_server._os.linux import call_prctl
-
-    before = os.getppid()
-    call_prctl(_PR_SET_PDEATHSIG, 9)
-    if os.getppid() != before:
-        os._exit(EXIT_SETUP)
-
-
 def main(argv: list[str], env: dict[str, str] | None = None) -> int:
-    """Confine this process and exec the command; returns only on failure (an exit code).
-
-    ``env``: the command's environment (the helper zygote's child); otherwise read from
-    ``--env-fd``, or without it the launcher's own.
-    """
+    """Confine this process and exec the command; returns an exit code only on failure.
+    ``env``: the command's (zygote child), else from ``--env-fd``, else the launcher's."""
     status_fd = -1
     try:
         args = _parse(argv)
@@ -564,7 +503,12 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
             raise _Setup("args", "no command given after --")
         if args.env_fd >= 0:
             env = _read_env(args.env_fd)
-        _pdeathsig()
+        from exec_server._os.linux import call_prctl
+
+        parent = os.getppid()
+        call_prctl(_PR_SET_PDEATHSIG, 9)
+        if os.getppid() != parent:  # the parent died before the prctl
+            os._exit(EXIT_SETUP)
         # without --command-cwd, re-resolve the inherited cwd after the mounts: the old
         # reference would still point below the read-only rebinds (SANDBOX.md §1.10)
         cwd = args.command_cwd or os.getcwd()
@@ -581,8 +525,9 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
         except OSError as exc:
             raise _Setup("chdir", f"chdir {cwd}: {exc.strerror}") from exc
     except _Setup as exc:
-        _report(status_fd, "error", exc.stage, exc.message)
-        sys.stderr.write(f"exec-server sandbox: {exc.message}\n")
+        stage, message = exc.args
+        _report(status_fd, "error", stage, message)
+        sys.stderr.write(f"exec-server sandbox: {message}\n")
         return EXIT_SETUP
     except (ValueError, IndexError) as exc:
         _report(status_fd, "error", "args", f"bad launcher arguments: {exc}")

@@ -7,6 +7,7 @@ import os
 import stat
 import threading
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
@@ -18,10 +19,8 @@ __all__ = [
     "memfd_holding",
 ]
 
-#: The environment every wrapper (bwrap, the Landlock launcher) starts with. Empty: a
-#: wrapper runs outside the sandbox, so nothing the client chose (``LD_PRELOAD``,
-#: ``PYTHON*``...) may reach its loader, libc or interpreter; the command's environment
-#: travels in an fd and applies only at the final, confined ``execve``.
+#: What a wrapper (bwrap, the launcher) starts with: it runs unconfined, so no client choice
+#: (``LD_PRELOAD``, ``PYTHON*``) may reach it; the command's env travels in an fd.
 WRAPPER_ENV: dict[str, str] = {}
 
 
@@ -32,11 +31,8 @@ class LinuxBackend(ABC):
 
     @abstractmethod
     def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
-        """The launch to spawn instead of ``spec``; starts and confines nothing itself.
-
-        The spawner closes its ``pass_fds`` after the spawn and calls its ``cleanup``
-        once the child is reaped.
-        """
+        """The launch to spawn instead; the spawner closes its ``pass_fds`` after the spawn
+        and calls its ``cleanup`` once the child is reaped."""
 
     def describe(self) -> dict[str, object]:
         """What the probe found (``exec-server run --probe``)."""
@@ -57,8 +53,7 @@ def env_entries(env: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 def memfd_holding(name: str, data: bytes) -> int:
-    """A close-on-exec memfd holding ``data`` at offset 0: unlike a pipe, any size fits
-    before a reader runs."""
+    """A close-on-exec memfd holding ``data``: unlike a pipe, any size fits before a read."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
         view = memoryview(data)
@@ -76,13 +71,10 @@ def chain_cleanup(*steps: Callable[[], None] | None) -> Callable[[], None] | Non
     real = [s for s in steps if s is not None]
     if not real:
         return None
-    done = threading.Event()
 
     def run() -> None:
-        if done.is_set():
-            return
-        done.set()
-        for step in real:
+        while real:
+            step = real.pop(0)  # before running it: at most once
             with contextlib.suppress(OSError):
                 step()
 
@@ -90,32 +82,26 @@ def chain_cleanup(*steps: Callable[[], None] | None) -> Callable[[], None] | Non
 
 
 class PlaceholderRegistry:
-    """Counts live launches per placeholder mountpoint; removes it (if still empty) after
-    the last. Binding over a missing protected path creates it on the host (SANDBOX.md §9.4).
-    """
+    """Live launches per placeholder mountpoint (binding over a missing path creates it on the
+    host, SANDBOX.md §9.4); the last one out removes it if still empty."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._live: dict[str, int] = {}
+        self._live: Counter[str] = Counter()
 
     def acquire(self, paths: Iterable[str]) -> Callable[[], None] | None:
         held = tuple(dict.fromkeys(paths))
         if not held:
             return None
         with self._lock:
-            for p in held:
-                self._live[p] = self._live.get(p, 0) + 1
+            self._live.update(held)
 
         def release() -> None:
             with self._lock:
-                gone = []
-                for p in held:
-                    n = self._live.get(p, 0) - 1
-                    if n <= 0:
-                        self._live.pop(p, None)
-                        gone.append(p)
-                    else:
-                        self._live[p] = n
+                self._live.subtract(held)
+                gone = [p for p in held if self._live[p] <= 0]
+                for p in gone:
+                    del self._live[p]
             for p in gone:
                 _remove_if_empty(p)
 
@@ -123,17 +109,12 @@ class PlaceholderRegistry:
 
 
 def _remove_if_empty(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         st = os.lstat(path)
-    except OSError:
-        return
-    try:
         if stat.S_ISDIR(st.st_mode):
             os.rmdir(path)
         elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
             os.unlink(path)
-    except OSError:
-        pass
 
 
 def finish_spec(spec: LaunchSpec, *, argv: list[str], env: dict[str, str], arg0: str | None,

@@ -1,16 +1,11 @@
-"""bubblewrap backend: plan → ``bwrap`` argv (SANDBOX.md §3.3, §3.4, §8).
-
-Upstream's filesystem arguments plus ``--cap-drop ALL`` (§3.2), a fresh ``/proc`` with
-the kernel knobs read-only, and our seccomp BPF through ``--seccomp FD``. bwrap runs
-outside the sandbox: it starts with ``WRAPPER_ENV`` and gets the command's env as
-``--setenv`` options in an ``--args`` memfd.
-"""
+"""bubblewrap backend: plan → ``bwrap`` argv (SANDBOX.md §3.2-§3.4, §8), plus a fresh
+``/proc`` with the kernel knobs read-only and our seccomp BPF. bwrap starts with
+``WRAPPER_ENV``; the command's env travels as ``--setenv`` options in an ``--args`` memfd."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.errors import SandboxUnavailableError
@@ -27,17 +22,7 @@ from exec_server.sandbox.linux.knobs import first_missing_component, is_inside, 
 from exec_server.sandbox.plan import SandboxPlan
 from exec_server.sandbox.policy import depth
 
-__all__ = ["BwrapBackend", "BwrapInfo", "build_args"]
-
-
-@dataclass(frozen=True, slots=True)
-class BwrapInfo:
-
-    path: str
-    proc: bool = True
-    argv0: bool = False
-    version: str = ""
-
+__all__ = ["BwrapBackend", "build_args"]
 
 #: bwrap refuses more arguments than this (its cmdline and ``--args`` together).
 _MAX_ARGS = 9000
@@ -48,12 +33,8 @@ _OWN_ARGS_ALLOWANCE = 1000
 def build_args(plan: SandboxPlan, cwd: str, *, proc: bool = True,
                seccomp_fd: int | None = None,
                new_session: bool = True) -> tuple[list[str], list[str]]:
-    """bwrap options for ``plan``, and the placeholder mountpoints bwrap will create on the
-    host for missing protected paths (remove them after the run).
-
-    ``new_session=False`` (PTY launches) keeps the PTY as controlling terminal; the only
-    TIOCSTI target is then its own PTY, whose input no one outside reads back.
-    """
+    """bwrap options, and the placeholders it will create on the host (remove after the run).
+    ``new_session=False`` (PTY): the only TIOCSTI target is the launch's own PTY."""
     args = ["--new-session", "--die-with-parent"] if new_session else ["--die-with-parent"]
     placeholders: list[str] = []
     if plan.full_write:
@@ -112,22 +93,25 @@ class BwrapBackend(LinuxBackend):
 
     name = "bwrap"
 
-    def __init__(self, info: BwrapInfo, *, fallback: LinuxBackend | None = None) -> None:
-        self.info = info
+    def __init__(self, path: str, *, proc: bool, argv0: bool, version: str,
+                 fallback: LinuxBackend | None) -> None:
+        self.path = path
+        self.proc = proc
+        self.argv0 = argv0
+        self.version = version
         self._fallback = fallback
         self._placeholders = PlaceholderRegistry()
 
     def describe(self) -> dict[str, object]:
-        return {"name": self.name, "path": self.info.path, "proc": self.info.proc,
-                "version": self.info.version}
+        return {"name": self.name, "path": self.path, "proc": self.proc, "version": self.version}
 
     def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
-        if not plan.full_write and any(is_inside(self.info.path, w) for w in plan.writable_roots):
+        if not plan.full_write and any(is_inside(self.path, w) for w in plan.writable_roots):
             # a bwrap the sandboxed command could replace is no boundary (SANDBOX.md §9.17)
             if self._fallback is not None:
                 return self._fallback.wrap(spec, plan)
             raise SandboxUnavailableError(
-                f"bwrap at {self.info.path} lies inside a writable root; refusing to use it")
+                f"bwrap at {self.path} lies inside a writable root; refusing to use it")
         env = dict(spec.env)  # the policy layer already added what it adds (§7.5)
         entries = env_entries(env)
         if 3 * len(entries) + len(spec.argv) > _MAX_ARGS - _OWN_ARGS_ALLOWANCE:
@@ -139,11 +123,9 @@ class BwrapBackend(LinuxBackend):
         fd = memfd_holding("exec-server-seccomp", seccomp.build_filter(mode))
         fds = [fd]
         try:
-            args, placeholders = build_args(plan, spec.cwd, proc=self.info.proc, seccomp_fd=fd,
+            args, placeholders = build_args(plan, spec.cwd, proc=self.proc, seccomp_fd=fd,
                                             new_session=not spec.tty)
             if env_args:
-                # The command's env reaches bwrap only as --setenv options read from an
-                # fd (not its cmdline), applied after its loader and libc started clean.
                 fds.append(memfd_holding("exec-server-env", env_args))
                 args += ["--args", str(fds[-1])]
         except BaseException:
@@ -155,12 +137,12 @@ class BwrapBackend(LinuxBackend):
             # bwrap reports exec failures as exit 1; let a shell give the usual 126/127
             command = ["/bin/sh", "-c", 'exec "$0" "$@"', *command]
         if spec.arg0 is not None and spec.arg0 != command[0]:
-            if self.info.argv0:
+            if self.argv0:
                 args += ["--argv0", spec.arg0]
             elif os.path.exists("/bin/bash"):
                 command = ["/bin/bash", "--norc", "--noprofile", "-c", 'exec -a "$0" "$@"',
                            spec.arg0, *command]
-        argv = [self.info.path, *args, "--", *command]
+        argv = [self.path, *args, "--", *command]
         release = self._placeholders.acquire(placeholders)
         return finish_spec(spec, argv=argv, env=dict(WRAPPER_ENV), arg0=None,
                            pass_fds=tuple(fds), cleanup=release)

@@ -1,10 +1,6 @@
-"""Global kernel knobs a sandboxed command must never write, whatever its plan.
-
-``/proc/sys``, ``/proc/sysrq-trigger`` and the other trees Docker keeps read-only change
-the host. Their check is the file mode against the global root uid, not a capability:
-(mapped) root with every capability dropped still writes them, so each backend mounts
-them read-only. Stdlib only: the Landlock launcher imports it (and its path helpers).
-"""
+"""Global kernel knobs (``/proc/sys`` & co., read-only under Docker too) a sandboxed command
+must never write: their check is the file mode against the global root uid, so (mapped)
+root without capabilities still writes them. Stdlib only: the launcher imports it."""
 
 import os
 
@@ -43,11 +39,8 @@ def placeholder_for(path: str, writable_roots: "list[str] | tuple[str, ...]") ->
 
 def read_only_knobs(*, full_write: bool, writable_roots: "list[str] | tuple[str, ...]",
                     fresh_proc: bool = False) -> "list[str]":
-    """Existing paths to bind read-only over themselves, shallowest first.
-
-    A knob under a writable root is protected whole, a writable root inside a knob itself;
-    ``fresh_proc``: every ``/proc`` knob (a new ``/proc`` is writable whatever the plan).
-    """
+    """Existing paths to bind read-only, shallowest first: a knob under a writable root whole,
+    a writable root inside a knob itself; ``fresh_proc``: every ``/proc`` knob too."""
     roots = ["/"] if full_write else list(writable_roots)
     found: list[str] = []
     for knob in KERNEL_KNOBS:

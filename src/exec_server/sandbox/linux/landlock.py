@@ -1,9 +1,6 @@
-"""Landlock rulesets from a ``SandboxPlan`` (SANDBOX.md §1), stdlib only.
-
-Landlock is per thread (§9.1): restrict only a fresh single-threaded child, never the
-server. Best effort per ABI (§1.4). Landlock cannot subtract (§1.7): read-only subpaths
-and denied paths inside granted roots need a mount namespace on top.
-"""
+"""Landlock rulesets from a ``SandboxPlan`` (SANDBOX.md §1), stdlib only, best effort per ABI.
+Per thread (§9.1): restrict only a fresh single-threaded child. It cannot subtract (§1.7):
+carve-outs inside granted roots need the mount namespace on top."""
 
 
 import os
@@ -61,9 +58,7 @@ def fs_mask(abi: int) -> int:
     return 0 if abi <= 0 else _FS_MASKS.get(abi, 0xFFFF)
 
 
-#: device nodes everyday tools need (SANDBOX.md §1.9); granted when writes are confined.
-#: In a launch they are the launcher's private ``/dev`` (its own ``shm`` tmpfs and devpts
-#: instance), unless namespaces were unavailable.
+#: device nodes everyday tools need (SANDBOX.md §1.9; a launch's are its private ``/dev``).
 _DEVICE_RULES: tuple[tuple[str, int], ...] = (
     ("/dev/null", READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV),
     ("/dev/zero", READ_FILE | WRITE_FILE | TRUNCATE),
@@ -83,8 +78,6 @@ class LandlockError(OSError):
 
 class LandlockStatus:
     """What ``restrict_self`` enforced (``abi`` 0: unavailable; ``skipped``: missing paths)."""
-
-    __slots__ = ("abi", "fs", "net", "scopes", "skipped")
 
     def __init__(self, abi: int, fs: bool = False, net: bool = False, scopes: int = 0,
                  skipped: tuple[str, ...] = ()) -> None:
@@ -112,9 +105,6 @@ def abi_version() -> int:
         return 0
 
 
-# The syscalls, also used by the helper zygote's per-request ruleset (fs/helper/confine.py).
-
-
 class _RulesetAttr(Structure):
     _fields_ = [("handled_access_fs", c_uint64),
                 ("handled_access_net", c_uint64),
@@ -127,8 +117,7 @@ class _PathBeneathAttr(Structure):
 
 
 def create_ruleset(handled_fs: int, handled_net: int = 0, scoped: int = 0) -> int:
-    """A ruleset fd the caller must close. Older kernels accept the full-size attr as long
-    as the fields they do not know are zero."""
+    """A ruleset fd to close; old kernels accept the full attr if unknown fields are zero."""
     attr = _RulesetAttr(handled_fs, handled_net, scoped)
     return call_syscall("landlock_create_ruleset", byref(attr), c_size_t(sizeof(attr)),
                         c_uint32(0))
@@ -179,12 +168,8 @@ def _rules_for(plan: "SandboxPlan") -> list[tuple[str, int]]:
 
 def restrict_self(plan: "SandboxPlan", *, required: bool = True,
                   abi: int | None = None) -> LandlockStatus:
-    """Confine the calling (single-threaded) process per ``plan``, best effort per ABI.
-
-    TCP bind/connect are handled with no rules when the network is off (ABI >= 4); signal
-    scoping, and abstract-unix scoping with the network off, on ABI >= 6. ``required``:
-    raise LandlockError instead of returning an unenforced status. ``abi``: tests.
-    """
+    """Confine this single-threaded process per ``plan``; network off: TCP (ABI >= 4) and
+    abstract unix sockets (ABI >= 6) denied. ``required``: LandlockError, not a no-op."""
     if abi is None:
         abi = abi_version()
     abi = min(abi, _KNOWN_ABI)

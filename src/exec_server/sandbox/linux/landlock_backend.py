@@ -36,28 +36,22 @@ def launcher_flags(plan: SandboxPlan, command: list[str], *, cwd: str | None,
                    env_fd: int | None = None) -> list[str]:
     """``_launch.main``'s arguments: the launcher script's and a helper zygote launch's."""
     argv: list[str] = []
-    if env_fd is not None:
-        argv += ["--env-fd", str(env_fd)]
-    if status_fd is not None:
-        argv += ["--status-fd", str(status_fd)]
-    if plan.full_read:
-        argv.append("--full-read")
-    else:
-        for r in plan.readable_roots:
-            argv += ["--read", r]
-    if plan.full_write:
-        argv.append("--full-write")
-    else:
-        for flag, paths in (("--write", plan.writable_roots), ("--ro", plan.read_only_subpaths),
-                            ("--deny", plan.denied_paths)):
-            for p in paths:
-                argv += [flag, p]
-    if plan.network:
-        argv.append("--network")
-    if cwd:
-        argv += ["--command-cwd", cwd]
-    if arg0 is not None:
-        argv += ["--arg0", arg0]
+    for flag, value in (("--env-fd", env_fd), ("--status-fd", status_fd),
+                        ("--command-cwd", cwd or None), ("--arg0", arg0)):
+        if value is not None:
+            argv += [flag, str(value)]
+    reads = () if plan.full_read else plan.readable_roots
+    writes = () if plan.full_write else plan.writable_roots
+    carved = () if plan.full_write else plan.read_only_subpaths
+    denied = () if plan.full_write else plan.denied_paths
+    for flag, paths in (("--read", reads), ("--write", writes), ("--ro", carved),
+                        ("--deny", denied)):
+        for p in paths:
+            argv += [flag, p]
+    for flag, on in (("--full-read", plan.full_read), ("--full-write", plan.full_write),
+                     ("--network", plan.network)):
+        if on:
+            argv.append(flag)
     return [*argv, "--", *command]
 
 
@@ -73,22 +67,17 @@ def _status_reader(fd: int) -> Callable[[], None]:
                 report = json.loads(line)
             except ValueError:
                 continue
-            if "error" in report:
-                logger.warning("sandbox launcher failed at %s: %s", report.get("stage"),
-                               report["error"])
-            elif "warning" in report:
-                logger.warning("sandbox degraded at %s: %s", report.get("stage"),
-                               report["warning"])
+            for kind, what in (("error", "launcher failed"), ("warning", "degraded")):
+                if kind in report:
+                    logger.warning("sandbox %s at %s: %s", what, report.get("stage"), report[kind])
+                    break
 
     return read
 
 
 class LandlockBackend(LinuxBackend):
-    """Landlock + mount-namespace rebinds + capability drop + seccomp, in a launcher.
-
-    Wrapped launches also carry a ``ZygoteLaunch`` for the helper zygote
-    (``fs/helper/client.py``): same confinement, no interpreter start-up per launch.
-    """
+    """Landlock + mount namespace + capability drop + seccomp, in a launcher; launches also
+    carry a ``ZygoteLaunch`` (same confinement without an interpreter start-up)."""
 
     name = "landlock"
 
@@ -105,18 +94,14 @@ class LandlockBackend(LinuxBackend):
     def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
         arg0 = spec.arg0 if spec.arg0 is not None and spec.arg0 != spec.argv[0] else None
         env = dict(spec.env)  # the policy layer already added what it adds (§7.5)
-        # The launcher runs unconfined until it has confined itself: it starts with
-        # WRAPPER_ENV, and the command's env reaches only its final execve.
         env_fd = memfd_holding("exec-server-env", b"".join(
             name + b"=" + value + b"\0" for name, value in env_entries(env)))
         r, w = os.pipe()
         argv = [self.python, "-I", "-S", LAUNCHER_PATH,
                 *launcher_flags(plan, list(spec.argv), cwd=spec.cwd, arg0=arg0, status_fd=w,
                                 env_fd=env_fd)]
-        placeholders: list[str | None] = []
-        if self.mount_ns and not plan.full_write:
-            placeholders = [placeholder_for(p, plan.writable_roots)
-                            for p in plan.read_only_subpaths]
+        carved = plan.read_only_subpaths if self.mount_ns and not plan.full_write else ()
+        placeholders = (placeholder_for(p, plan.writable_roots) for p in carved)
         release = self._placeholders.acquire(p for p in placeholders if p is not None)
         # the write end is closed by the spawner after the spawn (pass_fds contract)
         wrapped = finish_spec(spec, argv=argv, env=dict(WRAPPER_ENV), arg0=None,

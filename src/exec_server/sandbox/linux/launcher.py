@@ -1,8 +1,5 @@
-"""Entry script of the Landlock launcher (``python -I -S launcher.py FLAGS -- CMD...``).
-
-Tiny because a script is compiled on every run (the body, ``_launch.py``, comes from the
-bytecode cache); bare package modules skip the package ``__init__``s (SANDBOX.md §3.6).
-"""
+"""Landlock launcher entry (``python -I -S launcher.py FLAGS -- CMD...``): tiny, as a script is
+compiled every run; bare package modules skip the package ``__init__``s (SANDBOX.md §3.6)."""
 
 import os
 import sys

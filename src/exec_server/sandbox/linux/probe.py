@@ -1,7 +1,4 @@
-"""Start-up probes: what this machine lets a sandbox do (SANDBOX.md §8 "Probes").
-
-Every probe runs in a child process: the server never unshares, restricts or filters.
-"""
+"""Start-up probes (SANDBOX.md §8), each in a child: the server never unshares or filters."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ import sys
 
 from exec_server.sandbox.linux import seccomp
 from exec_server.sandbox.linux.base import LinuxBackend
-from exec_server.sandbox.linux.bwrap import BwrapBackend, BwrapInfo
+from exec_server.sandbox.linux.bwrap import BwrapBackend
 from exec_server.sandbox.linux.knobs import read_only_knobs
 from exec_server.sandbox.linux.landlock_backend import LAUNCHER_PATH, LandlockBackend
 
@@ -23,9 +20,6 @@ _TIMEOUT = 10.0
 _USERNS_ERRORS = ("loopback: Failed RTM_NEWADDR", "loopback: Failed RTM_NEWLINK",
                   "setting up uid map: Permission denied",
                   "No permissions to create a new namespace")
-
-#: A backend, or None and why not.
-Probed = tuple[LinuxBackend | None, str]
 
 
 def _run(argv: list[str]) -> tuple[int, bytes, bytes]:
@@ -38,7 +32,7 @@ def _run(argv: list[str]) -> tuple[int, bytes, bytes]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def probe_landlock() -> Probed:
+def probe_landlock() -> tuple[LinuxBackend | None, str]:
     """The Landlock backend if ``launcher.py --probe`` finds Landlock and seccomp usable."""
     if not seccomp.supported():
         return None, f"no seccomp filter for architecture {os.uname().machine}"
@@ -71,11 +65,9 @@ def _run_bwrap(path: str, args: list[str]) -> tuple[int, str]:
     return rc, (out + err).decode("utf-8", "replace")
 
 
-def probe_bwrap(fallback: LinuxBackend | None) -> Probed:
-    """The bwrap backend if ``bwrap`` can create our namespaces (with or without /proc).
-
-    ``fallback`` serves launches whose writable roots hold the bwrap binary.
-    """
+def probe_bwrap(fallback: LinuxBackend | None) -> tuple[LinuxBackend | None, str]:
+    """The bwrap backend if it can create our namespaces; ``fallback`` serves launches whose
+    writable roots hold the bwrap binary."""
     bwrap = _find_bwrap()
     if bwrap is None:
         return None, "bwrap not found on PATH"
@@ -101,5 +93,6 @@ def probe_bwrap(fallback: LinuxBackend | None) -> Probed:
             return None, f"{bwrap} lacks {needed}"
     rc, out = _run_bwrap(bwrap, ["--version"])
     version = out.split()[-1] if rc == 0 and out.strip() else ""
-    info = BwrapInfo(path=bwrap, proc=proc_ok, argv0="--argv0" in help_text, version=version)
-    return BwrapBackend(info, fallback=fallback), ""
+    backend = BwrapBackend(bwrap, proc=proc_ok, argv0="--argv0" in help_text, version=version,
+                           fallback=fallback)
+    return backend, ""

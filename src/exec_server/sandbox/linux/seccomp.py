@@ -1,8 +1,5 @@
-"""Hand-built seccomp BPF network filter (SANDBOX.md §2.3), stdlib only.
-
-The Landlock launcher installs it on itself before ``execve``; bwrap gets the same bytes
-through ``--seccomp FD``. Install only in a single-threaded child, never in the server.
-"""
+"""Hand-built seccomp BPF network filter (SANDBOX.md §2.3), stdlib only: the launcher installs
+it before ``execve``, bwrap gets the bytes via ``--seccomp FD``; never in the server."""
 
 import sys
 
@@ -61,8 +58,7 @@ _ARCH = {
         271, 425, 426, 427, 29), strict=True))),
 }
 
-#: denied outright when the network is restricted (upstream Restricted mode): all but
-#: socket/socketpair (checked by domain) and ioctl (checked by command).
+#: denied outright when restricted: all but socket/socketpair (by domain) and ioctl (by command).
 _DENY_RESTRICTED = _SYSCALLS[2:-1]
 #: io_uring can create sockets without socket(): deny it in every mode.
 _DENY_VSOCK = ("io_uring_setup", "io_uring_enter", "io_uring_register")
@@ -146,11 +142,8 @@ class _SockFprog(Structure):
 
 
 def install_network_filter(mode: str = MODE_RESTRICTED) -> None:
-    """Block network access for this (single-threaded) process and its descendants.
-
-    TCP/UDP/raw/netlink sockets and io_uring are refused with EPERM; AF_UNIX keeps working.
-    SeccompError: unsupported architecture or the kernel refused the filter.
-    """
+    """Install ``build_filter(mode)`` on this single-threaded process and its descendants
+    (restricted: EPERM for io_uring and every socket but AF_UNIX); SeccompError if refused."""
     program = build_filter(mode)
     buf = (c_char * len(program)).from_buffer_copy(program)
     fprog = _SockFprog(len(program) // 8, addressof(buf))

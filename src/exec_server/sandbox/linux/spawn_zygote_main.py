@@ -1,12 +1,7 @@
-"""Landlock launches in the helper zygote: the ``S`` requests of ``fs/helper/main.py``.
-
-The zygote preloads the launcher body (``_launch``) once; each forked child runs
-``_launch.main`` with the launcher script's flags, saving an interpreter start-up.
-Request after ``S``: id, tty, stdin (``!QBB``) + JSON ``{"args", "env"}``, with fds
-``[stdin,] stdout, stderr, status`` (pipes) or ``slave, status`` (PTY). The zygote
-reports ``P`` only once the child leads its process group or session, so a ``killpg``
-from the server can never miss it.
-"""
+"""Landlock launches in the helper zygote (``S`` requests): a forked child runs
+``_launch.main``, saving an interpreter start-up. Request: ``!QBB`` (id, tty, stdin) + JSON
+``{"args", "env"}``; fds ``[stdin,] stdout, stderr, status`` or ``slave, status`` (PTY).
+``P`` is reported only once the child leads its group or session: a ``killpg`` cannot miss it."""
 
 import contextlib
 import json
@@ -52,13 +47,10 @@ def warm_up() -> None:
     import resource  # noqa: F401
     import termios  # noqa: F401
 
-    for mode in (seccomp.MODE_RESTRICTED, seccomp.MODE_VSOCK):
-        seccomp.build_filter(mode)
     landlock.abi_version()
     knobs.read_only_knobs(full_write=False, writable_roots=())  # imported by root launches
-    _launch._parse(["--status-fd", "3", "--write", "/x", "--ro", "/x/.git", "--network",
-                    "--command-cwd", "/", "--", "true"])
     _launch._json_str("warm \"up\"\n")
+    prefault()
 
 
 def prefault() -> None:
@@ -74,8 +66,7 @@ def prefault() -> None:
 
 
 def serve(raw: bytes, fds: list[int], handoff: socket.socket) -> int:
-    """Become the launch (own group/session, stdio, launcher body); returns only the exit
-    code of a launch that failed before its exec."""
+    """Become the launch; returns only the exit code of one failing before its exec."""
     code = _launch.EXIT_SETUP
     try:
         _req_id, tty, stdin = REQUEST_HEADER.unpack_from(raw, 1)

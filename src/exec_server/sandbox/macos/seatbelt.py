@@ -1,10 +1,6 @@
-"""macOS Seatbelt: a :class:`SandboxPlan` → profile text + ``sandbox-exec`` argv.
-
-Layout of SANDBOX.md §4 (upstream ``seatbelt.rs``). Paths travel as canonicalised
-``-D<KEY>=<value>`` parameters (Seatbelt matches real paths), never in the profile text,
-except the per-root regex guards that keep ``.git`` & co. read-only even before they
-exist. Pure text generation: runs anywhere; only executing it needs macOS.
-"""
+"""macOS Seatbelt: a :class:`SandboxPlan` → profile text + ``sandbox-exec`` argv (SANDBOX.md
+§4). Paths travel as canonical ``-D<KEY>=<value>`` parameters, never in the text, except the
+regex guards keeping ``.git`` & co. read-only before they exist. Pure text: runs anywhere."""
 
 from __future__ import annotations
 
@@ -209,7 +205,7 @@ def regex_escape(text: str) -> str:
 
 
 def _regex_literal(pattern: str) -> str:
-    # ``#"..."`` is a raw regex literal: backslashes stay single; only a quote needs escaping.
+    # ``#"..."``: a raw regex literal, only a quote needs escaping
     return '#"' + pattern.replace('"', '\\"') + '"'
 
 
@@ -226,12 +222,12 @@ def _subpaths(prefix: str, paths: Sequence[str]) -> tuple[list[tuple[str, str]],
     return params, [f'(subpath (param "{key}"))' for key, _ in params]
 
 
-def _access_block(action: str, components: Sequence[str]) -> str:
-    return f"(allow {action}\n" + " ".join(components) + "\n)"
+def _block(head: str, components: Sequence[str]) -> str:
+    return f"({head}\n" + " ".join(components) + "\n)"
 
 
-def _root_component(key: str, excluded: Sequence[str],
-                    guards: Sequence[str]) -> tuple[str, list[tuple[str, str]]]:
+def _root_component(key: str, root: str,
+                    excluded: Sequence[str]) -> tuple[str, list[tuple[str, str]]]:
     params: list[tuple[str, str]] = []
     parts = [f'(require-all (subpath (param "{key}"))']
     for j, path in enumerate(excluded):
@@ -240,23 +236,17 @@ def _root_component(key: str, excluded: Sequence[str],
         # literal closes the gap of creating the protected directory itself
         parts.append(f'(require-not (literal (param "{ekey}")))')
         parts.append(f'(require-not (subpath (param "{ekey}")))')
-    parts.extend(guards)
-    return " ".join(parts) + " )", params
-
-
-def _guards(root: str) -> list[str]:
     base = "" if root == "/" else regex_escape(root)
-    return [
-        f"(require-not (regex {_regex_literal('^' + base + '/' + regex_escape(name) + '(/.*)?$')}))"
-        for name in PROTECTED_NAMES
-    ]
+    for name in PROTECTED_NAMES:
+        guard = _regex_literal("^" + base + "/" + regex_escape(name) + "(/.*)?$")
+        parts.append(f"(require-not (regex {guard}))")
+    return " ".join(parts) + " )", params
 
 
 def build(plan: SandboxPlan, *, include_platform_defaults: bool = False,
           realpath: Callable[[str], str] = os.path.realpath,
           user_cache_dir: str | None = None) -> SeatbeltCommand:
-    """Profile and parameters for ``plan``; ``include_platform_defaults`` adds the
-    platform-default read rules when reads are restricted."""
+    """Profile and parameters for ``plan`` (platform-default reads on request when restricted)."""
     def canonical(paths: Sequence[str]) -> list[str]:
         return list(dict.fromkeys(map(realpath, paths)))
 
@@ -272,7 +262,7 @@ def build(plan: SandboxPlan, *, include_platform_defaults: bool = False,
         read_params, components = _subpaths("READABLE_ROOT", readable)
         read_section = "; allow read-only file operations\n"
         if components:
-            read_section += _access_block("file-read*", components)
+            read_section += _block("allow file-read*", components)
 
     write_params: list[tuple[str, str]] = []
     if plan.full_write:
@@ -283,16 +273,16 @@ def build(plan: SandboxPlan, *, include_platform_defaults: bool = False,
             key = f"WRITABLE_ROOT_{i}"
             write_params.append((key, root))
             excluded = [p for p in read_only if p != root and is_within(p, root)]
-            component, extra = _root_component(key, excluded, _guards(root))
+            component, extra = _root_component(key, root, excluded)
             write_params.extend(extra)
             components.append(component)
-        write_section = _access_block("file-write*", components)
+        write_section = _block("allow file-write*", components)
     else:
         write_section = ""
 
     # denials carved out of readable/writable areas (later rules override earlier ones)
     deny_params, components = _subpaths("DENIED_PATH", denied)
-    deny_section = "(deny file-read* file-write*\n" + " ".join(components) + "\n)" if denied else ""
+    deny_section = _block("deny file-read* file-write*", components) if denied else ""
 
     network_section = NETWORK_POLICY if plan.network else ""
     defaults_section = (
