@@ -140,28 +140,50 @@ def _pipe_preexec() -> Callable[[], None] | None:
     return None
 
 
-def _pty_setup() -> None:
-    """In the forked child after setsid(): die with the server, take the controlling tty."""
+def _pty_setup(subreaper: bool) -> None:
+    """In the forked child after setsid(): die with the server, take the controlling tty;
+    unsandboxed, also adopt orphaned descendants so a double fork stays in its tree."""
     _reset_signals()
     set_parent_death_signal(int(signal.SIGKILL))
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-
-def _unsandboxed_pty_setup() -> None:
-    """Also adopt orphaned descendants, so a double fork stays in its tree (``tree``)."""
-    _pty_setup()
-    with contextlib.suppress(OSError):
-        set_child_subreaper()
+    if subreaper:
+        with contextlib.suppress(OSError):
+            set_child_subreaper()
 
 
 @contextlib.contextmanager
-def _stdio(spec: LaunchSpec) -> Iterator[tuple[Stdio, list[int]]]:
-    """The child's (stdin or None for /dev/null, stdout, stderr) and our ends (outputs
-    first, stdin last). The child's ends close on leaving; ours too on an error."""
+def _stdio(spec: LaunchSpec) -> Iterator[tuple[Stdio, Outputs, int | None]]:
+    """The child's (stdin or None for /dev/null, stdout, stderr), our non-blocking output
+    ends and stdin end. The child's ends close on leaving; ours too on an error."""
     ours: list[int] = []
     theirs: list[int] = []
     try:
-        yield _open_stdio(spec, ours, theirs), ours
+        if spec.tty:
+            master, slave = os.openpty()
+            ours.append(master)
+            theirs.append(slave)
+            set_window_size(slave, spec.rows, spec.columns)
+            ours.append(os.dup(master))  # stdin, so the reader may close the master alone
+            stdio: Stdio = (slave, slave, slave)
+            streams = [ProcessStream.PTY]
+        else:
+            for _ in range(2):
+                read_end, write_end = os.pipe2(os.O_CLOEXEC)
+                ours.append(read_end)
+                theirs.append(write_end)
+                with contextlib.suppress(OSError):  # pipe-max-size below ours: keep the default
+                    fcntl.fcntl(write_end, _F_SETPIPE_SZ, PIPE_SIZE)
+            stdin_end = None
+            if spec.pipe_stdin:
+                stdin_end, write_end = os.pipe2(os.O_CLOEXEC)
+                ours.append(write_end)
+                theirs.append(stdin_end)
+            stdio = (stdin_end, theirs[0], theirs[1])
+            streams = [ProcessStream.STDOUT, ProcessStream.STDERR]
+        for fd in ours:
+            os.set_blocking(fd, False)
+        stdin = ours[len(streams)] if len(ours) > len(streams) else None
+        yield stdio, list(zip(streams, ours, strict=False)), stdin
     except BaseException:
         for fd in ours:
             close_quietly(fd)
@@ -169,41 +191,6 @@ def _stdio(spec: LaunchSpec) -> Iterator[tuple[Stdio, list[int]]]:
     finally:
         for fd in theirs:
             close_quietly(fd)
-
-
-def _open_stdio(spec: LaunchSpec, ours: list[int], theirs: list[int]) -> Stdio:
-    if spec.tty:
-        master, slave = os.openpty()
-        ours.append(master)
-        theirs.append(slave)
-        set_window_size(slave, spec.rows, spec.columns)
-        ours.append(os.dup(master))  # stdin, so the reader may close the master alone
-        return slave, slave, slave
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
-    ours.append(out_r)
-    theirs.append(out_w)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    ours.append(err_r)
-    theirs.append(err_w)
-    in_r: int | None = None
-    if spec.pipe_stdin:
-        in_r, in_w = os.pipe2(os.O_CLOEXEC)
-        ours.append(in_w)
-        theirs.append(in_r)
-    for fd in (out_w, err_w):
-        with contextlib.suppress(OSError):  # pipe-max-size below ours: keep the default
-            fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_SIZE)
-    return in_r, out_w, err_w
-
-
-def _our_ends(spec: LaunchSpec, ours: list[int]) -> tuple[Outputs, int | None]:
-    """Our ends made non-blocking, as ``SpawnedChild`` takes them: outputs, stdin."""
-    for fd in ours:
-        os.set_blocking(fd, False)
-    if spec.tty:
-        return [(ProcessStream.PTY, ours[0])], ours[1]
-    outputs = [(ProcessStream.STDOUT, ours[0]), (ProcessStream.STDERR, ours[1])]
-    return outputs, ours[2] if spec.pipe_stdin else None
 
 
 def spawn(spec: LaunchSpec) -> SpawnedChild:
@@ -217,11 +204,10 @@ def spawn(spec: LaunchSpec) -> SpawnedChild:
         argv[0] = spec.arg0
     preexec: Callable[[], None] | None
     if spec.tty:
-        sandboxed = spec.sandbox_type is not SandboxType.NONE
-        preexec = _pty_setup if sandboxed else _unsandboxed_pty_setup
+        preexec = functools.partial(_pty_setup, spec.sandbox_type is SandboxType.NONE)
     else:
         preexec = _pipe_preexec()
-    with _stdio(spec) as ((stdin, stdout, stderr), ours):
+    with _stdio(spec) as ((stdin, stdout, stderr), outputs, stdin_fd):
         popen = subprocess.Popen(
             argv,
             executable=spec.argv[0],
@@ -237,7 +223,7 @@ def spawn(spec: LaunchSpec) -> SpawnedChild:
             restore_signals=True,
             preexec_fn=preexec,
         )
-    return SpawnedChild(popen.pid, *_our_ends(spec, ours), popen=popen)
+    return SpawnedChild(popen.pid, outputs, stdin_fd, popen=popen)
 
 
 async def spawn_via_service(spec: LaunchSpec, owner: object) -> SpawnedChild | None:
@@ -249,10 +235,10 @@ async def spawn_via_service(spec: LaunchSpec, owner: object) -> SpawnedChild | N
     """
     assert spec.zygote is not None
     try:
-        with _stdio(spec) as (stdio, ours):
+        with _stdio(spec) as (stdio, outputs, stdin_fd):
             serviced = await spec.zygote.service.spawn(
                 spec.zygote.request, stdio, tty=spec.tty, owner=owner
             )
     except LaunchServiceUnavailable:
         return None
-    return SpawnedChild(serviced.pid, *_our_ends(spec, ours), exit_status=serviced.wait)
+    return SpawnedChild(serviced.pid, outputs, stdin_fd, exit_status=serviced.wait)
