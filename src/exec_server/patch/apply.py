@@ -54,11 +54,6 @@ def resolve_path(cwd: Path, path: str) -> Path:
     return Path(normalize_lexical(path if path.startswith("/") else f"{cwd}/{path}"))
 
 
-def _is_not_found(exc: BaseException) -> bool:
-    enoent = isinstance(exc, OSError) and exc.errno == errno.ENOENT
-    return enoent or isinstance(exc, NotFoundError)
-
-
 async def read_text(fs: PatchFileSystem[SandboxT], path: Path, sandbox: SandboxT | None) -> str:
     """Read a regular file as strict UTF-8; ``ValueError`` carries the cause as upstream
     prints it (``<strerror> (os error N)``, ``path `…` is not a file``, a ``Utf8Error``)."""
@@ -93,7 +88,9 @@ async def _write(
         await fs.write_file(path, data, sandbox=sandbox)
         return
     except _FS_ERRORS as exc:
-        if not (create_parents and _is_not_found(exc)):
+        enoent = isinstance(exc, OSError) and exc.errno == errno.ENOENT
+        not_found = enoent or isinstance(exc, NotFoundError)
+        if not (create_parents and not_found):
             raise ApplyError(f"Failed to write file {path}") from exc
     try:
         await fs.create_directory(path.parent, recursive=True, sandbox=sandbox)
@@ -121,11 +118,8 @@ async def updated_contents(
     chunks: Sequence[UpdateChunk],
     sandbox: SandboxT | None,
 ) -> tuple[str, str]:
-    """Read ``path`` and apply ``chunks`` in memory: ``(original, new)`` text.
-
-    Raises:
-        ApplyError: the read failed (§7.4) or a chunk did not match (§8.6).
-    """
+    """``(original, new)`` text of ``path``; ApplyError when the read failed (§7.4) or a
+    chunk did not match (§8.6)."""
     try:
         original = await read_text(fs, path, sandbox)
     except ValueError as exc:
@@ -136,11 +130,8 @@ async def updated_contents(
 async def apply_hunks(
     hunks: Sequence[Hunk], cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> AffectedPaths:
-    """Apply hunks in order, stopping at the first failure (no rollback).
-
-    Raises:
-        ApplyError: the message to print; hunks before the failing one stay applied.
-    """
+    """Apply hunks in order; ApplyError (the message to print) stops the run, and hunks
+    before the failing one stay applied (no rollback)."""
     if not hunks:
         raise ApplyError("No files were modified.")
     affected = AffectedPaths()
@@ -168,9 +159,5 @@ async def apply_patch(
     patch: str, cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> AffectedPaths:
     """Parse and apply patch text against ``cwd``; the result's ``.summary()`` is for stdout.
-
-    Raises:
-        ParseError: nothing was touched.
-        ApplyError: earlier hunks stay applied.
-    """
+    ParseError: nothing was touched; ApplyError: earlier hunks stay applied."""
     return await apply_hunks(parse_patch(patch).hunks, cwd, fs, sandbox)

@@ -62,11 +62,9 @@ def seek_sequence(
     end_of_file: bool,
     cache: dict[int, list[str]],
 ) -> int | None:
-    """Return the first index >= ``start`` where ``pattern`` matches ``lines``, or None.
-
-    With ``end_of_file`` the only candidate is the last ``len(pattern)`` lines (§9.3);
-    unlike §9.3's wording, the 0.163.0 binary also fails when it lies before ``start``.
-    ``cache`` (one per file) keeps each pass's normalised lines across chunks.
+    """The first index >= ``start`` where ``pattern`` matches ``lines``. With ``end_of_file``
+    only the last ``len(pattern)`` lines (§9.3), failing, like 0.163.0 unlike §9.3, when
+    they lie before ``start``. ``cache`` (one per file) keeps normalised lines across chunks.
     """
     if not pattern:
         return start
@@ -121,11 +119,8 @@ def _runs(
 
 
 def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_path: str) -> str:
-    """The text of ``original`` after ``chunks``; ``display_path`` names it in errors.
-
-    Raises:
-        ApplyError: an anchor or a chunk's old lines cannot be found (§8.6).
-    """
+    """The text of ``original`` after ``chunks``; ApplyError, naming ``display_path``, when
+    an anchor or a chunk's old lines cannot be found (§8.6)."""
     lines = split_file_lines(original)
     texts = [line.text for line in lines]
     preferred = next((line.ending for line in lines if line.ending), "\n")

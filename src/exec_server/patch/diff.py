@@ -70,10 +70,7 @@ async def unified_diff_from_chunks(
     fs: PatchFileSystem[SandboxT],
     sandbox: SandboxT | None = None,
 ) -> FileUpdate:
-    """Read ``path`` through ``fs``, apply ``chunks`` in memory, and diff the result.
-
-    Raises:
-        ApplyError: the same messages as applying the hunk (§7.4, §8.6).
-    """
+    """Read ``path`` through ``fs``, apply ``chunks`` in memory, and diff the result; raises
+    ApplyError with the same messages as applying the hunk (§7.4, §8.6)."""
     original, content = await updated_contents(fs, path, chunks, sandbox)
     return FileUpdate(unified_diff(original, content), original, content)

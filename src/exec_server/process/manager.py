@@ -33,7 +33,6 @@ from exec_server.process.spawn import (
     SpawnedChild,
     close_quietly,
     exit_status_from_wait,
-    reap,
     set_if_pending,
     set_window_size,
     spawn,
@@ -202,12 +201,10 @@ class ProcessManager:
         return rec
 
     def set_sink(self, sink: EventSink | None) -> None:
-        """Attach (or with ``None`` detach) the event receiver; without one, reads
-        still see the events."""
+        """Without a sink, reads still see the events."""
         self._sink = sink
 
     def _emit(self, rec: _Record, event: ProcessEvent) -> None:
-        """Queue ``event`` (already recorded) for the sink."""
         wake_all(rec.waiters)
         if self._sink is None:
             return
@@ -245,13 +242,8 @@ class ProcessManager:
     async def start(
         self, process_id: str, spec: LaunchSpec, *, report_denial: bool = False
     ) -> None:
-        """Launch ``spec`` as ``process_id``; ``report_denial``: its exit event and reads
-        carry a sandbox-denial verdict. Always consumes ``spec.pass_fds`` and ``cleanup``.
-
-        Raises:
-            InvalidRequestError: ``process <id> already exists``.
-            InternalError: spawn failure with the OS text.
-        """
+        """``report_denial``: exit event and reads carry a sandbox-denial verdict. Always
+        consumes ``spec.pass_fds`` and ``cleanup``; a failed spawn is an InternalError."""
         if process_id in self._records:
             _discard_launch(spec)
             raise InvalidRequestError(f"process {process_id} already exists")
@@ -310,7 +302,6 @@ class ProcessManager:
         rec.watcher = asyncio.get_running_loop().create_task(self._watch_exit(rec, child))
 
     def _to_exited(self, rec: _Record, code: int) -> None:
-        """RUNNING → EXITED; closed at once if no output stream is open."""
         self._advance(rec, State.EXITED)
         seq = rec.buffer.record_exit(code)
         denied = rec.sandbox_denied if rec.report_denial else None
@@ -348,7 +339,7 @@ class ProcessManager:
         return rec.unsent < UNSENT_LIMIT and not rec.buffer.full
 
     def _resume(self, rec: _Record) -> None:
-        """Read every open output fd again, if backpressure allows."""
+        """Read every open output fd again if backpressure allows."""
         if not self._may_read(rec):
             return
         loop = asyncio.get_running_loop()
@@ -399,11 +390,7 @@ class ProcessManager:
             self._end_stream(rec, cap)
 
     async def _watch_exit(self, rec: _Record, child: SpawnedChild) -> None:
-        if child.exit_status is not None:  # reaped by its real parent (a launch service)
-            status = await child.exit_status()
-        else:
-            status = await reap(child.pid)
-        code = exit_status_from_wait(status).code
+        code = exit_status_from_wait(await child.exit_status()).code
         if child.popen is not None:
             child.popen.returncode = code
         _cleanup(rec.spec)
@@ -423,11 +410,7 @@ class ProcessManager:
     async def read(
         self, process_id: str, *, after_seq: int = 0, max_bytes: int | None = None, wait_ms: int = 0
     ) -> Snapshot:
-        """``process/read`` (§8.4): a snapshot now, or when something new arrives by ``wait_ms``.
-
-        Raises:
-            InvalidRequestError: unknown or still-starting process.
-        """
+        """``process/read`` (§8.4): a snapshot now, or when something new arrives by ``wait_ms``."""
         rec = self._known(process_id)
         if rec.state is State.STARTING:
             raise InvalidRequestError(f"process id {process_id} is starting")
@@ -448,10 +431,8 @@ class ProcessManager:
         return Snapshot(taken, next_seq, buffer.exit_code, buffer.closed, denied)
 
     async def write(self, process_id: str, data: bytes, write_id: str | None = None) -> WriteStatus:
-        """``process/write`` (§8.5): queue ``data`` for stdin, waiting while the queue is full.
-
-        Once stdin closed (exit, shutdown) the data is accepted and dropped, as upstream.
-        """
+        """``process/write`` (§8.5): queue for stdin, waiting while the queue is full; once
+        stdin closed (exit, shutdown) the data is accepted and dropped, as upstream."""
         rec = self._records.get(process_id)
         if rec is None:
             return WriteStatus.UNKNOWN_PROCESS
@@ -468,24 +449,14 @@ class ProcessManager:
         return WriteStatus.ACCEPTED
 
     def close_stdin(self, process_id: str) -> None:
-        """``process/closeStdin`` (extension): end of input once queued writes are written;
-        no-op on a PTY (its end of input is the EOF character) or without a stdin pipe.
-
-        Raises:
-            InvalidRequestError: no such process.
-        """
+        """``process/closeStdin`` (extension): no-op on a PTY (its end of input is the EOF
+        character) or without a stdin pipe."""
         rec = self._known(process_id)
         if not rec.spec.tty:
             rec.stdin.close_when_flushed()
 
     def resize(self, process_id: str, rows: int, columns: int) -> None:
-        """``process/resizePty`` (extension): set a PTY's window size (the kernel sends
-        SIGWINCH); no-op once the process closed.
-
-        Raises:
-            InvalidRequestError: no such process.
-            InvalidParamsError: it is not on a PTY.
-        """
+        """``process/resizePty`` (extension): the kernel sends SIGWINCH; no-op once closed."""
         rec = self._known(process_id)
         if not rec.spec.tty:
             raise InvalidParamsError(f"process {process_id} has no PTY")
@@ -494,12 +465,9 @@ class ProcessManager:
                 set_window_size(rec.stdin.fd, rows, columns)
 
     def terminate(self, process_id: str) -> bool:
-        """``process/terminate`` (issue 2 overrides §8.6): SIGTERM to the group and to an
-        unsandboxed child's descendants outside it, SIGKILL after ``terminate_grace``.
-
-        True when a running process was asked to stop; an exited one's group members
-        still holding its output are ended too (False).
-        """
+        """``process/terminate`` (issue 2 overrides §8.6): SIGTERM to the group and an
+        unsandboxed child's descendants outside it, SIGKILL after ``terminate_grace``. True
+        when a running process was asked to stop (an exited one's group is ended too)."""
         rec = self._records.get(process_id)
         if rec is None or rec.state not in (State.RUNNING, State.EXITED):
             return False

@@ -47,15 +47,15 @@ Outputs = list[tuple[ProcessStream, int]]
 
 @dataclass(slots=True)
 class SpawnedChild:
-    """A freshly spawned child (``pid`` is also its group id) and our non-blocking ends
-    of its stdio. ``popen`` is kept so ``subprocess`` does not warn (the manager reaps
-    it); a launch service's child has ``exit_status`` instead: the raw wait status."""
+    """A freshly spawned child (``pid`` is also its group id), our non-blocking ends of its
+    stdio and how to await its raw wait status. ``popen`` (None for a launch service's
+    child) is kept so ``subprocess`` does not warn."""
 
     pid: int
     outputs: Outputs
     stdin_fd: int | None
+    exit_status: Callable[[], Awaitable[int]]
     popen: subprocess.Popen[bytes] | None = None
-    exit_status: Callable[[], Awaitable[int]] | None = None
 
 
 def close_quietly(fd: int | None) -> None:
@@ -194,11 +194,7 @@ def _stdio(spec: LaunchSpec) -> Iterator[tuple[Stdio, Outputs, int | None]]:
 
 
 def spawn(spec: LaunchSpec) -> SpawnedChild:
-    """Spawn ``spec`` on pipes or a PTY; the caller owns the returned fds.
-
-    Raises:
-        OSError: exec or cwd failure (``errno`` set, e.g. ENOENT).
-    """
+    """The caller owns the returned fds; OSError on an exec or cwd failure."""
     argv = list(spec.argv)
     if spec.arg0 is not None:
         argv[0] = spec.arg0
@@ -223,16 +219,12 @@ def spawn(spec: LaunchSpec) -> SpawnedChild:
             restore_signals=True,
             preexec_fn=preexec,
         )
-    return SpawnedChild(popen.pid, outputs, stdin_fd, popen=popen)
+    return SpawnedChild(popen.pid, outputs, stdin_fd, functools.partial(reap, popen.pid), popen)
 
 
 async def spawn_via_service(spec: LaunchSpec, owner: object) -> SpawnedChild | None:
-    """Start ``spec`` through ``spec.zygote``'s launch service, with the stdio of
-    :func:`spawn`; None when the service cannot take it now. ``owner`` must release it.
-
-    Raises:
-        OSError: the launch itself failed (e.g. its cwd is missing).
-    """
+    """Start ``spec`` through ``spec.zygote``'s launch service (``owner`` must release it);
+    None when it cannot take it now, OSError when the launch failed (e.g. no cwd)."""
     assert spec.zygote is not None
     try:
         with _stdio(spec) as (stdio, outputs, stdin_fd):
@@ -241,4 +233,4 @@ async def spawn_via_service(spec: LaunchSpec, owner: object) -> SpawnedChild | N
             )
     except LaunchServiceUnavailable:
         return None
-    return SpawnedChild(serviced.pid, outputs, stdin_fd, exit_status=serviced.wait)
+    return SpawnedChild(serviced.pid, outputs, stdin_fd, serviced.wait)

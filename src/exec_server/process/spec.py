@@ -39,13 +39,9 @@ class LaunchService(Protocol):
     async def spawn(
         self, request: object, stdio: tuple[int | None, int, int], *, tty: bool, owner: object
     ) -> ServicedChild:
-        """Start ``request`` with ``stdio`` (stdin None = ``/dev/null``); the caller
-        keeps its fds. ``owner`` must later ``release`` the service.
-
-        Raises:
-            LaunchServiceUnavailable: nothing was started; use the fallback.
-            OSError: the launch itself failed (e.g. its cwd is missing).
-        """
+        """Start ``request`` with ``stdio`` (stdin None = ``/dev/null``; the caller keeps its
+        fds); ``owner`` must later ``release`` the service. LaunchServiceUnavailable: nothing
+        was started, use the fallback; OSError: the launch failed (e.g. its cwd is missing)."""
 
     async def release(self, owner: object) -> None:
         """``owner`` (e.g. a process manager shutting down) no longer needs the service."""
@@ -61,14 +57,10 @@ class ZygoteLaunch:
 
 @dataclass(slots=True)
 class LaunchSpec:
-    """One process launch.
-
-    ``argv[0]`` is what gets executed, ``arg0`` what the child sees if different;
-    ``cwd`` is absolute and ``env`` complete. ``pipe_stdin`` keeps a writable stdin
-    pipe without a PTY. ``pass_fds`` (e.g. a seccomp program for bwrap) are closed
-    in the parent after the spawn; ``cleanup`` runs once the child is reaped.
-    ``zygote``: a launch service can start it too (``argv`` stays the fallback).
-    """
+    """One process launch: ``argv[0]`` is executed, ``arg0`` what the child sees if
+    different; ``cwd`` absolute, ``env`` complete; ``pass_fds`` (e.g. bwrap's seccomp
+    program) close in the parent after the spawn, ``cleanup`` runs once the child is
+    reaped; ``zygote``: a launch service can start it too (``argv`` stays the fallback)."""
 
     argv: list[str]
     cwd: str
