@@ -1,9 +1,7 @@
-"""Applying parsed hunks through a `PatchFileSystem` (APPLY_PATCH.md §6, §7, §10).
-
-Hunks run in patch order with no rollback: the first failure stops the run and
-earlier hunks stay applied (§7.1). An Update hunk's chunks are all resolved before
-anything is written, so a failing chunk leaves that file untouched.
-"""
+"""Applying parsed hunks through a `PatchFileSystem` (APPLY_PATCH.md §6, §7, §10), in patch
+order with no rollback: the first failure stops the run, earlier hunks stay applied (§7.1).
+An Update hunk's chunks are all resolved before anything is written, so a failing chunk
+leaves that file untouched."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Computing an updated file from its text and a hunk's chunks (pure; APPLY_PATCH.md §8, §9).
-
-Context lines are kept verbatim from the file, inserted lines take the file's first
-line ending, and the result always ends with a line break.
-"""
+"""Computing an updated file from its text and a hunk's chunks (pure; APPLY_PATCH.md §8, §9):
+context lines are kept verbatim from the file, inserted lines take the file's first line
+ending, and the result always ends with a line break."""
 
 from __future__ import annotations
 

@@ -1,16 +1,14 @@
-"""Recognising an apply_patch call inside a command's argv (APPLY_PATCH.md §12).
-
-Where upstream parses shell scripts with tree-sitter-bash and a strict query, a small
-scanner accepts exactly its two whole-script shapes: ``apply_patch <<DELIM`` … ``DELIM``
-and ``cd DIR && apply_patch <<DELIM`` … ``DELIM`` (DIR a bare word, ``"…"`` or ``'…'``).
-"""
+"""Recognising an apply_patch call inside a command's argv (APPLY_PATCH.md §12). Where
+upstream parses shell scripts with tree-sitter-bash, a small scanner accepts exactly its
+two whole-script shapes: ``apply_patch <<DELIM`` … ``DELIM`` and ``cd DIR && apply_patch
+<<DELIM`` … ``DELIM`` (DIR a bare word, ``"…"`` or ``'…'``)."""
 
 from __future__ import annotations
 
 import contextlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from exec_server.patch.apply import read_text, resolve_path
@@ -90,14 +88,12 @@ FileChange = AddChange | DeleteChange | UpdateChange
 
 @dataclass(frozen=True)
 class ApplyPatchAction:
-    """A verified plan: changes keyed by absolute path, canonical patch text, effective cwd.
+    """A verified plan (changes keyed by absolute path): the host applies ``patch`` with
+    ``cwd`` (`exec_server.patch.apply.apply_patch`)."""
 
-    The host applies ``patch`` with ``cwd`` (`exec_server.patch.apply.apply_patch`).
-    """
-
-    changes: dict[Path, FileChange] = field(default_factory=dict)
-    patch: str = ""
-    cwd: Path = Path("/")
+    changes: dict[Path, FileChange]
+    patch: str
+    cwd: Path
 
 
 @dataclass(frozen=True)
@@ -172,12 +168,9 @@ def maybe_parse_apply_patch(argv: Sequence[str]) -> MaybeApplyPatch:
 async def maybe_parse_apply_patch_verified(
     argv: Sequence[str], cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> Verified:
-    """Turn an apply_patch call into a verified plan, reading files through ``fs`` (§12.2).
-
-    Reads the disk as it is before the patch; later hunks on the same path replace
-    earlier entries. Returns `CorrectnessError` (not raised) for an implicit
-    invocation, a patch that does not parse, or a file that cannot be read/updated.
-    """
+    """Turn an apply_patch call into a verified plan from the files before the patch, read
+    through ``fs`` (§12.2); a later hunk on a path replaces an earlier one. Returns (not
+    raises) `CorrectnessError` for an implicit invocation, a parse or a read/update error."""
     bare = argv[0] if len(argv) == 1 else _shell_script(argv)
     if bare is not None:
         with contextlib.suppress(ParseError):

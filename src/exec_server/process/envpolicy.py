@@ -1,9 +1,7 @@
-"""Child environment from the current client's ``envPolicy`` (CLIENT_COMPAT.md §4.1).
-
-Order: inherit → default excludes unless ignored → ``exclude`` → ``set`` → ``includeOnly``
-→ the request ``env``, unfiltered. Patterns match whole names case-insensitively with
-``*`` and ``?`` as the only wildcards.
-"""
+"""Child environment from the current client's ``envPolicy`` (CLIENT_COMPAT.md §4.1):
+inherit → default excludes unless ignored → ``exclude`` → ``set`` → ``includeOnly`` → the
+request ``env``, unfiltered. Patterns match whole names case-insensitively, with ``*`` and
+``?`` the only wildcards."""
 
 from __future__ import annotations
 

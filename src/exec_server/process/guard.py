@@ -50,10 +50,6 @@ class ProcessGuard:
         self._timer: asyncio.TimerHandle | None = None
         self._reapers: set[asyncio.Task[None]] = set()
 
-    @property
-    def pid(self) -> int | None:
-        return self._popen.pid if self._popen is not None else None
-
     def _start(self) -> bool:
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         memfd = -1

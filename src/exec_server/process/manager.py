@@ -1,8 +1,7 @@
 """Per-session process table (PROTOCOL.md §8); each process is a state machine
 STARTING → RUNNING → EXITED (its group may still hold the output open) → CLOSED, one
 ``_to_*`` method per transition. Events take the next seq of the process's buffer and
-go, in that order, to one sender task; a slow receiver stops the reads (backpressure).
-"""
+go, in that order, to one sender task; a slow receiver stops the reads (backpressure)."""
 
 from __future__ import annotations
 
@@ -183,14 +182,7 @@ class ProcessManager:
         self._closed = False
         self._guard = ProcessGuard()
 
-    def __contains__(self, process_id: object) -> bool:
-        return process_id in self._records
-
-    def __len__(self) -> int:
-        return len(self._records)
-
     def pid_of(self, process_id: str) -> int | None:
-        """OS pid of a launched process (tests and diagnostics)."""
         rec = self._records.get(process_id)
         return rec.child.pid if rec is not None and rec.child is not None else None
 
@@ -372,7 +364,7 @@ class ProcessManager:
                 return  # drained for now (saves the EAGAIN read); stay armed
 
     def _end_stream(self, rec: _Record, cap: _Capture) -> None:
-        """One output fd is at EOF or given up on: the process closes after the last."""
+        """At EOF or given up on: the process closes after its last output fd."""
         if cap.reading:
             asyncio.get_running_loop().remove_reader(cap.fd)
         rec.captures.remove(cap)
@@ -535,7 +527,7 @@ class ProcessManager:
             logger.debug("killpg(%d) not permitted", rec.child.pid)
 
     async def shutdown(self) -> None:
-        """Kill every process group, reap every child, close every fd; clear the table (§8.11)."""
+        """Kill every process group, reap every child, close every fd (§8.11)."""
         self._closed = True
         self._sink = None
         self._outbox.clear()

@@ -1,8 +1,6 @@
-"""Start a child on pipes or a PTY (PROTOCOL.md §8.3, §8.8), and reap it.
-
-A pipe child leads its own process group, a PTY child its own session with the PTY as
-controlling terminal; both inherit only stdio plus ``LaunchSpec.pass_fds``.
-"""
+"""Start a child on pipes or a PTY (PROTOCOL.md §8.3, §8.8), and reap it. A pipe child
+leads its own process group, a PTY child its own session with the PTY as controlling
+terminal; both inherit only stdio plus ``LaunchSpec.pass_fds``."""
 
 from __future__ import annotations
 
