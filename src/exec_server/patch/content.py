@@ -14,7 +14,7 @@ from exec_server.patch.parse import UpdateChunk, trim, trim_end
 
 __all__ = ["Line", "derive_new_contents", "seek_sequence", "split_file_lines"]
 
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_LINE_BREAK = re.compile(r"(\r\n|\r|\n)")
 _ODD_SPACES = "\u00a0\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
 _PUNCTUATION = str.maketrans({
     **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"),
@@ -42,13 +42,10 @@ class Line(NamedTuple):
 def split_file_lines(content: str) -> list[Line]:
     """Split at ``\\n``, ``\\r\\n`` and, as the 0.163.0 binary does (§8.1 names only the
     first two), a lone ``\\r``; nothing else (``str.splitlines()`` would)."""
-    lines: list[Line] = []
-    start = 0
-    for match in _LINE_BREAK.finditer(content):
-        lines.append(Line(content[start : match.start()], match.group()))
-        start = match.end()
-    if start < len(content):
-        lines.append(Line(content[start:], ""))
+    parts = _LINE_BREAK.split(content)  # text, break, text, break, ..., text
+    lines = [Line(*pair) for pair in zip(parts[::2], parts[1::2], strict=False)]
+    if parts[-1]:
+        lines.append(Line(parts[-1], ""))
     return lines
 
 

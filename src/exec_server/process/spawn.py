@@ -160,7 +160,7 @@ def _stdio(spec: LaunchSpec) -> Iterator[tuple[Stdio, Outputs, int | None]]:
             master, slave = os.openpty()
             ours.append(master)
             theirs.append(slave)
-            set_window_size(slave, spec.rows, spec.columns)
+            set_window_size(slave, 24, 80)  # upstream's; process/resizePty changes it
             ours.append(os.dup(master))  # stdin, so the reader may close the master alone
             stdio: Stdio = (slave, slave, slave)
             streams = [ProcessStream.PTY]

@@ -71,8 +71,6 @@ class LaunchSpec:
     pass_fds: tuple[int, ...] = ()
     cleanup: Callable[[], None] | None = None
     sandbox_type: SandboxType = SandboxType.NONE
-    rows: int = 24
-    columns: int = 80
     zygote: ZygoteLaunch | None = None
 
 

@@ -63,7 +63,6 @@ def open_pidfds(pids: list[int]) -> list[int]:
 
 
 def signal_pidfds(fds: list[int], sig: int) -> None:
-    """Send ``sig`` through each pidfd; processes already gone are skipped."""
     for fd in fds:
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(fd, sig)
