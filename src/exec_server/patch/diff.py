@@ -1,7 +1,6 @@
 """Unified diff of an Update hunk for previews (APPLY_PATCH.md §13): hunks only, lines
 keep their own terminators. Upstream uses Myers (Rust ``similar``); ``difflib``
-without autojunk gives the same hunks for ordinary edits.
-"""
+without autojunk gives the same hunks for ordinary edits."""
 
 from __future__ import annotations
 

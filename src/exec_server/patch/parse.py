@@ -1,6 +1,5 @@
 """Patch text -> typed hunks (pure; APPLY_PATCH.md §2-§5), with codex-cli 0.163.0's
-lenient rules and exact error messages (agents read them).
-"""
+lenient rules and exact error messages (agents read them)."""
 
 from __future__ import annotations
 
@@ -100,24 +99,17 @@ class ParsedPatch:
     environment_id: str | None = None
 
 
-def _check_envelope(lines: list[str]) -> None:
-    if lines and trim(lines[0]) != BEGIN_PATCH:
-        raise InvalidPatchError("The first line of the patch must be '*** Begin Patch'")
-    if not lines or trim(lines[-1]) != END_PATCH:
-        raise InvalidPatchError("The last line of the patch must be '*** End Patch'")
-
-
 def _envelope(lines: list[str]) -> list[str]:
-    """Return the envelope lines (Begin..End), unwrapping a literal heredoc once (§3.2)."""
-    try:
-        _check_envelope(lines)
-        return lines
-    except InvalidPatchError:
-        if len(lines) >= 4 and lines[0] in _HEREDOC_OPENERS and lines[-1].endswith("EOF"):
-            inner = lines[1:-1]
-            _check_envelope(inner)
-            return inner
-        raise
+    """The envelope lines (Begin..End), unwrapping a literal heredoc once (§3.2)."""
+    heredoc = len(lines) >= 4 and lines[0] in _HEREDOC_OPENERS and lines[-1].endswith("EOF")
+    for candidate in (lines, lines[1:-1]) if heredoc else (lines,):
+        if candidate and trim(candidate[0]) != BEGIN_PATCH:
+            error = "The first line of the patch must be '*** Begin Patch'"
+        elif not candidate or trim(candidate[-1]) != END_PATCH:
+            error = "The last line of the patch must be '*** End Patch'"
+        else:
+            return candidate
+    raise InvalidPatchError(error)
 
 
 _VALID_HEADERS = (

@@ -1,7 +1,6 @@
 """Kill the server's process groups however the server dies: a tiny helper holds a pipe
 from us and a memfd of live group ids (``pwrite``: no wake-up per spawn) and at EOF
-SIGKILLs every listed group (PDEATHSIG needs a ``fork`` per child, kills only leaders).
-"""
+SIGKILLs every listed group (PDEATHSIG needs a ``fork`` per child, kills only leaders)."""
 
 from __future__ import annotations
 

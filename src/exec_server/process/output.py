@@ -1,7 +1,6 @@
 """Sequence-numbered, bounded output buffer of one process (pure; PROTOCOL.md §8.2, §8.4):
 one counter numbers chunks, exit and close from 1; past the cap the oldest chunks go.
-Lossless mode (our extension) drops only *delivered* chunks, else reports :attr:`full`.
-"""
+Lossless mode (our extension) drops only *delivered* chunks, else reports :attr:`full`."""
 
 from __future__ import annotations
 

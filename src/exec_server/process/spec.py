@@ -1,6 +1,5 @@
 """What the process layer is asked to run (pure data): a launch the server's handler
-built and the sandbox manager may have rewritten, and the launch-service interface.
-"""
+built and the sandbox manager may have rewritten, and the launch-service interface."""
 
 from __future__ import annotations
 

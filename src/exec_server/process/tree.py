@@ -1,7 +1,6 @@
 """An unsandboxed launch's process tree, which ``setsid`` takes out of its group: found
 through parent links in ``/proc`` while the launched process lives (a PTY launch is a
-subreaper, so double forks stay in it). A sandboxed one's PID namespace ends with it.
-"""
+subreaper, so double forks stay in it). A sandboxed one's PID namespace ends with it."""
 
 from __future__ import annotations
 
