@@ -40,11 +40,9 @@ class AffectedPaths:
 
     def summary(self) -> str:
         """The success text printed to stdout, every line ending in ``\\n``."""
-        lines = ["Success. Updated the following files:"]
-        lines += [f"A {p}" for p in self.added]
-        lines += [f"M {p}" for p in self.modified]
-        lines += [f"D {p}" for p in self.deleted]
-        return "\n".join(lines) + "\n"
+        kinds = (("A", self.added), ("M", self.modified), ("D", self.deleted))
+        lines = [f"{kind} {path}" for kind, paths in kinds for path in paths]
+        return "\n".join(["Success. Updated the following files:", *lines]) + "\n"
 
 
 def resolve_path(cwd: Path, path: str) -> Path:

@@ -57,10 +57,9 @@ def seek_sequence(
     end_of_file: bool,
     cache: dict[int, list[str]],
 ) -> int | None:
-    """The first index >= ``start`` where ``pattern`` matches ``lines``. With ``end_of_file``
-    only the last ``len(pattern)`` lines (§9.3), failing, like 0.163.0 unlike §9.3, when
-    they lie before ``start``. ``cache`` (one per file) keeps normalised lines across chunks.
-    """
+    """The first index >= ``start`` where ``pattern`` matches; with ``end_of_file`` only the
+    last lines (§9.3), failing, like 0.163.0 unlike §9.3, when they lie before ``start``.
+    ``cache`` (one per file) keeps normalised lines across chunks."""
     if not pattern:
         return start
     k = len(pattern)

@@ -28,7 +28,6 @@ def _compile(pattern: str) -> re.Pattern[str]:
 
 
 def matches_any(name: str, patterns: Iterable[str]) -> bool:
-    """Case-insensitive whole-name wildcard match against any pattern."""
     lowered = name.lower()
     return any(_compile(p).match(lowered) is not None for p in patterns)
 

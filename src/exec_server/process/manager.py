@@ -331,7 +331,6 @@ class ProcessManager:
         return rec.unsent < UNSENT_LIMIT and not rec.buffer.full
 
     def _resume(self, rec: _Record) -> None:
-        """Read every open output fd again if backpressure allows."""
         if not self._may_read(rec):
             return
         loop = asyncio.get_running_loop()

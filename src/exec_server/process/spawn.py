@@ -45,9 +45,8 @@ Outputs = list[tuple[ProcessStream, int]]
 
 @dataclass(slots=True)
 class SpawnedChild:
-    """A freshly spawned child (``pid`` is also its group id), our non-blocking ends of its
-    stdio and how to await its raw wait status. ``popen`` (None for a launch service's
-    child) is kept so ``subprocess`` does not warn."""
+    """A spawned child (``pid`` is also its group id), our ends of its stdio, its raw wait
+    status to await; ``popen`` (None from a launch service) keeps ``subprocess`` quiet."""
 
     pid: int
     outputs: Outputs
@@ -193,9 +192,7 @@ def _stdio(spec: LaunchSpec) -> Iterator[tuple[Stdio, Outputs, int | None]]:
 
 def spawn(spec: LaunchSpec) -> SpawnedChild:
     """The caller owns the returned fds; OSError on an exec or cwd failure."""
-    argv = list(spec.argv)
-    if spec.arg0 is not None:
-        argv[0] = spec.arg0
+    argv = spec.argv if spec.arg0 is None else [spec.arg0, *spec.argv[1:]]
     preexec: Callable[[], None] | None
     if spec.tty:
         preexec = functools.partial(_pty_setup, spec.sandbox_type is SandboxType.NONE)

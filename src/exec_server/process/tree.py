@@ -30,16 +30,14 @@ def descendants(root: int) -> list[int]:
     (but descending through) members of ``root``'s group: a ``killpg`` reaches them."""
     children: dict[int, list[tuple[int, int, bool]]] = {}
     try:
-        entries = list(os.scandir("/proc"))
+        names = os.listdir("/proc")
     except OSError:  # no procfs (not Linux): only the group is reachable
         return []
-    for entry in entries:
-        if not entry.name.isdigit():
-            continue
-        info = _stat(entry.name)
+    for name in names:
+        info = _stat(name) if name.isdigit() else None
         if info is not None:
             ppid, pgid, alive = info
-            children.setdefault(ppid, []).append((int(entry.name), pgid, alive))
+            children.setdefault(ppid, []).append((int(name), pgid, alive))
     found: list[int] = []
     queue = [root]
     while queue:
