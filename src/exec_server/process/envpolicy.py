@@ -43,14 +43,9 @@ def build_child_env(
     server_env: Mapping[str, str],
 ) -> dict[str, str]:
     """Apply the policy to ``server_env`` (the exec-server's own environment)."""
-    if inherit == "all":
-        result = dict(server_env)
-    elif inherit == "core":
-        result = {k: server_env[k] for k in CORE_VARIABLES if k in server_env}
-    else:
-        result = {}
+    names = server_env if inherit == "all" else CORE_VARIABLES if inherit == "core" else ()
     excludes = (*exclude, *(() if ignore_default_excludes else DEFAULT_EXCLUDES))
-    result = {k: v for k, v in result.items() if not matches_any(k, excludes)}
+    result = {k: server_env[k] for k in names if k in server_env and not matches_any(k, excludes)}
     result.update(set_vars)
     include_only = tuple(include_only)
     if include_only:

@@ -256,9 +256,8 @@ class ProcessManager:
         self._to_running(rec, child)
 
     async def _launch(self, spec: LaunchSpec) -> SpawnedChild:
-        """Through the launch service when there is one, else in a worker thread: the
-        spawning thread waits until the child has changed to its cwd and exec'd its
-        program (``vfork``), and either may be on a hung network or FUSE mount."""
+        """Through the launch service if any, else in a worker thread: the spawning thread
+        waits for the child's chdir and exec (``vfork``), which a hung mount may block."""
         if spec.zygote is not None and self._config.launch_zygote:
             self._services[id(spec.zygote.service)] = spec.zygote.service
             child = await spawn_via_service(spec, self)
@@ -477,9 +476,7 @@ class ProcessManager:
         return running
 
     def _escalate(self, rec: _Record) -> None:
-        rec.terminate_timer = None
-        if rec.state is State.CLOSED:
-            return
+        rec.terminate_timer = None  # cancelled on close: the process is RUNNING or EXITED
         self._kill_tree(rec)
         if rec.state is State.EXITED:
             asyncio.get_running_loop().call_later(self._grace, self._force_eof, rec)
@@ -515,15 +512,10 @@ class ProcessManager:
 
     @staticmethod
     def _kill_group(rec: _Record, sig: _signal.Signals) -> None:
-        if rec.child is None:
-            return
-        # A reaped leader's group id stays reserved while members live (no reuse).
-        try:
-            os.killpg(rec.child.pid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            logger.debug("killpg(%d) not permitted", rec.child.pid)
+        if rec.child is not None:
+            # A reaped leader's group id stays reserved while members live (no reuse).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(rec.child.pid, sig)
 
     async def shutdown(self) -> None:
         """Kill every process group, reap every child, close every fd (§8.11)."""

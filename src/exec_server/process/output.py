@@ -60,9 +60,8 @@ class OutputBuffer:
                 self._trim()
 
     def mark_notified(self, seq: int) -> None:
-        """A notification carried chunk ``seq``: that acknowledges the chunks before it
-        only if each reached the client too (after a resume, chunks never sent stay
-        until a read's ``afterSeq`` covers them)."""
+        """A notification carried chunk ``seq``: that acknowledges earlier chunks only if each
+        reached the client too (after a resume, unsent ones wait for a read's ``afterSeq``)."""
         if seq <= self.delivered_seq:
             return
         chunks = self._chunks

@@ -66,9 +66,8 @@ def signal_pidfds(fds: list[int], sig: int) -> None:
 
 
 def kill_tree(root: int) -> None:
-    """SIGKILL every descendant of ``root`` (still alive), walking again until none is
-    found: a killed middle process's children move to the subreaper ``root``, and a
-    process may fork between walk and kill."""
+    """SIGKILL every live descendant of ``root``, walking again until none is found: a killed
+    middle process's children move to the subreaper ``root``; a process may fork meanwhile."""
     for _ in range(_KILL_PASSES):
         found = descendants(root)
         if not found:
