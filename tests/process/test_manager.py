@@ -81,7 +81,7 @@ async def test_spawn_failures_report_os_error(no_leaks: None, manager: ProcessMa
         await manager.start("m", LaunchSpec(argv=["/no/such/program"], cwd="/", env={}))
     with pytest.raises(InternalError, match=r"No such file or directory \(os error 2\)"):
         await manager.start("m", LaunchSpec(argv=["true"], cwd="/no/such/dir", env={}))
-    assert "m" not in manager  # placeholder removed; the id is free again
+    assert "m" not in manager._records  # placeholder removed; the id is free again
     with pytest.raises(InternalError, match=r"No such file or directory \(os error 2\)"):
         await manager.start("m", LaunchSpec(argv=["no-such-program-xyz"], cwd="/", env=PATH_ENV))
 
@@ -95,7 +95,7 @@ async def test_pty_spawn_failures_and_non_executables(
     script.write_text("echo hi\n")
     with pytest.raises(InternalError, match=r"^Permission denied \(os error 13\)$"):
         await manager.start("m", LaunchSpec(argv=[str(script)], cwd="/", env={}))
-    assert len(manager) == 0
+    assert not manager._records
 
 
 async def test_duplicate_process_id_rejected(
@@ -272,7 +272,7 @@ async def test_closed_process_removed_after_retention(
         cursor = result.chunks[-1].seq if result.chunks else result.next_seq - 1
         result = await manager.read("r", after_seq=cursor, wait_ms=10_000)
     assert data == b"first\nsecond\n" and result.exit_code == 0
-    await wait_until(lambda: "r" not in manager)
+    await wait_until(lambda: "r" not in manager._records)
     assert await manager.write("r", b"x") is WriteStatus.UNKNOWN_PROCESS
     assert manager.terminate("r") is False
     manager.set_sink(notifier(sink))
@@ -350,7 +350,7 @@ async def test_shutdown_kills_groups_and_reaps(no_leaks: None, sink: Any) -> Non
     pids = [manager.pid_of("s1"), manager.pid_of("s2")]
     assert all(pids)
     await manager.shutdown()
-    assert len(manager) == 0
+    assert not manager._records
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}")  # noqa: ASYNC240
 
@@ -388,13 +388,14 @@ async def test_guard_exits_when_idle_and_restarts(
     no_leaks: None, manager: ProcessManager, sink: Any, wait_until: Any
 ) -> None:
     await manager.start("g1", sh("exit 0"))
-    guard_pid = manager._guard.pid
-    assert guard_pid is not None
+    guard = manager._guard._popen
+    assert guard is not None
+    guard_pid = guard.pid
     await sink.closed("g1")
-    await wait_until(lambda: manager._guard.pid is None and not manager._guard._reapers)
+    await wait_until(lambda: manager._guard._popen is None and not manager._guard._reapers)
     assert not os.path.exists(f"/proc/{guard_pid}")  # noqa: ASYNC240 - reaped
     await manager.start("g2", sh("exit 0"))
-    assert manager._guard.pid not in (None, guard_pid)
+    assert manager._guard._popen is not None and manager._guard._popen.pid != guard_pid
     await sink.closed("g2")
 
 

@@ -35,7 +35,7 @@ def test_cap_drops_oldest_until_within_cap() -> None:
     buf.append(OUT, b"5678")
     assert buf.retained == 8
     buf.append(OUT, b"90")  # exactly the cap: nothing dropped
-    assert buf.retained == 10 and len(buf) == 3
+    assert buf.retained == 10 and len(buf._chunks) == 3
     buf.append(OUT, b"x")  # 11 > 10: drop the oldest (4 bytes)
     assert buf.retained == 7
     chunks, _ = buf.snapshot(0, None)
@@ -46,7 +46,7 @@ def test_chunk_larger_than_cap_drops_everything_itself_included() -> None:
     buf = OutputBuffer(cap=10)
     buf.append(OUT, b"abc")
     buf.append(OUT, b"x" * 11)
-    assert buf.retained == 0 and len(buf) == 0
+    assert buf.retained == 0 and len(buf._chunks) == 0
     chunks, next_seq = buf.snapshot(0, None)
     assert chunks == [] and next_seq == 3
 

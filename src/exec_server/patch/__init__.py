@@ -1,7 +1,5 @@
-"""apply_patch: the Codex patch format, applied through a (sandboxable) file system.
-
-See docs/apply-patch.md.
-"""
+"""apply_patch: the Codex patch format, applied through a (sandboxable) file system
+(docs/apply-patch.md)."""
 
 from exec_server.patch.apply import AffectedPaths as AffectedPaths
 from exec_server.patch.apply import apply_hunks as apply_hunks

@@ -1,9 +1,7 @@
-"""Applying parsed hunks through a `PatchFileSystem` (APPLY_PATCH.md §6, §7, §10).
-
-Hunks run in patch order with no rollback: the first failure stops the run and
-earlier hunks stay applied (§7.1). An Update hunk's chunks are all resolved before
-anything is written, so a failing chunk leaves that file untouched.
-"""
+"""Applying parsed hunks through a `PatchFileSystem` (APPLY_PATCH.md §6, §7, §10), in patch
+order with no rollback: the first failure stops the run, earlier hunks stay applied (§7.1).
+An Update hunk's chunks are all resolved before anything is written, so a failing chunk
+leaves that file untouched."""
 
 from __future__ import annotations
 
@@ -42,21 +40,14 @@ class AffectedPaths:
 
     def summary(self) -> str:
         """The success text printed to stdout, every line ending in ``\\n``."""
-        lines = ["Success. Updated the following files:"]
-        lines += [f"A {p}" for p in self.added]
-        lines += [f"M {p}" for p in self.modified]
-        lines += [f"D {p}" for p in self.deleted]
-        return "\n".join(lines) + "\n"
+        kinds = (("A", self.added), ("M", self.modified), ("D", self.deleted))
+        lines = [f"{kind} {path}" for kind, paths in kinds for path in paths]
+        return "\n".join(["Success. Updated the following files:", *lines]) + "\n"
 
 
 def resolve_path(cwd: Path, path: str) -> Path:
     """Join ``path`` to ``cwd`` (absolute paths win), normalised lexically (§6)."""
     return Path(normalize_lexical(path if path.startswith("/") else f"{cwd}/{path}"))
-
-
-def _is_not_found(exc: BaseException) -> bool:
-    enoent = isinstance(exc, OSError) and exc.errno == errno.ENOENT
-    return enoent or isinstance(exc, NotFoundError)
 
 
 async def read_text(fs: PatchFileSystem[SandboxT], path: Path, sandbox: SandboxT | None) -> str:
@@ -93,7 +84,9 @@ async def _write(
         await fs.write_file(path, data, sandbox=sandbox)
         return
     except _FS_ERRORS as exc:
-        if not (create_parents and _is_not_found(exc)):
+        enoent = isinstance(exc, OSError) and exc.errno == errno.ENOENT
+        not_found = enoent or isinstance(exc, NotFoundError)
+        if not (create_parents and not_found):
             raise ApplyError(f"Failed to write file {path}") from exc
     try:
         await fs.create_directory(path.parent, recursive=True, sandbox=sandbox)
@@ -121,11 +114,8 @@ async def updated_contents(
     chunks: Sequence[UpdateChunk],
     sandbox: SandboxT | None,
 ) -> tuple[str, str]:
-    """Read ``path`` and apply ``chunks`` in memory: ``(original, new)`` text.
-
-    Raises:
-        ApplyError: the read failed (§7.4) or a chunk did not match (§8.6).
-    """
+    """``(original, new)`` text of ``path``; ApplyError when the read failed (§7.4) or a
+    chunk did not match (§8.6)."""
     try:
         original = await read_text(fs, path, sandbox)
     except ValueError as exc:
@@ -136,11 +126,8 @@ async def updated_contents(
 async def apply_hunks(
     hunks: Sequence[Hunk], cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> AffectedPaths:
-    """Apply hunks in order, stopping at the first failure (no rollback).
-
-    Raises:
-        ApplyError: the message to print; hunks before the failing one stay applied.
-    """
+    """Apply hunks in order; ApplyError (the message to print) stops the run, and hunks
+    before the failing one stay applied (no rollback)."""
     if not hunks:
         raise ApplyError("No files were modified.")
     affected = AffectedPaths()
@@ -168,9 +155,5 @@ async def apply_patch(
     patch: str, cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> AffectedPaths:
     """Parse and apply patch text against ``cwd``; the result's ``.summary()`` is for stdout.
-
-    Raises:
-        ParseError: nothing was touched.
-        ApplyError: earlier hunks stay applied.
-    """
+    ParseError: nothing was touched; ApplyError: earlier hunks stay applied."""
     return await apply_hunks(parse_patch(patch).hunks, cwd, fs, sandbox)

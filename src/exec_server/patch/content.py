@@ -1,8 +1,6 @@
-"""Computing an updated file from its text and a hunk's chunks (pure; APPLY_PATCH.md §8, §9).
-
-Context lines are kept verbatim from the file, inserted lines take the file's first
-line ending, and the result always ends with a line break.
-"""
+"""Computing an updated file from its text and a hunk's chunks (pure; APPLY_PATCH.md §8, §9):
+context lines are kept verbatim from the file, inserted lines take the file's first line
+ending, and the result always ends with a line break."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from exec_server.patch.parse import UpdateChunk, trim, trim_end
 
 __all__ = ["Line", "derive_new_contents", "seek_sequence", "split_file_lines"]
 
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_LINE_BREAK = re.compile(r"(\r\n|\r|\n)")
 _ODD_SPACES = "\u00a0\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
 _PUNCTUATION = str.maketrans({
     **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"),
@@ -44,13 +42,10 @@ class Line(NamedTuple):
 def split_file_lines(content: str) -> list[Line]:
     """Split at ``\\n``, ``\\r\\n`` and, as the 0.163.0 binary does (§8.1 names only the
     first two), a lone ``\\r``; nothing else (``str.splitlines()`` would)."""
-    lines: list[Line] = []
-    start = 0
-    for match in _LINE_BREAK.finditer(content):
-        lines.append(Line(content[start : match.start()], match.group()))
-        start = match.end()
-    if start < len(content):
-        lines.append(Line(content[start:], ""))
+    parts = _LINE_BREAK.split(content)  # text, break, text, break, ..., text
+    lines = [Line(*pair) for pair in zip(parts[::2], parts[1::2], strict=False)]
+    if parts[-1]:
+        lines.append(Line(parts[-1], ""))
     return lines
 
 
@@ -62,12 +57,9 @@ def seek_sequence(
     end_of_file: bool,
     cache: dict[int, list[str]],
 ) -> int | None:
-    """Return the first index >= ``start`` where ``pattern`` matches ``lines``, or None.
-
-    With ``end_of_file`` the only candidate is the last ``len(pattern)`` lines (§9.3);
-    unlike §9.3's wording, the 0.163.0 binary also fails when it lies before ``start``.
-    ``cache`` (one per file) keeps each pass's normalised lines across chunks.
-    """
+    """The first index >= ``start`` where ``pattern`` matches; with ``end_of_file`` only the
+    last lines (§9.3), failing, like 0.163.0 unlike §9.3, when they lie before ``start``.
+    ``cache`` (one per file) keeps normalised lines across chunks."""
     if not pattern:
         return start
     k = len(pattern)
@@ -121,11 +113,8 @@ def _runs(
 
 
 def derive_new_contents(original: str, chunks: Sequence[UpdateChunk], display_path: str) -> str:
-    """The text of ``original`` after ``chunks``; ``display_path`` names it in errors.
-
-    Raises:
-        ApplyError: an anchor or a chunk's old lines cannot be found (§8.6).
-    """
+    """The text of ``original`` after ``chunks``; ApplyError, naming ``display_path``, when
+    an anchor or a chunk's old lines cannot be found (§8.6)."""
     lines = split_file_lines(original)
     texts = [line.text for line in lines]
     preferred = next((line.ending for line in lines if line.ending), "\n")

@@ -1,7 +1,6 @@
 """Unified diff of an Update hunk for previews (APPLY_PATCH.md §13): hunks only, lines
 keep their own terminators. Upstream uses Myers (Rust ``similar``); ``difflib``
-without autojunk gives the same hunks for ordinary edits.
-"""
+without autojunk gives the same hunks for ordinary edits."""
 
 from __future__ import annotations
 
@@ -70,10 +69,7 @@ async def unified_diff_from_chunks(
     fs: PatchFileSystem[SandboxT],
     sandbox: SandboxT | None = None,
 ) -> FileUpdate:
-    """Read ``path`` through ``fs``, apply ``chunks`` in memory, and diff the result.
-
-    Raises:
-        ApplyError: the same messages as applying the hunk (§7.4, §8.6).
-    """
+    """Read ``path`` through ``fs``, apply ``chunks`` in memory, and diff the result; raises
+    ApplyError with the same messages as applying the hunk (§7.4, §8.6)."""
     original, content = await updated_contents(fs, path, chunks, sandbox)
     return FileUpdate(unified_diff(original, content), original, content)

@@ -1,8 +1,6 @@
 """The file-system calls apply_patch needs, as a structural interface (APPLY_PATCH.md §14).
-
 apply_patch hands the same opaque sandbox context to every call, so the file system
-plugged in (``exec_server.client.fs``: local, remote) decides what it enforces.
-"""
+plugged in (``exec_server.client.fs``: local, remote) decides what it enforces."""
 
 from __future__ import annotations
 

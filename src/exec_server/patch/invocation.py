@@ -1,15 +1,14 @@
-"""Recognising an apply_patch call inside a command's argv (APPLY_PATCH.md §12).
-
-Where upstream parses shell scripts with tree-sitter-bash and a strict query, a small
-scanner accepts exactly its two whole-script shapes: ``apply_patch <<DELIM`` … ``DELIM``
-and ``cd DIR && apply_patch <<DELIM`` … ``DELIM`` (DIR a bare word, ``"…"`` or ``'…'``).
-"""
+"""Recognising an apply_patch call inside a command's argv (APPLY_PATCH.md §12). Where
+upstream parses shell scripts with tree-sitter-bash, a small scanner accepts exactly its
+two whole-script shapes: ``apply_patch <<DELIM`` … ``DELIM`` and ``cd DIR && apply_patch
+<<DELIM`` … ``DELIM`` (DIR a bare word, ``"…"`` or ``'…'``)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from exec_server.patch.apply import read_text, resolve_path
@@ -89,14 +88,12 @@ FileChange = AddChange | DeleteChange | UpdateChange
 
 @dataclass(frozen=True)
 class ApplyPatchAction:
-    """A verified plan: changes keyed by absolute path, canonical patch text, effective cwd.
+    """A verified plan (changes keyed by absolute path): the host applies ``patch`` with
+    ``cwd`` (`exec_server.patch.apply.apply_patch`)."""
 
-    The host applies ``patch`` with ``cwd`` (`exec_server.patch.apply.apply_patch`).
-    """
-
-    changes: dict[Path, FileChange] = field(default_factory=dict)
-    patch: str = ""
-    cwd: Path = Path("/")
+    changes: dict[Path, FileChange]
+    patch: str
+    cwd: Path
 
 
 @dataclass(frozen=True)
@@ -107,33 +104,16 @@ class VerifiedBody:
 Verified = VerifiedBody | CorrectnessError | NotApplyPatch
 
 
-def _shell_stem(shell: str) -> str:
-    return PurePath(shell.replace("\\", "/")).stem.lower()
-
-
-def _classify_shell(shell: str, flag: str) -> bool:
-    name = _shell_stem(shell)
-    if name in ("bash", "zsh", "sh"):
-        return flag in ("-lc", "-c")
-    if name in ("pwsh", "powershell"):
-        return flag.lower() == "-command"
-    if name == "cmd":
-        return flag.lower() == "/c"
-    return False
-
-
 def _shell_script(argv: Sequence[str]) -> str | None:
     """The script of ``[shell, flag, script]`` or ``[pwsh, -NoProfile, -Command, script]``."""
-    if len(argv) == 3 and _classify_shell(argv[0], argv[1]):
-        return argv[2]
-    if (
-        len(argv) == 4
-        and _shell_stem(argv[0]) in ("pwsh", "powershell")
-        and argv[1].lower() == "-noprofile"
-        and _classify_shell(argv[0], argv[2])
-    ):
-        return argv[3]
-    return None
+    name = PurePath(argv[0].replace("\\", "/")).stem.lower() if argv else ""
+    if name in ("bash", "zsh", "sh"):
+        ok = len(argv) == 3 and argv[1] in ("-lc", "-c")
+    elif name in ("pwsh", "powershell"):
+        ok = [a.lower() for a in argv[1:-1]] in (["-command"], ["-noprofile", "-command"])
+    else:
+        ok = name == "cmd" and len(argv) == 3 and argv[1].lower() == "/c"
+    return argv[-1] if ok else None
 
 
 _BLANK = " \t"
@@ -185,26 +165,17 @@ def maybe_parse_apply_patch(argv: Sequence[str]) -> MaybeApplyPatch:
     return Body(parsed.hunks, parsed.patch, workdir)
 
 
-def _parses_as_patch(text: str) -> bool:
-    try:
-        parse_patch(text)
-    except ParseError:
-        return False
-    return True
-
-
 async def maybe_parse_apply_patch_verified(
     argv: Sequence[str], cwd: Path, fs: PatchFileSystem[SandboxT], sandbox: SandboxT | None = None
 ) -> Verified:
-    """Turn an apply_patch call into a verified plan, reading files through ``fs`` (§12.2).
-
-    Reads the disk as it is before the patch; later hunks on the same path replace
-    earlier entries. Returns `CorrectnessError` (not raised) for an implicit
-    invocation, a patch that does not parse, or a file that cannot be read/updated.
-    """
+    """Turn an apply_patch call into a verified plan from the files before the patch, read
+    through ``fs`` (§12.2); a later hunk on a path replaces an earlier one. Returns (not
+    raises) `CorrectnessError` for an implicit invocation, a parse or a read/update error."""
     bare = argv[0] if len(argv) == 1 else _shell_script(argv)
-    if bare is not None and _parses_as_patch(bare):
-        return CorrectnessError("implicit_invocation", IMPLICIT_INVOCATION_MESSAGE)
+    if bare is not None:
+        with contextlib.suppress(ParseError):
+            parse_patch(bare)
+            return CorrectnessError("implicit_invocation", IMPLICIT_INVOCATION_MESSAGE)
 
     result = maybe_parse_apply_patch(argv)
     if isinstance(result, PatchParseFailure):

@@ -1,6 +1,5 @@
 """Patch text -> typed hunks (pure; APPLY_PATCH.md §2-§5), with codex-cli 0.163.0's
-lenient rules and exact error messages (agents read them).
-"""
+lenient rules and exact error messages (agents read them)."""
 
 from __future__ import annotations
 
@@ -60,11 +59,8 @@ def split_lines(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class UpdateChunk:
-    """One ``@@`` section: old lines are context + ``-``, new lines context + ``+``.
-
-    ``ops`` keeps the diff lines in order as ``(kind, text)`` so the applier can keep
-    context lines verbatim from the file (§8.3).
-    """
+    """One ``@@`` section; ``ops``, the ``(kind, text)`` diff lines in order, let the applier
+    keep context lines verbatim from the file (§8.3)."""
 
     anchor: str | None
     old_lines: tuple[str, ...]
@@ -103,24 +99,17 @@ class ParsedPatch:
     environment_id: str | None = None
 
 
-def _check_envelope(lines: list[str]) -> None:
-    if lines and trim(lines[0]) != BEGIN_PATCH:
-        raise InvalidPatchError("The first line of the patch must be '*** Begin Patch'")
-    if not lines or trim(lines[-1]) != END_PATCH:
-        raise InvalidPatchError("The last line of the patch must be '*** End Patch'")
-
-
 def _envelope(lines: list[str]) -> list[str]:
-    """Return the envelope lines (Begin..End), unwrapping a literal heredoc once (§3.2)."""
-    try:
-        _check_envelope(lines)
-        return lines
-    except InvalidPatchError:
-        if len(lines) >= 4 and lines[0] in _HEREDOC_OPENERS and lines[-1].endswith("EOF"):
-            inner = lines[1:-1]
-            _check_envelope(inner)
-            return inner
-        raise
+    """The envelope lines (Begin..End), unwrapping a literal heredoc once (§3.2)."""
+    heredoc = len(lines) >= 4 and lines[0] in _HEREDOC_OPENERS and lines[-1].endswith("EOF")
+    for candidate in (lines, lines[1:-1]) if heredoc else (lines,):
+        if candidate and trim(candidate[0]) != BEGIN_PATCH:
+            error = "The first line of the patch must be '*** Begin Patch'"
+        elif not candidate or trim(candidate[-1]) != END_PATCH:
+            error = "The last line of the patch must be '*** End Patch'"
+        else:
+            return candidate
+    raise InvalidPatchError(error)
 
 
 _VALID_HEADERS = (
@@ -171,7 +160,7 @@ class _Parser:
         self.move_path: str | None = None
         self.chunks: list[_Chunk] = []
 
-    def _close_current(self, line: str, line_number: int, *, at_end: bool) -> None:
+    def close_current(self, line: str, line_number: int, *, at_end: bool) -> None:
         """Finish the current hunk before a header, the End marker or the body's end."""
         if self.mode == "add":
             self.hunks.append(AddFile(self.path, "".join(self.add_lines)))
@@ -191,12 +180,12 @@ class _Parser:
 
     def _header(self, text: str, line: str, line_number: int) -> bool:
         if text == END_PATCH:
-            self._close_current(line, line_number, at_end=True)
+            self.close_current(line, line_number, at_end=True)
             self.mode = "ended"
             return True
         for marker, mode in ((_ADD, "add"), (_DELETE, "delete"), (_UPDATE, "update")):
             if text.startswith(marker):
-                self._close_current(line, line_number, at_end=False)
+                self.close_current(line, line_number, at_end=False)
                 self.mode = mode
                 self.path = text[len(marker) :]
                 self.header_line = line_number
@@ -271,23 +260,15 @@ class _Parser:
             raise _expected_marker(line, line_number)
         raise _unexpected_line(line, line_number)
 
-    def finish(self, end_line: str, end_line_number: int) -> list[Hunk]:
-        if self.mode != "ended":
-            self._close_current(end_line, end_line_number, at_end=True)
-        return self.hunks
-
 
 def parse_patch(text: str) -> ParsedPatch:
-    """Parse patch text into hunks.
-
-    Raises:
-        ParseError: `InvalidPatchError` or `InvalidHunkError`; ``str(err)`` is the
-            message to print (§10).
-    """
+    """Raises ParseError (`InvalidPatchError`, `InvalidHunkError`): ``str(err)`` is the
+    message to print (§10)."""
     lines = _envelope(split_lines(trim(text)))
     parser = _Parser()
     # Begin is line 1 (§3.6); the final End line is not fed to the state machine.
     for number, line in enumerate(lines[1:-1], start=2):
         parser.feed(line, number)
-    hunks = parser.finish(lines[-1], len(lines))
-    return ParsedPatch(tuple(hunks), "\n".join(lines), parser.environment_id)
+    if parser.mode != "ended":
+        parser.close_current(lines[-1], len(lines), at_end=True)
+    return ParsedPatch(tuple(parser.hunks), "\n".join(lines), parser.environment_id)

@@ -1,9 +1,7 @@
-"""Child environment from the current client's ``envPolicy`` (CLIENT_COMPAT.md §4.1).
-
-Order: inherit → default excludes unless ignored → ``exclude`` → ``set`` → ``includeOnly``
-→ the request ``env``, unfiltered. Patterns match whole names case-insensitively with
-``*`` and ``?`` as the only wildcards.
-"""
+"""Child environment from the current client's ``envPolicy`` (CLIENT_COMPAT.md §4.1):
+inherit → default excludes unless ignored → ``exclude`` → ``set`` → ``includeOnly`` → the
+request ``env``, unfiltered. Patterns match whole names case-insensitively, with ``*`` and
+``?`` the only wildcards."""
 
 from __future__ import annotations
 
@@ -30,7 +28,6 @@ def _compile(pattern: str) -> re.Pattern[str]:
 
 
 def matches_any(name: str, patterns: Iterable[str]) -> bool:
-    """Case-insensitive whole-name wildcard match against any pattern."""
     lowered = name.lower()
     return any(_compile(p).match(lowered) is not None for p in patterns)
 
@@ -46,14 +43,9 @@ def build_child_env(
     server_env: Mapping[str, str],
 ) -> dict[str, str]:
     """Apply the policy to ``server_env`` (the exec-server's own environment)."""
-    if inherit == "all":
-        result = dict(server_env)
-    elif inherit == "core":
-        result = {k: server_env[k] for k in CORE_VARIABLES if k in server_env}
-    else:
-        result = {}
+    names = server_env if inherit == "all" else CORE_VARIABLES if inherit == "core" else ()
     excludes = (*exclude, *(() if ignore_default_excludes else DEFAULT_EXCLUDES))
-    result = {k: v for k, v in result.items() if not matches_any(k, excludes)}
+    result = {k: server_env[k] for k in names if k in server_env and not matches_any(k, excludes)}
     result.update(set_vars)
     include_only = tuple(include_only)
     if include_only:

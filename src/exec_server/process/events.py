@@ -1,6 +1,5 @@
 """What the process manager reports, no wire shapes: per process output chunks, one
-:class:`Exited`, then :class:`Closed`, all numbered (PROTOCOL.md §8.2); read snapshots.
-"""
+:class:`Exited`, then :class:`Closed`, all numbered (PROTOCOL.md §8.2); read snapshots."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Kill the server's process groups however the server dies: a tiny helper holds a pipe
 from us and a memfd of live group ids (``pwrite``: no wake-up per spawn) and at EOF
-SIGKILLs every listed group (PDEATHSIG needs a ``fork`` per child, kills only leaders).
-"""
+SIGKILLs every listed group (PDEATHSIG needs a ``fork`` per child, kills only leaders)."""
 
 from __future__ import annotations
 
@@ -50,11 +49,7 @@ class ProcessGuard:
         self._timer: asyncio.TimerHandle | None = None
         self._reapers: set[asyncio.Task[None]] = set()
 
-    @property
-    def pid(self) -> int | None:
-        return self._popen.pid if self._popen is not None else None
-
-    def _start(self) -> bool:
+    def _start(self) -> None:
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         memfd = -1
         try:
@@ -73,20 +68,20 @@ class ProcessGuard:
             close_quietly(write_end)
             close_quietly(memfd)
             self._failed = True
-            return False
+            return
         finally:
             close_quietly(read_end)
         self._fd = write_end
         self._memfd = memfd
-        return True
 
     def add(self, pgid: int) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._memfd is None and (self._failed or not self._start()):
+        if self._memfd is None and not self._failed:
+            self._start()
+        if self._memfd is None:
             return
-        assert self._memfd is not None
         # Slots 0..n-1 are all taken when none is free.
         slot = self._free.pop() if self._free else len(self._slots)
         self._slots[pgid] = slot

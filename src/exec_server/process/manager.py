@@ -1,8 +1,7 @@
 """Per-session process table (PROTOCOL.md §8); each process is a state machine
 STARTING → RUNNING → EXITED (its group may still hold the output open) → CLOSED, one
 ``_to_*`` method per transition. Events take the next seq of the process's buffer and
-go, in that order, to one sender task; a slow receiver stops the reads (backpressure).
-"""
+go, in that order, to one sender task; a slow receiver stops the reads (backpressure)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,6 @@ from exec_server.process.spawn import (
     SpawnedChild,
     close_quietly,
     exit_status_from_wait,
-    reap,
     set_if_pending,
     set_window_size,
     spawn,
@@ -184,14 +182,7 @@ class ProcessManager:
         self._closed = False
         self._guard = ProcessGuard()
 
-    def __contains__(self, process_id: object) -> bool:
-        return process_id in self._records
-
-    def __len__(self) -> int:
-        return len(self._records)
-
     def pid_of(self, process_id: str) -> int | None:
-        """OS pid of a launched process (tests and diagnostics)."""
         rec = self._records.get(process_id)
         return rec.child.pid if rec is not None and rec.child is not None else None
 
@@ -202,12 +193,10 @@ class ProcessManager:
         return rec
 
     def set_sink(self, sink: EventSink | None) -> None:
-        """Attach (or with ``None`` detach) the event receiver; without one, reads
-        still see the events."""
+        """Without a sink, reads still see the events."""
         self._sink = sink
 
     def _emit(self, rec: _Record, event: ProcessEvent) -> None:
-        """Queue ``event`` (already recorded) for the sink."""
         wake_all(rec.waiters)
         if self._sink is None:
             return
@@ -245,13 +234,8 @@ class ProcessManager:
     async def start(
         self, process_id: str, spec: LaunchSpec, *, report_denial: bool = False
     ) -> None:
-        """Launch ``spec`` as ``process_id``; ``report_denial``: its exit event and reads
-        carry a sandbox-denial verdict. Always consumes ``spec.pass_fds`` and ``cleanup``.
-
-        Raises:
-            InvalidRequestError: ``process <id> already exists``.
-            InternalError: spawn failure with the OS text.
-        """
+        """``report_denial``: exit event and reads carry a sandbox-denial verdict. Always
+        consumes ``spec.pass_fds`` and ``cleanup``; a failed spawn is an InternalError."""
         if process_id in self._records:
             _discard_launch(spec)
             raise InvalidRequestError(f"process {process_id} already exists")
@@ -272,9 +256,8 @@ class ProcessManager:
         self._to_running(rec, child)
 
     async def _launch(self, spec: LaunchSpec) -> SpawnedChild:
-        """Through the launch service when there is one, else in a worker thread: the
-        spawning thread waits until the child has changed to its cwd and exec'd its
-        program (``vfork``), and either may be on a hung network or FUSE mount."""
+        """Through the launch service if any, else in a worker thread: the spawning thread
+        waits for the child's chdir and exec (``vfork``), which a hung mount may block."""
         if spec.zygote is not None and self._config.launch_zygote:
             self._services[id(spec.zygote.service)] = spec.zygote.service
             child = await spawn_via_service(spec, self)
@@ -310,7 +293,6 @@ class ProcessManager:
         rec.watcher = asyncio.get_running_loop().create_task(self._watch_exit(rec, child))
 
     def _to_exited(self, rec: _Record, code: int) -> None:
-        """RUNNING → EXITED; closed at once if no output stream is open."""
         self._advance(rec, State.EXITED)
         seq = rec.buffer.record_exit(code)
         denied = rec.sandbox_denied if rec.report_denial else None
@@ -348,7 +330,6 @@ class ProcessManager:
         return rec.unsent < UNSENT_LIMIT and not rec.buffer.full
 
     def _resume(self, rec: _Record) -> None:
-        """Read every open output fd again, if backpressure allows."""
         if not self._may_read(rec):
             return
         loop = asyncio.get_running_loop()
@@ -381,7 +362,7 @@ class ProcessManager:
                 return  # drained for now (saves the EAGAIN read); stay armed
 
     def _end_stream(self, rec: _Record, cap: _Capture) -> None:
-        """One output fd is at EOF or given up on: the process closes after the last."""
+        """At EOF or given up on: the process closes after its last output fd."""
         if cap.reading:
             asyncio.get_running_loop().remove_reader(cap.fd)
         rec.captures.remove(cap)
@@ -399,11 +380,7 @@ class ProcessManager:
             self._end_stream(rec, cap)
 
     async def _watch_exit(self, rec: _Record, child: SpawnedChild) -> None:
-        if child.exit_status is not None:  # reaped by its real parent (a launch service)
-            status = await child.exit_status()
-        else:
-            status = await reap(child.pid)
-        code = exit_status_from_wait(status).code
+        code = exit_status_from_wait(await child.exit_status()).code
         if child.popen is not None:
             child.popen.returncode = code
         _cleanup(rec.spec)
@@ -423,11 +400,7 @@ class ProcessManager:
     async def read(
         self, process_id: str, *, after_seq: int = 0, max_bytes: int | None = None, wait_ms: int = 0
     ) -> Snapshot:
-        """``process/read`` (§8.4): a snapshot now, or when something new arrives by ``wait_ms``.
-
-        Raises:
-            InvalidRequestError: unknown or still-starting process.
-        """
+        """``process/read`` (§8.4): a snapshot now, or when something new arrives by ``wait_ms``."""
         rec = self._known(process_id)
         if rec.state is State.STARTING:
             raise InvalidRequestError(f"process id {process_id} is starting")
@@ -448,10 +421,8 @@ class ProcessManager:
         return Snapshot(taken, next_seq, buffer.exit_code, buffer.closed, denied)
 
     async def write(self, process_id: str, data: bytes, write_id: str | None = None) -> WriteStatus:
-        """``process/write`` (§8.5): queue ``data`` for stdin, waiting while the queue is full.
-
-        Once stdin closed (exit, shutdown) the data is accepted and dropped, as upstream.
-        """
+        """``process/write`` (§8.5): queue for stdin, waiting while the queue is full; once
+        stdin closed (exit, shutdown) the data is accepted and dropped, as upstream."""
         rec = self._records.get(process_id)
         if rec is None:
             return WriteStatus.UNKNOWN_PROCESS
@@ -468,24 +439,14 @@ class ProcessManager:
         return WriteStatus.ACCEPTED
 
     def close_stdin(self, process_id: str) -> None:
-        """``process/closeStdin`` (extension): end of input once queued writes are written;
-        no-op on a PTY (its end of input is the EOF character) or without a stdin pipe.
-
-        Raises:
-            InvalidRequestError: no such process.
-        """
+        """``process/closeStdin`` (extension): no-op on a PTY (its end of input is the EOF
+        character) or without a stdin pipe."""
         rec = self._known(process_id)
         if not rec.spec.tty:
             rec.stdin.close_when_flushed()
 
     def resize(self, process_id: str, rows: int, columns: int) -> None:
-        """``process/resizePty`` (extension): set a PTY's window size (the kernel sends
-        SIGWINCH); no-op once the process closed.
-
-        Raises:
-            InvalidRequestError: no such process.
-            InvalidParamsError: it is not on a PTY.
-        """
+        """``process/resizePty`` (extension): the kernel sends SIGWINCH; no-op once closed."""
         rec = self._known(process_id)
         if not rec.spec.tty:
             raise InvalidParamsError(f"process {process_id} has no PTY")
@@ -494,12 +455,9 @@ class ProcessManager:
                 set_window_size(rec.stdin.fd, rows, columns)
 
     def terminate(self, process_id: str) -> bool:
-        """``process/terminate`` (issue 2 overrides §8.6): SIGTERM to the group and to an
-        unsandboxed child's descendants outside it, SIGKILL after ``terminate_grace``.
-
-        True when a running process was asked to stop; an exited one's group members
-        still holding its output are ended too (False).
-        """
+        """``process/terminate`` (issue 2 overrides §8.6): SIGTERM to the group and an
+        unsandboxed child's descendants outside it, SIGKILL after ``terminate_grace``. True
+        when a running process was asked to stop (an exited one's group is ended too)."""
         rec = self._records.get(process_id)
         if rec is None or rec.state not in (State.RUNNING, State.EXITED):
             return False
@@ -518,9 +476,7 @@ class ProcessManager:
         return running
 
     def _escalate(self, rec: _Record) -> None:
-        rec.terminate_timer = None
-        if rec.state is State.CLOSED:
-            return
+        rec.terminate_timer = None  # cancelled on close: the process is RUNNING or EXITED
         self._kill_tree(rec)
         if rec.state is State.EXITED:
             asyncio.get_running_loop().call_later(self._grace, self._force_eof, rec)
@@ -556,18 +512,13 @@ class ProcessManager:
 
     @staticmethod
     def _kill_group(rec: _Record, sig: _signal.Signals) -> None:
-        if rec.child is None:
-            return
-        # A reaped leader's group id stays reserved while members live (no reuse).
-        try:
-            os.killpg(rec.child.pid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            logger.debug("killpg(%d) not permitted", rec.child.pid)
+        if rec.child is not None:
+            # A reaped leader's group id stays reserved while members live (no reuse).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(rec.child.pid, sig)
 
     async def shutdown(self) -> None:
-        """Kill every process group, reap every child, close every fd; clear the table (§8.11)."""
+        """Kill every process group, reap every child, close every fd (§8.11)."""
         self._closed = True
         self._sink = None
         self._outbox.clear()

@@ -1,7 +1,6 @@
 """Sequence-numbered, bounded output buffer of one process (pure; PROTOCOL.md §8.2, §8.4):
 one counter numbers chunks, exit and close from 1; past the cap the oldest chunks go.
-Lossless mode (our extension) drops only *delivered* chunks, else reports :attr:`full`.
-"""
+Lossless mode (our extension) drops only *delivered* chunks, else reports :attr:`full`."""
 
 from __future__ import annotations
 
@@ -36,7 +35,6 @@ class OutputBuffer:
     _chunks: deque[OutputChunk] = field(default_factory=deque, init=False, repr=False)
 
     def append(self, stream: ProcessStream, data: bytes) -> OutputChunk:
-        """Record one chunk; returns it (with its seq) for the notification."""
         chunk = OutputChunk(seq=self.next_seq, stream=stream, chunk=data)
         self.next_seq += 1
         self._chunks.append(chunk)
@@ -45,13 +43,11 @@ class OutputBuffer:
         return chunk
 
     def record_exit(self, code: int) -> int:
-        """Record the exit event; returns its seq."""
         self.exit_code = code
         self.next_seq += 1
         return self.next_seq - 1
 
     def record_close(self) -> int:
-        """Record the close event (always last); returns its seq."""
         self.closed = True
         self.next_seq += 1
         return self.next_seq - 1
@@ -64,9 +60,8 @@ class OutputBuffer:
                 self._trim()
 
     def mark_notified(self, seq: int) -> None:
-        """A notification carried chunk ``seq``: that acknowledges the chunks before it
-        only if each reached the client too (after a resume, chunks never sent stay
-        until a read's ``afterSeq`` covers them)."""
+        """A notification carried chunk ``seq``: that acknowledges earlier chunks only if each
+        reached the client too (after a resume, unsent ones wait for a read's ``afterSeq``)."""
         if seq <= self.delivered_seq:
             return
         chunks = self._chunks
@@ -91,10 +86,8 @@ class OutputBuffer:
             self.retained -= len(chunks.popleft().chunk)
 
     def snapshot(self, after_seq: int, max_bytes: int | None) -> tuple[list[OutputChunk], int]:
-        """Chunks with ``seq > after_seq`` within the byte budget, and the ``nextSeq`` hint.
-
-        At least one chunk when any is available, even past ``max_bytes``.
-        """
+        """Chunks after ``after_seq`` within ``max_bytes`` (at least one, if any), and the
+        ``nextSeq`` hint."""
         chunks = self._chunks
         budget = math.inf if max_bytes is None else max_bytes
         taken: list[OutputChunk] = []
@@ -115,6 +108,3 @@ class OutputBuffer:
         if taken or self.closed:
             return True
         return self.exit_code is not None and after_seq < self.next_seq - 1
-
-    def __len__(self) -> int:
-        return len(self._chunks)

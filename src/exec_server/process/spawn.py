@@ -1,8 +1,6 @@
-"""Start a child on pipes or a PTY (PROTOCOL.md §8.3, §8.8), and reap it.
-
-A pipe child leads its own process group, a PTY child its own session with the PTY as
-controlling terminal; both inherit only stdio plus ``LaunchSpec.pass_fds``.
-"""
+"""Start a child on pipes or a PTY (PROTOCOL.md §8.3, §8.8), and reap it. A pipe child
+leads its own process group, a PTY child its own session with the PTY as controlling
+terminal; both inherit only stdio plus ``LaunchSpec.pass_fds``."""
 
 from __future__ import annotations
 
@@ -47,15 +45,14 @@ Outputs = list[tuple[ProcessStream, int]]
 
 @dataclass(slots=True)
 class SpawnedChild:
-    """A freshly spawned child (``pid`` is also its group id) and our non-blocking ends
-    of its stdio. ``popen`` is kept so ``subprocess`` does not warn (the manager reaps
-    it); a launch service's child has ``exit_status`` instead: the raw wait status."""
+    """A spawned child (``pid`` is also its group id), our ends of its stdio, its raw wait
+    status to await; ``popen`` (None from a launch service) keeps ``subprocess`` quiet."""
 
     pid: int
     outputs: Outputs
     stdin_fd: int | None
+    exit_status: Callable[[], Awaitable[int]]
     popen: subprocess.Popen[bytes] | None = None
-    exit_status: Callable[[], Awaitable[int]] | None = None
 
 
 def close_quietly(fd: int | None) -> None:
@@ -140,28 +137,50 @@ def _pipe_preexec() -> Callable[[], None] | None:
     return None
 
 
-def _pty_setup() -> None:
-    """In the forked child after setsid(): die with the server, take the controlling tty."""
+def _pty_setup(subreaper: bool) -> None:
+    """In the forked child after setsid(): die with the server, take the controlling tty;
+    unsandboxed, also adopt orphaned descendants so a double fork stays in its tree."""
     _reset_signals()
     set_parent_death_signal(int(signal.SIGKILL))
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-
-def _unsandboxed_pty_setup() -> None:
-    """Also adopt orphaned descendants, so a double fork stays in its tree (``tree``)."""
-    _pty_setup()
-    with contextlib.suppress(OSError):
-        set_child_subreaper()
+    if subreaper:
+        with contextlib.suppress(OSError):
+            set_child_subreaper()
 
 
 @contextlib.contextmanager
-def _stdio(spec: LaunchSpec) -> Iterator[tuple[Stdio, list[int]]]:
-    """The child's (stdin or None for /dev/null, stdout, stderr) and our ends (outputs
-    first, stdin last). The child's ends close on leaving; ours too on an error."""
+def _stdio(spec: LaunchSpec) -> Iterator[tuple[Stdio, Outputs, int | None]]:
+    """The child's (stdin or None for /dev/null, stdout, stderr), our non-blocking output
+    ends and stdin end. The child's ends close on leaving; ours too on an error."""
     ours: list[int] = []
     theirs: list[int] = []
     try:
-        yield _open_stdio(spec, ours, theirs), ours
+        if spec.tty:
+            master, slave = os.openpty()
+            ours.append(master)
+            theirs.append(slave)
+            set_window_size(slave, 24, 80)  # upstream's; process/resizePty changes it
+            ours.append(os.dup(master))  # stdin, so the reader may close the master alone
+            stdio: Stdio = (slave, slave, slave)
+            streams = [ProcessStream.PTY]
+        else:
+            for _ in range(2):
+                read_end, write_end = os.pipe2(os.O_CLOEXEC)
+                ours.append(read_end)
+                theirs.append(write_end)
+                with contextlib.suppress(OSError):  # pipe-max-size below ours: keep the default
+                    fcntl.fcntl(write_end, _F_SETPIPE_SZ, PIPE_SIZE)
+            stdin_end = None
+            if spec.pipe_stdin:
+                stdin_end, write_end = os.pipe2(os.O_CLOEXEC)
+                ours.append(write_end)
+                theirs.append(stdin_end)
+            stdio = (stdin_end, theirs[0], theirs[1])
+            streams = [ProcessStream.STDOUT, ProcessStream.STDERR]
+        for fd in ours:
+            os.set_blocking(fd, False)
+        stdin = ours[len(streams)] if len(ours) > len(streams) else None
+        yield stdio, list(zip(streams, ours, strict=False)), stdin
     except BaseException:
         for fd in ours:
             close_quietly(fd)
@@ -171,57 +190,15 @@ def _stdio(spec: LaunchSpec) -> Iterator[tuple[Stdio, list[int]]]:
             close_quietly(fd)
 
 
-def _open_stdio(spec: LaunchSpec, ours: list[int], theirs: list[int]) -> Stdio:
-    if spec.tty:
-        master, slave = os.openpty()
-        ours.append(master)
-        theirs.append(slave)
-        set_window_size(slave, spec.rows, spec.columns)
-        ours.append(os.dup(master))  # stdin, so the reader may close the master alone
-        return slave, slave, slave
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
-    ours.append(out_r)
-    theirs.append(out_w)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    ours.append(err_r)
-    theirs.append(err_w)
-    in_r: int | None = None
-    if spec.pipe_stdin:
-        in_r, in_w = os.pipe2(os.O_CLOEXEC)
-        ours.append(in_w)
-        theirs.append(in_r)
-    for fd in (out_w, err_w):
-        with contextlib.suppress(OSError):  # pipe-max-size below ours: keep the default
-            fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_SIZE)
-    return in_r, out_w, err_w
-
-
-def _our_ends(spec: LaunchSpec, ours: list[int]) -> tuple[Outputs, int | None]:
-    """Our ends made non-blocking, as ``SpawnedChild`` takes them: outputs, stdin."""
-    for fd in ours:
-        os.set_blocking(fd, False)
-    if spec.tty:
-        return [(ProcessStream.PTY, ours[0])], ours[1]
-    outputs = [(ProcessStream.STDOUT, ours[0]), (ProcessStream.STDERR, ours[1])]
-    return outputs, ours[2] if spec.pipe_stdin else None
-
-
 def spawn(spec: LaunchSpec) -> SpawnedChild:
-    """Spawn ``spec`` on pipes or a PTY; the caller owns the returned fds.
-
-    Raises:
-        OSError: exec or cwd failure (``errno`` set, e.g. ENOENT).
-    """
-    argv = list(spec.argv)
-    if spec.arg0 is not None:
-        argv[0] = spec.arg0
+    """The caller owns the returned fds; OSError on an exec or cwd failure."""
+    argv = spec.argv if spec.arg0 is None else [spec.arg0, *spec.argv[1:]]
     preexec: Callable[[], None] | None
     if spec.tty:
-        sandboxed = spec.sandbox_type is not SandboxType.NONE
-        preexec = _pty_setup if sandboxed else _unsandboxed_pty_setup
+        preexec = functools.partial(_pty_setup, spec.sandbox_type is SandboxType.NONE)
     else:
         preexec = _pipe_preexec()
-    with _stdio(spec) as ((stdin, stdout, stderr), ours):
+    with _stdio(spec) as ((stdin, stdout, stderr), outputs, stdin_fd):
         popen = subprocess.Popen(
             argv,
             executable=spec.argv[0],
@@ -237,22 +214,18 @@ def spawn(spec: LaunchSpec) -> SpawnedChild:
             restore_signals=True,
             preexec_fn=preexec,
         )
-    return SpawnedChild(popen.pid, *_our_ends(spec, ours), popen=popen)
+    return SpawnedChild(popen.pid, outputs, stdin_fd, functools.partial(reap, popen.pid), popen)
 
 
 async def spawn_via_service(spec: LaunchSpec, owner: object) -> SpawnedChild | None:
-    """Start ``spec`` through ``spec.zygote``'s launch service, with the stdio of
-    :func:`spawn`; None when the service cannot take it now. ``owner`` must release it.
-
-    Raises:
-        OSError: the launch itself failed (e.g. its cwd is missing).
-    """
+    """Start ``spec`` through ``spec.zygote``'s launch service (``owner`` must release it);
+    None when it cannot take it now, OSError when the launch failed (e.g. no cwd)."""
     assert spec.zygote is not None
     try:
-        with _stdio(spec) as (stdio, ours):
+        with _stdio(spec) as (stdio, outputs, stdin_fd):
             serviced = await spec.zygote.service.spawn(
                 spec.zygote.request, stdio, tty=spec.tty, owner=owner
             )
     except LaunchServiceUnavailable:
         return None
-    return SpawnedChild(serviced.pid, *_our_ends(spec, ours), exit_status=serviced.wait)
+    return SpawnedChild(serviced.pid, outputs, stdin_fd, serviced.wait)

@@ -1,6 +1,5 @@
 """What the process layer is asked to run (pure data): a launch the server's handler
-built and the sandbox manager may have rewritten, and the launch-service interface.
-"""
+built and the sandbox manager may have rewritten, and the launch-service interface."""
 
 from __future__ import annotations
 
@@ -39,13 +38,9 @@ class LaunchService(Protocol):
     async def spawn(
         self, request: object, stdio: tuple[int | None, int, int], *, tty: bool, owner: object
     ) -> ServicedChild:
-        """Start ``request`` with ``stdio`` (stdin None = ``/dev/null``); the caller
-        keeps its fds. ``owner`` must later ``release`` the service.
-
-        Raises:
-            LaunchServiceUnavailable: nothing was started; use the fallback.
-            OSError: the launch itself failed (e.g. its cwd is missing).
-        """
+        """Start ``request`` with ``stdio`` (stdin None = ``/dev/null``; the caller keeps its
+        fds); ``owner`` must later ``release`` the service. LaunchServiceUnavailable: nothing
+        was started, use the fallback; OSError: the launch failed (e.g. its cwd is missing)."""
 
     async def release(self, owner: object) -> None:
         """``owner`` (e.g. a process manager shutting down) no longer needs the service."""
@@ -61,14 +56,10 @@ class ZygoteLaunch:
 
 @dataclass(slots=True)
 class LaunchSpec:
-    """One process launch.
-
-    ``argv[0]`` is what gets executed, ``arg0`` what the child sees if different;
-    ``cwd`` is absolute and ``env`` complete. ``pipe_stdin`` keeps a writable stdin
-    pipe without a PTY. ``pass_fds`` (e.g. a seccomp program for bwrap) are closed
-    in the parent after the spawn; ``cleanup`` runs once the child is reaped.
-    ``zygote``: a launch service can start it too (``argv`` stays the fallback).
-    """
+    """One process launch: ``argv[0]`` is executed, ``arg0`` what the child sees if
+    different; ``cwd`` absolute, ``env`` complete; ``pass_fds`` (e.g. bwrap's seccomp
+    program) close in the parent after the spawn, ``cleanup`` runs once the child is
+    reaped; ``zygote``: a launch service can start it too (``argv`` stays the fallback)."""
 
     argv: list[str]
     cwd: str
@@ -79,8 +70,6 @@ class LaunchSpec:
     pass_fds: tuple[int, ...] = ()
     cleanup: Callable[[], None] | None = None
     sandbox_type: SandboxType = SandboxType.NONE
-    rows: int = 24
-    columns: int = 80
     zygote: ZygoteLaunch | None = None
 
 

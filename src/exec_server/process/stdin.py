@@ -1,7 +1,6 @@
 """A child's stdin: a bounded queue of writes (PROTOCOL.md §8.5), so a child that does
 not read slows its writer instead of growing the server. Write errors (EPIPE, EIO: the
-child stopped reading) drop the queue, as upstream ignores them.
-"""
+child stopped reading) drop the queue, as upstream ignores them."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """An unsandboxed launch's process tree, which ``setsid`` takes out of its group: found
 through parent links in ``/proc`` while the launched process lives (a PTY launch is a
-subreaper, so double forks stay in it). A sandboxed one's PID namespace ends with it.
-"""
+subreaper, so double forks stay in it). A sandboxed one's PID namespace ends with it."""
 
 from __future__ import annotations
 
@@ -31,16 +30,14 @@ def descendants(root: int) -> list[int]:
     (but descending through) members of ``root``'s group: a ``killpg`` reaches them."""
     children: dict[int, list[tuple[int, int, bool]]] = {}
     try:
-        entries = list(os.scandir("/proc"))
+        names = os.listdir("/proc")
     except OSError:  # no procfs (not Linux): only the group is reachable
         return []
-    for entry in entries:
-        if not entry.name.isdigit():
-            continue
-        info = _stat(entry.name)
+    for name in names:
+        info = _stat(name) if name.isdigit() else None
         if info is not None:
             ppid, pgid, alive = info
-            children.setdefault(ppid, []).append((int(entry.name), pgid, alive))
+            children.setdefault(ppid, []).append((int(name), pgid, alive))
     found: list[int] = []
     queue = [root]
     while queue:
@@ -63,16 +60,14 @@ def open_pidfds(pids: list[int]) -> list[int]:
 
 
 def signal_pidfds(fds: list[int], sig: int) -> None:
-    """Send ``sig`` through each pidfd; processes already gone are skipped."""
     for fd in fds:
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(fd, sig)
 
 
 def kill_tree(root: int) -> None:
-    """SIGKILL every descendant of ``root`` (still alive), walking again until none is
-    found: a killed middle process's children move to the subreaper ``root``, and a
-    process may fork between walk and kill."""
+    """SIGKILL every live descendant of ``root``, walking again until none is found: a killed
+    middle process's children move to the subreaper ``root``; a process may fork meanwhile."""
     for _ in range(_KILL_PASSES):
         found = descendants(root)
         if not found:
