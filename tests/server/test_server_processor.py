@@ -408,10 +408,10 @@ def test_router_makes_each_params_decoder_when_the_method_is_registered() -> Non
     router = Router()
     with pytest.raises(NameError, match="NoSuchType"):
         router.add("test/unresolvable", _UnresolvableParams, handler, None)
-    assert "test/unresolvable" not in router
+    assert "test/unresolvable" not in router.methods
 
     class Fine(msgspec.Struct):
         value: int
 
     router.add("test/fine", Fine, handler, None)
-    assert "test/fine" in router
+    assert "test/fine" in router.methods
