@@ -96,11 +96,11 @@ class ExecServer:
         self._processors.add(processor)
         return processor
 
-    def close_connections(self, reason: str = "server shutting down") -> None:
+    def close_connections(self) -> None:
         """End every connection: requests in progress are cancelled, sessions detach.
         (Closing the sockets is not enough: a busy connection notices EOF late.)"""
         for processor in list(self._processors):
-            processor.close(reason)
+            processor.close("server shutting down")
 
     async def handle_websocket(self, conn: WebSocketTransport) -> None:
         """One processor per upgraded socket. A connection opened with a signed token
