@@ -69,11 +69,8 @@ async def handle_initialize(ctx: RequestContext, params: InitializeParams) -> In
 def build_router() -> Router:
     router = Router()
     router.add("initialize", InitializeParams, handle_initialize, None)
-    env_handlers.register(router)
-    process_handlers.register(router)
-    fs_handlers.register(router)
-    http_handlers.register(router)
-    fs_handle_handlers.register(router)
+    for module in (env_handlers, process_handlers, fs_handlers, http_handlers, fs_handle_handlers):
+        module.register(router)
     return router
 
 

@@ -256,17 +256,14 @@ class ConnectionProcessor:
         watcher = make_epoll()
         try:
             watcher.register(fd, select.EPOLLRDHUP)
-            self._loop.add_reader(watcher.fileno(), self._on_hangup)
+            self._loop.add_reader(watcher.fileno(), self._peer_left)
         except (OSError, ValueError):
             watcher.close()
             return
         self._hangup = watcher
 
-    def _on_hangup(self) -> None:
-        self._stop_hangup_watch()
-        self._peer_left()
-
     def _peer_left(self) -> None:
+        self._stop_hangup_watch()
         self._peer_gone = True
         self._close_requested.set()  # cancels the request in progress
 
