@@ -284,6 +284,24 @@ async def test_resume_after_disconnect_and_ttl_expiry(inprocess_server: Callable
     assert reply["error"] == {"code": -32600, "message": f"unknown session id {session_id}"}
 
 
+async def test_resume_cancels_the_detach_timer(inprocess_server: Callable[..., Any]) -> None:
+    srv = inprocess_server(detach_ttl=0.3)
+    a = await srv.connect()
+    session_id = await a.initialize()
+    await a.aclose()
+    await asyncio.wait_for(a.task, TIMEOUT)
+    session = srv.server.registry.get(session_id)
+    assert session is not None
+    timer = session.expiry
+    assert timer is not None
+    b = await srv.connect()
+    assert await b.initialize(resume_session_id=session_id) == session_id
+    await asyncio.wait_for(asyncio.gather(timer, return_exceptions=True), TIMEOUT)
+    assert timer.cancelled()
+    assert srv.server.registry.get(session_id) is session
+    assert not session.closed.is_set()
+
+
 async def test_resume_of_attached_session_is_rejected(
     inprocess_server: Callable[..., Any],
 ) -> None:
@@ -408,10 +426,10 @@ def test_router_makes_each_params_decoder_when_the_method_is_registered() -> Non
     router = Router()
     with pytest.raises(NameError, match="NoSuchType"):
         router.add("test/unresolvable", _UnresolvableParams, handler, None)
-    assert "test/unresolvable" not in router
+    assert "test/unresolvable" not in router.methods
 
     class Fine(msgspec.Struct):
         value: int
 
     router.add("test/fine", Fine, handler, None)
-    assert "test/fine" in router
+    assert "test/fine" in router.methods

@@ -1,12 +1,4 @@
-"""Errors of the :mod:`exec_server.http` package; ``message`` is the exact text a client sees.
-
-Tree::
-
-    HttpError                  base, never raised directly
-    ├── HttpRequestInvalid     the request is refused before anything is sent
-    ├── HttpRequestFailed      no response head arrived (connect, DNS, TLS, deadline)
-    └── HttpBodyFailed         the response body broke off (truncated, reset, deadline)
-"""
+"""Errors of :mod:`exec_server.http`; ``message`` is the exact text a client sees."""
 
 from __future__ import annotations
 
@@ -24,7 +16,7 @@ class HttpRequestInvalid(HttpError):
 
 
 class HttpRequestFailed(HttpError):
-    """The request got no response head."""
+    """No response head arrived (connect, DNS, TLS, deadline)."""
 
     def __init__(self, cause: str) -> None:
         super().__init__(f"http/request failed: {cause}")
@@ -32,7 +24,7 @@ class HttpRequestFailed(HttpError):
 
 
 class HttpBodyFailed(HttpError):
-    """The body ended early; ``cause`` is what a streamed body's last frame reports."""
+    """The body broke off; ``cause`` is what a streamed body's last frame reports."""
 
     def __init__(self, cause: str) -> None:
         super().__init__(f"failed to read http/request response body: {cause}")

@@ -69,11 +69,8 @@ async def handle_initialize(ctx: RequestContext, params: InitializeParams) -> In
 def build_router() -> Router:
     router = Router()
     router.add("initialize", InitializeParams, handle_initialize, None)
-    env_handlers.register(router)
-    process_handlers.register(router)
-    fs_handlers.register(router)
-    http_handlers.register(router)
-    fs_handle_handlers.register(router)
+    for module in (env_handlers, process_handlers, fs_handlers, http_handlers, fs_handle_handlers):
+        module.register(router)
     return router
 
 
@@ -96,11 +93,11 @@ class ExecServer:
         self._processors.add(processor)
         return processor
 
-    def close_connections(self, reason: str = "server shutting down") -> None:
+    def close_connections(self) -> None:
         """End every connection: requests in progress are cancelled, sessions detach.
         (Closing the sockets is not enough: a busy connection notices EOF late.)"""
         for processor in list(self._processors):
-            processor.close(reason)
+            processor.close("server shutting down")
 
     async def handle_websocket(self, conn: WebSocketTransport) -> None:
         """One processor per upgraded socket. A connection opened with a signed token

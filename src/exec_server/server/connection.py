@@ -256,17 +256,14 @@ class ConnectionProcessor:
         watcher = make_epoll()
         try:
             watcher.register(fd, select.EPOLLRDHUP)
-            self._loop.add_reader(watcher.fileno(), self._on_hangup)
+            self._loop.add_reader(watcher.fileno(), self._peer_left)
         except (OSError, ValueError):
             watcher.close()
             return
         self._hangup = watcher
 
-    def _on_hangup(self) -> None:
-        self._stop_hangup_watch()
-        self._peer_left()
-
     def _peer_left(self) -> None:
+        self._stop_hangup_watch()
         self._peer_gone = True
         self._close_requested.set()  # cancels the request in progress
 
@@ -309,30 +306,30 @@ class ConnectionProcessor:
         await self._slots.acquire()
         ctx = RequestContext(self.attachment, self.services, self.registry)
         if not self.router.may_block(request.method):
-            try:
-                await self._answer(ctx, request)  # inline: answered before the next is read
+            try:  # inline: answered before the next is read
+                await self._send(await self.router.dispatch(ctx, request))
             finally:
                 self._slots.release()
             return
-        task = asyncio.create_task(self._run_request(ctx, request))
+        released = ctx.released = asyncio.Event()
+        replied = ctx.replied = asyncio.Event()
+        task = asyncio.create_task(self._run_request(ctx, request, released, replied))
         self._handlers.add(task)
         task.add_done_callback(self._handler_done)
-        await ctx.released.wait()
+        await released.wait()
 
     def _handler_done(self, task: asyncio.Task[None]) -> None:
         self._handlers.discard(task)
         self._slots.release()
 
-    async def _answer(self, ctx: RequestContext, request: Request) -> None:
+    async def _run_request(
+        self, ctx: RequestContext, request: Request, released: asyncio.Event,
+        replied: asyncio.Event,
+    ) -> None:
         try:
             await self._send(await self.router.dispatch(ctx, request))
-        finally:
-            ctx.mark_replied()
-
-    async def _run_request(self, ctx: RequestContext, request: Request) -> None:
-        try:
-            await self._answer(ctx, request)
         except ProtocolClosedError as exc:
             self.refuse(str(exc))
         finally:
-            ctx.released.set()
+            replied.set()
+            released.set()

@@ -51,15 +51,12 @@ def _tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     try:
         context.load_cert_chain(cert_file, key_file)
     except ssl.SSLError as exc:
-        raise ListenerRefused(
-            f"failed to load TLS certificate {cert_file} / key {key_file}: {exc.reason or exc}"
-        ) from None
+        reason = exc.reason or str(exc)
     except OSError as exc:
-        reason = os_error_message(exc) if exc.errno is not None else str(exc)
-        raise ListenerRefused(
-            f"failed to load TLS certificate {cert_file} / key {key_file}: {reason}"
-        ) from None
-    return context
+        reason = os_error_message(exc)
+    else:
+        return context
+    raise ListenerRefused(f"failed to load TLS certificate {cert_file} / key {key_file}: {reason}")
 
 
 def prepare_listener(config: ServerConfig, address: ListenAddress) -> Listener:

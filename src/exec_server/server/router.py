@@ -23,12 +23,7 @@ from exec_server.exceptions import (
     params_error_text,
     wire_error,
 )
-from exec_server.protocol.codec import (
-    decode_error_text,
-    decode_params,
-    encode_error,
-    encode_result,
-)
+from exec_server.protocol.codec import decode_error_text, decode_params, encode_error, encode_result
 from exec_server.protocol.handshake import (
     NO_SESSION,
     SESSION_RESUMED,
@@ -58,9 +53,8 @@ def _log_request(request: Request, params: Any, started: float | None,
                  error: Exception | None) -> None:
     """One line per request at debug (a failed ``process/start`` at info); never data
     or the environment (secrets live there)."""
-    level = logging.DEBUG
-    if error is not None and request.method == "process/start":
-        level = logging.INFO
+    failed_start = error is not None and request.method == "process/start"
+    level = logging.INFO if failed_start else logging.DEBUG
     if not logger.isEnabledFor(level):
         return
     fields = [request.method, f"id={request.id!r}"]
@@ -101,27 +95,12 @@ class RequestContext:
         self.services = services
         self.registry = registry
         self.span: StringSpan | None = None
-        self._released: asyncio.Event | None = None
-        self._replied: asyncio.Event | None = None
-
-    @property
-    def released(self) -> asyncio.Event:
-        """Set when later messages of this connection may be dispatched."""
-        if self._released is None:  # only blocking routes need it: made on demand
-            self._released = asyncio.Event()
-        return self._released
-
-    @property
-    def replied(self) -> asyncio.Event:
-        """Set once the answer was handed to the transport: work left running after
-        the result (a streamed HTTP body) waits for it, to follow the answer."""
-        if self._replied is None:
-            self._replied = asyncio.Event()
-        return self._replied
-
-    def mark_replied(self) -> None:
-        if self._replied is not None:
-            self._replied.set()
+        #: Made by the connection for ``may_block`` routes only. ``released``: later
+        #: messages of this connection may be dispatched. ``replied``: the answer was
+        #: handed to the transport; work left running after the result (a streamed
+        #: HTTP body) waits for it, to follow the answer.
+        self.released: asyncio.Event | None = None
+        self.replied: asyncio.Event | None = None
 
     @property
     def session(self) -> Session:
@@ -139,7 +118,8 @@ class RequestContext:
     def unblock(self) -> None:
         """A ``may_block`` handler calls this after its ordered part (validation), so
         later requests of the connection go on while it waits."""
-        self.released.set()
+        if self.released is not None:
+            self.released.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,9 +153,6 @@ class Router:
         route = self._routes.get(method)
         return route is not None and route.may_block
 
-    def __contains__(self, method: object) -> bool:
-        return method in self._routes
-
     @property
     def methods(self) -> list[str]:
         return sorted(self._routes)
@@ -194,7 +171,7 @@ class Router:
             params = self._params(ctx, route, request)
             result = await route.handler(ctx, params)
             reply = encode_result(request.id, result)
-        except (ProtocolClosedError, asyncio.CancelledError):
+        except ProtocolClosedError:
             raise
         except Exception as exc:
             _log_request(request, params, started, exc)

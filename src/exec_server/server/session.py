@@ -31,8 +31,8 @@ class Session:
         self.session_id = session_id
         self.processes = processes
         self.attached_to: str | None = None
-        self.last_detached: str | None = None
         self.detach_deadline: float | None = None
+        self.expiry: asyncio.Task[None] | None = None
         #: set whenever the attachment changes, so long polls re-check.
         self.attachment_changed = asyncio.Event()
         self.closed = asyncio.Event()
@@ -40,9 +40,6 @@ class Session:
     def changed(self) -> None:
         self.attachment_changed.set()
         self.attachment_changed = asyncio.Event()
-
-    def __repr__(self) -> str:
-        return f"<Session {self.session_id} attached_to={self.attached_to}>"
 
 
 class Attachment:
@@ -121,11 +118,10 @@ class SessionRegistry:
             return
         session.processes.set_sink(None)
         session.attached_to = None
-        session.last_detached = attachment.connection_id
         loop = asyncio.get_running_loop()
         session.detach_deadline = loop.time() + self._config.detach_ttl
         session.changed()
-        task = loop.create_task(self._expire_later(session, attachment.connection_id))
+        task = session.expiry = loop.create_task(self._expire_later(session))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         logger.debug("session %s detached from %s", session.session_id, attachment.label)
@@ -145,31 +141,23 @@ class SessionRegistry:
     def _attach(self, session: Session, attachment: Attachment) -> None:
         session.attached_to = attachment.connection_id
         session.detach_deadline = None
+        if session.expiry is not None:
+            session.expiry.cancel()
+            session.expiry = None
         session.processes.set_sink(notifier(attachment.sink))
         attachment.session = session
         session.changed()
 
-    async def _expire_later(self, session: Session, connection_id: str) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            deadline = session.detach_deadline
-            if (
-                self._sessions.get(session.session_id) is not session
-                or session.attached_to is not None
-                or session.last_detached != connection_id
-                or deadline is None
-            ):
-                return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            await asyncio.sleep(remaining)
+    async def _expire_later(self, session: Session) -> None:
+        """Cancelled when a connection resumes the session."""
+        await asyncio.sleep(self._config.detach_ttl)
         logger.info("session %s expired after detach", session.session_id)
         await self._remove(session)
 
     async def _remove(self, session: Session) -> None:
-        if self._sessions.get(session.session_id) is session:
-            del self._sessions[session.session_id]
+        if self._sessions.get(session.session_id) is not session:
+            return  # removed already (an expired resume, then its timer)
+        del self._sessions[session.session_id]
         # In a task of its own: a caller cancelled meanwhile must not leave the
         # processes killed but unreaped.
         task = asyncio.get_running_loop().create_task(self._close(session))

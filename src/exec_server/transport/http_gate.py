@@ -52,8 +52,11 @@ class UpgradeGate:
     def __init__(self, authenticator: Authenticator | None = None) -> None:
         self.authenticator = authenticator
 
-    def decide(self, request: Request, peer: str) -> Response | Grant:
-        """The response refusing ``request`` (or answering ``/readyz``), else the grant."""
+    def process_request(self, connection: Any, request: Request) -> Response | None:
+        """The library's ``process_request`` hook: the response refusing ``request`` (or
+        answering ``/readyz``), else None, the grant kept as ``connection.grant``."""
+        remote = getattr(connection, "remote_address", None)
+        peer = f"{remote[0]}:{remote[1]}" if isinstance(remote, tuple) else "unknown peer"
         headers = request.headers
         path = request.path.partition("?")[0]
         if "Origin" in headers:
@@ -84,14 +87,5 @@ class UpgradeGate:
             peer,
             f" ({self.authenticator.mode})" if self.authenticator is not None else "",
         )
-        return grant
-
-    def process_request(self, connection: Any, request: Request) -> Response | None:
-        """The library's ``process_request`` hook; the grant is kept as ``connection.grant``."""
-        remote = getattr(connection, "remote_address", None)
-        peer = f"{remote[0]}:{remote[1]}" if isinstance(remote, tuple) else "unknown peer"
-        decision = self.decide(request, peer)
-        if isinstance(decision, Response):
-            return decision
-        connection.grant = decision
+        connection.grant = grant
         return None

@@ -25,29 +25,23 @@ class ListenAddress:
     port: int
 
 
-def _parse_socket_addr(text: str) -> ListenAddress | None:
-    host_text, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isascii() or not port_text.isdigit() or int(port_text) > 0xFFFF:
-        return None
+def parse_listen_url(url: str) -> ListenAddress | str:
+    """A ``--listen`` value as an address, or :data:`STDIO`; ListenUrlError: upstream's text."""
+    if url in ("stdio", "stdio://"):
+        return STDIO
+    if not url.startswith("ws://"):
+        raise ListenUrlError(f"unsupported --listen URL `{url}`; expected `ws://IP:PORT`")
+    host_text, sep, port_text = url[len("ws://") :].rpartition(":")
     host: ipaddress.IPv4Address | ipaddress.IPv6Address
     try:
+        if not (sep and port_text.isascii() and port_text.isdigit() and int(port_text) <= 0xFFFF):
+            raise ValueError(port_text)
         if host_text.startswith("[") and host_text.endswith("]"):
             host = ipaddress.IPv6Address(host_text[1:-1])
         else:
             host = ipaddress.IPv4Address(host_text)
     except ValueError:
-        return None
+        raise ListenUrlError(
+            f"invalid websocket --listen URL `{url}`; expected `ws://IP:PORT`"
+        ) from None
     return ListenAddress(str(host), int(port_text))
-
-
-def parse_listen_url(url: str) -> ListenAddress | str:
-    """A ``--listen`` value as an address, or :data:`STDIO`; ListenUrlError: upstream's text."""
-    if url in ("stdio", "stdio://"):
-        return STDIO
-    prefix = "ws://"
-    if not url.startswith(prefix):
-        raise ListenUrlError(f"unsupported --listen URL `{url}`; expected `ws://IP:PORT`")
-    addr = _parse_socket_addr(url[len(prefix) :])
-    if addr is None:
-        raise ListenUrlError(f"invalid websocket --listen URL `{url}`; expected `ws://IP:PORT`")
-    return addr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from exec_server.transport.base import Inbound, Outbound
 
@@ -45,17 +44,13 @@ class MemoryTransport:
         """Close both directions: the peer sees EOF, our reader stops."""
         if not self.closed:
             self.closed = True
-            for queue in (self._outbound, self._inbound):
-                with contextlib.suppress(asyncio.QueueFull):
-                    queue.put_nowait(None)
+            self._outbound.put_nowait(None)
+            self._inbound.put_nowait(None)
 
 
-def memory_pair(
-    *, label: str = "memory", maxsize: int = 0
-) -> tuple[MemoryTransport, MemoryTransport]:
-    """Two connected in-process transports (unbounded unless ``maxsize``)."""
-    a_to_b: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
-    b_to_a: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
+def memory_pair(*, label: str = "memory") -> tuple[MemoryTransport, MemoryTransport]:
+    a_to_b: asyncio.Queue[bytes | None] = asyncio.Queue()
+    b_to_a: asyncio.Queue[bytes | None] = asyncio.Queue()
     return (
         MemoryTransport(b_to_a, a_to_b, label=f"{label} a"),
         MemoryTransport(a_to_b, b_to_a, label=f"{label} b"),

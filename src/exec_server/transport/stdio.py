@@ -28,12 +28,9 @@ _HAND_OVER_MIN: Final = 64 << 10
 
 
 class StreamTransport:
-    """Newline-delimited JSON over a byte stream; blank lines are ignored.
-
-    Big lines are not copied whole: one read is returned in the buffer it was
-    gathered in, one sent is fed to the pipe 1 MiB at a time as it drains
-    (asyncio's pipe transport would copy its unsent rest).
-    """
+    """Blank lines are ignored. Big lines are not copied whole: one read is returned in
+    the buffer it was gathered in, one sent is fed to the pipe 1 MiB at a time as it
+    drains (asyncio's pipe transport would copy its unsent rest)."""
 
     kind = "line"
 

@@ -57,12 +57,9 @@ def _set_nodelay(sock: socket.socket | None) -> None:
 
 
 class WebSocketTransport:
-    """Adapter over a websockets asyncio connection.
-
-    A message over :data:`FEED_MIN` is sent in :data:`FEED` fragments (no framed
-    copy of all of it); Text and Binary frames are accepted, UTF-8 unchecked (the
-    JSON decoder answers bad text).
-    """
+    """A message over :data:`FEED_MIN` is sent in :data:`FEED` fragments (no framed copy
+    of all of it); Text and Binary frames are accepted, UTF-8 unchecked (the JSON
+    decoder answers bad text)."""
 
     kind = "websocket"
 
@@ -135,11 +132,9 @@ class WebSocketTransport:
 
 
 class _BoundedConnection(ServerConnection):
-    """A connection that stops reading while its write buffer is full: else a client
-    that pings without reading the Pongs grows the buffer without bound. The
-    library pauses reading for its own reason too (its queue is full): reading
-    resumes only once neither reason holds.
-    """
+    """Stops reading while its write buffer is full: else a client that pings without
+    reading the Pongs grows the buffer without bound. The library pauses reading for
+    its own reason too (its queue is full): reading resumes once neither holds."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -177,20 +172,12 @@ def _label(ws: ServerConnection) -> str:
 
 
 async def serve_websocket(
-    handler: Handler,
-    host: str,
-    port: int,
-    *,
-    max_message_size: int,
-    gate: UpgradeGate | None = None,
-    ssl: ssl_module.SSLContext | None = None,
+    handler: Handler, host: str, port: int, *, max_message_size: int,
+    gate: UpgradeGate | None = None, ssl: ssl_module.SSLContext | None = None,
 ) -> Server:
-    """Listen on ``host:port``; ``handler(transport)`` runs once per upgraded connection.
-
-    A frame over ``2 * max_message_size + 1 MiB`` closes with 1009 (the slack
-    keeps a small limit from refusing the 1 MiB fragments clients send). The
-    caller closes the returned server.
-    """
+    """``handler(transport)`` runs once per upgraded connection; the caller closes the
+    server. A frame over ``2 * max_message_size + 1 MiB`` closes with 1009 (the slack
+    keeps a small limit from refusing the 1 MiB fragments clients send)."""
     upgrade_gate = gate if gate is not None else UpgradeGate()
     limit = 2 * max_message_size + (1 << 20)
 

@@ -119,17 +119,6 @@ class CapabilityToken(Authenticator):
     def _load(path: str) -> bytes:
         return hashlib.sha256(_read_secret(path)).digest()
 
-    @classmethod
-    def from_file(cls, path: str) -> CapabilityToken:
-        return cls(cls._load(path), path)
-
-    @classmethod
-    def from_hex(cls, text: str) -> CapabilityToken:
-        text = text.strip()
-        if len(text) != 64 or any(c not in "0123456789abcdefABCDEF" for c in text):
-            raise AuthConfigError("--ws-token-sha256 must be a 64-character hex SHA-256 digest")
-        return cls(bytes.fromhex(text), None)
-
     def _verify(self, token: str, now: float) -> Grant:
         if not hmac.compare_digest(hashlib.sha256(token.encode()).digest(), self._key):
             raise AuthRefused("invalid websocket bearer token")
@@ -190,10 +179,8 @@ class SignedBearerToken(Authenticator):
                     "verify_sub": False, "verify_jti": False, "require": [],
                 },
             )
-        except jwt.PyJWTError:
+        except jwt.PyJWTError:  # a payload that is not a JSON object too
             raise AuthRefused(INVALID_JWT) from None
-        if not isinstance(claims, dict):
-            raise AuthRefused(INVALID_JWT)
         exp = _claim_int(claims, "exp")
         nbf = _claim_int(claims, "nbf")
         iss = claims.get("iss")
@@ -248,9 +235,14 @@ def load_authenticator(settings: WsAuthSettings, *, stdio: bool) -> Authenticato
                 "`--ws-token-file` and `--ws-token-sha256` are mutually exclusive"
             )
         if settings.token_file is not None:
-            return CapabilityToken.from_file(settings.token_file)
+            return CapabilityToken(CapabilityToken._load(settings.token_file), settings.token_file)
         if settings.token_sha256 is not None:
-            return CapabilityToken.from_hex(settings.token_sha256)
+            digest = settings.token_sha256.strip()
+            if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
+                raise AuthConfigError(
+                    "--ws-token-sha256 must be a 64-character hex SHA-256 digest"
+                )
+            return CapabilityToken(bytes.fromhex(digest), None)
         raise AuthConfigError(
             "`--ws-token-file` or `--ws-token-sha256` is required when "
             "`--ws-auth capability-token` is set"

@@ -100,7 +100,9 @@ def environment_info(capabilities: EnvironmentCapabilities) -> EnvironmentInfo:
     )
 
 
-async def cached_environment_info(ctx: RequestContext) -> EnvironmentInfo:
+async def cached_environment_info(
+    ctx: RequestContext, params: NoParams | None = None
+) -> EnvironmentInfo:
     """Computed once per server, in a thread (it looks for the shell on disk)."""
     services = ctx.services
     info = services.environment_info
@@ -108,10 +110,6 @@ async def cached_environment_info(ctx: RequestContext) -> EnvironmentInfo:
         info = await asyncio.to_thread(environment_info, services.capabilities)
         services.environment_info = info
     return info
-
-
-async def handle_environment_info(ctx: RequestContext, params: NoParams | None) -> EnvironmentInfo:
-    return await cached_environment_info(ctx)
 
 
 async def handle_environment_status(
@@ -150,7 +148,7 @@ def _wire_layers(layers: list[HostConfigLayer]) -> ConfigLayers:
 
 def register(router: Router) -> None:
     """Ungated, like upstream's."""
-    router.add("environment/info", NoParams | None, handle_environment_info, None)
+    router.add("environment/info", NoParams | None, cached_environment_info, None)
     router.add("environment/status", NoParams | None, handle_environment_status, None)
     router.add(
         "environmentConfig/read",

@@ -124,10 +124,9 @@ async def read_file(
         if len(data) > INLINE_CODEC_LIMIT:
             return await service.pool.run(read_text, data)
         return t.ReadFileResult(data_base64=data)
-    uri = path.form is PathForm.URI
-    pieces = read_text_pieces
     result = await service.read_file_mapped(
-        path.path, read_text, INLINE_CODEC_LIMIT, route, regular_only=uri, map_pieces=pieces
+        path.path, read_text, INLINE_CODEC_LIMIT, route,
+        regular_only=path.form is PathForm.URI, map_pieces=read_text_pieces,
     )
     if isinstance(result, bytes):
         return t.ReadFileResult(data_base64=result)

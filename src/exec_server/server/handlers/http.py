@@ -62,28 +62,29 @@ async def handle_http_request(ctx: RequestContext, params: HttpRequestParams) ->
     )
     streams = ctx.attachment.streams
     key = _STREAM_KEY + params.request_id
-    if params.stream_response and key in streams:
-        raise InvalidParamsError(
-            f"http/request streamResponse requestId `{params.request_id}` is already active"
-        )
-    if not params.stream_response:
-        ctx.unblock()
+    stream = params.stream_response
+    if stream:
+        if key in streams:
+            raise InvalidParamsError(
+                f"http/request streamResponse requestId `{params.request_id}` is already active"
+            )
+        # Reserved until the ``done`` frame; the placeholder becomes the body's task.
+        streams[key] = asyncio.get_running_loop().create_future()
+    ctx.unblock()
+    try:
         response = await _client(ctx).send(request)
+    except BaseException:
+        if stream:
+            streams.pop(key, None)
+        raise
+    if not stream:
         try:
             body = await response.read()
         finally:
             await response.aclose()
         return _result(response, body)
-    # Reserved until the ``done`` frame; the placeholder becomes the body's task.
-    placeholder: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    streams[key] = placeholder
-    ctx.unblock()
-    try:
-        response = await _client(ctx).send(request)
-    except BaseException:
-        streams.pop(key, None)
-        raise
     replied = ctx.replied
+    assert replied is not None  # a may_block route
     streams[key] = asyncio.create_task(
         _send_body(ctx.attachment, params.request_id, key, response, replied),
         name=f"http-body-{params.request_id}",
