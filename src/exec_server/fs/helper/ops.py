@@ -18,42 +18,24 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from exec_server.errno_text import os_error_text
 from exec_server.exceptions import ExecServerError, InvalidRequestError, wire_error
 from exec_server.fs import fdops, nofollow
-from exec_server.fs.errors import FsError, os_error, translate_os_errors
-from exec_server.fs.fdops import temp_name, write_all
+from exec_server.fs.errors import FsError, fs_error_from_os, os_error, translate_os_errors
+from exec_server.fs.fdops import READ_LIMIT, write_all
 from exec_server.fs.walk import WalkOptions, walk
 
 __all__ = [
-    "FRAME",
-    "MAX_DATA",
-    "MAX_READ_BYTES",
-    "OPERATIONS",
-    "WRITE_OPS",
-    "OpError",
-    "OpRequest",
-    "encode_frame",
-    "error_from_os",
-    "execute",
-    "metadata_fields",
-    "no_follow",
-    "read_frame",
-    "temp_name",
-    "write_all",
+    "FRAME", "MAX_DATA", "OPERATIONS", "WRITE_OPS", "OpError", "OpRequest", "encode_frame",
+    "error_from_os", "execute", "metadata_fields", "no_follow", "read_frame",
 ]
 
-#: fs/readFile refuses larger files (PROTOCOL.md §9.3).
-MAX_READ_BYTES = fdops.READ_LIMIT
 #: a frame: header length, data length (big endian), the JSON header, the raw data.
 FRAME = struct.Struct("!IQ")
 _MAX_HEADER = 16 * 1024 * 1024
-MAX_DATA = 2 * MAX_READ_BYTES
+MAX_DATA = 2 * READ_LIMIT
 
 _INVALID = -32600
 _INTERNAL = -32603
-#: PROTOCOL.md §9.1 codes of OS errors; any other errno is -32603.
-_CODES = {errno.ENOENT: -32004, errno.EACCES: _INVALID, errno.EPERM: _INVALID}
 
 
 #: Failure injection, set only in a zygote child started with ``--test-hooks``:
@@ -74,10 +56,14 @@ class OpError(Exception):
 
 
 def error_from_os(exc: OSError) -> OpError:
-    """Map an OS error per PROTOCOL.md §9.1, with Rust-style text (§5.3)."""
-    if exc.errno is None:
-        return OpError(_INTERNAL, str(exc))
-    return OpError(_CODES.get(exc.errno, _INTERNAL), os_error_text(exc.errno))
+    """Map an OS error as the direct route does (PROTOCOL.md §9.1, text §5.3)."""
+    return _op_error(fs_error_from_os(exc))
+
+
+def _op_error(exc: ExecServerError | FsError) -> OpError:
+    err = wire_error(exc)
+    assert err is not None  # both kinds map
+    return OpError(err.code, err.message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +165,6 @@ def _is_path(v: object) -> TypeGuard[str]:
     return isinstance(v, str) and v.startswith("/") and "\x00" not in v
 
 
-
 def encode_frame(header: bytes, data_len: int) -> bytes:
     return FRAME.pack(len(header), data_len) + header
 
@@ -202,7 +187,6 @@ def read_frame(fd: int) -> tuple[bytes, bytearray]:
         raise OpError(_INVALID, "fs sandbox frame too large")
     header = bytes(_read_exact(fd, hlen))
     return header, _read_exact(fd, dlen)
-
 
 
 def _within(path: str, root: str) -> bool:
@@ -255,7 +239,6 @@ class _Guard:
         for root, kind in self.rules:
             if kind < 2 and root != path and _within(root, path) and os.path.lexists(root):
                 raise os_error(errno.EROFS if kind == 1 else errno.EACCES)
-
 
 
 def _fd_path(fd: int) -> str:
@@ -349,14 +332,13 @@ def _open_final(c: _Ctx, t: _Target, flags: int) -> int:
         raise _final_symlink(c, t) from None
 
 
-
 def _read_file(c: _Ctx) -> tuple[dict[str, object], bytes]:
     with c.checked(write=False) as t:
         # O_NONBLOCK: a FIFO without a writer must not hang the helper.
         fd = _open_final(c, t, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        size = fdops.check_for_read(fd, MAX_READ_BYTES, c.req.not_a_file)
-        return {}, fdops.read_to_end(fd, size, MAX_READ_BYTES)
+        size = fdops.check_for_read(fd, READ_LIMIT, c.req.not_a_file)
+        return {}, fdops.read_to_end(fd, size, READ_LIMIT)
     finally:
         os.close(fd)
 
@@ -582,10 +564,10 @@ def no_follow(
     if op == "fs/readFile":
         fd, size = nofollow.open_regular(path)
         try:
-            if size > MAX_READ_BYTES:
-                raise InvalidRequestError(fdops.too_large_message(MAX_READ_BYTES))
+            if size > READ_LIMIT:
+                raise InvalidRequestError(fdops.too_large_message(READ_LIMIT))
             with translate_os_errors():
-                return {}, fdops.read_to_end(fd, size, MAX_READ_BYTES)
+                return {}, fdops.read_to_end(fd, size, READ_LIMIT)
         finally:
             os.close(fd)
     if op == "fs/writeFile":
@@ -654,6 +636,4 @@ def execute(req: OpRequest, data: bytes | bytearray) -> tuple[dict[str, object],
     except OSError as exc:
         raise error_from_os(exc) from exc
     except (ExecServerError, FsError) as exc:
-        err = wire_error(exc)
-        assert err is not None  # both kinds map
-        raise OpError(err.code, err.message) from exc
+        raise _op_error(exc) from exc
