@@ -18,9 +18,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 import msgspec
 
@@ -53,8 +52,6 @@ from exec_server.fs.service import (
     NoFollowResult,
     metadata_from_fields,
     no_follow_result,
-    run_no_follow,
-    walk_here,
 )
 from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.process.spec import LaunchSpec
@@ -79,7 +76,6 @@ NEEDS_POLICY = "sandboxed filesystem operations require ReadOnly or WorkspaceWri
 FS_HELPER_FLAG = "--codex-run-as-fs-helper"
 
 _PRESERVE_OPS = frozenset({"fs/remove", "fs/copy"})
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,15 +229,9 @@ def _header(
 
 class SandboxedFileSystem:
     """Runs ``fs/*`` operations under a request's sandbox policy; every method takes the
-    decoded context (``sandbox.convert.FsSandboxRequest``) first.
-
-    Args:
-        config: server config (``fs_helper_timeout``, sandbox backend).
-        sandbox_manager: wraps the one-shot helper (None: zygote only).
-        mode: ``auto`` (zygote when Landlock works, else one-shot helper),
-            ``zygote`` or ``helper``.
-        zygote: inject a zygote (tests use ``Zygote(test_hooks=True)``).
-    """
+    decoded context (``sandbox.convert.FsSandboxRequest``) first. ``sandbox_manager`` wraps
+    the one-shot helper (None: zygote only); ``mode``: ``auto`` (the zygote when Landlock
+    works, else the one-shot helper), ``zygote`` or ``helper``."""
 
     def __init__(
         self,
@@ -278,21 +268,22 @@ class SandboxedFileSystem:
 
     # ------------------------------------------------------------- typed API
 
-    async def read_file(self, context: object, path: str) -> bytes:
-        req = _request(context)
-        if _reads_everything(req):
-            # As the unsandboxed route: one worker job.
-            regular_only = self.reads_regular_only(req)
-            return await shared_pool().run(ops.read_file, path, regular_only=regular_only)
-        _, data = await self.run(FsOperation("fs/readFile", path), req)
-        return data
-
     def reads_directly(self, context: object) -> bool:
-        return _reads_everything(_request(context))
+        """A read runs directly, as upstream's does, when that provably answers the same: the
+        request policy (the pre-check) and the helper policy (the kernel's) read everything.
+        The caller then runs it as the direct route does (one worker job)."""
+        req = _request(context)
+        return not req.direct and has_full_disk_read(req.policy) and has_full_disk_read(
+            req.helper_policy
+        )
 
     def reads_regular_only(self, context: object) -> bool:
         """Whether a direct ``fs/readFile`` under ``context`` refuses non-regular files."""
         return _request(context).generation is Generation.CURRENT
+
+    async def read_file(self, context: object, path: str) -> bytes:
+        _, data = await self.run(FsOperation("fs/readFile", path), _request(context))
+        return data
 
     async def write_file(self, context: object, path: str, data: ops.Payload) -> None:
         await self.run(FsOperation("fs/writeFile", path, data=data), _request(context))
@@ -303,8 +294,6 @@ class SandboxedFileSystem:
 
     async def get_metadata(self, context: object, path: str) -> Metadata:
         request = _request(context)
-        if _reads_everything(request):
-            return await shared_pool().run(ops.get_metadata, path)
         result, _ = await self.run(FsOperation("fs/getMetadata", path), request)
         meta = metadata_from_fields(result)
         # In a worker, as every look-up: the path may be on a hung mount.
@@ -313,9 +302,8 @@ class SandboxedFileSystem:
         return meta
 
     async def read_directory(self, context: object, path: str) -> list[DirEntry]:
-        return await self._read_only(
-            context, FsOperation("fs/readDirectory", path), ops.read_directory, _entries_reply
-        )
+        result, _ = await self.run(FsOperation("fs/readDirectory", path), _request(context))
+        return _entries_reply(result)
 
     async def remove(self, context: object, path: str, recursive: bool, force: bool) -> None:
         op = FsOperation("fs/remove", path, recursive=recursive, force=force)
@@ -326,18 +314,14 @@ class SandboxedFileSystem:
         await self.run(op, _request(context))
 
     async def canonicalize(self, context: object, path: str) -> str:
-        return await self._read_only(
-            context, FsOperation("fs/canonicalize", path), ops.canonicalize, _path_reply
-        )
+        result, _ = await self.run(FsOperation("fs/canonicalize", path), _request(context))
+        return _path_reply(result)
 
     async def walk(self, context: object, path: str, options: WalkOptions) -> WalkOutcome:
         """What the context does not let the caller read is absent (PROTOCOL_CURRENT §6.3)."""
-        return await self._read_only(
-            context,
-            FsOperation("fs/walk", path, walk=options),
-            functools.partial(walk_here, options=options),
-            _walk_reply,
-        )
+        op = FsOperation("fs/walk", path, walk=options)
+        result, _ = await self.run(op, _request(context))
+        return _walk_reply(result)
 
     async def open_handle(
         self, context: object, path: str, mode: OpenMode, install: Install
@@ -345,11 +329,8 @@ class SandboxedFileSystem:
         """``fs/open`` (PROTOCOL_CURRENT §4.6): the confined child opens the file and
         passes the descriptor back; with the one-shot helper the check path is opened
         here, following no link."""
-        req = _request(context)
-        if mode == "read" and _reads_everything(req):
-            return await shared_pool().run(open_into, install, path, mode)
         try:
-            result, _ = await self.run(FsOperation("fs/open", path, mode=mode), req)
+            result, _ = await self.run(FsOperation("fs/open", path, mode=mode), _request(context))
         except _NoDescriptorPassing as exc:
             await shared_pool().run(open_into, install, exc.path, mode, no_follow=True)
             return
@@ -361,30 +342,12 @@ class SandboxedFileSystem:
     async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
         """The policy is checked on the path as spelled and as resolved; the confined child
         runs the direct route's no-follow code."""
-        req = _request(context)
-        if call.method not in WRITE_OPS and _reads_everything(req):
-            return await shared_pool().run(run_no_follow, call)
         data: ops.Payload = b""
         if call.produce is not None:
             data = await shared_pool().run(call.produce)
         op = FsOperation(call.method, call.path, data=data, recursive=call.recursive,
                          force=call.force, no_follow=True)
-        return no_follow_result(call.method, *await self.run(op, req))
-
-    async def _read_only(
-        self,
-        context: object,
-        op: FsOperation,
-        direct: Callable[[str], _T],
-        reply: Callable[[dict[str, object]], _T],
-    ) -> _T:
-        """``direct(op.path)`` in a worker when the policies read everything (§10.1), else
-        ``op`` confined, its result fields made into the answer by ``reply``."""
-        req = _request(context)
-        if _reads_everything(req):
-            return await shared_pool().run(direct, op.path)
-        result, _ = await self.run(op, req)
-        return reply(result)
+        return no_follow_result(call.method, *await self.run(op, _request(context)))
 
     async def run(
         self, op: FsOperation, request: FsSandboxRequest
@@ -507,14 +470,6 @@ def _request(context: object) -> FsSandboxRequest:
     if isinstance(context, FsSandboxRequest):
         return context
     raise InvalidRequestError(NEEDS_POLICY)
-
-
-def _reads_everything(request: FsSandboxRequest) -> bool:
-    """A read runs directly, as upstream's does, when that provably answers the same: the
-    request policy (the pre-check) and the helper policy (the kernel's) read everything."""
-    if request.direct:
-        return False
-    return has_full_disk_read(request.policy) and has_full_disk_read(request.helper_policy)
 
 
 def _is_visible_link(request: FsSandboxRequest, path: str) -> bool:

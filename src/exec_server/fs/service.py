@@ -58,11 +58,7 @@ Route = FsRoute
 
 class FileSystemService:
     """Typed async filesystem API; every method takes the call's :class:`FsRoute`.
-
-    Args:
-        confined: the sandboxed-filesystem service (``None``: confined calls fail closed).
-        pool: worker threads for direct calls (default: the shared pool).
-    """
+    Without ``confined``, confined calls fail closed; ``pool`` runs the direct ones."""
 
     def __init__(
         self, confined: SandboxedFileSystem | None = None, *, pool: WorkerPool | None = None
@@ -84,15 +80,17 @@ class FileSystemService:
     ) -> bytes:
         """Whole file contents (cap :data:`~exec_server.fs.direct.READ_LIMIT`)."""
         if route.confined:
-            return await self._confined_or_refuse().read_file(route.context, path)
+            confined = self._confined_or_refuse()
+            if not confined.reads_directly(route.context):
+                return await confined.read_file(route.context, path)
+            regular_only = confined.reads_regular_only(route.context)
         return await self._pool.run(ops.read_file, path, regular_only=regular_only)
 
-    def reads_directly(self, route: Route) -> bool:
-        """Whether read-only calls on ``route`` run in the server: direct routes, and
-        confined ones whose policies provably read everything (as upstream does)."""
-        if not route.confined:
-            return True
-        return self._confined is not None and self._confined.reads_directly(route.context)
+    def _confined_read(self, route: Route) -> SandboxedFileSystem | None:
+        """The confined service for a read on a confined ``route``; None when the policies
+        provably read everything: it runs here, as upstream's does."""
+        confined = self._confined_or_refuse()
+        return None if confined.reads_directly(route.context) else confined
 
     async def read_file_mapped(
         self,
@@ -152,13 +150,13 @@ class FileSystemService:
         await self._pool.run(ops.create_directory, path, recursive=recursive)
 
     async def get_metadata(self, path: str, route: Route = DIRECT) -> Metadata:
-        if route.confined:
-            return await self._confined_or_refuse().get_metadata(route.context, path)
+        if route.confined and (confined := self._confined_read(route)) is not None:
+            return await confined.get_metadata(route.context, path)
         return await self._pool.run(ops.get_metadata, path)
 
     async def read_directory(self, path: str, route: Route = DIRECT) -> list[DirEntry]:
-        if route.confined:
-            return await self._confined_or_refuse().read_directory(route.context, path)
+        if route.confined and (confined := self._confined_read(route)) is not None:
+            return await confined.read_directory(route.context, path)
         return await self._pool.run(ops.read_directory, path)
 
     async def remove(
@@ -184,8 +182,8 @@ class FileSystemService:
         refused = limits_error(options)
         if refused is not None:
             raise InvalidRequestError(refused)
-        if route.confined:
-            return await self._confined_or_refuse().walk(route.context, path, options)
+        if route.confined and (confined := self._confined_read(route)) is not None:
+            return await confined.walk(route.context, path, options)
         return await self._pool.run(walk_here, path, options)
 
     async def open_handle(
@@ -193,14 +191,15 @@ class FileSystemService:
     ) -> None:
         """Open ``fs/open``'s descriptor and hand it to ``install`` in the worker that
         opened it (a cancelled caller cannot leak it)."""
-        if route.confined:
-            confined = self._confined_or_refuse()
-            return await confined.open_handle(route.context, path, mode, install)
+        if route.confined and (mode != "read" or self._confined_read(route) is not None):
+            return await self._confined_or_refuse().open_handle(route.context, path, mode, install)
         await self._pool.run(open_into, install, path, mode)
 
     async def no_follow(self, call: NoFollowCall, route: Route = DIRECT) -> NoFollowResult:
         """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`)."""
-        if route.confined:
+        if route.confined and (
+            call.method in helper_ops.WRITE_OPS or self._confined_read(route) is not None
+        ):
             return await self._confined_or_refuse().no_follow(route.context, call)
         return await self._pool.run(run_no_follow, call)
 
@@ -215,8 +214,8 @@ class FileSystemService:
         return data
 
     async def canonicalize(self, path: str, route: Route = DIRECT) -> str:
-        if route.confined:
-            return await self._confined_or_refuse().canonicalize(route.context, path)
+        if route.confined and (confined := self._confined_read(route)) is not None:
+            return await confined.canonicalize(route.context, path)
         return await self._pool.run(ops.canonicalize, path)
 
 

@@ -135,12 +135,8 @@ class _Process:
 
 class Zygote:
     """A lazily started helper zygote; implements ``process.spec.LaunchService``.
-
-    Args:
-        python: interpreter for the zygote (default ``sys.executable``).
-        test_hooks: let fs requests carry ``test_hook`` and ``test_pause`` (tests).
-        prefork: keep a child of each kind forked ahead of time.
-    """
+    ``test_hooks``: fs requests may carry ``test_hook`` and ``test_pause`` (tests);
+    ``prefork``: keep a child of each kind forked ahead of time."""
 
     def __init__(
         self, *, python: str | None = None, test_hooks: bool = False, prefork: bool = True
@@ -177,11 +173,8 @@ class Zygote:
         return f"<Zygote pid={self.pid} owners={len(self._owners)}>"
 
     async def ensure_started(self, owner: object = None) -> _Process:
-        """Start (or restart) the zygote for ``owner`` and wait until it is ready.
-
-        Raises:
-            ZygoteUnavailable: it cannot start, or the kernel lacks Landlock.
-        """
+        """Start (or restart) the zygote for ``owner`` and wait until it is ready;
+        ``ZygoteUnavailable`` when it cannot start or the kernel lacks Landlock."""
         if owner is not None:
             self._owners[id(owner)] = owner
         z = self._current(asyncio.get_running_loop())
@@ -452,14 +445,9 @@ class Zygote:
         owner: object = None,
     ) -> tuple[object, bytes]:
         """Run one request in a fresh confined child: its decoded reply header and payload.
-
-        On return or raise the child has replied, or was killed and reaped. ``Pieces``
-        are sent as made; if making one raises, the child is killed before it has them.
-
-        Raises:
-            ZygoteUnavailable: no zygote can run here.
-            HelperFailure: the child crashed, hung or sent garbage.
-        """
+        On return or raise the child has replied, or was killed and reaped (``Pieces`` are
+        sent as made; if making one raises, the child never has them all).
+        ``ZygoteUnavailable``: no zygote here; ``HelperFailure``: it crashed, hung, babbled."""
         try:
             return await self._run_once(header, data, timeout, owner)
         except _NotForked:
@@ -506,8 +494,7 @@ class Zygote:
         return await asyncio.shield(task)
 
     async def _send_control(self, z: _Process, msg: bytes, fd: int) -> None:
-        """Send an ``F`` request, waiting out a full control socket; a dead zygote forked
-        nothing (``_NotForked``)."""
+        """Send an ``F`` request, waiting out a full control socket."""
         while not z.dead:
             try:
                 z.ctl.sendmsg([msg], rights([fd]))
@@ -633,7 +620,7 @@ async def _crashed(p: _Pending) -> HelperFailure:
 
 
 async def _kill_and_reap(p: _Pending) -> bool:
-    """SIGKILL a child and wait (bounded) until it is dead; False if it may still run."""
+    """SIGKILL a child, wait (bounded) until it is dead; False if it may still run."""
     if not p.started.done():
         with contextlib.suppress(TimeoutError, HelperFailure):
             async with asyncio.timeout(_REAP_TIMEOUT):

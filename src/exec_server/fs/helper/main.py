@@ -31,7 +31,7 @@ if __name__ == "__main__":
 from exec_server._os.linux import call_prctl
 from exec_server.fs.fdops import write_all
 from exec_server.fs.helper import confine, ops
-from exec_server.sandbox.linux import seccomp
+from exec_server.sandbox.linux import landlock, seccomp
 from exec_server.sandbox.linux import spawn_zygote_main as spawn
 
 __all__ = ["EXIT", "ID", "ID_PID", "MAX_REQUEST", "Zygote", "fds_from_anc", "main",
@@ -344,7 +344,7 @@ class Zygote:
             ops.encode_frame(json.dumps({"status": "ok", "result": {}}).encode(), 0)
             err = ops.error_from_os(FileNotFoundError(errno.ENOENT, "x"))
             json.dumps({"status": "error", "code": err.code, "message": err.message})
-            confine.prefault()
+            landlock.prefault()  # a ruleset's structures; no syscalls, no paths
         # Network is always off for the helper (PROTOCOL.md §10.1); from here
         # on only sendmsg/recvmsg are used (the filter denies sendto).
         seccomp.install_network_filter()

@@ -68,11 +68,8 @@ def _op_error(exc: ExecServerError | FsError) -> OpError:
 
 @dataclass(frozen=True, slots=True)
 class OpRequest:
-    """One operation, decoded from the frame header (or a §10.5 helper request).
-
-    ``expect`` / ``dest_expect``: the real parents the server saw at check time;
-    ``tmp``: the server's token for a writeFile's temp name (random when absent).
-    """
+    """One operation from the frame header (or a §10.5 request); ``expect``/``dest_expect``:
+    the real parents the server checked; ``tmp``: the server's token for a temp name."""
 
     op: str
     path: str
@@ -300,13 +297,9 @@ class _Ctx:
 
 
 def _final_symlink(c: _Ctx, t: _Target) -> OSError | OpError:
-    """The error for a read that meets a symlink as the final component of a resolved path.
-
-    The server followed every link it could (§10.3), so one still there is dangling,
-    a loop, or swapped in since. Following it is safe only for a failure: dangling is
-    ``ENOENT`` (``-32004``, which the client depends on), a loop ``ELOOP``; a link that
-    resolves now was never checked: the path changed under us.
-    """
+    """A read met a final symlink the server could not follow (§10.3): dangling is
+    ``ENOENT`` (-32004, which clients depend on), a loop ``ELOOP``; one that resolves now
+    was swapped in since (never checked): the path changed under us."""
     try:
         os.stat(t.name, dir_fd=t.dirfd)
     except OSError as exc:
@@ -517,9 +510,7 @@ def _canonicalize(c: _Ctx) -> tuple[dict[str, object], bytes]:
 
 
 def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
-    """``fs/walk`` listed under Landlock; what the plan does not let the caller read
-    (outside the readable roots, ``none`` carve-outs) is absent rather than an error,
-    as upstream's helper shows it."""
+    """What the plan does not let the caller read is absent, not an error (as upstream's)."""
     options = c.req.walk
     if options is None:
         raise OpError(_INVALID, "fs sandbox request has an invalid `walk`")
