@@ -346,17 +346,17 @@ async def test_pieces_shorter_than_announced_are_a_helper_failure(
     leave it waiting, so the request fails at once and the child is killed."""
 
     from exec_server.fs import direct as ops
+    from exec_server.fs.service import FsOperation
     from exec_server.sandbox.convert import fs_context
 
     sfs = service()
     fs = LocalFileSystem(confined=sfs)
     payload = ops.Pieces(10, lambda: iter([b"12345"]))
     context = fs_context(decode_fs_sandbox(json.dumps(ctx.ww(layout.allowed)).encode()))
+    op = FsOperation("fs/writeFile", str(layout.allowed / "f"), data=payload)
     try:
         with pytest.raises(InternalError, match="payload was 5 bytes, not 10"):
-            await asyncio.wait_for(
-                sfs.write_file(context, str(layout.allowed / "f"), payload), TIMEOUT
-            )
+            await asyncio.wait_for(sfs.run(op, context), TIMEOUT)
         assert not (layout.allowed / "f").exists()
         assert zygote_children(sfs) == set()
         await fs.write_file(layout.allowed / "f", b"fine", sandbox=ctx.ww(layout.allowed))

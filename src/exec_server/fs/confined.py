@@ -32,7 +32,7 @@ from exec_server.exceptions import (
     os_error_message,
 )
 from exec_server.fs import direct as ops
-from exec_server.fs.direct import DirEntry, Metadata
+from exec_server.fs.direct import Metadata
 from exec_server.fs.handles import Install, open_into
 from exec_server.fs.handles import Mode as OpenMode
 from exec_server.fs.helper.client import (
@@ -44,16 +44,15 @@ from exec_server.fs.helper.client import (
     shared_zygote,
     write_temp,
 )
-from exec_server.fs.helper.ops import WRITE_OPS
 from exec_server.fs.pool import shared_pool
 from exec_server.fs.service import (
     NO_RUNTIME_PATHS,
+    FsOperation,
     NoFollowCall,
     NoFollowResult,
     metadata_from_fields,
     no_follow_result,
 )
-from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.access import has_full_disk_read
 from exec_server.sandbox.convert import FsSandboxRequest, Generation, root_alias_normalize
@@ -62,7 +61,7 @@ from exec_server.sandbox.manager import SandboxManager
 from exec_server.sandbox.plan import SandboxPlan
 from exec_server.sandbox.policy import Access
 
-__all__ = ["FsOperation", "SandboxedFileSystem", "check_path"]
+__all__ = ["SandboxedFileSystem", "check_path"]
 
 logger = logging.getLogger("exec_server.fs.sandbox")
 
@@ -78,33 +77,8 @@ FS_HELPER_FLAG = "--codex-run-as-fs-helper"
 _PRESERVE_OPS = frozenset({"fs/remove", "fs/copy"})
 
 
-@dataclass(frozen=True, slots=True)
-class FsOperation:
-    """One filesystem call, decoded: method, absolute paths, payload, flags."""
-
-    method: str
-    path: str
-    destination: str | None = None
-    data: ops.Payload = b""
-    recursive: bool = True
-    force: bool = True
-    walk: WalkOptions | None = None
-    #: ``followSymlinks: false``: run on ``path`` as spelled, refusing any link in it
-    no_follow: bool = False
-    #: ``fs/open``'s mode (``read`` or ``replace``)
-    mode: str = "read"
-
-    @property
-    def writes(self) -> bool:
-        return self.method in WRITE_OPS or (self.method == "fs/open" and self.mode == "replace")
-
-
 class _NoDescriptorPassing(Exception):
-    """The one-shot helper cannot hand a descriptor back: open ``path`` (checked) here."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self.path = path
+    """The one-shot helper cannot hand a descriptor back: open the check path here."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,47 +255,14 @@ class SandboxedFileSystem:
         """Whether a direct ``fs/readFile`` under ``context`` refuses non-regular files."""
         return _request(context).generation is Generation.CURRENT
 
-    async def read_file(self, context: object, path: str) -> bytes:
-        _, data = await self.run(FsOperation("fs/readFile", path), _request(context))
-        return data
-
-    async def write_file(self, context: object, path: str, data: ops.Payload) -> None:
-        await self.run(FsOperation("fs/writeFile", path, data=data), _request(context))
-
-    async def create_directory(self, context: object, path: str, recursive: bool) -> None:
-        op = FsOperation("fs/createDirectory", path, recursive=recursive)
-        await self.run(op, _request(context))
-
     async def get_metadata(self, context: object, path: str) -> Metadata:
-        request = _request(context)
-        result, _ = await self.run(FsOperation("fs/getMetadata", path), request)
+        result, _ = await self.run(FsOperation("fs/getMetadata", path), context)
         meta = metadata_from_fields(result)
         # In a worker, as every look-up: the path may be on a hung mount.
+        request = _request(context)
         if not meta.is_symlink and await shared_pool().run(_is_visible_link, request, path):
             meta = msgspec.structs.replace(meta, is_symlink=True)
         return meta
-
-    async def read_directory(self, context: object, path: str) -> list[DirEntry]:
-        result, _ = await self.run(FsOperation("fs/readDirectory", path), _request(context))
-        return _entries_reply(result)
-
-    async def remove(self, context: object, path: str, recursive: bool, force: bool) -> None:
-        op = FsOperation("fs/remove", path, recursive=recursive, force=force)
-        await self.run(op, _request(context))
-
-    async def copy(self, context: object, source: str, destination: str, recursive: bool) -> None:
-        op = FsOperation("fs/copy", source, destination=destination, recursive=recursive)
-        await self.run(op, _request(context))
-
-    async def canonicalize(self, context: object, path: str) -> str:
-        result, _ = await self.run(FsOperation("fs/canonicalize", path), _request(context))
-        return _path_reply(result)
-
-    async def walk(self, context: object, path: str, options: WalkOptions) -> WalkOutcome:
-        """What the context does not let the caller read is absent (PROTOCOL_CURRENT §6.3)."""
-        op = FsOperation("fs/walk", path, walk=options)
-        result, _ = await self.run(op, _request(context))
-        return _walk_reply(result)
 
     async def open_handle(
         self, context: object, path: str, mode: OpenMode, install: Install
@@ -330,9 +271,9 @@ class SandboxedFileSystem:
         passes the descriptor back; with the one-shot helper the check path is opened
         here, following no link."""
         try:
-            result, _ = await self.run(FsOperation("fs/open", path, mode=mode), _request(context))
+            result, _ = await self.run(FsOperation("fs/open", path, mode=mode), context)
         except _NoDescriptorPassing as exc:
-            await shared_pool().run(open_into, install, exc.path, mode, no_follow=True)
+            await shared_pool().run(open_into, install, exc.args[0], mode, no_follow=True)
             return
         fd = result.get("passed_fd")
         if not isinstance(fd, int) or isinstance(fd, bool):
@@ -347,13 +288,12 @@ class SandboxedFileSystem:
             data = await shared_pool().run(call.produce)
         op = FsOperation(call.method, call.path, data=data, recursive=call.recursive,
                          force=call.force, no_follow=True)
-        return no_follow_result(call.method, *await self.run(op, _request(context)))
+        return no_follow_result(call.method, *await self.run(op, context))
 
-    async def run(
-        self, op: FsOperation, request: FsSandboxRequest
-    ) -> tuple[dict[str, object], bytes]:
-        """Check ``op`` against ``request`` and run it confined: the helper's result fields
+    async def run(self, op: FsOperation, context: object) -> tuple[dict[str, object], bytes]:
+        """Check ``op`` against the context and run it confined: the helper's result fields
         and raw payload; ``ExecServerError`` for a denial, an fs error or a helper failure."""
+        request = _request(context)
         if self._closed:
             raise InternalError("the filesystem sandbox is shut down")
         if request.direct:
@@ -482,43 +422,6 @@ def _is_visible_link(request: FsSandboxRequest, path: str) -> bool:
     except ExecServerError:
         return False
     return True
-
-
-def _entries_reply(result: dict[str, object]) -> list[DirEntry]:
-    entries = result.get("entries")
-    if not isinstance(entries, list):
-        raise InternalError("unexpected fs sandbox helper response: no entries")
-    return [
-        DirEntry(
-            file_name=str(e.get("fileName", "")),
-            is_directory=bool(e.get("isDirectory")),
-            is_file=bool(e.get("isFile")),
-        )
-        for e in entries
-        if isinstance(e, dict)
-    ]
-
-
-def _walk_reply(result: dict[str, object]) -> WalkOutcome:
-    entries = result.get("entries")
-    errors = result.get("errors")
-    if not isinstance(entries, list) or not isinstance(errors, list):
-        raise InternalError("unexpected fs sandbox helper response: no walk outcome")
-    try:
-        return WalkOutcome(
-            entries=[(str(d), str(n), bool(k)) for d, n, k in entries],
-            errors=[(str(d), str(n), str(m)) for d, n, m in errors],
-            truncated=bool(result.get("truncated")),
-        )
-    except (TypeError, ValueError) as exc:
-        raise InternalError(f"unexpected fs sandbox helper response: {exc}") from None
-
-
-def _path_reply(result: dict[str, object]) -> str:
-    out = result.get("path")
-    if not isinstance(out, str):
-        raise InternalError("unexpected fs sandbox helper response: no path")
-    return out
 
 
 def _unpack(reply: object) -> dict[str, object]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from exec_server.exceptions import InvalidRequestError
+from exec_server.exceptions import InternalError, InvalidRequestError
 from exec_server.fs import direct as ops
 from exec_server.fs.direct import DirEntry, Metadata
 from exec_server.fs.errors import translate_os_errors
@@ -56,6 +56,29 @@ DIRECT = FsRoute(confined=False)
 Route = FsRoute
 
 
+@dataclass(frozen=True, slots=True)
+class FsOperation:
+    """One filesystem call, decoded: method, absolute paths, payload, flags."""
+
+    method: str
+    path: str
+    destination: str | None = None
+    data: ops.Payload = b""
+    recursive: bool = True
+    force: bool = True
+    walk: WalkOptions | None = None
+    #: ``followSymlinks: false``: run on ``path`` as spelled, refusing any link in it
+    no_follow: bool = False
+    #: ``fs/open``'s mode (``read`` or ``replace``)
+    mode: str = "read"
+
+    @property
+    def writes(self) -> bool:
+        if self.method == "fs/open":
+            return self.mode == "replace"
+        return self.method in helper_ops.WRITE_OPS
+
+
 class FileSystemService:
     """Typed async filesystem API; every method takes the call's :class:`FsRoute`.
     Without ``confined``, confined calls fail closed; ``pool`` runs the direct ones."""
@@ -82,9 +105,13 @@ class FileSystemService:
         if route.confined:
             confined = self._confined_or_refuse()
             if not confined.reads_directly(route.context):
-                return await confined.read_file(route.context, path)
+                _, data = await confined.run(FsOperation("fs/readFile", path), route.context)
+                return data
             regular_only = confined.reads_regular_only(route.context)
         return await self._pool.run(ops.read_file, path, regular_only=regular_only)
+
+    async def _run_confined(self, route: Route, op: FsOperation) -> None:
+        await self._confined_or_refuse().run(op, route.context)
 
     def _confined_read(self, route: Route) -> SandboxedFileSystem | None:
         """The confined service for a read on a confined ``route``; None when the policies
@@ -111,7 +138,7 @@ class FileSystemService:
         if route.confined:
             confined = self._confined_or_refuse()
             if not confined.reads_directly(route.context):
-                data = await confined.read_file(route.context, path)
+                _, data = await confined.run(FsOperation("fs/readFile", path), route.context)
                 if len(data) > large_over:
                     return await self._pool.run(map_large, data)
                 return data
@@ -129,24 +156,23 @@ class FileSystemService:
         if route.confined:
             # Pieces are decoded as they go to the confined helper.
             payload = await self._pool.run(produce)
-            return await self._confined_or_refuse().write_file(route.context, path, payload)
-        await self._pool.run(_produce_and_write, path, produce)
+            return await self._run_confined(route, FsOperation("fs/writeFile", path, data=payload))
+        await self._pool.run(lambda: ops.write_file(path, produce()))
 
     async def write_file(
         self, path: str, data: bytes | bytearray | memoryview, route: Route = DIRECT
     ) -> None:
         """Create or atomically replace ``path``."""
         if route.confined:
-            return await self._confined_or_refuse().write_file(route.context, path, data)
+            return await self._run_confined(route, FsOperation("fs/writeFile", path, data=data))
         await self._pool.run(ops.write_file, path, data)
 
     async def create_directory(
         self, path: str, route: Route = DIRECT, *, recursive: bool = True
     ) -> None:
         if route.confined:
-            return await self._confined_or_refuse().create_directory(
-                route.context, path, recursive
-            )
+            op = FsOperation("fs/createDirectory", path, recursive=recursive)
+            return await self._run_confined(route, op)
         await self._pool.run(ops.create_directory, path, recursive=recursive)
 
     async def get_metadata(self, path: str, route: Route = DIRECT) -> Metadata:
@@ -156,25 +182,24 @@ class FileSystemService:
 
     async def read_directory(self, path: str, route: Route = DIRECT) -> list[DirEntry]:
         if route.confined and (confined := self._confined_read(route)) is not None:
-            return await confined.read_directory(route.context, path)
+            result, _ = await confined.run(FsOperation("fs/readDirectory", path), route.context)
+            return _entries_reply(result)
         return await self._pool.run(ops.read_directory, path)
 
     async def remove(
         self, path: str, route: Route = DIRECT, *, recursive: bool = True, force: bool = True
     ) -> None:
         if route.confined:
-            return await self._confined_or_refuse().remove(
-                route.context, path, recursive, force
-            )
+            op = FsOperation("fs/remove", path, recursive=recursive, force=force)
+            return await self._run_confined(route, op)
         await self._pool.run(ops.remove, path, recursive=recursive, force=force)
 
     async def copy(
         self, source: str, destination: str, route: Route = DIRECT, *, recursive: bool
     ) -> None:
         if route.confined:
-            return await self._confined_or_refuse().copy(
-                route.context, source, destination, recursive
-            )
+            op = FsOperation("fs/copy", source, destination=destination, recursive=recursive)
+            return await self._run_confined(route, op)
         await self._pool.run(ops.copy, source, destination, recursive=recursive)
 
     async def walk(self, path: str, options: WalkOptions, route: Route = DIRECT) -> WalkOutcome:
@@ -183,7 +208,10 @@ class FileSystemService:
         if refused is not None:
             raise InvalidRequestError(refused)
         if route.confined and (confined := self._confined_read(route)) is not None:
-            return await confined.walk(route.context, path, options)
+            # What the context does not let the caller read is absent (PROTOCOL_CURRENT §6.3).
+            op = FsOperation("fs/walk", path, walk=options)
+            result, _ = await confined.run(op, route.context)
+            return _walk_reply(result)
         return await self._pool.run(walk_here, path, options)
 
     async def open_handle(
@@ -215,8 +243,46 @@ class FileSystemService:
 
     async def canonicalize(self, path: str, route: Route = DIRECT) -> str:
         if route.confined and (confined := self._confined_read(route)) is not None:
-            return await confined.canonicalize(route.context, path)
+            result, _ = await confined.run(FsOperation("fs/canonicalize", path), route.context)
+            return _path_reply(result)
         return await self._pool.run(ops.canonicalize, path)
+
+
+def _entries_reply(result: dict[str, object]) -> list[DirEntry]:
+    entries = result.get("entries")
+    if not isinstance(entries, list):
+        raise InternalError("unexpected fs sandbox helper response: no entries")
+    return [
+        DirEntry(
+            file_name=str(e.get("fileName", "")),
+            is_directory=bool(e.get("isDirectory")),
+            is_file=bool(e.get("isFile")),
+        )
+        for e in entries
+        if isinstance(e, dict)
+    ]
+
+
+def _walk_reply(result: dict[str, object]) -> WalkOutcome:
+    entries = result.get("entries")
+    errors = result.get("errors")
+    if not isinstance(entries, list) or not isinstance(errors, list):
+        raise InternalError("unexpected fs sandbox helper response: no walk outcome")
+    try:
+        return WalkOutcome(
+            entries=[(str(d), str(n), bool(k)) for d, n, k in entries],
+            errors=[(str(d), str(n), str(m)) for d, n, m in errors],
+            truncated=bool(result.get("truncated")),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InternalError(f"unexpected fs sandbox helper response: {exc}") from None
+
+
+def _path_reply(result: dict[str, object]) -> str:
+    out = result.get("path")
+    if not isinstance(out, str):
+        raise InternalError("unexpected fs sandbox helper response: no path")
+    return out
 
 
 def _read_direct(
@@ -271,10 +337,6 @@ def _pieces_of(fd: int, size: int) -> Iterator[memoryview]:
         done += want
     if os.read(fd, 1):
         raise _Resized
-
-
-def _produce_and_write(path: str, produce: Callable[[], ops.Payload]) -> None:
-    ops.write_file(path, produce())
 
 
 @dataclass(frozen=True, slots=True)

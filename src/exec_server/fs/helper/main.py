@@ -170,13 +170,6 @@ class Zygote:
                         kill(pid, signal.SIGKILL)
             self._reap(block=True, report=False)
 
-    def _spare_at(self, kind: bytes) -> float:
-        """Monotonic time from which a new spare of ``kind`` may be forked (inf: not now)."""
-        if kind == _SPAWN:
-            return self.spawn_at
-        # No fs child running: the fork and its page faults never compete with one.
-        return float("inf") if _FS in self.children.values() else 0.0
-
     def _fork_spares(self) -> float | None:
         """Fork the spares that are due; seconds until the next one is (None: none pending)."""
         if not self.prefork:
@@ -185,7 +178,10 @@ class Zygote:
         for kind in self.kinds:
             if kind in self.spares:
                 continue
-            wait = self._spare_at(kind) - time.monotonic()
+            if kind == _SPAWN:
+                wait = self.spawn_at - time.monotonic()
+            else:  # no fs child running: the fork and its page faults never compete with one
+                wait = float("inf") if _FS in self.children.values() else 0.0
             if wait <= 0:
                 self._make_spare(kind, ahead=True)
             elif wait != float("inf"):

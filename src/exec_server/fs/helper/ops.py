@@ -190,10 +190,6 @@ def _within(path: str, root: str) -> bool:
     return path == root or root == "/" or path.startswith(root + "/")
 
 
-def _depth(path: str) -> int:
-    return 0 if path == "/" else path.count("/")
-
-
 class _Guard:
     """Read-only holes and ``none`` carve-outs, enforced on real locations."""
 
@@ -215,7 +211,7 @@ class _Guard:
         best: tuple[int, int] | None = None  # (depth, -kind): deeper wins, then lower kind
         for root, kind in self.rules:
             if _within(path, root):
-                key = (_depth(root), -kind)
+                key = (0 if root == "/" else root.count("/"), -kind)
                 if best is None or key > best:
                     best = key
         return None if best is None else -best[1]
