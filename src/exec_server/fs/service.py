@@ -25,15 +25,8 @@ if TYPE_CHECKING:
     from exec_server.fs.confined import SandboxedFileSystem
 
 __all__ = [
-    "DIRECT",
-    "NO_RUNTIME_PATHS",
-    "FileSystemService",
-    "FsRoute",
-    "NoFollowCall",
-    "NoFollowResult",
-    "Route",
-    "run_no_follow",
-    "walk_here",
+    "DIRECT", "NO_RUNTIME_PATHS", "FileSystemService", "FsOperation", "FsRoute", "NoFollowCall",
+    "NoFollowResult", "Route",
 ]
 
 T = TypeVar("T")
@@ -51,8 +44,6 @@ class FsRoute:
 
 
 DIRECT = FsRoute(confined=False)
-
-
 Route = FsRoute
 
 
@@ -130,11 +121,9 @@ class FileSystemService:
         map_pieces: Callable[[Iterable[memoryview], int], T] | None = None,
     ) -> bytes | T:
         """Like :meth:`read_file`, but contents over ``large_over`` bytes come back as
-        ``map_large(data)``, computed in the worker that read them (one hand-off, not two).
-
-        ``map_pieces(pieces, size)`` maps a regular file of :data:`PIECES_MIN` bytes or
-        more as it is read, :data:`READ_PIECE` bytes at a time, so it is never held
-        whole; a file whose size changed since its ``fstat`` goes to ``map_large``."""
+        ``map_large(data)``, computed in the worker that read them (one hand-off, not two);
+        ``map_pieces(pieces, size)`` maps a regular file of :data:`PIECES_MIN` bytes or more
+        :data:`READ_PIECE` bytes at a time, never held whole (``map_large`` if resized)."""
         if route.confined:
             confined = self._confined_or_refuse()
             if not confined.reads_directly(route.context):
@@ -212,7 +201,7 @@ class FileSystemService:
             op = FsOperation("fs/walk", path, walk=options)
             result, _ = await confined.run(op, route.context)
             return _walk_reply(result)
-        return await self._pool.run(walk_here, path, options)
+        return await self._pool.run(_walk_here, path, options)
 
     async def open_handle(
         self, path: str, mode: Mode, install: Install, route: Route = DIRECT
@@ -385,6 +374,6 @@ def metadata_from_fields(fields: dict[str, object]) -> Metadata:
     )
 
 
-def walk_here(path: str, options: WalkOptions) -> WalkOutcome:
+def _walk_here(path: str, options: WalkOptions) -> WalkOutcome:
     with translate_os_errors():
         return walk(path, options)

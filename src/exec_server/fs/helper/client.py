@@ -533,8 +533,7 @@ class Zygote:
             await self._end(z, p, clean=clean)
 
     async def _end(self, z: _Process, p: _Pending, *, clean: bool) -> None:
-        """Release a call; unless it got a reply, kill and reap its child and remove the
-        temp file a writeFile child may leave."""
+        """Release a call; without a reply, kill and reap its child and remove its temp file."""
         if p.sock is not None:
             p.sock.close()
         z.pending.pop(p.req_id, None)
@@ -718,8 +717,7 @@ async def remove_temp(directory: str, name: str) -> None:
 
 
 def _remove_temp_once_dead(pidfd: int, directory: str, name: str) -> None:
-    """Remove the temp file once the child of ``pidfd`` (still running after SIGKILL,
-    e.g. in a write to a hung mount) is gone."""
+    """Remove the temp file once the child (alive after SIGKILL: a hung mount) is gone."""
     loop = asyncio.get_running_loop()
     fd = os.dup(pidfd)
 
