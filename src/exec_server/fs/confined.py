@@ -48,10 +48,7 @@ from exec_server.fs.pool import shared_pool
 from exec_server.fs.service import (
     NO_RUNTIME_PATHS,
     FsOperation,
-    NoFollowCall,
-    NoFollowResult,
     metadata_from_fields,
-    no_follow_result,
 )
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.access import has_full_disk_read
@@ -240,16 +237,14 @@ class SandboxedFileSystem:
             await proc.wait()
         await self._zygote.release(self)
 
-    # ------------------------------------------------------------- typed API
-
     def reads_directly(self, context: object) -> bool:
         """A read runs directly, as upstream's does, when that provably answers the same: the
         request policy (the pre-check) and the helper policy (the kernel's) read everything.
         The caller then runs it as the direct route does (one worker job)."""
         req = _request(context)
-        return not req.direct and has_full_disk_read(req.policy) and has_full_disk_read(
-            req.helper_policy
-        )
+        if req.direct:
+            return False
+        return has_full_disk_read(req.policy) and has_full_disk_read(req.helper_policy)
 
     def reads_regular_only(self, context: object) -> bool:
         """Whether a direct ``fs/readFile`` under ``context`` refuses non-regular files."""
@@ -279,16 +274,6 @@ class SandboxedFileSystem:
         if not isinstance(fd, int) or isinstance(fd, bool):
             raise InternalError("unexpected fs sandbox helper response: no descriptor")
         install(fd)
-
-    async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
-        """The policy is checked on the path as spelled and as resolved; the confined child
-        runs the direct route's no-follow code."""
-        data: ops.Payload = b""
-        if call.produce is not None:
-            data = await shared_pool().run(call.produce)
-        op = FsOperation(call.method, call.path, data=data, recursive=call.recursive,
-                         force=call.force, no_follow=True)
-        return no_follow_result(call.method, *await self.run(op, context))
 
     async def run(self, op: FsOperation, context: object) -> tuple[dict[str, object], bytes]:
         """Check ``op`` against the context and run it confined: the helper's result fields

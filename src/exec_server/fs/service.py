@@ -213,11 +213,17 @@ class FileSystemService:
         await self._pool.run(open_into, install, path, mode)
 
     async def no_follow(self, call: NoFollowCall, route: Route = DIRECT) -> NoFollowResult:
-        """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`)."""
+        """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`); confined, the
+        policy is checked on the path as spelled and as resolved, and the child runs
+        :func:`run_no_follow`'s code."""
         if route.confined and (
             call.method in helper_ops.WRITE_OPS or self._confined_read(route) is not None
         ):
-            return await self._confined_or_refuse().no_follow(route.context, call)
+            confined = self._confined_or_refuse()
+            data = b"" if call.produce is None else await self._pool.run(call.produce)
+            op = FsOperation(call.method, call.path, data=data, recursive=call.recursive,
+                             force=call.force, no_follow=True)
+            return no_follow_result(call.method, *await confined.run(op, route.context))
         return await self._pool.run(run_no_follow, call)
 
     async def get_metadata_no_follow(self, path: str, route: Route = DIRECT) -> Metadata:
