@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import json
 import os
 import signal
@@ -20,8 +21,10 @@ import pytest
 
 from exec_server.client.fs import LocalFileSystem
 from exec_server.config import ServerConfig
-from exec_server.exceptions import InternalError
+from exec_server.exceptions import InternalError, from_domain_error
 from exec_server.fs.confined import SandboxedFileSystem
+from exec_server.fs.errors import fs_error_from_os
+from exec_server.fs.helper import ops as helper_ops
 from exec_server.fs.helper.client import Zygote
 from exec_server.protocol.types.sandbox import decode_fs_sandbox
 from exec_server.sandbox.manager import SandboxManager
@@ -343,17 +346,17 @@ async def test_pieces_shorter_than_announced_are_a_helper_failure(
     leave it waiting, so the request fails at once and the child is killed."""
 
     from exec_server.fs import direct as ops
+    from exec_server.fs.service import FsOperation
     from exec_server.sandbox.convert import fs_context
 
     sfs = service()
     fs = LocalFileSystem(confined=sfs)
     payload = ops.Pieces(10, lambda: iter([b"12345"]))
     context = fs_context(decode_fs_sandbox(json.dumps(ctx.ww(layout.allowed)).encode()))
+    op = FsOperation("fs/writeFile", str(layout.allowed / "f"), data=payload)
     try:
         with pytest.raises(InternalError, match="payload was 5 bytes, not 10"):
-            await asyncio.wait_for(
-                sfs.write_file(context, str(layout.allowed / "f"), payload), TIMEOUT
-            )
+            await asyncio.wait_for(sfs.run(op, context), TIMEOUT)
         assert not (layout.allowed / "f").exists()
         assert zygote_children(sfs) == set()
         await fs.write_file(layout.allowed / "f", b"fine", sandbox=ctx.ww(layout.allowed))
@@ -456,3 +459,27 @@ async def test_a_full_control_socket_is_waited_out(no_leaks: None, tmp_path: Pat
         assert zygote.pid == pid  # the same zygote served it
     finally:
         await zygote.aclose()
+
+
+@pytest.mark.parametrize("code", sorted(errno.errorcode))
+def test_helper_maps_os_errors_as_the_direct_route(code: int) -> None:
+    """PROTOCOL.md §9.1 / §10.6: the helper's code and text for an errno are the direct
+    route's (EINVAL is Rust's InvalidInput: -32600 on both)."""
+    exc = OSError(code, os.strerror(code))
+    direct = from_domain_error(fs_error_from_os(exc))
+    assert direct is not None
+    helper = helper_ops.error_from_os(exc)
+    assert (helper.code, helper.message) == (direct.code, direct.message)
+
+
+def test_helper_einval_is_invalid_request(tmp_path: Path) -> None:
+    """A real EINVAL in the helper's code (``rmdir`` of ``.``) answers -32600, as upstream."""
+    target = tmp_path / "d"
+    target.mkdir()
+    req = helper_ops.OpRequest(
+        op="fs/remove", path=f"{target}/.", expect=str(target), recursive=False
+    )
+    with pytest.raises(helper_ops.OpError) as info:
+        helper_ops.execute(req, b"")
+    assert (info.value.code, info.value.message) == (-32600, "Invalid argument (os error 22)")
+    assert target.is_dir()

@@ -33,9 +33,9 @@ from exec_server.client.fs import LocalFileSystem
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError
 from exec_server.fs.confined import SandboxedFileSystem
+from exec_server.fs.fdops import temp_name
 from exec_server.fs.helper.client import Zygote, remove_temp_file
 from exec_server.fs.helper.confine import landlock_abi
-from exec_server.fs.helper.ops import temp_name
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.manager import SandboxManager
 

@@ -18,9 +18,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 import msgspec
 
@@ -33,7 +32,7 @@ from exec_server.exceptions import (
     os_error_message,
 )
 from exec_server.fs import direct as ops
-from exec_server.fs.direct import DirEntry, Metadata
+from exec_server.fs.direct import Metadata
 from exec_server.fs.handles import Install, open_into
 from exec_server.fs.handles import Mode as OpenMode
 from exec_server.fs.helper.client import (
@@ -45,18 +44,12 @@ from exec_server.fs.helper.client import (
     shared_zygote,
     write_temp,
 )
-from exec_server.fs.helper.ops import WRITE_OPS
 from exec_server.fs.pool import shared_pool
 from exec_server.fs.service import (
     NO_RUNTIME_PATHS,
-    NoFollowCall,
-    NoFollowResult,
+    FsOperation,
     metadata_from_fields,
-    no_follow_result,
-    run_no_follow,
-    walk_here,
 )
-from exec_server.fs.walk import WalkOptions, WalkOutcome
 from exec_server.process.spec import LaunchSpec
 from exec_server.sandbox.access import has_full_disk_read
 from exec_server.sandbox.convert import FsSandboxRequest, Generation, root_alias_normalize
@@ -65,7 +58,7 @@ from exec_server.sandbox.manager import SandboxManager
 from exec_server.sandbox.plan import SandboxPlan
 from exec_server.sandbox.policy import Access
 
-__all__ = ["FsOperation", "SandboxedFileSystem", "check_path"]
+__all__ = ["SandboxedFileSystem", "check_path"]
 
 logger = logging.getLogger("exec_server.fs.sandbox")
 
@@ -79,36 +72,10 @@ NEEDS_POLICY = "sandboxed filesystem operations require ReadOnly or WorkspaceWri
 FS_HELPER_FLAG = "--codex-run-as-fs-helper"
 
 _PRESERVE_OPS = frozenset({"fs/remove", "fs/copy"})
-_T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class FsOperation:
-    """One filesystem call, decoded: method, absolute paths, payload, flags."""
-
-    method: str
-    path: str
-    destination: str | None = None
-    data: ops.Payload = b""
-    recursive: bool = True
-    force: bool = True
-    walk: WalkOptions | None = None
-    #: ``followSymlinks: false``: run on ``path`` as spelled, refusing any link in it
-    no_follow: bool = False
-    #: ``fs/open``'s mode (``read`` or ``replace``)
-    mode: str = "read"
-
-    @property
-    def writes(self) -> bool:
-        return self.method in WRITE_OPS or (self.method == "fs/open" and self.mode == "replace")
 
 
 class _NoDescriptorPassing(Exception):
-    """The one-shot helper cannot hand a descriptor back: open ``path`` (checked) here."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self.path = path
+    """The one-shot helper cannot hand a descriptor back: open the check path here."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,15 +200,9 @@ def _header(
 
 class SandboxedFileSystem:
     """Runs ``fs/*`` operations under a request's sandbox policy; every method takes the
-    decoded context (``sandbox.convert.FsSandboxRequest``) first.
-
-    Args:
-        config: server config (``fs_helper_timeout``, sandbox backend).
-        sandbox_manager: wraps the one-shot helper (None: zygote only).
-        mode: ``auto`` (zygote when Landlock works, else one-shot helper),
-            ``zygote`` or ``helper``.
-        zygote: inject a zygote (tests use ``Zygote(test_hooks=True)``).
-    """
+    decoded context (``sandbox.convert.FsSandboxRequest``) first. ``sandbox_manager`` wraps
+    the one-shot helper (None: zygote only); ``mode``: ``auto`` (the zygote when Landlock
+    works, else the one-shot helper), ``zygote`` or ``helper``."""
 
     def __init__(
         self,
@@ -276,68 +237,27 @@ class SandboxedFileSystem:
             await proc.wait()
         await self._zygote.release(self)
 
-    # ------------------------------------------------------------- typed API
-
-    async def read_file(self, context: object, path: str) -> bytes:
-        req = _request(context)
-        if _reads_everything(req):
-            # As the unsandboxed route: one worker job.
-            regular_only = self.reads_regular_only(req)
-            return await shared_pool().run(ops.read_file, path, regular_only=regular_only)
-        _, data = await self.run(FsOperation("fs/readFile", path), req)
-        return data
-
     def reads_directly(self, context: object) -> bool:
-        return _reads_everything(_request(context))
+        """A read runs directly, as upstream's does, when that provably answers the same: the
+        request policy (the pre-check) and the helper policy (the kernel's) read everything.
+        The caller then runs it as the direct route does (one worker job)."""
+        req = _request(context)
+        if req.direct:
+            return False
+        return has_full_disk_read(req.policy) and has_full_disk_read(req.helper_policy)
 
     def reads_regular_only(self, context: object) -> bool:
         """Whether a direct ``fs/readFile`` under ``context`` refuses non-regular files."""
         return _request(context).generation is Generation.CURRENT
 
-    async def write_file(self, context: object, path: str, data: ops.Payload) -> None:
-        await self.run(FsOperation("fs/writeFile", path, data=data), _request(context))
-
-    async def create_directory(self, context: object, path: str, recursive: bool) -> None:
-        op = FsOperation("fs/createDirectory", path, recursive=recursive)
-        await self.run(op, _request(context))
-
     async def get_metadata(self, context: object, path: str) -> Metadata:
-        request = _request(context)
-        if _reads_everything(request):
-            return await shared_pool().run(ops.get_metadata, path)
-        result, _ = await self.run(FsOperation("fs/getMetadata", path), request)
+        result, _ = await self.run(FsOperation("fs/getMetadata", path), context)
         meta = metadata_from_fields(result)
         # In a worker, as every look-up: the path may be on a hung mount.
+        request = _request(context)
         if not meta.is_symlink and await shared_pool().run(_is_visible_link, request, path):
             meta = msgspec.structs.replace(meta, is_symlink=True)
         return meta
-
-    async def read_directory(self, context: object, path: str) -> list[DirEntry]:
-        return await self._read_only(
-            context, FsOperation("fs/readDirectory", path), ops.read_directory, _entries_reply
-        )
-
-    async def remove(self, context: object, path: str, recursive: bool, force: bool) -> None:
-        op = FsOperation("fs/remove", path, recursive=recursive, force=force)
-        await self.run(op, _request(context))
-
-    async def copy(self, context: object, source: str, destination: str, recursive: bool) -> None:
-        op = FsOperation("fs/copy", source, destination=destination, recursive=recursive)
-        await self.run(op, _request(context))
-
-    async def canonicalize(self, context: object, path: str) -> str:
-        return await self._read_only(
-            context, FsOperation("fs/canonicalize", path), ops.canonicalize, _path_reply
-        )
-
-    async def walk(self, context: object, path: str, options: WalkOptions) -> WalkOutcome:
-        """What the context does not let the caller read is absent (PROTOCOL_CURRENT §6.3)."""
-        return await self._read_only(
-            context,
-            FsOperation("fs/walk", path, walk=options),
-            functools.partial(walk_here, options=options),
-            _walk_reply,
-        )
 
     async def open_handle(
         self, context: object, path: str, mode: OpenMode, install: Install
@@ -345,52 +265,20 @@ class SandboxedFileSystem:
         """``fs/open`` (PROTOCOL_CURRENT §4.6): the confined child opens the file and
         passes the descriptor back; with the one-shot helper the check path is opened
         here, following no link."""
-        req = _request(context)
-        if mode == "read" and _reads_everything(req):
-            return await shared_pool().run(open_into, install, path, mode)
         try:
-            result, _ = await self.run(FsOperation("fs/open", path, mode=mode), req)
+            result, _ = await self.run(FsOperation("fs/open", path, mode=mode), context)
         except _NoDescriptorPassing as exc:
-            await shared_pool().run(open_into, install, exc.path, mode, no_follow=True)
+            await shared_pool().run(open_into, install, exc.args[0], mode, no_follow=True)
             return
         fd = result.get("passed_fd")
         if not isinstance(fd, int) or isinstance(fd, bool):
             raise InternalError("unexpected fs sandbox helper response: no descriptor")
         install(fd)
 
-    async def no_follow(self, context: object, call: NoFollowCall) -> NoFollowResult:
-        """The policy is checked on the path as spelled and as resolved; the confined child
-        runs the direct route's no-follow code."""
-        req = _request(context)
-        if call.method not in WRITE_OPS and _reads_everything(req):
-            return await shared_pool().run(run_no_follow, call)
-        data: ops.Payload = b""
-        if call.produce is not None:
-            data = await shared_pool().run(call.produce)
-        op = FsOperation(call.method, call.path, data=data, recursive=call.recursive,
-                         force=call.force, no_follow=True)
-        return no_follow_result(call.method, *await self.run(op, req))
-
-    async def _read_only(
-        self,
-        context: object,
-        op: FsOperation,
-        direct: Callable[[str], _T],
-        reply: Callable[[dict[str, object]], _T],
-    ) -> _T:
-        """``direct(op.path)`` in a worker when the policies read everything (§10.1), else
-        ``op`` confined, its result fields made into the answer by ``reply``."""
-        req = _request(context)
-        if _reads_everything(req):
-            return await shared_pool().run(direct, op.path)
-        result, _ = await self.run(op, req)
-        return reply(result)
-
-    async def run(
-        self, op: FsOperation, request: FsSandboxRequest
-    ) -> tuple[dict[str, object], bytes]:
-        """Check ``op`` against ``request`` and run it confined: the helper's result fields
+    async def run(self, op: FsOperation, context: object) -> tuple[dict[str, object], bytes]:
+        """Check ``op`` against the context and run it confined: the helper's result fields
         and raw payload; ``ExecServerError`` for a denial, an fs error or a helper failure."""
+        request = _request(context)
         if self._closed:
             raise InternalError("the filesystem sandbox is shut down")
         if request.direct:
@@ -509,14 +397,6 @@ def _request(context: object) -> FsSandboxRequest:
     raise InvalidRequestError(NEEDS_POLICY)
 
 
-def _reads_everything(request: FsSandboxRequest) -> bool:
-    """A read runs directly, as upstream's does, when that provably answers the same: the
-    request policy (the pre-check) and the helper policy (the kernel's) read everything."""
-    if request.direct:
-        return False
-    return has_full_disk_read(request.policy) and has_full_disk_read(request.helper_policy)
-
-
 def _is_visible_link(request: FsSandboxRequest, path: str) -> bool:
     """Whether ``path`` is a symlink the policy lets the caller see where it lives: the
     helper stats the resolved path, ``isSymlink`` is of the path (CLIENT_COMPAT.md §6.1)."""
@@ -527,43 +407,6 @@ def _is_visible_link(request: FsSandboxRequest, path: str) -> bool:
     except ExecServerError:
         return False
     return True
-
-
-def _entries_reply(result: dict[str, object]) -> list[DirEntry]:
-    entries = result.get("entries")
-    if not isinstance(entries, list):
-        raise InternalError("unexpected fs sandbox helper response: no entries")
-    return [
-        DirEntry(
-            file_name=str(e.get("fileName", "")),
-            is_directory=bool(e.get("isDirectory")),
-            is_file=bool(e.get("isFile")),
-        )
-        for e in entries
-        if isinstance(e, dict)
-    ]
-
-
-def _walk_reply(result: dict[str, object]) -> WalkOutcome:
-    entries = result.get("entries")
-    errors = result.get("errors")
-    if not isinstance(entries, list) or not isinstance(errors, list):
-        raise InternalError("unexpected fs sandbox helper response: no walk outcome")
-    try:
-        return WalkOutcome(
-            entries=[(str(d), str(n), bool(k)) for d, n, k in entries],
-            errors=[(str(d), str(n), str(m)) for d, n, m in errors],
-            truncated=bool(result.get("truncated")),
-        )
-    except (TypeError, ValueError) as exc:
-        raise InternalError(f"unexpected fs sandbox helper response: {exc}") from None
-
-
-def _path_reply(result: dict[str, object]) -> str:
-    out = result.get("path")
-    if not isinstance(out, str):
-        raise InternalError("unexpected fs sandbox helper response: no path")
-    return out
 
 
 def _unpack(reply: object) -> dict[str, object]:

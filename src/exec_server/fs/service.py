@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from exec_server.exceptions import InvalidRequestError
+from exec_server.exceptions import InternalError, InvalidRequestError
 from exec_server.fs import direct as ops
 from exec_server.fs.direct import DirEntry, Metadata
 from exec_server.fs.errors import translate_os_errors
@@ -25,15 +25,8 @@ if TYPE_CHECKING:
     from exec_server.fs.confined import SandboxedFileSystem
 
 __all__ = [
-    "DIRECT",
-    "NO_RUNTIME_PATHS",
-    "FileSystemService",
-    "FsRoute",
-    "NoFollowCall",
-    "NoFollowResult",
-    "Route",
-    "run_no_follow",
-    "walk_here",
+    "DIRECT", "NO_RUNTIME_PATHS", "FileSystemService", "FsOperation", "FsRoute", "NoFollowCall",
+    "NoFollowResult", "Route",
 ]
 
 T = TypeVar("T")
@@ -51,18 +44,35 @@ class FsRoute:
 
 
 DIRECT = FsRoute(confined=False)
-
-
 Route = FsRoute
+
+
+@dataclass(frozen=True, slots=True)
+class FsOperation:
+    """One filesystem call, decoded: method, absolute paths, payload, flags."""
+
+    method: str
+    path: str
+    destination: str | None = None
+    data: ops.Payload = b""
+    recursive: bool = True
+    force: bool = True
+    walk: WalkOptions | None = None
+    #: ``followSymlinks: false``: run on ``path`` as spelled, refusing any link in it
+    no_follow: bool = False
+    #: ``fs/open``'s mode (``read`` or ``replace``)
+    mode: str = "read"
+
+    @property
+    def writes(self) -> bool:
+        if self.method == "fs/open":
+            return self.mode == "replace"
+        return self.method in helper_ops.WRITE_OPS
 
 
 class FileSystemService:
     """Typed async filesystem API; every method takes the call's :class:`FsRoute`.
-
-    Args:
-        confined: the sandboxed-filesystem service (``None``: confined calls fail closed).
-        pool: worker threads for direct calls (default: the shared pool).
-    """
+    Without ``confined``, confined calls fail closed; ``pool`` runs the direct ones."""
 
     def __init__(
         self, confined: SandboxedFileSystem | None = None, *, pool: WorkerPool | None = None
@@ -84,15 +94,21 @@ class FileSystemService:
     ) -> bytes:
         """Whole file contents (cap :data:`~exec_server.fs.direct.READ_LIMIT`)."""
         if route.confined:
-            return await self._confined_or_refuse().read_file(route.context, path)
+            confined = self._confined_or_refuse()
+            if not confined.reads_directly(route.context):
+                _, data = await confined.run(FsOperation("fs/readFile", path), route.context)
+                return data
+            regular_only = confined.reads_regular_only(route.context)
         return await self._pool.run(ops.read_file, path, regular_only=regular_only)
 
-    def reads_directly(self, route: Route) -> bool:
-        """Whether read-only calls on ``route`` run in the server: direct routes, and
-        confined ones whose policies provably read everything (as upstream does)."""
-        if not route.confined:
-            return True
-        return self._confined is not None and self._confined.reads_directly(route.context)
+    async def _run_confined(self, route: Route, op: FsOperation) -> None:
+        await self._confined_or_refuse().run(op, route.context)
+
+    def _confined_read(self, route: Route) -> SandboxedFileSystem | None:
+        """The confined service for a read on a confined ``route``; None when the policies
+        provably read everything: it runs here, as upstream's does."""
+        confined = self._confined_or_refuse()
+        return None if confined.reads_directly(route.context) else confined
 
     async def read_file_mapped(
         self,
@@ -105,15 +121,13 @@ class FileSystemService:
         map_pieces: Callable[[Iterable[memoryview], int], T] | None = None,
     ) -> bytes | T:
         """Like :meth:`read_file`, but contents over ``large_over`` bytes come back as
-        ``map_large(data)``, computed in the worker that read them (one hand-off, not two).
-
-        ``map_pieces(pieces, size)`` maps a regular file of :data:`PIECES_MIN` bytes or
-        more as it is read, :data:`READ_PIECE` bytes at a time, so it is never held
-        whole; a file whose size changed since its ``fstat`` goes to ``map_large``."""
+        ``map_large(data)``, computed in the worker that read them (one hand-off, not two);
+        ``map_pieces(pieces, size)`` maps a regular file of :data:`PIECES_MIN` bytes or more
+        :data:`READ_PIECE` bytes at a time, never held whole (``map_large`` if resized)."""
         if route.confined:
             confined = self._confined_or_refuse()
             if not confined.reads_directly(route.context):
-                data = await confined.read_file(route.context, path)
+                _, data = await confined.run(FsOperation("fs/readFile", path), route.context)
                 if len(data) > large_over:
                     return await self._pool.run(map_large, data)
                 return data
@@ -131,52 +145,50 @@ class FileSystemService:
         if route.confined:
             # Pieces are decoded as they go to the confined helper.
             payload = await self._pool.run(produce)
-            return await self._confined_or_refuse().write_file(route.context, path, payload)
-        await self._pool.run(_produce_and_write, path, produce)
+            return await self._run_confined(route, FsOperation("fs/writeFile", path, data=payload))
+        await self._pool.run(lambda: ops.write_file(path, produce()))
 
     async def write_file(
         self, path: str, data: bytes | bytearray | memoryview, route: Route = DIRECT
     ) -> None:
         """Create or atomically replace ``path``."""
         if route.confined:
-            return await self._confined_or_refuse().write_file(route.context, path, data)
+            return await self._run_confined(route, FsOperation("fs/writeFile", path, data=data))
         await self._pool.run(ops.write_file, path, data)
 
     async def create_directory(
         self, path: str, route: Route = DIRECT, *, recursive: bool = True
     ) -> None:
         if route.confined:
-            return await self._confined_or_refuse().create_directory(
-                route.context, path, recursive
-            )
+            op = FsOperation("fs/createDirectory", path, recursive=recursive)
+            return await self._run_confined(route, op)
         await self._pool.run(ops.create_directory, path, recursive=recursive)
 
     async def get_metadata(self, path: str, route: Route = DIRECT) -> Metadata:
-        if route.confined:
-            return await self._confined_or_refuse().get_metadata(route.context, path)
+        if route.confined and (confined := self._confined_read(route)) is not None:
+            return await confined.get_metadata(route.context, path)
         return await self._pool.run(ops.get_metadata, path)
 
     async def read_directory(self, path: str, route: Route = DIRECT) -> list[DirEntry]:
-        if route.confined:
-            return await self._confined_or_refuse().read_directory(route.context, path)
+        if route.confined and (confined := self._confined_read(route)) is not None:
+            result, _ = await confined.run(FsOperation("fs/readDirectory", path), route.context)
+            return _entries_reply(result)
         return await self._pool.run(ops.read_directory, path)
 
     async def remove(
         self, path: str, route: Route = DIRECT, *, recursive: bool = True, force: bool = True
     ) -> None:
         if route.confined:
-            return await self._confined_or_refuse().remove(
-                route.context, path, recursive, force
-            )
+            op = FsOperation("fs/remove", path, recursive=recursive, force=force)
+            return await self._run_confined(route, op)
         await self._pool.run(ops.remove, path, recursive=recursive, force=force)
 
     async def copy(
         self, source: str, destination: str, route: Route = DIRECT, *, recursive: bool
     ) -> None:
         if route.confined:
-            return await self._confined_or_refuse().copy(
-                route.context, source, destination, recursive
-            )
+            op = FsOperation("fs/copy", source, destination=destination, recursive=recursive)
+            return await self._run_confined(route, op)
         await self._pool.run(ops.copy, source, destination, recursive=recursive)
 
     async def walk(self, path: str, options: WalkOptions, route: Route = DIRECT) -> WalkOutcome:
@@ -184,24 +196,34 @@ class FileSystemService:
         refused = limits_error(options)
         if refused is not None:
             raise InvalidRequestError(refused)
-        if route.confined:
-            return await self._confined_or_refuse().walk(route.context, path, options)
-        return await self._pool.run(walk_here, path, options)
+        if route.confined and (confined := self._confined_read(route)) is not None:
+            # What the context does not let the caller read is absent (PROTOCOL_CURRENT §6.3).
+            op = FsOperation("fs/walk", path, walk=options)
+            result, _ = await confined.run(op, route.context)
+            return _walk_reply(result)
+        return await self._pool.run(_walk_here, path, options)
 
     async def open_handle(
         self, path: str, mode: Mode, install: Install, route: Route = DIRECT
     ) -> None:
         """Open ``fs/open``'s descriptor and hand it to ``install`` in the worker that
         opened it (a cancelled caller cannot leak it)."""
-        if route.confined:
-            confined = self._confined_or_refuse()
-            return await confined.open_handle(route.context, path, mode, install)
+        if route.confined and (mode != "read" or self._confined_read(route) is not None):
+            return await self._confined_or_refuse().open_handle(route.context, path, mode, install)
         await self._pool.run(open_into, install, path, mode)
 
     async def no_follow(self, call: NoFollowCall, route: Route = DIRECT) -> NoFollowResult:
-        """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`)."""
-        if route.confined:
-            return await self._confined_or_refuse().no_follow(route.context, call)
+        """A ``followSymlinks: false`` call (:mod:`exec_server.fs.nofollow`); confined, the
+        policy is checked on the path as spelled and as resolved, and the child runs
+        :func:`run_no_follow`'s code."""
+        if route.confined and (
+            call.method in helper_ops.WRITE_OPS or self._confined_read(route) is not None
+        ):
+            confined = self._confined_or_refuse()
+            data = b"" if call.produce is None else await self._pool.run(call.produce)
+            op = FsOperation(call.method, call.path, data=data, recursive=call.recursive,
+                             force=call.force, no_follow=True)
+            return no_follow_result(call.method, *await confined.run(op, route.context))
         return await self._pool.run(run_no_follow, call)
 
     async def get_metadata_no_follow(self, path: str, route: Route = DIRECT) -> Metadata:
@@ -215,9 +237,47 @@ class FileSystemService:
         return data
 
     async def canonicalize(self, path: str, route: Route = DIRECT) -> str:
-        if route.confined:
-            return await self._confined_or_refuse().canonicalize(route.context, path)
+        if route.confined and (confined := self._confined_read(route)) is not None:
+            result, _ = await confined.run(FsOperation("fs/canonicalize", path), route.context)
+            return _path_reply(result)
         return await self._pool.run(ops.canonicalize, path)
+
+
+def _entries_reply(result: dict[str, object]) -> list[DirEntry]:
+    entries = result.get("entries")
+    if not isinstance(entries, list):
+        raise InternalError("unexpected fs sandbox helper response: no entries")
+    return [
+        DirEntry(
+            file_name=str(e.get("fileName", "")),
+            is_directory=bool(e.get("isDirectory")),
+            is_file=bool(e.get("isFile")),
+        )
+        for e in entries
+        if isinstance(e, dict)
+    ]
+
+
+def _walk_reply(result: dict[str, object]) -> WalkOutcome:
+    entries = result.get("entries")
+    errors = result.get("errors")
+    if not isinstance(entries, list) or not isinstance(errors, list):
+        raise InternalError("unexpected fs sandbox helper response: no walk outcome")
+    try:
+        return WalkOutcome(
+            entries=[(str(d), str(n), bool(k)) for d, n, k in entries],
+            errors=[(str(d), str(n), str(m)) for d, n, m in errors],
+            truncated=bool(result.get("truncated")),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InternalError(f"unexpected fs sandbox helper response: {exc}") from None
+
+
+def _path_reply(result: dict[str, object]) -> str:
+    out = result.get("path")
+    if not isinstance(out, str):
+        raise InternalError("unexpected fs sandbox helper response: no path")
+    return out
 
 
 def _read_direct(
@@ -274,10 +334,6 @@ def _pieces_of(fd: int, size: int) -> Iterator[memoryview]:
         raise _Resized
 
 
-def _produce_and_write(path: str, produce: Callable[[], ops.Payload]) -> None:
-    ops.write_file(path, produce())
-
-
 @dataclass(frozen=True, slots=True)
 class NoFollowCall:
     """One ``followSymlinks: false`` call; ``produce`` makes writeFile's data."""
@@ -324,6 +380,6 @@ def metadata_from_fields(fields: dict[str, object]) -> Metadata:
     )
 
 
-def walk_here(path: str, options: WalkOptions) -> WalkOutcome:
+def _walk_here(path: str, options: WalkOptions) -> WalkOutcome:
     with translate_os_errors():
         return walk(path, options)

@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import stat
-import struct
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -25,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from exec_server.fs.direct import Payload, Pieces
-from exec_server.fs.helper.main import EXIT, ID, ID_PID, MAX_REQUEST, fds_from_anc
-from exec_server.fs.helper.ops import FRAME, MAX_DATA, encode_frame, temp_name
+from exec_server.fs.fdops import temp_name
+from exec_server.fs.helper.main import EXIT, ID, ID_PID, MAX_REQUEST, fds_from_anc, rights
+from exec_server.fs.helper.ops import FRAME, MAX_DATA, encode_frame
 from exec_server.fs.pool import shared_pool
 from exec_server.process.spec import LaunchServiceUnavailable, ServicedChild
 from exec_server.sandbox.linux.spawn_zygote_main import REQUEST_HEADER
@@ -135,12 +135,8 @@ class _Process:
 
 class Zygote:
     """A lazily started helper zygote; implements ``process.spec.LaunchService``.
-
-    Args:
-        python: interpreter for the zygote (default ``sys.executable``).
-        test_hooks: let fs requests carry ``test_hook`` and ``test_pause`` (tests).
-        prefork: keep a child of each kind forked ahead of time.
-    """
+    ``test_hooks``: fs requests may carry ``test_hook`` and ``test_pause`` (tests);
+    ``prefork``: keep a child of each kind forked ahead of time."""
 
     def __init__(
         self, *, python: str | None = None, test_hooks: bool = False, prefork: bool = True
@@ -177,11 +173,8 @@ class Zygote:
         return f"<Zygote pid={self.pid} owners={len(self._owners)}>"
 
     async def ensure_started(self, owner: object = None) -> _Process:
-        """Start (or restart) the zygote for ``owner`` and wait until it is ready.
-
-        Raises:
-            ZygoteUnavailable: it cannot start, or the kernel lacks Landlock.
-        """
+        """Start (or restart) the zygote for ``owner`` and wait until it is ready;
+        ``ZygoteUnavailable`` when it cannot start or the kernel lacks Landlock."""
         if owner is not None:
             self._owners[id(owner)] = owner
         z = self._current(asyncio.get_running_loop())
@@ -413,7 +406,7 @@ class Zygote:
         raw = b"S" + REQUEST_HEADER.pack(p.req_id, tty, stdin is not None and not tty) + body
         try:
             try:
-                z.ctl.sendmsg([raw], _rights(fds))
+                z.ctl.sendmsg([raw], rights(fds))
             except (BlockingIOError, InterruptedError) as exc:
                 raise LaunchServiceUnavailable("the helper zygote is busy") from exc
             except OSError as exc:
@@ -452,14 +445,9 @@ class Zygote:
         owner: object = None,
     ) -> tuple[object, bytes]:
         """Run one request in a fresh confined child: its decoded reply header and payload.
-
-        On return or raise the child has replied, or was killed and reaped. ``Pieces``
-        are sent as made; if making one raises, the child is killed before it has them.
-
-        Raises:
-            ZygoteUnavailable: no zygote can run here.
-            HelperFailure: the child crashed, hung or sent garbage.
-        """
+        On return or raise the child has replied, or was killed and reaped (``Pieces`` are
+        sent as made; if making one raises, the child never has them all).
+        ``ZygoteUnavailable``: no zygote here; ``HelperFailure``: it crashed, hung, babbled."""
         try:
             return await self._run_once(header, data, timeout, owner)
         except _NotForked:
@@ -506,11 +494,10 @@ class Zygote:
         return await asyncio.shield(task)
 
     async def _send_control(self, z: _Process, msg: bytes, fd: int) -> None:
-        """Send an ``F`` request, waiting out a full control socket; a dead zygote forked
-        nothing (``_NotForked``)."""
+        """Send an ``F`` request, waiting out a full control socket."""
         while not z.dead:
             try:
-                z.ctl.sendmsg([msg], _rights([fd]))
+                z.ctl.sendmsg([msg], rights([fd]))
                 return
             except (BlockingIOError, InterruptedError):
                 if z.writable is None:
@@ -536,19 +523,17 @@ class Zygote:
         assert p.sock is not None
         clean = False
         try:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    reply = await _read_reply(asyncio.get_running_loop(), p.sock, p)
-            except TimeoutError:
-                raise _timed_out(timeout) from None
+            async with asyncio.timeout_at(deadline):
+                reply = await _read_reply(asyncio.get_running_loop(), p.sock, p)
             clean = True
             return reply
+        except TimeoutError:
+            raise _timed_out(timeout) from None
         finally:
             await self._end(z, p, clean=clean)
 
     async def _end(self, z: _Process, p: _Pending, *, clean: bool) -> None:
-        """Release a call; unless it got a reply, kill and reap its child and remove the
-        temp file a writeFile child may leave."""
+        """Release a call; without a reply, kill and reap its child and remove its temp file."""
         if p.sock is not None:
             p.sock.close()
         z.pending.pop(p.req_id, None)
@@ -573,10 +558,6 @@ class Zygote:
 
 def _timed_out(timeout: float) -> HelperFailure:
     return HelperFailure(f"fs sandbox helper timed out after {timeout:g}s and was killed")
-
-
-def _rights(fds: list[int]) -> list[tuple[int, int, bytes]]:
-    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
 
 
 async def _send(
@@ -618,7 +599,7 @@ async def _read_reply(
         result = header.get("result") if ok else None
         if isinstance(result, dict) and result.get("passed_fd"):
             # fs/open: one more byte carries the descriptor the child opened.
-            result["passed_fd"] = await _recv_fd(loop, sock)
+            result["passed_fd"] = await _recv_fd(sock)
             return header, b""
         return header, await _recv_exact(loop, sock, dlen)
     except EOFError:
@@ -638,7 +619,7 @@ async def _crashed(p: _Pending) -> HelperFailure:
 
 
 async def _kill_and_reap(p: _Pending) -> bool:
-    """SIGKILL a child and wait (bounded) until it is dead; False if it may still run."""
+    """SIGKILL a child, wait (bounded) until it is dead; False if it may still run."""
     if not p.started.done():
         with contextlib.suppress(TimeoutError, HelperFailure):
             async with asyncio.timeout(_REAP_TIMEOUT):
@@ -660,12 +641,16 @@ async def _kill_and_reap(p: _Pending) -> bool:
     return True
 
 
+def _killpg(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 def _kill_launches(z: _Process) -> None:
     """Kill the groups of a zygote's launches: one outliving its zygote is unobservable."""
     for pid, p in z.by_pid.items():
         if p.group:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
+            _killpg(pid)
 
 
 def _kill_launch(started: asyncio.Future[tuple[int, int]]) -> None:
@@ -673,8 +658,7 @@ def _kill_launch(started: asyncio.Future[tuple[int, int]]) -> None:
     if started.cancelled() or started.exception() is not None:
         return
     pid, pidfd = started.result()
-    with contextlib.suppress(OSError):
-        os.killpg(pid, signal.SIGKILL)
+    _killpg(pid)
     os.close(pidfd)
 
 
@@ -733,8 +717,7 @@ async def remove_temp(directory: str, name: str) -> None:
 
 
 def _remove_temp_once_dead(pidfd: int, directory: str, name: str) -> None:
-    """Remove the temp file once the child of ``pidfd`` (still running after SIGKILL,
-    e.g. in a write to a hung mount) is gone."""
+    """Remove the temp file once the child (alive after SIGKILL: a hung mount) is gone."""
     loop = asyncio.get_running_loop()
     fd = os.dup(pidfd)
 
@@ -746,23 +729,28 @@ def _remove_temp_once_dead(pidfd: int, directory: str, name: str) -> None:
     loop.add_reader(fd, gone)
 
 
+async def _readable(fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
 async def _exited(pidfd: int, timeout: float) -> bool:  # noqa: ASYNC109
     """Whether the process of ``pidfd`` ends within ``timeout`` (its pidfd turns readable)."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    loop.add_reader(pidfd, readable)
     try:
         async with asyncio.timeout(timeout):
-            await done
+            await _readable(pidfd)
     except TimeoutError:
         return False
-    finally:
-        loop.remove_reader(pidfd)
     return True
 
 
@@ -782,7 +770,7 @@ async def _recv_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket, size
     return bytes(buf)
 
 
-async def _recv_fd(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int:
+async def _recv_fd(sock: socket.socket) -> int:
     """The descriptor sent with the next byte (``SCM_RIGHTS``); EOFError on EOF or without
     one (the kernel closes those left in a socket closed by a cancelled caller)."""
     while True:
@@ -790,12 +778,7 @@ async def _recv_fd(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int:
             msg, anc, _flags, _addr = sock.recvmsg(1, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
             break
         except BlockingIOError:
-            ready = loop.create_future()
-            loop.add_reader(sock.fileno(), ready.set_result, None)
-            try:
-                await ready
-            finally:
-                loop.remove_reader(sock.fileno())
+            await _readable(sock.fileno())
         except (ConnectionResetError, BrokenPipeError):
             raise EOFError from None
     fds = fds_from_anc(anc)

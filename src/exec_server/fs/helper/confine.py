@@ -27,7 +27,7 @@ from exec_server.sandbox.linux.landlock import (
 )
 from exec_server.sandbox.linux.seccomp import set_no_new_privs
 
-__all__ = ["ConfineError", "confine", "landlock_abi", "prefault", "warm_up"]
+__all__ = ["ConfineError", "confine", "landlock_abi", "warm_up"]
 
 #: What ``/dev/null`` gets when writes are confined.
 _DEV_NULL_RIGHTS = READ_FILE | WRITE_FILE | TRUNCATE
@@ -112,18 +112,9 @@ def warm_up(abi: int) -> None:
         os.close(ruleset)
 
 
-def prefault() -> None:
-    """Build (and drop) the structures a ruleset needs; no syscalls, no paths."""
-    landlock.prefault()
-
-
 def confine(plan: Mapping[str, object], *, abi: int) -> None:
-    """Confine this single-threaded process to ``plan`` (``SandboxPlan`` fields);
-    ``abi`` 0 refuses (fail closed).
-
-    Raises:
-        ConfineError: any step failed; the caller must not touch the filesystem.
-    """
+    """Confine this single-threaded process to ``plan`` (``SandboxPlan`` fields); ``abi`` 0
+    refuses (fail closed). ``ConfineError``: the caller must not touch the filesystem."""
     if plan.get("full_read") and plan.get("full_write"):
         with _step("prctl(PR_SET_NO_NEW_PRIVS)"):
             set_no_new_privs()

@@ -29,12 +29,13 @@ if __name__ == "__main__":
     sys.path.insert(0, _src)
 
 from exec_server._os.linux import call_prctl
+from exec_server.fs.fdops import write_all
 from exec_server.fs.helper import confine, ops
-from exec_server.sandbox.linux import seccomp
+from exec_server.sandbox.linux import landlock, seccomp
 from exec_server.sandbox.linux import spawn_zygote_main as spawn
 
 __all__ = ["EXIT", "ID", "ID_PID", "MAX_REQUEST", "Zygote", "fds_from_anc", "main",
-           "reset_signals"]
+           "reset_signals", "rights"]
 
 #: ``X`` payload: pid, raw wait status.
 EXIT = struct.Struct("!ii")
@@ -61,7 +62,7 @@ def fds_from_anc(anc: list[tuple[int, int, bytes]]) -> list[int]:
     return fds
 
 
-def _rights(fds: tuple[int, ...] | list[int]) -> list[tuple[int, int, bytes]]:
+def rights(fds: tuple[int, ...] | list[int]) -> list[tuple[int, int, bytes]]:
     return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
 
 
@@ -140,7 +141,7 @@ class Zygote:
         return 0
 
     def _send(self, msg: bytes, fds: tuple[int, ...] = ()) -> None:
-        self.ctl.sendmsg([msg], _rights(fds) if fds else [])
+        self.ctl.sendmsg([msg], rights(fds) if fds else [])
 
     def _loop(self) -> None:
         """Serve until EOF on the control socket, then kill and reap every child."""
@@ -169,13 +170,6 @@ class Zygote:
                         kill(pid, signal.SIGKILL)
             self._reap(block=True, report=False)
 
-    def _spare_at(self, kind: bytes) -> float:
-        """Monotonic time from which a new spare of ``kind`` may be forked (inf: not now)."""
-        if kind == _SPAWN:
-            return self.spawn_at
-        # No fs child running: the fork and its page faults never compete with one.
-        return float("inf") if _FS in self.children.values() else 0.0
-
     def _fork_spares(self) -> float | None:
         """Fork the spares that are due; seconds until the next one is (None: none pending)."""
         if not self.prefork:
@@ -184,7 +178,10 @@ class Zygote:
         for kind in self.kinds:
             if kind in self.spares:
                 continue
-            wait = self._spare_at(kind) - time.monotonic()
+            if kind == _SPAWN:
+                wait = self.spawn_at - time.monotonic()
+            else:  # no fs child running: the fork and its page faults never compete with one
+                wait = float("inf") if _FS in self.children.values() else 0.0
             if wait <= 0:
                 self._make_spare(kind, ahead=True)
             elif wait != float("inf"):
@@ -233,7 +230,7 @@ class Zygote:
             pid, handoff = spare
             try:
                 try:
-                    handoff.sendmsg([msg], _rights(fds))
+                    handoff.sendmsg([msg], rights(fds))
                 except OSError:
                     continue  # it died before taking the request
                 if kind == _SPAWN:
@@ -343,7 +340,7 @@ class Zygote:
             ops.encode_frame(json.dumps({"status": "ok", "result": {}}).encode(), 0)
             err = ops.error_from_os(FileNotFoundError(errno.ENOENT, "x"))
             json.dumps({"status": "error", "code": err.code, "message": err.message})
-            confine.prefault()
+            landlock.prefault()  # a ruleset's structures; no syscalls, no paths
         # Network is always off for the helper (PROTOCOL.md §10.1); from here
         # on only sendmsg/recvmsg are used (the filter denies sendto).
         seccomp.install_network_filter()
@@ -358,10 +355,10 @@ class Zygote:
     def _reply(self, fd: int, header: dict[str, object], payload: bytes = b"") -> None:
         frame = ops.encode_frame(json.dumps(header).encode(), len(payload))
         if len(payload) <= 256 * 1024:
-            ops.write_all(fd, frame + payload)  # one wake-up for the server
+            write_all(fd, frame + payload)  # one wake-up for the server
         else:
-            ops.write_all(fd, frame)
-            ops.write_all(fd, payload)
+            write_all(fd, frame)
+            write_all(fd, payload)
 
     def _serve_fs(self, fd: int) -> None:
         try:
@@ -399,7 +396,7 @@ class Zygote:
         assert isinstance(passed, int)  # our own fs/open's
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
         try:
-            sock.sendmsg([b"F"], _rights([passed]))
+            sock.sendmsg([b"F"], rights([passed]))
         finally:
             sock.detach()
 
@@ -408,7 +405,7 @@ class Zygote:
         if hook == "crash":
             os.kill(os.getpid(), signal.SIGSEGV)
         elif hook == "garbage":
-            ops.write_all(fd, b"\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00\x00{{{{{")
+            write_all(fd, b"\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00\x00{{{{{")
             os._exit(0)
         elif hook == "hang":
             while True:
@@ -417,7 +414,7 @@ class Zygote:
             os._exit(3)
         elif hook == "short":  # an ok reply that announces 1 MiB and sends 10 bytes
             ok = json.dumps({"status": "ok", "result": {}}).encode()
-            ops.write_all(fd, ops.encode_frame(ok, 1 << 20) + b"0123456789")
+            write_all(fd, ops.encode_frame(ok, 1 << 20) + b"0123456789")
             os._exit(0)
 
     def _arm_pause(self, spec: object) -> None:

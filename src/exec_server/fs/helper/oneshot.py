@@ -11,7 +11,7 @@ import base64
 import binascii
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from exec_server.fs.helper.ops import OPERATIONS, OpError, OpRequest, execute
 
@@ -65,19 +65,15 @@ def _decode(raw: bytes) -> tuple[OpRequest, bytes]:
     return OpRequest.from_header(header), data
 
 
-def _response(op: str, result: Mapping[str, object], payload: bytes) -> dict[str, object]:
-    if op == "fs/readFile":
-        result = {"dataBase64": base64.b64encode(payload).decode("ascii")}
-    return {"status": "ok", "payload": {"operation": op, "response": dict(result)}}
-
-
 def helper_main(argv: Sequence[str]) -> int:
     """Run one request from stdin; exit 0 with a response (also for failed operations)."""
     del argv
     try:
         req, data = _decode(sys.stdin.buffer.read())
         result, payload = execute(req, data)
-        out = _response(req.op, result, payload)
+        if req.op == "fs/readFile":
+            result = {"dataBase64": base64.b64encode(payload).decode("ascii")}
+        out = {"status": "ok", "payload": {"operation": req.op, "response": result}}
     except OpError as exc:
         out = {"status": "error", "payload": {"code": exc.code, "message": exc.message}}
     except (ValueError, OSError) as exc:

@@ -18,42 +18,24 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from exec_server.errno_text import os_error_text
 from exec_server.exceptions import ExecServerError, InvalidRequestError, wire_error
 from exec_server.fs import fdops, nofollow
-from exec_server.fs.errors import FsError, os_error, translate_os_errors
-from exec_server.fs.fdops import temp_name, write_all
+from exec_server.fs.errors import FsError, fs_error_from_os, os_error, translate_os_errors
+from exec_server.fs.fdops import READ_LIMIT, write_all
 from exec_server.fs.walk import WalkOptions, walk
 
 __all__ = [
-    "FRAME",
-    "MAX_DATA",
-    "MAX_READ_BYTES",
-    "OPERATIONS",
-    "WRITE_OPS",
-    "OpError",
-    "OpRequest",
-    "encode_frame",
-    "error_from_os",
-    "execute",
-    "metadata_fields",
-    "no_follow",
-    "read_frame",
-    "temp_name",
-    "write_all",
+    "FRAME", "MAX_DATA", "OPERATIONS", "WRITE_OPS", "OpError", "OpRequest", "encode_frame",
+    "error_from_os", "execute", "metadata_fields", "no_follow", "read_frame",
 ]
 
-#: fs/readFile refuses larger files (PROTOCOL.md §9.3).
-MAX_READ_BYTES = fdops.READ_LIMIT
 #: a frame: header length, data length (big endian), the JSON header, the raw data.
 FRAME = struct.Struct("!IQ")
 _MAX_HEADER = 16 * 1024 * 1024
-MAX_DATA = 2 * MAX_READ_BYTES
+MAX_DATA = 2 * READ_LIMIT
 
 _INVALID = -32600
 _INTERNAL = -32603
-#: PROTOCOL.md §9.1 codes of OS errors; any other errno is -32603.
-_CODES = {errno.ENOENT: -32004, errno.EACCES: _INVALID, errno.EPERM: _INVALID}
 
 
 #: Failure injection, set only in a zygote child started with ``--test-hooks``:
@@ -74,19 +56,20 @@ class OpError(Exception):
 
 
 def error_from_os(exc: OSError) -> OpError:
-    """Map an OS error per PROTOCOL.md §9.1, with Rust-style text (§5.3)."""
-    if exc.errno is None:
-        return OpError(_INTERNAL, str(exc))
-    return OpError(_CODES.get(exc.errno, _INTERNAL), os_error_text(exc.errno))
+    """Map an OS error as the direct route does (PROTOCOL.md §9.1, text §5.3)."""
+    return _op_error(fs_error_from_os(exc))
+
+
+def _op_error(exc: ExecServerError | FsError) -> OpError:
+    err = wire_error(exc)
+    assert err is not None  # both kinds map
+    return OpError(err.code, err.message)
 
 
 @dataclass(frozen=True, slots=True)
 class OpRequest:
-    """One operation, decoded from the frame header (or a §10.5 helper request).
-
-    ``expect`` / ``dest_expect``: the real parents the server saw at check time;
-    ``tmp``: the server's token for a writeFile's temp name (random when absent).
-    """
+    """One operation from the frame header (or a §10.5 request); ``expect``/``dest_expect``:
+    the real parents the server checked; ``tmp``: the server's token for a temp name."""
 
     op: str
     path: str
@@ -179,7 +162,6 @@ def _is_path(v: object) -> TypeGuard[str]:
     return isinstance(v, str) and v.startswith("/") and "\x00" not in v
 
 
-
 def encode_frame(header: bytes, data_len: int) -> bytes:
     return FRAME.pack(len(header), data_len) + header
 
@@ -204,13 +186,8 @@ def read_frame(fd: int) -> tuple[bytes, bytearray]:
     return header, _read_exact(fd, dlen)
 
 
-
 def _within(path: str, root: str) -> bool:
     return path == root or root == "/" or path.startswith(root + "/")
-
-
-def _depth(path: str) -> int:
-    return 0 if path == "/" else path.count("/")
 
 
 class _Guard:
@@ -234,7 +211,7 @@ class _Guard:
         best: tuple[int, int] | None = None  # (depth, -kind): deeper wins, then lower kind
         for root, kind in self.rules:
             if _within(path, root):
-                key = (_depth(root), -kind)
+                key = (0 if root == "/" else root.count("/"), -kind)
                 if best is None or key > best:
                     best = key
         return None if best is None else -best[1]
@@ -255,7 +232,6 @@ class _Guard:
         for root, kind in self.rules:
             if kind < 2 and root != path and _within(root, path) and os.path.lexists(root):
                 raise os_error(errno.EROFS if kind == 1 else errno.EACCES)
-
 
 
 def _fd_path(fd: int) -> str:
@@ -317,13 +293,9 @@ class _Ctx:
 
 
 def _final_symlink(c: _Ctx, t: _Target) -> OSError | OpError:
-    """The error for a read that meets a symlink as the final component of a resolved path.
-
-    The server followed every link it could (§10.3), so one still there is dangling,
-    a loop, or swapped in since. Following it is safe only for a failure: dangling is
-    ``ENOENT`` (``-32004``, which the client depends on), a loop ``ELOOP``; a link that
-    resolves now was never checked: the path changed under us.
-    """
+    """A read met a final symlink the server could not follow (§10.3): dangling is
+    ``ENOENT`` (-32004, which clients depend on), a loop ``ELOOP``; one that resolves now
+    was swapped in since (never checked): the path changed under us."""
     try:
         os.stat(t.name, dir_fd=t.dirfd)
     except OSError as exc:
@@ -349,14 +321,13 @@ def _open_final(c: _Ctx, t: _Target, flags: int) -> int:
         raise _final_symlink(c, t) from None
 
 
-
 def _read_file(c: _Ctx) -> tuple[dict[str, object], bytes]:
     with c.checked(write=False) as t:
         # O_NONBLOCK: a FIFO without a writer must not hang the helper.
         fd = _open_final(c, t, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        size = fdops.check_for_read(fd, MAX_READ_BYTES, c.req.not_a_file)
-        return {}, fdops.read_to_end(fd, size, MAX_READ_BYTES)
+        size = fdops.check_for_read(fd, READ_LIMIT, c.req.not_a_file)
+        return {}, fdops.read_to_end(fd, size, READ_LIMIT)
     finally:
         os.close(fd)
 
@@ -535,9 +506,7 @@ def _canonicalize(c: _Ctx) -> tuple[dict[str, object], bytes]:
 
 
 def _walk(c: _Ctx) -> tuple[dict[str, object], bytes]:
-    """``fs/walk`` listed under Landlock; what the plan does not let the caller read
-    (outside the readable roots, ``none`` carve-outs) is absent rather than an error,
-    as upstream's helper shows it."""
+    """What the plan does not let the caller read is absent, not an error (as upstream's)."""
     options = c.req.walk
     if options is None:
         raise OpError(_INVALID, "fs sandbox request has an invalid `walk`")
@@ -582,10 +551,10 @@ def no_follow(
     if op == "fs/readFile":
         fd, size = nofollow.open_regular(path)
         try:
-            if size > MAX_READ_BYTES:
-                raise InvalidRequestError(fdops.too_large_message(MAX_READ_BYTES))
+            if size > READ_LIMIT:
+                raise InvalidRequestError(fdops.too_large_message(READ_LIMIT))
             with translate_os_errors():
-                return {}, fdops.read_to_end(fd, size, MAX_READ_BYTES)
+                return {}, fdops.read_to_end(fd, size, READ_LIMIT)
         finally:
             os.close(fd)
     if op == "fs/writeFile":
@@ -654,6 +623,4 @@ def execute(req: OpRequest, data: bytes | bytearray) -> tuple[dict[str, object],
     except OSError as exc:
         raise error_from_os(exc) from exc
     except (ExecServerError, FsError) as exc:
-        err = wire_error(exc)
-        assert err is not None  # both kinds map
-        raise OpError(err.code, err.message) from exc
+        raise _op_error(exc) from exc
