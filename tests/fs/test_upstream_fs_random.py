@@ -701,7 +701,7 @@ async def test_uri_host_spellings(sides: tuple[Any, Any], host: str) -> None:
 
 # ---------------------------------------------------------------------------
 # Our confined helper (sandboxed requests), as the sandboxed walks found it. The
-# first two were real differences, now fixed (fs/helper/ops.py _mkdir_unless_directory:
+# first two were real differences, now fixed (fs/fdops.py mkdir_unless_directory:
 # "File exists" where a file or a broken link holds a directory's place); the others
 # are choices documented in docs/compat.md and not generated (_confined_differs).
 # ---------------------------------------------------------------------------
