@@ -197,7 +197,7 @@ def test_argv_shape() -> None:
 @pytest.mark.parametrize(("network", "marker"), [(False, "1"), (True, None)])
 def test_wrap_sets_env_and_type(network: bool, marker: str | None) -> None:
     spec = LaunchSpec(argv=["ls", "-l"], cwd="/ws", env={"A": "b"}, arg0="custom")
-    out = wrap(spec, plan(network=network), realpath=str, user_cache_dir="")
+    out = wrap(spec, plan(network=network))
     assert out.argv[0] == SANDBOX_EXEC and out.argv[-3:] == ["--", "ls", "-l"]
     assert out.env["CODEX_SANDBOX"] == "seatbelt" and out.env["A"] == "b"
     assert out.env.get("CODEX_SANDBOX_NETWORK_DISABLED") == marker

@@ -142,8 +142,6 @@ class PolicyScope:
 
 #: The legacy ``SandboxPolicy`` (PROTOCOL.md §6.1), as decoded.
 LegacyPolicy = wire.SandboxPolicy
-#: Additional permissions (``PermissionProfile``, PROTOCOL.md §6.4), as decoded.
-ExtraPermissions = wire.PermissionProfile
 
 
 class FsProbe(Protocol):
@@ -309,7 +307,7 @@ def legacy_writable_roots(policy: LegacyPolicy, scope: PolicyScope,
 
 
 def effective_fs_policy(policy: FileSystemPolicy,
-                        extra: ExtraPermissions | None) -> FileSystemPolicy:
+                        extra: wire.PermissionProfile | None) -> FileSystemPolicy:
     """Append extra read/write grants to a restricted policy, skipping exact duplicates."""
     if extra is None or extra.file_system is None or policy.kind is not FsKind.RESTRICTED:
         return policy
@@ -325,7 +323,7 @@ def effective_fs_policy(policy: FileSystemPolicy,
     return replace(policy, entries=tuple(entries))
 
 
-def effective_network(network: Network, extra: ExtraPermissions | None) -> Network:
+def effective_network(network: Network, extra: wire.PermissionProfile | None) -> Network:
     """Network after additional permissions (PROTOCOL.md §6.12)."""
     granted = extra is not None and extra.network is not None and extra.network.enabled
     return Network.ENABLED if network is Network.ENABLED or granted else Network.RESTRICTED

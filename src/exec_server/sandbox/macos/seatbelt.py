@@ -297,14 +297,11 @@ def build(plan: SandboxPlan, *, include_platform_defaults: bool = False,
     return SeatbeltCommand(profile, tuple(params))
 
 
-def wrap(spec: LaunchSpec, plan: SandboxPlan, *, include_platform_defaults: bool = False,
-         realpath: Callable[[str], str] = os.path.realpath,
-         user_cache_dir: str | None = None) -> LaunchSpec:
+def wrap(spec: LaunchSpec, plan: SandboxPlan, *,
+         include_platform_defaults: bool = False) -> LaunchSpec:
     """Run ``spec`` under ``sandbox-exec`` (PROTOCOL.md §7.4, §7.5); it cannot set argv0."""
-    if user_cache_dir is None:
-        user_cache_dir = darwin_user_cache_dir()
-    command = build(plan, include_platform_defaults=include_platform_defaults, realpath=realpath,
-                    user_cache_dir=user_cache_dir)
+    command = build(plan, include_platform_defaults=include_platform_defaults,
+                    user_cache_dir=darwin_user_cache_dir())
     env = dict(spec.env)
     env["CODEX_SANDBOX"] = "seatbelt"
     if not plan.network:
