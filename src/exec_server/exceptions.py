@@ -41,6 +41,7 @@ __all__ = [
     "from_domain_error",
     "os_error_message",
     "params_error_text",
+    "u64_param",
     "wire_error",
 ]
 
@@ -138,6 +139,13 @@ def wire_error(exc: BaseException) -> ExecServerError | None:
     if isinstance(exc, ExecServerError):
         return exc
     return from_domain_error(exc)
+
+
+def u64_param(value: int | None, name: str) -> int | None:
+    """Upstream's ``u64`` bound in serde's words (msgspec's ``int`` is unbounded)."""
+    if value is not None and not 0 <= value <= 2**64 - 1:
+        raise InvalidParamsError(f"invalid value: integer `{value}`, expected u64 for `{name}`")
+    return value
 
 
 def os_error_message(exc: OSError) -> str:

@@ -338,7 +338,8 @@ def test_closing_the_table_during_an_open_closes_what_it_opens(tdir: Path) -> No
     handles.close_all()  # the connection ended while the worker opened
     handles.install(handle, open_descriptor(str(target), "read"))
     assert _open_fds_to(target) == 0
-    assert len(handles) == 0
+    with pytest.raises(NotFoundError, match="unknown file handle `h`"):
+        handles.read_block("h", 0, 1)  # the table did not keep it
 
 
 async def test_sandboxed_open_runs_in_the_confined_helper(

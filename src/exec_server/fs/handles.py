@@ -83,9 +83,6 @@ class FileHandles:
         self._handles: dict[str, _Handle] = {}
         self._closed = False
 
-    def __len__(self) -> int:
-        return len(self._handles)
-
     def reserve(self, handle_id: str) -> _Handle:
         """Hold an id (checked in upstream's order) for :meth:`install` or :meth:`release`."""
         _check_id(handle_id)

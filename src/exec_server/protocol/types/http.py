@@ -12,7 +12,6 @@ __all__ = [
     "BUFFERED_REQUEST_ID",
     "METHOD_HTTP_REQUEST",
     "NOTIFY_BODY_DELTA",
-    "U64_MAX",
     "BodyDelta",
     "HttpHeader",
     "HttpRequestParams",
@@ -27,7 +26,6 @@ BUFFERED_REQUEST_ID: Final = "buffered-request"
 
 #: >= 0; the handler checks the u64 bound (msgspec's bounds stop at int64).
 U64 = Annotated[int, msgspec.Meta(ge=0)]
-U64_MAX: Final = 2**64 - 1
 
 
 class RequestHeader(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):

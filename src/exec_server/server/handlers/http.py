@@ -11,13 +11,12 @@ import asyncio
 import os
 from typing import TYPE_CHECKING
 
-from exec_server.exceptions import InvalidParamsError
+from exec_server.exceptions import InvalidParamsError, u64_param
 from exec_server.http.errors import HttpBodyFailed
 from exec_server.http.request import HeaderSpec, build_request
 from exec_server.protocol.types.http import (
     METHOD_HTTP_REQUEST,
     NOTIFY_BODY_DELTA,
-    U64_MAX,
     BodyDelta,
     HttpHeader,
     HttpRequestParams,
@@ -50,10 +49,7 @@ def _result(response: HttpResponse, body: bytes) -> HttpRequestResult:
 
 
 async def handle_http_request(ctx: RequestContext, params: HttpRequestParams) -> HttpRequestResult:
-    if params.timeout_ms is not None and params.timeout_ms > U64_MAX:
-        raise InvalidParamsError(
-            f"invalid value: integer `{params.timeout_ms}`, expected u64 for `timeoutMs`"
-        )
+    u64_param(params.timeout_ms, "timeoutMs")
     headers = [HeaderSpec(h.name, h.value, h.value_env_var) for h in params.headers]
     follow = params.redirect_policy == "follow"
     request = build_request(

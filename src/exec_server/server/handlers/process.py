@@ -11,11 +11,10 @@ import asyncio
 import contextlib
 import os
 import signal
-from typing import Final
 
 import msgspec
 
-from exec_server.exceptions import InternalError, InvalidParamsError
+from exec_server.exceptions import InternalError, InvalidParamsError, u64_param
 from exec_server.process.envpolicy import build_child_env
 from exec_server.process.events import Snapshot
 from exec_server.process.spec import LaunchSpec
@@ -105,20 +104,10 @@ async def handle_start(ctx: RequestContext, params: t.StartParams) -> t.StartRes
     return t.StartResult(process_id=params.process_id, sandbox=kind.value)
 
 
-_U64_MAX: Final = 2**64 - 1
-
-
-def _u64(value: int | None, name: str) -> int | None:
-    """Upstream's ``u64`` bound (JSON numbers and msgspec's ``int`` are unbounded)."""
-    if value is not None and not 0 <= value <= _U64_MAX:
-        raise InvalidParamsError(f"invalid value: integer `{value}`, expected u64 for `{name}`")
-    return value
-
-
 async def handle_read(ctx: RequestContext, params: t.ReadParams) -> t.ReadResult:
-    after_seq = _u64(params.after_seq, "afterSeq") or 0
-    max_bytes = _u64(params.max_bytes, "maxBytes")
-    wait_ms = _u64(params.wait_ms, "waitMs") or 0
+    after_seq = u64_param(params.after_seq, "afterSeq") or 0
+    max_bytes = u64_param(params.max_bytes, "maxBytes")
+    wait_ms = u64_param(params.wait_ms, "waitMs") or 0
     manager = ctx.session.processes
     now = await manager.read(params.process_id, after_seq=after_seq, max_bytes=max_bytes)
     if wait_ms <= 0 or now.chunks or now.closed or (now.exited and after_seq < now.next_seq - 1):
