@@ -540,54 +540,6 @@ def _check_no_leaks() -> Iterator[None]:
 # ---------------------------------------------------------------------------
 
 
-class MemoryTransport:
-    """One end of an in-process pair of transports; line-framing error texts."""
-
-    kind = "line"
-    hangup_fd = None  # EOF arrives as a message
-
-    def __init__(
-        self, inbound: asyncio.Queue[bytes | None], outbound: asyncio.Queue[bytes | None], *,
-        label: str,
-    ) -> None:
-        self.label = label
-        self._inbound = inbound
-        self._outbound = outbound
-        self.closed = False
-
-    async def receive(self) -> bytes | None:
-        if self.closed:
-            return None
-        item = await self._inbound.get()
-        if item is None:
-            self.closed = True
-        return item
-
-    async def send(self, data: bytes | bytearray) -> None:
-        if self.closed:
-            raise ConnectionResetError("transport closed")
-        await self._outbound.put(bytes(data))
-
-    def refuse(self, reason: str) -> None:
-        del reason  # no close reason to carry: the peer sees EOF
-
-    async def aclose(self) -> None:
-        """Close both directions: the peer sees EOF, our reader stops."""
-        if not self.closed:
-            self.closed = True
-            self._outbound.put_nowait(None)
-            self._inbound.put_nowait(None)
-
-
-def memory_pair(*, label: str = "memory") -> tuple[MemoryTransport, MemoryTransport]:
-    a_to_b: asyncio.Queue[bytes | None] = asyncio.Queue()
-    b_to_a: asyncio.Queue[bytes | None] = asyncio.Queue()
-    return (
-        MemoryTransport(b_to_a, a_to_b, label=f"{label} a"),
-        MemoryTransport(a_to_b, b_to_a, label=f"{label} b"),
-    )
-
-
 class InProcessServer:
     """An :class:`ExecServer` whose connections are in-memory pipes.
 
@@ -610,6 +562,8 @@ class InProcessServer:
         self._clients: list[RpcClient] = []
 
     async def connect(self, label: str = "exec-server test") -> RpcClient:
+        from exec_server.transport.memory import memory_pair
+
         client_end, server_end = memory_pair(label=label)
         processor = self.server.processor(server_end)
         task = asyncio.create_task(processor.run())

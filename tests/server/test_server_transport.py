@@ -1,4 +1,4 @@
-"""Line framing (transport/stdio.py), fed by hand."""
+"""Line framing (transport/stdio.py) and the in-memory pair (transport/memory.py), fed by hand."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exec_server.transport.base import OversizedMessage
+from exec_server.transport.memory import memory_pair
 from exec_server.transport.stdio import StreamTransport
 
 
@@ -58,6 +59,15 @@ async def test_long_line_in_many_small_chunks_is_linear() -> None:
     t = _transport(chunks, limit=16 << 20)
     (line,) = await _all(t)
     assert line == payload
+
+
+async def test_memory_pair_round_trip_and_close() -> None:
+    a, b = memory_pair()
+    await a.send(b"one")
+    assert await b.receive() == b"one"
+    await a.aclose()
+    assert await b.receive() is None
+    assert await a.receive() is None
 
 
 # -- big lines: handed over on receipt, fed in pieces on send ---------------------
