@@ -16,7 +16,7 @@ from exec_server.protocol.types.process import (
     OutputNotification,
 )
 
-__all__ = ["NotificationSend", "denial", "notifier"]
+__all__ = ["NotificationSend", "denial", "notification", "notifier"]
 
 #: ``await send(method, params)`` sends one notification (awaiting =
 #: backpressure); False: it did not reach a live transport.
@@ -28,22 +28,26 @@ def denial(verdict: bool | None) -> bool | msgspec.UnsetType:
     return msgspec.UNSET if verdict is None else verdict
 
 
+def notification(event: ProcessEvent) -> tuple[str, msgspec.Struct]:
+    if isinstance(event, Output):
+        return NOTIFY_OUTPUT, OutputNotification(
+            process_id=event.process_id, seq=event.seq, stream=event.stream, chunk=event.data
+        )
+    if isinstance(event, Exited):
+        return NOTIFY_EXITED, ExitedNotification(
+            process_id=event.process_id,
+            seq=event.seq,
+            exit_code=event.exit_code,
+            sandbox_denied=denial(event.sandbox_denied),
+        )
+    return NOTIFY_CLOSED, ClosedNotification(process_id=event.process_id, seq=event.seq)
+
+
 def notifier(send: NotificationSend) -> EventSink:
-    """An event sink for :meth:`ProcessManager.set_sink`: each event in its wire form."""
+    """An event sink for :meth:`ProcessManager.set_sink`."""
 
     async def sink(event: ProcessEvent) -> bool | None:
-        if isinstance(event, Output):
-            return await send(NOTIFY_OUTPUT, OutputNotification(
-                process_id=event.process_id, seq=event.seq, stream=event.stream, chunk=event.data
-            ))
-        if isinstance(event, Exited):
-            return await send(NOTIFY_EXITED, ExitedNotification(
-                process_id=event.process_id,
-                seq=event.seq,
-                exit_code=event.exit_code,
-                sandbox_denied=denial(event.sandbox_denied),
-            ))
-        closed = ClosedNotification(process_id=event.process_id, seq=event.seq)
-        return await send(NOTIFY_CLOSED, closed)
+        method, params = notification(event)
+        return await send(method, params)
 
     return sink
