@@ -139,7 +139,7 @@ class _Record:
 
 
 def _spawn_error(exc: BaseException) -> BaseException:
-    """What a failed spawn raises: the OS text as an internal error (§8.1)."""
+    """What a failed spawn raises: the OS text, -32603 on the wire (§8.1)."""
     if isinstance(exc, OSError):
         text = str(exc) if exc.errno is None else os_error_text(exc.errno)
         return ProcessFailedError(text)
