@@ -25,6 +25,7 @@ from exec_server.errno_text import os_error_text
 from exec_server.fs.errors import FsError, FsNotFoundError, FsRefusedError
 from exec_server.hostconfig import ConfigReadError
 from exec_server.http.errors import HttpError, HttpRequestInvalid
+from exec_server.process.errors import ProcessError, ProcessInvalidError, ProcessRefusedError
 from exec_server.sandbox.errors import SandboxError, SandboxPolicyError
 
 __all__ = [
@@ -128,9 +129,11 @@ def from_domain_error(exc: BaseException) -> ExecServerError | None:
         if isinstance(exc, FsRefusedError):
             return InvalidRequestError(exc.message)
         return InternalError(exc.message)
-    if isinstance(exc, SandboxPolicyError | HttpRequestInvalid):
+    if isinstance(exc, ProcessRefusedError):
+        return InvalidRequestError(exc.message)
+    if isinstance(exc, SandboxPolicyError | HttpRequestInvalid | ProcessInvalidError):
         return InvalidParamsError(exc.message)
-    if isinstance(exc, SandboxError | HttpError | ConfigReadError):
+    if isinstance(exc, SandboxError | HttpError | ConfigReadError | ProcessError):
         return InternalError(exc.message)
     return None
 

@@ -117,6 +117,16 @@ async def test_spawn_failure_maps_to_internal_error(backend: Any) -> None:
         await backend.start(["/nonexistent/program"], cwd="/", env={})
 
 
+async def test_resizing_a_pipe_process_is_invalid_params(
+    backend: Any, sh_env: dict[str, str]
+) -> None:
+    proc = await backend.start(["sleep", "30"], cwd="/", env=sh_env)
+    with pytest.raises(InvalidParamsError, match=rf"^process {proc.process_id} has no PTY$"):
+        await proc.resize(24, 80)
+    assert await proc.terminate() is True
+    await proc.wait()
+
+
 async def test_empty_argv_is_rejected(backend: Any) -> None:
     with pytest.raises(InvalidParamsError, match="argv must not be empty"):
         await backend.start([], cwd="/", env={})

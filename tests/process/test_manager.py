@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exec_server.exceptions import InternalError, InvalidRequestError
+from exec_server.process.errors import ProcessFailedError, ProcessRefusedError
 from exec_server.process.manager import ProcessManager, looks_sandbox_denied
 from exec_server.process.spawn import exit_status_from_wait
 from exec_server.process.spec import LaunchSpec
@@ -77,23 +77,23 @@ async def test_arg0_is_the_visible_argv0(
 
 
 async def test_spawn_failures_report_os_error(no_leaks: None, manager: ProcessManager) -> None:
-    with pytest.raises(InternalError, match=r"^No such file or directory \(os error 2\)$"):
+    with pytest.raises(ProcessFailedError, match=r"^No such file or directory \(os error 2\)$"):
         await manager.start("m", LaunchSpec(argv=["/no/such/program"], cwd="/", env={}))
-    with pytest.raises(InternalError, match=r"No such file or directory \(os error 2\)"):
+    with pytest.raises(ProcessFailedError, match=r"No such file or directory \(os error 2\)"):
         await manager.start("m", LaunchSpec(argv=["true"], cwd="/no/such/dir", env={}))
     assert "m" not in manager._records  # placeholder removed; the id is free again
-    with pytest.raises(InternalError, match=r"No such file or directory \(os error 2\)"):
+    with pytest.raises(ProcessFailedError, match=r"No such file or directory \(os error 2\)"):
         await manager.start("m", LaunchSpec(argv=["no-such-program-xyz"], cwd="/", env=PATH_ENV))
 
 
 async def test_pty_spawn_failures_and_non_executables(
     no_leaks: None, manager: ProcessManager, tmp_path: Path
 ) -> None:
-    with pytest.raises(InternalError, match=r"^No such file or directory \(os error 2\)$"):
+    with pytest.raises(ProcessFailedError, match=r"^No such file or directory \(os error 2\)$"):
         await manager.start("m", LaunchSpec(argv=["/no/such/program"], cwd="/", env={}, tty=True))
     script = tmp_path / "not-executable.sh"
     script.write_text("echo hi\n")
-    with pytest.raises(InternalError, match=r"^Permission denied \(os error 13\)$"):
+    with pytest.raises(ProcessFailedError, match=r"^Permission denied \(os error 13\)$"):
         await manager.start("m", LaunchSpec(argv=[str(script)], cwd="/", env={}))
     assert not manager._records
 
@@ -105,11 +105,11 @@ async def test_duplicate_process_id_rejected(
     await manager.start("d", sh("exit 0"))
     spec = sh("exit 0")
     spec.cleanup = lambda: cleaned.append(True)
-    with pytest.raises(InvalidRequestError, match=r"^process d already exists$"):
+    with pytest.raises(ProcessRefusedError, match=r"^process d already exists$"):
         await manager.start("d", spec)
     assert cleaned == [True]
     await sink.closed("d")
-    with pytest.raises(InvalidRequestError, match=r"^process d already exists$"):
+    with pytest.raises(ProcessRefusedError, match=r"^process d already exists$"):
         await manager.start("d", sh("exit 0"))  # retained after close
 
 
@@ -137,7 +137,7 @@ async def test_cleanup_runs_after_reap_and_pass_fds_are_closed(
 
 
 async def test_unknown_process_read_write_terminate(manager: ProcessManager) -> None:
-    with pytest.raises(InvalidRequestError, match=r"^unknown process id nope$"):
+    with pytest.raises(ProcessRefusedError, match=r"^unknown process id nope$"):
         await manager.read("nope")
     assert await manager.write("nope", b"x") is WriteStatus.UNKNOWN_PROCESS
     assert manager.terminate("nope") is False

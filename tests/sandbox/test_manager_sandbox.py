@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import ErrorCode, InternalError, InvalidParamsError, from_domain_error
+from exec_server.exceptions import ErrorCode, InvalidParamsError, from_domain_error
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.types.sandbox import decode_launch_sandbox
 from exec_server.sandbox.convert import (
@@ -21,6 +21,7 @@ from exec_server.sandbox.convert import (
     LaunchSandboxRequest,
     launch_request,
 )
+from exec_server.sandbox.errors import SandboxUnavailableError
 from exec_server.sandbox.manager import (
     NETWORK_DISABLED_ENV,
     SandboxLaunchError,
@@ -187,7 +188,7 @@ class FakeSelector:
         if self.error is not None:
             raise self.error
         if self.backend is None and not allow_unsandboxed:
-            raise InternalError("no usable Linux sandbox (auto): nothing works")
+            raise SandboxUnavailableError("no usable Linux sandbox (auto): nothing works")
         return self.backend
 
 
@@ -357,7 +358,7 @@ def test_allow_unsandboxed_runs_auto_launch_unconfined() -> None:
 def test_backend_error_becomes_launch_error() -> None:
     class Broken(FakeBackend):
         def wrap(self, spec: LaunchSpec, plan: SandboxPlan) -> LaunchSpec:
-            raise InternalError("bwrap at /ws/bwrap lies inside a writable root")
+            raise SandboxUnavailableError("bwrap at /ws/bwrap lies inside a writable root")
 
     mgr, _ = manager(backend=Broken())
     with pytest.raises(SandboxLaunchError, match="lies inside a writable root"):

@@ -11,9 +11,9 @@ import msgspec
 import pytest
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import InternalError
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.types.sandbox import decode_launch_sandbox
+from exec_server.sandbox.errors import SandboxUnavailableError
 from exec_server.sandbox.manager import SandboxLaunchError, SandboxManager
 from exec_server.sandbox.plan import SandboxPlan, SandboxType
 
@@ -86,7 +86,8 @@ async def test_warm_on_a_platform_without_linux_backends_selects_nothing() -> No
 
 
 async def test_warm_swallows_probe_failure_and_prepare_still_fails_closed() -> None:
-    selector = RecordingSelector(InternalError("no usable Linux sandbox (auto): nothing works"))
+    error = SandboxUnavailableError("no usable Linux sandbox (auto): nothing works")
+    selector = RecordingSelector(error)
     mgr = manager(selector)
     await mgr.warm()
     assert mgr.warmed

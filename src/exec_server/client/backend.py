@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal as _signal
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, Unpack, final, runtime_checkable
 
 import msgspec
@@ -23,6 +24,7 @@ from exec_server.client.run import RunOptions, run_command
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InvalidParamsError, from_domain_error
 from exec_server.http.errors import HttpBodyFailed, HttpError
+from exec_server.process.errors import ProcessError
 from exec_server.process.events import Exited, Output, ProcessEvent
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.types import process as p
@@ -169,7 +171,8 @@ class LocalExecBackend:
                               pipe_stdin=pipe_stdin)
             if sandbox is not None:
                 spec = await self._confine(spec, sandbox)
-            await self._manager.start(handle.process_id, spec, report_denial=True)
+            with _wire_errors():
+                await self._manager.start(handle.process_id, spec, report_denial=True)
         return handle
 
     async def _confine(self, spec: LaunchSpec, sandbox: msgspec.Struct) -> LaunchSpec:
@@ -178,10 +181,8 @@ class LocalExecBackend:
         ctx = decode_launch_sandbox(encode_client_context(sandbox))
         if self._sandbox_manager is None:
             self._sandbox_manager = SandboxManager(self._config)
-        try:
+        with _wire_errors():
             return await self._sandbox_manager.aprepare(spec, ctx)
-        except SandboxError as exc:
-            raise _wire(exc) from exc
 
     async def http_request(
         self, method: str, url: str, **options: Unpack[HttpOptions]
@@ -239,10 +240,11 @@ class LocalExecBackend:
     # The client's typed process calls, which the handles use.
 
     async def read_process(self, params: p.ReadParams) -> p.ReadResult:
-        snap = await self._manager.read(
-            params.process_id, after_seq=params.after_seq or 0, max_bytes=params.max_bytes,
-            wait_ms=params.wait_ms or 0,
-        )
+        with _wire_errors():
+            snap = await self._manager.read(
+                params.process_id, after_seq=params.after_seq or 0, max_bytes=params.max_bytes,
+                wait_ms=params.wait_ms or 0,
+            )
         denied = msgspec.UNSET if snap.sandbox_denied is None else snap.sandbox_denied
         return p.ReadResult(
             chunks=snap.chunks, next_seq=snap.next_seq, exited=snap.exited,
@@ -265,17 +267,28 @@ class LocalExecBackend:
     async def resize_pty(self, process_id: str, rows: int, cols: int) -> None:
         if not (1 <= rows <= 65535 and 1 <= cols <= 65535):
             raise InvalidParamsError("rows and cols must be within 1..65535")
-        self._manager.resize(process_id, rows, cols)
+        with _wire_errors():
+            self._manager.resize(process_id, rows, cols)
 
     async def close_stdin(self, process_id: str) -> None:
-        self._manager.close_stdin(process_id)
+        with _wire_errors():
+            self._manager.close_stdin(process_id)
 
     def _release(self, process_id: str) -> None:
         self._handles.pop(process_id, None)
 
 
-def _wire(exc: HttpError | SandboxError) -> Exception:
+def _wire(exc: HttpError | SandboxError | ProcessError) -> Exception:
     return from_domain_error(exc) or exc
+
+
+@contextlib.contextmanager
+def _wire_errors() -> Iterator[None]:
+    """The server's answer to a failed process or sandbox call, as the remote backend raises."""
+    try:
+        yield
+    except (ProcessError, SandboxError) as exc:
+        raise _wire(exc) from exc
 
 
 async def _local_body(raw: RawHttpResponse) -> AsyncIterator[bytes]:

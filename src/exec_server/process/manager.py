@@ -17,14 +17,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from exec_server.exceptions import (
-    InternalError,
-    InvalidParamsError,
-    InvalidRequestError,
-    os_error_message,
-)
+from exec_server.errno_text import os_error_text
 from exec_server.fs.pool import shared_pool
 from exec_server.process import tree
+from exec_server.process.errors import (
+    ProcessFailedError,
+    ProcessInvalidError,
+    ProcessRefusedError,
+)
 from exec_server.process.events import Closed, EventSink, Exited, Output, ProcessEvent, Snapshot
 from exec_server.process.guard import ProcessGuard
 from exec_server.process.output import OutputBuffer
@@ -139,11 +139,12 @@ class _Record:
 
 
 def _spawn_error(exc: BaseException) -> BaseException:
-    """What a failed spawn raises: the OS text as an internal error (§8.1)."""
+    """What a failed spawn raises: the OS text, -32603 on the wire (§8.1)."""
     if isinstance(exc, OSError):
-        return InternalError(os_error_message(exc))
+        text = str(exc) if exc.errno is None else os_error_text(exc.errno)
+        return ProcessFailedError(text)
     if isinstance(exc, subprocess.SubprocessError | ValueError):
-        return InternalError(f"failed to start process: {exc}")
+        return ProcessFailedError(f"failed to start process: {exc}")
     return exc
 
 
@@ -189,7 +190,7 @@ class ProcessManager:
     def _known(self, process_id: str) -> _Record:
         rec = self._records.get(process_id)
         if rec is None:
-            raise InvalidRequestError(f"unknown process id {process_id}")
+            raise ProcessRefusedError(f"unknown process id {process_id}")
         return rec
 
     def set_sink(self, sink: EventSink | None) -> None:
@@ -235,10 +236,10 @@ class ProcessManager:
         self, process_id: str, spec: LaunchSpec, *, report_denial: bool = False
     ) -> None:
         """``report_denial``: exit event and reads carry a sandbox-denial verdict. Always
-        consumes ``spec.pass_fds`` and ``cleanup``; a failed spawn is an InternalError."""
+        consumes ``spec.pass_fds`` and ``cleanup``; a failed spawn is a ProcessFailedError."""
         if process_id in self._records:
             _discard_launch(spec)
-            raise InvalidRequestError(f"process {process_id} already exists")
+            raise ProcessRefusedError(f"process {process_id} already exists")
         buffer = OutputBuffer(self._config.output_cap, lossless=self._config.lossless_output)
         rec = _Record(process_id, spec, buffer, report_denial)
         self._records[process_id] = rec
@@ -252,7 +253,7 @@ class ProcessManager:
         if self._closed:  # shut down meanwhile: nobody will capture it
             await self._abandon(child)
             _discard_launch(spec)
-            raise InternalError("failed to start process: the server is shutting down")
+            raise ProcessFailedError("failed to start process: the server is shutting down")
         self._to_running(rec, child)
 
     async def _launch(self, spec: LaunchSpec) -> SpawnedChild:
@@ -403,7 +404,7 @@ class ProcessManager:
         """``process/read`` (§8.4): a snapshot now, or when something new arrives by ``wait_ms``."""
         rec = self._known(process_id)
         if rec.state is State.STARTING:
-            raise InvalidRequestError(f"process id {process_id} is starting")
+            raise ProcessRefusedError(f"process id {process_id} is starting")
         buffer = rec.buffer
         if buffer.lossless and after_seq > 0:
             buffer.mark_delivered(after_seq)
@@ -449,7 +450,7 @@ class ProcessManager:
         """``process/resizePty`` (extension): the kernel sends SIGWINCH; no-op once closed."""
         rec = self._known(process_id)
         if not rec.spec.tty:
-            raise InvalidParamsError(f"process {process_id} has no PTY")
+            raise ProcessInvalidError(f"process {process_id} has no PTY")
         if rec.stdin.fd is not None:
             with contextlib.suppress(OSError):  # EIO/EBADF: the terminal is gone
                 set_window_size(rec.stdin.fd, rows, columns)

@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
 
-from exec_server.exceptions import InternalError
+from exec_server.sandbox.errors import SandboxError
 from exec_server.sandbox.policy import PolicyScope, join_normalized
 
 __all__ = ["DEFAULT_GLOB_SCAN_DEPTH", "MAX_GLOB_VISITS", "GlobScanError", "expand_glob"]
@@ -21,7 +21,7 @@ MAX_GLOB_VISITS = 100_000
 _MAGIC = frozenset("*?[")  # "**" included
 
 
-class GlobScanError(InternalError):
+class GlobScanError(SandboxError):
     """A glob could not be expanded within the scan budget."""
 
 

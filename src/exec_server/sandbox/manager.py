@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import ExecServerError
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.types.sandbox import SandboxContext
 from exec_server.sandbox.access import includes_platform_defaults
@@ -68,7 +67,7 @@ class SandboxManager:
         self._warmed = True
 
     def _probe(self) -> None:
-        with contextlib.suppress(ExecServerError, SandboxError, ImportError, ValueError, OSError):
+        with contextlib.suppress(SandboxError, ImportError, ValueError, OSError):
             self._select_backend(required=False)
 
     async def aprepare(self, spec: LaunchSpec, sandbox: SandboxContext | None) -> LaunchSpec:
@@ -139,7 +138,7 @@ class SandboxManager:
 def _as_launch_error() -> Iterator[None]:
     try:
         yield
-    except (ExecServerError, SandboxError) as exc:
+    except SandboxError as exc:
         raise SandboxLaunchError(exc.message) from exc
     except (ImportError, ValueError, OSError) as exc:  # ValueError: an env execve cannot carry
         raise SandboxLaunchError(str(exc)) from exc

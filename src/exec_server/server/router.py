@@ -17,7 +17,6 @@ import msgspec
 
 from exec_server.exceptions import (
     ErrorCode,
-    ExecServerError,
     InvalidRequestError,
     ProtocolClosedError,
     params_error_text,
@@ -74,8 +73,8 @@ def _log_request(request: Request, params: Any, started: float | None,
         fields.append(f"{(_clock() - started) * 1000:.1f}ms")
     if error is None:
         fields.append("ok")
-    elif isinstance(error, ExecServerError):
-        fields.append(f"error {error.code}: {error.message}")
+    elif (wire := wire_error(error)) is not None:
+        fields.append(f"error {wire.code}: {wire.message}")
     else:
         fields.append(f"error: {type(error).__name__}")
     logger.log(level, "request %s", " ".join(fields))

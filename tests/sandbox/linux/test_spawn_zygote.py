@@ -209,7 +209,7 @@ async def test_exit_and_exec_failure_codes(no_leaks: None, landlock: Any, make_m
 
 async def test_missing_cwd_fails_the_start(no_leaks: None, landlock: Any, make_manager: Any,
                                            tmp_path: Path) -> None:
-    from exec_server.exceptions import InternalError
+    from exec_server.process.errors import ProcessFailedError
 
     manager, _ = make_manager()
     await _warm(landlock, manager)
@@ -217,7 +217,7 @@ async def test_missing_cwd_fails_the_start(no_leaks: None, landlock: Any, make_m
     spec.cwd = str(tmp_path / "gone")
     assert spec.zygote is not None
     gone = replace(spec.zygote.request, cwd=spec.cwd)
-    with pytest.raises(InternalError, match="No such file or directory"):
+    with pytest.raises(ProcessFailedError, match="No such file or directory"):
         await manager.start("x", replace(spec, zygote=replace(spec.zygote, request=gone)))
 
 
