@@ -17,6 +17,7 @@ import pytest
 from exec_server.client import sandbox_contexts as sc
 from exec_server.client.fs import ExecutorFileSystem
 from exec_server.exceptions import InternalError, InvalidRequestError, NotFoundError
+from exec_server.fs.errors import FsNotFoundError
 from exec_server.protocol.types import fs as t
 
 from .conftest import open_live_server
@@ -338,7 +339,7 @@ def test_closing_the_table_during_an_open_closes_what_it_opens(tdir: Path) -> No
     handles.close_all()  # the connection ended while the worker opened
     handles.install(handle, open_descriptor(str(target), "read"))
     assert _open_fds_to(target) == 0
-    with pytest.raises(NotFoundError, match="unknown file handle `h`"):
+    with pytest.raises(FsNotFoundError, match="unknown file handle `h`"):
         handles.read_block("h", 0, 1)  # the table did not keep it
 
 

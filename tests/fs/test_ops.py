@@ -259,11 +259,11 @@ def test_write_to_character_device_is_in_place() -> None:
 
 
 def test_read_is_capped_even_without_size(tdir: Path) -> None:
-    with pytest.raises(InvalidRequestError) as exc:
+    with pytest.raises(FsRefusedError) as exc:
         ops.read_file("/dev/zero", limit=1024)
     assert exc.value.message == "file is too large to read: limit is 1024 bytes"
     (tdir / "f").write_bytes(b"x" * 2048)
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(FsRefusedError):
         ops.read_file(str(tdir / "f"), limit=1024)
 
 
@@ -272,7 +272,7 @@ def test_copy_file_onto_itself_is_refused(tdir: Path) -> None:
     (tdir / "alias").symlink_to("f")
     os.link(tdir / "f", tdir / "hard")
     for onto in ("alias", "hard", "f"):
-        with pytest.raises(InvalidRequestError):
+        with pytest.raises(FsRefusedError):
             ops.copy(str(tdir / "f"), str(tdir / onto), recursive=False)
     assert (tdir / "f").read_text() == "keep me"
 

@@ -20,7 +20,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import direct as ops
 from exec_server.fs import fdops
 from exec_server.fs.errors import FsFailedError, FsRefusedError
@@ -159,7 +158,7 @@ def test_existing_names_in_the_destination_are_overwritten_carefully(tdir: Path)
     (dst / "short").write_text("old and much longer")
     os.chmod(dst / "short", 0o666)
     os.link(src / "same", dst / "same")
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(FsRefusedError):
         ops.copy(str(src), str(dst), recursive=True)
     assert (src / "same").read_text() == "must survive"
     os.unlink(dst / "same")
@@ -477,7 +476,7 @@ def test_copy_into_itself_with_a_name_that_looks_deleted(tdir: Path) -> None:
     # /proc marks an unlinked directory with this suffix: a real name that ends
     # the same way is still resolved.
     (tdir / "x (deleted)").mkdir()
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(FsRefusedError):
         ops.copy(str(tdir / "x (deleted)"), str(tdir / "x (deleted)" / "in"), recursive=True)
     assert not (tdir / "x (deleted)" / "in").exists()
 
@@ -506,7 +505,7 @@ def test_copy_into_itself_is_found_through_every_spelling(tdir: Path) -> None:
     ]
     for destination in allowed:
         assert not ops._copies_into_itself(source, destination), destination
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(FsRefusedError):
         ops.copy(source, str(tdir / "into" / "new"), recursive=True)
     assert not (tdir / "source" / "nested" / "new").exists()
     ops.copy(source, str(tdir / "source-copy"), recursive=True)

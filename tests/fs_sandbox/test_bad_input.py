@@ -23,7 +23,7 @@ from exec_server.client.fs import LocalFileSystem
 from exec_server.config import ServerConfig
 from exec_server.exceptions import InternalError, from_domain_error
 from exec_server.fs.confined import SandboxedFileSystem
-from exec_server.fs.errors import fs_error_from_os
+from exec_server.fs.errors import FsFailedError, fs_error_from_os
 from exec_server.fs.helper import ops as helper_ops
 from exec_server.fs.helper.client import Zygote
 from exec_server.protocol.types.sandbox import decode_fs_sandbox
@@ -355,7 +355,7 @@ async def test_pieces_shorter_than_announced_are_a_helper_failure(
     context = fs_context(decode_fs_sandbox(json.dumps(ctx.ww(layout.allowed)).encode()))
     op = FsOperation("fs/writeFile", str(layout.allowed / "f"), data=payload)
     try:
-        with pytest.raises(InternalError, match="payload was 5 bytes, not 10"):
+        with pytest.raises(FsFailedError, match="payload was 5 bytes, not 10"):
             await asyncio.wait_for(sfs.run(op, context), TIMEOUT)
         assert not (layout.allowed / "f").exists()
         assert zygote_children(sfs) == set()

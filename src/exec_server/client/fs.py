@@ -368,7 +368,8 @@ class LocalFileSystem(AsyncClosing):
 
     async def _open(self, path: PathArg, mode: OpenMode, sandbox: FsSandbox) -> FileStream:
         handle_id = uuid.uuid4().hex
-        handle = self._handles.reserve(handle_id)
+        with _naming(None):
+            handle = self._handles.reserve(handle_id)
         try:
             with _naming(None):
                 native, route = await self._prepare(path, sandbox)

@@ -24,15 +24,15 @@ from typing import Literal
 import msgspec
 
 from exec_server.config import ServerConfig
-from exec_server.exceptions import (
-    ExecServerError,
-    InternalError,
-    InvalidRequestError,
-    error_for_code,
-    os_error_message,
-)
 from exec_server.fs import direct as ops
 from exec_server.fs.direct import Metadata
+from exec_server.fs.errors import (
+    FsError,
+    FsFailedError,
+    FsNotFoundError,
+    FsRefusedError,
+    fs_error_from_os,
+)
 from exec_server.fs.handles import Install, open_into
 from exec_server.fs.handles import Mode as OpenMode
 from exec_server.fs.helper.client import (
@@ -72,6 +72,12 @@ NEEDS_POLICY = "sandboxed filesystem operations require ReadOnly or WorkspaceWri
 FS_HELPER_FLAG = "--codex-run-as-fs-helper"
 
 _PRESERVE_OPS = frozenset({"fs/remove", "fs/copy"})
+#: the codes ``helper.ops`` encodes its errors with (``exceptions.from_domain_error``).
+_BY_CODE: dict[int, type[FsError]] = {
+    -32004: FsNotFoundError,
+    -32600: FsRefusedError,
+    -32603: FsFailedError,
+}
 
 
 class _NoDescriptorPassing(Exception):
@@ -86,7 +92,7 @@ class _Checked:
 
 def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: bool) -> _Checked:
     """PROTOCOL.md §10.2-§10.3 for one path: the check path and its expected real parent;
-    ``InvalidRequestError`` (-32600) when the policy refuses the access."""
+    ``FsRefusedError`` when the policy refuses the access."""
     try:
         if preserve and os.path.islink(path):
             # The link itself is operated on; its directory must still be where
@@ -97,9 +103,9 @@ def check_path(request: FsSandboxRequest, path: str, *, preserve: bool, write: b
             checked = ops.resolve_existing_prefix(path, strict=True)
             expect = os.path.dirname(checked)
     except OSError as exc:
-        raise InternalError(os_error_message(exc)) from exc
+        raise FsFailedError(fs_error_from_os(exc).message) from exc
     if not os.path.isabs(checked):
-        raise InvalidRequestError(f"resolved sandbox path is not absolute: {checked}")
+        raise FsRefusedError(f"resolved sandbox path is not absolute: {checked}")
     _require(request, checked, write=write)
     if expect != os.path.dirname(checked):
         # A preserved link whose directory is reached through a nested user
@@ -125,7 +131,7 @@ def _check_and_plan(
     # destination (a `.git` planted in a writable root): refused before anything is written.
     conflict = request.copy_conflict(src.path, dst.path)
     if conflict is not None:
-        raise InvalidRequestError(NOT_PERMITTED.format(conflict))
+        raise FsRefusedError(NOT_PERMITTED.format(conflict))
     return src, dst, request.helper_plan()
 
 
@@ -133,7 +139,7 @@ def _require(request: FsSandboxRequest, path: str, *, write: bool) -> None:
     access = request.resolve_access(path)
     allowed = access is Access.WRITE if write else access is not Access.NONE
     if not allowed:
-        raise InvalidRequestError(NOT_PERMITTED.format(path))
+        raise FsRefusedError(NOT_PERMITTED.format(path))
 
 
 def _runtime_read_roots() -> tuple[str, ...]:
@@ -272,19 +278,19 @@ class SandboxedFileSystem:
             return
         fd = result.get("passed_fd")
         if not isinstance(fd, int) or isinstance(fd, bool):
-            raise InternalError("unexpected fs sandbox helper response: no descriptor")
+            raise FsFailedError("unexpected fs sandbox helper response: no descriptor")
         install(fd)
 
     async def run(self, op: FsOperation, context: object) -> tuple[dict[str, object], bytes]:
         """Check ``op`` against the context and run it confined: the helper's result fields
-        and raw payload; ``ExecServerError`` for a denial, an fs error or a helper failure."""
+        and raw payload; ``FsError`` for a denial, an fs error or a helper failure."""
         request = _request(context)
         if self._closed:
-            raise InternalError("the filesystem sandbox is shut down")
+            raise FsFailedError("the filesystem sandbox is shut down")
         if request.direct:
-            raise InvalidRequestError(NEEDS_POLICY)
+            raise FsRefusedError(NEEDS_POLICY)
         if op.method == "fs/copy" and op.destination is None:
-            raise InvalidRequestError("fs/copy requires destinationPath")
+            raise FsRefusedError("fs/copy requires destinationPath")
         # In a worker: the checks look at the filesystem, which under a hung
         # network or FUSE mount would stall every connection.
         src, dst, plan = await shared_pool().run(_check_and_plan, op, request)
@@ -296,10 +302,10 @@ class SandboxedFileSystem:
                         header, op.data, timeout=self._config.fs_helper_timeout, owner=self
                     )
                 except HelperFailure as exc:
-                    raise InternalError(str(exc)) from exc
+                    raise FsFailedError(str(exc)) from exc
                 except ZygoteUnavailable as exc:
                     if self._mode == "zygote" or self._manager is None:
-                        raise InternalError(f"failed to prepare fs sandbox: {exc}") from exc
+                        raise FsFailedError(f"failed to prepare fs sandbox: {exc}") from exc
                     logger.info("fs zygote unavailable (%s); using the one-shot helper", exc)
                     self._mode = "helper"
                 else:
@@ -314,7 +320,7 @@ class SandboxedFileSystem:
         """``header`` in a one-shot helper process that the sandbox manager wraps with the
         request's plan plus what its interpreter must read."""
         if self._manager is None:
-            raise InvalidRequestError(NO_RUNTIME_PATHS)
+            raise FsRefusedError(NO_RUNTIME_PATHS)
         if self._runtime_roots is None:
             self._runtime_roots = await shared_pool().run(_runtime_read_roots)
         plan = await shared_pool().run(
@@ -329,10 +335,10 @@ class SandboxedFileSystem:
         await self._manager.warm()  # first use: backend probes off the loop
         try:
             wrapped = self._manager.wrap_plan(spec, plan)
-        except (ExecServerError, SandboxError) as exc:
-            raise InvalidRequestError(f"failed to prepare fs sandbox: {exc.message}") from exc
+        except SandboxError as exc:
+            raise FsRefusedError(f"failed to prepare fs sandbox: {exc.message}") from exc
         if not wrapped.argv:
-            raise InvalidRequestError("fs sandbox command was empty")
+            raise FsRefusedError("fs sandbox command was empty")
         status = -1
         try:
             stdout, stderr, status = await self._spawn(wrapped, _helper_request(op, header))
@@ -345,7 +351,7 @@ class SandboxedFileSystem:
                 # Killed (timeout, cancelled caller) or crashed: no temp file left.
                 await remove_temp(*temp)
         if status != 0:
-            raise InternalError(
+            raise FsFailedError(
                 f"fs sandbox helper failed with status {describe_wait_status(status)}: "
                 f"{stderr.decode('utf-8', 'replace').strip()}"
             )
@@ -366,7 +372,7 @@ class SandboxedFileSystem:
                 start_new_session=True,
             )
         except OSError as exc:
-            raise InternalError(os_error_message(exc)) from exc
+            raise FsFailedError(fs_error_from_os(exc).message) from exc
         finally:
             for fd in spec.pass_fds:
                 with contextlib.suppress(OSError):
@@ -380,7 +386,7 @@ class SandboxedFileSystem:
             _kill_group(proc)
             await proc.wait()
             if isinstance(exc, TimeoutError):
-                raise InternalError(
+                raise FsFailedError(
                     f"fs sandbox helper timed out after {timeout:g}s and was killed"
                 ) from None
             raise
@@ -394,7 +400,7 @@ class SandboxedFileSystem:
 def _request(context: object) -> FsSandboxRequest:
     if isinstance(context, FsSandboxRequest):
         return context
-    raise InvalidRequestError(NEEDS_POLICY)
+    raise FsRefusedError(NEEDS_POLICY)
 
 
 def _is_visible_link(request: FsSandboxRequest, path: str) -> bool:
@@ -404,7 +410,7 @@ def _is_visible_link(request: FsSandboxRequest, path: str) -> bool:
         return False
     try:
         check_path(request, path, preserve=True, write=False)
-    except ExecServerError:
+    except (FsError, SandboxError):
         return False
     return True
 
@@ -412,16 +418,17 @@ def _is_visible_link(request: FsSandboxRequest, path: str) -> bool:
 def _unpack(reply: object) -> dict[str, object]:
     """A helper reply's result fields, or its error raised with the child's code."""
     if not isinstance(reply, dict) or reply.get("status") not in ("ok", "error"):
-        raise InternalError(f"{BAD_MESSAGE}: not a reply object")
+        raise FsFailedError(f"{BAD_MESSAGE}: not a reply object")
     if reply["status"] == "error":
         code = reply.get("code")
         message = reply.get("message")
-        if not isinstance(code, int) or not isinstance(message, str):
-            raise InternalError(f"{BAD_MESSAGE}: bad error")
-        raise error_for_code(code, message)
+        kind = _BY_CODE.get(code) if isinstance(code, int) else None
+        if kind is None or not isinstance(message, str):
+            raise FsFailedError(f"{BAD_MESSAGE}: bad error")
+        raise kind(message)
     result = reply.get("result")
     if not isinstance(result, dict):
-        raise InternalError(f"{BAD_MESSAGE}: no result")
+        raise FsFailedError(f"{BAD_MESSAGE}: no result")
     return result
 
 
@@ -447,25 +454,25 @@ def _parse_helper_response(method: str, stdout: bytes) -> tuple[dict[str, object
     try:
         msg = json.loads(stdout.strip() or b"null")
     except ValueError as exc:
-        raise InternalError(f"{BAD_MESSAGE}: {exc}") from None
+        raise FsFailedError(f"{BAD_MESSAGE}: {exc}") from None
     if not isinstance(msg, dict) or msg.get("status") not in ("ok", "error"):
-        raise InternalError(f"{BAD_MESSAGE}: not a helper response")
+        raise FsFailedError(f"{BAD_MESSAGE}: not a helper response")
     payload = msg.get("payload")
     if not isinstance(payload, dict):
-        raise InternalError(f"{BAD_MESSAGE}: no payload")
+        raise FsFailedError(f"{BAD_MESSAGE}: no payload")
     if msg["status"] == "error":
         return _unpack({"status": "error", **payload}), b""
     got = payload.get("operation")
     if got != method:
-        raise InternalError(f"unexpected fs sandbox helper response: expected {method}, got {got}")
+        raise FsFailedError(f"unexpected fs sandbox helper response: expected {method}, got {got}")
     response = payload.get("response")
     if not isinstance(response, dict):
-        raise InternalError(f"{BAD_MESSAGE}: no response")
+        raise FsFailedError(f"{BAD_MESSAGE}: no response")
     if method == "fs/readFile":
         try:
             data = base64.b64decode(str(response.get("dataBase64", "")), validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise InternalError(f"fs/readFile returned invalid base64 dataBase64: {exc}") from None
+            raise FsFailedError(f"fs/readFile returned invalid base64 dataBase64: {exc}") from None
         return {}, data
     return response, b""
 

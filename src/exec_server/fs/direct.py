@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from exec_server.exceptions import InvalidRequestError
 from exec_server.fs import fdops
-from exec_server.fs.errors import os_error, translate_os_errors
+from exec_server.fs.errors import FsRefusedError, os_error, translate_os_errors
 from exec_server.fs.fdops import READ_LIMIT, Buffer, lossy_name
 from exec_server.fs.pool import waiting_on_others
 
@@ -92,7 +91,7 @@ def open_for_read(
             if stat.S_ISSOCK(mode):
                 raise os_error(errno.ENXIO)  # what opening it says (as upstream's does)
             if not stat.S_ISREG(mode):
-                raise InvalidRequestError(f"path `{path}` is not a file")
+                raise FsRefusedError(f"path `{path}` is not a file")
         # O_NONBLOCK: opening a FIFO without a writer must not hang the worker.
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
@@ -264,9 +263,9 @@ def copy(source: str, destination: str, *, recursive: bool) -> None:
         mode = os.lstat(source).st_mode
         if stat.S_ISDIR(mode):
             if not recursive:
-                raise InvalidRequestError(fdops.COPY_DIR_WITHOUT_RECURSIVE)
+                raise FsRefusedError(fdops.COPY_DIR_WITHOUT_RECURSIVE)
             if _copies_into_itself(source, destination):
-                raise InvalidRequestError(fdops.COPY_INTO_SELF)
+                raise FsRefusedError(fdops.COPY_INTO_SELF)
             _copy_tree(source, destination)
         elif stat.S_ISLNK(mode):
             os.symlink(os.readlink(source), destination)
@@ -276,7 +275,7 @@ def copy(source: str, destination: str, *, recursive: bool) -> None:
             with _opened(src_dir) as src_fd, _opened(dst_dir) as dst_fd:
                 fdops.copy_file_at(src_fd, src_name, dst_fd, dst_name, wait=waiting_on_others)
         else:
-            raise InvalidRequestError(fdops.COPY_UNSUPPORTED_TYPE)
+            raise FsRefusedError(fdops.COPY_UNSUPPORTED_TYPE)
 
 
 def _copy_tree(source: str, destination: str) -> None:

@@ -12,8 +12,7 @@ from contextlib import AbstractContextManager
 from typing import Final
 
 from exec_server._os.linux import rename_exchange
-from exec_server.exceptions import InvalidRequestError
-from exec_server.fs.errors import os_error
+from exec_server.fs.errors import FsRefusedError, os_error
 
 __all__ = [
     "COPY_DIR_WITHOUT_RECURSIVE",
@@ -68,11 +67,11 @@ def check_for_read(fd: int, limit: int = READ_LIMIT, not_a_file: str | None = No
     st = os.fstat(fd)
     regular = stat.S_ISREG(st.st_mode)
     if not_a_file is not None and not regular:
-        raise InvalidRequestError(f"path `{not_a_file}` is not a file")
+        raise FsRefusedError(f"path `{not_a_file}` is not a file")
     if stat.S_ISDIR(st.st_mode):
         raise os_error(errno.EISDIR)
     if st.st_size > limit:
-        raise InvalidRequestError(too_large_message(limit))
+        raise FsRefusedError(too_large_message(limit))
     return st.st_size if regular else None
 
 
@@ -95,7 +94,7 @@ def read_to_end(fd: int, size: int | None, limit: int = READ_LIMIT) -> bytes:
         if not chunk:
             break
         if len(data) + len(chunk) > limit:
-            raise InvalidRequestError(too_large_message(limit))
+            raise FsRefusedError(too_large_message(limit))
         data += chunk
     return bytes(data)
 
@@ -465,7 +464,7 @@ def copy_file_at(
         try:
             dst_st = os.fstat(dst_fd)
             if os.path.samestat(src_st, dst_st):
-                raise InvalidRequestError("fs/copy source and destination are the same file")
+                raise FsRefusedError("fs/copy source and destination are the same file")
             if dst_st.st_size:
                 os.ftruncate(dst_fd, 0)
             if stat.S_IMODE(dst_st.st_mode) != perm:

@@ -11,9 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from exec_server.exceptions import InvalidRequestError, NotFoundError
 from exec_server.fs import nofollow
-from exec_server.fs.errors import os_error, translate_os_errors
+from exec_server.fs.errors import FsNotFoundError, FsRefusedError, os_error, translate_os_errors
 
 __all__ = [
     "MAX_BLOCK",
@@ -46,7 +45,7 @@ def open_descriptor(path: str, mode: Mode, *, no_follow: bool = False) -> int:
         if mode == "read":
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise InvalidRequestError(f"path `{path}` is not a file")
+                    raise FsRefusedError(f"path `{path}` is not a file")
             except BaseException:
                 os.close(fd)
                 raise
@@ -65,7 +64,7 @@ def open_into(install: Install, path: str, mode: Mode, *, no_follow: bool = Fals
 
 def _check_id(handle_id: str) -> None:
     if len(handle_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
-        raise InvalidRequestError(f"file handle ID must not exceed {MAX_ID_BYTES} bytes")
+        raise FsRefusedError(f"file handle ID must not exceed {MAX_ID_BYTES} bytes")
 
 
 @dataclass(slots=True)
@@ -88,9 +87,9 @@ class FileHandles:
         _check_id(handle_id)
         with self._lock:
             if handle_id in self._handles:
-                raise InvalidRequestError(f"file handle `{handle_id}` already exists")
+                raise FsRefusedError(f"file handle `{handle_id}` already exists")
             if len(self._handles) >= MAX_HANDLES:
-                raise InvalidRequestError(
+                raise FsRefusedError(
                     f"at most {MAX_HANDLES} file handles may be open per connection"
                 )
             handle = _Handle(-1, closing=self._closed)
@@ -118,7 +117,7 @@ class FileHandles:
         """At most ``length`` bytes and whether fewer came; a failed read closes the handle."""
         _check_id(handle_id)
         if not 1 <= length <= MAX_BLOCK:
-            raise InvalidRequestError(f"file read block length must be between 1 and {MAX_BLOCK}")
+            raise FsRefusedError(f"file read block length must be between 1 and {MAX_BLOCK}")
         handle = self._acquire(handle_id)
         try:
             with translate_os_errors():
@@ -137,9 +136,9 @@ class FileHandles:
         """Write ``data`` at ``offset``; errors leave the handle open."""
         _check_id(handle_id)
         if not 1 <= len(data) <= MAX_BLOCK:
-            raise InvalidRequestError(f"file write block length must be between 1 and {MAX_BLOCK}")
+            raise FsRefusedError(f"file write block length must be between 1 and {MAX_BLOCK}")
         if offset + len(data) > _MAX_OFFSET:
-            raise InvalidRequestError(
+            raise FsRefusedError(
                 "file write range exceeds the signed 64-bit file offset limit"
             )
         handle = self._acquire(handle_id)
@@ -187,7 +186,7 @@ class FileHandles:
         with self._lock:
             handle = self._handles.get(handle_id)
             if handle is None or handle.fd == -1:
-                raise NotFoundError(f"unknown file handle `{handle_id}`")
+                raise FsNotFoundError(f"unknown file handle `{handle_id}`")
             handle.users += 1
             return handle
 

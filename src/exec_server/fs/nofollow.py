@@ -10,8 +10,7 @@ import stat
 from collections.abc import Iterator
 from typing import Final
 
-from exec_server.exceptions import InternalError, InvalidRequestError
-from exec_server.fs.errors import os_error, translate_os_errors
+from exec_server.fs.errors import FsFailedError, FsRefusedError, os_error, translate_os_errors
 from exec_server.fs.fdops import write_all
 
 __all__ = [
@@ -32,7 +31,7 @@ _DIR: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 def _parent(path: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
     """``path``'s directory fd and final name (``"."`` for ``/``), never through a link."""
     if not path.startswith("/"):
-        raise InvalidRequestError(f"path must be absolute: {path}")
+        raise FsRefusedError(f"path must be absolute: {path}")
     parts = [part for part in path.split("/") if part]
     fd = os.open("/", _DIR)
     try:
@@ -67,7 +66,7 @@ def lstat(path: str) -> os.stat_result:
     with translate_os_errors(), _parent(path) as (dir_fd, name):
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
-        raise InvalidRequestError(_CONTAINS_SYMLINK)
+        raise FsRefusedError(_CONTAINS_SYMLINK)
     return st
 
 
@@ -87,7 +86,7 @@ def _open_file(path: str, flags: int, not_regular: Exception) -> tuple[int, int]
 def open_regular(path: str) -> tuple[int, int]:
     """``fs/readFile``'s open: ``(fd, size)``; the caller reads and closes."""
     with translate_os_errors():
-        return _open_file(path, os.O_RDONLY, InvalidRequestError("path is not a regular file"))
+        return _open_file(path, os.O_RDONLY, FsRefusedError("path is not a regular file"))
 
 
 def write_file(path: str, data: bytes | bytearray | memoryview) -> None:
@@ -120,13 +119,13 @@ def create_directory(path: str, *, recursive: bool = True) -> None:
 def remove(path: str, *, recursive: bool = True, force: bool = True) -> None:
     """Remove a file or an empty directory; only ``recursive: false`` is supported."""
     if recursive:
-        raise InternalError("recursive no-follow removal is unsupported")
+        raise FsFailedError("recursive no-follow removal is unsupported")
     with translate_os_errors():
         try:
             with _parent(path) as (dir_fd, name):
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISLNK(st.st_mode):
-                    raise InvalidRequestError(_CONTAINS_SYMLINK)
+                    raise FsRefusedError(_CONTAINS_SYMLINK)
                 if stat.S_ISDIR(st.st_mode):
                     os.rmdir(name, dir_fd=dir_fd)
                 else:

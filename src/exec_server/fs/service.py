@@ -12,10 +12,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from exec_server.exceptions import InternalError, InvalidRequestError
 from exec_server.fs import direct as ops
 from exec_server.fs.direct import DirEntry, Metadata
-from exec_server.fs.errors import translate_os_errors
+from exec_server.fs.errors import FsFailedError, FsRefusedError, translate_os_errors
 from exec_server.fs.handles import Install, Mode, open_into
 from exec_server.fs.helper import ops as helper_ops
 from exec_server.fs.pool import WorkerPool, shared_pool
@@ -86,7 +85,7 @@ class FileSystemService:
 
     def _confined_or_refuse(self) -> SandboxedFileSystem:
         if self._confined is None:
-            raise InvalidRequestError(NO_RUNTIME_PATHS)
+            raise FsRefusedError(NO_RUNTIME_PATHS)
         return self._confined
 
     async def read_file(
@@ -195,7 +194,7 @@ class FileSystemService:
         """A bounded breadth-first walk; limits are checked before the path is looked at."""
         refused = limits_error(options)
         if refused is not None:
-            raise InvalidRequestError(refused)
+            raise FsRefusedError(refused)
         if route.confined and (confined := self._confined_read(route)) is not None:
             # What the context does not let the caller read is absent (PROTOCOL_CURRENT §6.3).
             op = FsOperation("fs/walk", path, walk=options)
@@ -246,7 +245,7 @@ class FileSystemService:
 def _entries_reply(result: dict[str, object]) -> list[DirEntry]:
     entries = result.get("entries")
     if not isinstance(entries, list):
-        raise InternalError("unexpected fs sandbox helper response: no entries")
+        raise FsFailedError("unexpected fs sandbox helper response: no entries")
     return [
         DirEntry(
             file_name=str(e.get("fileName", "")),
@@ -262,7 +261,7 @@ def _walk_reply(result: dict[str, object]) -> WalkOutcome:
     entries = result.get("entries")
     errors = result.get("errors")
     if not isinstance(entries, list) or not isinstance(errors, list):
-        raise InternalError("unexpected fs sandbox helper response: no walk outcome")
+        raise FsFailedError("unexpected fs sandbox helper response: no walk outcome")
     try:
         return WalkOutcome(
             entries=[(str(d), str(n), bool(k)) for d, n, k in entries],
@@ -270,13 +269,13 @@ def _walk_reply(result: dict[str, object]) -> WalkOutcome:
             truncated=bool(result.get("truncated")),
         )
     except (TypeError, ValueError) as exc:
-        raise InternalError(f"unexpected fs sandbox helper response: {exc}") from None
+        raise FsFailedError(f"unexpected fs sandbox helper response: {exc}") from None
 
 
 def _path_reply(result: dict[str, object]) -> str:
     out = result.get("path")
     if not isinstance(out, str):
-        raise InternalError("unexpected fs sandbox helper response: no path")
+        raise FsFailedError("unexpected fs sandbox helper response: no path")
     return out
 
 

@@ -18,9 +18,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from exec_server.exceptions import ExecServerError, InvalidRequestError, wire_error
+from exec_server.exceptions import from_domain_error
 from exec_server.fs import fdops, nofollow
-from exec_server.fs.errors import FsError, fs_error_from_os, os_error, translate_os_errors
+from exec_server.fs.errors import (
+    FsError,
+    FsRefusedError,
+    fs_error_from_os,
+    os_error,
+    translate_os_errors,
+)
 from exec_server.fs.fdops import READ_LIMIT, write_all
 from exec_server.fs.walk import WalkOptions, walk
 
@@ -60,9 +66,9 @@ def error_from_os(exc: OSError) -> OpError:
     return _op_error(fs_error_from_os(exc))
 
 
-def _op_error(exc: ExecServerError | FsError) -> OpError:
-    err = wire_error(exc)
-    assert err is not None  # both kinds map
+def _op_error(exc: FsError) -> OpError:
+    err = from_domain_error(exc)
+    assert err is not None  # every FsError maps
     return OpError(err.code, err.message)
 
 
@@ -552,7 +558,7 @@ def no_follow(
         fd, size = nofollow.open_regular(path)
         try:
             if size > READ_LIMIT:
-                raise InvalidRequestError(fdops.too_large_message(READ_LIMIT))
+                raise FsRefusedError(fdops.too_large_message(READ_LIMIT))
             with translate_os_errors():
                 return {}, fdops.read_to_end(fd, size, READ_LIMIT)
         finally:
@@ -564,7 +570,7 @@ def no_follow(
     elif op == "fs/remove":
         nofollow.remove(path, recursive=recursive, force=force)
     else:
-        raise InvalidRequestError(f"{op} does not take followSymlinks")
+        raise FsRefusedError(f"{op} does not take followSymlinks")
     return {}, b""
 
 
@@ -622,5 +628,5 @@ def execute(req: OpRequest, data: bytes | bytearray) -> tuple[dict[str, object],
         return fn(c)
     except OSError as exc:
         raise error_from_os(exc) from exc
-    except (ExecServerError, FsError) as exc:
+    except FsError as exc:
         raise _op_error(exc) from exc
