@@ -147,25 +147,15 @@ class LocalExecBackend:
         process_id: str | None = None,
         sandbox: msgspec.Struct | None = None,
     ) -> ProcessHandle:
-        from exec_server.process.envpolicy import build_child_env
+        from exec_server.process import envpolicy
 
         if self._closed:
             raise ClientClosedError("backend closed")
         # The server validates these in its handler (PROTOCOL.md §8.1 step 2); same here.
         if not argv:
             raise InvalidParamsError("argv must not be empty")
-        child_env = dict(env or {})
-        if env_policy is not None:
-            # Local mode: "the server's environment" is this process's.
-            child_env = build_child_env(
-                inherit=env_policy.inherit,
-                ignore_default_excludes=env_policy.ignore_default_excludes,
-                exclude=env_policy.exclude,
-                set_vars=env_policy.set,
-                include_only=env_policy.include_only,
-                env=child_env,
-                server_env=os.environ,
-            )
+        # Local mode: "the server's environment" is this process's.
+        child_env = envpolicy.child_env(env_policy, env or {}, os.environ)
         with starting(self, self._handles, argv, cwd, process_id, tty) as (work_dir, handle):
             spec = LaunchSpec(argv=list(argv), cwd=work_dir, env=child_env, tty=tty, arg0=arg0,
                               pipe_stdin=pipe_stdin)

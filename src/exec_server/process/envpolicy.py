@@ -9,9 +9,16 @@ import fnmatch
 import functools
 import re
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import Literal, Protocol
 
-__all__ = ["CORE_VARIABLES", "DEFAULT_EXCLUDES", "build_child_env", "matches_any"]
+__all__ = [
+    "CORE_VARIABLES",
+    "DEFAULT_EXCLUDES",
+    "EnvPolicyFields",
+    "build_child_env",
+    "child_env",
+    "matches_any",
+]
 
 CORE_VARIABLES = ("PATH", "SHELL", "TMPDIR", "TEMP", "TMP", "HOME", "LANG", "LC_ALL",
                   "LC_CTYPE", "LOGNAME", "USER")
@@ -52,3 +59,35 @@ def build_child_env(
         result = {k: v for k, v in result.items() if matches_any(k, include_only)}
     result.update(env)
     return result
+
+
+class EnvPolicyFields(Protocol):
+    """What :func:`child_env` reads of a decoded ``envPolicy``."""
+
+    @property
+    def inherit(self) -> Inherit: ...
+    @property
+    def ignore_default_excludes(self) -> bool: ...
+    @property
+    def exclude(self) -> list[str]: ...
+    @property
+    def set(self) -> dict[str, str]: ...
+    @property
+    def include_only(self) -> list[str]: ...
+
+
+def child_env(
+    policy: EnvPolicyFields | None, env: Mapping[str, str], server_env: Mapping[str, str]
+) -> dict[str, str]:
+    """The child's environment: ``env`` alone without a policy, else :func:`build_child_env`."""
+    if policy is None:
+        return dict(env)
+    return build_child_env(
+        inherit=policy.inherit,
+        ignore_default_excludes=policy.ignore_default_excludes,
+        exclude=policy.exclude,
+        set_vars=policy.set,
+        include_only=policy.include_only,
+        env=env,
+        server_env=server_env,
+    )

@@ -15,7 +15,7 @@ import signal
 import msgspec
 
 from exec_server.exceptions import InternalError, InvalidParamsError, u64_param
-from exec_server.process.envpolicy import build_child_env
+from exec_server.process.envpolicy import child_env
 from exec_server.process.events import Snapshot
 from exec_server.process.spec import LaunchSpec
 from exec_server.protocol.paths import PathForm, parse_wire_path
@@ -72,18 +72,7 @@ async def handle_start(ctx: RequestContext, params: t.StartParams) -> t.StartRes
             "exec-server (no managed network proxy)"
         )
     policy = params.env_policy
-    if isinstance(policy, msgspec.Struct):
-        env = build_child_env(
-            inherit=policy.inherit,
-            ignore_default_excludes=policy.ignore_default_excludes,
-            exclude=policy.exclude,
-            set_vars=policy.set,
-            include_only=policy.include_only,
-            env=params.env,
-            server_env=os.environ,
-        )
-    else:
-        env = dict(params.env)
+    env = child_env(policy if isinstance(policy, msgspec.Struct) else None, params.env, os.environ)
     spec = LaunchSpec(
         argv=list(params.argv),
         cwd=cwd,
